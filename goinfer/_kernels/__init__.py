@@ -1,0 +1,11 @@
+"""Compiled kernels (Cython + C, OpenMP).  Same names and signatures as goinfer._reference.
+
+The ISA variant is chosen at import from CPUID; GOINFER_KERNEL=portable|avx2|avx512-vnni
+overrides it.
+"""
+import os as _os
+
+from goinfer._kernels import _config
+
+if _os.environ.get("GOINFER_KERNEL"):
+    _config.set_variant(_os.environ["GOINFER_KERNEL"])

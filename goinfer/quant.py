@@ -1,0 +1,184 @@
+"""Native weight formats, activation quantization buffers, and (re)quantization.
+
+Native weight kinds and their repacked layouts (what the matmul kernels read; see
+docs/design/kernels.md).  Rows are grouped in row blocks of ROWS=16 output rows
+(``n_rb = ceil(n_out / 16)``, padded rows are zero); K is split into groups of GROUP=32.
+
+    q4_0  value = d * (nib - 8)        qs uint8 (n_rb, G, 4, 16, 4), d float16 (n_rb, G, 16)
+    q4_1  value = d * nib + m          qs uint8 (n_rb, G, 4, 16, 4), d, m float16 (n_rb, G, 16)
+    q8_0  value = d * q                qs int8  (n_rb, G, 8, 16, 4), d float16 (n_rb, G, 16)
+    f32 / f16 / bf16                   qs (n_rb, K, 16) float32 / float16 / uint16 (bf16 bits)
+
+q4 byte [rb, g, c, r, j] holds row rb*16+r: low nibble k = g*32 + c*4 + j, high nibble
+k = g*32 + 16 + c*4 + j.  q8 byte [rb, g, c, r, j] holds row rb*16+r, k = g*32 + c*4 + j.
+So one 64-byte line (fixed rb, g, c) is 16 rows x 4 consecutive k: one int8 dot-product
+lane per output row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GROUP = 32
+ROWS = 16
+INT_KINDS = ("q4_0", "q4_1", "q8_0")
+FLOAT_KINDS = ("f32", "f16", "bf16")
+KINDS = INT_KINDS + FLOAT_KINDS
+
+
+# ============================================================================ containers
+
+
+@dataclass(eq=False)
+class QWeight:
+    """A weight matrix (n_out, n_in) in a native kind, repacked for the kernels."""
+
+    kind: str
+    n_out: int
+    n_in: int
+    qs: np.ndarray
+    d: np.ndarray | None = None
+    m: np.ndarray | None = None
+    source_type: str = ""  # the GGUF type it came from, e.g. "Q4_K"
+
+    @property
+    def n_rb(self) -> int:
+        return (self.n_out + ROWS - 1) // ROWS
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qs, self.d, self.m) if a is not None)
+
+    def __repr__(self) -> str:
+        src = f", from {self.source_type}" if self.source_type else ""
+        return f"QWeight({self.kind}, {self.n_out}x{self.n_in}{src})"
+
+
+@dataclass(eq=False)
+class QAct:
+    """Activation rows quantized to int8 per group of 32 (shared by the matmuls that read them)."""
+
+    qa: np.ndarray  # (M, K) int8
+    da: np.ndarray  # (M, G) float32   scale per group
+    asum: np.ndarray  # (M, G) int32   sum of the group's int8 values
+    sa: np.ndarray  # (M, G) float32   da * asum
+
+    @staticmethod
+    def empty(M: int, K: int) -> "QAct":
+        G = K // GROUP
+        return QAct(np.zeros((M, K), np.int8), np.zeros((M, G), np.float32),
+                    np.zeros((M, G), np.int32), np.zeros((M, G), np.float32))
+
+    def rows(self, m: int) -> "QAct":
+        """The first m rows (views), for scratch buffers sized for the largest batch."""
+        return QAct(self.qa[:m], self.da[:m], self.asum[:m], self.sa[:m])
+
+
+# ============================================================================ packing
+
+
+def _pad_rows(a: np.ndarray, n_rb: int) -> np.ndarray:
+    n = a.shape[0]
+    if n == n_rb * ROWS:
+        return a
+    pad = np.zeros((n_rb * ROWS - n,) + a.shape[1:], dtype=a.dtype)
+    return np.concatenate([a, pad], axis=0)
+
+
+def _check_k(n_in: int) -> None:
+    if n_in % GROUP:
+        raise ValueError(f"quantized weights need n_in divisible by {GROUP}, got {n_in}")
+
+
+def pack_q4(kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None,
+            source_type: str = "") -> QWeight:
+    """q (n_out, K) uint8 nibbles 0..15, d (n_out, G) float16 [, m (n_out, G) float16] -> QWeight."""
+    assert kind in ("q4_0", "q4_1")
+    n_out, K = q.shape
+    _check_k(K)
+    G = K // GROUP
+    n_rb = (n_out + ROWS - 1) // ROWS
+    q = _pad_rows(np.asarray(q, dtype=np.uint8), n_rb).reshape(n_rb, ROWS, G, 2, 4, 4)
+    # axes: rb, r, g, half (lo/hi), c, j  ->  rb, g, c, r, j  (lo | hi << 4)
+    lo = q[:, :, :, 0].transpose(0, 2, 3, 1, 4)
+    hi = q[:, :, :, 1].transpose(0, 2, 3, 1, 4)
+    qs = np.ascontiguousarray(lo | (hi << 4))
+    dd = np.ascontiguousarray(_pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    mm = None
+    if kind == "q4_1":
+        mm = np.ascontiguousarray(_pad_rows(np.asarray(m, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    return QWeight(kind, n_out, K, qs, dd, mm, source_type)
+
+
+def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
+    """q (n_out, K) int8, d (n_out, G) float16 -> QWeight q8_0."""
+    n_out, K = q.shape
+    _check_k(K)
+    G = K // GROUP
+    n_rb = (n_out + ROWS - 1) // ROWS
+    q = _pad_rows(np.asarray(q, dtype=np.int8), n_rb).reshape(n_rb, ROWS, G, 8, 4)
+    qs = np.ascontiguousarray(q.transpose(0, 2, 3, 1, 4))
+    dd = np.ascontiguousarray(_pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    return QWeight("q8_0", n_out, K, qs, dd, None, source_type)
+
+
+def pack_float(kind: str, w: np.ndarray, source_type: str = "") -> QWeight:
+    """w (n_out, K) float32 / float16 / uint16 (bf16 bits) -> QWeight of that kind."""
+    dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[kind]
+    w = np.asarray(w)
+    if w.dtype != dtype:
+        raise TypeError(f"pack_float({kind!r}) needs {np.dtype(dtype)}, got {w.dtype}")
+    n_out, K = w.shape
+    n_rb = (n_out + ROWS - 1) // ROWS
+    qs = np.ascontiguousarray(_pad_rows(w, n_rb).reshape(n_rb, ROWS, K).transpose(0, 2, 1))
+    return QWeight(kind, n_out, K, qs, None, None, source_type)
+
+
+# ============================================================================ quantization of float weights
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), round to nearest even."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeight:
+    """Float weights (n_out, K) -> QWeight of ``kind`` (ggml's rounding rules for q4_0/q4_1/q8_0)."""
+    w = np.asarray(w, dtype=np.float32)
+    if kind == "f32":
+        return pack_float("f32", w, source_type)
+    if kind == "f16":
+        return pack_float("f16", w.astype(np.float16), source_type)
+    if kind == "bf16":
+        return pack_float("bf16", f32_to_bf16_bits(w), source_type)
+    n_out, K = w.shape
+    _check_k(K)
+    G = K // GROUP
+    wg = w.reshape(n_out, G, GROUP)
+    if kind == "q4_0":
+        idx = np.abs(wg).argmax(axis=2)
+        mx = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
+        d = (mx / -8.0).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+        q = np.clip(np.floor(wg * inv[..., None] + 8.5), 0, 15).astype(np.uint8)
+        return pack_q4("q4_0", q.reshape(n_out, K), d.astype(np.float16), None, source_type)
+    if kind == "q4_1":
+        mn = wg.min(axis=2)
+        mx = wg.max(axis=2)
+        d = ((mx - mn) / 15.0).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+        q = np.clip(np.floor((wg - mn[..., None]) * inv[..., None] + 0.5), 0, 15).astype(np.uint8)
+        return pack_q4("q4_1", q.reshape(n_out, K), d.astype(np.float16), mn.astype(np.float16), source_type)
+    if kind == "q8_0":
+        amax = np.abs(wg).max(axis=2)
+        d = (amax / 127.0).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+        q = np.clip(np.rint(wg * inv[..., None]), -127, 127).astype(np.int8)
+        return pack_q8(q.reshape(n_out, K), d.astype(np.float16), source_type)
+    raise ValueError(f"unknown weight kind {kind!r}; known: {', '.join(KINDS)}")
