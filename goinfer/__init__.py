@@ -1,2 +1,69 @@
-"""goinfer: fast CPU inference of open-weight LLMs."""
+"""goinfer: fast CPU inference of open-weight LLMs for agentic workloads.
+
+    import goinfer
+    model = goinfer.Model.load("smollm2-135m")
+    s = model.session()
+    r = s.chat([{"role": "user", "content": "Hi!"}], max_tokens=64)
+    print(r.text, r.timings)
+"""
+from __future__ import annotations
+
+import sys
+
 __version__ = "0.1.0"
+
+from goinfer.errors import (  # noqa: E402
+    CacheFileError,
+    CacheFullError,
+    ChatTemplateError,
+    ContextLengthError,
+    DownloadError,
+    GoinferError,
+    ModelFormatError,
+    ModelNotFoundError,
+    TokenizerError,
+    UnsupportedArchitectureError,
+    UnsupportedTensorTypeError,
+)
+from goinfer.kv_cache import KVCache  # noqa: E402
+from goinfer.model import Model  # noqa: E402
+from goinfer.sampling import SamplingParams  # noqa: E402
+from goinfer.session import GenerationResult, Session, Timings  # noqa: E402
+
+
+def config() -> dict:
+    """Version, kernel variant, OpenMP and thread facts, as a dict."""
+    from goinfer._kernels import _config
+    from goinfer._threads import default_threads
+
+    return {
+        "version": __version__,
+        "kernel_variant": _config.variant(),
+        "supported_variants": list(_config.supported_variants()),
+        "openmp": _config.openmp_enabled(),
+        "openmp_version": _config.openmp_version(),
+        "threads": default_threads(),
+        "python": sys.version.split()[0],
+    }
+
+
+def show_config(file=None) -> dict:
+    """Print (and return) the version, the kernel variant in use, OpenMP on/off, threads."""
+    c = config()
+    out = file or sys.stdout
+    print(f"goinfer {c['version']}", file=out)
+    print(f"  kernel variant : {c['kernel_variant']} (supported: {', '.join(c['supported_variants'])})",
+          file=out)
+    omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"
+    print(f"  OpenMP         : {omp}", file=out)
+    print(f"  threads        : {c['threads']} (physical cores, cgroup-aware; OMP_NUM_THREADS or "
+          "threads= override)", file=out)
+    return c
+
+
+__all__ = [
+    "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
+    "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
+    "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
+    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError",
+]

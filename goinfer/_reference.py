@@ -263,3 +263,12 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int
         out[...] = res
         return out
     return res
+
+
+def add(x, y, out=None, *, nthreads: int = 1):
+    """out = x + y (float32, elementwise): residual connections."""
+    res = (np.asarray(x, dtype=np.float32) + np.asarray(y, dtype=np.float32)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res

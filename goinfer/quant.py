@@ -182,3 +182,20 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
         q = np.clip(np.rint(wg * inv[..., None]), -127, 127).astype(np.int8)
         return pack_q8(q.reshape(n_out, K), d.astype(np.float16), source_type)
     raise ValueError(f"unknown weight kind {kind!r}; known: {', '.join(KINDS)}")
+
+
+def concat_rows(ws: list[QWeight]) -> QWeight | None:
+    """Stack weights that read the same input (q/k/v, gate/up) into one matmul.
+
+    Rows are independent, so the fused matmul gives the same bits as the separate ones.
+    Returns None when they cannot be fused (different kinds, or a row count that is not a
+    multiple of 16 before the last one, which would put padding rows in the middle).
+    """
+    if len({w.kind for w in ws}) != 1 or len({w.n_in for w in ws}) != 1:
+        return None
+    if any(w.n_out % ROWS for w in ws[:-1]):
+        return None
+    cat = lambda arrs: None if arrs[0] is None else np.concatenate(arrs, axis=0)  # noqa: E731
+    src = "+".join(sorted({w.source_type for w in ws if w.source_type}))
+    return QWeight(ws[0].kind, sum(w.n_out for w in ws), ws[0].n_in, cat([w.qs for w in ws]),
+                   cat([w.d for w in ws]), cat([w.m for w in ws]), src)

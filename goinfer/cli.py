@@ -1,0 +1,196 @@
+"""Command line: goinfer pull | list | run | chat | bench | config."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from goinfer.errors import GoinferError
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a registered model name (see `goinfer list`) or a path to a .gguf")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
+    p.add_argument("--exact-prefill", action="store_true",
+                   help="bit-exact attention for long prefills too (off: fast path above 512 tokens)")
+    p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
+
+
+def _load(args):
+    from goinfer.model import Model
+
+    return Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+                      context_length=args.ctx)
+
+
+def _sampling(args) -> dict:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                seed=args.seed, stop=args.stop)
+
+
+def _stats(r, file=sys.stderr) -> None:
+    t = r.timings
+    print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
+          f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
+          f"{t.decode_tok_s:.1f} tok/s | finish: {r.finish_reason}]", file=file)
+
+
+def _stream(session, method, arg, sampling) -> object:
+    result = None
+    for piece in getattr(session, method)(arg, stream=True, **sampling):
+        if isinstance(piece, str):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        else:
+            result = piece
+    sys.stdout.write("\n")
+    return result
+
+
+# ============================================================================ commands
+
+
+def cmd_pull(args) -> int:
+    from goinfer import hub
+
+    path = hub.pull(args.name, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_list(args) -> int:
+    from goinfer import hub
+
+    for m in hub.list_models():
+        state = f"pulled  {m['path']}" if m.get("pulled") else "not pulled"
+        print(f"{m['name']:<16} {m.get('description', ''):<60} {state}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    model = _load(args)
+    s = model.session()
+    r = _stream(s, "generate", args.prompt, _sampling(args))
+    _stats(r)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    model = _load(args)
+    s = model.session()
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    if args.prompt is not None:
+        messages.append({"role": "user", "content": args.prompt})
+        r = _stream(s, "chat", messages, _sampling(args))
+        _stats(r)
+        return 0
+    print(f"goinfer chat with {model.name}: empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        r = _stream(s, "chat", messages, _sampling(args))
+        messages.append({"role": "assistant", "content": r.text})
+        _stats(r)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from goinfer import bench
+
+    model = _load(args)
+    lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
+    decode_prompts = [int(x) for x in args.decode_prompts.split(",") if x]
+    res = bench.run(model, lengths, decode_prompts, args.decode_tokens, args.repeats,
+                    log=lambda m: print(m, file=sys.stderr))
+    print(bench.table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(bench.to_json(res))
+        print(f"JSON written to {args.json}", file=sys.stderr)
+    else:
+        print(bench.to_json(res))
+    return 0
+
+
+def cmd_config(args) -> int:
+    from goinfer import show_config
+
+    show_config()
+    return 0
+
+
+# ============================================================================ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="goinfer", description="Fast CPU inference of open-weight LLMs.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("pull", help="download a registered model into GOINFER_HOME")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="download again even if present")
+    p.set_defaults(fn=cmd_pull)
+
+    p = sub.add_parser("list", help="registered models and whether they are pulled")
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("run", help="generate a continuation of a raw prompt")
+    _model_args(p)
+    p.add_argument("prompt")
+    _sampling_args(p)
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("chat", help="chat (one --prompt, or interactive)")
+    _model_args(p)
+    p.add_argument("--prompt", default=None, help="one user message; omit for an interactive chat")
+    p.add_argument("--system", default=None, help="system message")
+    _sampling_args(p)
+    p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("bench", help="prefill and decode speed")
+    _model_args(p)
+    p.add_argument("--prompt-lengths", default="128,512,2048")
+    p.add_argument("--decode-prompts", default="64,2048",
+                   help="prompt lengths before the decode measurement")
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", default=None, help="write the JSON result here (default: stdout)")
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("config", help="version, kernel variant, OpenMP, threads")
+    p.set_defaults(fn=cmd_config)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except GoinferError as e:
+        print(f"goinfer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

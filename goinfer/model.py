@@ -1,0 +1,187 @@
+"""Model: load a GGUF, hold its weights and tokenizer, run the forward step over a batch."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from goinfer import hub
+from goinfer._threads import resolve_threads
+from goinfer.errors import ContextLengthError, UnsupportedArchitectureError
+from goinfer.gguf import GGUFFile
+from goinfer.kv_cache import EXACT, KVCache
+from goinfer.models import ARCHITECTURES
+from goinfer.models.base import Batch, ModelConfig, Segment
+from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
+
+FAST_PREFILL_MIN = 512  # fast attention only for a prefill suffix of at least this many tokens
+PREFILL_CHUNK = 512  # rows per forward call during prefill (bounds scratch memory)
+
+
+def _kernels(use_reference: bool):
+    if use_reference:
+        from goinfer import _reference
+
+        return _reference
+    from goinfer import _kernels
+
+    return _kernels
+
+
+class Model:
+    """A loaded model.  ``Model.load("smollm2-135m")`` or ``Model.load("path/to/file.gguf")``."""
+
+    def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact_prefill: bool = False,
+                 context_length: int | None = None, progress: bool = True,
+                 _reference_kernels: bool = False):
+        arch = gguf.arch
+        family = ARCHITECTURES.get(arch)
+        if family is None:
+            raise UnsupportedArchitectureError(
+                f"{gguf.path}: architecture {arch!r} is not supported; supported: "
+                f"{', '.join(sorted(ARCHITECTURES))}")
+        self.path = Path(gguf.path)
+        self.name = self.path.stem
+        self.fingerprint = gguf.fingerprint
+        self.threads = resolve_threads(threads)
+        self.exact_prefill = bool(exact_prefill)
+        self.kernels = _kernels(_reference_kernels)
+        t0 = time.perf_counter()
+        self.config: ModelConfig = family.read_config(gguf)
+        if context_length is not None:
+            if context_length < 1:
+                raise ValueError(f"context_length must be positive, got {context_length}")
+            self.config.context_length = int(context_length)
+        self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        self.chat_template = gguf.get("tokenizer.chat_template") or builtin_template(arch)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}", unit="layer",
+                       leave=False, disable=None)
+        try:
+            self.impl = family(gguf, self.config, self.kernels, self.threads,
+                               progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.conversions = gguf.conversion_summary()
+        self.load_seconds = time.perf_counter() - t0
+        self._lock = threading.RLock()
+        self._cache: KVCache | None = None
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
+             exact_prefill: bool = False, *, context_length: int | None = None,
+             progress: bool = True) -> "Model":
+        """Load a registered model (pulled on first use) or a local .gguf file."""
+        path = hub.resolve(name_or_path, progress=progress)
+        return cls(GGUFFile(path), threads=threads, exact_prefill=exact_prefill,
+                   context_length=context_length, progress=progress)
+
+    # ------------------------------------------------------------------ text
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids, skip_special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special=skip_special)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+        if not self.chat_template:
+            from goinfer.errors import ChatTemplateError
+
+            raise ChatTemplateError(f"{self.name} has no chat template and {self.config.arch!r} "
+                                    "has no built-in one; use generate() with a raw prompt")
+        tok = self.tokenizer
+        return render_chat_template(
+            self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+            bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+            eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "", **kwargs)
+
+    # ------------------------------------------------------------------ cache and sessions
+
+    @property
+    def cache(self) -> KVCache:
+        """The model's default KV cache, shared by sessions created without one."""
+        with self._lock:
+            if self._cache is None:
+                self._cache = KVCache(self)
+            return self._cache
+
+    def session(self, cache: KVCache | None = None, *, cache_salt: str | None = None):
+        from goinfer.session import Session
+
+        return Session(self, cache if cache is not None else self.cache, cache_salt=cache_salt)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.config.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # ------------------------------------------------------------------ forward
+
+    def use_fast(self, n_suffix: int) -> bool:
+        """Does a prefill of n_suffix new tokens run the fast attention path?"""
+        return (not self.exact_prefill) and n_suffix >= FAST_PREFILL_MIN and hasattr(
+            self.kernels, "attention_fast")
+
+    def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
+                all_logits: bool = False, fast: bool = False) -> np.ndarray:
+        """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
+
+        Returns logits of the last position (1, vocab), or of every position (T, vocab)."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        T = len(tokens)
+        if T == 0:
+            raise ValueError("forward needs at least one token")
+        if pos0 + T > self.n_ctx:
+            raise ContextLengthError(f"{pos0 + T} tokens exceed the context of {self.n_ctx}")
+        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+            raise ValueError(f"token id out of range 0..{self.vocab_size - 1}")
+        bs = cache.block_size
+        bt = np.ascontiguousarray(block_table, dtype=np.int32)
+        out = []
+        with self._lock:
+            for c0 in range(0, T, PREFILL_CHUNK):
+                c1 = min(T, c0 + PREFILL_CHUNK)
+                pos = np.arange(pos0 + c0, pos0 + c1, dtype=np.int32)
+                slots = bt[pos // bs].astype(np.int64) * bs + pos % bs
+                if all_logits:
+                    rows = np.arange(c1 - c0, dtype=np.int64)
+                elif c1 == T:
+                    rows = np.array([c1 - c0 - 1], dtype=np.int64)
+                else:
+                    rows = np.zeros(0, dtype=np.int64)
+                batch = Batch(tokens[c0:c1], pos, slots, [Segment(0, c1 - c0, bt, fast)], rows)
+                lg = self.impl.forward(batch, cache.k, cache.v)
+                if len(rows):
+                    out.append(lg)
+        return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced, exact."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        if len(ids) > self.n_ctx:
+            raise ContextLengthError(
+                f"{len(ids)} tokens exceed the context length {self.n_ctx} of {self.name}")
+        bs = 16
+        cache = KVCache(self, max_tokens=len(ids), block_size=bs)
+        bt = np.array([cache.allocate() for _ in range(cache.n_blocks)], dtype=np.int32)
+        return self.forward(cache, bt, ids, 0, all_logits=True, fast=self.use_fast(len(ids)))
+
+    @property
+    def numerics_mode(self) -> str:
+        return EXACT if self.exact_prefill else "fast"
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, {self.config.describe()}, threads={self.threads})"

@@ -1,0 +1,141 @@
+"""What every architecture family shares: the config, the batch description, scratch buffers,
+RoPE tables, and the activation helper that quantizes a layer input once for all its matmuls."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from goinfer.quant import INT_KINDS, QAct, QWeight
+
+# ============================================================================ config
+
+
+@dataclass
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    context_length: int
+    norm_eps: float
+    rope_base: float = 10000.0
+    rope_dim: int = 0  # rotated dims per head (0: head_dim)
+    rope_neox: bool = False  # pairs (i, i + n/2) instead of (2i, 2i+1)
+    rope_scale: float = 1.0  # linear position scaling
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tied_embeddings: bool = False
+    sliding_window: int = 0  # 0: full attention in every layer
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_rot(self) -> int:
+        return self.rope_dim or self.head_dim
+
+    def describe(self) -> str:
+        return (f"{self.arch}: {self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads "
+                f"({self.n_kv_heads} kv) x {self.head_dim}, ffn {self.d_ff}, vocab {self.vocab_size}, "
+                f"context {self.context_length}")
+
+
+# ============================================================================ batch
+
+
+@dataclass
+class Segment:
+    """The rows [start, stop) of a forward batch that belong to one sequence."""
+
+    start: int
+    stop: int
+    block_table: np.ndarray  # (n_blocks_seq,) int32
+    fast: bool = False  # float32 tiled attention (prefill suffix >= 512 tokens, issue 4)
+
+
+@dataclass
+class Batch:
+    tokens: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32 absolute positions
+    slots: np.ndarray  # (T,) int64 cache slots: block * block_size + offset
+    segments: list[Segment]
+    logit_rows: np.ndarray  # (R,) int64 rows that need logits
+
+
+# ============================================================================ RoPE
+
+
+def rope_tables(n_rot: int, base: float, n_pos: int, freq_factors=None, scale: float = 1.0):
+    """cos, sin (n_pos, n_rot/2) float64: angle = (pos / scale) * base**(-2i/n_rot) / factor_i."""
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    inv_freq = base ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
+    pos = np.arange(n_pos, dtype=np.float64) / scale
+    ang = pos[:, None] * inv_freq[None, :]
+    return np.ascontiguousarray(np.cos(ang)), np.ascontiguousarray(np.sin(ang))
+
+
+class RopeCache:
+    """RoPE tables grown on demand (doubling) up to the context length."""
+
+    def __init__(self, n_rot: int, base: float, max_pos: int, freq_factors=None, scale: float = 1.0):
+        self.args = (n_rot, base)
+        self.freq_factors = freq_factors
+        self.scale = scale
+        self.max_pos = max_pos
+        self.cos = self.sin = np.zeros((0, n_rot // 2))
+
+    def tables(self, n_pos: int):
+        if n_pos > self.cos.shape[0]:
+            n = min(self.max_pos, max(n_pos, 2 * self.cos.shape[0], 1024))
+            self.cos, self.sin = rope_tables(*self.args, max(n, n_pos), self.freq_factors, self.scale)
+        return self.cos, self.sin
+
+
+# ============================================================================ activations
+
+
+class Act:
+    """A layer input x (T, K) float32, quantized to int8 at most once for the matmuls reading it."""
+
+    __slots__ = ("x", "_q", "_qbuf", "_K", "_nt")
+
+    def __init__(self, K, x: np.ndarray, qbuf: QAct, nthreads: int):
+        self._K = K
+        self.x = x
+        self._qbuf = qbuf
+        self._q = None
+        self._nt = nthreads
+
+    def for_weight(self, w: QWeight):
+        if w.kind in INT_KINDS:
+            if self._q is None:
+                self._q = self._K.quantize_act(self.x, out=self._qbuf.rows(self.x.shape[0]), nthreads=self._nt)
+            return self._q
+        return self.x
+
+
+class Scratch:
+    """Per-model work buffers, sized for the largest batch seen (grown on demand)."""
+
+    def __init__(self):
+        self._bufs: dict[str, np.ndarray] = {}
+        self._qacts: dict[int, QAct] = {}
+
+    def get(self, name: str, T: int, *shape, dtype=np.float32) -> np.ndarray:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape[0] < T or buf.shape[1:] != tuple(shape) or buf.dtype != dtype:
+            buf = np.empty((max(T, 1),) + tuple(shape), dtype=dtype)
+            self._bufs[name] = buf
+        return buf[:T]
+
+    def qact(self, T: int, K: int) -> QAct:
+        q = self._qacts.get(K)
+        if q is None or q.qa.shape[0] < T:
+            q = QAct.empty(max(T, 1), K)
+            self._qacts[K] = q
+        return q

@@ -1,0 +1,280 @@
+"""The llama family: llama (SmolLM2, Llama 2/3), mistral, qwen2 (QKV bias), qwen3 (QK-norm).
+
+One forward step per layer:
+  RMSNorm -> int8 activation (once) -> fused QKV matmul -> bias / QK-norm -> RoPE ->
+  write K,V into the session's blocks -> attention through the block table -> output
+  projection -> residual -> RMSNorm -> fused gate/up -> SwiGLU -> down -> residual.
+GGUF files of arch llama/mistral store Q and K rows permuted for interleaved ("normal") RoPE;
+qwen2/qwen3 keep the Hugging Face layout and use NeoX-style RoPE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
+from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch
+from goinfer.quant import QWeight, concat_rows
+
+NEOX_ARCHS = {"qwen2", "qwen3"}
+
+# ============================================================================ config
+
+
+def _req(g, suffix):
+    v = g.arch_get(suffix)
+    if v is None:
+        raise ModelFormatError(f"{g.path}: metadata key {g.arch}.{suffix} is missing")
+    return v
+
+
+def _scalar_int(g, suffix, v):
+    if isinstance(v, np.ndarray):
+        if v.size and np.all(v == v.flat[0]):
+            return int(v.flat[0])
+        raise UnsupportedArchitectureError(
+            f"{g.path}: per-layer {g.arch}.{suffix} values are not supported")
+    return int(v)
+
+
+def read_config(g) -> ModelConfig:
+    arch = g.arch
+    d_model = int(_req(g, "embedding_length"))
+    n_heads = _scalar_int(g, "attention.head_count", _req(g, "attention.head_count"))
+    n_kv = _scalar_int(g, "attention.head_count_kv", g.arch_get("attention.head_count_kv", n_heads))
+    head_dim = int(g.arch_get("attention.key_length", d_model // n_heads))
+    v_dim = int(g.arch_get("attention.value_length", head_dim))
+    if v_dim != head_dim:
+        raise UnsupportedArchitectureError(f"{g.path}: key_length {head_dim} != value_length {v_dim}")
+    if n_heads % n_kv:
+        raise ModelFormatError(f"{g.path}: {n_heads} heads is not a multiple of {n_kv} kv heads")
+    vocab = g.arch_get("vocab_size")
+    if vocab is None:
+        toks = g.get("tokenizer.ggml.tokens")
+        vocab = len(toks) if toks is not None else g.tensor_info("token_embd.weight")[1][0]
+    scaling = g.arch_get("rope.scaling.type", "none")
+    rope_scale = 1.0
+    if scaling == "linear":
+        rope_scale = float(g.arch_get("rope.scaling.factor", 1.0))
+    elif scaling not in ("none", None):
+        raise UnsupportedArchitectureError(f"{g.path}: RoPE scaling {scaling!r} is not supported yet")
+    return ModelConfig(
+        arch=arch,
+        n_layers=int(_req(g, "block_count")),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        d_ff=_scalar_int(g, "feed_forward_length", _req(g, "feed_forward_length")),
+        vocab_size=int(vocab),
+        context_length=int(g.arch_get("context_length", 4096)),
+        norm_eps=float(g.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_base=float(g.arch_get("rope.freq_base", 10000.0)),
+        rope_dim=int(g.arch_get("rope.dimension_count", head_dim)),
+        rope_neox=arch in NEOX_ARCHS,
+        rope_scale=rope_scale,
+        qkv_bias=g.has_tensor("blk.0.attn_q.bias"),
+        qk_norm=g.has_tensor("blk.0.attn_q_norm.weight"),
+        tied_embeddings=not g.has_tensor("output.weight"),
+        sliding_window=int(g.arch_get("attention.sliding_window", 0) or 0),
+    )
+
+
+# ============================================================================ weights
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # (D,) f32
+    wqkv: QWeight | None  # fused (Hq*hd + 2*KV*hd, D), or None when q/k/v cannot be fused
+    wq: QWeight | None
+    wk: QWeight | None
+    wv: QWeight | None
+    bqkv: np.ndarray | None  # (Hq*hd + 2*KV*hd,) f32
+    q_norm: np.ndarray | None  # (hd,) f32
+    k_norm: np.ndarray | None
+    wo: QWeight
+    ffn_norm: np.ndarray
+    w_gate_up: QWeight | None  # fused (2F, D)
+    w_gate: QWeight | None
+    w_up: QWeight | None
+    w_down: QWeight
+
+    def weights(self):
+        return [w for w in (self.wqkv, self.wq, self.wk, self.wv, self.wo, self.w_gate_up,
+                            self.w_gate, self.w_up, self.w_down) if w is not None]
+
+
+def _check_shape(name, w: QWeight, n_out, n_in):
+    if (w.n_out, w.n_in) != (n_out, n_in):
+        raise ModelFormatError(f"tensor {name} has shape ({w.n_out}, {w.n_in}), "
+                               f"expected ({n_out}, {n_in})")
+
+
+def _check_vec(name, v: np.ndarray, n):
+    if v.shape != (n,):
+        raise ModelFormatError(f"tensor {name} has shape {v.shape}, expected ({n},)")
+    return np.ascontiguousarray(v, dtype=np.float32)
+
+
+def load_layer(g, cfg: ModelConfig, i: int) -> LayerWeights:
+    p = f"blk.{i}."
+    D, hd, F = cfg.d_model, cfg.head_dim, cfg.d_ff
+    nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    wq, wk, wv = (g.load_weight(p + f"attn_{n}.weight") for n in "qkv")
+    _check_shape(p + "attn_q.weight", wq, nq, D)
+    _check_shape(p + "attn_k.weight", wk, nkv, D)
+    _check_shape(p + "attn_v.weight", wv, nkv, D)
+    wqkv = concat_rows([wq, wk, wv])
+    if wqkv is not None:
+        wq = wk = wv = None
+    bqkv = None
+    if cfg.qkv_bias:
+        bqkv = np.concatenate([_check_vec(p + f"attn_{n}.bias", g.load_f32(p + f"attn_{n}.bias"), m)
+                               for n, m in (("q", nq), ("k", nkv), ("v", nkv))])
+    q_norm = k_norm = None
+    if cfg.qk_norm:
+        q_norm = _check_vec(p + "attn_q_norm.weight", g.load_f32(p + "attn_q_norm.weight"), hd)
+        k_norm = _check_vec(p + "attn_k_norm.weight", g.load_f32(p + "attn_k_norm.weight"), hd)
+    wo = g.load_weight(p + "attn_output.weight")
+    _check_shape(p + "attn_output.weight", wo, D, nq)
+    w_gate = g.load_weight(p + "ffn_gate.weight")
+    w_up = g.load_weight(p + "ffn_up.weight")
+    _check_shape(p + "ffn_gate.weight", w_gate, F, D)
+    _check_shape(p + "ffn_up.weight", w_up, F, D)
+    w_gate_up = concat_rows([w_gate, w_up])
+    if w_gate_up is not None:
+        w_gate = w_up = None
+    w_down = g.load_weight(p + "ffn_down.weight")
+    _check_shape(p + "ffn_down.weight", w_down, D, F)
+    return LayerWeights(
+        attn_norm=_check_vec(p + "attn_norm.weight", g.load_f32(p + "attn_norm.weight"), D),
+        wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=bqkv, q_norm=q_norm, k_norm=k_norm, wo=wo,
+        ffn_norm=_check_vec(p + "ffn_norm.weight", g.load_f32(p + "ffn_norm.weight"), D),
+        w_gate_up=w_gate_up, w_gate=w_gate, w_up=w_up, w_down=w_down)
+
+
+# ============================================================================ the family
+
+
+class LlamaFamily:
+    """Weights and forward step of llama / mistral / qwen2 / qwen3 models."""
+
+    read_config = staticmethod(read_config)
+
+    def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None):
+        self.cfg = cfg
+        self.K = kernels
+        self.threads = threads
+        D = cfg.d_model
+        self.tok_embd = g.load_weight("token_embd.weight")
+        _check_shape("token_embd.weight", self.tok_embd, cfg.vocab_size, D)
+        self.layers = []
+        for i in range(cfg.n_layers):
+            self.layers.append(load_layer(g, cfg, i))
+            if progress is not None:
+                progress(1)
+        self.out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
+        if cfg.tied_embeddings:
+            self.lm_head = self.tok_embd
+        else:
+            self.lm_head = g.load_weight("output.weight")
+            _check_shape("output.weight", self.lm_head, cfg.vocab_size, D)
+        freq_factors = g.load_f32("rope_freqs.weight") if g.has_tensor("rope_freqs.weight") else None
+        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, freq_factors, cfg.rope_scale)
+        self.scratch = Scratch()
+
+    def weights(self):
+        ws = [self.tok_embd] + [w for L in self.layers for w in L.weights()]
+        if self.lm_head is not self.tok_embd:
+            ws.append(self.lm_head)
+        return ws
+
+    # ------------------------------------------------------------------ helpers
+
+    def _mm(self, act: Act, w: QWeight, out: np.ndarray) -> np.ndarray:
+        return self.K.matmul(act.for_weight(w), w, out=out, nthreads=self.threads)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, batch: Batch, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
+        """Run the batch through the model, writing its K/V into the cache slots.
+
+        Returns logits (len(batch.logit_rows), vocab) float32."""
+        K, cfg, nt, S = self.K, self.cfg, self.threads, self.scratch
+        T = len(batch.tokens)
+        D, H, KV, hd, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+        nq, nkv = H * hd, KV * hd
+        eps = cfg.norm_eps
+        cos, sin = self.rope.tables(int(batch.positions.max()) + 1)
+        scale = 1.0 / float(np.sqrt(hd))
+
+        x = K.get_rows(self.tok_embd, batch.tokens, out=S.get("x", T, D), nthreads=nt)  # (T, D)
+        h = S.get("h", T, D)
+        q = S.get("q", T, H, hd)
+        k = S.get("k", T, KV, hd)
+        v = S.get("v", T, KV, hd)
+        att = S.get("att", T, H, hd)
+        o = S.get("o", T, D)
+        qD = S.qact(T, D)
+        for li, L in enumerate(self.layers):
+            # ---- attention
+            K.rmsnorm(x, L.attn_norm, eps, out=h, nthreads=nt)
+            a = Act(K, h, qD, nt)
+            if L.wqkv is not None:
+                qkv = self._mm(a, L.wqkv, S.get("qkv", T, nq + 2 * nkv))  # (T, nq + 2 nkv)
+                if L.bqkv is not None:
+                    np.add(qkv, L.bqkv, out=qkv)
+                np.copyto(q.reshape(T, nq), qkv[:, :nq])
+                np.copyto(k.reshape(T, nkv), qkv[:, nq:nq + nkv])
+                np.copyto(v.reshape(T, nkv), qkv[:, nq + nkv:])
+            else:
+                self._mm(a, L.wq, q.reshape(T, nq))
+                self._mm(a, L.wk, k.reshape(T, nkv))
+                self._mm(a, L.wv, v.reshape(T, nkv))
+                if L.bqkv is not None:
+                    np.add(q.reshape(T, nq), L.bqkv[:nq], out=q.reshape(T, nq))
+                    np.add(k.reshape(T, nkv), L.bqkv[nq:nq + nkv], out=k.reshape(T, nkv))
+                    np.add(v.reshape(T, nkv), L.bqkv[nq + nkv:], out=v.reshape(T, nkv))
+            if L.q_norm is not None:
+                qn = S.get("qn", T * H, hd)
+                K.rmsnorm(q.reshape(T * H, hd), L.q_norm, eps, out=qn, nthreads=nt)
+                np.copyto(q.reshape(T * H, hd), qn)
+                kn = S.get("kn", T * KV, hd)
+                K.rmsnorm(k.reshape(T * KV, hd), L.k_norm, eps, out=kn, nthreads=nt)
+                np.copyto(k.reshape(T * KV, hd), kn)
+            K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+            K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+            kc, vc = k_cache[li], v_cache[li]
+            K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
+            for seg in batch.segments:
+                r = slice(seg.start, seg.stop)
+                K.attention(q[r], kc, vc, seg.block_table, batch.positions[r], scale,
+                            cfg.sliding_window, 0.0, out=att[r], nthreads=nt)
+            self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, o)
+            K.add(x, o, out=x, nthreads=nt)
+            # ---- feed-forward
+            K.rmsnorm(x, L.ffn_norm, eps, out=h, nthreads=nt)
+            a = Act(K, h, qD, nt)
+            gu = S.get("gu", T, 2 * F)  # (T, 2F): gate | up
+            if L.w_gate_up is not None:
+                self._mm(a, L.w_gate_up, gu)
+                gate, up = gu[:, :F], gu[:, F:]
+            else:
+                gate = self._mm(a, L.w_gate, S.get("gate", T, F))
+                up = self._mm(a, L.w_up, S.get("up", T, F))
+            f = K.swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up),
+                         out=S.get("f", T, F), nthreads=nt)
+            self._mm(Act(K, f, S.qact(T, F), nt), L.w_down, o)
+            K.add(x, o, out=x, nthreads=nt)
+
+        # ---- final norm and LM head, only for the rows that need logits
+        R = len(batch.logit_rows)
+        if R == 0:
+            return np.zeros((0, cfg.vocab_size), np.float32)
+        xr = x if R == T else np.ascontiguousarray(x[batch.logit_rows])
+        hr = K.rmsnorm(xr, self.out_norm, eps, out=S.get("hr", R, D), nthreads=nt)
+        logits = np.empty((R, cfg.vocab_size), np.float32)
+        self._mm(Act(K, hr, S.qact(R, D), nt), self.lm_head, logits)
+        return logits

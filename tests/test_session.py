@@ -1,0 +1,200 @@
+"""Session: exact-path bit-identity across batching, chunking, threads, reuse and forks;
+generation options; typed errors that leave the session as it was."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from goinfer import CacheFullError, ContextLengthError, KVCache
+from goinfer.gguf import GGUFFile
+from goinfer.model import Model
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return Model(GGUFFile(tiny("llama", 3)[1]), threads=2, progress=False)
+
+
+def ids_(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n).tolist()
+
+
+def cold_logits(model, ids):
+    s = model.session(KVCache(model, max_tokens=len(ids) + 32))
+    return s.prefill(ids)
+
+
+# ============================================================================ bit-identity (exact)
+
+
+def test_prefill_equals_token_by_token(model):
+    ids = ids_(50)
+    one = model.session(KVCache(model, max_tokens=64)).prefill(ids)
+    s = model.session(KVCache(model, max_tokens=64))
+    last = s.prefill(ids[:1])
+    for t in ids[1:]:
+        last = s.decode(t)
+    assert np.array_equal(one, last)
+
+
+@pytest.mark.parametrize("cuts", [[5], [16], [1, 2, 3], [17, 33], [31, 32, 49]])
+def test_chunked_prefill_is_bit_identical(model, cuts):
+    ids = ids_(50, 1)
+    ref = cold_logits(model, ids)
+    s = model.session(KVCache(model, max_tokens=64))
+    prev = 0
+    for c in cuts + [len(ids)]:
+        last = s.prefill(ids[prev:c])
+        prev = c
+    assert np.array_equal(ref, last)
+
+
+def test_threads_do_not_change_bits(tiny):
+    path = tiny("qwen2", 4)[1]
+    ids = ids_(40, 2)
+    a = Model(GGUFFile(path), threads=1, progress=False).logits(ids)
+    b = Model(GGUFFile(path), threads=2, progress=False).logits(ids)
+    assert np.array_equal(a, b)
+
+
+def test_logits_rows_equal_session_prefixes(model):
+    ids = ids_(20, 3)
+    full = model.logits(ids)
+    for n in (1, 9, 20):
+        assert np.array_equal(full[n - 1], cold_logits(model, ids[:n]))
+
+
+# ============================================================================ reuse, fork, truncate
+
+
+def test_prefix_reuse_across_sessions_is_exact(model):
+    cache = KVCache(model, max_tokens=512, block_size=16)
+    prefix = ids_(70, 4)
+    a = model.session(cache)
+    a.prefill(prefix)
+    b = model.session(cache)
+    full = prefix + ids_(9, 5)
+    r = b.generate(full, max_tokens=4)
+    assert r.cached_tokens == 64  # four full blocks of the shared prefix
+    c = model.session(KVCache(model, max_tokens=512))
+    r_cold = c.generate(full, max_tokens=4)
+    assert r_cold.cached_tokens == 0
+    assert r.tokens == r_cold.tokens
+    assert np.array_equal(b.decode(7), c.decode(7))
+
+
+def test_whole_context_calls_reuse_own_history(model):
+    s = model.session(KVCache(model, max_tokens=512))
+    turn1 = ids_(40, 6)
+    r1 = s.generate(turn1, max_tokens=5)
+    turn2 = turn1 + r1.tokens + ids_(12, 7)
+    r2 = s.generate(turn2, max_tokens=5)
+    assert r2.cached_tokens >= len(turn1)
+    cold = model.session(KVCache(model, max_tokens=512)).generate(turn2, max_tokens=5)
+    assert r2.tokens == cold.tokens
+
+
+def test_fork_copies_partial_block_on_write(model):
+    cache = KVCache(model, max_tokens=256, block_size=16)
+    base = ids_(21, 8)  # one full block + 5 tokens
+    s = model.session(cache)
+    s.prefill(base)
+    f = s.fork()
+    la = s.decode(3)
+    lb = f.decode(4)
+    assert np.array_equal(la, cold_logits(model, base + [3]))
+    assert np.array_equal(lb, cold_logits(model, base + [4]))
+    assert s.block_table[1] != f.block_table[1] and s.block_table[0] == f.block_table[0]
+
+
+def test_truncate_then_continue(model):
+    s = model.session(KVCache(model, max_tokens=256))
+    a = ids_(40, 9)
+    s.prefill(a)
+    s.truncate(19)
+    assert s.tokens == a[:19]
+    got = s.prefill([5, 6, 7])
+    assert np.array_equal(got, cold_logits(model, a[:19] + [5, 6, 7]))
+
+
+def test_no_block_leaks(model):
+    cache = KVCache(model, max_tokens=320, block_size=16)
+    ss = [model.session(cache) for _ in range(3)]
+    ss[0].prefill(ids_(50, 10))
+    ss[1].prefill(ids_(50, 10) + [1, 2])
+    f = ss[1].fork()
+    f.decode(9)
+    ss[2].generate(ids_(33, 11), max_tokens=3)
+    del f
+    for s in ss:
+        s.reset()
+    st = cache.stats()
+    assert st.blocks_used == 0
+    assert st.blocks_free + st.blocks_cached == st.blocks_total
+
+
+# ============================================================================ errors
+
+
+def test_prompt_longer_than_context(tiny):
+    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=64)
+    s = m.session()
+    s.prefill(ids_(10))
+    with pytest.raises(ContextLengthError):
+        s.prefill(ids_(60))
+    assert s.n_tokens == 10  # nothing lost
+    with pytest.raises(ContextLengthError):
+        s.generate(ids_(60), max_tokens=10)
+    with pytest.raises(ContextLengthError):
+        m.logits(ids_(65))
+
+
+def test_cache_full_leaves_session_intact(model):
+    cache = KVCache(model, max_tokens=64, block_size=16)  # 4 blocks
+    a = model.session(cache)
+    a.prefill(ids_(40, 12))  # 3 blocks
+    b = model.session(cache)
+    with pytest.raises(CacheFullError):
+        b.prefill(ids_(40, 13))
+    assert b.n_tokens == 0 and cache.stats().blocks_used == 3
+    assert np.array_equal(a.decode(1), cold_logits(model, ids_(40, 12) + [1]))
+
+
+# ============================================================================ generation
+
+
+def test_generate_options(model):
+    s = model.session()
+    p = ids_(12, 14)
+    r = s.generate(p, max_tokens=8)
+    assert r.finish_reason in ("length", "stop") and r.completion_tokens == len(r.tokens) <= 8
+    assert r.prompt_tokens == 12
+    t = r.timings
+    assert t.prefill_ms > 0 and t.prefill_tok_s > 0
+    r1 = s.generate(p, max_tokens=8, temperature=0.9, top_k=40, top_p=0.9, seed=5)
+    r2 = s.generate(p, max_tokens=8, temperature=0.9, top_k=40, top_p=0.9, seed=5)
+    assert r1.tokens == r2.tokens
+    with pytest.raises(ValueError):
+        s.generate(p, temperature=-1)
+    with pytest.raises(ValueError):
+        s.generate(p, top_p=0)
+
+
+def test_logit_bias_forces_token(model):
+    r = model.session().generate(ids_(5), max_tokens=4, logit_bias={65: 100.0})
+    assert r.tokens == [65] * 4
+
+
+def test_stream_and_stop_strings(model):
+    s = model.session()
+    p = ids_(8, 15)
+    bias = {ord(c): 50.0 + i for i, c in enumerate("abc")}  # steer to known text
+    full = s.generate(p, max_tokens=12, logit_bias={65: 100.0})
+    assert full.text == "A" * 12
+    pieces = list(s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stream=True))
+    assert pieces[-1].text == "".join(pieces[:-1]) == full.text
+    r = s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stop=["AAA"])
+    assert r.text == "" and r.finish_reason == "stop"
+    streamed = list(s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stop=["AAA"], stream=True))
+    assert "".join(x for x in streamed if isinstance(x, str)) == ""
+    assert bias
