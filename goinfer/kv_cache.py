@@ -16,13 +16,18 @@ hashed; otherwise the session copies it first (copy on write).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import struct
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from goinfer.errors import CacheFullError
+from goinfer.errors import CacheFileError, CacheFullError
 
 EXACT = "exact"
 FAST = "fast"
@@ -41,6 +46,61 @@ def block_hash(parent: bytes, tokens, mode: str, salt: str | None = None) -> byt
 
 def root_hash(salt: str | None = None) -> bytes:
     return block_hash(_ROOT, (), "root", salt)
+
+
+_MAGIC = b"GOINFERKV\x00"
+_VERSION = 1
+_FORMAT = "goinfer-kv-cache"
+_MAX_HEADER = 1 << 30
+
+
+class _hybridmethod:
+    """A method that receives the class when called on the class, the instance otherwise."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, cls):
+        target = cls if obj is None else obj
+        return lambda *a, **k: self.fn(target, *a, **k)
+
+
+def _read_cache_file(path) -> tuple[dict, np.ndarray]:
+    """Read and verify a saved cache: (header, payload (n_blocks, floats per block) float32)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_MAGIC) + 12)
+            if len(head) < len(_MAGIC) + 12 or head[:len(_MAGIC)] != _MAGIC:
+                raise CacheFileError(f"{path}: not a goinfer KV cache file")
+            version, hlen = struct.unpack("<IQ", head[len(_MAGIC):])
+            if version != _VERSION:
+                raise CacheFileError(f"{path}: cache file version {version} (expected {_VERSION})")
+            if hlen > _MAX_HEADER:
+                raise CacheFileError(f"{path}: header of {hlen} bytes is implausible")
+            hb = f.read(hlen)
+            if len(hb) != hlen:
+                raise CacheFileError(f"{path}: truncated header")
+            try:
+                header = json.loads(hb)
+                n = len(header["blocks"])
+                per = (2 * int(header["n_layers"]) * int(header["n_kv_heads"]) * int(header["head_dim"])
+                       * int(header["block_size"]))
+                nbytes = int(header["payload_bytes"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise CacheFileError(f"{path}: corrupt header ({e})") from None
+            if header.get("format") != _FORMAT or nbytes != n * per * 4:
+                raise CacheFileError(f"{path}: inconsistent header")
+            data = f.read(nbytes + 1)
+    except OSError as e:
+        raise CacheFileError(f"{path}: cannot read ({e})") from None
+    if len(data) != nbytes:
+        raise CacheFileError(f"{path}: payload is {len(data)} bytes, expected {nbytes} "
+                             "(truncated or trailing data)")
+    if hashlib.sha256(data).hexdigest() != header.get("payload_sha256"):
+        raise CacheFileError(f"{path}: checksum mismatch (corrupt file)")
+    return header, np.frombuffer(data, dtype=np.float32).reshape(n, per)
 
 
 @dataclass
@@ -100,6 +160,7 @@ class KVCache:
         self._ref = np.zeros(n_blocks, np.int32)
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        self._meta: dict[int, tuple[bytes, tuple[int, ...], str]] = {}  # parent, tokens, mode
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks, least recent first
         self._free: list[int] = list(range(n_blocks - 1, -1, -1))  # pop() gives 0, 1, 2, ...
         self.hit_tokens = 0
@@ -174,16 +235,18 @@ class KVCache:
 
     def _unhash(self, b: int) -> None:
         h = self._hash_of.pop(b, None)
+        self._meta.pop(b, None)
         if h is not None and self._block_of.get(h) == b:
             del self._block_of[h]
 
-    def commit(self, b: int, h: bytes) -> None:
+    def commit(self, b: int, h: bytes, parent: bytes, tokens, mode: str) -> None:
         """Register a block the session just filled under its chain hash."""
         with self._lock:
             if b in self._hash_of or h in self._block_of:
                 return  # already known (another session computed the same block)
             self._hash_of[b] = h
             self._block_of[h] = b
+            self._meta[b] = (parent, tuple(int(t) for t in tokens), mode)
 
     def lookup(self, h: bytes) -> int | None:
         """The cached or in-use block with chain hash h, retained for the caller, or None."""
@@ -200,6 +263,110 @@ class KVCache:
         with self._lock:
             self.hit_tokens += hit
             self.miss_tokens += miss
+
+    # ------------------------------------------------------------------ save and load
+
+    def save(self, path) -> int:
+        """Write every hashed block (cached or in use) to path, atomically.  Returns the count.
+
+        The file holds the model's fingerprint, the geometry, each block's chain hash, parent
+        hash, tokens and numerics mode, a sha256 of the payload, then the float32 K/V blocks."""
+        path = Path(path)
+        with self._lock:
+            blocks = self._save_order()
+            header = {
+                "format": _FORMAT, "fingerprint": self.model_fingerprint,
+                "block_size": self.block_size, "n_layers": self.n_layers,
+                "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "dtype": "float32",
+                "blocks": [{"hash": self._hash_of[b].hex(), "parent": self._meta[b][0].hex(),
+                            "mode": self._meta[b][2], "tokens": list(self._meta[b][1])}
+                           for b in blocks],
+            }
+            sha = hashlib.sha256()
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    # payload first into the temp file after a placeholder header: we need its hash
+                    for b in blocks:
+                        for arr in (self.k[:, b], self.v[:, b]):
+                            buf = np.ascontiguousarray(arr).tobytes()
+                            sha.update(buf)
+                    header["payload_sha256"] = sha.hexdigest()
+                    header["payload_bytes"] = len(blocks) * self.bytes_per_block
+                    hb = json.dumps(header).encode()
+                    f.write(_MAGIC + struct.pack("<IQ", _VERSION, len(hb)) + hb)
+                    for b in blocks:
+                        f.write(np.ascontiguousarray(self.k[:, b]).tobytes())
+                        f.write(np.ascontiguousarray(self.v[:, b]).tobytes())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            return len(blocks)
+
+    def _save_order(self) -> list[int]:
+        """Hashed blocks, parents before children (so a partial load keeps whole chains)."""
+        by_hash = {h: b for b, h in self._hash_of.items()}
+        depth: dict[int, int] = {}
+
+        def d(b):
+            if b not in depth:
+                depth[b] = 0  # guard against cycles
+                parent = by_hash.get(self._meta[b][0])
+                depth[b] = 0 if parent is None else d(parent) + 1
+            return depth[b]
+
+        return sorted(self._hash_of, key=lambda b: (d(b), b))
+
+    @_hybridmethod
+    def load(self_or_cls, *args, **kwargs):
+        """``KVCache.load(model, path)`` makes a cache from a file; ``cache.load(path)`` adds
+        the file's blocks to this cache.  Returns the cache (class call) or the number of blocks
+        loaded (instance call).  A file from another model, a truncated or corrupt file raises
+        CacheFileError and leaves the cache as it was."""
+        if isinstance(self_or_cls, type):
+            model, path = args[0], args[1]
+            header, payload = _read_cache_file(path)
+            n = len(header["blocks"])
+            cache = self_or_cls(model, block_size=int(header["block_size"]),
+                                max_tokens=kwargs.pop("max_tokens", None) or max(
+                                    (n + 1) * int(header["block_size"]), 2 * model.config.context_length))
+            cache._insert(header, payload)
+            return cache
+        return self_or_cls._insert(*_read_cache_file(args[0]))
+
+    def _insert(self, header: dict, payload: np.ndarray) -> int:
+        want = dict(fingerprint=self.model_fingerprint, block_size=self.block_size,
+                    n_layers=self.n_layers, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+        for k, v in want.items():
+            if header.get(k) != v:
+                raise CacheFileError(f"cache file {k} {header.get(k)!r} does not match this cache "
+                                     f"({v!r}): it was saved for another model or geometry")
+        nk = self.n_layers * self.n_kv_heads * self.head_dim * self.block_size
+        loaded = 0
+        with self._lock:
+            for i, meta in enumerate(header["blocks"]):
+                h = bytes.fromhex(meta["hash"])
+                if h in self._block_of:
+                    continue
+                if not self._free and not self._lru:
+                    break  # full of blocks in use: keep what fitted (heads first)
+                b = self.allocate()
+                row = payload[i]
+                self.k[:, b] = row[:nk].reshape(self.k.shape[0], *self.k.shape[2:])
+                self.v[:, b] = row[nk:].reshape(self.v.shape[0], *self.v.shape[2:])
+                self._ref[b] = 0
+                self._hash_of[b] = h
+                self._block_of[h] = b
+                self._meta[b] = (bytes.fromhex(meta["parent"]), tuple(meta["tokens"]), meta["mode"])
+                self._lru[b] = None
+                loaded += 1
+        return loaded
 
     # ------------------------------------------------------------------ introspection
 

@@ -169,9 +169,10 @@ class Session:
                 self._block_fast[bi] = True
         for bi in range(len(self._hashes), len(self._tokens) // bs):
             mode = FAST if self._block_fast[bi] else EXACT
-            h = block_hash(self._parent_hash(), self._tokens[bi * bs:(bi + 1) * bs], mode, self.cache_salt)
+            parent, toks = self._parent_hash(), self._tokens[bi * bs:(bi + 1) * bs]
+            h = block_hash(parent, toks, mode, self.cache_salt)
             self._hashes.append(h)
-            self.cache.commit(self._blocks[bi], h)
+            self.cache.commit(self._blocks[bi], h, parent, toks, mode)
 
     def _extend_from_cache(self, ids: list[int], limit: int) -> int:
         """Append cached full blocks matching ids[:limit] (the session must be block aligned)."""

@@ -1,0 +1,115 @@
+"""Teacher-forced top-1 agreement with transformers (float32, weights dequantized from the same
+GGUF): goinfer and llama.cpp (llama-cpp-python) over the same positions.
+
+    python benchmarks/agreement.py MODEL.gguf --text FILE [--text FILE ...] \
+        [--window 512] [--positions 2048] [--threads 2] [--json out.json]
+
+Needs goinfer, torch, transformers (+accelerate) and llama-cpp-python in one environment
+(for example /tmp/peers-venv with goinfer installed into it).  The text is tokenized once with
+goinfer; the ids are checked against llama.cpp's tokenizer and fed to all three engines, in
+windows of --window tokens (each window starts a fresh context).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+
+def cosine_rows(a, b):
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--text", action="append", required=True)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--positions", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--exact-prefill", action="store_true")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import goinfer
+
+    path = Path(args.model).resolve()
+    gm = goinfer.Model.load(str(path), threads=args.threads, exact_prefill=args.exact_prefill,
+                            progress=False)
+    text = "\n\n".join(Path(t).read_text() for t in args.text)
+    ids = gm.tokenize(text)
+    need = args.positions + -(-args.positions // (args.window - 1))
+    if len(ids) < need:
+        sys.exit(f"text has {len(ids)} tokens, need {need} for {args.positions} positions")
+    windows = []
+    i = 0
+    n_pos = 0
+    while n_pos < args.positions:
+        w = ids[i:i + args.window]
+        windows.append(w)
+        n_pos += len(w) - 1  # logits at position t predict token t+1
+        i += len(w)
+
+    llm = None
+    if not args.no_llama_cpp:
+        from llama_cpp import Llama
+
+        llm = Llama(str(path), n_ctx=args.window, n_batch=args.window, logits_all=True,
+                    n_threads=args.threads, verbose=False)
+        ll_ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+        tok_match = ll_ids[:len(ids)] == ids and len(ll_ids) == len(ids)
+    torch.set_num_threads(args.threads)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              torch_dtype=torch.float32).eval()
+
+    rows = {"goinfer": [], "llama.cpp": []}
+    cos = {"goinfer": [], "llama.cpp": []}
+    gi_vs_ll = []
+    t_gi = t_ll = 0.0
+    for w in windows:
+        with torch.no_grad():
+            ref = hf(torch.tensor([w])).logits[0].float().numpy()[:-1]
+        t0 = time.perf_counter()
+        ours = gm.logits(w)[:-1]
+        t_gi += time.perf_counter() - t0
+        rows["goinfer"].append(ours.argmax(1) == ref.argmax(1))
+        cos["goinfer"].append(cosine_rows(ours, ref))
+        if llm is not None:
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(w)
+            t_ll += time.perf_counter() - t0
+            theirs = np.array(llm.scores[:len(w)], dtype=np.float32)[:-1]
+            rows["llama.cpp"].append(theirs.argmax(1) == ref.argmax(1))
+            cos["llama.cpp"].append(cosine_rows(theirs, ref))
+            gi_vs_ll.append(theirs.argmax(1) == ours.argmax(1))
+
+    res = {"model": path.name, "date": date.today().isoformat(), "threads": args.threads,
+           "window": args.window, "positions": int(sum(len(r) for r in rows["goinfer"])),
+           "texts": args.text, "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "") for w in gm.impl.weights()})}
+    for k in rows:
+        if rows[k]:
+            r = np.concatenate(rows[k])
+            c = np.concatenate(cos[k])
+            res[k] = {"top1_agreement_with_transformers": float(r.mean()),
+                      "mean_logit_cosine": float(c.mean()), "min_logit_cosine": float(c.min())}
+    if gi_vs_ll:
+        res["goinfer_vs_llama.cpp_top1"] = float(np.concatenate(gi_vs_ll).mean())
+        res["llama.cpp_tokenization_identical"] = bool(tok_match)
+        res["seconds"] = {"goinfer": t_gi, "llama.cpp": t_ll}
+    print(json.dumps(res, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
