@@ -137,34 +137,63 @@ class Model:
                 all_logits: bool = False, fast: bool = False) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
-        Returns logits of the last position (1, vocab), or of every position (T, vocab)."""
+        Returns logits of the last position (1, vocab), or of every position (T, vocab).
+        Long inputs run in chunks of PREFILL_CHUNK rows (the exact path gives the same bits)."""
         tokens = np.asarray(tokens, dtype=np.int32)
         T = len(tokens)
         if T == 0:
             raise ValueError("forward needs at least one token")
-        if pos0 + T > self.n_ctx:
-            raise ContextLengthError(f"{pos0 + T} tokens exceed the context of {self.n_ctx}")
-        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
-            raise ValueError(f"token id out of range 0..{self.vocab_size - 1}")
-        bs = cache.block_size
-        bt = np.ascontiguousarray(block_table, dtype=np.int32)
         out = []
-        with self._lock:
-            for c0 in range(0, T, PREFILL_CHUNK):
-                c1 = min(T, c0 + PREFILL_CHUNK)
-                pos = np.arange(pos0 + c0, pos0 + c1, dtype=np.int32)
-                slots = bt[pos // bs].astype(np.int64) * bs + pos % bs
-                if all_logits:
-                    rows = np.arange(c1 - c0, dtype=np.int64)
-                elif c1 == T:
-                    rows = np.array([c1 - c0 - 1], dtype=np.int64)
-                else:
-                    rows = np.zeros(0, dtype=np.int64)
-                batch = Batch(tokens[c0:c1], pos, slots, [Segment(0, c1 - c0, bt, fast)], rows)
-                lg = self.impl.forward(batch, cache.k, cache.v)
-                if len(rows):
-                    out.append(lg)
+        for c0 in range(0, T, PREFILL_CHUNK):
+            c1 = min(T, c0 + PREFILL_CHUNK)
+            want = "all" if all_logits else ("last" if c1 == T else "none")
+            lg = self.forward_batch(cache, [(block_table, tokens[c0:c1], pos0 + c0, want, fast)])[0]
+            if lg is not None:
+                out.append(lg)
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
+
+    def forward_batch(self, cache: KVCache, seqs) -> list:
+        """One forward step over several sequences sharing a KV cache (continuous batching).
+
+        seqs: (block_table, tokens, pos0, want, fast) per sequence, want in "all" | "last" |
+        "none".  Returns per sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's
+        rows give the same bits as running it alone (rows are independent in every matmul;
+        attention reads only the sequence's own blocks)."""
+        bs = cache.block_size
+        toks, poss, slots, segs, rows, where = [], [], [], [], [], []
+        r0 = 0
+        for bt, tokens, pos0, want, fast in seqs:
+            tokens = np.asarray(tokens, dtype=np.int32)
+            T = len(tokens)
+            if T == 0:
+                raise ValueError("every sequence in a batch needs at least one token")
+            if pos0 + T > self.n_ctx:
+                raise ContextLengthError(f"{pos0 + T} tokens exceed the context of {self.n_ctx}")
+            if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+                raise ValueError(f"token id out of range 0..{self.vocab_size - 1}")
+            bt = np.ascontiguousarray(bt, dtype=np.int32)
+            if len(bt) * bs < pos0 + T:
+                raise ValueError(f"block table of {len(bt)} blocks cannot hold {pos0 + T} tokens")
+            pos = np.arange(pos0, pos0 + T, dtype=np.int32)
+            toks.append(tokens)
+            poss.append(pos)
+            slots.append(bt[pos // bs].astype(np.int64) * bs + pos % bs)
+            segs.append(Segment(r0, r0 + T, bt, fast))
+            n_rows = sum(len(r) for r in rows)
+            if want == "all":
+                rows.append(np.arange(r0, r0 + T, dtype=np.int64))
+                where.append((n_rows, n_rows + T))
+            elif want == "last":
+                rows.append(np.array([r0 + T - 1], dtype=np.int64))
+                where.append((n_rows, n_rows + 1))
+            else:
+                where.append(None)
+            r0 += T
+        batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
+                      np.concatenate(rows) if rows else np.zeros(0, np.int64))
+        with self._lock:
+            logits = self.impl.forward(batch, cache.k, cache.v)
+        return [None if w is None else logits[w[0]:w[1]] for w in where]
 
     def logits(self, ids) -> np.ndarray:
         """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced, exact."""

@@ -355,6 +355,28 @@ class Session:
         return f"Session({len(self._tokens)} tokens in {len(self._blocks)} blocks)"
 
 
+# ============================================================================ batched decode
+
+
+def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarray]:
+    """One decode step for several sessions of one model and KVCache, run as one batch.
+    Each session's logits are bit-identical to its own decode(token)."""
+    if not sessions:
+        return []
+    cache, model = sessions[0].cache, sessions[0].model
+    if any(s.cache is not cache or s.model is not model for s in sessions):
+        raise ValueError("decode_batch needs sessions of one model sharing one KVCache")
+    if len({id(s) for s in sessions}) != len(sessions):
+        raise ValueError("a session appears twice in the batch")
+    for s in sessions:  # a failure here leaves only spare blocks in earlier tables
+        s._reserve(1)
+    seqs = [(s.block_table, [int(t)], s.n_tokens, "last", False) for s, t in zip(sessions, tokens)]
+    logits = model.forward_batch(cache, seqs)
+    for s, t in zip(sessions, tokens):
+        s._commit([int(t)], False)
+    return [lg[-1] for lg in logits]
+
+
 # ============================================================================ helpers
 
 

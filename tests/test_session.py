@@ -198,3 +198,16 @@ def test_stream_and_stop_strings(model):
     streamed = list(s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stop=["AAA"], stream=True))
     assert "".join(x for x in streamed if isinstance(x, str)) == ""
     assert bias
+
+
+def test_decode_batch_equals_single_decodes(model):
+    from goinfer.session import decode_batch
+
+    cache = KVCache(model, max_tokens=512)
+    ss = [model.session(cache) for _ in range(3)]
+    prompts = [ids_(5, 20), ids_(23, 21), ids_(40, 22)]
+    for s, p in zip(ss, prompts):
+        s.prefill(p)
+    got = decode_batch(ss, [1, 2, 3])
+    for p, t, g in zip(prompts, [1, 2, 3], got):
+        assert np.array_equal(g, cold_logits(model, p + [t]))
