@@ -107,13 +107,17 @@ class _Reader(GGUFReader):
 
     def _get(self, offset, dtype, count=1, override_order=None):
         count = int(count)
-        arr = super()._get(offset, dtype, count, override_order)
-        if arr.shape[0] < count:
-            raise _Short(f"needs {count * arr.dtype.itemsize} bytes at offset {offset}, "
-                         f"file has {self._plain.shape[0]}")
-        return arr
+        need = count * np.dtype(dtype).itemsize
+        if offset + need > self._plain.shape[0]:
+            raise _Short(f"needs {need} bytes at offset {offset}, file has {self._plain.shape[0]}")
+        return super()._get(offset, dtype, count, override_order)
 
     def _get_field_parts(self, orig_offs, raw_type):
+        try:
+            GGUFValueType(int(raw_type))
+        except ValueError:
+            raise ModelFormatError(f"metadata value at offset {orig_offs} has unknown type "
+                                   f"{int(raw_type)}") from None
         if int(raw_type) != GGUFValueType.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
         size = self._plain.shape[0]
@@ -218,8 +222,8 @@ class ConversionSummary:
 
     @property
     def converted(self) -> list[ConversionRow]:
-        """Rows whose values changed (everything but repack / exact)."""
-        return [r for r in self.rows if r.how not in ("repack", "exact")]
+        """Rows whose values changed (scale-f16, requantize); the other paths are lossless."""
+        return [r for r in self.rows if r.how in ("scale-f16", "requantize")]
 
     def as_dicts(self) -> list[dict]:
         return [dict(vars(r)) for r in self.rows]
@@ -430,8 +434,10 @@ class GGUFFile:
             raise
         except _Short as e:
             raise _wrap(self.path, "truncated file", e) from None
+        except UnicodeDecodeError as e:
+            raise _wrap(self.path, "a metadata key or tensor name is not valid UTF-8", e) from None
         except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
-                UnicodeDecodeError, MemoryError, OSError) as e:
+                MemoryError, OSError) as e:
             raise _wrap(self.path, "cannot parse GGUF header", e) from None
         r = self._reader
         if r.byte_order != "I":
