@@ -455,6 +455,9 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
         self.arch: str = arch
         self._tensors = {t.name: t for t in r.tensors}
+        # name -> (GGUF type name, NumPy-order shape); kept after close()
+        self._infos = {t.name: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+                       for t in r.tensors}
         self.tensor_names: list[str] = [t.name for t in r.tensors]
         self._summary = ConversionSummary()
         self._fingerprint: str | None = None
@@ -519,19 +522,21 @@ class GGUFFile:
     # ------------------------------------------------------------------ tensors
 
     def _tensor(self, name: str):
-        try:
-            return self._tensors[name]
-        except KeyError:
-            raise ModelFormatError(f"{self.path}: no tensor named {name!r} "
-                                   f"({len(self._tensors)} tensors in the file)") from None
+        self.tensor_info(name)  # unknown name -> ModelFormatError
+        if self._reader is None:
+            raise ValueError(f"{self.path}: GGUFFile is closed")
+        return self._tensors[name]
 
     def has_tensor(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self._infos
 
     def tensor_info(self, name: str) -> tuple[str, tuple[int, ...]]:
         """(GGUF type name, shape in NumPy order: (n_out, n_in) for a matrix)."""
-        t = self._tensor(name)
-        return t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist()))
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise ModelFormatError(f"{self.path}: no tensor named {name!r} "
+                                   f"({len(self._infos)} tensors in the file)") from None
 
     def _rows(self, name: str):
         """Raw bytes of a tensor as rows: (type name, NumPy shape, uint8 (n_rows, row_bytes))."""
@@ -646,7 +651,10 @@ class GGUFFile:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Drop the reader (the mapping goes when no loaded view references it)."""
+        """Drop the reader (the mapping goes when no loaded view references it).  Metadata
+        stays readable; loading tensors afterwards raises ValueError."""
+        if self._fingerprint is None and self._reader is not None:
+            self.fingerprint  # noqa: B018 - keep it available after close
         self._reader = None  # type: ignore[assignment]
         self._tensors = {}
 

@@ -514,6 +514,10 @@ def test_context_manager_and_repr(tmpfile):
         assert "llama" in repr(g)
         arr = g.load_f32("w")
     assert arr.sum() == sum(range(64))  # loaded arrays outlive the file object
+    assert g.metadata["general.architecture"] == "llama" and len(g.fingerprint) == 64
+    assert g.tensor_names == ["w"] and g.has_tensor("w")
+    with pytest.raises(ValueError, match="closed"):
+        g.load_f32("w")
 
 
 # ============================================================================ real model (manual files)
