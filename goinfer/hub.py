@@ -359,3 +359,46 @@ def _locked(directory: Path, timeout: float = 3600.0):
     finally:
         os.close(fd)
         os.unlink(excl)
+
+
+# ============================================================================ command line
+
+
+def format_models() -> str:
+    """The registry as a table (for `goinfer list`)."""
+    lines = [f"{'name':<16} {'pulled':<7} {'size':>9}  description"]
+    for m in list_models():
+        star = "*" if m.default else " "
+        lines.append(f"{m.name + star:<16} {'yes' if m.pulled else 'no':<7} {m.size / 1e6:>7.1f}MB  {m.description}")
+    lines.append(f"(* default)   models live in {goinfer_home() / 'models'}")
+    return "\n".join(lines)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """python -m goinfer.hub [list | pull NAME [--force] | path NAME_OR_PATH]"""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m goinfer.hub")
+    sub = ap.add_subparsers(dest="cmd")
+    sub.add_parser("list")
+    p = sub.add_parser("pull")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--force", action="store_true")
+    p = sub.add_parser("path")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "pull":
+            print(pull(args.name, force=args.force))
+        elif args.cmd == "path":
+            print(resolve(args.name, download=False))
+        else:
+            print(format_models())
+    except (ModelNotFoundError, DownloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

