@@ -31,7 +31,6 @@ import tempfile
 import time
 import zipfile
 import zlib
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
