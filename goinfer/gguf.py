@@ -1,0 +1,695 @@
+"""Reading GGUF model files and converting their tensors to goinfer's native weight kinds.
+
+    f = GGUFFile("model.gguf")
+    f.arch, f.metadata, f.get("tokenizer.ggml.tokens"), f.arch_get("block_count")
+    w = f.load_weight("blk.0.attn_q.weight")      # QWeight (n_out, n_in), native kind
+    g = f.load_f32("blk.0.attn_norm.weight")      # float32 ndarray, any stored type
+    print(f.conversion_summary())
+
+Parsing is done by the ``gguf`` package's GGUFReader (memory-mapped), wrapped so that a
+corrupt, truncated or hostile file raises ``ModelFormatError`` and never an IndexError /
+KeyError / struct.error from inside the reader.  Block decoding is our own vectorized NumPy
+(see docs/design/gguf.md, "Conversions", for the exact formulas of every type).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
+from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_q4, pack_q8
+
+__all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET"]
+
+QK_K = 256  # super-block size of the k-quants
+
+# GGUF type name -> (native kind load_weight produces, how)
+#   "repack":     same values, bit-exact (only the memory layout changes)
+#   "exact":      a different encoding of exactly the same values
+#   "scale-f16":  same 4-bit codes, per-32 scale and min rounded to float16 (Q4_K)
+#   "requantize": dequantized to float32, then quantized to q8_0 per group of 32
+NATIVE_TARGET: dict[str, tuple[str, str]] = {
+    "F32": ("f32", "repack"),
+    "F16": ("f16", "repack"),
+    "BF16": ("bf16", "repack"),
+    "Q4_0": ("q4_0", "repack"),
+    "Q4_1": ("q4_1", "repack"),
+    "Q8_0": ("q8_0", "repack"),
+    "Q5_0": ("q8_0", "exact"),
+    "Q4_K": ("q4_1", "scale-f16"),
+    "Q5_1": ("q8_0", "requantize"),
+    "Q5_K": ("q8_0", "requantize"),
+    "Q6_K": ("q8_0", "requantize"),
+    "Q2_K": ("q8_0", "requantize"),
+    "Q3_K": ("q8_0", "requantize"),
+    "Q8_K": ("q8_0", "requantize"),
+}
+
+# Types load_f32 can decode (everything above plus plain numeric storage types).
+_F32_TYPES = set(NATIVE_TARGET) | {"F64", "I8", "I16", "I32", "I64"}
+
+_CHUNK_ELEMS = 1 << 21  # elements decoded per step (row chunks; bounds temporary memory)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_SUPPORTED_VERSIONS = (2, 3)
+
+# Smallest encoding of each metadata value type, to reject absurd array lengths up front.
+_SCALAR_NP = {
+    GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"),
+    GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
+    GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"),
+    GGUFValueType.FLOAT32: np.dtype("<f4"), GGUFValueType.BOOL: np.dtype("bool"),
+    GGUFValueType.UINT64: np.dtype("<u8"), GGUFValueType.INT64: np.dtype("<i8"),
+    GGUFValueType.FLOAT64: np.dtype("<f8"),
+}
+
+
+# ============================================================================ safe, fast reader
+
+
+class _Short(Exception):
+    """A read ran past the end of the file (converted to ModelFormatError by GGUFFile)."""
+
+
+class _Reader(GGUFReader):
+    """GGUFReader with three changes, all inside its documented parse:
+
+    * ``data`` is a plain ndarray view of the np.memmap (still memory-mapped): slicing a
+      np.memmap costs microseconds of Python per call, which made a 262k-token vocabulary
+      take ~20 s to parse;
+    * every read checks it got all its bytes (the stock reader silently returns short arrays
+      past EOF and can then loop for ~forever over an absurd array length);
+    * metadata arrays are read in one piece: numeric arrays as one typed array, string
+      arrays by a tight loop, each after checking the length fits in the rest of the file.
+      Such a field has ``parts = [itype, length, decoded]`` and ``data = [index of decoded]``.
+    """
+
+    def __init__(self, path: str):
+        self._plain: np.ndarray | None = None
+        super().__init__(path, "r")
+
+    @property
+    def data(self) -> np.ndarray:  # type: ignore[override]
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._mmap = value  # keep the memmap object alive
+        self._plain = value.view(np.ndarray)
+        self._mv = memoryview(self._plain)
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        count = int(count)
+        need = count * np.dtype(dtype).itemsize
+        if offset + need > self._plain.shape[0]:
+            raise _Short(f"needs {need} bytes at offset {offset}, file has {self._plain.shape[0]}")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        try:
+            GGUFValueType(int(raw_type))
+        except ValueError:
+            raise ModelFormatError(f"metadata value at offset {orig_offs} has unknown type "
+                                   f"{int(raw_type)}") from None
+        if int(raw_type) != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        size = self._plain.shape[0]
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        n = int(alen[0])
+        offs = orig_offs + 12
+        try:
+            itype = GGUFValueType(int(raw_itype[0]))
+        except ValueError:
+            raise ModelFormatError(f"metadata array at offset {orig_offs} has unknown element "
+                                   f"type {int(raw_itype[0])}") from None
+        if itype == GGUFValueType.ARRAY:
+            raise ModelFormatError(f"nested metadata arrays (offset {orig_offs}) are not supported")
+        elem_min = 8 if itype == GGUFValueType.STRING else _SCALAR_NP[itype].itemsize
+        if n * elem_min > size - offs:
+            raise ModelFormatError(f"metadata array at offset {orig_offs} claims {n} elements "
+                                   f"of {itype.name}, more than the {size - offs} bytes left")
+        if itype == GGUFValueType.STRING:
+            holder = np.empty(n, dtype=object)
+            mv = self._mv
+            for i in range(n):
+                if offs + 8 > size:
+                    raise _Short(f"string array element {i} at offset {offs} past end of file")
+                slen = int.from_bytes(mv[offs : offs + 8], "little")
+                end = offs + 8 + slen
+                if end > size:
+                    raise _Short(f"string of {slen} bytes at offset {offs} past end of file")
+                try:
+                    holder[i] = str(mv[offs + 8 : end], "utf-8")
+                except UnicodeDecodeError:
+                    raise ModelFormatError(f"string at offset {offs} is not valid UTF-8") from None
+                offs = end
+        else:
+            dt = _SCALAR_NP[itype]
+            holder = self._plain[offs : offs + n * dt.itemsize].view(dt)
+            offs += n * dt.itemsize
+        return offs - orig_offs, [raw_itype, alen, holder], [2], [GGUFValueType.ARRAY, itype]
+
+    def _build_tensors(self, start_offs, fields):
+        size = self._plain.shape[0]
+        for f in fields:
+            _nl, name_data, n_dims, dims, raw_dtype, offset_tensor = f.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            tid = int(raw_dtype[0])
+            try:
+                gtype = GGMLQuantizationType(tid)
+            except ValueError:
+                raise UnsupportedTensorTypeError(
+                    f"tensor {name!r} has unknown GGML type id {tid}") from None
+            nd = int(n_dims[0])
+            if not 1 <= nd <= _MAX_DIMS:
+                raise ModelFormatError(f"tensor {name!r} has {nd} dimensions (1..{_MAX_DIMS} allowed)")
+            ne = [int(x) for x in dims]
+            if min(ne) < 1 or max(ne) > 1 << 40:
+                raise ModelFormatError(f"tensor {name!r} has absurd dimensions {ne}")
+            n_el = 1
+            for x in ne:
+                n_el *= x
+            bs, ts = GGML_QUANT_SIZES[gtype]
+            if ne[0] % bs:
+                raise ModelFormatError(f"tensor {name!r} ({gtype.name}) has rows of {ne[0]} "
+                                       f"elements, not a multiple of its block size {bs}")
+            n_bytes = n_el // bs * ts
+            begin = start_offs + int(offset_tensor[0])
+            if begin + n_bytes > size:
+                raise ModelFormatError(
+                    f"tensor {name!r} data [{begin}, {begin + n_bytes}) extends past the end "
+                    f"of the file ({size} bytes)")
+        super()._build_tensors(start_offs, fields)
+
+
+# ============================================================================ conversion summary
+
+
+@dataclass
+class ConversionRow:
+    source_type: str  # GGUF type, e.g. "Q4_K"
+    kind: str  # native kind, or "f32 (dense)" for load_f32
+    how: str  # repack / exact / scale-f16 / requantize / dequantize
+    count: int = 0
+    bytes_in: int = 0  # bytes in the GGUF file
+    bytes_out: int = 0  # bytes of the native arrays
+
+
+@dataclass
+class ConversionSummary:
+    """What load_weight / load_f32 have done so far, one row per (type, kind, how)."""
+
+    rows: list[ConversionRow] = field(default_factory=list)
+
+    def add(self, source_type: str, kind: str, how: str, bytes_in: int, bytes_out: int) -> None:
+        for r in self.rows:
+            if (r.source_type, r.kind, r.how) == (source_type, kind, how):
+                break
+        else:
+            r = ConversionRow(source_type, kind, how)
+            self.rows.append(r)
+        r.count += 1
+        r.bytes_in += bytes_in
+        r.bytes_out += bytes_out
+
+    @property
+    def converted(self) -> list[ConversionRow]:
+        """Rows whose values changed (scale-f16, requantize); the other paths are lossless."""
+        return [r for r in self.rows if r.how in ("scale-f16", "requantize")]
+
+    def as_dicts(self) -> list[dict]:
+        return [dict(vars(r)) for r in self.rows]
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "no tensors loaded"
+        lines = [f"{'type':<6} {'-> kind':<15} {'how':<11} {'tensors':>7} {'MB in':>9} {'MB out':>9}"]
+        for r in sorted(self.rows, key=lambda r: -r.bytes_in):
+            lines.append(f"{r.source_type:<6} {'-> ' + r.kind:<15} {r.how:<11} {r.count:>7} "
+                         f"{r.bytes_in / 1e6:>9.2f} {r.bytes_out / 1e6:>9.2f}")
+        tot_in = sum(r.bytes_in for r in self.rows)
+        tot_out = sum(r.bytes_out for r in self.rows)
+        n = sum(r.count for r in self.rows)
+        lines.append(f"{'total':<34} {n:>7} {tot_in / 1e6:>9.2f} {tot_out / 1e6:>9.2f}")
+        return "\n".join(lines)
+
+
+# ============================================================================ block decoders
+# Each takes raw blocks b: uint8 (R, nb, type_size), R rows of nb blocks, and returns values
+# in natural element order along the row.  "_codes" decoders return integer codes + per-32
+# scales for the exact paths; "_f32" decoders return float32 (R, nb * block_size).
+
+
+def _f16(b: np.ndarray, lo: int) -> np.ndarray:
+    """float16 at byte lo of every block: (R, nb, ts) uint8 -> (R, nb) float16."""
+    return np.ascontiguousarray(b[..., lo : lo + 2]).view(np.float16)[..., 0]
+
+
+def _nibbles32(qs: np.ndarray) -> np.ndarray:
+    """16 bytes -> 32 codes, byte j holding code j (low nibble) and j+16 (high): (..., 16) -> (..., 32)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _q5_codes(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
+    """5-bit codes 0..31 of Q5_0/Q5_1: (R, nb, ts) -> (R, nb, 32) uint8."""
+    qh = np.ascontiguousarray(b[..., qh_at : qh_at + 4]).view("<u4")  # (R, nb, 1)
+    hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (R, nb, 32), bit j -> code j
+    return _nibbles32(b[..., qs_at : qs_at + 16]) | (hi << 4)
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (Q4_K/Q5_K): (R, nb, 12) -> 2 x (R, nb, 8)."""
+    a, m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([a & 63, (hi & 15) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([m & 63, (hi >> 4) | ((m >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q4k_parts(b: np.ndarray):
+    """Q4_K -> codes (R, nb, 8, 32) uint8, d*sc (R, nb, 8) f32, dmin*mn (R, nb, 8) f32."""
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    dmin = _f16(b, 2).astype(np.float32)[..., None]
+    sc, mn = _k_scale_min(b[..., 4:16])
+    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
+    q = np.stack([qs & 0x0F, qs >> 4], axis=-2)  # (R, nb, 4, 2, 32): sub-block 2c + half
+    q = q.reshape(b.shape[:-1] + (8, 32))
+    return q, d * sc.astype(np.float32), dmin * mn.astype(np.float32)
+
+
+def _f32_q4_0(b):
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    q = _nibbles32(b[..., 2:18]).astype(np.float32) - 8.0
+    return q * d
+
+
+def _f32_q4_1(b):
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    m = _f16(b, 2).astype(np.float32)[..., None]
+    return _nibbles32(b[..., 4:20]).astype(np.float32) * d + m
+
+
+def _f32_q5_0(b):
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    return (_q5_codes(b, 2, 6).astype(np.float32) - 16.0) * d
+
+
+def _f32_q5_1(b):
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    m = _f16(b, 2).astype(np.float32)[..., None]
+    return _q5_codes(b, 4, 8).astype(np.float32) * d + m
+
+
+def _f32_q8_0(b):
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    return b[..., 2:34].view(np.int8).astype(np.float32) * d
+
+
+def _f32_q2_k(b):
+    # scales (0:16), qs (16:80), d (80:82), dmin (82:84); element e uses scale byte e // 16
+    s = b[..., 0:16]
+    dl = _f16(b, 80).astype(np.float32)[..., None] * (s & 15).astype(np.float32)  # (R, nb, 16)
+    ml = _f16(b, 82).astype(np.float32)[..., None] * (s >> 4).astype(np.float32)
+    qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32))  # 2 halves of 32 bytes
+    q = (qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): e = 128h + 32j + l
+    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
+    return (dl[..., None] * q - ml[..., None]).reshape(b.shape[:-1] + (QK_K,))
+
+
+def _f32_q3_k(b):
+    # hmask (0:32), qs (32:96), scales (96:108), d (108:110); element e uses scale e // 16
+    hm = b[..., 0:32]
+    s = b[..., 96:108]
+    lo, hi = s[..., 0:8], s[..., 8:12]
+    low4 = np.concatenate([lo & 15, lo >> 4], axis=-1)  # (R, nb, 16): scales 0..7, 8..15
+    high2 = (hi[..., None, :] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 4, 4)
+    sc = (low4 | (high2.reshape(b.shape[:-1] + (16,)) << 4)).astype(np.float32) - 32.0
+    dl = _f16(b, 108).astype(np.float32)[..., None] * sc  # (R, nb, 16)
+    qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32))
+    q = ((qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).astype(np.int8)  # (R, nb, 2, 4, 32)
+    bit = (hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (R, nb, 8, 32): bit 4h+j
+    q = q - ((1 - bit.reshape(q.shape)).astype(np.int8) << 2)  # subtract 4 where the bit is clear
+    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
+    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
+
+
+def _f32_q4_k(b):
+    q, dsc, dmn = _q4k_parts(b)
+    return (dsc[..., None] * q.astype(np.float32) - dmn[..., None]).reshape(b.shape[:-1] + (QK_K,))
+
+
+def _f32_q5_k(b):
+    # d (0:2), dmin (2:4), scales (4:16), qh (16:48), qs (48:176)
+    d = _f16(b, 0).astype(np.float32)[..., None]
+    dmin = _f16(b, 2).astype(np.float32)[..., None]
+    sc, mn = _k_scale_min(b[..., 4:16])
+    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
+    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))
+    qh = b[..., 16:48]  # bit s of qh[l] is the 5th bit of sub-block s, element l
+    q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
+    dsc = (d * sc.astype(np.float32))[..., None]
+    dmn = (dmin * mn.astype(np.float32))[..., None]
+    return (dsc * q.astype(np.float32) - dmn).reshape(b.shape[:-1] + (QK_K,))
+
+
+def _f32_q6_k(b):
+    # ql (0:128), qh (128:192), scales int8 (192:208), d (208:210); element e uses scale e // 16
+    ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 2, 32))  # (h, a, l): bytes 64h + 32a + l
+    qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 1, 32))  # (h, ., l)
+    nib = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # (R, nb, 2, 4, 32): i = 2*(hi nibble) + a
+    top = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): bits 2i
+    q = (nib | (top << 4)).astype(np.float32) - 32.0  # e = 128h + 32i + l
+    sc = b[..., 192:208].view(np.int8).astype(np.float32)  # (R, nb, 16)
+    dl = _f16(b, 208).astype(np.float32)[..., None] * sc
+    q = q.reshape(b.shape[:-1] + (16, 16))
+    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
+
+
+def _f32_q8_k(b):
+    d = np.ascontiguousarray(b[..., 0:4]).view("<f4")  # (R, nb, 1)
+    return b[..., 4:260].view(np.int8).astype(np.float32) * d
+
+
+_F32_DECODERS = {
+    "Q4_0": _f32_q4_0, "Q4_1": _f32_q4_1, "Q5_0": _f32_q5_0, "Q5_1": _f32_q5_1,
+    "Q8_0": _f32_q8_0, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
+    "Q5_K": _f32_q5_k, "Q6_K": _f32_q6_k, "Q8_K": _f32_q8_k,
+}
+_PLAIN_DTYPES = {
+    "F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
+}
+
+
+# ============================================================================ requantization
+
+
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def _requant_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (R, K) -> int8 codes (R, K), float16 scales (R, K/32).
+
+    Per group of 32: d = float16(amax / 127) (clamped to the largest finite float16),
+    q = clip(rint(x / d), -127, 127), with d the float16 value actually stored, so
+    |x - d*q| <= d/2 (a clipped code is off by at most amax * 2^-11 < d/2).
+    """
+    R, K = x.shape
+    xg = x.reshape(R, K // GROUP, GROUP)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = np.abs(xg).max(axis=2)  # (R, G)
+        d16 = np.minimum(amax / np.float32(127.0), np.float32(_F16_MAX)).astype(np.float16)
+        d = d16.astype(np.float32)
+        q = np.rint(xg / d[..., None])
+    q = np.where(np.isfinite(q), q, 0.0)  # d == 0 or non-finite data: code 0
+    q = np.clip(q, -127, 127).astype(np.int8)
+    return q.reshape(R, K), d16
+
+
+# ============================================================================ the file
+
+
+def _wrap(path: Path, what: str, exc: BaseException) -> ModelFormatError:
+    msg = str(exc) or type(exc).__name__
+    return ModelFormatError(f"{path}: {what}: {msg}")
+
+
+class GGUFFile:
+    """A GGUF model file, memory-mapped and parsed (tensor data is read on demand)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.file_size = os.path.getsize(self.path)  # FileNotFoundError / OSError as is
+        self._check_preamble()
+        try:
+            self._reader = _Reader(str(self.path))
+        except GoinferError as e:
+            e.args = (f"{self.path}: {e.args[0] if e.args else ''}",)
+            raise
+        except _Short as e:
+            raise _wrap(self.path, "truncated file", e) from None
+        except UnicodeDecodeError as e:
+            raise _wrap(self.path, "a metadata key or tensor name is not valid UTF-8", e) from None
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
+                MemoryError, OSError) as e:
+            raise _wrap(self.path, "cannot parse GGUF header", e) from None
+        r = self._reader
+        if r.byte_order != "I":
+            raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
+        self.version = int(r.fields["GGUF.version"].parts[0][0])
+        self.alignment = int(r.alignment)
+        self.data_offset = int(r.data_offset)
+        self.metadata: dict[str, object] = {}
+        for key, f in r.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            self.metadata[key] = self._decode_field(key, f)
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
+        self.arch: str = arch
+        self._tensors = {t.name: t for t in r.tensors}
+        # name -> (GGUF type name, NumPy-order shape); kept after close()
+        self._infos = {t.name: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+                       for t in r.tensors}
+        self.tensor_names: list[str] = [t.name for t in r.tensors]
+        self._summary = ConversionSummary()
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ header
+
+    def _check_preamble(self) -> None:
+        """Magic, version and counts, with plain messages, before the reader sees the file."""
+        with open(self.path, "rb") as fh:
+            head = fh.read(24)
+        if len(head) < 4 or head[:4] != b"GGUF":
+            raise ModelFormatError(f"{self.path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+        if len(head) < 24:
+            raise ModelFormatError(f"{self.path}: truncated file ({self.file_size} bytes, "
+                                   "the GGUF header alone needs 24)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
+        if version & 0xFFFF == 0 and version:
+            raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
+        if version not in _SUPPORTED_VERSIONS:
+            raise ModelFormatError(f"{self.path}: unsupported GGUF version {version} "
+                                   f"(goinfer reads versions {', '.join(map(str, _SUPPORTED_VERSIONS))})")
+        room = self.file_size - 24
+        if n_kv > room // 13:  # smallest key/value: 8-byte length, 4-byte type, 1-byte value
+            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.file_size}-byte file")
+        if n_tensors > room // 24:  # smallest tensor info: name length, n_dims, type, offset
+            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.file_size}-byte file")
+
+    def _decode_field(self, key: str, f) -> object:
+        t0 = f.types[0] if f.types else None
+        if t0 == GGUFValueType.ARRAY:
+            holder = f.parts[f.data[0]]
+            if f.types[1] == GGUFValueType.STRING:
+                return list(holder)
+            return np.array(holder, dtype=holder.dtype.newbyteorder("="))
+        if t0 == GGUFValueType.STRING:
+            try:
+                return bytes(f.parts[-1]).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ModelFormatError(f"{self.path}: metadata {key!r} is not valid UTF-8") from None
+        v = f.parts[-1][0]
+        if t0 == GGUFValueType.BOOL:
+            return bool(v)
+        return v.item()
+
+    def get(self, key: str, default=None):
+        return self.metadata.get(key, default)
+
+    def arch_get(self, suffix: str, default=None):
+        return self.metadata.get(f"{self.arch}.{suffix}", default)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the header (metadata + tensor infos, bytes [0, data_offset)) and the
+        file size.  Identifies a model file cheaply; tensor data is NOT hashed."""
+        if self._fingerprint is None:
+            h = hashlib.sha256(b"goinfer-gguf-fingerprint-v1\0")
+            h.update(self.file_size.to_bytes(8, "little"))
+            h.update(self._reader.data[: self.data_offset].tobytes())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    # ------------------------------------------------------------------ tensors
+
+    def _tensor(self, name: str):
+        self.tensor_info(name)  # unknown name -> ModelFormatError
+        if self._reader is None:
+            raise ValueError(f"{self.path}: GGUFFile is closed")
+        return self._tensors[name]
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._infos
+
+    def tensor_info(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(GGUF type name, shape in NumPy order: (n_out, n_in) for a matrix)."""
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise ModelFormatError(f"{self.path}: no tensor named {name!r} "
+                                   f"({len(self._infos)} tensors in the file)") from None
+
+    def _rows(self, name: str):
+        """Raw bytes of a tensor as rows: (type name, NumPy shape, uint8 (n_rows, row_bytes))."""
+        t = self._tensor(name)
+        tname, shape = self.tensor_info(name)
+        raw = np.asarray(t.data).reshape(-1).view(np.uint8)
+        n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        if raw.size != t.n_bytes or raw.size % n_rows:
+            raise ModelFormatError(f"{self.path}: tensor {name!r} has {raw.size} bytes, "
+                                   f"expected {t.n_bytes} for {tname} {shape}")
+        return tname, shape, raw.reshape(n_rows, raw.size // n_rows)
+
+    def load_f32(self, name: str) -> np.ndarray:
+        """Any supported stored type -> float32 array in NumPy shape (for norms, biases, small tensors)."""
+        tname, shape, rows = self._rows(name)
+        if tname not in _F32_TYPES:
+            raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
+                                             "which goinfer cannot decode")
+        out = self._decode_f32(tname, rows).reshape(shape)
+        self._summary.add(tname, "f32 (dense)", "dequantize", rows.nbytes, out.nbytes)
+        return out
+
+    def _decode_f32(self, tname: str, rows: np.ndarray) -> np.ndarray:
+        """uint8 (R, row_bytes) -> float32 (R, n)."""
+        if tname in _PLAIN_DTYPES:
+            return rows.view(_PLAIN_DTYPES[tname]).astype(np.float32)
+        if tname == "BF16":
+            return (rows.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+        R = rows.shape[0]
+        out = np.empty((R, rows.shape[1] // ts * bs), np.float32)
+        step = max(1, _CHUNK_ELEMS // max(out.shape[1], 1))
+        for r0 in range(0, R, step):
+            b = rows[r0 : r0 + step].reshape(-1, rows.shape[1] // ts, ts)
+            out[r0 : r0 + step] = _F32_DECODERS[tname](b).reshape(b.shape[0], -1)
+        return out
+
+    def load_weight(self, name: str) -> QWeight:
+        """A 2-D tensor (n_out, n_in) -> QWeight in the nearest native kind (see NATIVE_TARGET)."""
+        tname, shape, rows = self._rows(name)
+        if len(shape) != 2:
+            raise ModelFormatError(f"{self.path}: load_weight needs a 2-D tensor, {name!r} has "
+                                   f"shape {shape} (use load_f32 for vectors)")
+        if tname not in NATIVE_TARGET:
+            raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
+                                             "which goinfer can neither run nor convert")
+        kind, how = NATIVE_TARGET[tname]
+        n_out, n_in = shape
+        if kind in ("f32", "f16", "bf16"):
+            dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[kind]
+            w = pack_float(kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname)
+        else:
+            w = self._convert_blocks(tname, kind, rows, n_out, n_in)
+            if how == "scale-f16" and not _finite_scales(w) and _finite_scales_src(rows, tname):
+                # float16 overflow of d*sc or dmin*mn (|scale| > 65504): fall back to q8_0
+                kind, how = "q8_0", "requantize"
+                w = self._convert_blocks(tname, kind, rows, n_out, n_in, force_requant=True)
+        w.source_type = tname
+        self._summary.add(tname, kind, how, rows.nbytes, w.nbytes)
+        return w
+
+    def _convert_blocks(self, tname, kind, rows, n_out, n_in, force_requant=False) -> QWeight:
+        """Quantized rows -> QWeight, processed in chunks of whole row blocks (16 rows)."""
+        G = n_in // GROUP
+        n_rb = (n_out + ROWS - 1) // ROWS
+        bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+        nb = n_in // bs
+        c_int = 4 if kind in ("q4_0", "q4_1") else 8
+        qs = np.empty((n_rb, G, c_int, ROWS, 4), np.uint8 if c_int == 4 else np.int8)
+        d = np.empty((n_rb, G, ROWS), np.float16)
+        m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
+        step = max(ROWS, _CHUNK_ELEMS // n_in // ROWS * ROWS)
+        for r0 in range(0, n_out, step):
+            b = rows[r0 : r0 + step].reshape(-1, nb, ts)  # (R, nb, ts)
+            R = b.shape[0]
+            part = self._convert_chunk(tname, kind, b, R, n_in, force_requant)
+            rb0 = r0 // ROWS
+            rb1 = rb0 + part.qs.shape[0]
+            qs[rb0:rb1] = part.qs
+            d[rb0:rb1] = part.d
+            if m is not None:
+                m[rb0:rb1] = part.m
+        return QWeight(kind, n_out, n_in, qs, d, m, tname)
+
+    @staticmethod
+    def _convert_chunk(tname, kind, b, R, K, force_requant) -> QWeight:
+        G = K // GROUP
+        if force_requant or NATIVE_TARGET[tname][1] == "requantize":
+            q, d = _requant_q8(_F32_DECODERS[tname](b).reshape(R, K))
+            return pack_q8(q, d)
+        if tname == "Q8_0":  # d f16, 32 int8
+            return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), _f16(b, 0))
+        if tname == "Q5_0":  # same d; codes 0..31 -> -16..15
+            q = (_q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
+            return pack_q8(q.reshape(R, K), _f16(b, 0))
+        if tname == "Q4_0":
+            return pack_q4("q4_0", _nibbles32(b[..., 2:18]).reshape(R, K), _f16(b, 0))
+        if tname == "Q4_1":
+            return pack_q4("q4_1", _nibbles32(b[..., 4:20]).reshape(R, K), _f16(b, 0), _f16(b, 2))
+        if tname == "Q4_K":  # per sub-block of 32: d' = f16(d*sc), m' = f16(-dmin*mn)
+            q, dsc, dmn = _q4k_parts(b)
+            with np.errstate(over="ignore"):
+                d16 = dsc.reshape(R, G).astype(np.float16)
+                m16 = (-dmn).reshape(R, G).astype(np.float16)
+            return pack_q4("q4_1", q.reshape(R, K), d16, m16)
+        raise AssertionError(tname)
+
+    def conversion_summary(self) -> ConversionSummary:
+        """Which GGUF types became which kinds (counts, bytes) over the loads done so far."""
+        return self._summary
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Drop the reader (the mapping goes when no loaded view references it).  Metadata
+        stays readable; loading tensors afterwards raises ValueError."""
+        if self._fingerprint is None and self._reader is not None:
+            self.fingerprint  # noqa: B018 - keep it available after close
+        self._reader = None  # type: ignore[assignment]
+        self._tensors = {}
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
+                f"{len(self.tensor_names)} tensors)")
+
+
+def _finite_scales(w: QWeight) -> bool:
+    return bool(np.isfinite(w.d).all() and (w.m is None or np.isfinite(w.m).all()))
+
+
+def _finite_scales_src(rows: np.ndarray, tname: str) -> bool:
+    """Are the float16 super-block scales of a Q4_K tensor all finite (so any inf came from us)?"""
+    bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+    b = rows.reshape(rows.shape[0], -1, ts)
+    return bool(np.isfinite(_f16(b, 0)).all() and np.isfinite(_f16(b, 2)).all())
+
+
+if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion summary
+    import time
+
+    g = GGUFFile(sys.argv[1])
+    print(g)
+    t0 = time.perf_counter()
+    for n in g.tensor_names:
+        if len(g.tensor_info(n)[1]) == 2 and g.tensor_info(n)[0] in NATIVE_TARGET:
+            g.load_weight(n)
+        else:
+            g.load_f32(n)
+    print(g.conversion_summary())
+    print(f"loaded in {time.perf_counter() - t0:.2f} s; fingerprint {g.fingerprint}")

