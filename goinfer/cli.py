@@ -72,9 +72,7 @@ def cmd_pull(args) -> int:
 def cmd_list(args) -> int:
     from goinfer import hub
 
-    for m in hub.list_models():
-        state = f"pulled  {m['path']}" if m.get("pulled") else "not pulled"
-        print(f"{m['name']:<16} {m.get('description', ''):<60} {state}")
+    print(hub.format_models())
     return 0
 
 

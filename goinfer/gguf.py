@@ -510,12 +510,20 @@ class GGUFFile:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 (hex) of the header (metadata + tensor infos, bytes [0, data_offset)) and the
-        file size.  Identifies a model file cheaply; tensor data is NOT hashed."""
+        """sha256 (hex) of the header (metadata + tensor infos, bytes [0, data_offset)), the
+        file size, and a sample of the tensor data: 256 slices of 4 KiB spread evenly over it
+        (at most 1 MiB read), so two fine-tunes with the same shapes differ.  Identifies a model
+        file cheaply; a change confined to unsampled bytes is not seen."""
         if self._fingerprint is None:
-            h = hashlib.sha256(b"goinfer-gguf-fingerprint-v1\0")
+            h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0")
             h.update(self.file_size.to_bytes(8, "little"))
-            h.update(self._reader.data[: self.data_offset].tobytes())
+            data = self._reader.data
+            h.update(data[: self.data_offset].tobytes())
+            n_data = len(data) - self.data_offset
+            if n_data > 0:
+                step = max(1, n_data // 256)
+                for off in range(self.data_offset, len(data), step):
+                    h.update(data[off:off + 4096].tobytes())
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 

@@ -1,7 +1,6 @@
 """Shared fixtures: tiny random models (built once per test session) and the real SmolLM2."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
