@@ -44,9 +44,9 @@ class TOKEN_TYPE:
     BYTE = 6
 
 
-# Token texts that end a turn or a generation in the chat formats we know of.  Such tokens are
-# stop tokens, and are treated as control tokens even when a converter forgot to mark them.
-_END_OF_GENERATION_TEXTS = frozenset(
+# Token texts that end a turn or a generation in the chat formats we know of: generation stops on
+# them (when the vocabulary has them).
+_END_OF_TURN_TEXTS = frozenset(
     {
         "<|endoftext|>",
         "<|im_end|>",
@@ -58,10 +58,19 @@ _END_OF_GENERATION_TEXTS = frozenset(
         "<end_of_utterance>",
         "<EOT>",
         "_<EOT>",
+        "[EOT]",
+        "[EOS]",
         "<|return|>",
         "<|call|>",
+        "<turn|>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
     }
 )
+
+# Tokens llama.cpp treats as control tokens whatever the file says, so that they are not matched
+# in text when parse_special=False.  "</s>" is among them (Gemma 3 stores it as a user-defined
+# HTML tag); it is left out of the stop tokens, since Gemma writes it as part of HTML.
+_FORCED_CONTROL_TEXTS = _END_OF_TURN_TEXTS | {"</s>", "<eos>", "<|tool_response>", "<|flush|>", "<|calls|>"}
 
 _SPACE_MARK = "\u2581"  # '▁', SentencePiece's visible space
 
@@ -218,9 +227,9 @@ class Tokenizer:
         if len(types) != n:
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
 
-        # Names that end a turn are control tokens whatever the file says (llama.cpp does this too).
+        # Some names are control tokens whatever the file says (llama.cpp does this too).
         for i, t in enumerate(tokens):
-            if t in _END_OF_GENERATION_TEXTS and types[i] in (TOKEN_TYPE.NORMAL, TOKEN_TYPE.USER_DEFINED):
+            if t in _FORCED_CONTROL_TEXTS and types[i] in (TOKEN_TYPE.NORMAL, TOKEN_TYPE.USER_DEFINED):
                 types[i] = TOKEN_TYPE.CONTROL
 
         self._model_name = model
@@ -408,7 +417,7 @@ class Tokenizer:
     def stop_ids(self) -> frozenset[int]:
         """Token ids that end generation: eos, eot, eom and end-of-turn tokens."""
         ids = {i for i in (self._eos, self._eot, self._eom) if i is not None}
-        for t in _END_OF_GENERATION_TEXTS:
+        for t in _END_OF_TURN_TEXTS:
             i = self._ids.get(t)
             if i is not None:
                 ids.add(i)
