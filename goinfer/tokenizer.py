@@ -613,3 +613,9 @@ class StreamDecoder:
         out = self._dec.decode(b"", final=True)
         self._dec.reset()
         return out
+
+
+# Chat templates live in their own module; re-exported here for convenience.
+from .chat_template import builtin_template, render_chat_template  # noqa: E402
+
+__all__ += ["render_chat_template", "builtin_template"]

@@ -26,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "data")
 CORPUS = os.path.join(DATA, "tokenizer_corpus.txt")
 OUT = os.path.join(DATA, "tokenizer_goldens.json.gz")
+CHAT_OUT = os.path.join(DATA, "gemma_chat_goldens.json")
+SMOLLM2_VOCAB_OUT = os.path.join(DATA, "smollm2_tokenizer_metadata.json.gz")
 DOC_SEPARATOR = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
 PRE_VARIANTS = ["llama-bpe", "qwen2", "gpt-2", "tekken", "default"]
 
@@ -55,6 +57,25 @@ def vocab_only_copy(src: str, dst: str, pre: str) -> None:
     writer.close()
 
 
+def write_json_gz(path: str, obj) -> None:
+    payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+        f.write(payload)  # mtime=0: the same content gives the same bytes
+
+
+def tokenizer_metadata(path: str) -> dict:
+    """The tokenizer.* keys of a GGUF (plus general.architecture), JSON-ready."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    md = {}
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer.") or name == "general.architecture":
+            v = field.contents()
+            md[name] = v.tolist() if hasattr(v, "tolist") else v
+    return md
+
+
 def tokenize_all(path: str, docs: list[str], modes=(False, True)) -> dict[str, list[list[int]]]:
     from llama_cpp import Llama
 
@@ -64,6 +85,54 @@ def tokenize_all(path: str, docs: list[str], modes=(False, True)) -> dict[str, l
         out[f"parse_special_{str(special).lower()}"] = [
             llm.tokenize(d.encode("utf-8"), add_bos=False, special=special) for d in docs
         ]
+    return out
+
+
+# Conversations rendered by llama.cpp's built-in "gemma" chat template (no Jinja involved).
+GEMMA_CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [
+        {"role": "system", "content": "  Be brief.\n"},
+        {"role": "user", "content": " Hello \n\n"},
+        {"role": "assistant", "content": "Hi there!  "},
+        {"role": "user", "content": "Bye"},
+    ],
+    [
+        {"role": "system", "content": "A"},
+        {"role": "system", "content": " B "},
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "y"},
+        {"role": "assistant", "content": "z"},
+    ],
+    [{"role": "user", "content": "\u00a0nbsp\u3000 \t"}, {"role": "tool", "content": "{\"ok\": true}"}],
+    [{"role": "system", "content": "only a system message"}],
+    [
+        {"role": "user", "content": "Translate: 日本語 😀"},
+        {"role": "assistant", "content": "\n\nJapanese language\n"},
+        {"role": "system", "content": "late system"},
+        {"role": "user", "content": "thanks"},
+    ],
+    [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
+]
+
+
+def gemma_chat_goldens() -> list[dict]:
+    import ctypes
+
+    import llama_cpp
+
+    out = []
+    for conv in GEMMA_CONVERSATIONS:
+        for add_ass in (True, False):
+            arr = (llama_cpp.llama_chat_message * len(conv))()
+            keep = []
+            for i, m in enumerate(conv):
+                role, content = m["role"].encode(), m["content"].encode()
+                keep += [role, content]
+                arr[i].role, arr[i].content = role, content
+            buf = ctypes.create_string_buffer(1 << 16)
+            n = llama_cpp.llama_chat_apply_template(b"gemma", arr, len(conv), add_ass, buf, len(buf))
+            out.append({"messages": conv, "add_generation_prompt": add_ass, "rendered": buf.raw[:n].decode()})
     return out
 
 
@@ -96,8 +165,16 @@ def main() -> int:
                 "pre": pre,
                 **tokenize_all(dst, docs, modes=(True,)),
             }
-    with gzip.open(OUT, "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(result, f, separators=(",", ":"))
+    write_json_gz(OUT, result)
+    # SmolLM2's tokenizer (Apache-2.0) ships with the tests, so CI checks the goldens without the model.
+    write_json_gz(SMOLLM2_VOCAB_OUT, {"source": os.path.basename(args.smollm2), **tokenizer_metadata(args.smollm2)})
+    with open(CHAT_OUT, "w", encoding="utf-8") as f:
+        json.dump(
+            {"llama_cpp_python_version": llama_cpp.__version__, "template": "gemma", "cases": gemma_chat_goldens()},
+            f,
+            ensure_ascii=False,
+            indent=1,
+        )
     print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes), llama-cpp-python {llama_cpp.__version__}", file=sys.stderr)
     return 0
 
