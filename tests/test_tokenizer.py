@@ -463,8 +463,8 @@ FEATURE_TEMPLATES = {
     "{{ dict.fromkeys(['x', 'y'], 0) }}",
     "whitespace": "  {% for m in messages %}\n    {% if m.role %}\n  <{{ m.role }}>\n    {% endif %}\n"
     "{%- endfor %}\n{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}\n",
-    "strings": "{% for m in messages %}{{ m.content | trim | upper }}/{{ m.content.split(' ')[0] }}/"
-    "{{ m.content.startswith('W') }}/{{ m['content'] is string }}/{{ m.get('name', '-') }}\n{% endfor %}"
+    "strings": "{% for m in messages %}{% set c = m.content or '' %}{{ c | trim | upper }}/{{ c.split(' ')[0] }}/"
+    "{{ c.startswith('W') }}/{{ c[1:4] }}/{{ c | replace('a', 'A') }}/{{ m['content'] is string }}/{{ m.get('name', '-') }}\n{% endfor %}"
     "{{ messages | length }} {{ messages[-1].role }} {{ (messages | map(attribute='role') | list) }}",
     "documents": "{% if documents %}{% for d in documents %}# {{ d.title }}\n{{ d.text }}\n{% endfor %}{% endif %}"
     "{{ messages[0].content }}{{ custom_var }}",
