@@ -8,6 +8,7 @@ preparation of the messages), so the output is the same text byte for byte.
 Untrusted templates run in Jinja's immutable sandbox; a template that reaches for Python
 internals (``__class__``, ``__subclasses__`` ...) fails with ChatTemplateError.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import ChatTemplateError
 
-__all__ = ["render_chat_template", "builtin_template", "GEMMA_TEMPLATE"]
+__all__ = ["GEMMA_TEMPLATE", "builtin_template", "render_chat_template"]
 
 # --------------------------------------------------------------------------------------------
 # Helpers visible to templates
@@ -37,7 +38,9 @@ def _raise_exception(message: Any) -> None:
     raise TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # Unlike Jinja's own tojson, no HTML escaping, and non-ASCII stays as it is.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -59,7 +62,7 @@ class _DictFactory:
 class _Namespace(jinja2.utils.Namespace):
     """``namespace(...)`` that refuses attribute names starting with an underscore."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - same trick as Jinja's Namespace
+    def __init__(*args: Any, **kwargs: Any) -> None:
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:
@@ -80,7 +83,7 @@ class _GenerationTag(jinja2.ext.Extension):
     """Accepts ``{% generation %}...{% endgeneration %}`` (marks assistant text for training);
     the body is rendered as if the tags were not there."""
 
-    tags = {"generation"}
+    tags = frozenset({"generation"})
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -210,7 +213,7 @@ def render_chat_template(
         compiled = _compile(template)
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template does not compile: {e}") from e
-    except Exception as e:  # noqa: BLE001 - anything Jinja's parser lets through
+    except Exception as e:
         raise ChatTemplateError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
 
     msgs = _prepare_messages(messages)
@@ -233,7 +236,7 @@ def render_chat_template(
         )
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template failed: {e}") from e
-    except Exception as e:  # noqa: BLE001 - errors inside template expressions (TypeError ...)
+    except Exception as e:
         raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
 
 

@@ -5,6 +5,7 @@ tests/tools/make_tokenizer_goldens.py); chat templates against transformers' app
 SmolLM2's tokenizer metadata ships in tests/data, so its goldens run everywhere; Gemma 3's need
 the model file (see `_locate_model`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -113,19 +114,19 @@ def read_gguf_metadata(path: str) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _docs() -> tuple[str, ...]:
     text = (DATA / "tokenizer_corpus.txt").read_bytes().decode("utf-8")
     return tuple(text.split(DOC_SEPARATOR))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _goldens() -> dict:
     with gzip.open(DATA / "tokenizer_goldens.json.gz", "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _smollm2_md() -> dict:
     with gzip.open(DATA / "smollm2_tokenizer_metadata.json.gz", "rt", encoding="utf-8") as f:
         md = json.load(f)
@@ -133,7 +134,7 @@ def _smollm2_md() -> dict:
     return md
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer(name: str) -> Tokenizer:
     if name == "smollm2":
         return Tokenizer.from_metadata(_smollm2_md())
@@ -144,7 +145,7 @@ def _tokenizer(name: str) -> Tokenizer:
 
 def _first_difference(tok: Tokenizer, got: list[int], want: list[int]) -> str:
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    show = lambda ids: [tok.id_to_token(i) for i in ids[max(0, k - 3) : k + 4]]  # noqa: E731
+    show = lambda ids: [tok.id_to_token(i) for i in ids[max(0, k - 3) : k + 4]]
     return f"first difference at token {k}: goinfer {show(got)} llama.cpp {show(want)}"
 
 
@@ -192,7 +193,9 @@ def test_shipped_smollm2_metadata_matches_the_gguf():
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.model"):
         assert md[key] == shipped[key]
     assert np.array_equal(md["tokenizer.ggml.token_type"], shipped["tokenizer.ggml.token_type"])
-    assert md["tokenizer.chat_template"] == (DATA / "chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja").read_text()
+    assert (
+        md["tokenizer.chat_template"] == (DATA / "chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja").read_text()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,7 +288,7 @@ def _tiny_spm(add_space_prefix: bool = True) -> Tokenizer:
 
 def test_tiny_spm_merges_by_score():
     tok = _tiny_spm(add_space_prefix=False)
-    names = lambda text, **kw: [tok.id_to_token(i) for i in tok.encode(text, **kw)]  # noqa: E731
+    names = lambda text, **kw: [tok.id_to_token(i) for i in tok.encode(text, **kw)]
     assert names("abc") == ["abc"]
     assert names("ab") == ["ab"]
     assert names("abd") == ["ab", "d"]
@@ -299,7 +302,7 @@ def test_tiny_spm_merges_by_score():
 
 def test_tiny_spm_space_prefix():
     tok = _tiny_spm(add_space_prefix=True)
-    names = lambda text, **kw: [tok.id_to_token(i) for i in tok.encode(text, **kw)]  # noqa: E731
+    names = lambda text, **kw: [tok.id_to_token(i) for i in tok.encode(text, **kw)]
     # ▁ a b c: "bc" (-1) first, then "abc" (-3) beats "▁a" (-4); there is no "▁abc"
     assert names("abc") == ["▁", "abc"]
     assert names("ad") == ["▁a", "d"]
@@ -316,12 +319,29 @@ _text = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",)),
     max_size=60,
 ) | st.lists(
-    st.sampled_from(["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<eos>", " ", "  ", "\n", "\n\n", "3", "é", "😀", "👨‍👩‍👧", "a", "'s"]),
+    st.sampled_from(
+        [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<start_of_turn>",
+            "<eos>",
+            " ",
+            "  ",
+            "\n",
+            "\n\n",
+            "3",
+            "é",
+            "😀",
+            "👨‍👩‍👧",
+            "a",
+            "'s",
+        ]
+    ),
     max_size=12,
 ).map("".join)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _smollm2_missing_bytes() -> frozenset[int]:
     # SmolLM2 has no token for some bytes (0xF1, 0xF2 lead bytes, a few control characters);
     # llama.cpp drops them, and so do we.
@@ -476,7 +496,7 @@ FEATURE_TEMPLATES = {
 DOCUMENTS = [{"title": "Doc A", "text": "Alpha text."}, {"title": "Doc B", "text": "Beta — text."}]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_tokenizer():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer as HFTok
@@ -575,7 +595,9 @@ def test_sandbox_blocks_escapes(template):
 def test_messages_are_not_modified():
     conv = json.loads(json.dumps(CONVERSATIONS["tools"]))
     before = json.dumps(conv)
-    render_chat_template((DATA / "chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), conv, tools=[WEATHER_TOOL])
+    render_chat_template(
+        (DATA / "chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), conv, tools=[WEATHER_TOOL]
+    )
     assert json.dumps(conv) == before
 
 

@@ -7,6 +7,7 @@ MODEL_DIR holds smollm2/SmolLM2-135M-Instruct.Q4_1.gguf and gemma3/gemma-3-270m-
 tokenizes differently from llama.cpp, and the first differing pieces of a few of them.
 Informational only: goinfer does not use transformers' conversion.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -38,8 +39,9 @@ def main() -> int:
                 got = hf.encode(doc, add_special_tokens=False, split_special_tokens=not split_special)
                 if got != want:
                     k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-                    show = lambda ids: hf.convert_ids_to_tokens(ids[max(0, k - 2) : k + 3])  # noqa: E731
-                    bad.append(f"  doc {i} {doc[:25]!r}: transformers {show(got)} llama.cpp {show(want)}")
+                    lo, hi = max(0, k - 2), k + 3
+                    mine, theirs = hf.convert_ids_to_tokens(got[lo:hi]), hf.convert_ids_to_tokens(want[lo:hi])
+                    bad.append(f"  doc {i} {doc[:25]!r}: transformers {mine} llama.cpp {theirs}")
             print(f"{name} {key}: {len(bad)}/{len(docs)} documents differ")
             for line in bad[:6]:
                 print(line)

@@ -8,6 +8,7 @@ special-token strings, and seeded random mixtures of all of these.
 
 Documents are separated by a line holding only DOC_SEPARATOR.
 """
+
 from __future__ import annotations
 
 import glob
@@ -90,16 +91,23 @@ for name in ("gb2312-utf8.txt", "euc_jp-utf8.txt", "big5-utf8.txt", "cp949-utf8.
 # ---- generated: prose in many scripts --------------------------------------------------------
 
 PROSE = [
-    "The quick brown fox jumps over the lazy dog. It's what they'd've done, isn't it? "
-    "We'll see; you're right, I'm sure. THEY'RE HERE. Don't, won't, can't, shan't.",
-    "Le petit prince s'est assis sur une pierre et a levé les yeux vers le ciel. « Où sont "
-    "les hommes ? » demanda-t-il. Ça m'a fait réfléchir à l'été dernier, à Noël, à la forêt.",
-    "Über den Wolken muss die Freiheit wohl grenzenlos sein. Die Straße ist nass; "
-    "Größenordnungen, Fußgänger und Äpfel fallen nicht weit vom Stamm.",
-    "El niño comió piña en la mañana. ¿Dónde está la biblioteca? ¡Qué día tan bonito! "
-    "Los pingüinos no vuelan, pero nadan muy rápido.",
-    "Съешь же ещё этих мягких французских булок, да выпей чаю. Москва — столица России; "
-    "ёлка, щука, объём и подъезд.",
+    (
+        "The quick brown fox jumps over the lazy dog. It's what they'd've done, isn't it? "
+        "We'll see; you're right, I'm sure. THEY'RE HERE. Don't, won't, can't, shan't."
+    ),
+    (
+        "Le petit prince s'est assis sur une pierre et a levé les yeux vers le ciel. « Où sont "
+        "les hommes ? » demanda-t-il. Ça m'a fait réfléchir à l'été dernier, à Noël, à la forêt."
+    ),
+    (
+        "Über den Wolken muss die Freiheit wohl grenzenlos sein. Die Straße ist nass; "
+        "Größenordnungen, Fußgänger und Äpfel fallen nicht weit vom Stamm."
+    ),
+    (
+        "El niño comió piña en la mañana. ¿Dónde está la biblioteca? ¡Qué día tan bonito! "
+        "Los pingüinos no vuelan, pero nadan muy rápido."
+    ),
+    ("Съешь же ещё этих мягких французских булок, да выпей чаю. Москва — столица России; ёлка, щука, объём и подъезд."),
     "Ταχίστη αλώπηξ βαφής ψημένη γη, δρασκελίζει υπέρ νωθρού κυνός. Ἐν ἀρχῇ ἦν ὁ λόγος.",
     "العربية لغة جميلة. مرحبًا بكم في عالم الحوسبة! هذا نصٌّ قصيرٌ مع تشكيلٍ كاملٍ، وأرقام ١٢٣٤٥.",
     "עברית נכתבת מימין לשמאל. שָׁלוֹם עֲלֵיכֶם! המספר 42 נשאר משמאל לימין.",
@@ -123,16 +131,62 @@ add("\n\n".join(PROSE))
 # ---- generated: unicode edge cases -----------------------------------------------------------
 
 EMOJI = [
-    "😀", "😂", "🥲", "👍", "👍🏽", "👍🏿", "👨‍👩‍👧‍👦", "👩‍💻", "🧑🏾‍🚀", "🏳️‍🌈", "🏴‍☠️", "❤️", "❤️‍🔥",
-    "🇫🇷", "🇯🇵", "🇺🇸", "🇧🇷", "🇪🇺", "🏴󠁧󠁢󠁳󠁣󠁴󠁿", "1️⃣", "#️⃣", "*️⃣", "©️", "™", "☺︎", "🫠", "🐍", "🦀",
+    "😀",
+    "😂",
+    "🥲",
+    "👍",
+    "👍🏽",
+    "👍🏿",
+    "👨‍👩‍👧‍👦",
+    "👩‍💻",
+    "🧑🏾‍🚀",
+    "🏳️‍🌈",
+    "🏴‍☠️",
+    "❤️",
+    "❤️‍🔥",
+    "🇫🇷",
+    "🇯🇵",
+    "🇺🇸",
+    "🇧🇷",
+    "🇪🇺",
+    "🏴󠁧󠁢󠁳󠁣󠁴󠁿",
+    "1️⃣",
+    "#️⃣",
+    "*️⃣",
+    "©️",
+    "™",
+    "☺︎",
+    "🫠",
+    "🐍",
+    "🦀",
 ]
 add(" ".join(EMOJI) + "\n" + "".join(EMOJI) + "\n" + "x".join(EMOJI) + "\n")
 COMBINING = [
-    "e\u0301", "a\u0308", "n\u0303", "o\u0302\u0323", "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319",
-    "\u1100\u1161\u11a8", "\u0915\u094d\u0937", "A\u030a", "\u00c5", "\u212b", "ﬁ", "ﬀ", "ǅ", "İ", "ß", "ẞ",
+    "e\u0301",
+    "a\u0308",
+    "n\u0303",
+    "o\u0302\u0323",
+    "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319",
+    "\u1100\u1161\u11a8",
+    "\u0915\u094d\u0937",
+    "A\u030a",
+    "\u00c5",
+    "\u212b",
+    "ﬁ",
+    "ﬀ",
+    "ǅ",
+    "İ",
+    "ß",
+    "ẞ",
 ]
 add("Combining: " + " ".join(COMBINING) + "\n" + "".join(COMBINING) + "\n")
-add("NFC " + unicodedata.normalize("NFC", "".join(COMBINING)) + " NFD " + unicodedata.normalize("NFD", "café Å ﬁ") + "\n")
+add(
+    "NFC "
+    + unicodedata.normalize("NFC", "".join(COMBINING))
+    + " NFD "
+    + unicodedata.normalize("NFD", "café Å ﬁ")
+    + "\n"
+)
 add(
     "Zero width: a\u200bb a\u200cb a\u200db a\u2060b \ufeffBOM here, soft\u00adhyphen, "
     "rtl \u202eabc\u202c \u200fmark\u200e, nbsp\u00a0here, narrow\u202fnbsp, ideographic\u3000space, "
@@ -156,11 +210,44 @@ add("\n")
 add(" ")
 add("\t\t\t")
 nums = [
-    "0", "7", "42", "123", "1234", "12345", "123456", "1234567", "12345678901234567890",
-    "3.14159", "2.718281828", "-0.5", "+1e10", "6.022e23", "1,000,000", "1.000.000,50", "1_000_000",
-    "0xDEADBEEF", "0b1010", "0o755", "1/2", "3:45pm", "2024-02-29", "12:34:56.789", "v1.2.3-rc.4",
-    "192.168.0.1", "::1", "+1 (555) 123-4567", "100%", "$19.99", "€5,00", "٣٤٥", "१२३", "１２３", "²³¹",
-    "Ⅻ", "⑦", "½",
+    "0",
+    "7",
+    "42",
+    "123",
+    "1234",
+    "12345",
+    "123456",
+    "1234567",
+    "12345678901234567890",
+    "3.14159",
+    "2.718281828",
+    "-0.5",
+    "+1e10",
+    "6.022e23",
+    "1,000,000",
+    "1.000.000,50",
+    "1_000_000",
+    "0xDEADBEEF",
+    "0b1010",
+    "0o755",
+    "1/2",
+    "3:45pm",
+    "2024-02-29",
+    "12:34:56.789",
+    "v1.2.3-rc.4",
+    "192.168.0.1",
+    "::1",
+    "+1 (555) 123-4567",
+    "100%",
+    "$19.99",
+    "€5,00",
+    "٣٤٥",
+    "१२३",
+    "１２３",
+    "²³¹",
+    "Ⅻ",
+    "⑦",
+    "½",
 ]
 add(" ".join(nums) + "\n" + "".join(nums) + "\n" + "\n".join(nums) + "\n")
 add("".join(str(rng.randrange(10)) for _ in range(300)) + "\n")
@@ -193,18 +280,39 @@ add(
     "SELECT u.id, COUNT(*) AS n FROM users u LEFT JOIN orders o ON o.user_id = u.id WHERE u.created_at > "
     "'2024-01-01' GROUP BY u.id HAVING n >= 3 ORDER BY n DESC LIMIT 10;\n"
     "$ ls -la | grep -E '^d' && echo \"done\" || exit 1\nfor i in $(seq 1 10); do echo $i; done\n"
-    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }\n"
-    "fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!(\"{:?}\", v); }\n"
+    '#include <stdio.h>\nint main(void) { printf("%d\\n", 42); return 0; }\n'
+    'fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!("{:?}", v); }\n'
     "const f = async (x) => { await x?.y ?? 0; return `t=${x}`; };\n"
 )
 
 # ---- generated: special-token strings inside text ------------------------------------------------
 
 SPECIALS = [
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<file_sep>", "<jupyter_code>",
-    "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<unused0>",
-    "<unused42>", "[multimodal]", "<start_of_image>", "<end_of_image>", "<s>", "</s>",
-    "<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>", "[INST]", "[/INST]",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<repo_name>",
+    "<file_sep>",
+    "<jupyter_code>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<bos>",
+    "<eos>",
+    "<pad>",
+    "<unk>",
+    "<mask>",
+    "<unused0>",
+    "<unused42>",
+    "[multimodal]",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<s>",
+    "</s>",
+    "<|eot_id|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "[INST]",
+    "[/INST]",
 ]
 add(
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
@@ -224,7 +332,10 @@ add("".join(SPECIALS) + "\n" + " ".join(SPECIALS) + "\n" + "\n".join(SPECIALS))
 
 POOL = (
     [w for p in PROSE for w in p.split()]
-    + EMOJI + COMBINING + nums + SPECIALS
+    + EMOJI
+    + COMBINING
+    + nums
+    + SPECIALS
     + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "'s", "'LL", "'ve", "’s", "--", "...", "…", "!!", "?!"]
 )
 for _ in range(60):
@@ -239,9 +350,23 @@ for _ in range(60):
     add("".join(parts))
 
 # random code points from chosen blocks (all assigned since Unicode 6 or earlier)
-BLOCKS = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x5D0, 0x5EA), (0x620, 0x64A),
-          (0x905, 0x939), (0xE01, 0xE3A), (0x3041, 0x3096), (0x30A1, 0x30FA), (0x4E00, 0x9FA5),
-          (0xAC00, 0xD7A3), (0x1F600, 0x1F64F), (0x2200, 0x22FF), (0x2500, 0x257F)]
+BLOCKS = [
+    (0x20, 0x7E),
+    (0xA0, 0x24F),
+    (0x370, 0x3FF),
+    (0x400, 0x4FF),
+    (0x5D0, 0x5EA),
+    (0x620, 0x64A),
+    (0x905, 0x939),
+    (0xE01, 0xE3A),
+    (0x3041, 0x3096),
+    (0x30A1, 0x30FA),
+    (0x4E00, 0x9FA5),
+    (0xAC00, 0xD7A3),
+    (0x1F600, 0x1F64F),
+    (0x2200, 0x22FF),
+    (0x2500, 0x257F),
+]
 for _ in range(25):
     s = []
     for _ in range(rng.randint(50, 400)):

@@ -12,6 +12,7 @@ pre "smollm") and Gemma 3 (SentencePiece).  It also re-labels SmolLM2's vocabula
 byte-level pre-tokenizer names (llama-bpe, qwen2, gpt-2, tekken, default) in vocab-only GGUF
 copies, so the word-splitting regexes of those families are checked against llama.cpp too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,7 +105,7 @@ GEMMA_CONVERSATIONS = [
         {"role": "user", "content": "y"},
         {"role": "assistant", "content": "z"},
     ],
-    [{"role": "user", "content": "\u00a0nbsp\u3000 \t"}, {"role": "tool", "content": "{\"ok\": true}"}],
+    [{"role": "user", "content": "\u00a0nbsp\u3000 \t"}, {"role": "tool", "content": '{"ok": true}'}],
     [{"role": "system", "content": "only a system message"}],
     [
         {"role": "user", "content": "Translate: 日本語 😀"},
