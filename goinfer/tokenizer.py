@@ -268,10 +268,10 @@ class Tokenizer:
 
         self._add_bos = default_bos if add_bos is None else bool(add_bos)
         self._add_eos = bool(add_eos)
-        if self._add_bos and self._bos is None:
-            raise TokenizerError("the vocabulary asks for a BOS token but has no tokenizer.ggml.bos_token_id")
-        if self._add_eos and self._eos is None:
-            raise TokenizerError("the vocabulary asks for an EOS token but has no tokenizer.ggml.eos_token_id")
+        self._stop_ids = frozenset(
+            {i for i in (eos_id, eot_id, eom_id) if i is not None}
+            | {self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids}
+        )
 
         # Tokens cut out of the text before BPE: longest text first (llama.cpp's order).
         special = [
@@ -417,12 +417,7 @@ class Tokenizer:
     @property
     def stop_ids(self) -> frozenset[int]:
         """Token ids that end generation: eos, eot, eom and end-of-turn tokens."""
-        ids = {i for i in (self._eos, self._eot, self._eom) if i is not None}
-        for t in _END_OF_TURN_TEXTS:
-            i = self._ids.get(t)
-            if i is not None:
-                ids.add(i)
-        return frozenset(ids)
+        return self._stop_ids
 
     def token_type(self, token_id: int) -> int:
         self._check_id(token_id)
@@ -464,7 +459,9 @@ class Tokenizer:
             raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
         out: list[int] = []
         if add_special and self._add_bos:
-            out.append(self._bos)  # type: ignore[arg-type]
+            if self._bos is None:
+                raise TokenizerError("the vocabulary asks for a BOS token but has no tokenizer.ggml.bos_token_id")
+            out.append(self._bos)
         if text:
             pieces = self._partition(text, parse_special)
             if self._spm:
@@ -472,7 +469,9 @@ class Tokenizer:
             else:
                 out.extend(self._encode_bpe(pieces))
         if add_special and self._add_eos:
-            out.append(self._eos)  # type: ignore[arg-type]
+            if self._eos is None:
+                raise TokenizerError("the vocabulary asks for an EOS token but has no tokenizer.ggml.eos_token_id")
+            out.append(self._eos)
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:

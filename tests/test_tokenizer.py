@@ -261,6 +261,12 @@ def test_bad_metadata_raises_tokenizer_error():
         Tokenizer.from_metadata({**md, "tokenizer.ggml.token_type": np.ones(3, dtype=np.int32)})
     with pytest.raises(TokenizerError, match="outside the vocabulary"):
         Tokenizer.from_metadata({**md, "tokenizer.ggml.eos_token_id": 10**6})
+    no_bos = Tokenizer.from_metadata(
+        {**{k: v for k, v in md.items() if k != "tokenizer.ggml.bos_token_id"}, "tokenizer.ggml.add_bos_token": True}
+    )
+    assert no_bos.encode("hi") == _tokenizer("smollm2").encode("hi")
+    with pytest.raises(TokenizerError, match="BOS"):
+        no_bos.encode("hi", add_special=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -633,3 +639,21 @@ def test_smollm2_template_renders_a_chat():
     tok = _tokenizer("smollm2")
     ids = tok.encode(out)
     assert ids.count(tok.token_to_id("<|im_start|>")) == 3 and ids.count(tok.eos_id) == 2
+
+
+_content = st.text(max_size=40) | st.sampled_from(["{{ x }}", "{% if %}", "<|im_end|>", "  padded  ", "", "\n\n"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    contents=st.lists(_content, min_size=1, max_size=5),
+    system=st.none() | _content,
+    add_generation_prompt=st.booleans(),
+)
+def test_random_conversations_match_transformers(contents, system, add_generation_prompt):
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages += [{"role": ("user", "assistant")[i % 2], "content": c} for i, c in enumerate(contents)]
+    for name in ("Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja"):
+        template = (DATA / "chat_templates" / name).read_text(encoding="utf-8")
+        _check_same(template, messages, add_generation_prompt, date_string="26 Jul 2024")
+    _check_same(GEMMA_TEMPLATE, messages, add_generation_prompt)
