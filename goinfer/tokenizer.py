@@ -284,13 +284,6 @@ class Tokenizer:
         self._special_user = [(t, i) for t, i in self._special_all if types[i] == TOKEN_TYPE.USER_DEFINED]
 
         self._bytes_cache: list[bytes | None] = [None] * n
-        self._byte_token: dict[int, int] = {}
-        if self._spm:
-            for i, t in enumerate(tokens):
-                if types[i] == TOKEN_TYPE.BYTE:
-                    b = _parse_byte_token(t)
-                    if b is not None:
-                        self._byte_token.setdefault(b, i)
 
     # ---- construction ------------------------------------------------------------------
 
