@@ -21,8 +21,10 @@ def hf_smollm2(smollm2_path):
 
 def test_chat_answers_coherently(smollm2):
     s = smollm2.session()
-    r = s.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=24)
-    assert "Paris" in r.text, r.text
+    # (llama.cpp on this Q4_1 file answers "What is the capital of France?" with "L'Étoile...":
+    # the quantized model's top two first tokens are within 0.1 logit, so ask something stabler)
+    r = s.chat([{"role": "user", "content": "What color is the sky on a clear day?"}], max_tokens=24)
+    assert "blue" in r.text, r.text
     assert r.finish_reason in ("stop", "length") and r.completion_tokens > 0
     assert r.timings.prefill_tok_s > 0 and r.timings.decode_tok_s > 0
 
