@@ -85,13 +85,18 @@ cdef cnp.ndarray _carray(object a, str name, int typenum, str tname, int ndim,
     return arr
 
 
+cdef inline int64_t _dim(cnp.ndarray a, int i) noexcept:
+    return cnp.PyArray_DIMS(a)[i]
+
+
 cdef tuple _check_caches(object k_cache, object v_cache):
     cdef cnp.ndarray kc = _carray(k_cache, "k_cache", cnp.NPY_FLOAT32, "float32", 4)
     cdef cnp.ndarray vc = _carray(v_cache, "v_cache", cnp.NPY_FLOAT32, "float32", 4)
-    nb, n_kv, hd, bs = np.shape(kc)
-    if np.shape(vc) != (nb, n_kv, bs, hd):
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    if _dim(vc, 0) != nb or _dim(vc, 1) != n_kv or _dim(vc, 2) != bs or _dim(vc, 3) != hd:
         raise ValueError(f"v_cache must have shape (n_blocks, n_kv, bs, hd) = "
-                         f"{(nb, n_kv, bs, hd)} to match k_cache {np.shape(kc)}, got {np.shape(vc)}")
+                         f"{(nb, n_kv, bs, hd)} to match k_cache {np.shape(kc)}, got "
+                         f"{np.shape(vc)}")
     if hd % 8 != 0 or hd == 0:
         raise ValueError(f"head_dim must be a positive multiple of 8, got {hd}")
     if bs < 1 or n_kv < 1:
@@ -105,32 +110,36 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
     """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset).
     Tokens are written in order, so a repeated slot keeps the last token."""
     cdef int nt = _check_threads(nthreads)
+    cdef cnp.ndarray kc, vc
     kc, vc = _check_caches(k_cache, v_cache)
-    cdef int64_t nb = kc.shape[0], n_kv = kc.shape[1], hd = kc.shape[2], bs = kc.shape[3]
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
     if not cnp.PyArray_ISWRITEABLE(kc) or not cnp.PyArray_ISWRITEABLE(vc):
         raise ValueError("k_cache and v_cache must be writeable")
     cdef cnp.ndarray ka = _carray(k, "k", cnp.NPY_FLOAT32, "float32", 3)
     cdef cnp.ndarray va = _carray(v, "v", cnp.NPY_FLOAT32, "float32", 3)
     cdef cnp.ndarray sa = _carray(slots, "slots", cnp.NPY_INT64, "int64", 1)
-    cdef int64_t T = ka.shape[0]
-    if np.shape(ka) != (T, n_kv, hd) or np.shape(va) != (T, n_kv, hd):
+    cdef int64_t T = _dim(ka, 0)
+    if (_dim(ka, 1) != n_kv or _dim(ka, 2) != hd or _dim(va, 0) != T or _dim(va, 1) != n_kv
+            or _dim(va, 2) != hd):
         raise ValueError(f"k and v must have shape (T, n_kv, hd) = (T, {n_kv}, {hd}), got "
                          f"{np.shape(ka)} and {np.shape(va)}")
-    if sa.shape[0] != T:
+    if _dim(sa, 0) != T:
         raise ValueError(f"slots must have shape ({T},), got {np.shape(sa)}")
     if T == 0:
         return
-    smin = int(sa.min())
-    smax = int(sa.max())
+    cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(sa)
+    cdef int64_t smin = sp[0], smax = sp[0], i
+    for i in range(T):
+        smin = sp[i] if sp[i] < smin else smin
+        smax = sp[i] if sp[i] > smax else smax
     if smin < 0 or smax >= nb * bs:
         raise ValueError(f"slots must lie in [0, {nb * bs}), got [{smin}, {smax}]")
     cdef float *kcp = <float *>cnp.PyArray_DATA(kc)
     cdef float *vcp = <float *>cnp.PyArray_DATA(vc)
     cdef const float *kp = <const float *>cnp.PyArray_DATA(ka)
     cdef const float *vp = <const float *>cnp.PyArray_DATA(va)
-    cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(sa)
     cdef const gi_attn_ops *ops = _table()
-    cdef int64_t work = T * n_kv * hd, i
+    cdef int64_t work = T * n_kv * hd
     cdef int n = nt
     if n > n_kv:
         n = <int>n_kv
@@ -155,18 +164,19 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  Keys 0..max(q_pos)
     must have been written (kv_write).  Returns out (T, H, hd) float32."""
     cdef int nt = _check_threads(nthreads)
+    cdef cnp.ndarray kc, vc
     kc, vc = _check_caches(k_cache, v_cache)
-    cdef int64_t nb = kc.shape[0], n_kv = kc.shape[1], hd = kc.shape[2], bs = kc.shape[3]
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
     cdef cnp.ndarray qa = _carray(q, "q", cnp.NPY_FLOAT32, "float32", 3)
-    cdef int64_t T = qa.shape[0], H = qa.shape[1]
-    if qa.shape[2] != hd:
-        raise ValueError(f"q head_dim {qa.shape[2]} != cache head_dim {hd}")
+    cdef int64_t T = _dim(qa, 0), H = _dim(qa, 1)
+    if _dim(qa, 2) != hd:
+        raise ValueError(f"q head_dim {_dim(qa, 2)} != cache head_dim {hd}")
     if H < 1 or H % n_kv != 0:
         raise ValueError(f"the number of query heads ({H}) must be a positive multiple of the "
                          f"number of kv heads ({n_kv})")
     cdef cnp.ndarray bt = _carray(block_table, "block_table", cnp.NPY_INT32, "int32", 1)
     cdef cnp.ndarray pa = _carray(q_pos, "q_pos", cnp.NPY_INT32, "int32", 1)
-    if pa.shape[0] != T:
+    if _dim(pa, 0) != T:
         raise ValueError(f"q_pos must have shape ({T},), got {np.shape(pa)}")
     cdef double sc = float(scale), cap = float(softcap)
     if not isfinite(sc):
@@ -178,21 +188,28 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     if out is None:
         out = np.empty((T, H, hd), dtype=np.float32)
     cdef cnp.ndarray oa = _carray(out, "out", cnp.NPY_FLOAT32, "float32", 3, True)
-    if np.shape(oa) != np.shape(qa):
+    if _dim(oa, 0) != T or _dim(oa, 1) != H or _dim(oa, 2) != hd:
         raise ValueError(f"out must have shape {np.shape(qa)}, got {np.shape(oa)}")
     if T == 0:
         return out
-    pmin = int(pa.min())
-    pmax = int(pa.max())
+    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
+    cdef const int32_t *bp = <const int32_t *>cnp.PyArray_DATA(bt)
+    cdef int64_t pmin = pp[0], pmax = pp[0], i, bmin, bmax
+    for i in range(T):
+        pmin = pp[i] if pp[i] < pmin else pmin
+        pmax = pp[i] if pp[i] > pmax else pmax
     if pmin < 0:
         raise ValueError(f"q_pos must be >= 0, got {pmin}")
     cdef int64_t need = pmax // bs + 1
-    if need > bt.shape[0]:
-        raise ValueError(f"position {pmax} needs {need} blocks, block_table has {bt.shape[0]}")
-    used = bt[:need]
-    if int(used.min()) < 0 or int(used.max()) >= nb:
-        raise ValueError(f"block ids must lie in [0, {nb}), got [{int(used.min())}, "
-                         f"{int(used.max())}]")
+    if need > _dim(bt, 0):
+        raise ValueError(f"position {pmax} needs {need} blocks, block_table has {_dim(bt, 0)}")
+    bmin = bp[0]
+    bmax = bp[0]
+    for i in range(need):
+        bmin = bp[i] if bp[i] < bmin else bmin
+        bmax = bp[i] if bp[i] > bmax else bmax
+    if bmin < 0 or bmax >= nb:
+        raise ValueError(f"block ids must lie in [0, {nb}), got [{bmin}, {bmax}]")
 
     cdef gi_attn_args a
     a.q = <const float *>cnp.PyArray_DATA(qa)

@@ -98,10 +98,23 @@ cdef _Rows _rows(object a, str name, bint writeable):
     return r
 
 
+cdef bint _same_shape(object a, object b):
+    """a, b: ndarrays"""
+    cdef cnp.ndarray x = <cnp.ndarray>a, y = <cnp.ndarray>b
+    cdef int nd = cnp.PyArray_NDIM(x), i
+    if cnp.PyArray_NDIM(y) != nd:
+        return False
+    for i in range(nd):
+        if cnp.PyArray_DIMS(x)[i] != cnp.PyArray_DIMS(y)[i]:
+            return False
+    return True
+
+
 cdef _Rows _out_rows(object out, object like):
-    if np.shape(out) != np.shape(like):
+    cdef _Rows r = _rows(out, "out", True)
+    if not _same_shape(out, like):
         raise ValueError(f"out has shape {np.shape(out)}, expected {np.shape(like)}")
-    return _rows(out, "out", True)
+    return r
 
 
 cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
@@ -126,7 +139,7 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
     if not cnp.PyArray_IS_C_CONTIGUOUS(wa):
         raise ValueError("w must be contiguous")
     if out is None:
-        out = np.empty(np.shape(x), dtype=np.float32)
+        out = np.empty_like(x, order="C")
     cdef _Rows orow = _out_rows(out, x)
     cdef double e = float(eps)
     cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
@@ -169,11 +182,11 @@ cdef object _binary(int kind, object a, object b, object out, object nthreads, s
     cdef int nt = _check_threads(nthreads)
     cdef _Rows ar = _rows(a, an, False)
     cdef _Rows br = _rows(b, bn, False)
-    if np.shape(a) != np.shape(b):
+    if not _same_shape(a, b):
         raise ValueError(f"{an} and {bn} must have the same shape, got {np.shape(a)} and "
                          f"{np.shape(b)}")
     if out is None:
-        out = np.empty(np.shape(a), dtype=np.float32)
+        out = np.empty_like(a, order="C")
     cdef _Rows orow = _out_rows(out, a)
     cdef const gi_ops_ops *ops = _table()
     cdef int64_t M = ar.M, N = ar.N, i, c0, c1
@@ -232,33 +245,36 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
     if cnp.PyArray_NDIM(pa) != 1 or pa.shape[0] != T or not cnp.PyArray_IS_C_CONTIGUOUS(pa):
         raise ValueError(f"pos must be a contiguous ({T},) array, got shape {np.shape(pa)}")
     if (cnp.PyArray_NDIM(ca) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(ca)
-            or not cnp.PyArray_IS_C_CONTIGUOUS(sa) or np.shape(ca) != np.shape(sa)):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(sa) or not _same_shape(ca, sa)):
         raise ValueError(f"cos and sin must be C-contiguous (max_pos, n_rot/2) arrays of one "
                          f"shape, got {np.shape(ca)} and {np.shape(sa)}")
     cdef int64_t max_pos = ca.shape[0], half = ca.shape[1]
     if 2 * half > hd:
         raise ValueError(f"n_rot = {2 * half} exceeds head_dim {hd}")
+    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
+    cdef int64_t i, pmin = 0, pmax = 0
     if T > 0:
-        pmin = int(pa.min())
-        pmax = int(pa.max())
-        if pmin < 0 or pmax >= max_pos:
-            raise ValueError(f"positions must lie in [0, {max_pos}), got [{pmin}, {pmax}]")
+        pmin = pp[0]
+        pmax = pp[0]
+    for i in range(T):
+        pmin = pp[i] if pp[i] < pmin else pmin
+        pmax = pp[i] if pp[i] > pmax else pmax
+    if pmin < 0 or pmax >= max_pos:
+        raise ValueError(f"positions must lie in [0, {max_pos}), got [{pmin}, {pmax}]")
     if out is None:
         out = np.empty((T, H, hd), dtype=np.float32)
     cdef cnp.ndarray oa = _array(out, "out", cnp.NPY_FLOAT32, "float32")
-    if np.shape(oa) != np.shape(xa) or not cnp.PyArray_IS_C_CONTIGUOUS(oa):
+    if not _same_shape(oa, xa) or not cnp.PyArray_IS_C_CONTIGUOUS(oa):
         raise ValueError(f"out must be a C-contiguous array of shape {np.shape(xa)}")
     if not cnp.PyArray_ISWRITEABLE(oa):
         raise ValueError("out is read-only")
     cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
-    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
     cdef const double *cp = <const double *>cnp.PyArray_DATA(ca)
     cdef const double *sp = <const double *>cnp.PyArray_DATA(sa)
     cdef int nx = 1 if neox else 0
     cdef const gi_ops_ops *ops = _table()
     cdef int n = _nth(nt, T * H * hd)
-    cdef int64_t i
     if n > T:
         n = <int>T
     if T == 0:

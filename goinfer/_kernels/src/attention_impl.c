@@ -66,7 +66,8 @@ typedef struct {
  * valid lanes (FULL: all VD_N). */
 GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double *qd,
                         int64_t hd, const float *const *kp, const int *kn, int64_t bs,
-                        double *const *sp, int64_t ss, double scale, double softcap) {
+                        double *const *sp, int64_t ss,
+                        double scale, double softcap) {
     vd acc[GI_ATTN_RMAX][GI_MAXV];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -95,41 +96,45 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double
         }
 }
 
-/* all key vectors of blocks b0..b1, NV at a time (a group may span blocks) */
+/* the next (up to) NV key vectors of blocks b0..b1 from the cursor (bi, off); a group may
+ * span blocks.  Empty slots repeat slot 0 with kn = 0 (fully masked).  Returns the count. */
+GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, int64_t *bi,
+                      int64_t *off, const float **kp, double **sp, int *kn) {
+    int nv = 0;
+    while (nv < NV && *bi <= c->b1) {
+        const int64_t blk = a->block_table[*bi];
+        kp[nv] = a->k_cache + (blk * a->n_kv + c->kvh) * a->hd * a->bs + *off;
+        sp[nv] = c->sc + (*bi - c->b0) * a->bs + *off;
+        kn[nv] = (int)(a->bs - *off < VD_N ? a->bs - *off : VD_N);
+        nv++;
+        *off += VD_N;
+        if (*off >= a->bs) {
+            *off = 0;
+            (*bi)++;
+        }
+    }
+    for (int v = nv; v < NV && nv > 0; v++) {
+        kp[v] = kp[0];
+        sp[v] = sp[0];
+        kn[v] = 0;
+    }
+    return nv;
+}
+
+/* scores of all key vectors of blocks b0..b1, NV at a time */
 GI_INLINE void qk_rows(const int RB, const gi_attn_args *a, const item_ctx *c) {
     const int NV = QK_NV(RB);
     const float *kp[GI_MAXV];
     double *sp[GI_MAXV];
     int kn[GI_MAXV];
-    int nv = 0, full = 1;
-    for (int64_t bi = c->b0; bi <= c->b1; bi++) {
-        const int64_t blk = a->block_table[bi];
-        const float *kb = a->k_cache + (blk * a->n_kv + c->kvh) * a->hd * a->bs;
-        double *sb = c->sc + (bi - c->b0) * a->bs;
-        for (int64_t off = 0; off < a->bs; off += VD_N) {
-            kp[nv] = kb + off;
-            sp[nv] = sb + off;
-            kn[nv] = (int)(a->bs - off < VD_N ? a->bs - off : VD_N);
-            full &= kn[nv] == VD_N;
-            if (++nv == NV) {
-                if (full)
-                    qk_group(RB, NV, 1, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale,
-                             a->softcap);
-                else
-                    qk_group(RB, NV, 0, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale,
-                             a->softcap);
-                nv = 0;
-                full = 1;
-            }
-        }
-    }
-    if (nv) {
-        for (int v = nv; v < NV; v++) { /* empty slots: masked out entirely */
-            kp[v] = kp[0];
-            sp[v] = sp[0];
-            kn[v] = 0;
-        }
-        qk_group(RB, NV, 0, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale, a->softcap);
+    int64_t bi = c->b0, off = 0;
+    while (qk_fill(NV, a, c, &bi, &off, kp, sp, kn)) {
+        int full = 1;
+        for (int v = 0; v < NV; v++) full &= kn[v] == VD_N;
+        if (full)
+            qk_group(RB, NV, 1, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale, a->softcap);
+        else
+            qk_group(RB, NV, 0, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale, a->softcap);
     }
 }
 
@@ -155,27 +160,28 @@ static void softmax_row(double *srow, int64_t lo, int64_t hi) {
 /* ============================================================================ AV */
 
 /* one key j (relative to kbase): acc[r] += e[r] * v for rows r (all, or those whose range
- * holds j when CHECK); l[r] += e[r] when FIRST */
+ * holds j when CHECK); l[r] += e[r] when FIRST (in every lane of lacc[r]) */
 #define AV_KEY(CHECK)                                                                  \
     do {                                                                               \
         _Pragma("GCC unroll 16") for (int r = 0; r < RB; r++) {                        \
             if (CHECK && (j < c->lo[r] || j > c->hi[r])) continue;                     \
-            const double er = e[r * ss];                                               \
-            const vd ev = vd_set1(er);                                                 \
+            const vd ev = vd_set1(e[r * ss]);                                          \
             _Pragma("GCC unroll 8") for (int v = 0; v < DV; v++) acc[r][v] =           \
                 vd_fma_exact(ev, vv[v], acc[r][v]);                                    \
-            if (FIRST) l[r] += er;                                                     \
+            if (FIRST) lacc[r] = vd_add(lacc[r], ev); /* every lane: the same sum */    \
         }                                                                              \
     } while (0)
 
 /* d-chunk [d0, d0 + DV*VD_N) of every row, keys in order */
 GI_INLINE void av_chunk(const int RB, const int DV, const int FIRST, const gi_attn_args *a,
                         const item_ctx *c, int64_t d0, double *l) {
-    vd acc[GI_ATTN_RMAX][GI_MAXV];
+    vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
 #pragma GCC unroll 16
-    for (int r = 0; r < RB; r++)
+    for (int r = 0; r < RB; r++) {
+        lacc[r] = vd_zero();
 #pragma GCC unroll 8
         for (int v = 0; v < DV; v++) acc[r][v] = vd_zero();
+    }
     int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
     for (int r = 1; r < RB; r++) {
         clo = c->lo[r] > clo ? c->lo[r] : clo;
@@ -200,6 +206,8 @@ GI_INLINE void av_chunk(const int RB, const int DV, const int FIRST, const gi_at
                 AV_KEY(1);
         }
     }
+    if (FIRST)
+        for (int r = 0; r < RB; r++) l[r] = vd_lane0(lacc[r]);
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         const vd lv = vd_set1(l[r]);

@@ -125,6 +125,7 @@ GI_INLINE vd vd_fma_exact(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
 /* (a > b) ? a : b, lane-wise, as the x86 max instruction */
 GI_INLINE vd vd_max(vd a, vd b) { return _mm512_max_pd(a, b); }
 GI_INLINE double vd_hmax(vd a) { return _mm512_reduce_max_pd(a); }
+GI_INLINE double vd_lane0(vd a) { return _mm512_cvtsd_f64(a); }
 GI_INLINE vd vd_sel_gt(vd x, vd c, vd a, vd b) {
     return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, c, _CMP_GT_OQ), b, a);
 }
@@ -200,6 +201,7 @@ GI_INLINE vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
 GI_INLINE vd vd_div(vd a, vd b) { return _mm256_div_pd(a, b); }
 GI_INLINE vd vd_fma_exact(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
 GI_INLINE vd vd_max(vd a, vd b) { return _mm256_max_pd(a, b); }
+GI_INLINE double vd_lane0(vd a) { return _mm256_cvtsd_f64(a); }
 GI_INLINE double vd_hmax(vd a) {
     double t[4];
     _mm256_storeu_pd(t, a);
@@ -265,6 +267,7 @@ GI_INLINE vd vd_div(vd a, vd b) { return a / b; }
 GI_INLINE vd vd_fma_exact(vd a, vd b, vd c) { return a * b + c; } /* exact product: = fma */
 GI_INLINE vd vd_max(vd a, vd b) { return a > b ? a : b; }
 GI_INLINE double vd_hmax(vd a) { return a; }
+GI_INLINE double vd_lane0(vd a) { return a; }
 GI_INLINE vd vd_sel_gt(vd x, vd c, vd a, vd b) { return x > c ? a : b; }
 GI_INLINE vd vd_sel_lt(vd x, vd c, vd a, vd b) { return x < c ? a : b; }
 GI_INLINE vdi vd_bits(vd a) { vdi u; memcpy(&u, &a, 8); return u; }
