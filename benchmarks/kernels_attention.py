@@ -14,8 +14,7 @@ import time
 
 import numpy as np
 
-from goinfer._kernels import _config
-from goinfer._kernels import attention as A
+from goinfer._kernels import _config, attention, kv_write
 
 H, N_KV, HD, BS = 9, 3, 64, 16
 
@@ -29,7 +28,7 @@ def make_cache(n_tokens: int, rng):
     v = rng.standard_normal((n_tokens, N_KV, HD)).astype(np.float32)
     pos = np.arange(n_tokens)
     slots = (block_table[pos // BS].astype(np.int64) * BS + pos % BS).astype(np.int64)
-    A.kv_write(k_cache, v_cache, k, v, slots)
+    kv_write(k_cache, v_cache, k, v, slots)
     return k_cache, v_cache, block_table
 
 
@@ -71,8 +70,8 @@ def main():
         out = np.empty_like(q)
         flops = 4.0 * HD * keys * H
         for nt in args.threads:
-            t = bench(lambda: A.attention(q, k_cache, v_cache, bt, q_pos, scale, out=out,
-                                          nthreads=nt))
+            t = bench(lambda: attention(q, k_cache, v_cache, bt, q_pos, scale, out=out,
+                                        nthreads=nt))
             print(f"{kind + ' ' + str(n):<16}{nt:>8}{t * 1e3:>10.3f}{flops / t * 1e-9:>10.2f}")
 
 

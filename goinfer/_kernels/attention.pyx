@@ -253,6 +253,15 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
 
 # ============================================================================ test hooks
 
+def _set_grain(n):
+    """Work (multiply-adds) below which calls stay single-threaded (tests set 0 to force
+    threads).  Returns the previous value."""
+    global _GRAIN
+    old = _GRAIN
+    _GRAIN = n
+    return old
+
+
 cdef object _map_f64(int which, object x):
     cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float64).ravel()
     cdef cnp.ndarray ya = np.empty_like(xa)

@@ -118,6 +118,8 @@ cdef _Rows _out_rows(object out, object like):
 
 
 cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
+    if _GRAIN <= 0:
+        return nthreads
     cdef int64_t n = work // _GRAIN
     if n < 1:
         n = 1
@@ -288,7 +290,16 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
     return out
 
 
-# ============================================================================ test hook
+# ============================================================================ test hooks
+
+def _set_grain(n):
+    """Work per thread below which calls stay single-threaded (tests set 0 to force
+    threads).  Returns the previous value."""
+    global _GRAIN
+    old = _GRAIN
+    _GRAIN = n
+    return old
+
 
 def _exp_f32(x):
     """The kernel's float32 exp (current variant) of a 1-D float32 array (for tests)."""
