@@ -41,6 +41,10 @@ def variant(request):
     _config.set_variant(old)
 
 
+
+def test_dispatch_follows_config(variant):
+    assert ops._variant_used() == variant == _config.variant()
+
 def _each_variant(fn):
     """fn() under every supported variant -> list of results (restores the variant)."""
     old = _config.variant()

@@ -14,7 +14,8 @@ from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 from libc.math cimport isfinite
 from cython.parallel cimport prange, threadid
-from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
+from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512
+from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
 
@@ -51,8 +52,14 @@ cdef extern from "attention.h" nogil:
 cdef int64_t _GRAIN = 65536
 
 
-cdef inline const gi_attn_ops *_table() noexcept nogil:
-    cdef int v = gi_variant()
+# The variant in use is the one goinfer._kernels._config reports.  Each extension module links
+# its own copy of the C dispatch state (dispatch_common.c), so the local gi_variant() would not
+# see _config.set_variant(); ask _config (about 0.1 us per call).
+_VARIANT_INDEX = {name: i for i, name in enumerate(_cfg.VARIANTS)}
+
+
+cdef const gi_attn_ops *_table() except NULL:
+    cdef int v = _VARIANT_INDEX[_cfg.variant()]
     if v == GI_AVX512:
         return &gi_attn_ops_avx512
     if v == GI_AVX2:
@@ -252,6 +259,17 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
 
 
 # ============================================================================ test hooks
+
+def _variant_used():
+    """Name of the variant whose table this module calls now (tests: dispatch follows
+    _config.set_variant)."""
+    cdef const gi_attn_ops *t = _table()
+    if t == &gi_attn_ops_avx512:
+        return _cfg.VARIANTS[GI_AVX512]
+    if t == &gi_attn_ops_avx2:
+        return _cfg.VARIANTS[GI_AVX2]
+    return _cfg.VARIANTS[0]
+
 
 def _set_grain(n):
     """Work (multiply-adds) below which calls stay single-threaded (tests set 0 to force

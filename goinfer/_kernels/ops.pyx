@@ -15,7 +15,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from cython.parallel cimport prange
-from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
+from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512
+from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
 
@@ -42,8 +43,14 @@ cdef extern from "ops.h" nogil:
 cdef int64_t _GRAIN = 32768
 
 
-cdef inline const gi_ops_ops *_table() noexcept nogil:
-    cdef int v = gi_variant()
+# The variant in use is the one goinfer._kernels._config reports.  Each extension module links
+# its own copy of the C dispatch state (dispatch_common.c), so the local gi_variant() would not
+# see _config.set_variant(); ask _config (about 0.1 us per call).
+_VARIANT_INDEX = {name: i for i, name in enumerate(_cfg.VARIANTS)}
+
+
+cdef const gi_ops_ops *_table() except NULL:
+    cdef int v = _VARIANT_INDEX[_cfg.variant()]
     if v == GI_AVX512:
         return &gi_ops_ops_avx512
     if v == GI_AVX2:
@@ -291,6 +298,17 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
 
 
 # ============================================================================ test hooks
+
+def _variant_used():
+    """Name of the variant whose table this module calls now (tests: dispatch follows
+    _config.set_variant)."""
+    cdef const gi_ops_ops *t = _table()
+    if t == &gi_ops_ops_avx512:
+        return _cfg.VARIANTS[GI_AVX512]
+    if t == &gi_ops_ops_avx2:
+        return _cfg.VARIANTS[GI_AVX2]
+    return _cfg.VARIANTS[0]
+
 
 def _set_grain(n):
     """Work per thread below which calls stay single-threaded (tests set 0 to force
