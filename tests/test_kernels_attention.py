@@ -127,6 +127,8 @@ CASES = [
     (25, 6, 3, 128, 16, 0, 30.0, 0),  # softcap only
     (8, 14, 2, 64, 16, 0, 0.0, 90),  # GQA 7 (Qwen2.5-0.5B-like)
     (5, 6, 2, 72, 16, 0, 0.0, 3),  # head_dim 72: multiple of 8 only
+    (1, 12, 4, 80, 16, 0, 0.0, 37),  # head_dim 80 (Phi-2 / StableLM), decode
+    (2, 8, 2, 96, 16, 0, 0.0, 61),  # head_dim 96 (Phi-3)
     (9, 4, 2, 96, 5, 7, 0.0, 17),  # odd block size
     (4, 3, 3, 8, 64, 0, 0.0, 150),  # tiny head_dim, block 64
     (20, 3, 1, 64, 12, 0, 0.0, 0),  # block 12 (not a multiple of the vector width)

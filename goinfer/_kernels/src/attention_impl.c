@@ -263,10 +263,12 @@ static void qk_dispatch(const gi_attn_args *a, const item_ctx *c) {
     switch (c->R) { GI_RB_CASES(QK_CASE) default: break; }
 }
 
-#define AV_CASE(RB)                                                    \
-    case RB:                                                           \
-        if (nvec % AV_DV(RB) == 0) av_rows(RB, AV_DV(RB), a, c);       \
-        else av_rows(RB, 1, a, c);                                     \
+/* DV: the budget AV_DV(RB) if it divides the hd/VD_N vectors of a row, else 2, else 1 */
+#define AV_CASE(RB)                                                     \
+    case RB:                                                            \
+        if (nvec % AV_DV(RB) == 0) av_rows(RB, AV_DV(RB), a, c);        \
+        else if (AV_DV(RB) > 2 && nvec % 2 == 0) av_rows(RB, 2, a, c);  \
+        else av_rows(RB, 1, a, c);                                      \
         break;
 static void av_dispatch(const gi_attn_args *a, const item_ctx *c) {
     const int64_t nvec = a->hd / VD_N;
@@ -281,6 +283,12 @@ GI_INLINE int64_t row_lo(const gi_attn_args *a, int64_t p) {
     return lo > 0 ? lo : 0;
 }
 
+GI_INLINE int64_t n_items(const gi_attn_args *a, int64_t tq, int64_t nparts) {
+    return (a->T + tq - 1) / tq * a->n_kv * nparts;
+}
+
+/* Tiles of tq queries x nh heads (R = tq * nh <= RMAX rows); smaller tiles, then split kv
+ * groups, while there are fewer items than threads.  The tiling never changes a result. */
 static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
     const int64_t G = a->H / a->n_kv;
     int64_t nh = G < GI_ATTN_RMAX ? G : GI_ATTN_RMAX;
@@ -288,17 +296,15 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
     int64_t tq = GI_ATTN_RMAX / nh;
     if (tq > a->T) tq = a->T;
     if (tq < 1) tq = 1;
-#define GI_N_ITEMS ((a->T + tq - 1) / tq * a->n_kv * nparts)
-    while (GI_N_ITEMS < nthreads && tq > 1) tq = (tq + 1) / 2;
-    while (GI_N_ITEMS < nthreads && nh > 1) {
+    while (n_items(a, tq, nparts) < nthreads && tq > 1) tq = (tq + 1) / 2;
+    while (n_items(a, tq, nparts) < nthreads && nh > 1) {
         nh = (nh + 1) / 2;
         nparts = (G + nh - 1) / nh;
     }
     a->tq = tq;
     a->nh = nh;
     a->nparts = nparts;
-    a->n_items = GI_N_ITEMS;
-#undef GI_N_ITEMS
+    a->n_items = n_items(a, tq, nparts);
     int64_t maxss = 0;
     for (int64_t t0 = 0; t0 < a->T; t0 += tq) {
         int64_t kmin = INT64_MAX, kmax = -1;
