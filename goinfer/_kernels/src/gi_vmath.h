@@ -243,8 +243,23 @@ GI_INLINE vf vf_add(vf a, vf b) { return a + b; }
 GI_INLINE vf vf_sub(vf a, vf b) { return a - b; }
 GI_INLINE vf vf_mul(vf a, vf b) { return a * b; }
 GI_INLINE vf vf_div(vf a, vf b) { return a / b; }
-GI_INLINE vf vf_sel_gt(vf x, vf c, vf a, vf b) { return x > c ? a : b; }
-GI_INLINE vf vf_sel_lt(vf x, vf c, vf a, vf b) { return x < c ? a : b; }
+/* selects as bit masks from quiet compares: no branch, so compilers can vectorize the
+ * portable loops even under -ftrapping-math */
+GI_INLINE vf vf_blend(uint32_t m, vf a, vf b) {
+    uint32_t ua, ub, r;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    r = (ua & m) | (ub & ~m);
+    vf f;
+    memcpy(&f, &r, 4);
+    return f;
+}
+GI_INLINE vf vf_sel_gt(vf x, vf c, vf a, vf b) {
+    return vf_blend(-(uint32_t)__builtin_isgreater(x, c), a, b);
+}
+GI_INLINE vf vf_sel_lt(vf x, vf c, vf a, vf b) {
+    return vf_blend(-(uint32_t)__builtin_isless(x, c), a, b);
+}
 GI_INLINE vfi vf_bits(vf a) { vfi u; memcpy(&u, &a, 4); return u; }
 GI_INLINE vf vf_from_bits(vfi a) { vf f; memcpy(&f, &a, 4); return f; }
 GI_INLINE vfi vfi_add(vfi a, int32_t b) { return a + (uint32_t)b; }
@@ -265,11 +280,24 @@ GI_INLINE vd vd_sub(vd a, vd b) { return a - b; }
 GI_INLINE vd vd_mul(vd a, vd b) { return a * b; }
 GI_INLINE vd vd_div(vd a, vd b) { return a / b; }
 GI_INLINE vd vd_fma_exact(vd a, vd b, vd c) { return a * b + c; } /* exact product: = fma */
-GI_INLINE vd vd_max(vd a, vd b) { return a > b ? a : b; }
+GI_INLINE vd vd_blend(uint64_t m, vd a, vd b) {
+    uint64_t ua, ub, r;
+    memcpy(&ua, &a, 8);
+    memcpy(&ub, &b, 8);
+    r = (ua & m) | (ub & ~m);
+    vd f;
+    memcpy(&f, &r, 8);
+    return f;
+}
+GI_INLINE vd vd_max(vd a, vd b) { return vd_blend(-(uint64_t)__builtin_isgreater(a, b), a, b); }
 GI_INLINE double vd_hmax(vd a) { return a; }
 GI_INLINE double vd_lane0(vd a) { return a; }
-GI_INLINE vd vd_sel_gt(vd x, vd c, vd a, vd b) { return x > c ? a : b; }
-GI_INLINE vd vd_sel_lt(vd x, vd c, vd a, vd b) { return x < c ? a : b; }
+GI_INLINE vd vd_sel_gt(vd x, vd c, vd a, vd b) {
+    return vd_blend(-(uint64_t)__builtin_isgreater(x, c), a, b);
+}
+GI_INLINE vd vd_sel_lt(vd x, vd c, vd a, vd b) {
+    return vd_blend(-(uint64_t)__builtin_isless(x, c), a, b);
+}
 GI_INLINE vdi vd_bits(vd a) { vdi u; memcpy(&u, &a, 8); return u; }
 GI_INLINE vd vd_from_bits(vdi a) { vd f; memcpy(&f, &a, 8); return f; }
 GI_INLINE vdi vdi_add(vdi a, int64_t b) { return a + (uint64_t)b; }
