@@ -310,3 +310,13 @@ def test_errors():
     with pytest.raises(TypeError):
         kv_write(kc, vc, np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32),
                  np.array([3], np.int32))
+
+
+def test_empty_batch():
+    rng = np.random.default_rng(0)
+    seq = Seq(rng, 20, 2, 64, 16)
+    q = np.ones((0, 4, 64), np.float32)
+    out = attention(q, *seq.args(), np.zeros(0, np.int32), 0.1)
+    assert out.shape == (0, 4, 64)
+    kv_write(seq.k_cache, seq.v_cache, np.ones((0, 2, 64), np.float32),
+             np.ones((0, 2, 64), np.float32), np.zeros(0, np.int64))

@@ -301,3 +301,13 @@ def test_errors():
         ops.rope(q, np.array([0, 1], np.int64), cos, sin, False)
     with pytest.raises(ValueError):
         ops.rope(np.ones((2, 1, 4), np.float32), np.array([0, 1], np.int32), cos, sin, False)
+
+
+def test_empty_inputs():
+    x = np.ones((0, 8), np.float32)
+    assert ops.rmsnorm(x, np.ones(8, np.float32), 1e-5).shape == (0, 8)
+    assert ops.swiglu(x, x).shape == (0, 8)
+    assert ops.add(x, x).shape == (0, 8)
+    cos, sin = R.rope_tables(8, 10000.0, 16)
+    q = np.ones((0, 2, 8), np.float32)
+    assert ops.rope(q, np.zeros(0, np.int32), cos, sin, True).shape == (0, 2, 8)

@@ -251,7 +251,7 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
                 for it in range(a.n_items):
                     ops.run(&a, it, scratch)
             else:
-                for it in prange(a.n_items, num_threads=n, schedule='static', chunksize=1):
+                for it in prange(a.n_items, num_threads=n, schedule='dynamic', chunksize=1):
                     ops.run(&a, it, scratch + threadid() * per)
     finally:
         free(scratch)
