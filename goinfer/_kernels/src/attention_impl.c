@@ -19,7 +19,8 @@
  *   QK  vectorized across the keys of a block (k_cache is transposed per block), register
  *       blocked RB rows x NV key vectors, d innermost;
  *   softmax per row over its own range, in a per-thread score scratch (R x span doubles);
- *   AV  vectorized across d, register blocked RB rows x DV vectors of d, keys in order.
+ *   AV  vectorized across d, register blocked RB rows x DV vectors of d, keys in order,
+ *       block by block (a V block is read once; its d-chunks run from L1).
  * A row's operation sequence does not depend on the other rows of its tile: lanes of keys
  * outside a row's range are computed (where the block is shared) but never used.
  */
@@ -72,6 +73,14 @@ GI_INLINE vd attn_weight(vd x) {
 #endif
 #define GI_MAXV 8
 
+/* software prefetch (a hint; no effect on results) */
+#if defined(GI_ATTN_NO_PREFETCH)
+#define GI_PREFETCH(p) ((void)(p))
+#else
+#define GI_PREFETCH(p) __builtin_prefetch(p)
+#endif
+#define GI_PF_STEP (VD_N >= 16 ? 1 : 16 / VD_N) /* key vectors per 64-byte line */
+
 /* ============================================================================ item context */
 
 typedef struct {
@@ -85,6 +94,7 @@ typedef struct {
     int64_t hi[GI_ATTN_RMAX];
     float *orow[GI_ATTN_RMAX];       /* out rows (hd floats) */
     double *qd;                      /* (R, hd) queries in double */
+    double *o;                       /* (R, hd) AV accumulators */
     double *sc;                      /* (R, ss) scores, then weights */
 } item_ctx;
 
@@ -92,10 +102,11 @@ typedef struct {
 
 /* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector]; then scaled (and soft-capped) and
  * stored at sp[v] + r * ss.  kp[v]: the key vector at d = 0 (stride bs per d), kn[v]: its
- * valid lanes (FULL: all VD_N). */
+ * valid lanes (FULL: all VD_N).  pf[v]: the next group's key vectors, prefetched along d
+ * (the cache is far larger than L2 at long contexts and blocks are scattered). */
 GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double *qd,
-                        int64_t hd, const float *const *kp, const int *kn, int64_t bs,
-                        double *const *sp, int64_t ss,
+                        int64_t hd, const float *const *kp, const int *kn,
+                        const float *const *pf, int64_t bs, double *const *sp, int64_t ss,
                         double scale, double softcap) {
     vd acc[GI_ATTN_RMAX][GI_MAXV];
 #pragma GCC unroll 16
@@ -103,6 +114,8 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) acc[r][v] = vd_zero();
     for (int64_t d = 0; d < hd; d++) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v += GI_PF_STEP) GI_PREFETCH(pf[v] + d * bs);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             vd kv = FULL ? vd_loadps(kp[v] + d * bs) : vd_loadps_n(kp[v] + d * bs, kn[v]);
@@ -150,20 +163,28 @@ GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, in
     return nv;
 }
 
-/* scores of all key vectors of blocks b0..b1, NV at a time */
+/* scores of all key vectors of blocks b0..b1, NV at a time, one group prefetched ahead */
 GI_INLINE void qk_rows(const int RB, const gi_attn_args *a, const item_ctx *c) {
     const int NV = QK_NV(RB);
-    const float *kp[GI_MAXV];
-    double *sp[GI_MAXV];
-    int kn[GI_MAXV];
+    const float *kp[2][GI_MAXV];
+    double *sp[2][GI_MAXV];
+    int kn[2][GI_MAXV];
     int64_t bi = c->b0, off = 0;
-    while (qk_fill(NV, a, c, &bi, &off, kp, sp, kn)) {
+    int cur = 0;
+    int n = qk_fill(NV, a, c, &bi, &off, kp[0], sp[0], kn[0]);
+    while (n) {
+        const int nn = qk_fill(NV, a, c, &bi, &off, kp[cur ^ 1], sp[cur ^ 1], kn[cur ^ 1]);
+        const float *const *pf = nn ? kp[cur ^ 1] : kp[cur];
         int full = 1;
-        for (int v = 0; v < NV; v++) full &= kn[v] == VD_N;
+        for (int v = 0; v < NV; v++) full &= kn[cur][v] == VD_N;
         if (full)
-            qk_group(RB, NV, 1, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale, a->softcap);
+            qk_group(RB, NV, 1, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
+                     a->scale, a->softcap);
         else
-            qk_group(RB, NV, 0, c->qd, a->hd, kp, kn, a->bs, sp, c->ss, a->scale, a->softcap);
+            qk_group(RB, NV, 0, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
+                     a->scale, a->softcap);
+        cur ^= 1;
+        n = nn;
     }
 }
 
@@ -201,56 +222,71 @@ static void softmax_row(double *srow, int64_t lo, int64_t hi) {
         }                                                                              \
     } while (0)
 
-/* d-chunk [d0, d0 + DV*VD_N) of every row, keys in order */
-GI_INLINE void av_chunk(const int RB, const int DV, const int FIRST, const gi_attn_args *a,
-                        const item_ctx *c, int64_t d0, double *l) {
+/* keys [j0, j1] of one block (relative to kbase; row vr_j = vb + (j - jb) * hd), d-chunk
+ * [d0, d0 + DV*VD_N) of every row: the accumulators come from and go back to c->o (and l
+ * when FIRST), so each block is read from memory once while its d-chunks run from L1. */
+GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const item_ctx *c,
+                        const float *vb, const float *vnext, int64_t jb, int64_t j0,
+                        int64_t j1, int64_t hd, int64_t d0, int64_t clo, int64_t chi,
+                        double *l) {
     vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
+    const int64_t ss = c->ss;
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
-        lacc[r] = vd_zero();
+        if (FIRST) lacc[r] = vd_set1(l[r]);
 #pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) acc[r][v] = vd_zero();
+        for (int v = 0; v < DV; v++) acc[r][v] = vd_load(c->o + r * hd + d0 + v * VD_N);
     }
-    int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
-    for (int r = 1; r < RB; r++) {
-        clo = c->lo[r] > clo ? c->lo[r] : clo;
-        chi = c->hi[r] < chi ? c->hi[r] : chi;
-    }
-    const int64_t hd = a->hd, bs = a->bs, ss = c->ss;
-    for (int64_t bi = c->b0; bi <= c->b1; bi++) {
-        const int64_t blk = a->block_table[bi];
-        const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
-        const float *vb = a->v_cache + (blk * a->n_kv + c->kvh) * bs * hd + d0;
-        const int64_t j0 = c->jmin > jb ? c->jmin : jb;
-        const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
-        for (int64_t j = j0; j <= j1; j++) {
-            const float *vr = vb + (j - jb) * hd;
-            vd vv[GI_MAXV];
+    for (int64_t j = j0; j <= j1; j++) {
+        const float *vr = vb + (j - jb) * hd + d0;
+        if (FIRST) /* the next block's row of this offset, all of hd */
+            for (int64_t f = 0; f < hd; f += 16) GI_PREFETCH(vnext + (j - jb) * hd + f);
+        vd vv[GI_MAXV];
 #pragma GCC unroll 8
-            for (int v = 0; v < DV; v++) vv[v] = vd_loadps(vr + v * VD_N);
-            const double *e = c->sc + j;
-            if (j >= clo && j <= chi)
-                AV_KEY(0);
-            else
-                AV_KEY(1);
-        }
+        for (int v = 0; v < DV; v++) vv[v] = vd_loadps(vr + v * VD_N);
+        const double *e = c->sc + j;
+        if (j >= clo && j <= chi)
+            AV_KEY(0);
+        else
+            AV_KEY(1);
     }
-    if (FIRST)
-        for (int r = 0; r < RB; r++) l[r] = vd_lane0(lacc[r]);
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
-        const vd lv = vd_set1(l[r]);
+        if (FIRST) l[r] = vd_lane0(lacc[r]);
 #pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) vd_storeps(c->orow[r] + d0 + v * VD_N, vd_div(acc[r][v], lv));
+        for (int v = 0; v < DV; v++) vd_store(c->o + r * hd + d0 + v * VD_N, acc[r][v]);
     }
 }
 
+/* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, block by
+ * block; then out = float(o / l) */
 GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const item_ctx *c) {
+    const int64_t hd = a->hd, bs = a->bs, step = (int64_t)DV * VD_N;
     double l[GI_ATTN_RMAX];
-    for (int r = 0; r < RB; r++) l[r] = 0.0;
-    const int64_t step = (int64_t)DV * VD_N;
-    av_chunk(RB, DV, 1, a, c, 0, l);
-    for (int64_t d0 = step; d0 < a->hd; d0 += step) av_chunk(RB, DV, 0, a, c, d0, l);
+    int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
+    for (int r = 0; r < RB; r++) {
+        l[r] = 0.0;
+        clo = c->lo[r] > clo ? c->lo[r] : clo;
+        chi = c->hi[r] < chi ? c->hi[r] : chi;
+    }
+    for (int64_t i = 0; i < (int64_t)RB * hd; i++) c->o[i] = 0.0;
+    for (int64_t bi = c->b0; bi <= c->b1; bi++) {
+        const int64_t blk = a->block_table[bi];
+        const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
+        const float *vb = a->v_cache + (blk * a->n_kv + c->kvh) * bs * hd;
+        const int64_t j0 = c->jmin > jb ? c->jmin : jb;
+        const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
+        const int64_t nblk = a->block_table[bi < c->b1 ? bi + 1 : bi];
+        const float *vn = a->v_cache + (nblk * a->n_kv + c->kvh) * bs * hd;
+        av_block(RB, DV, 1, c, vb, vn, jb, j0, j1, hd, 0, clo, chi, l);
+        for (int64_t d0 = step; d0 < hd; d0 += step)
+            av_block(RB, DV, 0, c, vb, vn, jb, j0, j1, hd, d0, clo, chi, l);
+    }
+    for (int r = 0; r < RB; r++) {
+        const vd lv = vd_set1(l[r]);
+        for (int64_t d = 0; d < hd; d += VD_N)
+            vd_storeps(c->orow[r] + d, vd_div(vd_load(c->o + r * hd + d), lv));
+    }
 }
 
 /* ============================================================================ dispatch on RB */
@@ -316,7 +352,7 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
         int64_t ss = ((kmax / a->bs - kmin / a->bs + 1) * a->bs + 7) & ~(int64_t)7;
         maxss = ss > maxss ? ss : maxss;
     }
-    a->scratch_doubles = tq * nh * (a->hd + maxss) + 8;
+    a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
 }
 
 static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
@@ -356,9 +392,10 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
         c.hi[r] -= c.kbase;
     }
 
-    /* ---- scratch: qd (R, hd) | sc (R, ss) */
+    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss) */
     c.qd = scratch;
-    c.sc = scratch + (int64_t)c.R * hd;
+    c.o = scratch + (int64_t)c.R * hd;
+    c.sc = scratch + 2 * (int64_t)c.R * hd;
     for (int64_t ti = 0; ti < nt; ti++)
         for (int64_t hj = 0; hj < nhh; hj++) {
             const float *qr = a->q + ((t0 + ti) * a->H + c.kvh * G + h0 + hj) * hd;
