@@ -180,9 +180,13 @@ GI_INLINE void qk_rows(const int RB, const gi_attn_args *a, const item_ctx *c) {
         if (full)
             qk_group(RB, NV, 1, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
                      a->scale, a->softcap);
-        else
+        else if (n == NV)
             qk_group(RB, NV, 0, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
                      a->scale, a->softcap);
+        else /* the last, short group: one vector at a time rather than NV with empty slots */
+            for (int v = 0; v < n; v++)
+                qk_group(RB, 1, 0, c->qd, a->hd, kp[cur] + v, kn[cur] + v, pf, a->bs,
+                         sp[cur] + v, c->ss, a->scale, a->softcap);
         cur ^= 1;
         n = nn;
     }
@@ -269,7 +273,7 @@ GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const 
         clo = c->lo[r] > clo ? c->lo[r] : clo;
         chi = c->hi[r] < chi ? c->hi[r] : chi;
     }
-    for (int64_t i = 0; i < (int64_t)RB * hd; i++) c->o[i] = 0.0;
+    memset(c->o, 0, (size_t)RB * (size_t)hd * sizeof(double));
     for (int64_t bi = c->b0; bi <= c->b1; bi++) {
         const int64_t blk = a->block_table[bi];
         const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
