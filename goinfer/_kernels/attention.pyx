@@ -7,6 +7,15 @@ numerics contract is in docs/design/kernels.md and src/attention_impl.c.
 Per layer:  k_cache (n_blocks, n_kv, hd, bs) float32, v_cache (n_blocks, n_kv, bs, hd) float32,
 both C-contiguous.  Supported: hd a multiple of 8 (64, 128, 256, ...), any bs >= 1, any H that
 is a multiple of n_kv (GQA / MQA).
+
+Numerics: float64 accumulation in d order (QK) and key order (l and AV) as kernels.md says;
+each softmax weight is the kernel's own exp with its significand cut to 29 bits, so that
+weight * v is exact in double and every ISA variant (FMA or not) gives the same bits.  A
+query's output does not depend on the batch, the thread count or the variant.
+
+Note: ``from goinfer._kernels import attention`` is the function; this module (with the test
+hooks _exp_f64, _tanh_f64, _weight_f64, _set_grain, _variant_used) is
+``importlib.import_module("goinfer._kernels.attention")``.
 """
 import numpy as np
 cimport numpy as cnp
@@ -70,9 +79,10 @@ cdef const gi_attn_ops *_table() except NULL:
 # ============================================================================ argument checks
 
 cdef int _check_threads(object nthreads) except -1:
-    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
-        raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-    return <int>nthreads
+    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
+        if 1 <= nthreads <= 1024:
+            return <int>nthreads
+    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
 
 
 cdef cnp.ndarray _carray(object a, str name, int typenum, str tname, int ndim,

@@ -61,9 +61,10 @@ cdef const gi_ops_ops *_table() except NULL:
 # ============================================================================ argument checks
 
 cdef int _check_threads(object nthreads) except -1:
-    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
-        raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-    return <int>nthreads
+    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
+        if 1 <= nthreads <= 1024:
+            return <int>nthreads
+    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
 
 
 cdef cnp.ndarray _array(object a, str name, int typenum, str tname):
