@@ -217,9 +217,10 @@ static void softmax_row(double *srow, int64_t lo, int64_t hi) {
  * holds j when CHECK); l[r] += e[r] when FIRST (in every lane of lacc[r]) */
 #define AV_KEY(CHECK)                                                                  \
     do {                                                                               \
-        _Pragma("GCC unroll 16") for (int r = 0; r < RB; r++) {                        \
+        const double *er = e; /* row r's weight of key j: e + r * ss, stepped */       \
+        _Pragma("GCC unroll 16") for (int r = 0; r < RB; r++, er += ss) {              \
             if (CHECK && (j < c->lo[r] || j > c->hi[r])) continue;                     \
-            const vd ev = vd_set1(e[r * ss]);                                          \
+            const vd ev = vd_set1(*er);                                                \
             _Pragma("GCC unroll 8") for (int v = 0; v < DV; v++) acc[r][v] =           \
                 vd_fma_exact(ev, vv[v], acc[r][v]);                                    \
             if (FIRST) lacc[r] = vd_add(lacc[r], ev); /* every lane: the same sum */    \
