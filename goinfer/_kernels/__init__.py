@@ -9,3 +9,6 @@ from goinfer._kernels import _config
 
 if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
+
+from goinfer._kernels.ops import rmsnorm, swiglu, gelu_tanh_mul, rope, add
+from goinfer._kernels.attention import kv_write, attention

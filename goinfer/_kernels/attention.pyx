@@ -1,0 +1,320 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Exact attention over the paged KV cache, and the KV-cache write.
+
+Same names, signatures and meaning as goinfer._reference.kv_write / attention; the exact
+numerics contract is in docs/design/kernels.md and src/attention_impl.c.
+
+Per layer:  k_cache (n_blocks, n_kv, hd, bs) float32, v_cache (n_blocks, n_kv, bs, hd) float32,
+both C-contiguous.  Supported: hd a multiple of 8 (64, 128, 256, ...), any bs >= 1, any H that
+is a multiple of n_kv (GQA / MQA).
+
+Numerics: float64 accumulation in d order (QK) and key order (l and AV) as kernels.md says;
+each softmax weight is the kernel's own exp with its significand cut to 29 bits, so that
+weight * v is exact in double and every ISA variant (FMA or not) gives the same bits.  A
+query's output does not depend on the batch, the thread count or the variant.
+
+Note: ``from goinfer._kernels import attention`` is the function; this module (with the test
+hooks _exp_f64, _tanh_f64, _weight_f64, _set_grain, _variant_used) is
+``importlib.import_module("goinfer._kernels.attention")``.
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport free
+from libc.math cimport isfinite
+from cython.parallel cimport prange, threadid
+from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512
+from goinfer._kernels import _config as _cfg
+
+cnp.import_array()
+
+cdef extern from "<stdlib.h>" nogil:
+    void *aligned_alloc(size_t alignment, size_t size)
+
+cdef extern from "attention.h" nogil:
+    ctypedef struct gi_attn_args:
+        const float *q
+        const float *k_cache
+        const float *v_cache
+        const int32_t *block_table
+        const int32_t *q_pos
+        float *out
+        int64_t T, H, n_kv, hd, bs
+        double scale
+        double softcap
+        int64_t window
+        int64_t tq, nh, nparts, n_items, scratch_doubles
+    ctypedef struct gi_attn_ops:
+        void (*plan)(gi_attn_args *a, int nthreads) noexcept nogil
+        void (*run)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
+        void (*kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
+                         const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
+                         int64_t h0, int64_t h1) noexcept nogil
+        void (*exp_f64)(const double *x, double *y, int64_t n) noexcept nogil
+        void (*tanh_f64)(const double *x, double *y, int64_t n) noexcept nogil
+        void (*weight_f64)(const double *x, double *y, int64_t n) noexcept nogil
+    const gi_attn_ops gi_attn_ops_portable
+    const gi_attn_ops gi_attn_ops_avx2
+    const gi_attn_ops gi_attn_ops_avx512
+
+# below this much work (multiply-adds) a call runs on one thread
+cdef int64_t _GRAIN = 65536
+
+
+# The variant in use is the one goinfer._kernels._config reports.  Each extension module links
+# its own copy of the C dispatch state (dispatch_common.c), so the local gi_variant() would not
+# see _config.set_variant(); ask _config (about 0.1 us per call).
+_VARIANT_INDEX = {name: i for i, name in enumerate(_cfg.VARIANTS)}
+
+
+cdef const gi_attn_ops *_table() except NULL:
+    cdef int v = _VARIANT_INDEX[_cfg.variant()]
+    if v == GI_AVX512:
+        return &gi_attn_ops_avx512
+    if v == GI_AVX2:
+        return &gi_attn_ops_avx2
+    return &gi_attn_ops_portable
+
+
+# ============================================================================ argument checks
+
+cdef int _check_threads(object nthreads) except -1:
+    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
+        if 1 <= nthreads <= 1024:
+            return <int>nthreads
+    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
+
+
+cdef cnp.ndarray _carray(object a, str name, int typenum, str tname, int ndim,
+                         bint writeable=False):
+    """a C-contiguous ndarray of the given dtype and rank, else TypeError / ValueError."""
+    if not cnp.PyArray_Check(a):
+        raise TypeError(f"{name} must be a numpy array of {tname}, got {type(a).__name__}")
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if cnp.PyArray_TYPE(arr) != typenum:
+        raise TypeError(f"{name} must have dtype {tname}, got {arr.dtype}")
+    if cnp.PyArray_NDIM(arr) != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {np.shape(arr)}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+        raise ValueError(f"{name} must be C-contiguous")
+    if writeable and not cnp.PyArray_ISWRITEABLE(arr):
+        raise ValueError(f"{name} is read-only")
+    return arr
+
+
+cdef inline int64_t _dim(cnp.ndarray a, int i) noexcept:
+    return cnp.PyArray_DIMS(a)[i]
+
+
+cdef tuple _check_caches(object k_cache, object v_cache):
+    cdef cnp.ndarray kc = _carray(k_cache, "k_cache", cnp.NPY_FLOAT32, "float32", 4)
+    cdef cnp.ndarray vc = _carray(v_cache, "v_cache", cnp.NPY_FLOAT32, "float32", 4)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    if _dim(vc, 0) != nb or _dim(vc, 1) != n_kv or _dim(vc, 2) != bs or _dim(vc, 3) != hd:
+        raise ValueError(f"v_cache must have shape (n_blocks, n_kv, bs, hd) = "
+                         f"{(nb, n_kv, bs, hd)} to match k_cache {np.shape(kc)}, got "
+                         f"{np.shape(vc)}")
+    if hd % 8 != 0 or hd == 0:
+        raise ValueError(f"head_dim must be a positive multiple of 8, got {hd}")
+    if bs < 1 or n_kv < 1:
+        raise ValueError(f"empty cache shape {np.shape(kc)}")
+    return kc, vc
+
+
+# ============================================================================ KV write
+
+def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
+    """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset).
+    Tokens are written in order, so a repeated slot keeps the last token."""
+    cdef int nt = _check_threads(nthreads)
+    cdef cnp.ndarray kc, vc
+    kc, vc = _check_caches(k_cache, v_cache)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    if not cnp.PyArray_ISWRITEABLE(kc) or not cnp.PyArray_ISWRITEABLE(vc):
+        raise ValueError("k_cache and v_cache must be writeable")
+    cdef cnp.ndarray ka = _carray(k, "k", cnp.NPY_FLOAT32, "float32", 3)
+    cdef cnp.ndarray va = _carray(v, "v", cnp.NPY_FLOAT32, "float32", 3)
+    cdef cnp.ndarray sa = _carray(slots, "slots", cnp.NPY_INT64, "int64", 1)
+    cdef int64_t T = _dim(ka, 0)
+    if (_dim(ka, 1) != n_kv or _dim(ka, 2) != hd or _dim(va, 0) != T or _dim(va, 1) != n_kv
+            or _dim(va, 2) != hd):
+        raise ValueError(f"k and v must have shape (T, n_kv, hd) = (T, {n_kv}, {hd}), got "
+                         f"{np.shape(ka)} and {np.shape(va)}")
+    if _dim(sa, 0) != T:
+        raise ValueError(f"slots must have shape ({T},), got {np.shape(sa)}")
+    if T == 0:
+        return
+    cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(sa)
+    cdef int64_t smin = sp[0], smax = sp[0], i
+    for i in range(T):
+        smin = sp[i] if sp[i] < smin else smin
+        smax = sp[i] if sp[i] > smax else smax
+    if smin < 0 or smax >= nb * bs:
+        raise ValueError(f"slots must lie in [0, {nb * bs}), got [{smin}, {smax}]")
+    cdef float *kcp = <float *>cnp.PyArray_DATA(kc)
+    cdef float *vcp = <float *>cnp.PyArray_DATA(vc)
+    cdef const float *kp = <const float *>cnp.PyArray_DATA(ka)
+    cdef const float *vp = <const float *>cnp.PyArray_DATA(va)
+    cdef const gi_attn_ops *ops = _table()
+    cdef int64_t work = T * n_kv * hd
+    cdef int n = nt
+    if n > n_kv:
+        n = <int>n_kv
+    if work < _GRAIN:
+        n = 1
+    with nogil:
+        if n <= 1:
+            ops.kv_write(kcp, vcp, kp, vp, sp, T, n_kv, hd, bs, 0, n_kv)
+        else:  # threads own disjoint kv heads; each writes its tokens in order
+            for i in prange(n, num_threads=n, schedule='static'):
+                ops.kv_write(kcp, vcp, kp, vp, sp, T, n_kv, hd, bs,
+                             n_kv * i // n, n_kv * (i + 1) // n)
+
+
+# ============================================================================ attention
+
+def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0, out=None,
+              *, nthreads=1):
+    """Causal exact attention of q (T, H, hd) float32 at positions q_pos (T,) int32 over the
+    sequence's cached keys (block_table (n,) int32).  Query head h reads kv head h // (H/n_kv).
+    Query t sees keys p with lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if
+    window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  Keys 0..max(q_pos)
+    must have been written (kv_write).  Returns out (T, H, hd) float32."""
+    cdef int nt = _check_threads(nthreads)
+    cdef cnp.ndarray kc, vc
+    kc, vc = _check_caches(k_cache, v_cache)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    cdef cnp.ndarray qa = _carray(q, "q", cnp.NPY_FLOAT32, "float32", 3)
+    cdef int64_t T = _dim(qa, 0), H = _dim(qa, 1)
+    if _dim(qa, 2) != hd:
+        raise ValueError(f"q head_dim {_dim(qa, 2)} != cache head_dim {hd}")
+    if H < 1 or H % n_kv != 0:
+        raise ValueError(f"the number of query heads ({H}) must be a positive multiple of the "
+                         f"number of kv heads ({n_kv})")
+    cdef cnp.ndarray bt = _carray(block_table, "block_table", cnp.NPY_INT32, "int32", 1)
+    cdef cnp.ndarray pa = _carray(q_pos, "q_pos", cnp.NPY_INT32, "int32", 1)
+    if _dim(pa, 0) != T:
+        raise ValueError(f"q_pos must have shape ({T},), got {np.shape(pa)}")
+    cdef double sc = float(scale), cap = float(softcap)
+    if not isfinite(sc):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    if not isfinite(cap) or cap < 0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap!r}")
+    if not isinstance(window, (int, np.integer)) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: off), got {window!r}")
+    if out is None:
+        out = np.empty((T, H, hd), dtype=np.float32)
+    cdef cnp.ndarray oa = _carray(out, "out", cnp.NPY_FLOAT32, "float32", 3, True)
+    if _dim(oa, 0) != T or _dim(oa, 1) != H or _dim(oa, 2) != hd:
+        raise ValueError(f"out must have shape {np.shape(qa)}, got {np.shape(oa)}")
+    if T == 0:
+        return out
+    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
+    cdef const int32_t *bp = <const int32_t *>cnp.PyArray_DATA(bt)
+    cdef int64_t pmin = pp[0], pmax = pp[0], i, bmin, bmax
+    for i in range(T):
+        pmin = pp[i] if pp[i] < pmin else pmin
+        pmax = pp[i] if pp[i] > pmax else pmax
+    if pmin < 0:
+        raise ValueError(f"q_pos must be >= 0, got {pmin}")
+    cdef int64_t need = pmax // bs + 1
+    if need > _dim(bt, 0):
+        raise ValueError(f"position {pmax} needs {need} blocks, block_table has {_dim(bt, 0)}")
+    bmin = bp[0]
+    bmax = bp[0]
+    for i in range(need):
+        bmin = bp[i] if bp[i] < bmin else bmin
+        bmax = bp[i] if bp[i] > bmax else bmax
+    if bmin < 0 or bmax >= nb:
+        raise ValueError(f"block ids must lie in [0, {nb}), got [{bmin}, {bmax}]")
+
+    cdef gi_attn_args a
+    a.q = <const float *>cnp.PyArray_DATA(qa)
+    a.k_cache = <const float *>cnp.PyArray_DATA(kc)
+    a.v_cache = <const float *>cnp.PyArray_DATA(vc)
+    a.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
+    a.q_pos = <const int32_t *>cnp.PyArray_DATA(pa)
+    a.out = <float *>cnp.PyArray_DATA(oa)
+    a.T = T
+    a.H = H
+    a.n_kv = n_kv
+    a.hd = hd
+    a.bs = bs
+    a.scale = sc
+    a.softcap = cap
+    a.window = window
+    cdef const gi_attn_ops *ops = _table()
+    cdef int n = nt
+    if T * H * (pmax + 1) * hd < _GRAIN:
+        n = 1
+    ops.plan(&a, n)
+    if n > a.n_items:
+        n = <int>a.n_items
+    cdef int64_t per = (a.scratch_doubles + 7) & ~(<int64_t>7)  # 64-byte aligned slices
+    cdef double *scratch = <double *>aligned_alloc(64, <size_t>(per * n * 8))
+    if scratch == NULL:
+        raise MemoryError(f"attention scratch of {per * n * 8} bytes")
+    cdef int64_t it
+    try:
+        with nogil:
+            if n <= 1:
+                for it in range(a.n_items):
+                    ops.run(&a, it, scratch)
+            else:
+                for it in prange(a.n_items, num_threads=n, schedule='dynamic', chunksize=1):
+                    ops.run(&a, it, scratch + threadid() * per)
+    finally:
+        free(scratch)
+    return out
+
+
+# ============================================================================ test hooks
+
+def _variant_used():
+    """Name of the variant whose table this module calls now (tests: dispatch follows
+    _config.set_variant)."""
+    cdef const gi_attn_ops *t = _table()
+    if t == &gi_attn_ops_avx512:
+        return _cfg.VARIANTS[GI_AVX512]
+    if t == &gi_attn_ops_avx2:
+        return _cfg.VARIANTS[GI_AVX2]
+    return _cfg.VARIANTS[0]
+
+
+def _set_grain(n):
+    """Work (multiply-adds) below which calls stay single-threaded (tests set 0 to force
+    threads).  Returns the previous value."""
+    global _GRAIN
+    old = _GRAIN
+    _GRAIN = n
+    return old
+
+
+cdef object _map_f64(int which, object x):
+    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float64).ravel()
+    cdef cnp.ndarray ya = np.empty_like(xa)
+    cdef const double *xp = <const double *>cnp.PyArray_DATA(xa)
+    cdef double *yp = <double *>cnp.PyArray_DATA(ya)
+    cdef const gi_attn_ops *ops = _table()
+    if which == 0:
+        ops.exp_f64(xp, yp, xa.shape[0])
+    elif which == 1:
+        ops.tanh_f64(xp, yp, xa.shape[0])
+    else:
+        ops.weight_f64(xp, yp, xa.shape[0])
+    return ya
+
+
+def _exp_f64(x):
+    """The kernel's float64 exp (current variant), for tests."""
+    return _map_f64(0, x)
+
+
+def _tanh_f64(x):
+    """The kernel's float64 tanh (softcap), for tests."""
+    return _map_f64(1, x)
+
+
+def _weight_f64(x):
+    """The attention weight trunc29(exp(x)) of the kernel, for tests."""
+    return _map_f64(2, x)

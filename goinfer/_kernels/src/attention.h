@@ -1,0 +1,58 @@
+/* Exact attention over the paged KV cache, and the KV-cache write.
+ *
+ * Per layer the cache holds (docs/design/kernels.md):
+ *   k_cache (n_blocks, n_kv, hd, bs) float32    keys transposed per block
+ *   v_cache (n_blocks, n_kv, bs, hd) float32
+ * A token's slot is block_id * bs + offset; a sequence's blocks are listed in block_table.
+ *
+ * Work is split in items (a tile of consecutive queries x a set of query heads of ONE kv head);
+ * plan() chooses the tiling and the per-thread scratch size, run() computes one item.  The
+ * Cython layer (attention.pyx) runs the items in an OpenMP loop, one scratch per thread.
+ * Each output row is computed by one thread with one fixed operation sequence, so it does not
+ * depend on the tiling, on the other queries in the batch or on the thread count.
+ */
+#ifndef GI_ATTENTION_H
+#define GI_ATTENTION_H
+#include "gi.h"
+
+#define GI_ATTN_RMAX 12 /* query rows (query x head) of one item */
+
+typedef struct {
+    /* ---- inputs (C-contiguous float32 / int32) */
+    const float *q;              /* (T, H, hd) */
+    const float *k_cache;        /* (n_blocks, n_kv, hd, bs) */
+    const float *v_cache;        /* (n_blocks, n_kv, bs, hd) */
+    const int32_t *block_table;  /* (n_blocks_seq,) block ids of the sequence */
+    const int32_t *q_pos;        /* (T,) absolute positions */
+    float *out;                  /* (T, H, hd) */
+    int64_t T, H, n_kv, hd, bs;
+    double scale;
+    double softcap;              /* <= 0: off */
+    int64_t window;              /* <= 0: off; else keys p > q_pos - window */
+    /* ---- plan, filled by plan() */
+    int64_t tq;                  /* queries per tile */
+    int64_t nh;                  /* query heads (of one kv group) per item */
+    int64_t nparts;              /* ceil(G / nh), G = H / n_kv */
+    int64_t n_items;             /* ceil(T / tq) * n_kv * nparts */
+    int64_t scratch_doubles;     /* scratch per thread, in doubles */
+} gi_attn_args;
+
+typedef struct {
+    void (*plan)(gi_attn_args *a, int nthreads);
+    void (*run)(const gi_attn_args *a, int64_t item, double *scratch);
+    /* kv heads [h0, h1) of all T tokens, in token order (a repeated slot: the last wins) */
+    void (*kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
+                     const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
+                     int64_t h0, int64_t h1);
+    /* test hooks: the float64 exp and tanh of the kernel, and the attention weight
+     * trunc29(exp(x)) (significand cut to 29 bits) */
+    void (*exp_f64)(const double *x, double *y, int64_t n);
+    void (*tanh_f64)(const double *x, double *y, int64_t n);
+    void (*weight_f64)(const double *x, double *y, int64_t n);
+} gi_attn_ops;
+
+extern const gi_attn_ops gi_attn_ops_portable;
+extern const gi_attn_ops gi_attn_ops_avx2;
+extern const gi_attn_ops gi_attn_ops_avx512;
+
+#endif

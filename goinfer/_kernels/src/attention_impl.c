@@ -1,0 +1,448 @@
+/* Exact attention over the paged KV cache (see attention.h), compiled once per ISA variant.
+ *
+ * For query row (t, h) at position p over keys j = lo..p of kv head h / G (G = H / n_kv):
+ *   s_j = scale * sum_d (double)q[d] * (double)k_j[d]          (d in order; product exact)
+ *   s_j = softcap * tanh(s_j / softcap)                         (if softcap > 0)
+ *   mx  = max_j s_j
+ *   e_j = trunc29(exp(s_j - mx))                                (own polynomial exp, then
+ *         the significand cut to 29 bits: e_j * v (24-bit float) is then exact in double)
+ *   l   = sum_j e_j                 in key order, from 0.0
+ *   o_d = sum_j e_j * (double)v_j[d] in key order, from 0.0
+ *   out = float(o_d / l)
+ * Every product that is accumulated is exact in double, so the explicit FMA of the AVX
+ * variants and the mul+add of the portable build give the same bits: all three variants
+ * agree bit for bit.  The weights are flushed to 0 for s_j - mx < -600 (e_j < 2^-865), which
+ * keeps e_j * v away from double subnormals (exactness) and is far below float resolution.
+ *
+ * Work item = a tile of tq consecutive queries x nh query heads of one kv head (R <= 12 rows).
+ * The item's keys [kmin, kmax] (union of its rows' ranges) are read once for all R rows:
+ *   QK  vectorized across the keys of a block (k_cache is transposed per block), register
+ *       blocked RB rows x NV key vectors, d innermost;
+ *   softmax per row over its own range, in a per-thread score scratch (R x span doubles);
+ *   AV  vectorized across d, register blocked RB rows x DV vectors of d, keys in order,
+ *       block by block (a V block is read once; its d-chunks run from L1).
+ * A row's operation sequence does not depend on the other rows of its tile: lanes of keys
+ * outside a row's range are computed (where the block is shared) but never used.
+ */
+#include "attention.h"
+#include "gi_vmath.h"
+
+/* ============================================================================ weights */
+
+/* e = trunc29(exp(x)) for x = s - mx <= 0.  The exp is the recipe of gi_vd_exp (gi_vmath.h)
+ * with a shorter polynomial, since the result is cut to 29 significant bits anyway:
+ * e^r = 1 + r + r^2 P(r), P of degree 6 fitted on Chebyshev nodes of |r| <= ln2/2 (relative
+ * error 4.3e-12, vs 2^-28 = 3.7e-9 for the cut).  n <= 0 here, so 2^n is built directly
+ * (n >= -866 for x >= -600, a normal double); x < -600 (and -inf) give 0, NaN stays NaN. */
+#define GI_W_MASK (~((1ull << 24) - 1ull)) /* keep 28 of 52 fraction bits */
+#define GI_W_P0 0x1.fffffffffe067p-2
+#define GI_W_P1 0x1.55555567514cfp-3
+#define GI_W_P2 0x1.55555565c5e3dp-5
+#define GI_W_P3 0x1.1110c638709acp-7
+#define GI_W_P4 0x1.6c166be5dbe9cp-10
+#define GI_W_P5 0x1.a1516cfd1180cp-13
+#define GI_W_P6 0x1.a136b27e95ecep-16
+
+GI_INLINE vd attn_weight(vd x) {
+    vd t = vd_add(vd_mul(x, vd_set1(GI_LOG2E)), vd_set1(GI_MAGIC_D));
+    vd n = vd_sub(t, vd_set1(GI_MAGIC_D));
+    vd r = vd_sub(x, vd_mul(n, vd_set1(GI_LN2HI_D)));
+    r = vd_sub(r, vd_mul(n, vd_set1(GI_LN2LO_D)));
+    vd p = vd_set1(GI_W_P6);
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P5));
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P4));
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P3));
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P2));
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P1));
+    p = vd_add(vd_mul(p, r), vd_set1(GI_W_P0));
+    vd y = vd_add(vd_mul(vd_mul(r, r), p), r);
+    y = vd_add(y, vd_set1(1.0));
+    y = vd_mul(y, vd_from_bits(vdi_shl(vdi_add(vd_bits(t), 1023), 52))); /* * 2^n */
+    y = vd_from_bits(vdi_and(vd_bits(y), GI_W_MASK));
+    return vd_sel_lt(x, vd_set1(GI_EXPD_XMIN), vd_set1(0.0), y);
+}
+
+/* ============================================================================ register budgets */
+/* QK: RB rows x NV key vectors of accumulators; AV: RB rows x DV d-vectors (+DV for v). */
+#if defined(GI_VARIANT_AVX512)
+#define QK_NV(RB) ((RB) <= 3 ? 8 : (RB) <= 6 ? 4 : 2)
+#define AV_DV(RB) ((RB) <= 2 ? 8 : (RB) <= 6 ? 4 : 2)
+#else
+#define QK_NV(RB) ((RB) <= 1 ? 8 : (RB) <= 3 ? 4 : (RB) <= 6 ? 2 : 1)
+#define AV_DV(RB) ((RB) <= 1 ? 4 : (RB) <= 6 ? 2 : 1)
+#endif
+#define GI_MAXV 8
+
+/* software prefetch (a hint; no effect on results) */
+#if defined(GI_ATTN_NO_PREFETCH)
+#define GI_PREFETCH(p) ((void)(p))
+#else
+#define GI_PREFETCH(p) __builtin_prefetch(p)
+#endif
+#define GI_PF_STEP (VD_N >= 16 ? 1 : 16 / VD_N) /* key vectors per 64-byte line */
+
+/* ============================================================================ item context */
+
+typedef struct {
+    int R;                           /* rows: r = ti * nhh + hj */
+    int64_t kvh;                     /* kv head */
+    int64_t b0, b1;                  /* block_table indices spanned by the item */
+    int64_t kbase;                   /* = b0 * bs: key position of score column 0 */
+    int64_t jmin, jmax;              /* union key range, relative to kbase */
+    int64_t ss;                      /* score row stride (doubles) */
+    int64_t lo[GI_ATTN_RMAX];        /* row key range [lo, hi], relative to kbase */
+    int64_t hi[GI_ATTN_RMAX];
+    float *orow[GI_ATTN_RMAX];       /* out rows (hd floats) */
+    double *qd;                      /* (R, hd) queries in double */
+    double *o;                       /* (R, hd) AV accumulators */
+    double *sc;                      /* (R, ss) scores, then weights */
+} item_ctx;
+
+/* ============================================================================ QK */
+
+/* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector]; then scaled (and soft-capped) and
+ * stored at sp[v] + r * ss.  kp[v]: the key vector at d = 0 (stride bs per d), kn[v]: its
+ * valid lanes (FULL: all VD_N).  pf[v]: the next group's key vectors, prefetched along d
+ * (the cache is far larger than L2 at long contexts and blocks are scattered). */
+GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double *qd,
+                        int64_t hd, const float *const *kp, const int *kn,
+                        const float *const *pf, int64_t bs, double *const *sp, int64_t ss,
+                        double scale, double softcap) {
+    vd acc[GI_ATTN_RMAX][GI_MAXV];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) acc[r][v] = vd_zero();
+    for (int64_t d = 0; d < hd; d++) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v += GI_PF_STEP) GI_PREFETCH(pf[v] + d * bs);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) {
+            vd kv = FULL ? vd_loadps(kp[v] + d * bs) : vd_loadps_n(kp[v] + d * bs, kn[v]);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++)
+                acc[r][v] = vd_fma_exact(vd_set1(qd[r * hd + d]), kv, acc[r][v]);
+        }
+    }
+    const vd sv = vd_set1(scale), cv = vd_set1(softcap);
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) {
+            vd x = vd_mul(acc[r][v], sv);
+            if (softcap > 0.0) x = vd_mul(cv, gi_vd_tanh(vd_div(x, cv)));
+            if (FULL)
+                vd_store(sp[v] + r * ss, x);
+            else
+                vd_store_n(sp[v] + r * ss, x, kn[v]);
+        }
+}
+
+/* the next (up to) NV key vectors of blocks b0..b1 from the cursor (bi, off); a group may
+ * span blocks.  Empty slots repeat slot 0 with kn = 0 (fully masked).  Returns the count. */
+GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, int64_t *bi,
+                      int64_t *off, const float **kp, double **sp, int *kn) {
+    int nv = 0;
+    while (nv < NV && *bi <= c->b1) {
+        const int64_t blk = a->block_table[*bi];
+        kp[nv] = a->k_cache + (blk * a->n_kv + c->kvh) * a->hd * a->bs + *off;
+        sp[nv] = c->sc + (*bi - c->b0) * a->bs + *off;
+        kn[nv] = (int)(a->bs - *off < VD_N ? a->bs - *off : VD_N);
+        nv++;
+        *off += VD_N;
+        if (*off >= a->bs) {
+            *off = 0;
+            (*bi)++;
+        }
+    }
+    for (int v = nv; v < NV && nv > 0; v++) {
+        kp[v] = kp[0];
+        sp[v] = sp[0];
+        kn[v] = 0;
+    }
+    return nv;
+}
+
+/* scores of all key vectors of blocks b0..b1, NV at a time, one group prefetched ahead */
+GI_INLINE void qk_rows(const int RB, const gi_attn_args *a, const item_ctx *c) {
+    const int NV = QK_NV(RB);
+    const float *kp[2][GI_MAXV];
+    double *sp[2][GI_MAXV];
+    int kn[2][GI_MAXV];
+    int64_t bi = c->b0, off = 0;
+    int cur = 0;
+    int n = qk_fill(NV, a, c, &bi, &off, kp[0], sp[0], kn[0]);
+    while (n) {
+        const int nn = qk_fill(NV, a, c, &bi, &off, kp[cur ^ 1], sp[cur ^ 1], kn[cur ^ 1]);
+        const float *const *pf = nn ? kp[cur ^ 1] : kp[cur];
+        int full = 1;
+        for (int v = 0; v < NV; v++) full &= kn[cur][v] == VD_N;
+        if (full)
+            qk_group(RB, NV, 1, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
+                     a->scale, a->softcap);
+        else if (n == NV)
+            qk_group(RB, NV, 0, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
+                     a->scale, a->softcap);
+        else /* the last, short group: one vector at a time rather than NV with empty slots */
+            for (int v = 0; v < n; v++)
+                qk_group(RB, 1, 0, c->qd, a->hd, kp[cur] + v, kn[cur] + v, pf, a->bs,
+                         sp[cur] + v, c->ss, a->scale, a->softcap);
+        cur ^= 1;
+        n = nn;
+    }
+}
+
+/* ============================================================================ softmax weights */
+
+/* row r: mx = max of its scores, then e = trunc29(exp(s - mx)) in place over [lo, hi] */
+static void softmax_row(double *srow, int64_t lo, int64_t hi) {
+    const int64_t end = hi + 1;
+    vd mv = vd_set1(-INFINITY);
+    int64_t i = lo;
+    for (; i + VD_N <= end; i += VD_N) mv = vd_max(mv, vd_load(srow + i));
+    double mx = vd_hmax(mv);
+    for (; i < end; i++) mx = srow[i] > mx ? srow[i] : mx; /* max is exact: order is free */
+    const vd m = vd_set1(mx);
+    i = lo;
+    for (; i + VD_N <= end; i += VD_N) vd_store(srow + i, attn_weight(vd_sub(vd_load(srow + i), m)));
+    if (i < end) {
+        int n = (int)(end - i);
+        vd_store_n(srow + i, attn_weight(vd_sub(vd_load_n(srow + i, n), m)), n);
+    }
+}
+
+/* ============================================================================ AV */
+
+/* one key j (relative to kbase): acc[r] += e[r] * v for rows r (all, or those whose range
+ * holds j when CHECK); l[r] += e[r] when FIRST (in every lane of lacc[r]) */
+#define AV_KEY(CHECK)                                                                  \
+    do {                                                                               \
+        const double *er = e; /* row r's weight of key j: e + r * ss, stepped */       \
+        _Pragma("GCC unroll 16") for (int r = 0; r < RB; r++, er += ss) {              \
+            if (CHECK && (j < c->lo[r] || j > c->hi[r])) continue;                     \
+            const vd ev = vd_set1(*er);                                                \
+            _Pragma("GCC unroll 8") for (int v = 0; v < DV; v++) acc[r][v] =           \
+                vd_fma_exact(ev, vv[v], acc[r][v]);                                    \
+            if (FIRST) lacc[r] = vd_add(lacc[r], ev); /* every lane: the same sum */    \
+        }                                                                              \
+    } while (0)
+
+/* keys [j0, j1] of one block (relative to kbase; row vr_j = vb + (j - jb) * hd), d-chunk
+ * [d0, d0 + DV*VD_N) of every row: the accumulators come from and go back to c->o (and l
+ * when FIRST), so each block is read from memory once while its d-chunks run from L1. */
+GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const item_ctx *c,
+                        const float *vb, const float *vnext, int64_t jb, int64_t j0,
+                        int64_t j1, int64_t hd, int64_t d0, int64_t clo, int64_t chi,
+                        double *l) {
+    vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
+    const int64_t ss = c->ss;
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        if (FIRST) lacc[r] = vd_set1(l[r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) acc[r][v] = vd_load(c->o + r * hd + d0 + v * VD_N);
+    }
+    for (int64_t j = j0; j <= j1; j++) {
+        const float *vr = vb + (j - jb) * hd + d0;
+        if (FIRST) /* the next block's row of this offset, all of hd */
+            for (int64_t f = 0; f < hd; f += 16) GI_PREFETCH(vnext + (j - jb) * hd + f);
+        vd vv[GI_MAXV];
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vv[v] = vd_loadps(vr + v * VD_N);
+        const double *e = c->sc + j;
+        if (j >= clo && j <= chi)
+            AV_KEY(0);
+        else
+            AV_KEY(1);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        if (FIRST) l[r] = vd_lane0(lacc[r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vd_store(c->o + r * hd + d0 + v * VD_N, acc[r][v]);
+    }
+}
+
+/* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, block by
+ * block; then out = float(o / l) */
+GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const item_ctx *c) {
+    const int64_t hd = a->hd, bs = a->bs, step = (int64_t)DV * VD_N;
+    double l[GI_ATTN_RMAX];
+    int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
+    for (int r = 0; r < RB; r++) {
+        l[r] = 0.0;
+        clo = c->lo[r] > clo ? c->lo[r] : clo;
+        chi = c->hi[r] < chi ? c->hi[r] : chi;
+    }
+    memset(c->o, 0, (size_t)RB * (size_t)hd * sizeof(double));
+    for (int64_t bi = c->b0; bi <= c->b1; bi++) {
+        const int64_t blk = a->block_table[bi];
+        const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
+        const float *vb = a->v_cache + (blk * a->n_kv + c->kvh) * bs * hd;
+        const int64_t j0 = c->jmin > jb ? c->jmin : jb;
+        const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
+        const int64_t nblk = a->block_table[bi < c->b1 ? bi + 1 : bi];
+        const float *vn = a->v_cache + (nblk * a->n_kv + c->kvh) * bs * hd;
+        av_block(RB, DV, 1, c, vb, vn, jb, j0, j1, hd, 0, clo, chi, l);
+        for (int64_t d0 = step; d0 < hd; d0 += step)
+            av_block(RB, DV, 0, c, vb, vn, jb, j0, j1, hd, d0, clo, chi, l);
+    }
+    for (int r = 0; r < RB; r++) {
+        const vd lv = vd_set1(l[r]);
+        for (int64_t d = 0; d < hd; d += VD_N)
+            vd_storeps(c->orow[r] + d, vd_div(vd_load(c->o + r * hd + d), lv));
+    }
+}
+
+/* ============================================================================ dispatch on RB */
+
+#define GI_RB_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+
+#define QK_CASE(RB) \
+    case RB: qk_rows(RB, a, c); break;
+static void qk_dispatch(const gi_attn_args *a, const item_ctx *c) {
+    switch (c->R) { GI_RB_CASES(QK_CASE) default: break; }
+}
+
+/* DV: the budget AV_DV(RB) if it divides the hd/VD_N vectors of a row, else 2, else 1 */
+#define AV_CASE(RB)                                                     \
+    case RB:                                                            \
+        if (nvec % AV_DV(RB) == 0) av_rows(RB, AV_DV(RB), a, c);        \
+        else if (AV_DV(RB) > 2 && nvec % 2 == 0) av_rows(RB, 2, a, c);  \
+        else av_rows(RB, 1, a, c);                                      \
+        break;
+static void av_dispatch(const gi_attn_args *a, const item_ctx *c) {
+    const int64_t nvec = a->hd / VD_N;
+    switch (c->R) { GI_RB_CASES(AV_CASE) default: break; }
+}
+
+/* ============================================================================ plan and run */
+
+GI_INLINE int64_t row_lo(const gi_attn_args *a, int64_t p) {
+    if (a->window <= 0) return 0;
+    int64_t lo = p - a->window + 1;
+    return lo > 0 ? lo : 0;
+}
+
+GI_INLINE int64_t n_items(const gi_attn_args *a, int64_t tq, int64_t nparts) {
+    return (a->T + tq - 1) / tq * a->n_kv * nparts;
+}
+
+/* Tiles of tq queries x nh heads (R = tq * nh <= RMAX rows); smaller tiles, then split kv
+ * groups, while there are fewer items than threads.  The tiling never changes a result. */
+static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
+    const int64_t G = a->H / a->n_kv;
+    int64_t nh = G < GI_ATTN_RMAX ? G : GI_ATTN_RMAX;
+    int64_t nparts = (G + nh - 1) / nh;
+    int64_t tq = GI_ATTN_RMAX / nh;
+    if (tq > a->T) tq = a->T;
+    if (tq < 1) tq = 1;
+    while (n_items(a, tq, nparts) < nthreads && tq > 1) tq = (tq + 1) / 2;
+    while (n_items(a, tq, nparts) < nthreads && nh > 1) {
+        nh = (nh + 1) / 2;
+        nparts = (G + nh - 1) / nh;
+    }
+    a->tq = tq;
+    a->nh = nh;
+    a->nparts = nparts;
+    a->n_items = n_items(a, tq, nparts);
+    int64_t maxss = 0;
+    for (int64_t t0 = 0; t0 < a->T; t0 += tq) {
+        int64_t kmin = INT64_MAX, kmax = -1;
+        for (int64_t t = t0; t < t0 + tq && t < a->T; t++) {
+            int64_t p = a->q_pos[t], lo = row_lo(a, p);
+            kmin = lo < kmin ? lo : kmin;
+            kmax = p > kmax ? p : kmax;
+        }
+        int64_t ss = ((kmax / a->bs - kmin / a->bs + 1) * a->bs + 7) & ~(int64_t)7;
+        maxss = ss > maxss ? ss : maxss;
+    }
+    a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
+}
+
+static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
+    const int64_t G = a->H / a->n_kv;
+    const int64_t per_tile = a->n_kv * a->nparts;
+    const int64_t tile = item / per_tile, rem = item % per_tile;
+    const int64_t part = rem % a->nparts;
+    const int64_t t0 = tile * a->tq, h0 = part * a->nh;
+    const int64_t nt = a->T - t0 < a->tq ? a->T - t0 : a->tq;
+    const int64_t nhh = G - h0 < a->nh ? G - h0 : a->nh;
+    const int64_t hd = a->hd, bs = a->bs;
+    item_ctx c;
+    c.kvh = rem / a->nparts;
+    c.R = (int)(nt * nhh);
+
+    /* ---- rows, key ranges */
+    int64_t kmin = INT64_MAX, kmax = -1;
+    for (int64_t ti = 0; ti < nt; ti++) {
+        const int64_t t = t0 + ti, p = a->q_pos[t], lo = row_lo(a, p);
+        kmin = lo < kmin ? lo : kmin;
+        kmax = p > kmax ? p : kmax;
+        for (int64_t hj = 0; hj < nhh; hj++) {
+            const int r = (int)(ti * nhh + hj);
+            c.lo[r] = lo;
+            c.hi[r] = p;
+            c.orow[r] = a->out + (t * a->H + c.kvh * G + h0 + hj) * hd;
+        }
+    }
+    c.b0 = kmin / bs;
+    c.b1 = kmax / bs;
+    c.kbase = c.b0 * bs;
+    c.jmin = kmin - c.kbase;
+    c.jmax = kmax - c.kbase;
+    c.ss = ((c.b1 - c.b0 + 1) * bs + 7) & ~(int64_t)7;
+    for (int r = 0; r < c.R; r++) {
+        c.lo[r] -= c.kbase;
+        c.hi[r] -= c.kbase;
+    }
+
+    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss) */
+    c.qd = scratch;
+    c.o = scratch + (int64_t)c.R * hd;
+    c.sc = scratch + 2 * (int64_t)c.R * hd;
+    for (int64_t ti = 0; ti < nt; ti++)
+        for (int64_t hj = 0; hj < nhh; hj++) {
+            const float *qr = a->q + ((t0 + ti) * a->H + c.kvh * G + h0 + hj) * hd;
+            double *qd = c.qd + (ti * nhh + hj) * hd;
+            for (int64_t d = 0; d < hd; d++) qd[d] = (double)qr[d];
+        }
+
+    qk_dispatch(a, &c);
+    for (int r = 0; r < c.R; r++) softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r]);
+    av_dispatch(a, &c);
+}
+
+/* ============================================================================ KV write */
+
+static void GI(kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
+                         const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
+                         int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t b = slots[t] / bs, o = slots[t] % bs;
+            const float *kr = k + (t * n_kv + h) * hd, *vr = v + (t * n_kv + h) * hd;
+            float *kc = k_cache + (b * n_kv + h) * hd * bs + o; /* stride bs per d */
+            float *vc = v_cache + ((b * n_kv + h) * bs + o) * hd;
+            for (int64_t d = 0; d < hd; d++) kc[d * bs] = kr[d];
+            memcpy(vc, vr, (size_t)hd * sizeof(float));
+        }
+}
+
+/* ============================================================================ test hooks */
+
+#define GI_MAP_D(NAME, F)                                                           \
+    static void GI(NAME)(const double *x, double *y, int64_t n) {                   \
+        int64_t i = 0;                                                              \
+        for (; i + VD_N <= n; i += VD_N) vd_store(y + i, F(vd_load(x + i)));        \
+        if (i < n) vd_store_n(y + i, F(vd_load_n(x + i, (int)(n - i))), (int)(n - i)); \
+    }
+GI_MAP_D(exp_f64, gi_vd_exp)
+GI_MAP_D(tanh_f64, gi_vd_tanh)
+GI_MAP_D(weight_f64, attn_weight)
+
+/* ============================================================================ table */
+
+const gi_attn_ops GI(gi_attn_ops) = {
+    GI(attn_plan), GI(attn_run), GI(kv_write), GI(exp_f64), GI(tanh_f64), GI(weight_f64),
+};

@@ -1,0 +1,322 @@
+"""Compiled kv_write / exact attention vs goinfer._reference, on every ISA variant.
+
+Tolerance against the float64 reference: |out - ref| <= ulp(ref) + 2^-26 max|v|.
+The kernel accumulates in float64 exactly like the reference, except that each softmax
+weight is its own exp (relative error 4.3e-12) with the significand cut to 29 bits (relative
+error < 2^-28 + 4.3e-12) so that e*v is exact.  The weights appear in the numerator and in l, so the
+normalized output (a convex combination of the v's) moves by < 2 * 2^-28 max|v| before the
+final rounding to float32, which can then differ by one ulp.  (The reference's own float64
+rounding, ~1e-16, is negligible.)
+
+Bit-identity (np.array_equal): a query's output does not depend on the batch it is in (prefill
+of T queries == T single-query calls with growing context; any subset / order of the queries),
+on the thread count, on the ISA variant, or on garbage in unwritten cache slots.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from goinfer import _reference as R
+from goinfer._kernels import _config, attention, kv_write
+
+_att = importlib.import_module("goinfer._kernels.attention")  # the module (test hooks)
+VARIANTS = _config.supported_variants()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _force_threads():
+    """Tiny test shapes still run with the requested thread count."""
+    old = _att._set_grain(0)
+    yield
+    _att._set_grain(old)
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    old = _config.variant()
+    _config.set_variant(request.param)
+    yield request.param
+    _config.set_variant(old)
+
+
+
+def test_dispatch_follows_config(variant):
+    assert _att._variant_used() == variant == _config.variant()
+
+def _each_variant(fn):
+    old = _config.variant()
+    try:
+        res = []
+        for v in VARIANTS:
+            _config.set_variant(v)
+            res.append(fn())
+        return res
+    finally:
+        _config.set_variant(old)
+
+
+class Seq:
+    """One layer's cache holding one sequence of n tokens in randomly placed blocks."""
+
+    def __init__(self, rng, n, n_kv, hd, bs, fill=0.0, spare=3, kscale=1.0):
+        nb_seq = (n + bs - 1) // bs
+        nb = nb_seq + spare
+        self.k_cache = np.full((nb, n_kv, hd, bs), fill, np.float32)
+        self.v_cache = np.full((nb, n_kv, bs, hd), fill, np.float32)
+        self.block_table = rng.permutation(nb)[:nb_seq].astype(np.int32)  # non-contiguous
+        self.k = (rng.standard_normal((n, n_kv, hd)) * kscale).astype(np.float32)
+        self.v = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
+        pos = np.arange(n)
+        self.slots = (self.block_table[pos // bs].astype(np.int64) * bs + pos % bs)
+        kv_write(self.k_cache, self.v_cache, self.k, self.v, self.slots)
+        self.bs = bs
+
+    def args(self):
+        return self.k_cache, self.v_cache, self.block_table
+
+
+def _check(got, ref, v):
+    bound = np.spacing(np.abs(ref)) + 2.0**-26 * float(np.abs(v).max())
+    err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    assert (err <= bound).all(), float((err / bound).max())
+
+
+# ============================================================================ kv_write
+
+
+@pytest.mark.parametrize("bs", [1, 5, 16, 32])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_kv_write_matches_reference(variant, bs, nthreads):
+    rng = np.random.default_rng(bs)
+    n_kv, hd, nb = 3, 64, 12
+    kc = rng.standard_normal((nb, n_kv, hd, bs)).astype(np.float32)
+    vc = rng.standard_normal((nb, n_kv, bs, hd)).astype(np.float32)
+    kc2, vc2 = kc.copy(), vc.copy()
+    T = min(nb * bs, 150)
+    k = rng.standard_normal((T, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((T, n_kv, hd)).astype(np.float32)
+    slots = rng.integers(0, nb * bs, T).astype(np.int64)  # repeats: the last token wins
+    kv_write(kc, vc, k, v, slots, nthreads=nthreads)
+    R.kv_write(kc2, vc2, k, v, slots)
+    assert np.array_equal(kc, kc2) and np.array_equal(vc, vc2)
+
+
+# ============================================================================ vs reference
+
+CASES = [
+    # T, H, n_kv, hd, bs, window, softcap, start
+    (1, 9, 3, 64, 16, 0, 0.0, 0),
+    (1, 9, 3, 64, 16, 0, 0.0, 200),
+    (7, 9, 3, 64, 16, 0, 0.0, 0),
+    (40, 9, 3, 64, 16, 0, 0.0, 30),
+    (100, 9, 3, 64, 16, 0, 0.0, 0),
+    (3, 4, 4, 64, 16, 0, 0.0, 50),  # GQA ratio 1 (MHA)
+    (17, 8, 4, 128, 16, 0, 0.0, 9),  # 2
+    (9, 32, 8, 128, 32, 0, 0.0, 70),  # 4
+    (5, 16, 2, 128, 16, 0, 0.0, 33),  # 8
+    (13, 8, 1, 64, 32, 0, 0.0, 0),  # MQA, 8
+    (6, 16, 1, 64, 16, 0, 0.0, 20),  # G = 16 > 12: heads of a group split in items
+    (11, 8, 4, 256, 16, 0, 0.0, 5),  # Gemma-like head_dim
+    (21, 8, 4, 256, 32, 24, 50.0, 40),  # sliding window + softcap (Gemma 2)
+    (30, 6, 2, 64, 16, 16, 0.0, 64),  # window == block size
+    (12, 6, 3, 64, 32, 1, 0.0, 10),  # window 1: only itself
+    (25, 6, 3, 128, 16, 0, 30.0, 0),  # softcap only
+    (8, 14, 2, 64, 16, 0, 0.0, 90),  # GQA 7 (Qwen2.5-0.5B-like)
+    (5, 6, 2, 72, 16, 0, 0.0, 3),  # head_dim 72: multiple of 8 only
+    (1, 12, 4, 80, 16, 0, 0.0, 37),  # head_dim 80 (Phi-2 / StableLM), decode
+    (2, 8, 2, 96, 16, 0, 0.0, 61),  # head_dim 96 (Phi-3)
+    (9, 4, 2, 96, 5, 7, 0.0, 17),  # odd block size
+    (4, 3, 3, 8, 64, 0, 0.0, 150),  # tiny head_dim, block 64
+    (20, 3, 1, 64, 12, 0, 0.0, 0),  # block 12 (not a multiple of the vector width)
+]
+
+
+@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start", CASES)
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_attention_matches_reference(variant, T, H, n_kv, hd, bs, window, softcap, start,
+                                     nthreads):
+    rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start)
+    seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(start, start + T, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    got = attention(q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads)
+    ref = R.attention(q, *seq.args(), q_pos, scale, window, softcap)
+    _check(got, ref, seq.v)
+
+
+def test_attention_random_positions(variant):
+    """Queries at arbitrary (unsorted, repeated) positions of one sequence."""
+    rng = np.random.default_rng(77)
+    seq = Seq(rng, 300, 2, 64, 16)
+    q_pos = rng.integers(0, 300, 37).astype(np.int32)
+    q = rng.standard_normal((37, 6, 64)).astype(np.float32)
+    for window, softcap in [(0, 0.0), (40, 0.0), (100, 20.0)]:
+        got = attention(q, *seq.args(), q_pos, 0.125, window, softcap, nthreads=2)
+        _check(got, R.attention(q, *seq.args(), q_pos, 0.125, window, softcap), seq.v)
+
+
+def test_attention_peaked_scores(variant):
+    """Large scores (weights spanning hundreds of e-folds, flushed below exp(-600))."""
+    rng = np.random.default_rng(5)
+    seq = Seq(rng, 90, 2, 64, 16, kscale=30.0)
+    q = (rng.standard_normal((10, 4, 64)) * 30).astype(np.float32)
+    q_pos = np.arange(80, 90, dtype=np.int32)
+    got = attention(q, *seq.args(), q_pos, 0.125)
+    _check(got, R.attention(q, *seq.args(), q_pos, 0.125), seq.v)
+
+
+# ============================================================================ bit identity
+
+
+@pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
+    (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
+    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 9, 0.0), (4, 2, 256, 16, 0, 0.0)])
+def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
+    """Prefill of T queries == T single-query calls with growing context, bit for bit, with
+    1 and 2 threads, on every variant (and the variants agree)."""
+    rng = np.random.default_rng(H + hd + bs + window)
+    T, start = 45, 7
+    seq = Seq(rng, start + T, n_kv, hd, bs)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(start, start + T, dtype=np.int32)
+
+    def run():
+        full = attention(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=1)
+        full2 = attention(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=2)
+        assert np.array_equal(full, full2)
+        for t in range(T):
+            nb = (start + t) // bs + 1  # the block table as a decode step would see it
+            one = attention(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:nb],
+                            q_pos[t:t + 1], 0.1, window, softcap, nthreads=1 + t % 2)
+            assert np.array_equal(one[0], full[t]), t
+        return full
+
+    res = _each_variant(run)
+    for r in res[1:]:
+        assert np.array_equal(r, res[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from([0, 5, 16, 33]),
+       st.sampled_from([(6, 3), (8, 2), (12, 1), (4, 4)]), st.sampled_from([1, 2, 3]))
+def test_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads):
+    """Any subset of a batch's queries, in any order, with any thread count: same rows."""
+    H, n_kv = heads
+    rng = np.random.default_rng(seed)
+    T = 40
+    seq = Seq(rng, 120, n_kv, 64, 16)
+    q = rng.standard_normal((T, H, 64)).astype(np.float32)
+    q_pos = np.sort(rng.integers(0, 120, T)).astype(np.int32)
+    full = attention(q, *seq.args(), q_pos, 0.125, window)
+    idx = rng.permutation(T)[:n_sub]
+    sub = attention(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads)
+    assert np.array_equal(sub, full[idx])
+
+
+def test_unwritten_slots_do_not_matter(variant):
+    """Garbage (NaN) in slots past the last written key and in unused blocks is never read
+    into a result."""
+    rng = np.random.default_rng(8)
+    clean = Seq(rng, 70, 2, 64, 16, fill=0.0)
+    rng = np.random.default_rng(8)
+    dirty = Seq(rng, 70, 2, 64, 16, fill=np.nan)
+    q = rng.standard_normal((5, 4, 64)).astype(np.float32)
+    q_pos = np.array([3, 17, 40, 65, 69], np.int32)
+    a = attention(q, *clean.args(), q_pos, 0.125, 0, 0.0, nthreads=2)
+    b = attention(q, *dirty.args(), q_pos, 0.125, 0, 0.0, nthreads=2)
+    assert np.isfinite(b).all() and np.array_equal(a, b)
+    c = attention(q, *dirty.args(), q_pos, 0.125, 10, 25.0)
+    assert np.array_equal(c, attention(q, *clean.args(), q_pos, 0.125, 10, 25.0))
+
+
+def test_out_argument(variant):
+    rng = np.random.default_rng(4)
+    seq = Seq(rng, 50, 2, 64, 16)
+    q = rng.standard_normal((6, 4, 64)).astype(np.float32)
+    q_pos = np.arange(44, 50, dtype=np.int32)
+    ref = attention(q, *seq.args(), q_pos, 0.125)
+    out = np.empty_like(q)
+    assert attention(q, *seq.args(), q_pos, 0.125, out=out) is out
+    assert np.array_equal(out, ref)
+
+
+# ============================================================================ exp / tanh
+
+
+def test_exp_tanh_weight_accuracy(variant):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-600, 0, 200_000), rng.uniform(-1, 1, 100_000),
+                        rng.uniform(0, 709, 20_000)])
+    ref = np.exp(x.astype(np.longdouble))
+    y = _att._exp_f64(x)
+    ulps = np.abs(y.astype(np.longdouble) - ref) / np.spacing(ref.astype(np.float64))
+    assert float(ulps.max()) <= 2.5
+    xn = x[x <= 0]
+    w = _att._weight_f64(xn)
+    rel = np.abs(w.astype(np.longdouble) - np.exp(xn.astype(np.longdouble))) / np.exp(
+        xn.astype(np.longdouble))
+    assert float(rel.max()) < 2.0**-28 + 1e-11  # the cut + the short polynomial (4.3e-12)
+    bits = w.view(np.uint64) & np.uint64((1 << 24) - 1)
+    assert not bits.any()  # significand of 29 bits: e * float32 is exact in double
+    assert _att._weight_f64(np.array([-601.0, -1e300, 0.0]))[:2].tolist() == [0.0, 0.0]
+    u = np.concatenate([rng.uniform(-30, 30, 100_000), rng.uniform(-1e-3, 1e-3, 10_000),
+                        [0.0, -0.0, 400.0, -400.0]])
+    th = _att._tanh_f64(u)
+    assert float(np.abs(th.astype(np.longdouble) - np.tanh(u.astype(np.longdouble))).max()) < 5e-16
+    assert np.array_equal(np.signbit(th), np.signbit(u))
+
+
+# ============================================================================ argument errors
+
+
+def test_errors():
+    rng = np.random.default_rng(0)
+    seq = Seq(rng, 20, 2, 64, 16)
+    q = np.ones((2, 4, 64), np.float32)
+    pos = np.array([18, 19], np.int32)
+    kc, vc, bt = seq.args()
+    with pytest.raises(TypeError):
+        attention(q.astype(np.float64), kc, vc, bt, pos, 0.1)
+    with pytest.raises(TypeError):
+        attention(q, kc, vc, bt, pos.astype(np.int64), 0.1)
+    with pytest.raises(ValueError):
+        attention(np.ones((2, 3, 64), np.float32), kc, vc, bt, pos, 0.1)  # 3 % 2
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, bt[:1], pos, 0.1)  # position 19 needs 2 blocks
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, np.array([0, 99], np.int32), pos, 0.1)  # block id out of range
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, bt, np.array([-1, 3], np.int32), 0.1)
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, bt, pos, 0.1, window=-1)
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, bt, pos, 0.1, softcap=-2.0)
+    with pytest.raises(ValueError):
+        attention(q, kc, vc, bt, pos, 0.1, nthreads=0)
+    with pytest.raises(ValueError):
+        attention(q, kc, np.ones((kc.shape[0], 2, 16, 32), np.float32), bt, pos, 0.1)
+    bad_k = np.ones((3, 2, 12, 16), np.float32)  # head_dim 12: not a multiple of 8
+    bad_v = np.ones((3, 2, 16, 12), np.float32)
+    with pytest.raises(ValueError):
+        attention(np.ones((1, 2, 12), np.float32), bad_k, bad_v, bt, pos[:1], 0.1)
+    with pytest.raises(ValueError):
+        kv_write(kc, vc, np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32),
+                 np.array([10**6], np.int64))
+    with pytest.raises(TypeError):
+        kv_write(kc, vc, np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32),
+                 np.array([3], np.int32))
+
+
+def test_empty_batch():
+    rng = np.random.default_rng(0)
+    seq = Seq(rng, 20, 2, 64, 16)
+    q = np.ones((0, 4, 64), np.float32)
+    out = attention(q, *seq.args(), np.zeros(0, np.int32), 0.1)
+    assert out.shape == (0, 4, 64)
+    kv_write(seq.k_cache, seq.v_cache, np.ones((0, 2, 64), np.float32),
+             np.ones((0, 2, 64), np.float32), np.zeros(0, np.int64))
