@@ -23,7 +23,7 @@ from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 from libc.math cimport isfinite
 from cython.parallel cimport prange, threadid
-from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512
+from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
@@ -61,14 +61,11 @@ cdef extern from "attention.h" nogil:
 cdef int64_t _GRAIN = 65536
 
 
-# The variant in use is the one goinfer._kernels._config reports.  Each extension module links
-# its own copy of the C dispatch state (dispatch_common.c), so the local gi_variant() would not
-# see _config.set_variant(); ask _config (about 0.1 us per call).
-_VARIANT_INDEX = {name: i for i, name in enumerate(_cfg.VARIANTS)}
+# The variant in use: the shared kernel library holds one dispatch state for every module.
 
 
 cdef const gi_attn_ops *_table() except NULL:
-    cdef int v = _VARIANT_INDEX[_cfg.variant()]
+    cdef int v = gi_variant()
     if v == GI_AVX512:
         return &gi_attn_ops_avx512
     if v == GI_AVX2:
