@@ -9,3 +9,4 @@ from goinfer._kernels import _config
 
 if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
+from goinfer._kernels.matmul import quantize_act, matmul, get_rows
