@@ -59,16 +59,30 @@ cdef inline int _threads(object nthreads) except -1:
     return <int>nthreads
 
 
-cdef void *_array(object a, str name, int typenum, str dtname, tuple shape,
+cdef void *_array(object a, str name, int typenum, str dtname, int ndim, int64_t d0,
+                  int64_t d1=0, int64_t d2=0, int64_t d3=0, int64_t d4=0,
                   bint writable=False) except? NULL:
     """Check that `a` is a C-contiguous aligned ndarray of the given type and shape."""
     if not isinstance(a, cnp.ndarray):
         raise TypeError(f"{name} must be a numpy array of {dtname}, got {type(a).__name__}")
     cdef cnp.ndarray arr = <cnp.ndarray>a
+    cdef int64_t want[5]
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
+    cdef int i
+    want[0] = d0
+    want[1] = d1
+    want[2] = d2
+    want[3] = d3
+    want[4] = d4
     if cnp.PyArray_TYPE(arr) != typenum:
         raise TypeError(f"{name} must have dtype {dtname}, got {arr.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+    bad = cnp.PyArray_NDIM(arr) != ndim
+    for i in range(ndim if not bad else 0):
+        if dims[i] != want[i]:
+            bad = True
+    if bad:
+        raise ValueError(f"{name} must have shape {tuple(want[i] for i in range(ndim))}, "
+                         f"got {a.shape}")
     if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISALIGNED(arr):
         raise ValueError(f"{name} must be C-contiguous and aligned")
     if writable and not cnp.PyArray_ISWRITEABLE(arr):
@@ -96,15 +110,15 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.d = NULL
     cw.m = NULL
     if kind >= GI_F32:
-        cw.qs = _array(w.qs, "w.qs", typenum, dtname, (n_rb, n_in, ROWS))
+        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, ROWS)
         return 0
     if n_in % GROUP:
         raise ValueError(f"{w.kind} weights need n_in divisible by {GROUP}, got {n_in}")
     G = n_in // GROUP
-    cw.qs = _array(w.qs, "w.qs", typenum, dtname, (n_rb, G, 8 if kind == GI_Q8_0 else 4, ROWS, 4))
-    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", (n_rb, G, ROWS))
+    cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, ROWS, 4)
+    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, ROWS)
     if kind == GI_Q4_1:
-        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", (n_rb, G, ROWS))
+        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, ROWS)
     return 0
 
 
@@ -122,10 +136,10 @@ cdef int _qact(object a, gi_qact *ca, int64_t *M, int64_t K, bint writable) exce
         raise ValueError(f"K must be divisible by {GROUP}, got {K}")
     cdef int64_t G = K // GROUP
     ca.K = K
-    ca.qa = <const int8_t *>_array(qa, "QAct.qa", cnp.NPY_INT8, "int8", (M[0], K), writable)
-    ca.da = <const float *>_array(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", (M[0], G), writable)
-    ca.asum = <const int32_t *>_array(a.asum, "QAct.asum", cnp.NPY_INT32, "int32", (M[0], G), writable)
-    ca.sa = <const float *>_array(a.sa, "QAct.sa", cnp.NPY_FLOAT32, "float32", (M[0], G), writable)
+    ca.qa = <const int8_t *>_array(qa, "QAct.qa", cnp.NPY_INT8, "int8", 2, M[0], K, 0, 0, 0, writable)
+    ca.da = <const float *>_array(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
+    ca.asum = <const int32_t *>_array(a.asum, "QAct.asum", cnp.NPY_INT32, "int32", 2, M[0], G, 0, 0, 0, writable)
+    ca.sa = <const float *>_array(a.sa, "QAct.sa", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
     return 0
 
 
@@ -212,7 +226,7 @@ def quantize_act(x, out=None, *, nthreads=1):
     cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
     if K % GROUP:
         raise ValueError(f"K must be divisible by {GROUP}, got {K}")
-    cdef const float *xp = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", (M, K))
+    cdef const float *xp = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
     if out is None:
         out = QAct.empty(M, K)
     cdef gi_qact ca
@@ -256,10 +270,10 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
         if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
             raise ValueError("x must be a 2-D numpy array (M, K) of float32")
         M = x_or_qact.shape[0]
-        xp = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", (M, cw.n_in))
+        xp = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_in)
     if out is None:
         out = np.empty((M, cw.n_out), dtype=np.float32)
-    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", (M, cw.n_out), True)
+    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_out, 0, 0, 0, True)
     cdef const gi_matmul_ops *ops = _ops()
     cdef plan p = _plan(M, cw.n_rb, M * cw.n_rb * ROWS * cw.n_in,
                         ops.mr_q if is_int else ops.mr_f, nt)
@@ -308,7 +322,7 @@ def get_rows(w, ids, out=None, *, nthreads=1):
         raise IndexError(f"ids[{bad}] = {idp[bad]} is out of range for {cw.n_out} rows")
     if out is None:
         out = np.empty((T, cw.n_in), dtype=np.float32)
-    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", (T, cw.n_in), True)
+    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, cw.n_in, 0, 0, 0, True)
     cdef const gi_matmul_ops *ops = _ops()
     cdef int64_t n_t = _elem_threads(nt, T, T * cw.n_in)
     with nogil:

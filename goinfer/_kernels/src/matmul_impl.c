@@ -189,8 +189,13 @@ static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
  * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
  * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8
  * rows (half a row block, one ymm) on AVX2.  Kinds, RB and MR are compile-time constants at
- * each instantiation so the accumulators live in registers.
+ * each instantiation so the accumulators live in registers.  Register arrays are declared
+ * with the constant sizes MAXRB x MAXMR (sized by the RB/MR parameters they would be VLAs,
+ * which GCC keeps on the stack); after full unrolling only the used elements remain, in
+ * registers.
  */
+#define MAXRB 4
+#define MAXMR 16
 
 #if defined(GI_VARIANT_AVX512)
 
@@ -218,7 +223,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc[RB][MR];
+    __m512 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
@@ -226,7 +231,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 
     for (int64_t g = 0; g < G; g++) {
         /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
-        __m512i is[RB][MR];
+        __m512i is[MAXRB][MAXMR];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
@@ -236,7 +241,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         if (KIND != GI_Q8_0) {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                __m512i lo[RB], hi[RB];     /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
+                __m512i lo[MAXRB], hi[MAXRB];     /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
                     __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
@@ -257,7 +262,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         } else {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                __m512i q[RB];              /* q + 128 as unsigned bytes */
+                __m512i q[MAXRB];              /* q + 128 as unsigned bytes */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++)
                     q[r] = _mm512_xor_si512(_mm512_loadu_si512(lg + r * rbs + c * 64), flip);
@@ -270,7 +275,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             }
         }
         /* ---- fold into the float accumulators: the contract's fmaf sequence */
-        __m512 dv[RB], mv[RB];
+        __m512 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) {
             dv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
@@ -323,8 +328,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int64_t K = w->n_in, G = K / GI_GROUP;
     const int NL = LINES(KIND);
     const int64_t rbs = G * NL * 64;                      /* bytes per row block */
-    const uint8_t *wq[RB];                                /* (G, NL, [8 rows x 4]) per unit */
-    const uint16_t *wd[RB], *wm[RB];                      /* (G, [8]) per unit */
+    const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
+    const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         int64_t rb = (u + r) >> 1, h = (u + r) & 1;
@@ -336,26 +341,26 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[RB][MR];
+    __m256 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
 
     for (int64_t g = 0; g < G; g++) {
-        __m256i is[RB][MR];
+        __m256i is[MAXRB][MAXMR];
         const int8_t *ag = qa + g * GI_GROUP;
         if (KIND != GI_Q8_0) {
             /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
                no saturation in maddubs, no wrap in add_epi16 */
-            __m256i s16[RB][MR];
+            __m256i s16[MAXRB][MAXMR];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
                 for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                __m256i lo[RB], hi[RB];
+                __m256i lo[MAXRB], hi[MAXRB];
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
                     __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
@@ -385,7 +390,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 for (int i = 0; i < MR; i++) is[r][i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                __m256i q[RB], aq[RB];
+                __m256i q[MAXRB], aq[MAXRB];
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
                     q[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 8 + c) * 64));
@@ -402,7 +407,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 }
             }
         }
-        __m256 dv[RB], mv[RB];
+        __m256 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) {
             dv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
@@ -452,13 +457,13 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
     const int es = KIND == GI_F32 ? 4 : 2;
     const char *wq = (const char *)w->qs + u * K * 16 * es;   /* (RB, K, 16) */
     const float *xm = x + m * K;                              /* (MR, K) */
-    __m512 acc[RB][MR];
+    __m512 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m512 wv[RB];
+        __m512 wv[MAXRB];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq + (r * K + k) * 16 * es);
 #pragma GCC unroll 16
@@ -491,18 +496,18 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
                      const float *x, int64_t m, int64_t u, float *out, int64_t ldo) {
     const int64_t K = w->n_in;
     const int es = KIND == GI_F32 ? 4 : 2;
-    const char *wq[RB];                                       /* (K, [8 rows]) per unit, stride 16 */
+    const char *wq[MAXRB];                                       /* (K, [8 rows]) per unit, stride 16 */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
         wq[r] = (const char *)w->qs + (((u + r) >> 1) * K * 16 + ((u + r) & 1) * 8) * es;
     const float *xm = x + m * K;                              /* (MR, K) */
-    __m256 acc[RB][MR];
+    __m256 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m256 wv[RB];
+        __m256 wv[MAXRB];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq[r] + k * 16 * es);
 #pragma GCC unroll 16
@@ -569,6 +574,9 @@ SEQ(FG_MR)(FG_DEF, 3, 2) SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2)
 
 #if QG_RB != 1 || FG_RB != 2
 #error "instantiation lists above assume QG_RB == 1 and FG_RB == 2"
+#endif
+#if QV_RB > MAXRB || FV_RB > MAXRB || QG_MR > MAXMR || FG_MR > MAXMR
+#error "microkernel sizes exceed the register array bounds"
 #endif
 
 static const qtile_fn qv_tab[3][QV_RB] = {
