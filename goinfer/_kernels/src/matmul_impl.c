@@ -229,71 +229,86 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
 
-    for (int64_t g = 0; g < G; g++) {
-        /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
-        __m512i is[MAXRB][MAXMR];
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0) or
+           -128*asum (q8_0) of row m+i, group g0+gg.  It is the initial value of the int32
+           accumulators (a load-only broadcast), so no subtraction is needed afterwards. */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND != GI_Q4_1) {
+            const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
 #pragma GCC unroll 16
-        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < MR; i++) {
+                __m512i v = _mm512_maskz_loadu_epi32(gm, as + i * G + g0);
+                v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
+                _mm512_storeu_si512(cb[i], v);
+            }
+        }
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
+            __m512i is[MAXRB][MAXMR];
 #pragma GCC unroll 16
-            for (int i = 0; i < MR; i++) is[r][i] = _mm512_setzero_si512();
-        const uint8_t *lg = wq + g * NL * 64;
-        const int8_t *ag = qa + g * GI_GROUP;
-        if (KIND != GI_Q8_0) {
+            for (int i = 0; i < MR; i++) {
+                __m512i c0 = KIND == GI_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) is[r][i] = c0;
+            }
+            const uint8_t *lg = wq + g * NL * 64;
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (KIND != GI_Q8_0) {
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512i lo[MAXRB], hi[MAXRB];     /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
-#pragma GCC unroll 16
-                for (int r = 0; r < RB; r++) {
-                    __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
-                    lo[r] = _mm512_and_si512(l, nib);
-                    hi[r] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
-                }
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) {
-                    __m512i bl = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
-                    __m512i bh = _mm512_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+                for (int c = 0; c < 4; c++) {
+                    __m512i lo[MAXRB], hi[MAXRB];   /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
-                        is[r][i] = _mm512_dpbusd_epi32(is[r][i], lo[r], bl);
-                        is[r][i] = _mm512_dpbusd_epi32(is[r][i], hi[r], bh);
+                        __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
+                        lo[r] = _mm512_and_si512(l, nib);
+                        hi[r] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i bl = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m512i bh = _mm512_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], lo[r], bl);
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], hi[r], bh);
+                        }
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m512i q[MAXRB];               /* q + 128 as unsigned bytes */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++)
+                        q[r] = _mm512_xor_si512(_mm512_loadu_si512(lg + r * rbs + c * 64), flip);
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i b = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) is[r][i] = _mm512_dpbusd_epi32(is[r][i], q[r], b);
                     }
                 }
             }
-        } else {
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                __m512i q[MAXRB];              /* q + 128 as unsigned bytes */
-#pragma GCC unroll 16
-                for (int r = 0; r < RB; r++)
-                    q[r] = _mm512_xor_si512(_mm512_loadu_si512(lg + r * rbs + c * 64), flip);
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) {
-                    __m512i b = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
-#pragma GCC unroll 16
-                    for (int r = 0; r < RB; r++) is[r][i] = _mm512_dpbusd_epi32(is[r][i], q[r], b);
-                }
-            }
-        }
-        /* ---- fold into the float accumulators: the contract's fmaf sequence */
-        __m512 dv[MAXRB], mv[MAXRB];
-#pragma GCC unroll 16
-        for (int r = 0; r < RB; r++) {
-            dv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
-            if (KIND == GI_Q4_1)
-                mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) {
-            __m512 dai = _mm512_set1_ps(da[i * G + g]);
-            __m512i corr = _mm512_setzero_si512();
-            if (KIND == GI_Q4_0) corr = _mm512_set1_epi32(as[i * G + g] * 8);
-            if (KIND == GI_Q8_0) corr = _mm512_set1_epi32(as[i * G + g] * 128);
+            /* ---- fold into the float accumulators: the contract's fmaf sequence */
+            __m512 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
-                __m512i s = KIND == GI_Q4_1 ? is[r][i] : _mm512_sub_epi32(is[r][i], corr);
-                acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv[r], dai), acc[r][i]);
+                dv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
                 if (KIND == GI_Q4_1)
-                    acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
+                    mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512 dai = _mm512_set1_ps(da[i * G + g]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
             }
         }
     }
