@@ -203,6 +203,9 @@ static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
 #define QV_RB 4          /* GEMV: units per microkernel (MR = 1) */
 #define QG_RB 1          /* GEMM: units per microkernel */
 #define QG_MR 12         /* GEMM: activation rows per microkernel */
+#ifndef PF_GROUPS
+#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (2 KB of q4, 4 KB of q8) */
+#endif
 
 GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m512 v) {
     int64_t cnt = cols_left(w, n0);
@@ -256,6 +259,19 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             }
             const uint8_t *lg = wq + g * NL * 64;
             const int8_t *ag = qa + g * GI_GROUP;
+            if (MR == 1 && PF_GROUPS > 0) {
+                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead in each
+                   unit's qs (and scale) stream; harmless past the end (prefetches never fault) */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < NL; c++)
+                        _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    if (KIND == GI_Q4_1)
+                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                }
+            }
             if (KIND != GI_Q8_0) {
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
