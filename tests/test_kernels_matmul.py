@@ -46,9 +46,9 @@ def variant(name):
 @pytest.fixture(autouse=True)
 def _force_threads():
     """Small test shapes would otherwise run on one thread (work threshold); split them anyway."""
-    old = K._set_min_macs_per_thread(0)
+    old = K._set_min_ns_per_thread(0)
     yield
-    K._set_min_macs_per_thread(old)
+    K._set_min_ns_per_thread(old)
 
 
 # ============================================================================ exact emulation

@@ -2,6 +2,11 @@
 """C API of the matmul kernels (src/matmul.h)."""
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t
 
+cdef extern from "gi.h" nogil:
+    enum:
+        GI_GROUP   # 32: quantization group along K
+        GI_ROWS    # 16: output rows per row block
+
 cdef extern from "matmul.h" nogil:
     enum:
         GI_Q4_0

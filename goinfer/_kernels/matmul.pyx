@@ -14,7 +14,7 @@ from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
 
 import numpy as np
 
-from goinfer.quant import GROUP, ROWS, QAct, QWeight
+from goinfer.quant import QAct, QWeight
 
 cnp.import_array()
 
@@ -29,15 +29,18 @@ _QS_TYPE = {
     GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
 }
 
-# Below this many multiply-adds per thread a second thread costs more than it saves.
-cdef int64_t MIN_MACS_PER_THREAD = 1 << 18
+# Thread count: a tile should hold at least MIN_NS_PER_THREAD of estimated work, else the
+# OpenMP fork/join (~1-2 us with idle cores) eats the gain.  Estimate for one core: weight
+# bytes at ~12 GB/s (DRAM stream, GEMV) plus multiply-adds at ~150 per ns (VNNI GEMM).
+cdef int64_t MIN_NS_PER_THREAD = 2000
 
 
-def _set_min_macs_per_thread(int64_t v):
-    """Tests: change the work threshold below which fewer threads are used; returns the old one."""
-    global MIN_MACS_PER_THREAD
-    old = MIN_MACS_PER_THREAD
-    MIN_MACS_PER_THREAD = v
+def _set_min_ns_per_thread(int64_t v):
+    """Tests: change the work threshold below which fewer threads are used (0: always use
+    nthreads); returns the old value."""
+    global MIN_NS_PER_THREAD
+    old = MIN_NS_PER_THREAD
+    MIN_NS_PER_THREAD = v
     return old
 
 
@@ -100,7 +103,7 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cdef int64_t n_out = w.n_out, n_in = w.n_in
     if n_out < 0 or n_in < 0:
         raise ValueError(f"bad weight shape ({n_out}, {n_in})")
-    cdef int64_t n_rb = (n_out + ROWS - 1) // ROWS
+    cdef int64_t n_rb = (n_out + GI_ROWS - 1) // GI_ROWS
     cdef int64_t G
     typenum, dtname = _QS_TYPE[kind]
     cw.kind = kind
@@ -110,16 +113,28 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.d = NULL
     cw.m = NULL
     if kind >= GI_F32:
-        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, ROWS)
+        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS)
         return 0
-    if n_in % GROUP:
-        raise ValueError(f"{w.kind} weights need n_in divisible by {GROUP}, got {n_in}")
-    G = n_in // GROUP
-    cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, ROWS, 4)
-    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, ROWS)
+    if n_in % GI_GROUP:
+        raise ValueError(f"{w.kind} weights need n_in divisible by {GI_GROUP}, got {n_in}")
+    G = n_in // GI_GROUP
+    cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, GI_ROWS, 4)
+    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
     if kind == GI_Q4_1:
-        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, ROWS)
+        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
     return 0
+
+
+cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
+    """Bytes of qs + scales (what a GEMV streams)."""
+    cdef int64_t G = w.n_in // GI_GROUP
+    if w.kind == GI_F32:
+        return w.n_rb * w.n_in * GI_ROWS * 4
+    if w.kind >= GI_F32:
+        return w.n_rb * w.n_in * GI_ROWS * 2
+    if w.kind == GI_Q8_0:
+        return w.n_rb * G * (512 + 32)
+    return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
 
 
 cdef int _qact(object a, gi_qact *ca, int64_t *M, int64_t K, bint writable) except -1:
@@ -132,9 +147,9 @@ cdef int _qact(object a, gi_qact *ca, int64_t *M, int64_t K, bint writable) exce
     M[0] = qa.shape[0]
     if K < 0:
         K = qa.shape[1]
-    if K % GROUP:
-        raise ValueError(f"K must be divisible by {GROUP}, got {K}")
-    cdef int64_t G = K // GROUP
+    if K % GI_GROUP:
+        raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
+    cdef int64_t G = K // GI_GROUP
     ca.K = K
     ca.qa = <const int8_t *>_array(qa, "QAct.qa", cnp.NPY_INT8, "int8", 2, M[0], K, 0, 0, 0, writable)
     ca.da = <const float *>_array(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
@@ -150,7 +165,7 @@ cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
 cdef inline int64_t _elem_threads(int64_t nthreads, int64_t rows, int64_t elems) noexcept:
     """Threads for a row-parallel elementwise pass (quantize_act, get_rows): ~32K elements each."""
     cdef int64_t n = _min(nthreads, rows)
-    if MIN_MACS_PER_THREAD > 0:
+    if MIN_NS_PER_THREAD > 0:
         n = _min(n, elems >> 15)
     return n if n > 1 else 1
 
@@ -165,7 +180,7 @@ cdef struct plan:
     int64_t M, n_rb, n_rt, n_mt, mr
 
 
-cdef plan _plan(int64_t M, int64_t n_rb, int64_t macs, int mr, int nthreads) noexcept:
+cdef plan _plan(int64_t M, int64_t n_rb, int64_t est_ns, int mr, int nthreads) noexcept:
     cdef plan p
     cdef int64_t nmu = (M + mr - 1) // mr, best = -1, cost, n_rt, n_mt, nt
     p.M = M
@@ -173,7 +188,7 @@ cdef plan _plan(int64_t M, int64_t n_rb, int64_t macs, int mr, int nthreads) noe
     p.mr = mr
     p.n_rt = 1
     p.n_mt = 1
-    nt = _min(nthreads, macs // MIN_MACS_PER_THREAD) if MIN_MACS_PER_THREAD > 0 else nthreads
+    nt = _min(nthreads, est_ns // MIN_NS_PER_THREAD) if MIN_NS_PER_THREAD > 0 else nthreads
     if nt <= 1 or n_rb == 0 or M == 0:
         return p
     # every factorisation nt = n_rt * n_mt; keep the smallest largest tile (ties: split rows of W)
@@ -224,8 +239,8 @@ def quantize_act(x, out=None, *, nthreads=1):
     if not isinstance(x, cnp.ndarray) or (<cnp.ndarray>x).ndim != 2:
         raise ValueError("x must be a 2-D numpy array (M, K) of float32")
     cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
-    if K % GROUP:
-        raise ValueError(f"K must be divisible by {GROUP}, got {K}")
+    if K % GI_GROUP:
+        raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
     cdef const float *xp = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
     if out is None:
         out = QAct.empty(M, K)
@@ -275,8 +290,8 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
         out = np.empty((M, cw.n_out), dtype=np.float32)
     cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_out, 0, 0, 0, True)
     cdef const gi_matmul_ops *ops = _ops()
-    cdef plan p = _plan(M, cw.n_rb, M * cw.n_rb * ROWS * cw.n_in,
-                        ops.mr_q if is_int else ops.mr_f, nt)
+    cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if is_int else ops.mr_f, nt)
     cdef int64_t ntiles = p.n_rt * p.n_mt
     with nogil:
         if ntiles == 1:
