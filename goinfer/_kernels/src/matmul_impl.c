@@ -339,7 +339,9 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #define UNIT 8           /* output rows per unit: half a row block */
 #define QV_RB 4
 #define QG_RB 1
+#ifndef QG_MR
 #define QG_MR 4
+#endif
 
 GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m256 v) {
     int64_t cnt = cols_left(w, n0);
@@ -622,26 +624,37 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
     {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}}};
 
 #define UPB (GI_ROWS / UNIT)       /* units per row block */
-#define L2_CHUNK (512 * 1024)      /* GEMM: weight bytes per cache block (fits L2 with activations) */
+#ifndef L2_CHUNK
+#define L2_CHUNK (512 * 1024)      /* GEMM: weight bytes per cache block */
+#endif
+#define ACT_CHUNK (768 * 1024)     /* GEMM: activation bytes per cache block (both fit a 2 MB L2) */
 
 GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* GEMM tiling shared by the int and float paths: units [u0, u1) in cache chunks; inside a
-   chunk, activation rows [m0, m1) in nearly equal tiles of <= MR rows; inside a tile, the
-   chunk's units RB at a time.  tile(rb_count, mr, m, u) runs one microkernel. */
-#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, RBn, MRn, CALL)                                   \
+/* GEMM tiling shared by the int and float paths.  Cache blocks: activation rows [m0, m1) in
+   blocks of about ACT_CHUNK bytes, units [u0, u1) in chunks of about L2_CHUNK weight bytes
+   (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
+   inside a tile, the chunk's units RB at a time.  CALL(rb_count, mr, m, u) runs one
+   microkernel.  (The order of tiles does not matter for the bits: each output element is
+   computed entirely inside one microkernel call.) */
+#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, CALL)                        \
     do {                                                                                        \
         int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
         chunk_ = chunk_ < (RBn) ? (RBn) : chunk_ / (RBn) * (RBn);                               \
-        const int64_t M_ = (m1) - (m0), nt_ = (M_ + (MRn) - 1) / (MRn);                         \
-        for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                                   \
-            const int64_t c1_ = min64(c0_ + chunk_, (u1));                                      \
-            for (int64_t t_ = 0; t_ < nt_; t_++) {                                              \
-                const int64_t ma_ = (m0) + t_ * M_ / nt_, mb_ = (m0) + (t_ + 1) * M_ / nt_;     \
-                for (int64_t uu_ = c0_; uu_ < c1_; uu_ += (RBn)) {                              \
-                    const int rbn_ = (int)min64((RBn), c1_ - uu_);                              \
-                    const int mrn_ = (int)(mb_ - ma_);                                          \
-                    CALL(rbn_, mrn_, ma_, uu_);                                                 \
+        int64_t mblk_ = ACT_CHUNK / ((row_bytes) > 0 ? (row_bytes) : 1);                        \
+        mblk_ = mblk_ < (MRn) ? (MRn) : mblk_ / (MRn) * (MRn);                                  \
+        for (int64_t mb0_ = (m0); mb0_ < (m1); mb0_ += mblk_) {                                 \
+            const int64_t mb1_ = min64(mb0_ + mblk_, (m1));                                     \
+            const int64_t M_ = mb1_ - mb0_, nt_ = (M_ + (MRn) - 1) / (MRn);                     \
+            for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                               \
+                const int64_t c1_ = min64(c0_ + chunk_, (u1));                                  \
+                for (int64_t t_ = 0; t_ < nt_; t_++) {                                          \
+                    const int64_t ma_ = mb0_ + t_ * M_ / nt_, mb_ = mb0_ + (t_ + 1) * M_ / nt_; \
+                    for (int64_t uu_ = c0_; uu_ < c1_; uu_ += (RBn)) {                          \
+                        const int rbn_ = (int)min64((RBn), c1_ - uu_);                          \
+                        const int mrn_ = (int)(mb_ - ma_);                                      \
+                        CALL(rbn_, mrn_, ma_, uu_);                                             \
+                    }                                                                           \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
@@ -660,7 +673,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     }
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, QG_RB, QG_MR, QCALL);
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
 #undef QCALL
 }
 
@@ -676,7 +689,7 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
     }
     const int64_t ub = w->n_in * 16 * (w->kind == GI_F32 ? 4 : 2) / UPB;
 #define FCALL(rbn, mrn, m, u) fg_tab[kind][(rbn) - 1][(mrn) - 1](w, x, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, FG_RB, FG_MR, FCALL);
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FCALL);
 #undef FCALL
 }
 
