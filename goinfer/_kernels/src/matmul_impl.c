@@ -380,83 +380,94 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
 
-    for (int64_t g = 0; g < G; g++) {
-        __m256i is[MAXRB][MAXMR];
-        const int8_t *ag = qa + g * GI_GROUP;
-        if (KIND != GI_Q8_0) {
-            /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
-               no saturation in maddubs, no wrap in add_epi16 */
-            __m256i s16[MAXRB][MAXMR];
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* q4_0's integer correction 8*asum of 16 groups at a time, kept in memory so that
+           the broadcasts below are plain loads */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND == GI_Q4_0)
 #pragma GCC unroll 16
-            for (int r = 0; r < RB; r++)
+            for (int i = 0; i < MR; i++)
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * 8;
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            __m256i is[MAXRB][MAXMR];
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (KIND != GI_Q8_0) {
+                /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
+                   no saturation in maddubs, no wrap in add_epi16 */
+                __m256i s16[MAXRB][MAXMR];
 #pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m256i lo[MAXRB], hi[MAXRB];
-#pragma GCC unroll 16
-                for (int r = 0; r < RB; r++) {
-                    __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
-                    lo[r] = _mm256_and_si256(l, nib);
-                    hi[r] = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
-                }
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) {
-                    __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
-                    __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
-                        s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(lo[r], bl));
-                        s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
+                        lo[r] = _mm256_and_si256(l, nib);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        }
                     }
                 }
-            }
 #pragma GCC unroll 16
-            for (int r = 0; r < RB; r++)
+                for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
-        } else {
-            /* sign trick: |q| (unsigned) x (qa * sign(q)); a 16-bit lane <= 2*128*127 */
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
+            } else {
+                /* sign trick: |q| (unsigned) x (qa * sign(q)); a 16-bit lane <= 2*128*127 */
 #pragma GCC unroll 16
-            for (int r = 0; r < RB; r++)
+                for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) is[r][i] = _mm256_setzero_si256();
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                __m256i q[MAXRB], aq[MAXRB];
-#pragma GCC unroll 16
-                for (int r = 0; r < RB; r++) {
-                    q[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 8 + c) * 64));
-                    aq[r] = _mm256_abs_epi8(q[r]);
-                }
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) {
-                    __m256i b = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                for (int c = 0; c < 8; c++) {
+                    __m256i q[MAXRB], aq[MAXRB];
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
-                        __m256i p = _mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r]));
-                        is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(p, ones));
+                        q[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 8 + c) * 64));
+                        aq[r] = _mm256_abs_epi8(q[r]);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i b = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            __m256i p = _mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r]));
+                            is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(p, ones));
+                        }
                     }
                 }
             }
-        }
-        __m256 dv[MAXRB], mv[MAXRB];
-#pragma GCC unroll 16
-        for (int r = 0; r < RB; r++) {
-            dv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
-            if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) {
-            __m256 dai = _mm256_set1_ps(da[i * G + g]);
-            __m256i corr = _mm256_setzero_si256();
-            if (KIND == GI_Q4_0) corr = _mm256_set1_epi32(as[i * G + g] * 8);
+            __m256 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
-                __m256i s = KIND == GI_Q4_0 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
-                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
-                if (KIND == GI_Q4_1)
-                    acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
+                dv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
+                if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256 dai = _mm256_set1_ps(da[i * G + g]);
+                __m256i corr = _mm256_setzero_si256();
+                if (KIND == GI_Q4_0) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    __m256i s = KIND == GI_Q4_0 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
             }
         }
     }
