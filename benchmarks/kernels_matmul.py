@@ -11,6 +11,8 @@ activation already quantized), and
   GEMM (M > 1): int8 GOP/s = 2*M*N*K / time.  One core's VNNI peak is 64 MACs (128 ops)
                 per cycle: ~128 * GHz GOP/s.
 quantize_act is timed separately (it is shared by all the matmuls that read one activation).
+Column thr: requested threads, "2>1" when the work is too small and the kernel uses fewer.
+Times are medians of 7 samples; on a shared machine 2-thread rows suffer most from noise.
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def main(argv=None):
     print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, "
           f"cpu ~{ghz:.2f} GHz -> VNNI peak ~{128 * ghz:.0f} GOP/s per core")
     rng = np.random.default_rng(0)
-    hdr = (f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>3s} {'us':>10s}  "
+    hdr = (f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "
            f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s}")
     print(hdr)
     print("-" * len(hdr))
@@ -96,6 +98,8 @@ def main(argv=None):
                 xq = K.quantize_act(x)
                 out = np.empty((M, n_out), np.float32)
                 for nt in args.threads:
+                    used = K._threads_used(w, M, nt)
+                    thr = f"{nt}" if used == nt else f"{nt}>{used}"
                     t = median_time(lambda: K.matmul(xq, w, out, nthreads=nt), args.min_time)
                     gops = 2.0 * M * n_out * n_in / t / 1e9
                     if M == 1:
@@ -111,10 +115,10 @@ def main(argv=None):
                             K.matmul(xq, copies[next(it) % len(copies)], out, nthreads=nt)
 
                         tc = median_time(cold, args.min_time)
-                        print(f"{name:21s} {kind:5s} {M:4d} {nt:3d} {t * 1e6:10.1f}  "
+                        print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
                               f"{w.nbytes / t / 1e9:8.1f} {tc * 1e6:9.1f} {w.nbytes / tc / 1e9:9.1f} {gops:7.1f}")
                     else:
-                        print(f"{name:21s} {kind:5s} {M:4d} {nt:3d} {t * 1e6:10.1f}  "
+                        print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
                               f"{'':8s} {'':9s} {'':9s} {gops:7.1f}")
             copies = None
     # activation quantization

@@ -230,6 +230,17 @@ cdef void _run_f(const gi_matmul_ops *ops, const plan *p, int64_t t, const gi_we
     ops.matmul_f(w, x, m0, m1, rb0, rb1, out, ldo)
 
 
+def _threads_used(w, int64_t M, nthreads):
+    """How many OpenMP threads matmul(x with M rows, w, nthreads=...) runs (tiles of its plan)."""
+    cdef gi_weight cw
+    _weight(w, &cw)
+    cdef const gi_matmul_ops *ops = _ops()
+    cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
+                        _threads(nthreads))
+    return p.n_rt * p.n_mt
+
+
 # ============================================================================ public API
 
 
