@@ -221,6 +221,9 @@ def test_quantize_act_out_is_filled_in_place():
 finite_f32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 
 
+# groups of tiny values overflow 127/amax to inf in the reference too (then 0*inf -> q = 0)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 5), st.integers(1, 6), st.data())
 def test_quantize_act_property(M, G, data):
