@@ -78,8 +78,9 @@ def main(argv=None):
     if args.variant:
         _config.set_variant(args.variant)
     ghz = cpu_ghz()
-    print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, "
-          f"cpu ~{ghz:.2f} GHz -> VNNI peak ~{128 * ghz:.0f} GOP/s per core")
+    print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, cpu ~{ghz:.2f} GHz (nominal): "
+          f"VNNI peak per core ~{128 * ghz:.0f} GOP/s at 1 vpdpbusd/cycle, ~{256 * ghz:.0f} at 2/cycle "
+          f"(Sapphire Rapids issues 2)")
     rng = np.random.default_rng(0)
     hdr = (f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "
            f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s}")

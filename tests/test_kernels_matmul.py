@@ -382,6 +382,10 @@ def test_errors():
     ro.flags.writeable = False
     with pytest.raises(ValueError):
         K.matmul(xq, wq, ro)
+    with pytest.raises(ValueError):  # out aliasing x
+        sq = make_weight(rng, "f32", 64, 64)
+        xs = make_x(rng, 3, 64)
+        K.matmul(xs, sq, xs)
     with pytest.raises(TypeError):
         K.matmul(xq, np.zeros((20, 64), np.float32))  # not a QWeight
     bad = QWeight("q5_0", 20, 64, wq.qs, wq.d, wq.m)

@@ -300,6 +300,9 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
     if out is None:
         out = np.empty((M, cw.n_out), dtype=np.float32)
     cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_out, 0, 0, 0, True)
+    if not is_int and M > 0 and <const char *>op < <const char *>(xp + M * cw.n_in) \
+            and <const char *>xp < <const char *>(op + M * cw.n_out):
+        raise ValueError("out must not overlap x")
     cdef const gi_matmul_ops *ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
     cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if is_int else ops.mr_f, nt)
