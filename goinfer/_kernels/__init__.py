@@ -9,6 +9,7 @@ from goinfer._kernels import _config
 
 if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
+from goinfer._kernels.matmul import quantize_act, matmul, get_rows
 
 from goinfer._kernels.ops import rmsnorm, swiglu, gelu_tanh_mul, rope, add
 from goinfer._kernels.attention import kv_write, attention

@@ -1,0 +1,363 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Matrix-multiply kernels: quantize_act, matmul, get_rows (same API as goinfer._reference).
+
+The C kernels (src/matmul_impl.c) compute one rectangular output tile (activation rows x row
+blocks of 16 output rows) per call; here the output is split into at most `nthreads` tiles
+that OpenMP threads compute without overlap, so every output element is written by exactly
+one thread and its bits do not depend on the split.
+"""
+cimport numpy as cnp
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t
+
+from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
+
+import numpy as np
+
+from goinfer.quant import QAct, QWeight
+
+cnp.import_array()
+
+# kind name -> (C kind, qs numpy type, qs dtype name)
+_KIND = {
+    "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0,
+    "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
+}
+_QS_TYPE = {
+    GI_Q4_0: (cnp.NPY_UINT8, "uint8"), GI_Q4_1: (cnp.NPY_UINT8, "uint8"),
+    GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_F32: (cnp.NPY_FLOAT32, "float32"),
+    GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
+}
+
+# Thread count: a tile should hold at least MIN_NS_PER_THREAD of estimated work, else the
+# OpenMP fork/join (~1-2 us with idle cores) eats the gain.  Estimate for one core: weight
+# bytes at ~12 GB/s (DRAM stream, GEMV) plus multiply-adds at ~150 per ns (VNNI GEMM).
+cdef int64_t MIN_NS_PER_THREAD = 2000
+
+
+def _set_min_ns_per_thread(int64_t v):
+    """Tests: change the work threshold below which fewer threads are used (0: always use
+    nthreads); returns the old value."""
+    global MIN_NS_PER_THREAD
+    old = MIN_NS_PER_THREAD
+    MIN_NS_PER_THREAD = v
+    return old
+
+
+# ============================================================================ helpers
+
+
+cdef inline const gi_matmul_ops *_ops() noexcept nogil:
+    cdef int v = gi_variant()
+    if v == GI_AVX512:
+        return &gi_matmul_ops_avx512
+    if v == GI_AVX2:
+        return &gi_matmul_ops_avx2
+    return &gi_matmul_ops_portable
+
+
+cdef inline int _threads(object nthreads) except -1:
+    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
+        raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
+    return <int>nthreads
+
+
+cdef void *_array(object a, str name, int typenum, str dtname, int ndim, int64_t d0,
+                  int64_t d1=0, int64_t d2=0, int64_t d3=0, int64_t d4=0,
+                  bint writable=False) except? NULL:
+    """Check that `a` is a C-contiguous aligned ndarray of the given type and shape."""
+    if not isinstance(a, cnp.ndarray):
+        raise TypeError(f"{name} must be a numpy array of {dtname}, got {type(a).__name__}")
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    cdef int64_t want[5]
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
+    cdef int i
+    want[0] = d0
+    want[1] = d1
+    want[2] = d2
+    want[3] = d3
+    want[4] = d4
+    if cnp.PyArray_TYPE(arr) != typenum:
+        raise TypeError(f"{name} must have dtype {dtname}, got {arr.dtype}")
+    bad = cnp.PyArray_NDIM(arr) != ndim
+    for i in range(ndim if not bad else 0):
+        if dims[i] != want[i]:
+            bad = True
+    if bad:
+        raise ValueError(f"{name} must have shape {tuple(want[i] for i in range(ndim))}, "
+                         f"got {a.shape}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISALIGNED(arr):
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    if writable and not cnp.PyArray_ISWRITEABLE(arr):
+        raise ValueError(f"{name} must be writeable")
+    return cnp.PyArray_DATA(arr)
+
+
+cdef int _weight(object w, gi_weight *cw) except -1:
+    """Fill cw from a QWeight, checking every array against the documented layout."""
+    if not isinstance(w, QWeight):
+        raise TypeError(f"w must be a goinfer.quant.QWeight, got {type(w).__name__}")
+    kind = _KIND.get(w.kind)
+    if kind is None:
+        raise ValueError(f"unknown weight kind {w.kind!r}; known: {', '.join(_KIND)}")
+    cdef int64_t n_out = w.n_out, n_in = w.n_in
+    if n_out < 0 or n_in < 0:
+        raise ValueError(f"bad weight shape ({n_out}, {n_in})")
+    cdef int64_t n_rb = (n_out + GI_ROWS - 1) // GI_ROWS
+    cdef int64_t G
+    typenum, dtname = _QS_TYPE[kind]
+    cw.kind = kind
+    cw.n_out = n_out
+    cw.n_in = n_in
+    cw.n_rb = n_rb
+    cw.d = NULL
+    cw.m = NULL
+    if kind >= GI_F32:
+        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS)
+        return 0
+    if n_in % GI_GROUP:
+        raise ValueError(f"{w.kind} weights need n_in divisible by {GI_GROUP}, got {n_in}")
+    G = n_in // GI_GROUP
+    cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, GI_ROWS, 4)
+    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
+    if kind == GI_Q4_1:
+        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
+    return 0
+
+
+cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
+    """Bytes of qs + scales (what a GEMV streams)."""
+    cdef int64_t G = w.n_in // GI_GROUP
+    if w.kind == GI_F32:
+        return w.n_rb * w.n_in * GI_ROWS * 4
+    if w.kind >= GI_F32:
+        return w.n_rb * w.n_in * GI_ROWS * 2
+    if w.kind == GI_Q8_0:
+        return w.n_rb * G * (512 + 32)
+    return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
+
+
+cdef int _qact(object a, gi_qact *ca, int64_t *M, int64_t K, bint writable) except -1:
+    """Fill ca from a QAct of K columns (any number of rows M)."""
+    if not isinstance(a, QAct):
+        raise TypeError(f"expected a goinfer.quant.QAct, got {type(a).__name__}")
+    qa = a.qa
+    if not isinstance(qa, cnp.ndarray) or (<cnp.ndarray>qa).ndim != 2:
+        raise ValueError("QAct.qa must be a 2-D numpy array (M, K)")
+    M[0] = qa.shape[0]
+    if K < 0:
+        K = qa.shape[1]
+    if K % GI_GROUP:
+        raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
+    cdef int64_t G = K // GI_GROUP
+    ca.K = K
+    ca.qa = <const int8_t *>_array(qa, "QAct.qa", cnp.NPY_INT8, "int8", 2, M[0], K, 0, 0, 0, writable)
+    ca.da = <const float *>_array(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
+    ca.asum = <const int32_t *>_array(a.asum, "QAct.asum", cnp.NPY_INT32, "int32", 2, M[0], G, 0, 0, 0, writable)
+    ca.sa = <const float *>_array(a.sa, "QAct.sa", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
+    return 0
+
+
+cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline int64_t _elem_threads(int64_t nthreads, int64_t rows, int64_t elems) noexcept:
+    """Threads for a row-parallel elementwise pass (quantize_act, get_rows): ~32K elements each."""
+    cdef int64_t n = _min(nthreads, rows)
+    if MIN_NS_PER_THREAD > 0:
+        n = _min(n, elems >> 15)
+    return n if n > 1 else 1
+
+
+# ============================================================================ tiling
+# The output (M rows x n_rb row blocks) is cut into n_rt x n_mt tiles: row blocks split in
+# n_rt nearly equal ranges, activation rows in n_mt ranges aligned to the microkernel's MR.
+# Tile t is (t // n_mt, t % n_mt).
+
+
+cdef struct plan:
+    int64_t M, n_rb, n_rt, n_mt, mr
+
+
+cdef plan _plan(int64_t M, int64_t n_rb, int64_t est_ns, int mr, int nthreads) noexcept:
+    cdef plan p
+    cdef int64_t nmu = (M + mr - 1) // mr, best = -1, cost, n_rt, n_mt, nt
+    p.M = M
+    p.n_rb = n_rb
+    p.mr = mr
+    p.n_rt = 1
+    p.n_mt = 1
+    nt = _min(nthreads, est_ns // MIN_NS_PER_THREAD) if MIN_NS_PER_THREAD > 0 else nthreads
+    if nt <= 1 or n_rb == 0 or M == 0:
+        return p
+    # every factorisation nt = n_rt * n_mt; keep the smallest largest tile (ties: split rows of W)
+    for n_mt in range(1, nt + 1):
+        if nt % n_mt:
+            continue
+        n_rt = nt // n_mt
+        if n_rt > n_rb or n_mt > nmu:
+            continue
+        cost = ((n_rb + n_rt - 1) // n_rt) * ((nmu + n_mt - 1) // n_mt)
+        if best < 0 or cost < best:
+            best = cost
+            p.n_rt = n_rt
+            p.n_mt = n_mt
+    return p
+
+
+cdef inline void _tile(const plan *p, int64_t t, int64_t *m0, int64_t *m1,
+                       int64_t *rb0, int64_t *rb1) noexcept nogil:
+    cdef int64_t ir = t // p.n_mt, im = t % p.n_mt
+    cdef int64_t nmu = (p.M + p.mr - 1) // p.mr
+    rb0[0] = ir * p.n_rb // p.n_rt
+    rb1[0] = (ir + 1) * p.n_rb // p.n_rt
+    m0[0] = _min(p.M, (im * nmu // p.n_mt) * p.mr)
+    m1[0] = _min(p.M, ((im + 1) * nmu // p.n_mt) * p.mr)
+
+
+cdef void _run_q(const gi_matmul_ops *ops, const plan *p, int64_t t, const gi_weight *w,
+                 const gi_qact *a, float *out, int64_t ldo) noexcept nogil:
+    cdef int64_t m0, m1, rb0, rb1
+    _tile(p, t, &m0, &m1, &rb0, &rb1)
+    ops.matmul_q(w, a, m0, m1, rb0, rb1, out, ldo)
+
+
+cdef void _run_f(const gi_matmul_ops *ops, const plan *p, int64_t t, const gi_weight *w,
+                 const float *x, float *out, int64_t ldo) noexcept nogil:
+    cdef int64_t m0, m1, rb0, rb1
+    _tile(p, t, &m0, &m1, &rb0, &rb1)
+    ops.matmul_f(w, x, m0, m1, rb0, rb1, out, ldo)
+
+
+def _threads_used(w, int64_t M, nthreads):
+    """How many OpenMP threads matmul(x with M rows, w, nthreads=...) runs (tiles of its plan)."""
+    cdef gi_weight cw
+    _weight(w, &cw)
+    cdef const gi_matmul_ops *ops = _ops()
+    cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
+                        _threads(nthreads))
+    return p.n_rt * p.n_mt
+
+
+# ============================================================================ public API
+
+
+def quantize_act(x, out=None, *, nthreads=1):
+    """x (M, K) float32, K % 32 == 0 -> QAct (int8 per group of 32, bit-exact with the reference)."""
+    cdef int nt = _threads(nthreads)
+    if not isinstance(x, cnp.ndarray) or (<cnp.ndarray>x).ndim != 2:
+        raise ValueError("x must be a 2-D numpy array (M, K) of float32")
+    cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
+    if K % GI_GROUP:
+        raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
+    cdef const float *xp = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
+    if out is None:
+        out = QAct.empty(M, K)
+    cdef gi_qact ca
+    _qact(out, &ca, &Mo, K, True)
+    if Mo != M:
+        raise ValueError(f"out has {Mo} rows, x has {M}")
+    cdef const gi_matmul_ops *ops = _ops()
+    cdef int64_t n_t = _elem_threads(nt, M, M * K), t
+    with nogil:
+        if n_t == 1:
+            ops.quantize_act(xp, K, 0, M, <int8_t *>ca.qa, <float *>ca.da, <int32_t *>ca.asum,
+                             <float *>ca.sa)
+        else:
+            for t in prange(n_t, num_threads=n_t, schedule='static'):
+                ops.quantize_act(xp, K, t * M // n_t, (t + 1) * M // n_t, <int8_t *>ca.qa,
+                                 <float *>ca.da, <int32_t *>ca.asum, <float *>ca.sa)
+    return out
+
+
+def matmul(x_or_qact, w, out=None, *, nthreads=1):
+    """out (M, n_out) float32 = x (M, K) @ W.T.
+
+    Integer weights (q4_0, q4_1, q8_0) take a QAct from quantize_act; float weights (f32,
+    f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
+    """
+    cdef int nt = _threads(nthreads)
+    cdef gi_weight cw
+    _weight(w, &cw)
+    cdef gi_qact ca
+    cdef const float *xp = NULL
+    cdef int64_t M = 0, t
+    cdef bint is_int = cw.kind < GI_F32
+    if is_int:
+        if not isinstance(x_or_qact, QAct):
+            raise TypeError(f"{w.kind} weights multiply a QAct; call quantize_act first "
+                            f"(got {type(x_or_qact).__name__})")
+        _qact(x_or_qact, &ca, &M, cw.n_in, False)
+    else:
+        if isinstance(x_or_qact, QAct):
+            raise TypeError(f"{w.kind} weights multiply float32 x, not a QAct")
+        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
+            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
+        M = x_or_qact.shape[0]
+        xp = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_in)
+    if out is None:
+        out = np.empty((M, cw.n_out), dtype=np.float32)
+    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_out, 0, 0, 0, True)
+    if not is_int and M > 0 and <const char *>op < <const char *>(xp + M * cw.n_in) \
+            and <const char *>xp < <const char *>(op + M * cw.n_out):
+        raise ValueError("out must not overlap x")
+    cdef const gi_matmul_ops *ops = _ops()
+    cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if is_int else ops.mr_f, nt)
+    cdef int64_t ntiles = p.n_rt * p.n_mt
+    with nogil:
+        if ntiles == 1:
+            if is_int:
+                ops.matmul_q(&cw, &ca, 0, M, 0, cw.n_rb, op, cw.n_out)
+            else:
+                ops.matmul_f(&cw, xp, 0, M, 0, cw.n_rb, op, cw.n_out)
+        elif is_int:
+            for t in prange(ntiles, num_threads=ntiles, schedule='static'):
+                _run_q(ops, &p, t, &cw, &ca, op, cw.n_out)
+        else:
+            for t in prange(ntiles, num_threads=ntiles, schedule='static'):
+                _run_f(ops, &p, t, &cw, xp, op, cw.n_out)
+    return out
+
+
+def get_rows(w, ids, out=None, *, nthreads=1):
+    """Embedding lookup: out (T, n_in) float32 = dequantized rows ids (T,) of w.
+
+    ids are integers in [0, n_out) (negative ids are rejected, not wrapped); int64 ids are
+    used in place, other integer dtypes are converted.
+    """
+    cdef int nt = _threads(nthreads)
+    cdef gi_weight cw
+    _weight(w, &cw)
+    ids_arr = np.asarray(ids)
+    if ids_arr.size == 0 and ids_arr.ndim == 1:
+        ids_arr = np.empty(0, np.int64)  # e.g. [] (float64 to NumPy)
+    if ids_arr.dtype.kind not in "iu":
+        raise TypeError(f"ids must be integers, got {ids_arr.dtype}")
+    if ids_arr.ndim != 1:
+        raise ValueError(f"ids must be 1-D (T,), got shape {ids_arr.shape}")
+    if ids_arr.dtype != np.int64 or not ids_arr.flags.c_contiguous:
+        ids_arr = np.ascontiguousarray(ids_arr, dtype=np.int64)
+    cdef int64_t T = ids_arr.shape[0], t, bad = -1
+    cdef const int64_t *idp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids_arr)
+    with nogil:
+        for t in range(T):
+            if idp[t] < 0 or idp[t] >= cw.n_out:
+                bad = t
+                break
+    if bad >= 0:
+        raise IndexError(f"ids[{bad}] = {idp[bad]} is out of range for {cw.n_out} rows")
+    if out is None:
+        out = np.empty((T, cw.n_in), dtype=np.float32)
+    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, cw.n_in, 0, 0, 0, True)
+    cdef const gi_matmul_ops *ops = _ops()
+    cdef int64_t n_t = _elem_threads(nt, T, T * cw.n_in)
+    with nogil:
+        if n_t == 1:
+            ops.get_rows(&cw, idp, 0, T, op)
+        else:
+            for t in prange(n_t, num_threads=n_t, schedule='static'):
+                ops.get_rows(&cw, idp, t * T // n_t, (t + 1) * T // n_t, op)
+    return out

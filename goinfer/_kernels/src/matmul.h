@@ -1,0 +1,55 @@
+/* Matrix-multiply kernels: activation quantization, int (q4_0/q4_1/q8_0) and float
+ * (f32/f16/bf16) matmul, embedding row lookup.  See docs/design/kernels.md for the layouts
+ * and the exact per-element contracts; every variant computes the same bits.
+ *
+ * Each entry point works on a rectangular tile of the output (activation rows [m0, m1) x
+ * row blocks [rb0, rb1)) so the Cython layer can split the work across OpenMP threads
+ * without two threads ever writing the same output element.
+ */
+#ifndef GI_MATMUL_H
+#define GI_MATMUL_H
+#include "gi.h"
+
+/* Weight kinds, in the order of goinfer.quant.KINDS. */
+enum { GI_Q4_0 = 0, GI_Q4_1 = 1, GI_Q8_0 = 2, GI_F32 = 3, GI_F16 = 4, GI_BF16 = 5, GI_N_KINDS = 6 };
+
+/* A repacked weight (a view of goinfer.quant.QWeight's arrays; nothing is owned). */
+typedef struct gi_weight {
+    int kind;              /* GI_Q4_0 .. GI_BF16 */
+    int64_t n_out, n_in;   /* logical shape (n_out, n_in) */
+    int64_t n_rb;          /* row blocks of 16 rows: ceil(n_out / 16) */
+    const void *qs;        /* q4: uint8 (n_rb, G, 4, 16, 4); q8: int8 (n_rb, G, 8, 16, 4);
+                              float kinds: (n_rb, K, 16) float32 / float16 bits / bf16 bits */
+    const uint16_t *d;     /* int kinds: float16 bits (n_rb, G, 16) */
+    const uint16_t *m;     /* q4_1: float16 bits (n_rb, G, 16); else NULL */
+} gi_weight;
+
+/* Quantized activation rows (a view of goinfer.quant.QAct; rows are contiguous). */
+typedef struct gi_qact {
+    const int8_t *qa;      /* (M, K)  int8 in [-127, 127] */
+    const float *da;       /* (M, G)  scale per group */
+    const int32_t *asum;   /* (M, G)  sum of the group's qa */
+    const float *sa;       /* (M, G)  da * asum */
+    int64_t K;
+} gi_qact;
+
+typedef struct gi_matmul_ops {
+    /* x (M, K) float32, rows [m0, m1) -> qa (M, K), da/asum/sa (M, K/32).  K % 32 == 0. */
+    void (*quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                         int8_t *qa, float *da, int32_t *asum, float *sa);
+    /* Int weights x QAct: out[m, n] for m in [m0, m1), n in [16*rb0, min(16*rb1, n_out)).
+       out row stride ldo floats. */
+    void (*matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
+                     int64_t rb0, int64_t rb1, float *out, int64_t ldo);
+    /* Float weights x float32 x (M, K) (row stride K): same tile convention. */
+    void (*matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t m1,
+                     int64_t rb0, int64_t rb1, float *out, int64_t ldo);
+    /* out (T, n_in) row t for t in [t0, t1) = dequantized row ids[t] (0 <= ids[t] < n_out). */
+    void (*get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out);
+    /* Activation rows per GEMM microkernel tile (int, float): a hint for splitting M. */
+    int mr_q, mr_f;
+} gi_matmul_ops;
+
+extern const gi_matmul_ops gi_matmul_ops_portable, gi_matmul_ops_avx2, gi_matmul_ops_avx512;
+
+#endif

@@ -1,0 +1,839 @@
+/* Matrix-multiply kernels, compiled once per ISA variant (portable, avx2, avx512).
+ *
+ * Contracts (docs/design/kernels.md), per output element (m, n):
+ *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g (minus 8*asum for
+ *                q4_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc); q4_1 also
+ *                acc = fmaf(mn[n,g], sa[m,g], acc)
+ *   float kinds: acc = 0; for k in order: acc = fmaf(w[n,k], x[m,k], acc)
+ * Every variant performs exactly this float operation sequence (vectorized across the 16
+ * rows of a row block), so the variants, the GEMV and GEMM paths, any tiling and any thread
+ * split give the same bits.  Only the order of the exact integer products differs.
+ *
+ * Layout reminders (goinfer/quant.py):
+ *   q4 qs  (n_rb, G, 4, 16, 4) uint8: line c of group g holds rows 0..15 x k = c*4+j (low
+ *          nibble) and k = 16+c*4+j (high nibble)
+ *   q8 qs  (n_rb, G, 8, 16, 4) int8:  line c holds rows 0..15 x k = c*4+j
+ *   d, m   (n_rb, G, 16) float16
+ *   float  (n_rb, K, 16)
+ */
+#include <math.h>
+#include <string.h>
+
+#include "matmul.h"
+
+#if defined(GI_VARIANT_AVX512) || defined(GI_VARIANT_AVX2)
+#include <immintrin.h>
+#endif
+
+/* ============================================================================ helpers */
+
+/* float16 bits -> float32, exact (NaNs are quieted, like F16C's vcvtph2ps). */
+GI_INLINE float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+    float f;
+    if (e == 0x1F) {
+        bits = sign | 0x7F800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
+    } else if (e != 0) {
+        bits = sign | ((e + 112u) << 23) | (mant << 13);
+    } else {
+        f = (float)mant * 0x1p-24f;  /* zero or subnormal: exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+GI_INLINE float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+GI_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Scalar quantization of one value once the group's inverse scale is known:
+   v*inv clamped to [-127, 127], rint (half to even).  NaN -> 0: it arises as 0*inf when
+   127/amax overflows (a group of tiny values), where NumPy's reference also gives 0.
+   Clamping before rounding equals rounding before clamping (the bounds are integers). */
+GI_INLINE int quant_one(float v, float inv) {
+    float r = v * inv;
+    if (r != r) return 0;
+    if (r > 127.0f) r = 127.0f;
+    if (r < -127.0f) r = -127.0f;
+    return (int)rintf(r);
+}
+
+/* 64-byte lines per group, and bytes per row block, of an int kind. */
+#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : 4)
+
+/* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
+GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
+
+
+/* ============================================================================ activation quantization */
+
+#if defined(GI_VARIANT_AVX512)
+
+static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                             int8_t *qa, float *da, int32_t *asum, float *sa) {
+    const int64_t G = K / GI_GROUP;
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + m * K + g * GI_GROUP;        /* (32,) */
+            __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            float d = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m512 vi = _mm512_set1_ps(inv);
+            /* as quant_one: NaN -> 0, clamp, then cvtps_epi32 rounds half to even (MXCSR) */
+            __m512 r0 = _mm512_mul_ps(v0, vi), r1 = _mm512_mul_ps(v1, vi);
+            r0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r0, r0, _CMP_ORD_Q), r0);
+            r1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r1, r1, _CMP_ORD_Q), r1);
+            const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r0, lo), hi));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r1, lo), hi));
+            _mm_storeu_si128((__m128i *)(qa + m * K + g * GI_GROUP), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(qa + m * K + g * GI_GROUP + 16), _mm512_cvtepi32_epi8(q1));
+            int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            da[m * G + g] = d;
+            asum[m * G + g] = s;
+            sa[m * G + g] = d * (float)s;
+        }
+    }
+}
+
+#elif defined(GI_VARIANT_AVX2)
+
+static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                             int8_t *qa, float *da, int32_t *asum, float *sa) {
+    const int64_t G = K / GI_GROUP;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + m * K + g * GI_GROUP;        /* (32,) */
+            __m256 v[4], mx;
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xg + 8 * i);
+            mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float d = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m256 vi = _mm256_set1_ps(inv);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) {  /* as quant_one: NaN -> 0, clamp, round half to even */
+                __m256 r = _mm256_mul_ps(v[i], vi);
+                r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                q[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+            }
+            /* int32 x 32 -> int8 x 32 in order (packs interleave 128-bit lanes; perm fixes it) */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(qa + m * K + g * GI_GROUP), _mm256_permutevar8x32_epi32(p, perm));
+            __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            int32_t s = _mm_cvtsi128_si32(s4);
+            da[m * G + g] = d;
+            asum[m * G + g] = s;
+            sa[m * G + g] = d * (float)s;
+        }
+    }
+}
+
+#else /* portable */
+
+static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                             int8_t *qa, float *da, int32_t *asum, float *sa) {
+    const int64_t G = K / GI_GROUP;
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + m * K + g * GI_GROUP;        /* (32,) */
+            int8_t *qg = qa + m * K + g * GI_GROUP;
+            float amax = 0.0f;
+            for (int k = 0; k < GI_GROUP; k++) {
+                float a = fabsf(xg[k]);
+                amax = a > amax ? a : amax;
+            }
+            float d = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t s = 0;
+            for (int k = 0; k < GI_GROUP; k++) {
+                int q = quant_one(xg[k], inv);
+                qg[k] = (int8_t)q;
+                s += q;
+            }
+            da[m * G + g] = d;
+            asum[m * G + g] = s;
+            sa[m * G + g] = d * (float)s;
+        }
+    }
+}
+
+#endif
+
+
+/* ============================================================================ int matmul: microkernels
+ *
+ * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
+ * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8
+ * rows (half a row block, one ymm) on AVX2.  Kinds, RB and MR are compile-time constants at
+ * each instantiation so the accumulators live in registers.  Register arrays are declared
+ * with the constant sizes MAXRB x MAXMR (sized by the RB/MR parameters they would be VLAs,
+ * which GCC keeps on the stack); after full unrolling only the used elements remain, in
+ * registers.
+ */
+#define MAXRB 4
+#define MAXMR 16
+
+#if defined(GI_VARIANT_AVX512)
+
+#define UNIT 16          /* output rows per unit */
+#define QV_RB 4          /* GEMV: units per microkernel (MR = 1) */
+#define QG_RB 1          /* GEMM: units per microkernel */
+#define QG_MR 12         /* GEMM: activation rows per microkernel */
+#ifndef PF_GROUPS
+#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (2 KB of q4, 4 KB of q8) */
+#endif
+
+GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m512 v) {
+    int64_t cnt = cols_left(w, n0);
+    float *o = out + m * ldo + n0;
+    if (cnt >= 16) _mm512_storeu_ps(o, v);
+    else if (cnt > 0) _mm512_mask_storeu_ps(o, (__mmask16)((1u << cnt) - 1u), v);
+}
+
+GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(KIND);
+    const int64_t rbs = G * NL * 64;                              /* bytes per row block */
+    const uint8_t *wq = (const uint8_t *)w->qs + u * rbs;         /* (RB, G, NL, 16, 4) */
+    const uint16_t *wd = w->d + u * G * 16;                       /* (RB, G, 16) */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + u * G * 16 : 0; /* (RB, G, 16) */
+    const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
+    const int32_t *as = a->asum + m * G;                          /* (MR, G) */
+    const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0) or
+           -128*asum (q8_0) of row m+i, group g0+gg.  It is the initial value of the int32
+           accumulators (a load-only broadcast), so no subtraction is needed afterwards. */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND != GI_Q4_1) {
+            const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512i v = _mm512_maskz_loadu_epi32(gm, as + i * G + g0);
+                v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
+                _mm512_storeu_si512(cb[i], v);
+            }
+        }
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
+            __m512i is[MAXRB][MAXMR];
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512i c0 = KIND == GI_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) is[r][i] = c0;
+            }
+            const uint8_t *lg = wq + g * NL * 64;
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (MR == 1 && PF_GROUPS > 0) {
+                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead in each
+                   unit's qs (and scale) stream; harmless past the end (prefetches never fault) */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < NL; c++)
+                        _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    if (KIND == GI_Q4_1)
+                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                }
+            }
+            if (KIND != GI_Q8_0) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i lo[MAXRB], hi[MAXRB];   /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
+                        lo[r] = _mm512_and_si512(l, nib);
+                        hi[r] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i bl = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m512i bh = _mm512_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], lo[r], bl);
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], hi[r], bh);
+                        }
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m512i q[MAXRB];               /* q + 128 as unsigned bytes */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++)
+                        q[r] = _mm512_xor_si512(_mm512_loadu_si512(lg + r * rbs + c * 64), flip);
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i b = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) is[r][i] = _mm512_dpbusd_epi32(is[r][i], q[r], b);
+                    }
+                }
+            }
+            /* ---- fold into the float accumulators: the contract's fmaf sequence */
+            __m512 dv[MAXRB], mv[MAXRB];
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                dv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
+                if (KIND == GI_Q4_1)
+                    mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512 dai = _mm512_set1_ps(da[i * G + g]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+#elif defined(GI_VARIANT_AVX2)
+
+#define UNIT 8           /* output rows per unit: half a row block */
+#define QV_RB 4
+#define QG_RB 1
+#ifndef QG_MR
+#define QG_MR 4
+#endif
+
+GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m256 v) {
+    int64_t cnt = cols_left(w, n0);
+    float *o = out + m * ldo + n0;
+    if (cnt >= 8) {
+        _mm256_storeu_ps(o, v);
+    } else if (cnt > 0) {
+        __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(o, msk, v);
+    }
+}
+
+/* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
+   (rows 8h..8h+7), and d[.., 8h..8h+7]. */
+GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(KIND);
+    const int64_t rbs = G * NL * 64;                      /* bytes per row block */
+    const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
+    const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        int64_t rb = (u + r) >> 1, h = (u + r) & 1;
+        wq[r] = (const uint8_t *)w->qs + rb * rbs + h * 32;
+        wd[r] = w->d + rb * G * 16 + h * 8;
+        wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
+    }
+    const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
+    const int32_t *as = a->asum + m * G;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
+
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* q4_0's integer correction 8*asum of 16 groups at a time, kept in memory so that
+           the broadcasts below are plain loads */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND == GI_Q4_0)
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++)
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * 8;
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            __m256i is[MAXRB][MAXMR];
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (KIND != GI_Q8_0) {
+                /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
+                   no saturation in maddubs, no wrap in add_epi16 */
+                __m256i s16[MAXRB][MAXMR];
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
+                        lo[r] = _mm256_and_si256(l, nib);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        }
+                    }
+                }
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
+            } else {
+                /* sign trick: |q| (unsigned) x (qa * sign(q)); a 16-bit lane <= 2*128*127 */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m256i q[MAXRB], aq[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        q[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 8 + c) * 64));
+                        aq[r] = _mm256_abs_epi8(q[r]);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i b = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            __m256i p = _mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r]));
+                            is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            }
+            __m256 dv[MAXRB], mv[MAXRB];
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                dv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
+                if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256 dai = _mm256_set1_ps(da[i * G + g]);
+                __m256i corr = _mm256_setzero_si256();
+                if (KIND == GI_Q4_0) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    __m256i s = KIND == GI_Q4_0 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+#endif
+
+
+/* ============================================================================ float matmul: microkernels */
+
+#if defined(GI_VARIANT_AVX512)
+
+#define FV_RB 4
+#define FG_RB 2
+#define FG_MR 12
+
+/* 16 weights (one k, 16 rows) of a float kind -> float32 */
+GI_INLINE __m512 fload(const int KIND, const void *p) {
+    if (KIND == GI_F32) return _mm512_loadu_ps(p);
+    if (KIND == GI_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const float *x, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in;
+    const int es = KIND == GI_F32 ? 4 : 2;
+    const char *wq = (const char *)w->qs + u * K * 16 * es;   /* (RB, K, 16) */
+    const float *xm = x + m * K;                              /* (MR, K) */
+    __m512 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq + (r * K + k) * 16 * es);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            __m512 xb = _mm512_set1_ps(xm[i * K + k]);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xb, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+#elif defined(GI_VARIANT_AVX2)
+
+#define FV_RB 4
+#define FG_RB 2
+#define FG_MR 6
+
+/* 8 weights (one k, rows 8h..8h+7) of a float kind -> float32 */
+GI_INLINE __m256 fload(const int KIND, const void *p) {
+    if (KIND == GI_F32) return _mm256_loadu_ps(p);
+    if (KIND == GI_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const float *x, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in;
+    const int es = KIND == GI_F32 ? 4 : 2;
+    const char *wq[MAXRB];                                       /* (K, [8 rows]) per unit, stride 16 */
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+        wq[r] = (const char *)w->qs + (((u + r) >> 1) * K * 16 + ((u + r) & 1) * 8) * es;
+    const float *xm = x + m * K;                              /* (MR, K) */
+    __m256 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 wv[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq[r] + k * 16 * es);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            __m256 xb = _mm256_set1_ps(xm[i * K + k]);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xb, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+#endif
+
+
+/* ============================================================================ SIMD drivers: instantiation and tiling */
+
+#if defined(GI_VARIANT_AVX512) || defined(GI_VARIANT_AVX2)
+
+#define SEQ_1(X, A, B) X(A, B, 1)
+#define SEQ_2(X, A, B) SEQ_1(X, A, B) X(A, B, 2)
+#define SEQ_3(X, A, B) SEQ_2(X, A, B) X(A, B, 3)
+#define SEQ_4(X, A, B) SEQ_3(X, A, B) X(A, B, 4)
+#define SEQ_5(X, A, B) SEQ_4(X, A, B) X(A, B, 5)
+#define SEQ_6(X, A, B) SEQ_5(X, A, B) X(A, B, 6)
+#define SEQ_7(X, A, B) SEQ_6(X, A, B) X(A, B, 7)
+#define SEQ_8(X, A, B) SEQ_7(X, A, B) X(A, B, 8)
+#define SEQ_9(X, A, B) SEQ_8(X, A, B) X(A, B, 9)
+#define SEQ_10(X, A, B) SEQ_9(X, A, B) X(A, B, 10)
+#define SEQ_11(X, A, B) SEQ_10(X, A, B) X(A, B, 11)
+#define SEQ_12(X, A, B) SEQ_11(X, A, B) X(A, B, 12)
+#define SEQ_13(X, A, B) SEQ_12(X, A, B) X(A, B, 13)
+#define SEQ_14(X, A, B) SEQ_13(X, A, B) X(A, B, 14)
+#define SEQ_15(X, A, B) SEQ_14(X, A, B) X(A, B, 15)
+#define SEQ_16(X, A, B) SEQ_15(X, A, B) X(A, B, 16)
+#define SEQ(N) GI_CAT(SEQ_, N)
+
+typedef void (*qtile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
+typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, float *, int64_t);
+
+/* qv_K_RB: GEMV (MR = 1) over RB units; qg_K_RB_MR: GEMM tile.  K is the kind number. */
+#define QV_DEF(K, MR, RB) static void qv_##K##_##RB(const gi_weight *w, const gi_qact *a, int64_t m, \
+    int64_t u, float *o, int64_t ldo) { qtile(K, RB, MR, w, a, m, u, o, ldo); }
+#define QV_PTR(K, MR, RB) qv_##K##_##RB,
+#define QG_DEF(K, RB, MR) static void qg_##K##_##RB##_##MR(const gi_weight *w, const gi_qact *a, int64_t m, \
+    int64_t u, float *o, int64_t ldo) { qtile(K, RB, MR, w, a, m, u, o, ldo); }
+#define QG_PTR(K, RB, MR) qg_##K##_##RB##_##MR,
+#define FV_DEF(K, MR, RB) static void fv_##K##_##RB(const gi_weight *w, const float *x, int64_t m, \
+    int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
+#define FV_PTR(K, MR, RB) fv_##K##_##RB,
+#define FG_DEF(K, RB, MR) static void fg_##K##_##RB##_##MR(const gi_weight *w, const float *x, int64_t m, \
+    int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
+#define FG_PTR(K, RB, MR) fg_##K##_##RB##_##MR,
+
+/* kinds 0..2 = q4_0, q4_1, q8_0; 3..5 = f32, f16, bf16 */
+SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1)
+SEQ(QG_MR)(QG_DEF, 0, 1) SEQ(QG_MR)(QG_DEF, 1, 1) SEQ(QG_MR)(QG_DEF, 2, 1)
+SEQ(FV_RB)(FV_DEF, 3, 1) SEQ(FV_RB)(FV_DEF, 4, 1) SEQ(FV_RB)(FV_DEF, 5, 1)
+SEQ(FG_MR)(FG_DEF, 3, 1) SEQ(FG_MR)(FG_DEF, 4, 1) SEQ(FG_MR)(FG_DEF, 5, 1)
+SEQ(FG_MR)(FG_DEF, 3, 2) SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2)
+
+#if QG_RB != 1 || FG_RB != 2
+#error "instantiation lists above assume QG_RB == 1 and FG_RB == 2"
+#endif
+#if QV_RB > MAXRB || FV_RB > MAXRB || QG_MR > MAXMR || FG_MR > MAXMR
+#error "microkernel sizes exceed the register array bounds"
+#endif
+
+static const qtile_fn qv_tab[3][QV_RB] = {
+    {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)}};
+static const qtile_fn qg_tab[3][QG_RB][QG_MR] = {
+    {{SEQ(QG_MR)(QG_PTR, 0, 1)}}, {{SEQ(QG_MR)(QG_PTR, 1, 1)}}, {{SEQ(QG_MR)(QG_PTR, 2, 1)}}};
+static const ftile_fn fv_tab[3][FV_RB] = {
+    {SEQ(FV_RB)(FV_PTR, 3, 1)}, {SEQ(FV_RB)(FV_PTR, 4, 1)}, {SEQ(FV_RB)(FV_PTR, 5, 1)}};
+static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
+    {{SEQ(FG_MR)(FG_PTR, 3, 1)}, {SEQ(FG_MR)(FG_PTR, 3, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 4, 1)}, {SEQ(FG_MR)(FG_PTR, 4, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}}};
+
+#define UPB (GI_ROWS / UNIT)       /* units per row block */
+#ifndef L2_CHUNK
+#define L2_CHUNK (512 * 1024)      /* GEMM: weight bytes per cache block */
+#endif
+#define ACT_CHUNK (768 * 1024)     /* GEMM: activation bytes per cache block (both fit a 2 MB L2) */
+
+GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* GEMM tiling shared by the int and float paths.  Cache blocks: activation rows [m0, m1) in
+   blocks of about ACT_CHUNK bytes, units [u0, u1) in chunks of about L2_CHUNK weight bytes
+   (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
+   inside a tile, the chunk's units RB at a time.  CALL(rb_count, mr, m, u) runs one
+   microkernel.  (The order of tiles does not matter for the bits: each output element is
+   computed entirely inside one microkernel call.) */
+#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, CALL)                        \
+    do {                                                                                        \
+        int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
+        chunk_ = chunk_ < (RBn) ? (RBn) : chunk_ / (RBn) * (RBn);                               \
+        int64_t mblk_ = ACT_CHUNK / ((row_bytes) > 0 ? (row_bytes) : 1);                        \
+        mblk_ = mblk_ < (MRn) ? (MRn) : mblk_ / (MRn) * (MRn);                                  \
+        for (int64_t mb0_ = (m0); mb0_ < (m1); mb0_ += mblk_) {                                 \
+            const int64_t mb1_ = min64(mb0_ + mblk_, (m1));                                     \
+            const int64_t M_ = mb1_ - mb0_, nt_ = (M_ + (MRn) - 1) / (MRn);                     \
+            for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                               \
+                const int64_t c1_ = min64(c0_ + chunk_, (u1));                                  \
+                for (int64_t t_ = 0; t_ < nt_; t_++) {                                          \
+                    const int64_t ma_ = mb0_ + t_ * M_ / nt_, mb_ = mb0_ + (t_ + 1) * M_ / nt_; \
+                    for (int64_t uu_ = c0_; uu_ < c1_; uu_ += (RBn)) {                          \
+                        const int rbn_ = (int)min64((RBn), c1_ - uu_);                          \
+                        const int mrn_ = (int)(mb_ - ma_);                                      \
+                        CALL(rbn_, mrn_, ma_, uu_);                                             \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
+                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t u0 = rb0 * UPB, u1 = rb1 * UPB;
+    if (m1 - m0 <= 0 || u1 <= u0) return;
+    if (m1 - m0 == 1) {
+        /* GEMV (decode): stream the weights once, QV_RB units at a time */
+        for (int64_t u = u0; u < u1; u += QV_RB)
+            qv_tab[kind][min64(QV_RB, u1 - u) - 1](w, a, m0, u, out, ldo);
+        return;
+    }
+    const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
+#define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
+#undef QCALL
+}
+
+static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t m1,
+                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    const int kind = w->kind - GI_F32;
+    const int64_t u0 = rb0 * UPB, u1 = rb1 * UPB;
+    if (m1 - m0 <= 0 || u1 <= u0) return;
+    if (m1 - m0 == 1) {
+        for (int64_t u = u0; u < u1; u += FV_RB)
+            fv_tab[kind][min64(FV_RB, u1 - u) - 1](w, x, m0, u, out, ldo);
+        return;
+    }
+    const int64_t ub = w->n_in * 16 * (w->kind == GI_F32 ? 4 : 2) / UPB;
+#define FCALL(rbn, mrn, m, u) fg_tab[kind][(rbn) - 1][(mrn) - 1](w, x, (m), (u), out, ldo)
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FCALL);
+#undef FCALL
+}
+
+
+/* ============================================================================ portable: plain C */
+
+#else
+
+#define QG_MR 4
+#define FG_MR 4
+
+static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
+                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(kind);
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;   /* (G, NL, 16, 4) */
+        const uint16_t *wd = w->d + rb * G * 16;                         /* (G, 16) */
+        const uint16_t *wm = kind == GI_Q4_1 ? w->m + rb * G * 16 : 0;
+        const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
+        for (int64_t m = m0; m < m1; m++) {
+            float acc[GI_ROWS] = {0};
+            for (int64_t g = 0; g < G; g++) {
+                const int8_t *ag = a->qa + m * K + g * GI_GROUP;      /* (32,) */
+                const uint8_t *lg = wq + g * NL * 64;
+                int32_t is[GI_ROWS] = {0};
+                if (kind != GI_Q8_0) {
+                    for (int c = 0; c < 4; c++)
+                        for (int r = 0; r < GI_ROWS; r++)
+                            for (int j = 0; j < 4; j++) {
+                                int b = lg[c * 64 + r * 4 + j];
+                                is[r] += (b & 15) * ag[c * 4 + j] + (b >> 4) * ag[16 + c * 4 + j];
+                            }
+                } else {
+                    for (int c = 0; c < 8; c++)
+                        for (int r = 0; r < GI_ROWS; r++)
+                            for (int j = 0; j < 4; j++)
+                                is[r] += (int8_t)lg[c * 64 + r * 4 + j] * ag[c * 4 + j];
+                }
+                const float dam = a->da[m * G + g];
+                const int32_t corr = kind == GI_Q4_0 ? 8 * a->asum[m * G + g] : 0;
+                for (int r = 0; r < GI_ROWS; r++) {
+                    float dd = f16_to_f32(wd[g * 16 + r]) * dam;
+                    acc[r] = fmaf((float)(is[r] - corr), dd, acc[r]);
+                    if (kind == GI_Q4_1) acc[r] = fmaf(f16_to_f32(wm[g * 16 + r]), a->sa[m * G + g], acc[r]);
+                }
+            }
+            for (int64_t r = 0; r < cnt; r++) out[m * ldo + rb * GI_ROWS + r] = acc[r];
+        }
+    }
+}
+
+static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t m1,
+                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t K = w->n_in;
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
+        for (int64_t m = m0; m < m1; m++) {
+            const float *xm = x + m * K;
+            float acc[GI_ROWS] = {0};
+            for (int64_t k = 0; k < K; k++) {
+                float wv[GI_ROWS];
+                const int64_t off = (rb * K + k) * GI_ROWS;                /* (16,) */
+                if (kind == GI_F32) memcpy(wv, (const float *)w->qs + off, sizeof wv);
+                else if (kind == GI_F16)
+                    for (int r = 0; r < GI_ROWS; r++) wv[r] = f16_to_f32(((const uint16_t *)w->qs)[off + r]);
+                else
+                    for (int r = 0; r < GI_ROWS; r++) wv[r] = bf16_to_f32(((const uint16_t *)w->qs)[off + r]);
+                for (int r = 0; r < GI_ROWS; r++) acc[r] = fmaf(wv[r], xm[k], acc[r]);
+            }
+            for (int64_t r = 0; r < cnt; r++) out[m * ldo + rb * GI_ROWS + r] = acc[r];
+        }
+    }
+}
+
+#endif
+
+
+/* ============================================================================ get_rows (all variants: plain C) */
+
+/* Dequantized value = the reference's float32 expression: q4_0 (nib-8)*d, q4_1 nib*d + m
+   (two roundings), q8_0 q*d, floats converted exactly. */
+static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out) {
+    const int64_t K = w->n_in;
+    const int kind = w->kind;
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t n = ids[t], rb = n / GI_ROWS, r = n % GI_ROWS;
+        float *o = out + t * K;                                             /* (K,) */
+        if (kind >= GI_F32) {
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t off = (rb * K + k) * GI_ROWS + r;
+                if (kind == GI_F32) o[k] = ((const float *)w->qs)[off];
+                else if (kind == GI_F16) o[k] = f16_to_f32(((const uint16_t *)w->qs)[off]);
+                else o[k] = bf16_to_f32(((const uint16_t *)w->qs)[off]);
+            }
+            continue;
+        }
+        const int64_t G = K / GI_GROUP;
+        const int NL = LINES(kind);
+        const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;     /* (G, NL, 16, 4) */
+        for (int64_t g = 0; g < G; g++) {
+            const float d = f16_to_f32(w->d[(rb * G + g) * GI_ROWS + r]);
+            float *og = o + g * GI_GROUP;
+            const uint8_t *lg = wq + g * NL * 64 + r * 4;
+            if (kind == GI_Q8_0) {
+                for (int c = 0; c < 8; c++)
+                    for (int j = 0; j < 4; j++) og[c * 4 + j] = (float)(int8_t)lg[c * 64 + j] * d;
+            } else if (kind == GI_Q4_0) {
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++) {
+                        int b = lg[c * 64 + j];
+                        og[c * 4 + j] = (float)((b & 15) - 8) * d;
+                        og[16 + c * 4 + j] = (float)((b >> 4) - 8) * d;
+                    }
+            } else {
+                const float mn = f16_to_f32(w->m[(rb * G + g) * GI_ROWS + r]);
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++) {
+                        int b = lg[c * 64 + j];
+                        float lo = (float)(b & 15) * d, hi = (float)(b >> 4) * d;
+                        og[c * 4 + j] = lo + mn;
+                        og[16 + c * 4 + j] = hi + mn;
+                    }
+            }
+        }
+    }
+}
+
+
+/* ============================================================================ table */
+
+const gi_matmul_ops GI(gi_matmul_ops) = {
+    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), QG_MR, FG_MR,
+};

@@ -1,0 +1,412 @@
+"""Compiled matmul kernels (quantize_act, matmul, get_rows) against goinfer._reference.
+
+Three levels of checks, on every ISA variant the CPU supports and with 1, 2 and 3 threads:
+
+1. Bit-exact: the kernels implement a fixed float32 operation sequence per output element
+   (docs/design/kernels.md).  `emulate_matmul` below replays that sequence in NumPy with a
+   correctly rounded fmaf (float64 + round-to-odd), so kernel output == emulation bit for bit.
+   This implies the cross-checks the contract promises, which are also asserted directly:
+   GEMM row m == GEMV of row m alone, 1 thread == 2 threads, variants equal each other.
+2. Tolerance vs the float64 reference (_reference.matmul): see `tolerance`.
+3. Errors: wrong dtypes / shapes / layouts raise TypeError / ValueError / IndexError.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import goinfer._kernels  # noqa: F401  (registers the submodule)
+from goinfer import _reference as ref
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, QAct, QWeight, pack_float,
+                           pack_q4, pack_q8, quantize_weight)
+from goinfer._kernels import _config
+
+# the package re-exports the function `matmul`, which shadows the submodule attribute
+K = sys.modules["goinfer._kernels.matmul"]
+VARIANTS = _config.supported_variants()
+THREADS = (1, 2, 3)
+U = 2.0**-24  # float32 unit roundoff
+
+
+@contextlib.contextmanager
+def variant(name):
+    old = _config.variant()
+    _config.set_variant(name)
+    try:
+        yield
+    finally:
+        _config.set_variant(old)
+
+
+@pytest.fixture(autouse=True)
+def _force_threads():
+    """Small test shapes would otherwise run on one thread (work threshold); split them anyway."""
+    old = K._set_min_ns_per_thread(0)
+    yield
+    K._set_min_ns_per_thread(old)
+
+
+# ============================================================================ exact emulation
+
+
+def fmaf(a, b, c):
+    """Correctly rounded float32 a*b + c (finite inputs, no overflow).
+
+    a*b is exact in float64 (48-bit product); p + c is rounded to float64 with round-to-odd
+    (TwoSum gives the exact error), and rounding a round-to-odd 53-bit value to 24 bits is
+    the correct rounding of the exact value."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = p + c
+    bp = s - p
+    e = (p - (s - bp)) + (c - bp)
+    fix = (e != 0) & ((s.view(np.int64) & 1) == 0)
+    s = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def unpack_int(w: QWeight):
+    """QWeight of an int kind -> q (n_out, K) int64 (nibbles or int8), d, m (n_out, G) float32."""
+    n_rb, G = w.qs.shape[:2]
+    if w.kind == "q8_0":
+        q = w.qs.view(np.int8).reshape(n_rb, G, 8, 16, 4).transpose(0, 3, 1, 2, 4)
+        q = q.reshape(n_rb * 16, G * 32)
+    else:
+        b = w.qs.reshape(n_rb, G, 4, 16, 4).transpose(0, 3, 1, 2, 4).reshape(n_rb * 16, G, 16)
+        q = np.concatenate([b & 15, b >> 4], axis=2).reshape(n_rb * 16, G * 32)
+    d = w.d.transpose(0, 2, 1).reshape(n_rb * 16, G).astype(np.float32)
+    m = None if w.m is None else w.m.transpose(0, 2, 1).reshape(n_rb * 16, G).astype(np.float32)
+    n = w.n_out
+    return q[:n].astype(np.int64), d[:n], (None if m is None else m[:n])
+
+
+def emulate_matmul(x, w: QWeight) -> np.ndarray:
+    """The contract's per-element float32 sequence, replayed exactly."""
+    if w.kind in FLOAT_KINDS:
+        wd = ref.dequantize(w)  # exact float32 weights (n_out, K)
+        acc = np.zeros((x.shape[0], w.n_out), np.float32)
+        for k in range(w.n_in):
+            acc = fmaf(wd[None, :, k], x[:, k, None], acc)
+        return acc
+    q, d, mn = unpack_int(w)
+    M, Kd = x.qa.shape
+    qa = x.qa.astype(np.int64)
+    acc = np.zeros((M, w.n_out), np.float32)
+    for g in range(Kd // GROUP):
+        sl = slice(g * GROUP, (g + 1) * GROUP)
+        isum = qa[:, sl] @ q[:, sl].T  # exact (M, n_out)
+        if w.kind == "q4_0":
+            isum = isum - 8 * x.asum[:, g, None].astype(np.int64)
+        dd = d[None, :, g] * x.da[:, g, None]  # float32 product
+        acc = fmaf(isum.astype(np.float32), dd, acc)
+        if w.kind == "q4_1":
+            acc = fmaf(mn[None, :, g], x.sa[:, g, None], acc)
+    return acc
+
+
+def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
+    """Bound on |kernel - float64 reference| per element.
+
+    The kernel is a chain of n float32 fmas (n = K for float kinds, G = K/32 for int kinds,
+    2G for q4_1); by the standard bound for recursive summation its rounding error is at most
+    gamma_n * S with S = sum_k |w[n,k]| |x[m,k]|, gamma_n ~ n*u.  Int kinds add a few more
+    roundings of the same size per term: d*da, sa = da*asum, and the reference's own float32
+    dequantization of x (qa*da) and of q4_1 weights (q*d + m); plus the final rounding of the
+    reference to float32.  So |err| <= (n + 8) * u * S, and a tiny absolute slack for
+    underflowed (subnormal) terms."""
+    wd = ref.dequantize(w).astype(np.float64)
+    S = np.abs(xd) @ np.abs(wd).T
+    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind == "q4_1" else 1)
+    return (n + 8) * U * S + (n + 8) * 2.0**-149
+
+
+def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
+    """Random weight of a kind; raw=True fills every field with random bits in range."""
+    if not raw or kind in FLOAT_KINDS:
+        W = (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32)
+        if n_out and n_in >= GROUP:  # one all-zero group
+            W[rng.integers(n_out), :GROUP] = 0
+        return quantize_weight(W, kind)
+    G = n_in // GROUP
+    d = (rng.uniform(-1, 1, (n_out, G)) * scale).astype(np.float16)
+    if kind == "q8_0":
+        return pack_q8(rng.integers(-128, 128, (n_out, n_in)).astype(np.int8), d)
+    q = rng.integers(0, 16, (n_out, n_in)).astype(np.uint8)
+    mn = (rng.uniform(-1, 1, (n_out, G)) * scale).astype(np.float16) if kind == "q4_1" else None
+    return pack_q4(kind, q, d, mn)
+
+
+def make_x(rng, M, n_in, scale=1.0):
+    x = (rng.standard_normal((M, n_in)) * scale).astype(np.float32)
+    if M and n_in >= 2 * GROUP:
+        x[rng.integers(M), GROUP : 2 * GROUP] = 0  # an all-zero activation group
+    return x
+
+
+def run_all(x, w):
+    """matmul on every variant and thread count -> {(variant, nthreads): out}."""
+    res = {}
+    for v in VARIANTS:
+        with variant(v):
+            xin = K.quantize_act(x) if w.kind in INT_KINDS else x
+            for nt in THREADS:
+                res[(v, nt)] = K.matmul(xin, w, nthreads=nt)
+    return res
+
+
+def check_matmul(x, w, check_rows=True):
+    xq = ref.quantize_act(x)
+    xin = xq if w.kind in INT_KINDS else x
+    exact = emulate_matmul(xin, w)
+    outs = run_all(x, w)
+    first = next(iter(outs.values()))
+    for key, o in outs.items():
+        assert o.shape == (x.shape[0], w.n_out) and o.dtype == np.float32
+        assert np.array_equal(o, first), f"{key} differs from {next(iter(outs))}"
+        assert np.array_equal(o, exact), f"{key}: not the contract's bits"
+    # against the float64 reference
+    xd = ref.dequantize_act(xq) if w.kind in INT_KINDS else x
+    r = ref.matmul(xin, w).astype(np.float64)
+    err = np.abs(first.astype(np.float64) - r)
+    tol = tolerance(xin, w, xd)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / np.maximum(tol, 1e-300))}"
+    # GEMM row m == GEMV of that row alone
+    if check_rows:
+        for v in VARIANTS:
+            with variant(v):
+                for m in range(x.shape[0]):
+                    xm = x[m : m + 1]
+                    xin_m = K.quantize_act(xm) if w.kind in INT_KINDS else xm
+                    assert np.array_equal(K.matmul(xin_m, w, nthreads=1)[0], first[m]), (v, m)
+    return first
+
+
+# ============================================================================ quantize_act
+
+
+def assert_qact_equal(a: QAct, b: QAct):
+    assert np.array_equal(a.qa, b.qa)
+    assert np.array_equal(a.da.view(np.uint32), b.da.view(np.uint32))
+    assert np.array_equal(a.asum, b.asum)
+    assert np.array_equal(a.sa.view(np.uint32), b.sa.view(np.uint32))
+
+
+@pytest.mark.parametrize("M,Kd", [(1, 32), (3, 64), (17, 576), (70, 2048), (5, 1536)])
+def test_quantize_act_bit_exact(M, Kd):
+    rng = np.random.default_rng(M * 1000 + Kd)
+    x = make_x(rng, M, Kd)
+    x[0, :8] = [0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, -1e30, 3.0]  # ties and extreme magnitudes
+    want = ref.quantize_act(x)
+    for v in VARIANTS:
+        with variant(v):
+            for nt in THREADS:
+                assert_qact_equal(K.quantize_act(x, nthreads=nt), want)
+
+
+def test_quantize_act_out_is_filled_in_place():
+    rng = np.random.default_rng(1)
+    x = make_x(rng, 4, 96)
+    buf = QAct.empty(10, 96)
+    got = K.quantize_act(x, buf.rows(4), nthreads=2)
+    assert got.qa.base is buf.qa
+    assert_qact_equal(got, ref.quantize_act(x))
+    assert not buf.qa[4:].any()
+
+
+finite_f32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+# groups of tiny values overflow 127/amax to inf in the reference too (then 0*inf -> q = 0)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 5), st.integers(1, 6), st.data())
+def test_quantize_act_property(M, G, data):
+    """Random values incl. zero groups, ties (k + 0.5 after scaling), subnormals, huge values."""
+    kind = data.draw(st.sampled_from(["any", "small_ints", "scaled"]))
+    if kind == "any":
+        vals = data.draw(st.lists(finite_f32, min_size=M * G * 32, max_size=M * G * 32))
+        x = np.array(vals, np.float32).reshape(M, G * 32)
+    elif kind == "small_ints":  # amax = 127 * 2^e, so x * (127/amax) hits exact .5 ties
+        e = data.draw(st.integers(-140, 100))
+        ints = data.draw(st.lists(st.integers(-254, 254), min_size=M * G * 32, max_size=M * G * 32))
+        x = (np.array(ints, np.float64).reshape(M, G * 32) / 2 * 2.0**e).astype(np.float32)
+        x[:, ::32] = np.float32(127 * 2.0**e)
+    else:
+        scale = data.draw(st.sampled_from([1e-38, 1e-30, 1e-3, 1.0, 1e10, 1e35]))
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+        x = (rng.standard_normal((M, G * 32)) * scale).astype(np.float32)
+    if data.draw(st.booleans()):
+        x[:, :32] = 0.0
+    want = ref.quantize_act(x)
+    for v in VARIANTS:
+        with variant(v):
+            assert_qact_equal(K.quantize_act(x, nthreads=data.draw(st.sampled_from(THREADS))), want)
+
+
+# ============================================================================ matmul
+
+# (M, n_out, K): n_out not multiples of 16, M around the microkernel tile sizes
+# (AVX-512 GEMM tiles 12 rows, AVX2 4, float 12 / 6; GEMV 4 row blocks at a time).
+SHAPES = [
+    (1, 1, 32), (1, 40, 64), (1, 65, 96), (1, 200, 576), (2, 17, 64), (3, 33, 128),
+    (4, 16, 32), (5, 100, 96), (6, 48, 64), (11, 31, 160), (12, 64, 64), (13, 129, 96),
+    (16, 15, 256), (24, 70, 64), (25, 50, 128), (37, 19, 96), (70, 45, 64),
+]
+BIG_SHAPES = [(9, 41, 2048), (1, 300, 1536), (64, 24, 576)]
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+@pytest.mark.parametrize("M,n_out,Kd", SHAPES + BIG_SHAPES)
+def test_matmul_int(kind, M, n_out, Kd):
+    rng = np.random.default_rng(hash((kind, M, n_out, Kd)) % 2**32)
+    check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, n_out, Kd, raw=M % 2 == 0),
+                 check_rows=M <= 40)
+
+
+@pytest.mark.parametrize("kind", FLOAT_KINDS)
+@pytest.mark.parametrize("M,n_out,Kd", SHAPES[::2] + [(13, 40, 1024), (2, 100, 512)])
+def test_matmul_float(kind, M, n_out, Kd):
+    rng = np.random.default_rng(hash((kind, M, n_out, Kd)) % 2**32)
+    check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, n_out, Kd), check_rows=M <= 16)
+
+
+def test_matmul_int_cache_blocking():
+    """Enough row blocks that the GEMM walks several L2 chunks of the weight."""
+    rng = np.random.default_rng(7)
+    check_matmul(make_x(rng, 14, 2048), make_weight(rng, "q4_1", 600, 2048), check_rows=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(KINDS), M=st.integers(1, 30), n_out=st.integers(1, 80),
+       G=st.integers(1, 8), wscale=st.sampled_from([1e-6, 1e-3, 1.0, 300.0]),
+       xscale=st.sampled_from([1e-30, 1e-5, 1.0, 1e4, 1e30]), raw=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
+    """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
+    random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
+    if kind in FLOAT_KINDS and xscale > 1e20:
+        xscale = 1e4  # float kinds: keep w*x far from overflow
+    rng = np.random.default_rng(seed)
+    check_matmul(make_x(rng, M, G * GROUP, xscale), make_weight(rng, kind, n_out, G * GROUP, wscale, raw),
+                 check_rows=M <= 8)
+
+
+def test_matmul_out_and_qact_rows():
+    rng = np.random.default_rng(3)
+    w = make_weight(rng, "q4_0", 50, 128)
+    x = make_x(rng, 20, 128)
+    buf = QAct.empty(32, 128)
+    xq = K.quantize_act(x, buf.rows(20))
+    out = np.full((20, 50), np.nan, np.float32)
+    got = K.matmul(xq, w, out, nthreads=2)
+    assert got is out
+    assert np.array_equal(out, emulate_matmul(ref.quantize_act(x), w))
+
+
+def test_matmul_empty_batch():
+    rng = np.random.default_rng(4)
+    w = make_weight(rng, "q8_0", 20, 64)
+    assert K.matmul(K.quantize_act(np.zeros((0, 64), np.float32)), w).shape == (0, 20)
+    wf = make_weight(rng, "f16", 20, 64)
+    assert K.matmul(np.zeros((0, 64), np.float32), wf).shape == (0, 20)
+
+
+# ============================================================================ get_rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_rows(kind):
+    rng = np.random.default_rng(len(kind))
+    for n_out, Kd, raw in [(1, 32, False), (37, 96, True), (300, 576, False)]:
+        w = make_weight(rng, kind, n_out, Kd, raw=raw)
+        ids = rng.integers(0, n_out, 50)
+        ids[:2] = [0, n_out - 1]
+        want = ref.get_rows(w, ids)
+        for v in VARIANTS:
+            with variant(v):
+                for nt in THREADS:
+                    got = K.get_rows(w, ids, nthreads=nt)
+                    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+                    assert np.array_equal(K.get_rows(w, ids.astype(np.int32), nthreads=nt), want)
+        out = np.empty((50, Kd), np.float32)
+        assert K.get_rows(w, ids, out) is out and np.array_equal(out, want)
+        assert K.get_rows(w, []).shape == (0, Kd)
+
+
+# ============================================================================ errors
+
+
+def test_errors():
+    rng = np.random.default_rng(5)
+    wq = make_weight(rng, "q4_1", 20, 64)
+    wf = make_weight(rng, "f32", 20, 64)
+    x = make_x(rng, 3, 64)
+    xq = K.quantize_act(x)
+    # quantize_act
+    with pytest.raises(TypeError):
+        K.quantize_act(x.astype(np.float64))
+    with pytest.raises(ValueError):
+        K.quantize_act(np.zeros((2, 40), np.float32))  # K % 32
+    with pytest.raises(ValueError):
+        K.quantize_act(np.zeros(64, np.float32))  # 1-D
+    with pytest.raises(ValueError):
+        K.quantize_act(np.zeros((64, 4), np.float32).T)  # not C-contiguous
+    with pytest.raises(ValueError):
+        K.quantize_act(x, QAct.empty(4, 64))  # out rows
+    with pytest.raises(ValueError):
+        K.quantize_act(x, nthreads=0)
+    # matmul
+    with pytest.raises(TypeError):
+        K.matmul(x, wq)  # int weights need a QAct
+    with pytest.raises(TypeError):
+        K.matmul(xq, wf)  # float weights need float x
+    with pytest.raises(TypeError):
+        K.matmul(x.astype(np.float16), wf)
+    with pytest.raises(ValueError):
+        K.matmul(make_x(rng, 3, 96), wf)  # K mismatch
+    with pytest.raises(ValueError):
+        K.matmul(K.quantize_act(make_x(rng, 3, 96)), wq)  # K mismatch
+    with pytest.raises(ValueError):
+        K.matmul(xq, wq, np.zeros((3, 21), np.float32))
+    with pytest.raises(TypeError):
+        K.matmul(xq, wq, np.zeros((3, 20), np.float64))
+    with pytest.raises(ValueError):
+        K.matmul(xq, wq, np.zeros((20, 3), np.float32).T)
+    ro = np.zeros((3, 20), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        K.matmul(xq, wq, ro)
+    with pytest.raises(ValueError):  # out aliasing x
+        sq = make_weight(rng, "f32", 64, 64)
+        xs = make_x(rng, 3, 64)
+        K.matmul(xs, sq, xs)
+    with pytest.raises(TypeError):
+        K.matmul(xq, np.zeros((20, 64), np.float32))  # not a QWeight
+    bad = QWeight("q5_0", 20, 64, wq.qs, wq.d, wq.m)
+    with pytest.raises(ValueError):
+        K.matmul(xq, bad)
+    with pytest.raises(ValueError):  # qs of the wrong layout
+        K.matmul(xq, QWeight("q4_1", 20, 64, wq.qs[:, :1], wq.d, wq.m))
+    with pytest.raises(TypeError):  # q4_1 without m
+        K.matmul(xq, QWeight("q4_1", 20, 64, wq.qs, wq.d, None))
+    with pytest.raises(TypeError):
+        K.matmul(xq, QWeight("q8_0", 20, 64, np.zeros((2, 2, 8, 16, 4), np.uint8), wq.d))
+    with pytest.raises(TypeError):
+        K.matmul(QAct(xq.qa, xq.da, xq.asum.astype(np.int64), xq.sa), wq)
+    # get_rows
+    with pytest.raises(IndexError):
+        K.get_rows(wq, [0, 20])
+    with pytest.raises(IndexError):
+        K.get_rows(wq, [-1])
+    with pytest.raises(TypeError):
+        K.get_rows(wq, [0.5])
+    with pytest.raises(ValueError):
+        K.get_rows(wq, [[0]])
+    with pytest.raises(ValueError):
+        K.get_rows(wq, [0], np.zeros((1, 63), np.float32))
