@@ -24,7 +24,7 @@ run: install
 	$(VENV)/bin/goinfer chat $(MODEL) --prompt "$(PROMPT)" --max-tokens 96
 
 test: install-test
-	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider ..
+	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider .
 
 bench: install
 	$(VENV)/bin/goinfer bench $(MODEL)

@@ -203,78 +203,97 @@ class LlamaFamily:
 
         Returns logits (len(batch.logit_rows), vocab) float32."""
         K, cfg, nt, S = self.K, self.cfg, self.threads, self.scratch
-        T = len(batch.tokens)
-        D, H, KV, hd, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-        nq, nkv = H * hd, KV * hd
-        eps = cfg.norm_eps
-        cos, sin = self.rope.tables(int(batch.positions.max()) + 1)
-        scale = 1.0 / float(np.sqrt(hd))
-
-        x = K.get_rows(self.tok_embd, batch.tokens, out=S.get("x", T, D), nthreads=nt)  # (T, D)
+        T, D = len(batch.tokens), cfg.d_model
+        x = self.embed(batch.tokens, S.get("x", T, D))  # (T, D) residual stream
         h = S.get("h", T, D)
-        q = S.get("q", T, H, hd)
-        k = S.get("k", T, KV, hd)
-        v = S.get("v", T, KV, hd)
-        att = S.get("att", T, H, hd)
         o = S.get("o", T, D)
-        qD = S.qact(T, D)
         for li, L in enumerate(self.layers):
-            # ---- attention
-            K.rmsnorm(x, L.attn_norm, eps, out=h, nthreads=nt)
-            a = Act(K, h, qD, nt)
-            if L.wqkv is not None:
-                qkv = self._mm(a, L.wqkv, S.get("qkv", T, nq + 2 * nkv))  # (T, nq + 2 nkv)
-                if L.bqkv is not None:
-                    np.add(qkv, L.bqkv, out=qkv)
-                np.copyto(q.reshape(T, nq), qkv[:, :nq])
-                np.copyto(k.reshape(T, nkv), qkv[:, nq:nq + nkv])
-                np.copyto(v.reshape(T, nkv), qkv[:, nq + nkv:])
-            else:
-                self._mm(a, L.wq, q.reshape(T, nq))
-                self._mm(a, L.wk, k.reshape(T, nkv))
-                self._mm(a, L.wv, v.reshape(T, nkv))
-                if L.bqkv is not None:
-                    np.add(q.reshape(T, nq), L.bqkv[:nq], out=q.reshape(T, nq))
-                    np.add(k.reshape(T, nkv), L.bqkv[nq:nq + nkv], out=k.reshape(T, nkv))
-                    np.add(v.reshape(T, nkv), L.bqkv[nq + nkv:], out=v.reshape(T, nkv))
-            if L.q_norm is not None:
-                qn = S.get("qn", T * H, hd)
-                K.rmsnorm(q.reshape(T * H, hd), L.q_norm, eps, out=qn, nthreads=nt)
-                np.copyto(q.reshape(T * H, hd), qn)
-                kn = S.get("kn", T * KV, hd)
-                K.rmsnorm(k.reshape(T * KV, hd), L.k_norm, eps, out=kn, nthreads=nt)
-                np.copyto(k.reshape(T * KV, hd), kn)
-            K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
-            K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
-            kc, vc = k_cache[li], v_cache[li]
-            K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
-            for seg in batch.segments:
-                r = slice(seg.start, seg.stop)
-                K.attention(q[r], kc, vc, seg.block_table, batch.positions[r], scale,
-                            cfg.sliding_window, 0.0, out=att[r], nthreads=nt)
-            self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, o)
+            K.rmsnorm(x, L.attn_norm, cfg.norm_eps, out=h, nthreads=nt)
+            self.attention_block(li, L, h, batch, k_cache[li], v_cache[li], o)
             K.add(x, o, out=x, nthreads=nt)
-            # ---- feed-forward
-            K.rmsnorm(x, L.ffn_norm, eps, out=h, nthreads=nt)
-            a = Act(K, h, qD, nt)
-            gu = S.get("gu", T, 2 * F)  # (T, 2F): gate | up
-            if L.w_gate_up is not None:
-                self._mm(a, L.w_gate_up, gu)
-                gate, up = gu[:, :F], gu[:, F:]
-            else:
-                gate = self._mm(a, L.w_gate, S.get("gate", T, F))
-                up = self._mm(a, L.w_up, S.get("up", T, F))
-            f = K.swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up),
-                         out=S.get("f", T, F), nthreads=nt)
-            self._mm(Act(K, f, S.qact(T, F), nt), L.w_down, o)
+            K.rmsnorm(x, L.ffn_norm, cfg.norm_eps, out=h, nthreads=nt)
+            self.ffn_block(li, L, h, o)
             K.add(x, o, out=x, nthreads=nt)
+        return self.head(x, batch.logit_rows)
 
-        # ---- final norm and LM head, only for the rows that need logits
-        R = len(batch.logit_rows)
+    def embed(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return self.K.get_rows(self.tok_embd, tokens, out=out, nthreads=self.threads)
+
+    def head(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Final norm and LM head for the rows that need logits -> (len(rows), vocab)."""
+        K, cfg, S = self.K, self.cfg, self.scratch
+        R = len(rows)
         if R == 0:
             return np.zeros((0, cfg.vocab_size), np.float32)
-        xr = x if R == T else np.ascontiguousarray(x[batch.logit_rows])
-        hr = K.rmsnorm(xr, self.out_norm, eps, out=S.get("hr", R, D), nthreads=nt)
+        xr = x if R == x.shape[0] else np.ascontiguousarray(x[rows])
+        hr = K.rmsnorm(xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model),
+                       nthreads=self.threads)
         logits = np.empty((R, cfg.vocab_size), np.float32)
-        self._mm(Act(K, hr, S.qact(R, D), nt), self.lm_head, logits)
+        self._mm(Act(K, hr, S.qact(R, cfg.d_model), self.threads), self.lm_head, logits)
         return logits
+
+    def qkv(self, L: LayerWeights, h: np.ndarray):
+        """Normed input h (T, D) -> q (T, H, hd), k, v (T, KV, hd) (scratch views), with bias."""
+        K, cfg, S, nt = self.K, self.cfg, self.scratch, self.threads
+        T = h.shape[0]
+        H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        nq, nkv = H * hd, KV * hd
+        q, k, v = S.get("q", T, H, hd), S.get("k", T, KV, hd), S.get("v", T, KV, hd)
+        a = Act(K, h, S.qact(T, h.shape[1]), nt)
+        if L.wqkv is not None:
+            qkv = self._mm(a, L.wqkv, S.get("qkv", T, nq + 2 * nkv))  # (T, nq + 2 nkv)
+            if L.bqkv is not None:
+                np.add(qkv, L.bqkv, out=qkv)
+            np.copyto(q.reshape(T, nq), qkv[:, :nq])
+            np.copyto(k.reshape(T, nkv), qkv[:, nq:nq + nkv])
+            np.copyto(v.reshape(T, nkv), qkv[:, nq + nkv:])
+        else:
+            for w, dst, b in ((L.wq, q, slice(0, nq)), (L.wk, k, slice(nq, nq + nkv)),
+                              (L.wv, v, slice(nq + nkv, nq + 2 * nkv))):
+                flat = dst.reshape(T, -1)
+                self._mm(a, w, flat)
+                if L.bqkv is not None:
+                    np.add(flat, L.bqkv[b], out=flat)
+        return q, k, v
+
+    def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
+               scale: float | None = None):
+        """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd)."""
+        if scale is None:
+            scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
+        for seg in batch.segments:
+            r = slice(seg.start, seg.stop)
+            self.K.attention(q[r], kc, vc, seg.block_table, batch.positions[r], scale, window,
+                             softcap, out=out[r], nthreads=self.threads)
+        return out
+
+    def attention_block(self, li: int, L: LayerWeights, h, batch: Batch, kc, vc, out) -> None:
+        """Normed input h (T, D) -> attention output projected to out (T, D); writes K/V."""
+        K, cfg, S, nt = self.K, self.cfg, self.scratch, self.threads
+        T = h.shape[0]
+        q, k, v = self.qkv(L, h)
+        if L.q_norm is not None:  # QK-norm, per head, in place
+            K.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
+            K.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
+        cos, sin = self.rope.tables(int(batch.positions.max()) + 1)
+        K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+        K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+        K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
+        att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
+                          cfg.sliding_window)
+        nq = cfg.n_heads * cfg.head_dim
+        self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
+
+    def ffn_block(self, li: int, L: LayerWeights, h, out) -> None:
+        """Normed input h (T, D) -> SwiGLU feed-forward output out (T, D)."""
+        K, S, nt, F = self.K, self.scratch, self.threads, self.cfg.d_ff
+        T = h.shape[0]
+        a = Act(K, h, S.qact(T, h.shape[1]), nt)
+        if L.w_gate_up is not None:
+            gu = self._mm(a, L.w_gate_up, S.get("gu", T, 2 * F))  # (T, 2F): gate | up
+            gate, up = gu[:, :F], gu[:, F:]
+        else:
+            gate = self._mm(a, L.w_gate, S.get("gate", T, F))
+            up = self._mm(a, L.w_up, S.get("up", T, F))
+        f = K.swiglu(gate, up, out=S.get("f", T, F), nthreads=nt)
+        self._mm(Act(K, f, S.qact(T, F), nt), L.w_down, out)
