@@ -128,6 +128,20 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    import json
+
+    from goinfer import profile
+
+    model = _load(args)
+    res = profile.run(model, args.prompt_tokens, args.decode_tokens)
+    print(profile.table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 def cmd_config(args) -> int:
     from goinfer import show_config
 
@@ -172,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None, help="write the JSON result here (default: stdout)")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("profile", help="time per kernel family for a prefill and decode steps")
+    _model_args(p)
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("config", help="version, kernel variant, OpenMP, threads")
     p.set_defaults(fn=cmd_config)
