@@ -39,7 +39,8 @@ def _sampling(args) -> dict:
                 seed=args.seed, stop=args.stop)
 
 
-def _stats(r, file=sys.stderr) -> None:
+def _stats(r, file=None) -> None:
+    file = file or sys.stderr
     t = r.timings
     print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
           f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
