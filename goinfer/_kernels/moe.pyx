@@ -105,7 +105,8 @@ def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, w
     mode "softmax_topk" (qwen2moe, qwen3moe, olmoe): softmax over all E in float64, then the
     k largest probabilities; norm=True divides them by their sum (rank order, float64).
     mode "topk_softmax" (mixtral): the k largest logits, then softmax over those k (norm is
-    implied).  Ties go to the lower expert index; NaN ranks lowest.  The weights are
+    implied).  Ties go to the lower expert index; NaN ranks lowest (in softmax_topk a NaN
+    logit makes its whole row NaN, so the weights are NaN).  The weights are
     float32(w * scale).  ids[t] lists experts by rank (largest first).  Bit-exact with
     goinfer._reference.moe_route."""
     cdef int nt = _check_threads(nthreads)

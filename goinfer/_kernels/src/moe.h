@@ -19,7 +19,8 @@ enum {
 
 typedef struct gi_moe_ops {
     /* Rows [t0, t1) of logits (T, E) -> ids (T, k) int32 and weights (T, k) float32.
-       Ties go to the lower expert index; a NaN logit ranks below every number.
+       Ties go to the lower expert index; a NaN ranks below every number (in softmax_topk a
+       NaN logit makes the whole row's p NaN: the weights are NaN).
        softmax_topk: e_j = exp(l_j - max), S = sum_j e_j (double, index order), p_j = e_j / S;
          norm: w_r = p_r / (sum of the chosen p in rank order), else w_r = p_r.
        topk_softmax: e_r = exp(l_r - l_0) over the chosen, w_r = e_r / (sum in rank order).
