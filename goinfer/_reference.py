@@ -384,22 +384,29 @@ def _sigmoid64(x: float) -> float:
     return 1.0 / (1.0 + e)
 
 
-def moe_fold(y, weights, pos, shared=None, shared_logit=None, out=None, *, nthreads: int = 1):
-    """out (T, D) = sum over ranks r of weights[t, r] * y[pos[t*k + r]] (float32, rank order,
-    each product rounded before the add), plus float32(sigmoid(shared_logit[t])) * shared[t]
-    (sigmoid in float64) when a shared expert is given."""
-    y = np.asarray(y, dtype=np.float32)
-    w = np.asarray(weights, dtype=np.float32)
+def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm: bool = False, out=None, *,
+             nthreads: int = 1):
+    """out (T, D): per row, in float64 (products of floats exact), rounded to float32 once:
+    acc = sum over ranks r (in order) of weights[t, r] * y[pos[t*k + r]]; renorm: acc / (sum of
+    the row's weights in rank order); shared: acc + float32(sigmoid(shared_logit[t])) * shared[t]
+    (sigmoid in float64)."""
+    y = np.asarray(y, dtype=np.float32).astype(np.float64)
+    w = np.asarray(weights, dtype=np.float32).astype(np.float64)
     T, k = w.shape
     pos = np.asarray(pos, dtype=np.int64).reshape(T, k)
     acc = w[:, 0:1] * y[pos[:, 0]]
+    S = w[:, 0].copy()
     for r in range(1, k):
         acc = acc + w[:, r:r + 1] * y[pos[:, r]]
+        S = S + w[:, r]
+    if renorm:
+        acc = acc / S[:, None]
     if shared is not None:
         g = np.array([_sigmoid64(float(x)) for x in np.asarray(shared_logit)],
-                     dtype=np.float64).astype(np.float32)
-        acc = acc + g[:, None] * np.asarray(shared, dtype=np.float32)
+                     dtype=np.float64).astype(np.float32).astype(np.float64)
+        acc = acc + g[:, None] * np.asarray(shared, dtype=np.float32).astype(np.float64)
+    res = acc.astype(np.float32)
     if out is not None:
-        out[...] = acc
+        out[...] = res
         return out
-    return acc
+    return res

@@ -7,7 +7,7 @@ An MoE feed-forward over T rows with k experts per row runs as
     rows, offsets, pos = moe_group(ids, n_expert)          # entries sorted by expert
     # expert e's entries are offsets[e]:offsets[e+1]; their input rows are x[rows[...]];
     # one GEMM per expert writes their outputs to y[offsets[e]:offsets[e+1]]
-    out = moe_fold(y, w, pos)                              # (T, D), rank order per row
+    out = moe_fold(y, w, pos, renorm=True)                 # (T, D), rank order per row
 
 Every output row depends only on its own logits / entries, in one fixed order, so the
 result is the same for any T, any thread count, any variant (docs/design/kernels.md).
@@ -29,8 +29,8 @@ cdef extern from "moe.h" nogil:
         void (*route)(const float *logits, int64_t E, int64_t t0, int64_t t1, int k, int mode,
                       int norm, double scale, int32_t *ids, float *w, double *work) noexcept nogil
         void (*fold)(const float *y, int64_t ldy, const float *w, const int32_t *pos, int k,
-                     const float *sh, int64_t lds, const float *sh_logit, int64_t t0, int64_t t1,
-                     int64_t c0, int64_t c1, float *out, int64_t ldo) noexcept nogil
+                     int renorm, const float *sh, int64_t lds, const float *sh_logit, int64_t t0,
+                     int64_t t1, int64_t c0, int64_t c1, float *out, int64_t ldo) noexcept nogil
     const gi_moe_ops gi_moe_ops_portable
     const gi_moe_ops gi_moe_ops_avx2
     const gi_moe_ops gi_moe_ops_avx512
@@ -183,15 +183,18 @@ def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
 
 # ============================================================================ fold
 
-def moe_fold(y, weights, pos, shared=None, shared_logit=None, out=None, *, nthreads=1):
+def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=None, *,
+             nthreads=1):
     """out (T, D) float32: each row's expert outputs weighted and summed in rank order.
 
     y (N, D) float32 holds the expert outputs in sorted order (moe_group), weights (T, k)
-    float32, pos (T*k,) int32 indexes y.  Per row t and column c, in float32:
-    acc = w[t,0]*y[pos[t*k],c]; acc = acc + w[t,r]*y[pos[t*k+r],c] for r = 1..k-1 (each product
-    rounded before the add).  With a shared expert (qwen2moe): shared (T, D) and its gate
-    logit shared_logit (T,) add acc = acc + float32(sigmoid(logit)) * shared[t,c] (sigmoid in
-    float64).  Bit-exact with goinfer._reference.moe_fold."""
+    float32, pos (T*k,) int32 indexes y.  Per row t and column c, in float64 (products of
+    floats are exact), rounded to float32 once at the end:
+        acc = w[t,0]*y[pos[t*k],c];  acc = acc + w[t,r]*y[pos[t*k+r],c]  for r = 1..k-1
+        renorm:  acc = acc / (w[t,0] + ... + w[t,k-1])   (routings whose weights sum to 1:
+                 cancels their float32 rounding, so k identical experts give exactly one)
+        shared:  acc = acc + float32(sigmoid(shared_logit[t])) * shared[t,c]   (qwen2moe)
+    Bit-exact with goinfer._reference.moe_fold."""
     cdef int nt = _check_threads(nthreads)
     cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (None, None))
     cdef int64_t T = wa.shape[0], kk = wa.shape[1]
@@ -229,19 +232,20 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, out=None, *, nthre
     cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
     cdef int n = _nth(nt, T * D * (kk + 1), nt)
+    cdef int rn = 1 if renorm else 0
     cdef int64_t c0, c1
     with nogil:
         if n <= 1:
-            ops.fold(yp, D, wp, pp, <int>kk, sp, D, gp, 0, T, 0, D, op, D)
+            ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, 0, T, 0, D, op, D)
         elif T >= n:  # split rows
             for i in prange(n, num_threads=n, schedule='static'):
-                ops.fold(yp, D, wp, pp, <int>kk, sp, D, gp, T * i // n, T * (i + 1) // n, 0, D,
-                         op, D)
+                ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, T * i // n, T * (i + 1) // n,
+                         0, D, op, D)
         else:  # few long rows: split columns (at multiples of 16 floats)
             for i in prange(n, num_threads=n, schedule='static'):
                 c0 = (D * i // n) & ~(<int64_t>15)
                 c1 = D if i == n - 1 else (D * (i + 1) // n) & ~(<int64_t>15)
-                ops.fold(yp, D, wp, pp, <int>kk, sp, D, gp, 0, T, c0, c1, op, D)
+                ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, 0, T, c0, c1, op, D)
     return out
 
 

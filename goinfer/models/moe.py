@@ -5,7 +5,8 @@ Attention is LlamaFamily's, hooks and fast path included; only the feed-forward 
   RMSNorm -> router matmul (T, E) -> moe_route: k experts and weights per row ->
   moe_group: the T*k (row, expert) entries sorted by expert -> per expert, ONE GEMM over
   all its rows: gate/up -> SwiGLU -> down -> moe_fold: each row's k outputs weighted and
-  summed in rank order [+ the shared expert behind a sigmoid gate (qwen2moe)].
+  summed in rank order, in float64, divided by the weights' sum where they are meant to sum
+  to 1 [+ the shared expert behind a sigmoid gate (qwen2moe)], rounded once.
 Matmul rows are independent, so a row's expert outputs do not depend on which rows share
 the GEMM: the expert-major result is bit-identical to running the tokens one at a time, and
 a decoded token reads only its k experts' weights.
@@ -237,6 +238,8 @@ class MoEFamily(llama.LlamaFamily):
     def __init__(self, g, cfg: MoEConfig, kernels, threads: int, progress=None):
         super().__init__(g, cfg, kernels, threads, progress)
         self.expert_major = True
+        # weights that sum to 1 mathematically: the fold divides by their float32 sum
+        self.renorm = (cfg.routing == "topk_softmax" or cfg.norm_topk) and cfg.expert_weights_scale == 1.0
         self.stats = MoEStats()
         self._qbufs: dict[str, QAct] = {}
 
@@ -282,7 +285,7 @@ class MoEFamily(llama.LlamaFamily):
             shared = self._swiglu_ffn(a.for_weight(x_in), [(0, T, M.shared)], T, cfg.d_ff_shared,
                                       "moe_sh", S.get("moe_sh", T, D), count=False)
             logit = self._mm(a, M.shared_gate, S.get("moe_sh_logit", T, 1)).reshape(T)
-        K.moe_fold(y, w, pos, shared, logit, out=out, nthreads=nt)
+        K.moe_fold(y, w, pos, shared, logit, renorm=self.renorm, out=out, nthreads=nt)
 
     def _experts_by_expert(self, M: MoEWeights, h, ids):
         """Expert-major: sort the T*k entries by expert and run each expert once over its

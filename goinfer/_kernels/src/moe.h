@@ -27,14 +27,18 @@ typedef struct gi_moe_ops {
        Then w_r = (float)(w_r * scale).  work: E doubles of scratch per call. */
     void (*route)(const float *logits, int64_t E, int64_t t0, int64_t t1, int k, int mode,
                   int norm, double scale, int32_t *ids, float *w, double *work);
-    /* Rows [t0, t1), columns [c0, c1) of out (T, D), row stride ldo:
-         acc = w[t,0] * y[pos[t*k+0]];  acc = acc + w[t,r] * y[pos[t*k+r]] for r = 1..k-1
-       (float32, each product rounded, then added: no fused multiply-add), and with a shared
-       expert (sh != NULL): acc = acc + (float)sigmoid(sh_logit[t]) * sh[t], sigmoid in double
-       = 1 / (1 + exp(-x)).  y rows have stride ldy, sh rows stride lds. */
+    /* Rows [t0, t1), columns [c0, c1) of out (T, D), row stride ldo; in float64 (every
+       product of two floats is exact), rounded once to float at the end:
+         acc = w[t,0] * y[pos[t*k+0]];  acc = acc + w[t,r] * y[pos[t*k+r]], r = 1..k-1
+         renorm:  acc = acc / (w[t,0] + ... + w[t,k-1])       (sum in rank order)
+         shared:  acc = acc + g * sh[t],  g = (float)(1 / (1 + exp(-sh_logit[t])))
+         out = (float)acc
+       renorm cancels the float32 rounding of weights meant to sum to 1 (k identical experts
+       then give exactly the expert's output).  y rows have stride ldy, sh rows stride lds;
+       sh == NULL: no shared expert. */
     void (*fold)(const float *y, int64_t ldy, const float *w, const int32_t *pos, int k,
-                 const float *sh, int64_t lds, const float *sh_logit, int64_t t0, int64_t t1,
-                 int64_t c0, int64_t c1, float *out, int64_t ldo);
+                 int renorm, const float *sh, int64_t lds, const float *sh_logit, int64_t t0,
+                 int64_t t1, int64_t c0, int64_t c1, float *out, int64_t ldo);
 } gi_moe_ops;
 
 extern const gi_moe_ops gi_moe_ops_portable;

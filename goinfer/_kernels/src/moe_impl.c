@@ -2,9 +2,10 @@
  *
  * Routing is scalar double arithmetic with libm's exp (the same function NumPy's reference
  * reaches through Python's math.exp), so the kernel and goinfer._reference.moe_route agree
- * bit for bit.  The fold is a float32 loop over columns that the compiler may vectorize:
- * every step is lane-wise IEEE (compiled with -ffp-contract=off, so w*y is rounded before
- * the add), so a column's bits never depend on its position, the vector width or the variant.
+ * bit for bit.  The fold is a float64 loop over columns that the compiler may vectorize:
+ * every step is lane-wise IEEE (products of two floats are exact in double, so fused or not
+ * is the same), so a column's bits never depend on its position, the vector width or the
+ * variant.
  */
 #include <math.h>
 
@@ -80,23 +81,36 @@ static void GI(route)(const float *logits, int64_t E, int64_t t0, int64_t t1, in
 
 /* ============================================================================ fold */
 
+#define FOLD_CHUNK 256 /* columns accumulated at once (a 2 KB double buffer on the stack) */
+
 static void GI(fold)(const float *y, int64_t ldy, const float *w, const int32_t *pos, int k,
-                     const float *sh, int64_t lds, const float *sh_logit, int64_t t0, int64_t t1,
-                     int64_t c0, int64_t c1, float *out, int64_t ldo) {
+                     int renorm, const float *sh, int64_t lds, const float *sh_logit, int64_t t0,
+                     int64_t t1, int64_t c0, int64_t c1, float *out, int64_t ldo) {
+    double acc[FOLD_CHUNK];
     for (int64_t t = t0; t < t1; t++) {
-        float *GI_RESTRICT o = out + t * ldo;
-        const float wr0 = w[t * k];
-        const float *GI_RESTRICT y0 = y + (int64_t)pos[t * k] * ldy;
-        for (int64_t c = c0; c < c1; c++) o[c] = wr0 * y0[c];
-        for (int r = 1; r < k; r++) {
-            const float wr = w[t * k + r];
-            const float *GI_RESTRICT yr = y + (int64_t)pos[t * k + r] * ldy;
-            for (int64_t c = c0; c < c1; c++) o[c] = o[c] + wr * yr[c];
-        }
-        if (sh != NULL) {
-            const float g = (float)(1.0 / (1.0 + exp(-(double)sh_logit[t])));
-            const float *GI_RESTRICT sr = sh + t * lds;
-            for (int64_t c = c0; c < c1; c++) o[c] = o[c] + g * sr[c];
+        const float *wt = w + t * k;
+        const int32_t *pt = pos + t * k;
+        double S = 0.0;
+        for (int r = 0; r < k; r++) S = S + (double)wt[r];
+        const double g = sh != NULL ? (double)(float)(1.0 / (1.0 + exp(-(double)sh_logit[t]))) : 0.0;
+        for (int64_t cc = c0; cc < c1; cc += FOLD_CHUNK) {
+            const int64_t n = c1 - cc < FOLD_CHUNK ? c1 - cc : FOLD_CHUNK;
+            const double w0 = (double)wt[0];
+            const float *GI_RESTRICT y0 = y + (int64_t)pt[0] * ldy + cc;
+            for (int64_t j = 0; j < n; j++) acc[j] = w0 * (double)y0[j];
+            for (int r = 1; r < k; r++) {
+                const double wr = (double)wt[r];
+                const float *GI_RESTRICT yr = y + (int64_t)pt[r] * ldy + cc;
+                for (int64_t j = 0; j < n; j++) acc[j] = acc[j] + wr * (double)yr[j];
+            }
+            if (renorm)
+                for (int64_t j = 0; j < n; j++) acc[j] = acc[j] / S;
+            if (sh != NULL) {
+                const float *GI_RESTRICT sr = sh + t * lds + cc;
+                for (int64_t j = 0; j < n; j++) acc[j] = acc[j] + g * (double)sr[j];
+            }
+            float *GI_RESTRICT o = out + t * ldo + cc;
+            for (int64_t j = 0; j < n; j++) o[j] = (float)acc[j];
         }
     }
 }
