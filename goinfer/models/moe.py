@@ -120,13 +120,13 @@ class FFNWeights:
     w_gate: QWeight | None
     w_up: QWeight | None
     w_down: QWeight  # (D, F)
+    nbytes: int = 0  # bytes of all its weights (set at construction)
+
+    def __post_init__(self):
+        self.nbytes = sum(w.nbytes for w in self.weights())
 
     def weights(self):
         return [w for w in (self.w_gate_up, self.w_gate, self.w_up, self.w_down) if w is not None]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(w.nbytes for w in self.weights())
 
 
 @dataclass
