@@ -463,8 +463,8 @@ def test_llama_with_experts_runs_as_moe(tiny_moe, tiny):
     assert family_for(GGUFFile(tiny("llama")[1])) is llama.LlamaFamily
 
 
-def _rewrite(src, dst, drop_keys=(), set_kv=None):
-    """Copy a GGUF with some metadata keys dropped or set (tensors unchanged)."""
+def _rewrite(src, dst, drop_keys=(), set_kv=None, rename=None):
+    """Copy a GGUF with some metadata keys dropped or set, some tensors renamed."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
@@ -477,7 +477,7 @@ def _rewrite(src, dst, drop_keys=(), set_kv=None):
     for key, (value, vtype) in (set_kv or {}).items():
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
-        w.add_tensor(t.name, upcycle_moe.stored(t), raw_dtype=t.tensor_type)
+        w.add_tensor((rename or {}).get(t.name, t.name), upcycle_moe.stored(t), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -498,6 +498,9 @@ def test_bad_moe_files_raise_typed_errors(tiny_moe, tmp_path):
     with pytest.raises(ModelFormatError, match="expert_feed_forward_length"):
         load(_rewrite(src, tmp_path / "d.gguf", drop_keys=("qwen3moe.expert_feed_forward_length",),
                       set_kv={"qwen3moe.expert_feed_forward_length": (32, gguf.GGUFValueType.UINT32)}))
+    with pytest.raises(ModelFormatError, match="old llama.cpp layout"):
+        load(_rewrite(src, tmp_path / "e.gguf",
+                      rename={"blk.0.ffn_gate_exps.weight": "blk.0.ffn_gate.0.weight"}))
 
 
 # ============================================================================ upcycled SmolLM2 (real model)

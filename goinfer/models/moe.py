@@ -86,6 +86,10 @@ def read_config(g) -> MoEConfig:
         raise UnsupportedArchitectureError(f"{g.path}: expert gating function {gating} is not "
                                            "supported (softmax only)")
     i = _first_moe_layer(g, cfg.n_layers)
+    if not g.has_tensor(f"blk.{i}.ffn_gate_exps.weight") and g.has_tensor(f"blk.{i}.ffn_gate.0.weight"):
+        raise ModelFormatError(f"{g.path}: experts stored one tensor each (blk.N.ffn_gate.E.weight, "
+                               "an old llama.cpp layout); re-convert the model with a current "
+                               "llama.cpp, which stacks them (blk.N.ffn_gate_exps.weight)")
     _, gshape = g.tensor_info(f"blk.{i}.ffn_gate_exps.weight")
     if len(gshape) != 3 or gshape[0] != E or gshape[2] != cfg.d_model:
         raise ModelFormatError(f"{g.path}: blk.{i}.ffn_gate_exps.weight has shape {gshape}, "
