@@ -102,7 +102,7 @@ def router_logits(draw):
     return np.ascontiguousarray(vals[idx])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(logits=router_logits(), data=st.data())
 def test_route_matches_reference(logits, data):
     T, E = logits.shape
