@@ -142,6 +142,10 @@ def write_moe_gguf(model, arch: str, path: Path, qtype=None, extra_kv: dict | No
             t(q + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
             t(q + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
         t(q + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        if p + "mlp.gate_proj.weight" in sd:  # a dense layer (qwen2moe mlp_only_layers)
+            for n in ("gate", "up", "down"):
+                t(q + f"ffn_{n}.weight", sd[p + f"mlp.{n}_proj.weight"])
+            continue
         t(q + "ffn_gate_inp.weight", sd[p + "mlp.gate.weight"])  # (E, D)
         gate_up = sd[p + "mlp.experts.gate_up_proj"]  # (E, 2F, D): gate rows, then up rows
         F = gate_up.shape[1] // 2
