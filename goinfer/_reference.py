@@ -11,6 +11,8 @@ with the kernel's own float32 operation sequence where the contract is bit-exact
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from goinfer.quant import GROUP, ROWS, QAct, QWeight
@@ -268,6 +270,142 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int
 def add(x, y, out=None, *, nthreads: int = 1):
     """out = x + y (float32, elementwise): residual connections."""
     res = (np.asarray(x, dtype=np.float32) + np.asarray(y, dtype=np.float32)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+# ============================================================================ Mixture of Experts
+# Routing, grouping and fold of an MoE feed-forward (see goinfer/_kernels/moe.pyx).  Bit-exact
+# contracts: the kernels do these same float64 / float32 operations in this order, and exp is
+# libm's (Python's math.exp), so the two agree bit for bit.
+
+_MOE_MODES = ("softmax_topk", "topk_softmax")
+
+
+def _rank_key(v: float) -> float:
+    return -math.inf if v != v else v  # NaN ranks below every number
+
+
+def _top_k(v: list[float], k: int) -> list[int]:
+    """Indices of the k largest values, largest first, ties to the lower index."""
+    chosen: list[int] = []
+    for _ in range(k):
+        best, bv = -1, 0.0
+        for j, x in enumerate(v):
+            if j in chosen:
+                continue
+            kx = _rank_key(x)
+            if best < 0 or kx > bv:
+                best, bv = j, kx
+        chosen.append(best)
+    return chosen
+
+
+def moe_route(logits, k: int, mode: str = "softmax_topk", norm: bool = False, scale: float = 1.0,
+              ids=None, weights=None, *, nthreads: int = 1):
+    """Router logits (T, E) float32 -> ids (T, k) int32 (experts by rank), weights (T, k) float32.
+
+    softmax_topk: e_j = exp(l_j - max_j l_j), S = sum_j e_j (float64, index order), p = e / S;
+      the k largest p; norm: w_r = p_r / sum_r p_r (rank order), else w_r = p_r.
+    topk_softmax: the k largest logits l_r; e_r = exp(l_r - l_0), w_r = e_r / sum_r e_r.
+    Then w_r = float32(w_r * scale).  Ties go to the lower expert index; NaN ranks lowest."""
+    if mode not in _MOE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(_MOE_MODES)}, got {mode!r}")
+    logits = np.asarray(logits, dtype=np.float32)
+    T, E = logits.shape
+    if not 1 <= k <= E:
+        raise ValueError(f"k must be an int in [1, {E}] (the number of experts), got {k!r}")
+    res_i = np.empty((T, k), np.int32)
+    res_w = np.empty((T, k), np.float32)
+    for t in range(T):
+        row = [float(x) for x in logits[t]]
+        if mode == "softmax_topk":
+            mx = -math.inf
+            for x in row:
+                if x > mx:
+                    mx = x
+            e = [math.exp(x - mx) for x in row]
+            S = 0.0
+            for x in e:
+                S = S + x
+            p = [x / S for x in e]
+            sel = _top_k(p, k)
+            s = 0.0
+            for j in sel:
+                s = s + p[j]
+            w = [(p[j] / s if norm else p[j]) * scale for j in sel]
+        else:
+            sel = _top_k(row, k)
+            e = [math.exp(row[j] - row[sel[0]]) for j in sel]
+            s = 0.0
+            for x in e:
+                s = s + x
+            w = [(x / s) * scale for x in e]
+        res_i[t] = sel
+        res_w[t] = np.array(w, dtype=np.float64).astype(np.float32)
+    if ids is not None:
+        ids[...] = res_i
+        res_i = ids
+    if weights is not None:
+        weights[...] = res_w
+        res_w = weights
+    return res_i, res_w
+
+
+def moe_group(ids, n_expert: int, rows=None, offsets=None, pos=None, *, nthreads: int = 1):
+    """Entries (t, r) of ids (T, k) sorted by expert, stably -> rows (T*k,) int32 (t of each
+    sorted entry), offsets (n_expert+1,) int64, pos (T*k,) int32 (sorted index of entry t*k+r)."""
+    ids = np.asarray(ids)
+    T, k = ids.shape
+    flat = ids.reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
+        raise ValueError(f"ids must lie in [0, {n_expert}), got [{flat.min()}, {flat.max()}]")
+    order = np.argsort(flat, kind="stable")  # sorted index -> entry t*k + r
+    res_rows = (order // k).astype(np.int32)
+    res_off = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=n_expert))]).astype(np.int64)
+    res_pos = np.empty(T * k, np.int32)
+    res_pos[order] = np.arange(T * k, dtype=np.int32)
+    out = []
+    for buf, res in ((rows, res_rows), (offsets, res_off), (pos, res_pos)):
+        if buf is not None:
+            buf[...] = res
+            res = buf
+        out.append(res)
+    return tuple(out)
+
+
+def _sigmoid64(x: float) -> float:
+    try:
+        e = math.exp(-x)
+    except OverflowError:  # libm returns inf here
+        e = math.inf
+    return 1.0 / (1.0 + e)
+
+
+def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm: bool = False, out=None, *,
+             nthreads: int = 1):
+    """out (T, D): per row, in float64 (products of floats exact), rounded to float32 once:
+    acc = sum over ranks r (in order) of weights[t, r] * y[pos[t*k + r]]; renorm: acc / (sum of
+    the row's weights in rank order); shared: acc + float32(sigmoid(shared_logit[t])) * shared[t]
+    (sigmoid in float64)."""
+    y = np.asarray(y, dtype=np.float32).astype(np.float64)
+    w = np.asarray(weights, dtype=np.float32).astype(np.float64)
+    T, k = w.shape
+    pos = np.asarray(pos, dtype=np.int64).reshape(T, k)
+    acc = w[:, 0:1] * y[pos[:, 0]]
+    S = w[:, 0].copy()
+    for r in range(1, k):
+        acc = acc + w[:, r:r + 1] * y[pos[:, r]]
+        S = S + w[:, r]
+    if renorm:
+        acc = acc / S[:, None]
+    if shared is not None:
+        g = np.array([_sigmoid64(float(x)) for x in np.asarray(shared_logit)],
+                     dtype=np.float64).astype(np.float32).astype(np.float64)
+        acc = acc + g[:, None] * np.asarray(shared, dtype=np.float32).astype(np.float64)
+    res = acc.astype(np.float32)
     if out is not None:
         out[...] = res
         return out

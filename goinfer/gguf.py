@@ -3,6 +3,7 @@
     f = GGUFFile("model.gguf")
     f.arch, f.metadata, f.get("tokenizer.ggml.tokens"), f.arch_get("block_count")
     w = f.load_weight("blk.0.attn_q.weight")      # QWeight (n_out, n_in), native kind
+    ws = f.load_experts("blk.0.ffn_up_exps.weight")  # list of QWeight, one per expert
     g = f.load_f32("blk.0.attn_norm.weight")      # float32 ndarray, any stored type
     print(f.conversion_summary())
 
@@ -587,12 +588,30 @@ class GGUFFile:
         tname, shape, rows = self._rows(name)
         if len(shape) != 2:
             raise ModelFormatError(f"{self.path}: load_weight needs a 2-D tensor, {name!r} has "
-                                   f"shape {shape} (use load_f32 for vectors)")
+                                   f"shape {shape} (use load_f32 for vectors, load_experts for "
+                                   "stacked expert tensors)")
+        return self._weight_from_rows(name, tname, rows, *shape)
+
+    def load_experts(self, name: str) -> list[QWeight]:
+        """A 3-D stacked expert tensor (n_expert, n_out, n_in) -> one QWeight per expert.
+
+        Each expert's rows are a slice of the memory-mapped tensor, repacked on their own (no
+        copy of the whole stack is made)."""
+        tname, shape, rows = self._rows(name)
+        if len(shape) != 3:
+            raise ModelFormatError(f"{self.path}: load_experts needs a 3-D tensor (n_expert, "
+                                   f"n_out, n_in), {name!r} has shape {shape}")
+        n_expert, n_out, n_in = shape
+        return [self._weight_from_rows(f"{name}[{e}]", tname, rows[e * n_out:(e + 1) * n_out],
+                                       n_out, n_in) for e in range(n_expert)]
+
+    def _weight_from_rows(self, name: str, tname: str, rows: np.ndarray, n_out: int,
+                          n_in: int) -> QWeight:
+        """Raw rows (n_out, row_bytes) of a matrix stored as tname -> QWeight."""
         if tname not in NATIVE_TARGET:
             raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
                                              "which goinfer can neither run nor convert")
         kind, how = NATIVE_TARGET[tname]
-        n_out, n_in = shape
         if kind in ("f32", "f16", "bf16"):
             dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[kind]
             w = pack_float(kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname)
@@ -697,6 +716,8 @@ if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion
     for n in g.tensor_names:
         if len(g.tensor_info(n)[1]) == 2 and g.tensor_info(n)[0] in NATIVE_TARGET:
             g.load_weight(n)
+        elif len(g.tensor_info(n)[1]) == 3 and g.tensor_info(n)[0] in NATIVE_TARGET:
+            g.load_experts(n)
         else:
             g.load_f32(n)
     print(g.conversion_summary())

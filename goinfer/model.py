@@ -13,7 +13,7 @@ from goinfer._threads import resolve_threads
 from goinfer.errors import ContextLengthError, UnsupportedArchitectureError
 from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import EXACT, KVCache
-from goinfer.models import ARCHITECTURES
+from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
 
@@ -38,7 +38,7 @@ class Model:
                  context_length: int | None = None, progress: bool = True,
                  _reference_kernels: bool = False):
         arch = gguf.arch
-        family = ARCHITECTURES.get(arch)
+        family = family_for(gguf)
         if family is None:
             raise UnsupportedArchitectureError(
                 f"{gguf.path}: architecture {arch!r} is not supported; supported: "

@@ -118,9 +118,10 @@ def _check_vec(name, v: np.ndarray, n):
     return np.ascontiguousarray(v, dtype=np.float32)
 
 
-def load_layer(g, cfg: ModelConfig, i: int) -> LayerWeights:
+def load_attention(g, cfg: ModelConfig, i: int) -> dict:
+    """The attention half of layer i: the LayerWeights fields attn_norm .. wo (a dict)."""
     p = f"blk.{i}."
-    D, hd, F = cfg.d_model, cfg.head_dim, cfg.d_ff
+    D, hd = cfg.d_model, cfg.head_dim
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
     wq, wk, wv = (g.load_weight(p + f"attn_{n}.weight") for n in "qkv")
     _check_shape(p + "attn_q.weight", wq, nq, D)
@@ -139,6 +140,14 @@ def load_layer(g, cfg: ModelConfig, i: int) -> LayerWeights:
         k_norm = _check_vec(p + "attn_k_norm.weight", g.load_f32(p + "attn_k_norm.weight"), hd)
     wo = g.load_weight(p + "attn_output.weight")
     _check_shape(p + "attn_output.weight", wo, D, nq)
+    return dict(attn_norm=_check_vec(p + "attn_norm.weight", g.load_f32(p + "attn_norm.weight"), D),
+                wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=bqkv, q_norm=q_norm, k_norm=k_norm, wo=wo)
+
+
+def load_layer(g, cfg: ModelConfig, i: int) -> LayerWeights:
+    p = f"blk.{i}."
+    D, F = cfg.d_model, cfg.d_ff
+    attn = load_attention(g, cfg, i)
     w_gate = g.load_weight(p + "ffn_gate.weight")
     w_up = g.load_weight(p + "ffn_up.weight")
     _check_shape(p + "ffn_gate.weight", w_gate, F, D)
@@ -149,9 +158,7 @@ def load_layer(g, cfg: ModelConfig, i: int) -> LayerWeights:
     w_down = g.load_weight(p + "ffn_down.weight")
     _check_shape(p + "ffn_down.weight", w_down, D, F)
     return LayerWeights(
-        attn_norm=_check_vec(p + "attn_norm.weight", g.load_f32(p + "attn_norm.weight"), D),
-        wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=bqkv, q_norm=q_norm, k_norm=k_norm, wo=wo,
-        ffn_norm=_check_vec(p + "ffn_norm.weight", g.load_f32(p + "ffn_norm.weight"), D),
+        **attn, ffn_norm=_check_vec(p + "ffn_norm.weight", g.load_f32(p + "ffn_norm.weight"), D),
         w_gate_up=w_gate_up, w_gate=w_gate, w_up=w_up, w_down=w_down)
 
 
@@ -162,6 +169,7 @@ class LlamaFamily:
     """Weights and forward step of llama / mistral / qwen2 / qwen3 models."""
 
     read_config = staticmethod(read_config)
+    load_layer = staticmethod(load_layer)  # (g, cfg, i) -> layer weights; a hook for subclasses
 
     def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None):
         self.cfg = cfg
@@ -172,7 +180,7 @@ class LlamaFamily:
         _check_shape("token_embd.weight", self.tok_embd, cfg.vocab_size, D)
         self.layers = []
         for i in range(cfg.n_layers):
-            self.layers.append(load_layer(g, cfg, i))
+            self.layers.append(self.load_layer(g, cfg, i))
             if progress is not None:
                 progress(1)
         self.out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
