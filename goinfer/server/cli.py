@@ -172,7 +172,7 @@ def long_prompt(n_words: int = 2000, seed: int = 0) -> str:
     return " ".join(words[:n_words])
 
 
-def check(url: str, api_key: str | None) -> int:
+def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
     c = Client(url, api_key)
     rows: list[tuple[str, str, str]] = []
     ok = True
@@ -244,10 +244,10 @@ def check(url: str, api_key: str | None) -> int:
         fail("stop sequence", e)
     nonce = secrets.token_hex(4)
     long_msgs = [{"role": "system", "content": f"Run {nonce}. Read the log and answer briefly.\n"
-                  + long_prompt(2000)},
+                  + long_prompt(long_words)},
                  {"role": "user", "content": "In one sentence: what does the log talk about?"}]
     long_body = {"model": model, "messages": long_msgs, "max_tokens": 16, "temperature": 0}
-    for label in ("long prompt (~2000 words)", "same long prompt again"):
+    for label in (f"long prompt (~{long_words} words)", "same long prompt again"):
         try:
             s = c.stream(chat, long_body)
             u = s["usage"] or {}

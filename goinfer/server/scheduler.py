@@ -118,6 +118,7 @@ class Engine:
         self.decode_tokens = 0  # tokens fed as decode steps
         self.completion_tokens = 0
         self.steps = 0
+        self.peak_batch = 0  # most sequences in one step
         self.busy_seconds = 0.0
         self._window: deque[tuple[float, int, int]] = deque()  # (t, prefill rows, decode rows)
 
@@ -256,6 +257,9 @@ class Engine:
         return need + len(self._active) <= self.cache.available_blocks()
 
     def _admit(self) -> None:
+        """Give waiting jobs seats in the batch.  A job is seated in the cache (its prefix
+        looked up) only when its prompt is first fed, so it reuses blocks that jobs admitted
+        with it have computed by then (a shared system prompt is prefilled once)."""
         while len(self._active) < self.max_batch:
             with self._cond:
                 if not self._waiting:
@@ -264,11 +268,6 @@ class Engine:
                 if self._active and not self._room_for(job):
                     return  # wait for blocks to come back
                 self._waiting.popleft()
-            try:
-                self._seat(job)
-            except Exception as e:
-                self._fail(job, e)
-                continue
             self._active.append(job)
 
     def _seat(self, job: Job) -> None:
@@ -300,17 +299,37 @@ class Engine:
             self._waiting.appendleft(job)
 
     def _plan(self) -> list[tuple[Job, list[int]]]:
-        """What each active job feeds this step: decoders their token, prompts a chunk each
-        while the step's prompt budget lasts (a fast-attention prompt only in whole chunks,
-        so it is cut exactly as Session.generate cuts it)."""
+        """What each active job feeds this step.  Every decoding job feeds its token; prompts
+        share a budget of prefill_chunk tokens, shortest remaining prompt first (a short request
+        arriving during a long prefill starts at once).  A fast-attention prompt is fed only in
+        whole chunks (or its last piece), so its cuts do not depend on the load."""
         work = []
-        budget = self.prefill_chunk
+        prompts = []
         for job in self._active:
-            if len(job.pending) == 1:
+            if job.session is not None and len(job.pending) == 1:
                 work.append((job, job.pending[:1]))
-                continue
-            take = min(len(job.pending), budget, self.prefill_chunk)
-            if take <= 0 or (job.fast and take < min(len(job.pending), self.prefill_chunk)):
+            else:
+                prompts.append(job)
+        budget = self.prefill_chunk
+
+        def remaining(j: Job) -> int:
+            return len(j.pending) if j.session is not None else len(j.ids)
+
+        for job in sorted(prompts, key=remaining):
+            if budget <= 0:
+                break
+            if job.session is None:
+                try:
+                    self._seat(job)
+                except Exception as e:
+                    self._fail(job, e)
+                    continue
+                if len(job.pending) == 1:  # all but the last prompt token were cached
+                    work.append((job, job.pending[:1]))
+                    continue
+            want = min(len(job.pending), self.prefill_chunk)
+            take = min(want, budget)
+            if job.fast and take < want:
                 continue
             work.append((job, job.pending[:take]))
             budget -= take
@@ -324,8 +343,9 @@ class Engine:
                     job.session._reserve(len(toks))
                 return work
             except CacheFullError as e:
-                victim = self._active[-1]
-                if len(self._active) == 1:
+                holders = [j for j in self._active if j.session is not None]
+                victim = holders[-1]  # the youngest job holding blocks
+                if len(holders) == 1:
                     self._fail(victim, e)
                 else:
                     self._preempt(victim)
@@ -348,6 +368,7 @@ class Engine:
         n_prefill = sum(len(t) for j, t in work if j.prefilling)
         n_rows = sum(len(t) for _, t in work)
         self.steps += 1
+        self.peak_batch = max(self.peak_batch, len(work))
         self.busy_seconds += t1 - t0
         self.prefill_tokens += n_prefill
         self.decode_tokens += n_rows - n_prefill
