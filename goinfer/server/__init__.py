@@ -16,4 +16,4 @@ def create_app(*args, **kwargs):
     return _create(*args, **kwargs)
 
 
-__all__ = ["create_app", "Engine", "Job", "QueueFullError"]
+__all__ = ["Engine", "Job", "QueueFullError", "create_app"]

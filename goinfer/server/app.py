@@ -21,13 +21,34 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from goinfer.errors import CacheFullError, ChatTemplateError, ContextLengthError, GoinferError
+from goinfer.errors import (
+    CacheFullError,
+    ChatTemplateError,
+    ContextLengthError,
+    GoinferError,
+)
 from goinfer.kv_cache import KVCache
 from goinfer.sampling import SamplingParams
 from goinfer.server import metrics
-from goinfer.server.protocol import (SSE_DONE, SSE_PING, APIError, GenRequest, Shaper, bad,
-                                     parse_chat, parse_completion, sse)
-from goinfer.server.scheduler import DEFAULT_PREFILL_CHUNK, Engine, Event, Job, QueueFullError
+from goinfer.server.protocol import (
+    SSE_DONE,
+    SSE_PING,
+    APIError,
+    GenRequest,
+    Shaper,
+    bad,
+    parse_chat,
+    parse_completion,
+    sse,
+    timings,
+)
+from goinfer.server.scheduler import (
+    DEFAULT_PREFILL_CHUNK,
+    Engine,
+    Event,
+    Job,
+    QueueFullError,
+)
 
 log = logging.getLogger("goinfer.server")
 
@@ -226,6 +247,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     async def _stream(job, events, req, shaper):
         """Server-sent events; comment pings while nothing else is sent (a long prefill)."""
         finished = False
+        get = None
         try:
             yield sse(shaper.chunk(role=True, text="", include_usage=req.include_usage))
             get = asyncio.ensure_future(events.get())
@@ -243,7 +265,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                                        include_usage=req.include_usage)
                     if req.kind == "chat":
                         end["choices"][0]["delta"] = {}
-                    end["timings"] = _timings(ev.result)
+                    end["timings"] = timings(ev.result)
                     yield sse(end)
                     if req.include_usage:
                         yield sse(shaper.usage_chunk(ev.result))
@@ -257,16 +279,12 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                     return
                 get = asyncio.ensure_future(events.get())
         finally:
+            if get is not None:
+                get.cancel()
             if not finished:
                 engine.cancel(job)
 
     return app
-
-
-def _timings(result) -> dict:
-    from goinfer.server.protocol import timings
-
-    return timings(result)
 
 
 def _chat_ids(model, req: GenRequest) -> list[int]:
@@ -323,7 +341,7 @@ class EventStream(Response):
 
         tasks = {asyncio.ensure_future(pump()), asyncio.ensure_future(watch())}
         try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in tasks:
                 t.cancel()

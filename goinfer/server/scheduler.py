@@ -24,8 +24,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.sampling import SamplingParams
