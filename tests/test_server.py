@@ -4,6 +4,7 @@ must equal Session.generate / Session.chat of the same request alone (exact nume
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -279,25 +280,26 @@ def test_concurrent_requests_equal_lone_requests(model):
 
 def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
     """A long prompt prefilled in chunks between decode steps; a short request sent with it
-    finishes first; pings keep the stream alive; the long result equals Session.generate."""
+    finishes before the long one's first token; pings keep the stream alive; the long result
+    equals Session.generate."""
     m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, exact_prefill=True,
               context_length=2048)
     long_ids = np.random.default_rng(0).integers(0, 256, 1300).tolist()  # > FAST_PREFILL_MIN
     with Server(m, KVCache(m, max_tokens=4096), prefill_chunk=128, ping_interval=0.02) as s:
+        order = []  # (prompt length, event kind) in the order the engine sent them
+        send = s.engine._send
+        s.engine._send = lambda job, ev: (order.append((len(job.ids), ev.kind)), send(job, ev))
         s.engine.pause()
-        done_at = {}
+        out = {}
 
         def long_req():
             with httpx.stream("POST", s.url + "/v1/completions", timeout=60, json={
                     "prompt": long_ids, "max_tokens": 8, "temperature": 0, "stream": True}) as r:
-                body = "".join(r.iter_text())
-            done_at["long_first"] = time.perf_counter()
-            done_at["long"] = sse_events(body)
+                out["long"] = sse_events("".join(r.iter_text()))
 
         def short_req():
-            done_at["short_r"] = s.client().completions.create(
-                model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0)
-            done_at["short"] = time.perf_counter()
+            out["short"] = s.client().completions.create(model="tiny", prompt=[1, 2, 3],
+                                                         max_tokens=4, temperature=0)
 
         t1 = threading.Thread(target=long_req)
         t1.start()
@@ -311,13 +313,14 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
         t1.join(60)
         t2.join(60)
         assert s.engine.steps - steps0 >= 1300 // 128  # chunked
-    ev = done_at["long"]
-    assert "ping" in ev[:ev.index(next(e for e in ev if isinstance(e, dict) and
-                                       e["choices"] and e["choices"][0]["text"]))]
+    assert order.index((3, "done")) < order.index((1300, "text"))
+    ev = out["long"]
+    first = next(e for e in ev if isinstance(e, dict) and e["choices"] and e["choices"][0]["text"])
+    assert "ping" in ev[:ev.index(first)]
     text = "".join(e["choices"][0]["text"] for e in ev if isinstance(e, dict) and e["choices"])
     ref = lone(m, prompt=long_ids, max_tokens=8)
     assert text == ref.text
-    assert done_at["short"] < done_at["long_first"]
+    assert out["short"].choices[0].text == lone(m, prompt=[1, 2, 3], max_tokens=4).text
 
 
 def test_full_kv_cache_waits_and_preempts_exactly(model):
@@ -509,11 +512,13 @@ def test_streaming_disconnect_cancels_and_frees_blocks(tiny):
         with httpx.stream("POST", s.url + "/v1/completions", timeout=30, json={
                 "prompt": "go", "max_tokens": 8000, "stream": True,
                 "logit_bias": {"65": 100}}) as r:
-            for line in r.iter_lines():
+            lines = r.iter_lines()  # held: dropping the iterator would close the connection
+            for line in lines:
                 if line.startswith("data: ") and '"text":"A' in line:
                     break
             s.engine.pause()  # it cannot finish while we hang up
-            assert s.cache.stats().blocks_used > 0
+            time.sleep(0.05)
+            assert s.cache.stats().blocks_used > 0 and s.engine.n_cancelled == 0
         s.wait(lambda: _active_cancelled(s.engine), "the server noticed the disconnect")
         s.engine.resume()
         s.wait(lambda: s.engine.n_active == 0, "job dropped")
@@ -524,8 +529,13 @@ def test_streaming_disconnect_cancels_and_frees_blocks(tiny):
 def test_non_streaming_disconnect_cancels(model):
     with Server(model) as s:
         s.engine.pause()
-        with pytest.raises(httpx.TimeoutException):
-            s.post("/v1/completions", {"prompt": "go", "max_tokens": 50}, timeout=0.5)
+        body = json.dumps({"prompt": "go", "max_tokens": 50}).encode()
+        host, port = s.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.wait(lambda: s.engine.queue_depth == 1, "request queued")
+        sock.close()  # hang up while it waits
         s.wait(lambda: _active_cancelled(s.engine), "the server noticed the disconnect")
         s.engine.resume()
         s.wait(lambda: s.engine.queue_depth == 0 and s.engine.n_active == 0, "job dropped")
@@ -553,8 +563,9 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
 
         def hang_up_stream():
             with httpx.stream("POST", s.url + "/v1/chat/completions", timeout=30, json={
-                    "messages": msgs("y"), "max_tokens": 300, "stream": True}) as r:
-                next(r.iter_lines())
+                    "messages": msgs("y"), "max_tokens": 450, "stream": True,
+                    "logit_bias": {"65": 100}}) as r:
+                next(r.iter_lines())  # the role chunk; dropping the iterator hangs up
             return "cancelled"
 
         fns = [good, bad, ctx, hang_up, hang_up_stream] * 4

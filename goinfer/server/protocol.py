@@ -159,7 +159,10 @@ COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", 
           "stop", "max_tokens", "presence_penalty", "frequency_penalty", "repeat_penalty",
           "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens"}
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-             "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier"}
+             "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
+             # accepted and ignored: hints that do not change what a local model computes
+             "reasoning_effort", "verbosity", "modalities", "prompt_cache_key",
+             "safety_identifier"}
 COMPLETION_ONLY = {"prompt", "echo", "logprobs", "suffix", "best_of"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
