@@ -425,6 +425,10 @@ def test_malformed_and_oversized_requests(srv):
     _err(srv.post("/v1/chat/completions", content=b"\xff\xfe"), 400, "invalid_json")
     _err(srv.post("/v1/chat/completions", content=b"[1, 2]"), 400)
     _err(srv.post("/v1/chat/completions", content=b"null"), 400)
+    _err(srv.post("/v1/chat/completions", content=b"[" * 100000), 400, "invalid_json")
+    _err(srv.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": '
+                                                   b'"x"}], "temperature": NaN}'), 400,
+         param="temperature")
     big = b'{"messages": [{"role": "user", "content": "' + b"a" * (9 << 20) + b'"}]}'
     _err(srv.post("/v1/chat/completions", content=big), 413, "body_too_large")
     _err(srv.post("/v1/completions", {"prompt": ""}), 400, param="prompt")

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from goinfer.errors import (
     CacheFullError,
@@ -164,12 +165,18 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         if n is not None and n.isdigit() and int(n) > st.max_body:
             raise APIError(413, f"request body over {st.max_body} bytes", code="body_too_large")
         buf = bytearray()
-        async for part in request.stream():
-            buf += part
-            if len(buf) > st.max_body:
-                raise APIError(413, f"request body over {st.max_body} bytes", code="body_too_large")
+        try:
+            async for part in request.stream():
+                buf += part
+                if len(buf) > st.max_body:
+                    raise APIError(413, f"request body over {st.max_body} bytes",
+                                   code="body_too_large")
+        except ClientDisconnect:
+            raise APIError(499, "the client closed the connection", code="client_closed") from None
         try:
             return json.loads(buf)
+        except RecursionError:
+            raise bad("the request body nests too deeply", code="invalid_json") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON ({e})", code="invalid_json") from None
 
