@@ -6,8 +6,8 @@ batched (--max-batch 8) versus one request at a time (--max-batch 1).
 Each client sends --requests chat requests one after another: a shared ~200-token system
 prompt (reused from the prefix cache after the first request, as an agent resends its context)
 plus a question of its own, greedy, end-of-turn banned so every reply is --max-tokens long.
-Both servers run at once and the modes alternate level by level (the machine is shared: its
-load drifts).  Per level: aggregate completion tok/s (all tokens / wall time), and p50 / p99
+Both servers run at once and the modes alternate, which goes first swapping level by level
+(the machine is shared: its load drifts).  Per level: aggregate completion tok/s (all tokens / wall time), and p50 / p99
 of time to first token and of request latency, measured by the client.  Prints a Markdown
 table and writes JSON with every request's numbers.
 """
@@ -137,8 +137,9 @@ def main() -> int:
             run_level(servers[name][1], 1, 1, 4, ban)  # warm up: load, prefix cache
         load_before = os.getloadavg()
         results = {name: [] for name in modes}
-        for n in levels:
-            for name in modes:
+        for i, n in enumerate(levels):
+            order = list(modes) if i % 2 == 0 else list(modes)[::-1]  # no order bias
+            for name in order:
                 r = run_level(servers[name][1], n, args.requests, args.max_tokens, ban)
                 results[name].append(r)
                 ttft = [x["ttft_s"] for x in r["requests"] if x["ttft_s"] is not None]
@@ -153,7 +154,10 @@ def main() -> int:
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
             "loadavg_before": load_before, "loadavg_after": load_after,
-            "command": " ".join([Path(sys.executable).name] + sys.argv), "model": args.model,
+            "command": (f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
+                        if "OMP_WAIT_POLICY" in os.environ else "")
+                       + " ".join([Path(sys.executable).name] + sys.argv),
+            "model": args.model,
             "threads": args.threads, "max_tokens": args.max_tokens,
             "requests_per_client": args.requests}
     lines = ["| mode | clients | requests | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | "
