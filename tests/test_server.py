@@ -387,12 +387,16 @@ BAD_BODIES = [
     ({"messages": "hi"}, "messages"),
     ({}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages"),
+    ({"messages": ["hi"]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 10**400}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10**400}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, "top_p"),
@@ -418,6 +422,34 @@ BAD_BODIES = [
 @pytest.mark.parametrize("body,param", BAD_BODIES)
 def test_bad_chat_bodies_get_400(srv, body, param):
     _err(srv.post("/v1/chat/completions", body), 400, param=param)
+
+
+def test_fuzzed_bodies_never_crash_the_server(srv):
+    """Random values of random types in every field: always a 200 or an OpenAI-style 400."""
+    import random
+
+    from goinfer.server.protocol import CHAT_ONLY, COMMON, COMPLETION_ONLY
+
+    rng = random.Random(0)
+    values = [None, True, False, 0, 1, -1, 3, 2.5, -0.5, 10**30, -1e308, "", "x", "user", [],
+              {}, [1, "a"], {"a": 1}, {"65": 1}, [{"role": "user", "content": "hi"}],
+              [{"type": "text", "text": "t"}], ["a", "b"], [[1, 2]], {"include_usage": True}]
+    fields = sorted(COMMON | CHAT_ONLY | COMPLETION_ONLY) + ["bogus"]
+    for i in range(150):
+        body = {k: rng.choice(values) for k in rng.sample(fields, rng.randint(1, 6))}
+        if i % 2 == 0 and "messages" not in body:
+            body["messages"] = [{"role": rng.choice(["user", "system", "x"]),
+                                 "content": rng.choice(values)}]
+        if i % 3 == 0 and "prompt" not in body:
+            body["prompt"] = rng.choice(values)
+        body.setdefault("max_tokens", 2)
+        body["stream"] = False
+        path = "/v1/chat/completions" if i % 2 == 0 else "/v1/completions"
+        r = srv.post(path, body)
+        assert r.status_code in (200, 400), (body, r.text)
+        if r.status_code == 400:
+            _err(r, 400)
+    assert srv.cache.stats().blocks_used == 0
 
 
 def test_malformed_and_oversized_requests(srv):

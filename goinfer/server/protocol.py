@@ -48,7 +48,9 @@ def _is_int(v) -> bool:
 
 
 def _is_num(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+    if isinstance(v, bool):
+        return False
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default, *, lo_open: bool = False):
@@ -240,7 +242,7 @@ def parse_chat(body: dict, vocab_size: int) -> GenRequest:
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object", "messages", "invalid_type")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad(f"{where}: 'role' must be one of {sorted(ROLES)}, got {role!r}", "messages",
                       "invalid_value")
         msg = dict(m)
