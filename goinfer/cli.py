@@ -1,4 +1,4 @@
-"""Command line: goinfer pull | list | run | chat | bench | config."""
+"""Command line: goinfer pull | list | run | chat | serve | bench | config."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +143,12 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from goinfer.server import cli as server_cli
+
+    return server_cli.run(args)
+
+
 def cmd_config(args) -> int:
     from goinfer import show_config
 
@@ -177,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message")
     _sampling_args(p)
     p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible server (`serve check URL` tests one)")
+    from goinfer.server.cli import add_arguments as _serve_args
+
+    _serve_args(p)
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("bench", help="prefill and decode speed")
     _model_args(p)

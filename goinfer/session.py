@@ -296,86 +296,162 @@ class Session:
         ids = self.model.tokenize(prompt, add_special=False, parse_special=True)
         return self.generate(ids, max_tokens, **kwargs)
 
+    def _start(self, ids: list[int]) -> tuple[list[int], int, bool]:
+        """Seat ids for a whole-context generation: reuse the longest prefix held here or in the
+        cache.  Returns (rest to prefill, cached token count, fast attention for the rest)."""
+        if len(ids) > self.model.n_ctx:
+            raise ContextLengthError(
+                f"prompt of {len(ids)} tokens exceeds the context length "
+                f"{self.model.n_ctx} of {self.model.name}")
+        reused = self._seat(ids)
+        more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
+        rest = ids[reused + more:]
+        self.cache.count_hits(reused + more, len(rest))  # own history counts as a hit too
+        return rest, reused + more, self.model.use_fast(len(rest))
+
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
                   stops: list[str]) -> Iterator:
-        tok = self.model.tokenizer
         t0 = time.perf_counter()
-        reused = self._seat(ids)
-        self.cache.count_hits(reused, 0)
-        logits, more = self._prefill(ids[reused:])
-        cached = reused + more
+        rest, cached, fast = self._start(ids)
+        self._reserve(len(rest))
+        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
+        self._commit(rest, fast)
+        logits = logits[-1]
         t1 = time.perf_counter()
-        sampler = Sampler(params, self.model.vocab_size, history=list(ids))
-        stop_ids = set(tok.stop_ids)
-        decoder = StreamDecoder(tok)
-        out_tokens: list[int] = []
-        text = ""  # decoded so far
-        emitted = 0  # characters of text already yielded
-        finish = "length"
-        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be forming
-        n_decode = 0
-        cut_by_string = False
-        for step in range(max_tokens):
-            if step > 0:
-                logits = self.decode(out_tokens[-1])
-                n_decode += 1
-            t = sampler.sample(logits)
-            if t in stop_ids:
-                finish = "stop"
-                break
-            sampler.accept(t)
-            out_tokens.append(t)
-            text += decoder.push(t)
-            cut = _find_stop(text, stops, emitted)
-            if cut is not None:
-                text, finish, cut_by_string = text[:cut], "stop", True
-                break
-            if len(text) - hold > emitted:
-                yield text[emitted:len(text) - hold]
-                emitted = len(text) - hold
-        if not cut_by_string:  # flush bytes of an unfinished UTF-8 character
-            text += decoder.flush()
-            cut = _find_stop(text, stops, emitted)
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-        if len(text) > emitted:
-            yield text[emitted:]
-        t2 = time.perf_counter()
-        n_prefilled = len(ids) - cached
-        timings = Timings(
-            prefill_ms=(t1 - t0) * 1e3,
-            prefill_tok_s=n_prefilled / (t1 - t0) if t1 > t0 else 0.0,
-            decode_ms=(t2 - t1) * 1e3,
-            decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
-            prefill_tokens=n_prefilled, decode_tokens=n_decode)
-        yield GenerationResult(text=text, tokens=out_tokens, finish_reason=finish,
-                               prompt_tokens=len(ids), cached_tokens=cached,
-                               completion_tokens=len(out_tokens), timings=timings)
+        gen = Generation(self.model, ids, max_tokens, params, stops)
+        while not gen.done:
+            if gen.n_steps > 0:
+                logits = self.decode(gen.tokens[-1])
+            piece = gen.push(logits)
+            if piece:
+                yield piece
+        piece = gen.finish()
+        if piece:
+            yield piece
+        yield gen.result(cached, len(ids) - cached, t0, t1, time.perf_counter())
 
     def __repr__(self) -> str:
         return f"Session({len(self._tokens)} tokens in {len(self._blocks)} blocks)"
 
 
-# ============================================================================ batched decode
+# ============================================================================ one generation
+
+
+class Generation:
+    """The token-by-token side of one generation: sampling, stop tokens, stop strings and the
+    streaming holdback (text that might be the start of a stop string is held back).
+
+    Feed it the logits after the prompt, then after each of its tokens, with ``push`` (which
+    returns the text that may be shown now) until ``done``; then ``finish`` returns the rest.
+    ``Session.generate`` and the server's scheduler both drive one of these, so they give the
+    same tokens and text."""
+
+    def __init__(self, model, ids: list[int], max_tokens: int, params: SamplingParams,
+                 stops: list[str]):
+        tok = model.tokenizer
+        self.sampler = Sampler(params, model.vocab_size, history=list(ids))
+        self.stop_ids = set(tok.stop_ids)
+        self.stops = stops
+        self.max_tokens = max_tokens
+        self.decoder = StreamDecoder(tok)
+        self.tokens: list[int] = []  # generated, stop token excluded
+        self.text = ""  # decoded so far (cut at a stop string)
+        self.emitted = 0  # characters of text already returned
+        self.finish_reason = "length"
+        self.hold = max((len(x) for x in stops), default=1) - 1  # a stop string may be forming
+        self.n_steps = 0  # logits pushed
+        self.done = max_tokens <= 0
+        self._cut_by_string = False
+
+    def push(self, logits: np.ndarray) -> str:
+        """Sample the next token from logits (vocab,) -> the text that may be shown now."""
+        if self.done:
+            raise RuntimeError("push() after the generation is done")
+        self.n_steps += 1
+        t = self.sampler.sample(logits)
+        if t in self.stop_ids:
+            self.finish_reason, self.done = "stop", True
+            return ""
+        self.sampler.accept(t)
+        self.tokens.append(t)
+        self.text += self.decoder.push(t)
+        cut = _find_stop(self.text, self.stops, self.emitted)
+        if cut is not None:
+            self.text, self.finish_reason, self.done = self.text[:cut], "stop", True
+            self._cut_by_string = True
+            return ""
+        if len(self.tokens) >= self.max_tokens:
+            self.done = True
+        if len(self.text) - self.hold > self.emitted:
+            piece = self.text[self.emitted:len(self.text) - self.hold]
+            self.emitted = len(self.text) - self.hold
+            return piece
+        return ""
+
+    def finish(self) -> str:
+        """Flush an unfinished UTF-8 character, apply the stops once more -> the remaining text."""
+        if not self._cut_by_string:
+            self.text += self.decoder.flush()
+            cut = _find_stop(self.text, self.stops, self.emitted)
+            if cut is not None:
+                self.text, self.finish_reason = self.text[:cut], "stop"
+        piece = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        self.done = True
+        return piece
+
+    def result(self, cached: int, prefilled: int, t0: float, t1: float, t2: float
+               ) -> GenerationResult:
+        """The GenerationResult, timed from t0 (start) to t1 (prompt done) to t2 (end)."""
+        n_decode = max(0, self.n_steps - 1)
+        timings = Timings(
+            prefill_ms=(t1 - t0) * 1e3,
+            prefill_tok_s=prefilled / (t1 - t0) if t1 > t0 else 0.0,
+            decode_ms=(t2 - t1) * 1e3,
+            decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
+            prefill_tokens=prefilled, decode_tokens=n_decode)
+        return GenerationResult(text=self.text, tokens=list(self.tokens),
+                                finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
+                                cached_tokens=cached, completion_tokens=len(self.tokens),
+                                timings=timings)
+
+
+# ============================================================================ batched steps
+
+
+def forward_sessions(items) -> list[np.ndarray]:
+    """One forward step over several sessions of one model and KVCache, run as one batch.
+
+    items: (session, tokens, fast) per session; each session appends its tokens (a prefill
+    chunk, or one token to decode).  Returns the logits of each session's last token, (vocab,).
+    Each session's logits and KV are bit-identical to running it alone (exact numerics).
+    Blocks are reserved first: on CacheFullError earlier sessions may keep spare blocks, but no
+    token is appended anywhere."""
+    if not items:
+        return []
+    cache, model = items[0][0].cache, items[0][0].model
+    if any(s.cache is not cache or s.model is not model for s, _, _ in items):
+        raise ValueError("forward_sessions needs sessions of one model sharing one KVCache")
+    if len({id(s) for s, _, _ in items}) != len(items):
+        raise ValueError("a session appears twice in the batch")
+    items = [(s, [int(t) for t in toks], bool(fast)) for s, toks, fast in items]
+    for s, toks, _ in items:
+        if not toks:
+            raise ValueError("every session in a batch needs at least one token")
+        s._reserve(len(toks))
+    seqs = [(s.block_table, toks, s.n_tokens, "last", fast) for s, toks, fast in items]
+    logits = model.forward_batch(cache, seqs)
+    for s, toks, fast in items:
+        s._commit(toks, fast)
+    return [lg[-1] for lg in logits]
 
 
 def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarray]:
     """One decode step for several sessions of one model and KVCache, run as one batch.
     Each session's logits are bit-identical to its own decode(token)."""
-    if not sessions:
-        return []
-    cache, model = sessions[0].cache, sessions[0].model
-    if any(s.cache is not cache or s.model is not model for s in sessions):
-        raise ValueError("decode_batch needs sessions of one model sharing one KVCache")
-    if len({id(s) for s in sessions}) != len(sessions):
-        raise ValueError("a session appears twice in the batch")
-    for s in sessions:  # a failure here leaves only spare blocks in earlier tables
-        s._reserve(1)
-    seqs = [(s.block_table, [int(t)], s.n_tokens, "last", False) for s, t in zip(sessions, tokens)]
-    logits = model.forward_batch(cache, seqs)
-    for s, t in zip(sessions, tokens):
-        s._commit([int(t)], False)
-    return [lg[-1] for lg in logits]
+    if len(sessions) != len(tokens):
+        raise ValueError("decode_batch needs one token per session")
+    return forward_sessions([(s, [t], False) for s, t in zip(sessions, tokens)])
 
 
 # ============================================================================ helpers

@@ -1,0 +1,406 @@
+"""The batching engine: one thread owns the model and runs every active request in one batch.
+
+Each step of the engine thread:
+  1. drop cancelled requests (their blocks go back to the cache at once);
+  2. admit waiting requests, oldest first, while the batch has a seat and the KV cache has room
+     for the prompt; seating reuses the longest cached prefix (shared by every request);
+  3. one forward pass (``forward_sessions``) over the active sequences: every decoding sequence
+     feeds its last token, and prompts are prefilled in chunks of at most ``prefill_chunk``
+     tokens per step, so a long prompt never stalls the others for long;
+  4. sample a token for every sequence whose prompt is done (``Generation``, shared with
+     ``Session.generate``) and send its text to the waiting client.
+
+When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
+are released and it returns to the head of the queue, to be prefilled again later with the
+tokens it generated so far (exact numerics make this invisible in its output).
+
+The asyncio side talks to the engine through ``submit`` / ``cancel`` (thread safe) and gets
+events back through the job's ``on_event`` callback, called on the engine thread.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
+from goinfer.sampling import SamplingParams
+from goinfer.session import Generation, GenerationResult, Session, forward_sessions
+
+log = logging.getLogger("goinfer.server")
+
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per sequence per step
+RATE_WINDOW_S = 10.0  # window of the tokens/s gauges
+
+
+class QueueFullError(GoinferError, RuntimeError):
+    """The server's request queue is full; try again later."""
+
+
+# ============================================================================ jobs and events
+
+
+@dataclass
+class Event:
+    kind: str  # "text" | "done" | "error"
+    text: str = ""
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Job:
+    """One generation request as the engine sees it."""
+
+    ids: list[int]  # prompt tokens
+    max_tokens: int
+    params: SamplingParams
+    stops: list[str]
+    on_event: Callable[[Event], None]  # called on the engine thread; must not block
+    cache_salt: str | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    # ---- engine state
+    cancelled: bool = False
+    session: Session | None = None
+    gen: Generation | None = None
+    pending: list[int] = field(default_factory=list)  # tokens to feed before the next sample
+    prefilling: bool = False  # pending holds prompt (or, after a preemption, recomputed) tokens
+    fast: bool = False  # fast attention for the pending prompt tokens
+    cached: int = 0  # prompt tokens reused from the cache (first seating)
+    prefilled: int = 0  # prompt tokens that had to be computed (first seating)
+    preemptions: int = 0
+    t_submit: float = 0.0
+    t_start: float | None = None  # first seated
+    t_prompt: float | None = None  # prompt done (first logits)
+
+    @property
+    def need_tokens(self) -> int:
+        """KV positions this job may need at most."""
+        return len(self.ids) + self.max_tokens
+
+
+# ============================================================================ engine
+
+
+class Engine:
+    def __init__(self, model, cache, *, max_batch: int = 8, max_queue: int = 64,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
+        self.model = model
+        self.cache = cache
+        self.max_batch = int(max_batch)
+        self.max_queue = int(max_queue)
+        self.prefill_chunk = int(prefill_chunk)
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()  # guarded by _cond
+        self._active: list[Job] = []  # engine thread only, oldest first
+        self._wake = False
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        # counters (written by the engine thread, read by /metrics)
+        self.n_finished = 0
+        self.n_cancelled = 0
+        self.n_failed = 0
+        self.n_preempted = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.prefill_tokens = 0  # prompt tokens computed (including recomputation)
+        self.decode_tokens = 0  # tokens fed as decode steps
+        self.completion_tokens = 0
+        self.steps = 0
+        self.peak_batch = 0  # most sequences in one step
+        self.busy_seconds = 0.0
+        self._window: deque[tuple[float, int, int]] = deque()  # (t, prefill rows, decode rows)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="goinfer-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for job in list(self._active):  # after join: the engine thread is gone
+            self._release(job)
+            self._send(job, Event("error", error=GoinferError("the server is shutting down")))
+        self._active.clear()
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+        for job in waiting:
+            self._send(job, Event("error", error=GoinferError("the server is shutting down")))
+
+    def pause(self) -> None:
+        """Hold the engine after its current step (tests use this to fill the queue)."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ asyncio side
+
+    def check_fits(self, n_tokens: int) -> None:
+        """Raise ContextLengthError if a job of n_tokens positions can never fit the cache."""
+        bs = self.cache.block_size
+        if -(-n_tokens // bs) + 1 > self.cache.n_blocks:
+            raise ContextLengthError(
+                f"the request needs up to {n_tokens} tokens of KV cache but the server's cache "
+                f"holds {self.cache.max_tokens - bs}; lower max_tokens or restart the server with "
+                "a larger --kv-tokens")
+
+    def submit(self, job: Job) -> None:
+        self.check_fits(job.need_tokens)
+        with self._cond:
+            if self._stopping:
+                raise GoinferError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.max_queue} waiting)")
+            job.t_submit = time.perf_counter()
+            self._waiting.append(job)
+            self._cond.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job (the client went away); its blocks are freed before the next step."""
+        with self._cond:
+            job.cancelled = True
+            self._wake = True
+            self._cond.notify_all()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    def rates(self) -> tuple[float, float]:
+        """(prefill, decode) tokens per second over the last RATE_WINDOW_S seconds."""
+        now = time.perf_counter()
+        w = [x for x in list(self._window) if now - x[0] <= RATE_WINDOW_S]
+        return sum(x[1] for x in w) / RATE_WINDOW_S, sum(x[2] for x in w) / RATE_WINDOW_S
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (self._paused or not (
+                        self._waiting or self._active or self._wake)):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._wake = False
+            try:
+                self._reap()
+                self._admit()
+                if self._active:
+                    self._step()
+            except BaseException as e:  # the engine must not die: fail what it was running
+                log.exception("engine step failed")
+                for job in list(self._active):
+                    self._fail(job, e)
+
+    def _send(self, job: Job, ev: Event) -> None:
+        try:
+            job.on_event(ev)
+        except Exception:  # a closed event loop, a gone client: nothing to tell
+            log.debug("event for job %s dropped", job.id, exc_info=True)
+
+    def _release(self, job: Job) -> None:
+        if job.session is not None:
+            job.session.reset()
+            job.session = None
+        job.pending = []
+
+    def _fail(self, job: Job, err: BaseException) -> None:
+        self._release(job)
+        if job in self._active:
+            self._active.remove(job)
+        self.n_failed += 1
+        self._send(job, Event("error", error=err))
+
+    def _reap(self) -> None:
+        """Forget cancelled jobs, waiting or active; release their blocks."""
+        with self._cond:
+            gone = [j for j in self._waiting if j.cancelled]
+            for j in gone:
+                self._waiting.remove(j)
+        for j in [j for j in self._active if j.cancelled]:
+            self._release(j)
+            self._active.remove(j)
+            gone.append(j)
+        self.n_cancelled += len(gone)
+
+    def _room_for(self, job: Job) -> bool:
+        """Heuristic admission check: blocks for the whole prompt plus one per active job."""
+        bs = self.cache.block_size
+        need = -(-(len(job.ids) + (len(job.gen.tokens) if job.gen else 0)) // bs) + 1
+        return need + len(self._active) <= self.cache.available_blocks()
+
+    def _admit(self) -> None:
+        """Give waiting jobs seats in the batch.  A job is seated in the cache (its prefix
+        looked up) only when its prompt is first fed, so it reuses blocks that jobs admitted
+        with it have computed by then (a shared system prompt is prefilled once)."""
+        while len(self._active) < self.max_batch:
+            with self._cond:
+                if not self._waiting:
+                    return
+                job = self._waiting[0]
+                if self._active and not self._room_for(job):
+                    return  # wait for blocks to come back
+                self._waiting.popleft()
+            self._active.append(job)
+
+    def _seat(self, job: Job) -> None:
+        """Give the job a session holding the longest cached prefix of what it must feed."""
+        first = job.gen is None
+        ids = job.ids if first else job.ids + job.gen.tokens
+        if job.t_start is None:
+            job.t_start = time.perf_counter()
+        session = self.model.session(self.cache, cache_salt=job.cache_salt)
+        try:
+            rest, cached, fast = session._start(ids)
+        except BaseException:
+            session.reset()
+            raise
+        job.session, job.pending, job.fast, job.prefilling = session, list(rest), fast, True
+        if first:
+            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops)
+            job.cached, job.prefilled = cached, len(rest)
+            self.prompt_tokens += len(ids)
+            self.cached_tokens += cached
+
+    def _preempt(self, job: Job) -> None:
+        """Release the job's blocks and put it back at the head of the queue."""
+        self._release(job)
+        self._active.remove(job)
+        job.preemptions += 1
+        self.n_preempted += 1
+        with self._cond:
+            self._waiting.appendleft(job)
+
+    def _plan(self) -> list[tuple[Job, list[int]]]:
+        """What each active job feeds this step.  Every decoding job feeds its token; prompts
+        share a budget of prefill_chunk tokens, shortest remaining prompt first (a short request
+        arriving during a long prefill starts at once).  A fast-attention prompt is fed only in
+        whole chunks (or its last piece), so its cuts do not depend on the load."""
+        work = []
+        prompts = []
+        for job in self._active:
+            if job.session is not None and len(job.pending) == 1:
+                work.append((job, job.pending[:1]))
+            else:
+                prompts.append(job)
+        budget = self.prefill_chunk
+
+        def remaining(j: Job) -> int:
+            return len(j.pending) if j.session is not None else len(j.ids)
+
+        for job in sorted(prompts, key=remaining):
+            if budget <= 0:
+                break
+            if job.session is None:
+                try:
+                    self._seat(job)
+                except Exception as e:
+                    self._fail(job, e)
+                    continue
+                if len(job.pending) == 1:  # all but the last prompt token were cached
+                    work.append((job, job.pending[:1]))
+                    continue
+            want = min(len(job.pending), self.prefill_chunk)
+            take = min(want, budget)
+            if job.fast and take < want:
+                continue
+            work.append((job, job.pending[:take]))
+            budget -= take
+        return work
+
+    def _reserve(self, work: list[tuple[Job, list[int]]]) -> list[tuple[Job, list[int]]]:
+        """Reserve blocks for the step, preempting the youngest jobs until it fits."""
+        while work:
+            try:
+                for job, toks in work:
+                    job.session._reserve(len(toks))
+                return work
+            except CacheFullError as e:
+                holders = [j for j in self._active if j.session is not None]
+                victim = holders[-1]  # the youngest job holding blocks
+                if len(holders) == 1:
+                    self._fail(victim, e)
+                else:
+                    self._preempt(victim)
+                work = [(j, t) for j, t in work if j is not victim]
+        return work
+
+    def _step(self) -> None:
+        work = self._reserve(self._plan())
+        if not work:
+            return
+        t0 = time.perf_counter()
+        try:
+            logits = forward_sessions([(j.session, toks, j.fast and j.prefilling)
+                                       for j, toks in work])
+        except Exception as e:
+            for job, _ in work:
+                self._fail(job, e)
+            return
+        t1 = time.perf_counter()
+        n_prefill = sum(len(t) for j, t in work if j.prefilling)
+        n_rows = sum(len(t) for _, t in work)
+        self.steps += 1
+        self.peak_batch = max(self.peak_batch, len(work))
+        self.busy_seconds += t1 - t0
+        self.prefill_tokens += n_prefill
+        self.decode_tokens += n_rows - n_prefill
+        self._window.append((t1, n_prefill, n_rows - n_prefill))
+        while self._window and t1 - self._window[0][0] > RATE_WINDOW_S:
+            self._window.popleft()
+        for (job, toks), lg in zip(work, logits):
+            del job.pending[:len(toks)]
+            if job.pending:
+                continue  # more prompt to prefill
+            job.prefilling = False
+            if job.t_prompt is None:
+                job.t_prompt = t1
+            gen = job.gen
+            if not gen.done:
+                piece = gen.push(lg)
+                if piece:
+                    self._send(job, Event("text", text=piece))
+            if gen.done:
+                self._finish(job)
+            else:
+                job.pending = [gen.tokens[-1]]
+
+    def _finish(self, job: Job) -> None:
+        gen = job.gen
+        tail = gen.finish()
+        if tail:
+            self._send(job, Event("text", text=tail))
+        result = gen.result(job.cached, job.prefilled, job.t_start, job.t_prompt,
+                            time.perf_counter())
+        self._release(job)
+        self._active.remove(job)
+        self.n_finished += 1
+        self.completion_tokens += result.completion_tokens
+        self._send(job, Event("done", result=result))
