@@ -41,6 +41,7 @@ def main(argv=None):
     exact = copy.copy(fast)  # the same weights, exact_prefill=True
     exact.exact_prefill = True
     ids_all = fidelity.read_ids(fast, args.text)
+    load0 = os.getloadavg()
     rows = []
     for n in args.lengths:
         ids = ids_all[:n].tolist()
@@ -70,7 +71,7 @@ def main(argv=None):
     res = dict(model=os.path.basename(args.model), threads=args.threads,
                variant=_config.variant(), reps=args.reps, machine=platform.processor() or
                platform.machine(), date=date.today().isoformat(),
-               load_before=os.getloadavg(), rows=rows)
+               load_start=load0, load_end=os.getloadavg(), rows=rows)
     print(json.dumps(res, indent=1))
     if args.json:
         with open(args.json, "w") as f:
