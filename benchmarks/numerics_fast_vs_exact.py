@@ -10,6 +10,11 @@ For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) 
            one window of n tokens)
   speed    Session.prefill(prompt) on a fresh cache, exact and fast alternating, median wall
            and CPU seconds; speed-up = exact / fast (wall, and CPU)
+
+--noise-floor: instead, compare exact with exact whose attention outputs get a random
+relative perturbation of 2^-24 (about half an ulp of float32) per element: how far a W4A8
+model moves for a perturbation far smaller than fast attention's, the floor against which
+the fast path's top-1 agreement is read.
 """
 from __future__ import annotations
 
@@ -36,7 +41,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--noise-floor", action="store_true")
     args = ap.parse_args(argv)
+    if args.noise_floor:
+        return noise_floor(args)
     fast = Model.load(args.model, threads=args.threads, progress=False)
     exact = copy.copy(fast)  # the same weights, exact_prefill=True
     exact.exact_prefill = True
@@ -76,6 +84,33 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+
+
+class _NoisyAttention:
+    """the kernels module, with attention outputs multiplied by (1 + 2^-24 * N(0, 1))"""
+
+    def __init__(self, kernels, seed=0):
+        self._k = kernels
+        self._rng = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self._k, name)
+
+    def attention(self, *a, **kw):
+        out = self._k.attention(*a, **kw)
+        out *= (1.0 + 2.0**-24 * self._rng.standard_normal(out.shape)).astype(np.float32)
+        return out
+
+
+def noise_floor(args):
+    exact = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    noisy = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    noisy.impl.K = _NoisyAttention(noisy.impl.K)
+    ids_all = fidelity.read_ids(exact, args.text)
+    for n in args.lengths:
+        cmp = fidelity.compare(exact, noisy, ids_all[:n], n, n, progress=False)
+        print(json.dumps(dict(n=n, top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
+                              cos_min=cmp.cosine_min, nll_diff=cmp.nll_diff_mean)), flush=True)
 
 
 if __name__ == "__main__":
