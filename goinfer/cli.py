@@ -1,4 +1,4 @@
-"""Command line: goinfer pull | list | run | chat | bench | perplexity | compare | config."""
+"""Command line: goinfer pull | list | run | chat | bench | profile | perplexity | compare | config."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,8 @@ def _sampling(args) -> dict:
                 seed=args.seed, stop=args.stop)
 
 
-def _stats(r, file=sys.stderr) -> None:
+def _stats(r, file=None) -> None:
+    file = file or sys.stderr
     t = r.timings
     print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
           f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
@@ -176,6 +177,20 @@ def _fidelity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="also write the result as JSON here")
 
 
+def cmd_profile(args) -> int:
+    import json
+
+    from goinfer import profile
+
+    model = _load(args)
+    res = profile.run(model, args.prompt_tokens, args.decode_tokens)
+    print(profile.table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 def cmd_config(args) -> int:
     from goinfer import show_config
 
@@ -238,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b", required=True, help="settings B, e.g. exact_prefill=false")
     _fidelity_args(p)
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("profile", help="time per kernel family for a prefill and decode steps")
+    _model_args(p)
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("config", help="version, kernel variant, OpenMP, threads")
     p.set_defaults(fn=cmd_config)

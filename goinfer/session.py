@@ -301,6 +301,7 @@ class Session:
         tok = self.model.tokenizer
         t0 = time.perf_counter()
         reused = self._seat(ids)
+        self.cache.count_hits(reused, 0)
         logits, more = self._prefill(ids[reused:])
         cached = reused + more
         t1 = time.perf_counter()

@@ -1,0 +1,271 @@
+"""An agent transcript, turn by turn: how much of each prompt comes from cache and how long the
+first token takes.  goinfer with prefix reuse, goinfer cold, and llama-cpp-python (one live
+`Llama` continuing the conversation, and with its `LlamaRAMCache`).
+
+    python benchmarks/agent_loop.py [MODEL.gguf] [--turns 12] [--reply-tokens 30] [--json out.json]
+
+The transcript is scripted so every engine sees the same messages: a system prompt with tool
+definitions (about 1,500 tokens), then per turn a tool result or file excerpt of 150-400 tokens
+and the assistant's previous reply (scripted, about 30 tokens).  Each engine renders the whole
+conversation with the model's chat template every turn (as an agent resends its context) and
+generates up to --reply-tokens tokens; time to first token (TTFT) is measured from the call to the
+first streamed piece.  After the last turn the goinfer cache is saved and loaded, and the last
+prompt is timed from the loaded cache against a cold prefill of the same tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
+SEP = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
+
+TOOLS = [
+    ("read_file", "Read a UTF-8 text file from the workspace and return its contents with line "
+     "numbers. Use it before editing a file. Large files are returned in pages.",
+     {"path": ("string", "Path relative to the workspace root."),
+      "start_line": ("integer", "First line to return (1-based)."),
+      "max_lines": ("integer", "How many lines to return, at most 400.")}),
+    ("write_file", "Create or overwrite a file in the workspace with the given contents. Parent "
+     "directories are created. Returns the number of bytes written.",
+     {"path": ("string", "Path relative to the workspace root."),
+      "contents": ("string", "The complete new contents of the file.")}),
+    ("edit_file", "Replace an exact snippet of a file with new text. The old text must occur "
+     "exactly once; include enough surrounding lines to make it unique.",
+     {"path": ("string", "Path relative to the workspace root."),
+      "old_text": ("string", "The exact text to replace."),
+      "new_text": ("string", "The replacement text.")}),
+    ("list_directory", "List the entries of a directory, with sizes and modification times, "
+     "directories first.", {"path": ("string", "Directory relative to the workspace root."),
+                            "recursive": ("boolean", "Descend into subdirectories.")}),
+    ("search_code", "Search the workspace for a regular expression and return matching lines "
+     "with their file names and line numbers, at most 50 matches.",
+     {"pattern": ("string", "A Python regular expression."),
+      "glob": ("string", "Only search files matching this glob, e.g. '*.py'.")}),
+    ("run_tests", "Run the project's test suite, or a subset of it, and return the summary and "
+     "the output of failing tests.", {"selector": ("string", "A pytest node id or -k expression."),
+                                      "timeout_s": ("integer", "Give up after this many seconds.")}),
+    ("run_command", "Run a shell command in the workspace and return its exit code, standard "
+     "output and standard error, truncated to 20,000 characters.",
+     {"command": ("string", "The command line."), "cwd": ("string", "Working directory.")}),
+    ("git_diff", "Show the uncommitted changes of the workspace as a unified diff.",
+     {"paths": ("array", "Limit the diff to these paths.")}),
+    ("http_get", "Fetch a URL and return the response status, headers and the first 50,000 "
+     "characters of the body as text.", {"url": ("string", "An http or https URL.")}),
+    ("ask_user", "Ask the user a question and wait for the answer. Use it only when the task is "
+     "ambiguous and no tool can resolve it.", {"question": ("string", "The question.")}),
+]
+
+
+def system_prompt() -> str:
+    specs = []
+    for name, desc, params in TOOLS:
+        specs.append({"type": "function", "function": {
+            "name": name, "description": desc,
+            "parameters": {"type": "object", "required": list(params)[:1], "properties": {
+                k: {"type": t, "description": d} for k, (t, d) in params.items()}}}})
+    rules = (
+        "You are a careful software engineering agent working in a Python repository. You solve "
+        "the user's task by calling tools, one call per turn, and you explain briefly what you "
+        "will do before each call. Never invent file contents: read files before you change "
+        "them. Keep changes minimal and run the tests after every edit. When a tool fails, read "
+        "its error and try a different approach instead of repeating the same call. When the "
+        "task is done, summarise what changed and why in a few sentences.\n\n"
+        "To call a tool, answer with a JSON object {\"tool\": NAME, \"arguments\": {...}} on a "
+        "line of its own. The available tools are:\n")
+    return rules + json.dumps(specs, indent=1)
+
+
+def transcript(turns: int):
+    """(system, [(tool_result_text, scripted_reply)] * turns)."""
+    docs = [d for d in DATA.read_text(encoding="utf-8").split(SEP) if d.isascii()]
+    replies = [
+        "I will read the module that defines the parser to see how options are handled.",
+        "The function builds the help text itself; next I will search for its callers.",
+        "The tests cover the happy path only. I will look at the test file for this module.",
+        "I see the bug: the width is computed before tabs are expanded. Let me check git.",
+        "Now I will edit the wrapper so that tabs are expanded before measuring the width.",
+        "The edit is in place. I will run the focused tests for the wrapper module now.",
+        "Two tests fail because they pinned the old behaviour. I will read them carefully.",
+        "They assert the buggy output. I will update the expectations to the fixed output.",
+        "Next I will search the code base for other places that measure text width.",
+        "The JSON decoder has a similar helper but it handles tabs correctly already.",
+        "I will run the whole test suite to make sure nothing else depends on this.",
+        "All tests pass. I will show the final diff and summarise the change for you.",
+    ]
+    out = []
+    for i in range(turns):
+        doc = docs[(3 * i) % len(docs)]
+        n_chars = 700 + (i * 377) % 900  # 150-400 tokens of code/prose
+        body = doc[:n_chars]
+        kind = ["read_file", "search_code", "run_tests", "git_diff"][i % 4]
+        result = json.dumps({"tool": kind, "status": "ok", "output": body})
+        out.append((result, replies[i % len(replies)]))
+    return system_prompt(), out
+
+
+def conversation(system, turns, upto: int):
+    msgs = [{"role": "system", "content": system},
+            {"role": "user", "content": "Fix the bug where text wrapping miscounts tabs, and add a test."}]
+    for i in range(upto):
+        result, reply = turns[i]
+        if i > 0:
+            msgs.append({"role": "assistant", "content": turns[i - 1][1]})
+        msgs.append({"role": "user", "content": f"Tool result:\n{result}"})
+    return msgs
+
+
+# ============================================================================ engines
+
+
+def goinfer_turns(model, prompts, reply_tokens, reuse: bool):
+    import goinfer
+
+    rows = []
+    cache = goinfer.KVCache(model, max_tokens=16384)
+    s = model.session(cache)
+    for p in prompts:
+        if not reuse:
+            s.reset()
+            cache.clear()
+        t0 = time.perf_counter()
+        ttft = None
+        for piece in s.generate(p, max_tokens=reply_tokens, stream=True):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            if not isinstance(piece, str):
+                r = piece
+        total = time.perf_counter() - t0
+        rows.append({"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+                     "ttft_s": ttft, "total_s": total, "completion_tokens": r.completion_tokens})
+    return rows, s, cache
+
+
+def llama_turns(llm, prompts, reply_tokens, cold: bool):
+    rows = []
+    for p in prompts:
+        if cold:
+            llm.reset()
+        n_before = llm.n_tokens
+        common = 0
+        for a, b in zip(llm._input_ids[:n_before].tolist(), p):
+            if a != b:
+                break
+            common += 1
+        t0 = time.perf_counter()
+        ttft = None
+        n = 0
+        for _ in llm.create_completion(p, max_tokens=reply_tokens, temperature=0.0, stream=True):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            n += 1
+        total = time.perf_counter() - t0
+        rows.append({"prompt_tokens": len(p), "cached_tokens": min(common, len(p) - 1),
+                     "ttft_s": ttft, "total_s": total, "completion_tokens": n})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--reply-tokens", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import goinfer
+    from goinfer import hub
+
+    path = str(hub.resolve(args.model or "smollm2-135m"))
+    model = goinfer.Model.load(path, threads=args.threads, progress=False)
+    system, turns = transcript(args.turns)
+    prompts = []
+    for i in range(1, args.turns + 1):
+        text = model.apply_chat_template(conversation(system, turns, i), add_generation_prompt=True)
+        prompts.append(model.tokenize(text))
+    res = {"model": Path(path).name, "date": date.today().isoformat(), "threads": args.threads,
+           "load_avg_start": os.getloadavg(), "turns": args.turns, "reply_tokens": args.reply_tokens,
+           "engines": {}}
+    # warm up the kernels once
+    goinfer_turns(model, [prompts[0][:64]], 1, reuse=False)
+
+    rows, s, cache = goinfer_turns(model, prompts, args.reply_tokens, reuse=True)
+    res["engines"]["goinfer (reuse)"] = rows
+    # save / load after the last turn, against a cold prefill of the same tokens
+    last = prompts[-1]
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "kv.bin"
+        t0 = time.perf_counter()
+        n_blocks = cache.save(f)
+        t_save = time.perf_counter() - t0
+        size = f.stat().st_size
+        t0 = time.perf_counter()
+        loaded = goinfer.KVCache.load(model, f)
+        t_load = time.perf_counter() - t0
+    s2 = model.session(loaded)
+    t0 = time.perf_counter()
+    r2 = s2.generate(last, max_tokens=1)
+    t_after_load = time.perf_counter() - t0
+    cold_cache = goinfer.KVCache(model, max_tokens=len(last) + 64)
+    t0 = time.perf_counter()
+    model.session(cold_cache).generate(last, max_tokens=1)
+    t_cold = time.perf_counter() - t0
+    res["save_load"] = {"blocks": n_blocks, "bytes": size, "save_s": t_save, "load_s": t_load,
+                        "ttft_after_load_s": t_after_load, "cached_after_load": r2.cached_tokens,
+                        "cold_prefill_s": t_cold, "prompt_tokens": len(last)}
+    s.reset()
+    rows, _, _ = goinfer_turns(model, prompts, args.reply_tokens, reuse=False)
+    res["engines"]["goinfer (cold)"] = rows
+
+    if not args.no_llama_cpp:
+        import llama_cpp
+        from llama_cpp import Llama, LlamaRAMCache
+
+        res["llama_cpp_python"] = llama_cpp.__version__
+        mk = lambda: Llama(path, n_ctx=8192, n_batch=512, n_threads=args.threads,  # noqa: E731
+                           n_threads_batch=args.threads, flash_attn=True, verbose=False)
+        llm = mk()
+        res["engines"]["llama.cpp (live Llama)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
+        llm = mk()
+        llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
+        res["engines"]["llama.cpp (LlamaRAMCache)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
+        del llm
+    res["load_avg_end"] = os.getloadavg()
+    print(table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return res
+
+
+def table(res) -> str:
+    names = list(res["engines"])
+    head = "| turn | prompt tokens | " + " | ".join(f"{n}: cached / TTFT ms" for n in names) + " |"
+    lines = [f"{res['model']}, {res['threads']} threads, {res['date']}, load {res['load_avg_start']}",
+             "", head, "|" + "---|" * (2 + len(names))]
+    for i in range(res["turns"]):
+        cells = []
+        for n in names:
+            r = res["engines"][n][i]
+            cells.append(f"{r['cached_tokens']} / {r['ttft_s'] * 1e3:.0f}")
+        lines.append(f"| {i + 1} | {res['engines'][names[0]][i]['prompt_tokens']} | " + " | ".join(cells) + " |")
+    g = res["engines"]["goinfer (reuse)"]
+    c = res["engines"]["goinfer (cold)"]
+    lines += ["", f"goinfer turn 12 / turn 2 TTFT: {g[-1]['ttft_s'] / g[1]['ttft_s']:.2f}x; "
+              f"cold / reuse on the last turn: {c[-1]['ttft_s'] / g[-1]['ttft_s']:.1f}x"]
+    sl = res["save_load"]
+    lines.append(f"save {sl['blocks']} blocks ({sl['bytes'] / 2**20:.0f} MiB) in {sl['save_s'] * 1e3:.0f} ms, "
+                 f"load in {sl['load_s'] * 1e3:.0f} ms; last prompt ({sl['prompt_tokens']} tokens) from the "
+                 f"loaded cache: {sl['ttft_after_load_s'] * 1e3:.0f} ms ({sl['cached_after_load']} cached) vs "
+                 f"cold prefill {sl['cold_prefill_s'] * 1e3:.0f} ms")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""goinfer vs llama.cpp (llama-cpp-python) side by side on the same GGUF, same threads,
+alternating runs; medians and ratios; JSON out.  Optionally transformers (float32) prefill.
+
+    python benchmarks/peers.py MODEL.gguf [--threads 2] [--prompt-lengths 512,2048]
+        [--decode-prompts 64,2048] [--decode-tokens 32] [--repeats 5] [--flash-attn both]
+        [--transformers] [--json out.json]
+
+Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
+`pip install '.[bench]'`, never a CI dependency).  Every prefill is cold (a fresh KV state);
+decode is greedy from a random prompt of the given length.  Prompts are seeded random ids of
+ordinary tokens, identical for both engines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+
+def _ids(vocab: int, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(200, vocab - 200, n)]
+
+
+# ============================================================================ engines
+
+
+class GoinferEngine:
+    name = "goinfer"
+
+    def __init__(self, path, threads, exact_prefill=False):
+        import goinfer
+
+        self.goinfer = goinfer
+        self.model = goinfer.Model.load(path, threads=threads, exact_prefill=exact_prefill,
+                                        progress=False)
+        self.label = "goinfer" + (" (exact prefill)" if exact_prefill else "")
+
+    def prefill(self, ids) -> float:
+        cache = self.goinfer.KVCache(self.model, max_tokens=len(ids) + 16)
+        s = self.model.session(cache)
+        t0 = time.perf_counter()
+        s.prefill(ids)
+        return time.perf_counter() - t0
+
+    def decode(self, ids, n) -> float:
+        cache = self.goinfer.KVCache(self.model, max_tokens=len(ids) + n + 16)
+        s = self.model.session(cache)
+        logits = s.prefill(ids)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = s.decode(int(np.argmax(logits)))
+        return (time.perf_counter() - t0) / n
+
+
+class LlamaCppEngine:
+    def __init__(self, path, threads, n_ctx, flash_attn):
+        from llama_cpp import Llama
+
+        self.llm = Llama(path, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_ubatch=512,
+                         n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                         verbose=False)
+        self.label = "llama.cpp" + (" flash-attn" if flash_attn else "")
+
+    def prefill(self, ids) -> float:
+        self.llm.reset()  # eval() drops cached positions >= n_tokens: a cold prefill
+        t0 = time.perf_counter()
+        self.llm.eval(ids)
+        return time.perf_counter() - t0
+
+    def decode(self, ids, n) -> float:
+        self.llm.reset()
+        self.llm.eval(ids)
+        tok = int(np.argmax(self.llm._scores[-1]))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.llm.eval([tok])
+            tok = int(np.argmax(self.llm._scores[-1]))
+        return (time.perf_counter() - t0) / n
+
+
+class TransformersEngine:
+    label = "transformers float32"
+
+    def __init__(self, path, threads):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        p = Path(path)
+        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                          dtype=torch.float32).eval()
+
+    def prefill(self, ids) -> float:
+        with self.torch.no_grad():
+            t0 = time.perf_counter()
+            self.model(self.torch.tensor([ids]), use_cache=True)
+            return time.perf_counter() - t0
+
+
+# ============================================================================ driver
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg()}
+
+
+def alternate(engines, fn, repeats):
+    """Run fn(engine) for each engine in turn, repeats times; returns per engine list of values."""
+    out = {e.label: [] for e in engines}
+    for _ in range(repeats):
+        for e in engines:
+            out[e.label].append(fn(e))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-lengths", default="512,2048")
+    ap.add_argument("--decode-prompts", default="64,2048")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--exact-prefill", action="store_true", help="also run goinfer with exact prefill")
+    ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import llama_cpp
+
+    lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
+    dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
+    n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
+    engines = [GoinferEngine(args.model, args.threads)]
+    if args.exact_prefill:
+        engines.append(GoinferEngine(args.model, args.threads, exact_prefill=True))
+    fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
+    engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
+    vocab = engines[0].model.vocab_size
+    hf = TransformersEngine(args.model, args.threads) if args.transformers else None
+
+    res = {"model": Path(args.model).name, "date": date.today().isoformat(),
+           "threads": args.threads, "repeats": args.repeats, "machine": machine(),
+           "llama_cpp_python": llama_cpp.__version__, "goinfer": engines[0].goinfer.config(),
+           "prefill": [], "decode": []}
+    for n in lengths:
+        ids = _ids(vocab, n, seed=n)
+        for e in engines:  # warm-up
+            e.prefill(ids[:64])
+        runs = alternate(engines, lambda e: e.prefill(ids), args.repeats)
+        if hf is not None:
+            runs[hf.label] = [hf.prefill(ids) for _ in range(max(1, args.repeats // 2))]
+        row = {"prompt_tokens": n, "tok_s": {k: n / statistics.median(v) for k, v in runs.items()},
+               "runs_s": runs}
+        res["prefill"].append(row)
+        print(f"prefill {n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tok_s"].items()), flush=True)
+    for p in dprompts:
+        ids = _ids(vocab, p, seed=10_000 + p)
+        runs = alternate(engines, lambda e: e.decode(ids, args.decode_tokens), args.repeats)
+        row = {"prompt_tokens": p, "tokens": args.decode_tokens,
+               "tok_s": {k: 1.0 / statistics.median(v) for k, v in runs.items()},
+               "runs_s_per_token": runs}
+        res["decode"].append(row)
+        print(f"decode after {p}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tok_s"].items()), flush=True)
+    res["machine"]["load_avg_end"] = os.getloadavg()
+    text = json.dumps(res, indent=2)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(table(res))
+    return res
+
+
+def table(res) -> str:
+    lines = [f"{res['model']}, {res['threads']} threads, {res['machine']['cpu']}, {res['date']}, "
+             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}"]
+    for r in res["prefill"]:
+        g = r["tok_s"]["goinfer"]
+        lines.append(f"prefill {r['prompt_tokens']:>5}: " + ", ".join(
+            f"{k} {v:.0f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
+            + f"; goinfer {g:.0f} tok/s")
+    for r in res["decode"]:
+        g = r["tok_s"]["goinfer"]
+        lines.append(f"decode after {r['prompt_tokens']:>5}: " + ", ".join(
+            f"{k} {v:.1f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
+            + f"; goinfer {g:.1f} tok/s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,114 @@
+"""`goinfer profile`: where the time of a prefill and of decode steps goes, per kernel family.
+
+The model's kernel module is swapped for a proxy that times every call (wall clock around the
+compiled call, which releases the GIL and runs its own OpenMP region).  Families:
+  matmul     quantize_act, matmul, get_rows
+  attention  attention (exact), attention_fast, kv_write; split further into QK, softmax and
+             AV when the kernel reports its own phase timers
+  moe        routing and expert dispatch kernels
+  other      norms, RoPE, activations, residual adds, and Python between kernel calls
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from goinfer.bench import prompt_ids
+from goinfer.kv_cache import KVCache
+
+FAMILY = {
+    "quantize_act": "matmul", "matmul": "matmul", "get_rows": "matmul",
+    "attention": "attention", "attention_fast": "attention", "kv_write": "attention",
+    "moe_route": "moe", "moe_ffn": "moe",
+}
+
+
+class _TimedKernels:
+    """Forwards attribute access to a kernel module, timing the callables."""
+
+    def __init__(self, kernels):
+        self._k = kernels
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __getattr__(self, name):
+        fn = getattr(self._k, name)
+        if not callable(fn) or name.startswith("_"):
+            return fn
+        seconds, calls = self.seconds, self.calls
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                seconds[name] += time.perf_counter() - t0
+                calls[name] += 1
+
+        return timed
+
+
+def _swap(model, proxy):
+    impl = model.impl
+    old = impl.K
+    impl.K = proxy
+    return old
+
+
+def _families(proxy: _TimedKernels, total: float) -> dict:
+    fam: dict[str, float] = defaultdict(float)
+    for name, s in proxy.seconds.items():
+        fam[FAMILY.get(name, "other")] += s
+    fam["other"] += max(0.0, total - sum(proxy.seconds.values()))
+    out = {f: {"seconds": fam.get(f, 0.0), "share": fam.get(f, 0.0) / total if total else 0.0}
+           for f in ("matmul", "attention", "moe", "other")}
+    out["kernels"] = {n: {"seconds": s, "calls": proxy.calls[n]} for n, s in sorted(proxy.seconds.items())}
+    return out
+
+
+def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
+    """Profile one cold prefill of prompt_tokens and decode_tokens decode steps after it."""
+    if prompt_tokens + decode_tokens + 1 > model.n_ctx:
+        raise ValueError(f"{prompt_tokens} + {decode_tokens} tokens exceed the context {model.n_ctx}")
+    ids = prompt_ids(model, prompt_tokens)
+    cache = KVCache(model, max_tokens=prompt_tokens + decode_tokens + 16)
+    s = model.session(cache)
+    model.session(KVCache(model, max_tokens=80)).prefill(ids[:64])  # warm-up
+    res = {"model": model.name, "threads": model.threads, "prompt_tokens": prompt_tokens,
+           "decode_tokens": decode_tokens, "fast_prefill": model.use_fast(prompt_tokens)}
+    proxy = _TimedKernels(model.kernels)
+    old = _swap(model, proxy)
+    try:
+        t0 = time.perf_counter()
+        logits = s.prefill(ids)
+        total = time.perf_counter() - t0
+        res["prefill"] = {"seconds": total, "tok_s": prompt_tokens / total, **_families(proxy, total)}
+        proxy = _TimedKernels(model.kernels)
+        model.impl.K = proxy
+        t0 = time.perf_counter()
+        for _ in range(decode_tokens):
+            logits = s.decode(int(np.argmax(logits)))
+        total = time.perf_counter() - t0
+        res["decode"] = {"seconds": total, "tok_s": decode_tokens / total, **_families(proxy, total)}
+    finally:
+        model.impl.K = old
+    return res
+
+
+def table(res: dict) -> str:
+    lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens "
+             f"({'fast' if res['fast_prefill'] else 'exact'} attention), {res['decode_tokens']} "
+             f"decode steps, {res['threads']} threads", "",
+             "| phase | total ms | tok/s | matmul | attention | moe | other |", "|---|---|---|---|---|---|---|"]
+    for ph in ("prefill", "decode"):
+        r = res[ph]
+        lines.append(f"| {ph} | {r['seconds'] * 1e3:.1f} | {r['tok_s']:.1f} | "
+                     + " | ".join(f"{r[f]['share'] * 100:.1f}%" for f in ("matmul", "attention", "moe", "other"))
+                     + " |")
+    lines += ["", "| phase | kernel | calls | ms |", "|---|---|---|---|"]
+    for ph in ("prefill", "decode"):
+        for n, k in res[ph]["kernels"].items():
+            lines.append(f"| {ph} | {n} | {k['calls']} | {k['seconds'] * 1e3:.1f} |")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Command line and package-level facts: show_config, threads, CLI commands on a tiny model,
+typed errors for bad model files."""
+from __future__ import annotations
+
+import io
+import json
+
+import gguf
+import numpy as np
+import pytest
+
+import goinfer
+from goinfer import _threads
+from goinfer.cli import main
+from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
+
+
+def test_show_config_reports_variant_openmp_threads():
+    buf = io.StringIO()
+    c = goinfer.show_config(file=buf)
+    out = buf.getvalue()
+    assert c["openmp"] is True and "OpenMP         : on" in out
+    assert c["kernel_variant"] in c["supported_variants"] and c["kernel_variant"] in out
+    assert c["version"] == goinfer.__version__ and f"threads        : {c['threads']}" in out
+
+
+def test_threads_resolution(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _threads.default_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert _threads.default_threads() >= 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(_threads, "_physical_cores", lambda: 8)
+    monkeypatch.setattr(_threads, "_cgroup_cpu_limit", lambda: 3)
+    assert _threads.default_threads() == 3
+    assert _threads.resolve_threads(5) == 5
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError):
+            _threads.resolve_threads(bad)
+
+
+def test_threads_override_per_model(tiny):
+    m = goinfer.Model.load(str(tiny("llama")[1]), threads=1, progress=False)
+    assert m.threads == 1
+
+
+def test_cli_run_chat_bench(tiny, capsys, tmp_path):
+    path = str(tiny("llama")[1])
+    assert main(["run", path, "hello", "--max-tokens", "4", "--threads", "1"]) == 0
+    out = capsys.readouterr()
+    assert "prefill" in out.err and "decode" in out.err
+    assert main(["chat", path, "--prompt", "hi", "--system", "be brief", "--max-tokens", "3"]) == 0
+    assert "finish" in capsys.readouterr().err
+    js = tmp_path / "b.json"
+    assert main(["bench", path, "--prompt-lengths", "16,32", "--decode-prompts", "8",
+                 "--decode-tokens", "4", "--repeats", "1", "--json", str(js)]) == 0
+    res = json.loads(js.read_text())
+    assert [r["prompt_tokens"] for r in res["prefill"]] == [16, 32] and res["decode"][0]["tok_s"] > 0
+    assert main(["profile", path, "--prompt-tokens", "40", "--decode-tokens", "2"]) == 0
+    assert "| prefill |" in capsys.readouterr().out
+
+
+def test_cli_reports_typed_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    assert main(["run", str(bad), "x"]) == 2
+    assert "error" in capsys.readouterr().err
+    assert main(["run", "no-such-model-name", "x"]) == 2
+
+
+def test_unknown_architecture_and_corrupt_file(tmp_path, tiny):
+    p = tmp_path / "weird.gguf"
+    w = gguf.GGUFWriter(str(p), "weirdnet")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedArchitectureError, match="weirdnet"):
+        goinfer.Model.load(str(p), progress=False)
+    data = open(tiny("llama")[1], "rb").read()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFormatError):
+        goinfer.Model.load(str(cut), progress=False)
