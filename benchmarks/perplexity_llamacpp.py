@@ -2,7 +2,7 @@
 as `goinfer perplexity` (goinfer.fidelity.windows), for docs/benchmarks.md.
 
     PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/perplexity_llamacpp.py MODEL.gguf FILE \
-        [--ctx 1024] [--stride 512] [--max-tokens N] [--threads 2] [--json out.json]
+        [--ctx 1024] [--stride 512] [--skip-tokens K] [--max-tokens N] [--threads 2] [--json out.json]
 
 The text is tokenized by goinfer's tokenizer (no BOS, special-token strings as plain text) so
 both engines read the same ids (llama.cpp's own tokenization of the text is compared and
@@ -31,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--stride", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--skip-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -43,6 +44,7 @@ def main(argv=None):
                           n_threads_batch=args.threads, verbose=False)
     theirs = llm.tokenize(text.encode(), add_bos=False, special=False)
     same_tok = list(theirs) == ids.tolist()
+    ids = ids[args.skip_tokens:]
     if args.max_tokens:
         ids = ids[:args.max_tokens]
     stride = args.stride or args.ctx // 2
@@ -59,7 +61,8 @@ def main(argv=None):
         work += e - b
     dt = time.perf_counter() - t0
     res = dict(engine="llama.cpp", llama_cpp_python=llama_cpp.__version__, model=args.model,
-               ctx=args.ctx, stride=stride, threads=args.threads, n_tokens=int(len(ids)),
+               ctx=args.ctx, stride=stride, threads=args.threads, skip_tokens=args.skip_tokens,
+               n_tokens=int(len(ids)),
                n_scored=n, nll=total / n, perplexity=math.exp(total / n), seconds=dt,
                tokens_per_second=work / dt, same_tokenization=same_tok,
                date=date.today().isoformat())

@@ -135,7 +135,7 @@ def cmd_perplexity(args) -> int:
 
     model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
                        context_length=args.model_ctx)
-    ids = fidelity.read_ids(model, args.file, args.max_tokens)
+    ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.perplexity(model, ids, args.ctx, args.stride)
     print(r.summary())
     if args.json:
@@ -152,7 +152,7 @@ def cmd_compare(args) -> int:
         print(f"goinfer: error: {e}", file=sys.stderr)
         return 2
     ma, mb = fidelity.load_pair(args.model, a, b, context_length=args.model_ctx)
-    ids = fidelity.read_ids(ma, args.file, args.max_tokens)
+    ids = fidelity.read_ids(ma, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.compare(ma, mb, ids, args.ctx, args.stride, settings_a=a, settings_b=b)
     print(r.summary())
     if args.json:
@@ -172,6 +172,8 @@ def _fidelity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=1024, help="window length in tokens (default 1024)")
     p.add_argument("--stride", type=int, default=None, help="window step (default ctx/2)")
     p.add_argument("--max-tokens", type=int, default=None, help="use only the first N tokens")
+    p.add_argument("--skip-tokens", type=int, default=0,
+                   help="start at this token of the text (default 0)")
     p.add_argument("--model-ctx", type=int, default=None,
                    help="the model's context length (default: the file's)")
     p.add_argument("--json", default=None, help="also write the result as JSON here")

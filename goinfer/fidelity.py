@@ -267,11 +267,12 @@ def compare(model_a, model_b, ids, ctx: int = 1024, stride: int | None = None, *
                          seconds=time.perf_counter() - t0, worst_position=worst)
 
 
-def read_ids(model, path, max_tokens: int | None = None) -> np.ndarray:
-    """The token ids of a text file (no BOS; special-token strings as plain text)."""
+def read_ids(model, path, max_tokens: int | None = None, skip_tokens: int = 0) -> np.ndarray:
+    """The token ids of a text file (no BOS; special-token strings as plain text), from
+    skip_tokens on, at most max_tokens of them."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    ids = model.tokenize(text, add_special=False, parse_special=False)
+    ids = model.tokenize(text, add_special=False, parse_special=False)[skip_tokens:]
     if max_tokens is not None:
         ids = ids[:max_tokens]
     return np.asarray(ids, dtype=np.int32)

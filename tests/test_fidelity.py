@@ -119,10 +119,15 @@ def test_cli(path, tmp_path, capsys):
     f = _write(TEXT)
     out = tmp_path / "p.json"
     assert cli.main(["perplexity", str(path), f, "--ctx", "128", "--json", str(out),
-                     "--max-tokens", "300", "--threads", "1"]) == 0
+                     "--max-tokens", "300", "--skip-tokens", "7", "--threads", "1"]) == 0
     assert "perplexity" in capsys.readouterr().out
     d = json.loads(out.read_text())
-    assert d["ctx"] == 128 and d["stride"] == 64 and d["perplexity"] > 1
+    assert d["ctx"] == 128 and d["stride"] == 64 and d["perplexity"] > 1 and d["n_tokens"] == 300
+    m = Model(GGUFFile(path), threads=1, progress=False)
+    ids = fidelity.read_ids(m, f, 300, 7)
+    assert ids.tolist() == fidelity.read_ids(m, f)[7:307].tolist()
+    ref = fidelity.perplexity(m, ids, 128, progress=False)
+    assert d["perplexity"] == ref.perplexity
     assert cli.main(["compare", str(path), "--a", "exact_prefill=true,threads=1", "--b",
                      "exact_prefill=false,threads=1", f, "--ctx", "128", "--max-tokens", "300"]) == 0
     assert "top-1 agreement 1.0000" in capsys.readouterr().out
