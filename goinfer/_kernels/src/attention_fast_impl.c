@@ -20,8 +20,10 @@
  * AV in chunks of d, so the piece of K or V in use stays in L1 for all the row blocks.
  *
  * A row's operation sequence depends only on its own query, its key range and the tile grid:
- * rows of an item whose range misses a tile get p = 0 and c = 1 there (exact no-ops), keys
- * of the tile outside every row's range are never read (unwritten slots may hold anything).
+ * rows of an item whose range misses a tile get p = 0 and c = 1 there (exact no-ops), and a
+ * row's masked keys get p = 0 exactly.  Only keys in [min lo, max hi] of the item are read
+ * (all below the largest query position, so written); K outside it is zero-filled in the
+ * tile, so unwritten slots (which may hold anything, NaN included) never reach a result.
  * So a row's result does not depend on the other queries of the call, on the item tiling or
  * on the thread count (tested); it does depend on the variant (the portable build does not
  * fuse multiply-adds) and it differs from the exact kernel by float32 rounding (stated and
