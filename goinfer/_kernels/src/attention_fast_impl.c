@@ -264,8 +264,10 @@ static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, 
         const float *kb = a->k_cache + (blk * a->n_kv + x->kvh) * hd * bs + off;
         const float *vb = a->v_cache + ((blk * a->n_kv + x->kvh) * bs + off) * hd;
         float *dst = x->kt + (j - t0);
-        if (n == VF_N)
-            for (int64_t d = 0; d < hd; d++) vf_store(dst + d * FA_TK, vf_load(kb + d * bs));
+        if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
+            for (int64_t d = 0; d < hd; d++)
+                for (int64_t i = 0; i < n; i += VF_N)
+                    vf_store(dst + d * FA_TK + i, vf_load(kb + d * bs + i));
         else
             for (int64_t d = 0; d < hd; d++)
                 for (int64_t i = 0; i < n; i++) dst[d * FA_TK + i] = kb[d * bs + i];
