@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import numpy as np
@@ -216,7 +216,6 @@ class CompareResult:
     nll_diff_mean: float  # mean of NLL_b - NLL_a (nats); > 0: b predicts the text worse
     seconds: float
     worst_position: int = -1  # position of cosine_min
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
