@@ -1,6 +1,14 @@
-"""Exact attention kernel timing at SmolLM2-135M's shape (one layer).
+"""Attention kernel timing (one layer).
 
     PYTHONPATH=. python benchmarks/kernels_attention.py [--threads 1 2] [--variant NAME]
+    PYTHONPATH=. python benchmarks/kernels_attention.py --fast [--lengths 512 1024 ...] \
+        [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256]
+
+Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
+positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
+alternating, per shape HxKVxHD: median wall ms and CPU ms per call (CPU time is steadier on
+a shared machine; with one thread it is the kernel's own time), GFLOP/s from the wall
+median, and the speed-up of fast over exact (ratio of medians, wall and CPU).
 
 9 query heads, 3 kv heads, head_dim 64, block 16.  Decode (T=1) at several contexts and
 prefill (T queries at positions 0..T-1 over the T keys just written).  Median (and min) of
@@ -14,18 +22,18 @@ import time
 
 import numpy as np
 
-from goinfer._kernels import _config, attention, kv_write
+from goinfer._kernels import _config, attention, attention_fast, kv_write
 
 H, N_KV, HD, BS = 9, 3, 64, 16
 
 
-def make_cache(n_tokens: int, rng):
+def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD):
     nb = (n_tokens + BS - 1) // BS
-    k_cache = np.zeros((nb + 4, N_KV, HD, BS), np.float32)
-    v_cache = np.zeros((nb + 4, N_KV, BS, HD), np.float32)
+    k_cache = np.zeros((nb + 4, n_kv, hd, BS), np.float32)
+    v_cache = np.zeros((nb + 4, n_kv, BS, hd), np.float32)
     block_table = rng.permutation(nb + 4)[:nb].astype(np.int32)  # non-contiguous ids
-    k = rng.standard_normal((n_tokens, N_KV, HD)).astype(np.float32)
-    v = rng.standard_normal((n_tokens, N_KV, HD)).astype(np.float32)
+    k = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
     pos = np.arange(n_tokens)
     slots = (block_table[pos // BS].astype(np.int64) * BS + pos % BS).astype(np.int64)
     kv_write(k_cache, v_cache, k, v, slots)
@@ -44,13 +52,50 @@ def bench(fn, min_time=0.4, max_reps=200):
     return float(np.median(times)), float(np.min(times))
 
 
+def fast_vs_exact(args):
+    rng = np.random.default_rng(0)
+    print(f"variant {_config.variant()}, block {BS}, causal prefill of n tokens; "
+          f"median of {args.reps} alternating calls")
+    print(f"{'shape':<10}{'n':>6}{'thr':>4}{'exact ms':>10}{'cpu':>9}{'GF/s':>7}"
+          f"{'fast ms':>10}{'cpu':>9}{'GF/s':>7}{'x wall':>8}{'x cpu':>7}")
+    for shape in args.shapes:
+        h, n_kv, hd = (int(v) for v in shape.split("x"))
+        for n in args.lengths:
+            k_cache, v_cache, bt = make_cache(n, rng, n_kv, hd)
+            q = rng.standard_normal((n, h, hd)).astype(np.float32)
+            q_pos = np.arange(n, dtype=np.int32)
+            out = np.empty_like(q)
+            flops = 4.0 * hd * h * n * (n + 1) / 2
+            for nt in args.threads:
+                res = {"exact": [], "fast": []}
+                fns = {"exact": attention, "fast": attention_fast}
+                for name in res:  # warm up
+                    fns[name](q, k_cache, v_cache, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt)
+                for _ in range(args.reps):
+                    for name in res:
+                        c0, t0 = time.process_time(), time.perf_counter()
+                        fns[name](q, k_cache, v_cache, bt, q_pos, 1 / np.sqrt(hd), out=out,
+                                  nthreads=nt)
+                        res[name].append((time.perf_counter() - t0, time.process_time() - c0))
+                (we, ce), (wf, cf) = (np.median(np.array(res[k]), axis=0) for k in ("exact", "fast"))
+                print(f"{shape:<10}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
+                      f"{flops / we * 1e-9:>7.1f}{wf * 1e3:>10.1f}{cf * 1e3:>9.1f}"
+                      f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf:>7.2f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--variant", default=None)
+    ap.add_argument("--fast", action="store_true", help="exact vs fast prefill table")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    ap.add_argument("--shapes", nargs="+", default=["9x3x64", "8x2x128", "8x4x256"])
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     if args.variant:
         _config.set_variant(args.variant)
+    if args.fast:
+        return fast_vs_exact(args)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(HD)
     cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),

@@ -240,7 +240,9 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int
     sequence's cached keys (block_table (n_blocks_seq,) int32), grouped-query: query head h
     reads kv head h // (H / n_kv).  Query t sees keys at positions p with
     lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if window > 0 else 0.
-    float64 here (the exact kernel accumulates in float64 in key order)."""
+    float64 here (the exact kernel accumulates in float64 in key order).  This is also the
+    reference of the compiled ``attention_fast`` (float32, tiled), which tests compare with it
+    by cosine similarity rather than bits."""
     q = np.asarray(q, dtype=np.float32)
     T, H, hd = q.shape
     n_kv = k_cache.shape[1]

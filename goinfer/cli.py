@@ -1,4 +1,4 @@
-"""Command line: goinfer pull | list | run | chat | serve | bench | config."""
+"""Command line: goinfer pull | list | run | chat | serve | bench | profile | perplexity | compare | config."""
 from __future__ import annotations
 
 import argparse
@@ -129,6 +129,56 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_perplexity(args) -> int:
+    from goinfer import fidelity
+    from goinfer.model import Model
+
+    model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+                       context_length=args.model_ctx)
+    ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
+    r = fidelity.perplexity(model, ids, args.ctx, args.stride)
+    print(r.summary())
+    if args.json:
+        _write_json(args.json, r.as_dict())
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from goinfer import fidelity
+
+    try:
+        a, b = fidelity.parse_settings(args.a), fidelity.parse_settings(args.b)
+    except ValueError as e:
+        print(f"goinfer: error: {e}", file=sys.stderr)
+        return 2
+    ma, mb = fidelity.load_pair(args.model, a, b, context_length=args.model_ctx)
+    ids = fidelity.read_ids(ma, args.file, args.max_tokens, args.skip_tokens)
+    r = fidelity.compare(ma, mb, ids, args.ctx, args.stride, settings_a=a, settings_b=b)
+    print(r.summary())
+    if args.json:
+        _write_json(args.json, r.as_dict())
+    return 0
+
+
+def _write_json(path, d) -> None:
+    import json
+
+    with open(path, "w") as f:
+        json.dump(d, f, indent=1)
+    print(f"JSON written to {path}", file=sys.stderr)
+
+
+def _fidelity_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ctx", type=int, default=1024, help="window length in tokens (default 1024)")
+    p.add_argument("--stride", type=int, default=None, help="window step (default ctx/2)")
+    p.add_argument("--max-tokens", type=int, default=None, help="use only the first N tokens")
+    p.add_argument("--skip-tokens", type=int, default=0,
+                   help="start at this token of the text (default 0)")
+    p.add_argument("--model-ctx", type=int, default=None,
+                   help="the model's context length (default: the file's)")
+    p.add_argument("--json", default=None, help="also write the result as JSON here")
+
+
 def cmd_profile(args) -> int:
     import json
 
@@ -199,6 +249,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None, help="write the JSON result here (default: stdout)")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("perplexity", help="perplexity over a text file (sliding windows)")
+    p.add_argument("model", help="a registered model name or a path to a .gguf")
+    p.add_argument("file", help="a UTF-8 text file")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--exact-prefill", action="store_true",
+                   help="bit-exact attention for long windows too (off: fast path from 512 tokens)")
+    _fidelity_args(p)
+    p.set_defaults(fn=cmd_perplexity)
+
+    p = sub.add_parser("compare", help="teacher-forced agreement of two settings over a text")
+    p.add_argument("model", help="the model for settings without model=")
+    p.add_argument("file", help="a UTF-8 text file")
+    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact_prefill, "
+                   "threads), e.g. exact_prefill=true")
+    p.add_argument("--b", required=True, help="settings B, e.g. exact_prefill=false")
+    _fidelity_args(p)
+    p.set_defaults(fn=cmd_compare)
 
     p = sub.add_parser("profile", help="time per kernel family for a prefill and decode steps")
     _model_args(p)

@@ -129,7 +129,12 @@ class Model:
     # ------------------------------------------------------------------ forward
 
     def use_fast(self, n_suffix: int) -> bool:
-        """Does a prefill of n_suffix new tokens run the fast attention path?"""
+        """Does a prefill of n_suffix new tokens run the fast attention path?
+
+        The 512-token floor applies to the suffix of one prefill call (the tokens it computes,
+        after any reused cached prefix), never to the PREFILL_CHUNK pieces forward() runs it
+        in: every chunk of a fast call is fast, a short last chunk included.  Decode steps and
+        calls with exact_prefill=True always run the exact kernel."""
         return (not self.exact_prefill) and n_suffix >= FAST_PREFILL_MIN and hasattr(
             self.kernels, "attention_fast")
 

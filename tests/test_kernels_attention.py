@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from goinfer import _reference as R
-from goinfer._kernels import _config, attention, kv_write
+from goinfer._kernels import _config, attention, attention_fast, kv_write
 
 _att = importlib.import_module("goinfer._kernels.attention")  # the module (test hooks)
 VARIANTS = _config.supported_variants()
@@ -320,3 +320,154 @@ def test_empty_batch():
     assert out.shape == (0, 4, 64)
     kv_write(seq.k_cache, seq.v_cache, np.ones((0, 2, 64), np.float32),
              np.ones((0, 2, 64), np.float32), np.zeros(0, np.int64))
+
+
+# ============================================================================ fast kernel
+#
+# attention_fast computes the same function in float32 (key tiles of 64, online softmax,
+# 2^x by a degree-5 polynomial), so it is compared with the exact kernel by cosine similarity
+# of each output row (one query, one head).  Why 0.999 per row is safe, for the ranges drawn
+# below (n <= 4096 keys, hd <= 128): the weights' relative error is at most about
+# hd * u * max_j sum_d |q_d k_d| * scale (float32 scores, u = 2^-24) plus 2e-7 (the
+# polynomial), i.e. < 1e-3 even for the peaked scores of the largest q/k scale; the output's
+# float32 accumulation sum_j p_j v_j adds at most about n * u * kappa relative error, where
+# kappa = sum_j |p_j v_j| / |sum_j p_j v_j| <= ~sqrt(n) = 64 for random values, so < 1.6e-2.
+# A relative error e gives cosine >= 1 - e^2 / 2 > 0.9998.  Observed: 1 - cos < 1e-10.
+# The mean of (1 - cos) over rows, where errors average like random walks, is held to 1e-6.
+
+FAST_COS_MIN = 0.999
+FAST_MEAN_DIST_MAX = 1e-6
+
+
+def _cos_rows(a, b):
+    """cosine similarity of each (query, head) row of two (T, H, hd) arrays, in float64"""
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def _check_fast(fast, exact):
+    assert np.isfinite(fast).all()
+    c = _cos_rows(fast, exact)
+    assert float(c.min()) >= FAST_COS_MIN, float(c.min())
+    assert float((1.0 - c).mean()) <= FAST_MEAN_DIST_MAX, float((1.0 - c).mean())
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(512, 4096), n_new=st.integers(1, 160),
+       hd=st.sampled_from([64, 128]), group=st.sampled_from([1, 2, 3, 4, 6, 8]),
+       n_kv=st.sampled_from([1, 2]), bs=st.sampled_from([1, 5, 16, 32, 64]),
+       qk_scale=st.floats(-4.0, 0.9), v_scale=st.floats(-6.0, 4.0),
+       v_offset=st.sampled_from([0.0, 3.0]), nthreads=st.sampled_from([1, 2]))
+def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_scale, v_scale,
+                                        v_offset, nthreads):
+    """The last n_new queries of a sequence of n keys (a prefill suffix), random values from
+    tiny to large (q, k ~ 10^qk_scale, v ~ 10^v_scale, optionally far from zero mean), random
+    block tables, NaN in every slot that was never written: fast vs exact per row."""
+    rng = np.random.default_rng(seed)
+    H = group * n_kv
+    seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=10.0**qk_scale)
+    seq.v_cache *= np.float32(10.0**v_scale)
+    seq.v_cache += np.float32(v_offset * 10.0**v_scale)
+    q = (rng.standard_normal((n_new, H, hd)) * 10.0**qk_scale).astype(np.float32)
+    q_pos = np.arange(n - n_new, n, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    exact = attention(q, *seq.args(), q_pos, scale, nthreads=nthreads)
+    fast = attention_fast(q, *seq.args(), q_pos, scale, nthreads=nthreads)
+    _check_fast(fast, exact)
+
+
+@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start", CASES)
+def test_fast_close_to_reference(variant, T, H, n_kv, hd, bs, window, softcap, start):
+    """Every shape of the exact kernel's table (windows, softcaps, head dims 8..256, odd
+    block sizes), on every variant, against the float64 NumPy reference."""
+    rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start)
+    seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, fill=np.nan)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(start, start + T, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    got = attention_fast(q, *seq.args(), q_pos, scale, window, softcap, nthreads=2)
+    _check_fast(got, R.attention(q, *seq.args(), q_pos, scale, window, softcap))
+
+
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (100, 0.0), (0, 30.0), (700, 50.0)])
+def test_fast_long_window_softcap(window, softcap):
+    """Sliding window and softcap over a long prefill (tiles wholly outside a window are
+    skipped; a window edge falls inside a tile)."""
+    rng = np.random.default_rng(window + int(softcap))
+    seq = Seq(rng, 1500, 2, 128, 16, fill=np.nan, kscale=2.0)
+    q = rng.standard_normal((900, 8, 128)).astype(np.float32)
+    q_pos = np.arange(600, 1500, dtype=np.int32)
+    exact = attention(q, *seq.args(), q_pos, 0.09, window, softcap, nthreads=2)
+    _check_fast(attention_fast(q, *seq.args(), q_pos, 0.09, window, softcap, nthreads=2), exact)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 100), st.sampled_from([0, 5, 70]),
+       st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]), st.sampled_from([1, 2, 3]))
+def test_fast_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads):
+    """The fast kernel is not exact, but it is deterministic per row: any subset of a call's
+    queries, in any order, with any thread count gives the same bits (tiles are aligned to
+    absolute key positions; a row's no-op tiles are exact no-ops)."""
+    H, n_kv = heads
+    rng = np.random.default_rng(seed)
+    T = 100
+    seq = Seq(rng, 700, n_kv, 64, 16, fill=np.nan)
+    q = rng.standard_normal((T, H, 64)).astype(np.float32)
+    q_pos = np.sort(rng.integers(0, 700, T)).astype(np.int32)
+    full = attention_fast(q, *seq.args(), q_pos, 0.125, window)
+    idx = rng.permutation(T)[:n_sub]
+    sub = attention_fast(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads)
+    assert np.array_equal(sub, full[idx])
+
+
+def test_fast_prefill_chunks_equal_one_call(variant):
+    """A prefill suffix in one fast call == the same suffix in pieces (as Model.forward runs
+    it in chunks), bit for bit, on every variant."""
+    rng = np.random.default_rng(3)
+    seq = Seq(rng, 1100, 3, 64, 16)
+    q = rng.standard_normal((1000, 9, 64)).astype(np.float32)
+    q_pos = np.arange(100, 1100, dtype=np.int32)
+    one = attention_fast(q, *seq.args(), q_pos, 0.125, nthreads=2)
+    parts = [attention_fast(q[a:b], *seq.args(), q_pos[a:b], 0.125, nthreads=1)
+             for a, b in ((0, 512), (512, 1000))]
+    assert np.array_equal(one, np.concatenate(parts))
+
+
+def test_fast_out_argument_and_errors():
+    rng = np.random.default_rng(4)
+    seq = Seq(rng, 50, 2, 64, 16)
+    q = rng.standard_normal((6, 4, 64)).astype(np.float32)
+    q_pos = np.arange(44, 50, dtype=np.int32)
+    ref = attention_fast(q, *seq.args(), q_pos, 0.125)
+    out = np.empty_like(q)
+    assert attention_fast(q, *seq.args(), q_pos, 0.125, out=out) is out
+    assert np.array_equal(out, ref)
+    kc, vc, bt = seq.args()
+    with pytest.raises(TypeError):
+        attention_fast(q.astype(np.float64), kc, vc, bt, q_pos, 0.1)
+    with pytest.raises(ValueError):
+        attention_fast(q, kc, vc, bt[:1], q_pos, 0.1)
+    with pytest.raises(ValueError):
+        attention_fast(q, kc, vc, bt, q_pos, 0.1, window=-1)
+    with pytest.raises(ValueError):
+        attention_fast(q, kc, vc, bt, q_pos, 0.1, nthreads=0)
+    assert attention_fast(q[:0], kc, vc, bt, q_pos[:0], 0.1).shape == (0, 4, 64)
+
+
+def test_counters_count_each_kernel():
+    from goinfer._kernels import attention_counters, reset_attention_counters
+
+    rng = np.random.default_rng(5)
+    seq = Seq(rng, 40, 2, 64, 16)
+    q = rng.standard_normal((7, 4, 64)).astype(np.float32)
+    q_pos = np.arange(33, 40, dtype=np.int32)
+    reset_attention_counters()
+    attention(q, *seq.args(), q_pos, 0.1)
+    attention_fast(q[:3], *seq.args(), q_pos[:3], 0.1)
+    attention_fast(q, *seq.args(), q_pos, 0.1)
+    attention(q[:0], *seq.args(), q_pos[:0], 0.1)  # no query: not counted
+    assert attention_counters() == {"exact_calls": 1, "exact_queries": 7, "fast_calls": 2,
+                                    "fast_queries": 10}
+    reset_attention_counters()
+    assert set(attention_counters().values()) == {0}

@@ -12,5 +12,6 @@ if _os.environ.get("GOINFER_KERNEL"):
 from goinfer._kernels.matmul import quantize_act, matmul, get_rows
 
 from goinfer._kernels.ops import rmsnorm, swiglu, gelu_tanh_mul, rope, add
-from goinfer._kernels.attention import kv_write, attention
 from goinfer._kernels.moe import moe_route, moe_group, moe_fold
+from goinfer._kernels.attention import (kv_write, attention, attention_fast,
+                                        attention_counters, reset_attention_counters)

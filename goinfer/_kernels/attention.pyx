@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Exact attention over the paged KV cache, and the KV-cache write.
+"""Exact and fast attention over the paged KV cache, and the KV-cache write.
 
 Same names, signatures and meaning as goinfer._reference.kv_write / attention; the exact
 numerics contract is in docs/design/kernels.md and src/attention_impl.c.
@@ -12,6 +12,10 @@ Numerics: float64 accumulation in d order (QK) and key order (l and AV) as kerne
 each softmax weight is the kernel's own exp with its significand cut to 29 bits, so that
 weight * v is exact in double and every ISA variant (FMA or not) gives the same bits.  A
 query's output does not depend on the batch, the thread count or the variant.
+
+attention_fast: float32 tiles with an online softmax, for long prefills; a bounded distance
+from attention (src/attention_fast_impl.c).  attention_counters() / reset_attention_counters():
+how many calls and query rows each kernel ran (non-vacuity checks in tests).
 
 Note: ``from goinfer._kernels import attention`` is the function; this module (with the test
 hooks _exp_f64, _tanh_f64, _weight_f64, _set_grain, _variant_used) is
@@ -56,6 +60,12 @@ cdef extern from "attention.h" nogil:
     const gi_attn_ops gi_attn_ops_portable
     const gi_attn_ops gi_attn_ops_avx2
     const gi_attn_ops gi_attn_ops_avx512
+    ctypedef struct gi_attn_fast_ops:
+        void (*plan)(gi_attn_args *a, int nthreads) noexcept nogil
+        void (*run)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
+    const gi_attn_fast_ops gi_attn_fast_ops_portable
+    const gi_attn_fast_ops gi_attn_fast_ops_avx2
+    const gi_attn_fast_ops gi_attn_fast_ops_avx512
 
 # below this much work (multiply-adds) a call runs on one thread
 cdef int64_t _GRAIN = 65536
@@ -71,6 +81,15 @@ cdef const gi_attn_ops *_table() except NULL:
     if v == GI_AVX2:
         return &gi_attn_ops_avx2
     return &gi_attn_ops_portable
+
+
+cdef const gi_attn_fast_ops *_fast_table() except NULL:
+    cdef int v = gi_variant()
+    if v == GI_AVX512:
+        return &gi_attn_fast_ops_avx512
+    if v == GI_AVX2:
+        return &gi_attn_fast_ops_avx2
+    return &gi_attn_fast_ops_portable
 
 
 # ============================================================================ argument checks
@@ -170,14 +189,29 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
 
 # ============================================================================ attention
 
-def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0, out=None,
-              *, nthreads=1):
-    """Causal exact attention of q (T, H, hd) float32 at positions q_pos (T,) int32 over the
-    sequence's cached keys (block_table (n,) int32).  Query head h reads kv head h // (H/n_kv).
-    Query t sees keys p with lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if
-    window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  Keys 0..max(q_pos)
-    must have been written (kv_write).  Returns out (T, H, hd) float32."""
-    cdef int nt = _check_threads(nthreads)
+# Per-process counters of attention calls and query rows, per kernel (tests prove with them
+# that the fast kernel ran where it should and not elsewhere).  Updated with the GIL held.
+cdef int64_t _exact_calls = 0, _exact_queries = 0, _fast_calls = 0, _fast_queries = 0
+
+
+def attention_counters():
+    """{"exact_calls", "exact_queries", "fast_calls", "fast_queries"}: calls of attention /
+    attention_fast with at least one query, and the queries (rows of q, T) they computed,
+    since the process started or the last reset_attention_counters()."""
+    return {"exact_calls": _exact_calls, "exact_queries": _exact_queries,
+            "fast_calls": _fast_calls, "fast_queries": _fast_queries}
+
+
+def reset_attention_counters():
+    global _exact_calls, _exact_queries, _fast_calls, _fast_queries
+    _exact_calls = _exact_queries = _fast_calls = _fast_queries = 0
+
+
+cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
+                     object block_table, object q_pos, object scale, object window,
+                     object softcap, object out, int64_t *pmax_out):
+    """Check the arguments of attention / attention_fast and fill a (and *pmax_out, the
+    largest query position); returns out."""
     cdef cnp.ndarray kc, vc
     kc, vc = _check_caches(k_cache, v_cache)
     cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
@@ -204,6 +238,7 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     cdef cnp.ndarray oa = _carray(out, "out", cnp.NPY_FLOAT32, "float32", 3, True)
     if _dim(oa, 0) != T or _dim(oa, 1) != H or _dim(oa, 2) != hd:
         raise ValueError(f"out must have shape {np.shape(qa)}, got {np.shape(oa)}")
+    a.T = T
     if T == 0:
         return out
     cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
@@ -225,14 +260,12 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     if bmin < 0 or bmax >= nb:
         raise ValueError(f"block ids must lie in [0, {nb}), got [{bmin}, {bmax}]")
 
-    cdef gi_attn_args a
     a.q = <const float *>cnp.PyArray_DATA(qa)
     a.k_cache = <const float *>cnp.PyArray_DATA(kc)
     a.v_cache = <const float *>cnp.PyArray_DATA(vc)
-    a.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
-    a.q_pos = <const int32_t *>cnp.PyArray_DATA(pa)
+    a.block_table = bp
+    a.q_pos = pp
     a.out = <float *>cnp.PyArray_DATA(oa)
-    a.T = T
     a.H = H
     a.n_kv = n_kv
     a.hd = hd
@@ -240,11 +273,20 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     a.scale = sc
     a.softcap = cap
     a.window = window
-    cdef const gi_attn_ops *ops = _table()
+    pmax_out[0] = pmax
+    return out
+
+
+ctypedef void (*plan_fn)(gi_attn_args *a, int nthreads) noexcept nogil
+ctypedef void (*run_fn)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
+
+
+cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t pmax) except -1:
+    """Plan and run every work item of a, on up to nt threads (one scratch per thread)."""
     cdef int n = nt
-    if T * H * (pmax + 1) * hd < _GRAIN:
+    if a.T * a.H * (pmax + 1) * a.hd < _GRAIN:
         n = 1
-    ops.plan(&a, n)
+    plan(a, n)
     if n > a.n_items:
         n = <int>a.n_items
     cdef int64_t per = (a.scratch_doubles + 7) & ~(<int64_t>7)  # 64-byte aligned slices
@@ -256,12 +298,55 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
         with nogil:
             if n <= 1:
                 for it in range(a.n_items):
-                    ops.run(&a, it, scratch)
+                    run(a, it, scratch)
             else:
                 for it in prange(a.n_items, num_threads=n, schedule='dynamic', chunksize=1):
-                    ops.run(&a, it, scratch + threadid() * per)
+                    run(a, it, scratch + threadid() * per)
     finally:
         free(scratch)
+    return 0
+
+
+def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0, out=None,
+              *, nthreads=1):
+    """Causal exact attention of q (T, H, hd) float32 at positions q_pos (T,) int32 over the
+    sequence's cached keys (block_table (n,) int32).  Query head h reads kv head h // (H/n_kv).
+    Query t sees keys p with lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if
+    window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  Keys 0..max(q_pos)
+    must have been written (kv_write).  Returns out (T, H, hd) float32."""
+    global _exact_calls, _exact_queries
+    cdef int nt = _check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
+                   &pmax)
+    if a.T == 0:
+        return out
+    _exact_calls += 1
+    _exact_queries += a.T
+    cdef const gi_attn_ops *ops = _table()
+    _run_items(&a, ops.plan, ops.run, nt, pmax)
+    return out
+
+
+def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                   out=None, *, nthreads=1):
+    """Fast attention: the same arguments and result as attention(), computed in float32 with
+    key tiles and an online softmax (flash-style), in parallel over (kv head, query block).
+    Not bit-exact: its distance from attention() is a cosine bound (docs/design/kernels.md).
+    A query's result does not depend on the other queries of the call or on nthreads."""
+    global _fast_calls, _fast_queries
+    cdef int nt = _check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
+                   &pmax)
+    if a.T == 0:
+        return out
+    _fast_calls += 1
+    _fast_queries += a.T
+    cdef const gi_attn_fast_ops *ops = _fast_table()
+    _run_items(&a, ops.plan, ops.run, nt, pmax)
     return out
 
 

@@ -266,13 +266,16 @@ class LlamaFamily:
 
     def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
                scale: float | None = None):
-        """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd)."""
+        """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  Segments
+        marked fast (a prefill suffix of >= 512 tokens, Model.use_fast) run the float32 tiled
+        kernel, the others the exact one."""
         if scale is None:
             scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
         for seg in batch.segments:
             r = slice(seg.start, seg.stop)
-            self.K.attention(q[r], kc, vc, seg.block_table, batch.positions[r], scale, window,
-                             softcap, out=out[r], nthreads=self.threads)
+            kernel = self.K.attention_fast if seg.fast else self.K.attention
+            kernel(q[r], kc, vc, seg.block_table, batch.positions[r], scale, window, softcap,
+                   out=out[r], nthreads=self.threads)
         return out
 
     def attention_block(self, li: int, L: LayerWeights, h, batch: Batch, kc, vc, out) -> None:

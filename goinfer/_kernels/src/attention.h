@@ -10,6 +10,9 @@
  * Cython layer (attention.pyx) runs the items in an OpenMP loop, one scratch per thread.
  * Each output row is computed by one thread with one fixed operation sequence, so it does not
  * depend on the tiling, on the other queries in the batch or on the thread count.
+ *
+ * The fast kernel (attention_fast_impl.c) has the same arguments and item scheme with its own
+ * plan: float32 throughout, not bit-exact with the exact kernel (see that file).
  */
 #ifndef GI_ATTENTION_H
 #define GI_ATTENTION_H
@@ -50,6 +53,17 @@ typedef struct {
     void (*tanh_f64)(const double *x, double *y, int64_t n);
     void (*weight_f64)(const double *x, double *y, int64_t n);
 } gi_attn_ops;
+
+/* Fast attention (attention_fast_impl.c): float32, tiled, online softmax.  Same arguments;
+ * plan() fills tq / nh / nparts / n_items / scratch_doubles (8-byte units) for its own tiling. */
+typedef struct {
+    void (*plan)(gi_attn_args *a, int nthreads);
+    void (*run)(const gi_attn_args *a, int64_t item, double *scratch);
+} gi_attn_fast_ops;
+
+extern const gi_attn_fast_ops gi_attn_fast_ops_portable;
+extern const gi_attn_fast_ops gi_attn_fast_ops_avx2;
+extern const gi_attn_fast_ops gi_attn_fast_ops_avx512;
 
 extern const gi_attn_ops gi_attn_ops_portable;
 extern const gi_attn_ops gi_attn_ops_avx2;

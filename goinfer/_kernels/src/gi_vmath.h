@@ -8,6 +8,9 @@
  * lane, in every variant, and in the scalar (portable) build.  Tails are handled by masked
  * loads/stores of the same vector code, never by a different scalar formula.
  *
+ * vf_muladd(a, b, c) = a*b + c in float32, fused on AVX2/AVX-512 and unfused in the portable
+ * build: only for the fast attention kernel, whose results are not bit-exact across variants.
+ *
  * vd_fma_exact(a, b, c) = a*b + c is fused where the ISA has FMA and unfused in the portable
  * build.  It may ONLY be used where the product a*b is exact in double (float*float, or a
  * double with <= 29 significant bits times a float): then fused and unfused round once, at
@@ -98,6 +101,16 @@ GI_INLINE vfi vf_bits(vf a) { return _mm512_castps_si512(a); }
 GI_INLINE vf vf_from_bits(vfi a) { return _mm512_castsi512_ps(a); }
 GI_INLINE vfi vfi_add(vfi a, int32_t b) { return _mm512_add_epi32(a, _mm512_set1_epi32(b)); }
 GI_INLINE vfi vfi_shl(vfi a, int s) { return _mm512_slli_epi32(a, (unsigned)s); }
+GI_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
+GI_INLINE vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+GI_INLINE float vf_hmax(vf a) { return _mm512_reduce_max_ps(a); }
+GI_INLINE float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+/* a*b + c, fused (the fast attention kernel only: its results may differ between variants) */
+GI_INLINE vf vf_muladd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+GI_INLINE vfi vfi_and(vfi a, uint32_t m) {
+    return _mm512_and_si512(a, _mm512_set1_epi32((int)m));
+}
+GI_INLINE vfi vfi_or(vfi a, vfi b) { return _mm512_or_si512(a, b); }
 
 GI_INLINE vd vd_zero(void) { return _mm512_setzero_pd(); }
 GI_INLINE vd vd_set1(double a) { return _mm512_set1_pd(a); }
@@ -180,6 +193,25 @@ GI_INLINE vfi vf_bits(vf a) { return _mm256_castps_si256(a); }
 GI_INLINE vf vf_from_bits(vfi a) { return _mm256_castsi256_ps(a); }
 GI_INLINE vfi vfi_add(vfi a, int32_t b) { return _mm256_add_epi32(a, _mm256_set1_epi32(b)); }
 GI_INLINE vfi vfi_shl(vfi a, int s) { return _mm256_slli_epi32(a, s); }
+GI_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+GI_INLINE vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+GI_INLINE float vf_hmax(vf a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+GI_INLINE float vf_hsum(vf a) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+GI_INLINE vf vf_muladd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+GI_INLINE vfi vfi_and(vfi a, uint32_t m) {
+    return _mm256_and_si256(a, _mm256_set1_epi32((int)m));
+}
+GI_INLINE vfi vfi_or(vfi a, vfi b) { return _mm256_or_si256(a, b); }
 
 GI_INLINE vd vd_zero(void) { return _mm256_setzero_pd(); }
 GI_INLINE vd vd_set1(double a) { return _mm256_set1_pd(a); }
@@ -264,6 +296,13 @@ GI_INLINE vfi vf_bits(vf a) { vfi u; memcpy(&u, &a, 4); return u; }
 GI_INLINE vf vf_from_bits(vfi a) { vf f; memcpy(&f, &a, 4); return f; }
 GI_INLINE vfi vfi_add(vfi a, int32_t b) { return a + (uint32_t)b; }
 GI_INLINE vfi vfi_shl(vfi a, int s) { return a << s; }
+GI_INLINE vf vf_zero(void) { return 0.0f; }
+GI_INLINE vf vf_max(vf a, vf b) { return vf_blend(-(uint32_t)__builtin_isgreater(a, b), a, b); }
+GI_INLINE float vf_hmax(vf a) { return a; }
+GI_INLINE float vf_hsum(vf a) { return a; }
+GI_INLINE vf vf_muladd(vf a, vf b, vf c) { return a * b + c; } /* unfused (no FMA flags) */
+GI_INLINE vfi vfi_and(vfi a, uint32_t m) { return a & m; }
+GI_INLINE vfi vfi_or(vfi a, vfi b) { return a | b; }
 
 GI_INLINE vd vd_zero(void) { return 0.0; }
 GI_INLINE vd vd_set1(double a) { return a; }
@@ -327,6 +366,17 @@ GI_INLINE vf gi_vf_exp(vf x) {
     y = vf_sel_gt(x, vf_set1(GI_EXPF_XMAX), vf_set1(INFINITY), y);
     y = vf_sel_lt(x, vf_set1(GI_EXPF_XMIN), vf_set1(0.0f), y);
     return y;
+}
+
+/* tanh(u) in float32 = sign(u) * (1 - e) / (1 + e), e = exp(-2|u|) (fast attention softcap;
+ * absolute error ~1e-7) */
+GI_INLINE vf gi_vf_tanh(vf u) {
+    const uint32_t sign = 0x80000000u;
+    vfi ub = vf_bits(u);
+    vf a = vf_from_bits(vfi_and(ub, ~sign));
+    vf e = gi_vf_exp(vf_mul(a, vf_set1(-2.0f)));
+    vf t = vf_div(vf_sub(vf_set1(1.0f), e), vf_add(vf_set1(1.0f), e));
+    return vf_from_bits(vfi_or(vf_bits(t), vfi_and(ub, sign)));
 }
 
 /* ============================================================================ exp, float64 */

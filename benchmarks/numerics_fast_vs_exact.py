@@ -1,0 +1,117 @@
+"""Fast vs exact attention on a real model: distance and prefill speed, for docs/benchmarks.md.
+
+    PYTHONPATH=. python benchmarks/numerics_fast_vs_exact.py [MODEL] [--text FILE] \
+        [--lengths 1024 2048 4096] [--threads 1] [--reps 2] [--json out.json]
+
+For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) as one prompt.
+  cosine   of the last position's logits, fast (default) vs exact_prefill=True
+  top-1    teacher-forced agreement of the two over every position of the prompt, with the
+           mean and minimum logit cosine and the mean NLL difference (goinfer.fidelity.compare,
+           one window of n tokens)
+  speed    Session.prefill(prompt) on a fresh cache, exact and fast alternating, median wall
+           and CPU seconds; speed-up = exact / fast (wall, and CPU)
+
+--noise-floor: instead, compare exact with exact whose attention outputs get a random
+relative perturbation of 2^-24 (about half an ulp of float32) per element: how far a W4A8
+model moves for a perturbation far smaller than fast attention's, the floor against which
+the fast path's top-1 agreement is read.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+from datetime import date
+
+import numpy as np
+
+from goinfer import KVCache, Model, fidelity
+from goinfer._kernels import _config, attention_counters, reset_attention_counters
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="/tmp/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "tests",
+                                                   "data", "tokenizer_corpus.txt"))
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--noise-floor", action="store_true")
+    args = ap.parse_args(argv)
+    if args.noise_floor:
+        return noise_floor(args)
+    fast = Model.load(args.model, threads=args.threads, progress=False)
+    exact = copy.copy(fast)  # the same weights, exact_prefill=True
+    exact.exact_prefill = True
+    ids_all = fidelity.read_ids(fast, args.text)
+    load0 = os.getloadavg()
+    rows = []
+    for n in args.lengths:
+        ids = ids_all[:n].tolist()
+        times = {"exact": [], "fast": []}
+        last = {}
+        for _ in range(args.reps):
+            for name, m in (("exact", exact), ("fast", fast)):
+                s = m.session(KVCache(m, max_tokens=n + 16))
+                reset_attention_counters()
+                c0, t0 = time.process_time(), time.perf_counter()
+                last[name] = s.prefill(ids)
+                times[name].append((time.perf_counter() - t0, time.process_time() - c0))
+                c = attention_counters()
+                assert (c["fast_calls"] > 0) == (name == "fast"), c
+                s.reset()
+        a, b = last["exact"].astype(np.float64), last["fast"].astype(np.float64)
+        cos_last = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+        cmp = fidelity.compare(exact, fast, np.asarray(ids, np.int32), n, n, progress=False)
+        (we, ce), (wf, cf) = (np.median(np.array(times[k]), axis=0) for k in ("exact", "fast"))
+        row = dict(n=n, cos_last=cos_last, same_last_argmax=bool(a.argmax() == b.argmax()),
+                   top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
+                   cos_min=cmp.cosine_min, nll_exact=cmp.nll_a, nll_fast=cmp.nll_b,
+                   exact_wall_s=we, exact_cpu_s=ce, fast_wall_s=wf, fast_cpu_s=cf,
+                   speedup_wall=we / wf, speedup_cpu=ce / cf)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    res = dict(model=os.path.basename(args.model), threads=args.threads,
+               variant=_config.variant(), reps=args.reps, machine=platform.processor() or
+               platform.machine(), date=date.today().isoformat(),
+               load_start=load0, load_end=os.getloadavg(), rows=rows)
+    print(json.dumps(res, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+class _NoisyAttention:
+    """the kernels module, with attention outputs multiplied by (1 + 2^-24 * N(0, 1))"""
+
+    def __init__(self, kernels, seed=0):
+        self._k = kernels
+        self._rng = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self._k, name)
+
+    def attention(self, *a, **kw):
+        out = self._k.attention(*a, **kw)
+        out *= (1.0 + 2.0**-24 * self._rng.standard_normal(out.shape)).astype(np.float32)
+        return out
+
+
+def noise_floor(args):
+    exact = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    noisy = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    noisy.impl.K = _NoisyAttention(noisy.impl.K)
+    ids_all = fidelity.read_ids(exact, args.text)
+    for n in args.lengths:
+        cmp = fidelity.compare(exact, noisy, ids_all[:n], n, n, progress=False)
+        print(json.dumps(dict(n=n, top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
+                              cos_min=cmp.cosine_min, nll_diff=cmp.nll_diff_mean)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+/* Fast attention over the paged KV cache (see attention.h), compiled once per ISA variant.
+ *
+ * float32 throughout, flash-style: keys are taken in tiles of FA_TK = 64 positions, tiles
+ * aligned to multiples of 64 absolute positions; each query row (t, h) keeps a running max m,
+ * a running sum l and an output accumulator o (hd floats), and for every tile that holds keys
+ * of its range [lo, hi]:
+ *   s_j   = (q * scale * log2 e) . k_j         float32, fused multiply-adds in d order
+ *   s_j   = softcap * tanh(s_j / softcap)      (if softcap > 0, in log2 units)
+ *   s_j   = -inf outside [lo, hi]
+ *   m'    = max(m, max_j s_j),  c = 2^(m - m')
+ *   p_j   = 2^(s_j - m')                       (fa_exp2: a degree-5 polynomial)
+ *   l     = l * c + sum_j p_j,  o = o * c + sum_j p_j v_j   (keys of the tile in order)
+ * and at the end out = o / l.
+ *
+ * Work item = a block of tq consecutive queries x nh query heads of ONE kv head (R <= FA_RMAX
+ * rows): each key tile is gathered once per item (K transposed into a packed (hd, 64) tile,
+ * V read in place through row pointers) and used by all R rows, so a kv head's keys are read
+ * once per query block for the whole GQA group.  Items run in parallel (OpenMP, dynamic
+ * schedule, the longest query blocks first).  Within a tile, QK runs in chunks of 64 dims and
+ * AV in chunks of d, so the piece of K or V in use stays in L1 for all the row blocks.
+ *
+ * A row's operation sequence depends only on its own query, its key range and the tile grid:
+ * rows of an item whose range misses a tile get p = 0 and c = 1 there (exact no-ops), and a
+ * row's masked keys get p = 0 exactly.  Only keys in [min lo, max hi] of the item are read
+ * (all below the largest query position, so written); K outside it is zero-filled in the
+ * tile, so unwritten slots (which may hold anything, NaN included) never reach a result.
+ * So a row's result does not depend on the other queries of the call, on the item tiling or
+ * on the thread count (tested); it does depend on the variant (the portable build does not
+ * fuse multiply-adds) and it differs from the exact kernel by float32 rounding (stated and
+ * tested as a cosine bound, tests/test_kernels_attention.py).
+ */
+#include "attention.h"
+#include "gi_vmath.h"
+
+#define FA_TK 64           /* keys per tile */
+#define FA_RMAX 64         /* rows (query x head) per item */
+#define FA_DC 64           /* d-chunk of QK: a (FA_DC, FA_TK) piece of the K tile, 16 KB */
+
+/* register blocks: QK RB rows x NV key vectors, AV RB rows x DV d-vectors */
+#if defined(GI_VARIANT_AVX512)
+#define FA_RB 6
+#define FA_NV 4
+#define FA_DV 4
+#elif defined(GI_VARIANT_AVX2)
+#define FA_RB 3
+#define FA_NV 4
+#define FA_DV 4
+#else
+#define FA_RB 4
+#define FA_NV 8
+#define FA_DV 8
+#endif
+#define FA_TV (FA_TK / VF_N) /* vectors per tile row */
+
+#if FA_TV % FA_NV != 0
+#error "FA_NV must divide the vectors of a tile"
+#endif
+
+/* ============================================================================ item context */
+
+typedef struct {
+    int R;                   /* rows r = ti * nhh + hj */
+    int64_t kvh;             /* kv head */
+    int64_t kmin, kmax;      /* union key range of the rows (absolute) */
+    int64_t lo[FA_RMAX];     /* row key range [lo, hi] (absolute) */
+    int64_t hi[FA_RMAX];
+    float *orow[FA_RMAX];    /* out rows */
+    float *qs;               /* (R, hd) q * scale */
+    float *o;                /* (R, hd) accumulators */
+    float *p;                /* (R, FA_TK) scores, then weights */
+    float *kt;               /* (hd, FA_TK) the tile's keys, transposed */
+    const float **vp;        /* (FA_TK,) the tile's value rows */
+    float m[FA_RMAX], l[FA_RMAX], c[FA_RMAX];
+    int act[FA_RMAX];        /* row has keys in the current tile */
+} fa_ctx;
+
+/* ============================================================================ QK */
+
+/* p[r][0..FA_TK) (+)= qs[r][0..dn) . kt[0..dn, 0..FA_TK) for RB rows (qs row stride hd):
+ * one chunk of d; FIRST starts the sums, otherwise they continue from p (the same chain) */
+GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
+                     const float *kt, int64_t dn, float *p) {
+    for (int c0 = 0; c0 < FA_TV; c0 += FA_NV) {
+        vf acc[FA_RB][FA_NV];
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+            for (int v = 0; v < FA_NV; v++)
+                acc[r][v] = FIRST ? vf_zero() : vf_load(p + r * FA_TK + (c0 + v) * VF_N);
+        const float *kd = kt + c0 * VF_N;
+        for (int64_t d = 0; d < dn; d++, kd += FA_TK) {
+            vf kv[FA_NV];
+#pragma GCC unroll 8
+            for (int v = 0; v < FA_NV; v++) kv[v] = vf_load(kd + v * VF_N);
+#pragma GCC unroll 8
+            for (int r = 0; r < RB; r++) {
+                const vf qv = vf_set1(qs[r * hd + d]);
+#pragma GCC unroll 8
+                for (int v = 0; v < FA_NV; v++) acc[r][v] = vf_muladd(qv, kv[v], acc[r][v]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+            for (int v = 0; v < FA_NV; v++) vf_store(p + r * FA_TK + (c0 + v) * VF_N, acc[r][v]);
+    }
+}
+
+/* ============================================================================ softmax */
+
+/* Scores are kept in log2 units (q is pre-scaled by scale * log2(e)), so weights are 2^x.
+ * 2^x for x <= 0: n = rint(x) by the 1.5 * 2^23 "magic" add, f = x - n in [-1/2, 1/2],
+ * 2^f by a degree-5 polynomial (fitted for relative error; 1.6e-7 measured), 2^n from
+ * exponent bits.  x is first clamped to -127, whose 2^n bits are 0: x < -126.5 and -inf give
+ * exactly 0 (so masked keys are exact no-ops).  Fused multiply-adds where the ISA has them. */
+#define FA_P0 0x1.000002p+0f
+#define FA_P1 0x1.62e428p-1f
+#define FA_P2 0x1.ebf918p-3f
+#define FA_P3 0x1.c6b6e6p-5f
+#define FA_P4 0x1.3d0c52p-7f
+#define FA_P5 0x1.5c08e0p-10f
+#define FA_LOG2E 1.4426950408889634
+
+GI_INLINE vf fa_exp2(vf x) {
+    x = vf_max(x, vf_set1(-127.0f));
+    const vf t = vf_add(x, vf_set1(GI_MAGIC_F));
+    const vf f = vf_sub(x, vf_sub(t, vf_set1(GI_MAGIC_F)));
+    vf p = vf_muladd(vf_set1(FA_P5), f, vf_set1(FA_P4));
+    p = vf_muladd(p, f, vf_set1(FA_P3));
+    p = vf_muladd(p, f, vf_set1(FA_P2));
+    p = vf_muladd(p, f, vf_set1(FA_P1));
+    p = vf_muladd(p, f, vf_set1(FA_P0));
+    return vf_mul(p, vf_from_bits(vfi_shl(vfi_add(vf_bits(t), 127), 23)));
+}
+
+static float fa_exp2_1(float x) {
+    float y[VF_N];
+    vf_store(y, fa_exp2(vf_set1(x)));
+    return y[0];
+}
+
+/* One row's scores s (FA_TK, log2 units) of keys [a, b] (tile-relative, a <= b): softcap,
+ * mask, online max and sum; s becomes the weights p.  Returns the rescale c of the row's o
+ * and l (1 when the max did not grow). */
+static float fa_softmax_row(float *s, int a, int b, float cap2, float *m, float *l) {
+    if (cap2 > 0.0f) { /* cap * tanh(s / cap) in natural units = cap2 * tanh(s2 / cap2) */
+        const vf cv = vf_set1(cap2);
+        for (int i = 0; i < FA_TK; i += VF_N)
+            vf_store(s + i, vf_mul(cv, gi_vf_tanh(vf_div(vf_load(s + i), cv))));
+    }
+    for (int i = 0; i < a; i++) s[i] = -INFINITY;
+    for (int i = b + 1; i < FA_TK; i++) s[i] = -INFINITY;
+    vf mv = vf_load(s);
+    for (int i = VF_N; i < FA_TK; i += VF_N) mv = vf_max(mv, vf_load(s + i));
+    const float mt = vf_hmax(mv);
+    float c = 1.0f, mn = *m;
+    if (mt > mn) { /* m = -inf at the start: c = 0 (o and l are 0) */
+        c = fa_exp2_1(mn - mt);
+        mn = mt;
+    }
+    const vf mnv = vf_set1(mn);
+    vf sum = vf_zero();
+    for (int i = 0; i < FA_TK; i += VF_N) {
+        const vf e = fa_exp2(vf_sub(vf_load(s + i), mnv));
+        vf_store(s + i, e);
+        sum = vf_add(sum, e);
+    }
+    *l = *l * c + vf_hsum(sum);
+    *m = mn;
+    return c;
+}
+
+/* ============================================================================ AV */
+
+/* o[r][d0 .. d0 + DV vectors) = o * c[r] + sum_{j = ja..jb} p[r][j] * v_j, for RB rows.
+ * n: valid lanes of the last vector (VF_N: all). */
+GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, int n, float *o, int64_t hd,
+                     const float *p, const float *const *vp, int ja, int jb, const float *c,
+                     int64_t d0) {
+    vf acc[FA_RB][FA_DV];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++) {
+        const vf cv = vf_set1(c[r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) {
+            const float *op = o + r * hd + d0 + v * VF_N;
+            acc[r][v] = vf_mul(TAIL && v == DV - 1 ? vf_load_n(op, n) : vf_load(op), cv);
+        }
+    }
+    for (int j = ja; j <= jb; j++) {
+        const float *vr = vp[j] + d0;
+        vf vv[FA_DV];
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++)
+            vv[v] = TAIL && v == DV - 1 ? vf_load_n(vr + v * VF_N, n) : vf_load(vr + v * VF_N);
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++) {
+            const vf pv = vf_set1(p[r * FA_TK + j]);
+#pragma GCC unroll 8
+            for (int v = 0; v < DV; v++) acc[r][v] = vf_muladd(pv, vv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) {
+            float *op = o + r * hd + d0 + v * VF_N;
+            if (TAIL && v == DV - 1)
+                vf_store_n(op, acc[r][v], n);
+            else
+                vf_store(op, acc[r][v]);
+        }
+}
+
+/* ============================================================================ dispatch on RB */
+
+#if FA_RB == 6
+#define FA_RB_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6)
+#elif FA_RB == 4
+#define FA_RB_CASES(X) X(1) X(2) X(3) X(4)
+#else
+#define FA_RB_CASES(X) X(1) X(2) X(3)
+#endif
+
+static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const float *kt,
+                        int64_t dn, float *p) {
+#define FA_QK_CASE(N)                                          \
+    case N:                                                    \
+        if (first) fa_qk(N, 1, qs, hd, kt, dn, p);             \
+        else fa_qk(N, 0, qs, hd, kt, dn, p);                   \
+        break;
+    switch (RB) { FA_RB_CASES(FA_QK_CASE) default: break; }
+}
+
+/* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
+static void fa_av_block(int RB, int64_t nd, float *o, int64_t hd, const float *p,
+                        const float *const *vp, int ja, int jb, const float *c, int64_t d0) {
+#define FA_AV_CASE(N)                                                                  \
+    case N:                                                                            \
+        if (nd == FA_DV * VF_N) fa_av(N, FA_DV, 0, VF_N, o, hd, p, vp, ja, jb, c, d0); \
+        else if (nd == VF_N) fa_av(N, 1, 0, VF_N, o, hd, p, vp, ja, jb, c, d0);        \
+        else fa_av(N, 1, 1, (int)nd, o, hd, p, vp, ja, jb, c, d0);                     \
+        break;
+    switch (RB) { FA_RB_CASES(FA_AV_CASE) default: break; }
+}
+
+/* ============================================================================ one key tile */
+
+/* keys [ta, tb] (absolute) of the tile starting at t0: gather K transposed (zeros elsewhere,
+ * so no garbage reaches a score) and the V row pointers */
+static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, int64_t tb) {
+    const int64_t hd = a->hd, bs = a->bs;
+    const int ja = (int)(ta - t0), jb = (int)(tb - t0);
+    if (ja > 0 || jb < FA_TK - 1)
+        for (int64_t d = 0; d < hd; d++) {
+            float *row = x->kt + d * FA_TK;
+            for (int j = 0; j < ja; j++) row[j] = 0.0f;
+            for (int j = jb + 1; j < FA_TK; j++) row[j] = 0.0f;
+        }
+    for (int64_t j = ta; j <= tb;) {
+        const int64_t bi = j / bs, off = j % bs;
+        const int64_t n = (bs - off < tb - j + 1) ? bs - off : tb - j + 1; /* run in one block */
+        const int64_t blk = a->block_table[bi];
+        const float *kb = a->k_cache + (blk * a->n_kv + x->kvh) * hd * bs + off;
+        const float *vb = a->v_cache + ((blk * a->n_kv + x->kvh) * bs + off) * hd;
+        float *dst = x->kt + (j - t0);
+        if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
+            for (int64_t d = 0; d < hd; d++)
+                for (int64_t i = 0; i < n; i += VF_N)
+                    vf_store(dst + d * FA_TK + i, vf_load(kb + d * bs + i));
+        else
+            for (int64_t d = 0; d < hd; d++)
+                for (int64_t i = 0; i < n; i++) dst[d * FA_TK + i] = kb[d * bs + i];
+        for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * hd;
+        j += n;
+    }
+}
+
+/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
+GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
+    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
+    return hd - d0 < VF_N ? hd - d0 : VF_N;
+}
+
+/* One key tile [t0, t0 + FA_TK) for every row of the item: QK in chunks of FA_DC dims (a
+ * chunk of the K tile stays in L1 while every row block passes over it), the online softmax
+ * of each row, then AV in chunks of d (likewise for V). */
+static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
+    const int64_t hd = a->hd;
+    const int64_t ta = x->kmin > t0 ? x->kmin : t0;
+    const int64_t tb = x->kmax < t0 + FA_TK - 1 ? x->kmax : t0 + FA_TK - 1;
+    const int ja = (int)(ta - t0), jb = (int)(tb - t0);
+    fa_gather(a, x, t0, ta, tb);
+    int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
+    for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
+        const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
+        gact[r0] = 0;
+        for (int r = r0; r < r0 + RB; r++) {
+            x->act[r] = x->lo[r] <= tb && x->hi[r] >= ta;
+            gact[r0] |= x->act[r];
+        }
+    }
+    /* ---- QK */
+    for (int64_t d0 = 0; d0 < hd; d0 += FA_DC) {
+        const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
+        for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
+            if (!gact[r0]) continue;
+            const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
+            fa_qk_block(RB, d0 == 0, x->qs + r0 * hd + d0, hd, x->kt + d0 * FA_TK, dn,
+                        x->p + (int64_t)r0 * FA_TK);
+        }
+    }
+    /* ---- softmax */
+    const float cap2 = (float)(a->softcap * FA_LOG2E);
+    for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
+        if (!gact[r0]) continue;
+        const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
+        for (int r = r0; r < r0 + RB; r++) {
+            float *pr = x->p + (int64_t)r * FA_TK;
+            if (x->act[r]) {
+                const int64_t lo = x->lo[r] > t0 ? x->lo[r] - t0 : 0;
+                const int64_t hi = x->hi[r] < t0 + FA_TK - 1 ? x->hi[r] - t0 : FA_TK - 1;
+                x->c[r] = fa_softmax_row(pr, (int)lo, (int)hi, cap2, &x->m[r], &x->l[r]);
+            } else { /* no keys here: an exact no-op for this row */
+                memset(pr, 0, FA_TK * sizeof(float));
+                x->c[r] = 1.0f;
+            }
+        }
+    }
+    /* ---- AV */
+    for (int64_t d0 = 0; d0 < hd;) {
+        const int64_t nd = fa_av_extent(d0, hd);
+        for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
+            if (!gact[r0]) continue;
+            const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
+            fa_av_block(RB, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK, x->vp, ja, jb,
+                        x->c + r0, d0);
+        }
+        d0 += nd;
+    }
+}
+
+/* ============================================================================ plan and run */
+
+GI_INLINE int64_t fa_row_lo(const gi_attn_args *a, int64_t p) {
+    if (a->window <= 0) return 0;
+    int64_t lo = p - a->window + 1;
+    return lo > 0 ? lo : 0;
+}
+
+GI_INLINE int64_t fa_items(const gi_attn_args *a, int64_t tq, int64_t nparts) {
+    return (a->T + tq - 1) / tq * a->n_kv * nparts;
+}
+
+#define FA_ALIGN(n) (((n) + 15) & ~(int64_t)15) /* floats, to 64 bytes */
+
+/* R = tq * nh <= FA_RMAX rows per item; smaller query blocks while there are fewer items than
+ * threads (the tiling never changes a result). */
+static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
+    const int64_t G = a->H / a->n_kv;
+    const int64_t rows = FA_RMAX;
+    const int64_t nh = G < rows ? G : rows;
+    const int64_t nparts = (G + nh - 1) / nh;
+    int64_t tq = rows / nh;
+    if (tq > a->T) tq = a->T;
+    if (tq < 1) tq = 1;
+    while (fa_items(a, tq, nparts) < nthreads && tq > 1) tq = (tq + 1) / 2;
+    a->tq = tq;
+    a->nh = nh;
+    a->nparts = nparts;
+    a->n_items = fa_items(a, tq, nparts);
+    const int64_t R = tq * nh;
+    const int64_t floats = 2 * FA_ALIGN(R * a->hd) + FA_ALIGN(R * FA_TK) +
+                           FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
+    a->scratch_doubles = (floats + 1) / 2;
+}
+
+static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scratch) {
+    const int64_t G = a->H / a->n_kv, hd = a->hd;
+    const int64_t per_tile = a->n_kv * a->nparts;
+    const int64_t n_tiles = (a->T + a->tq - 1) / a->tq;
+    const int64_t tile = n_tiles - 1 - item / per_tile; /* later queries (more keys) first */
+    const int64_t rem = item % per_tile, part = rem % a->nparts;
+    const int64_t t0 = tile * a->tq, h0 = part * a->nh;
+    const int64_t nt = a->T - t0 < a->tq ? a->T - t0 : a->tq;
+    const int64_t nhh = G - h0 < a->nh ? G - h0 : a->nh;
+    const float sc = (float)(a->scale * FA_LOG2E); /* scores in log2 units */
+    fa_ctx x;
+    x.kvh = rem / a->nparts;
+    x.R = (int)(nt * nhh);
+
+    /* ---- scratch: qs (R, hd) | o (R, hd) | p (R, TK) | kt (hd, TK) | vp (TK pointers) */
+    float *f = (float *)scratch;
+    x.qs = f;
+    x.o = f + FA_ALIGN(x.R * hd);
+    x.p = x.o + FA_ALIGN(x.R * hd);
+    x.kt = x.p + FA_ALIGN((int64_t)x.R * FA_TK);
+    x.vp = (const float **)(void *)(x.kt + FA_ALIGN(hd * FA_TK));
+
+    /* ---- rows */
+    x.kmin = INT64_MAX;
+    x.kmax = -1;
+    for (int64_t ti = 0; ti < nt; ti++) {
+        const int64_t t = t0 + ti, pos = a->q_pos[t], lo = fa_row_lo(a, pos);
+        x.kmin = lo < x.kmin ? lo : x.kmin;
+        x.kmax = pos > x.kmax ? pos : x.kmax;
+        for (int64_t hj = 0; hj < nhh; hj++) {
+            const int r = (int)(ti * nhh + hj);
+            const int64_t h = x.kvh * G + h0 + hj;
+            x.lo[r] = lo;
+            x.hi[r] = pos;
+            x.orow[r] = a->out + (t * a->H + h) * hd;
+            x.m[r] = -INFINITY;
+            x.l[r] = 0.0f;
+            const float *qr = a->q + (t * a->H + h) * hd;
+            float *qs = x.qs + r * hd;
+            for (int64_t d = 0; d < hd; d++) qs[d] = qr[d] * sc;
+        }
+    }
+    memset(x.o, 0, (size_t)x.R * (size_t)hd * sizeof(float));
+
+    for (int64_t t = (x.kmin / FA_TK) * FA_TK; t <= x.kmax; t += FA_TK) fa_tile(a, &x, t);
+
+    for (int r = 0; r < x.R; r++) {
+        const vf lv = vf_set1(x.l[r]);
+        const float *o = x.o + r * hd;
+        int64_t d = 0;
+        for (; d + VF_N <= hd; d += VF_N) vf_store(x.orow[r] + d, vf_div(vf_load(o + d), lv));
+        if (d < hd) {
+            const int n = (int)(hd - d);
+            vf_store_n(x.orow[r] + d, vf_div(vf_load_n(o + d, n), lv), n);
+        }
+    }
+}
+
+/* ============================================================================ table */
+
+const gi_attn_fast_ops GI(gi_attn_fast_ops) = {GI(attn_fast_plan), GI(attn_fast_run)};
