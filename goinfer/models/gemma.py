@@ -6,7 +6,7 @@ One forward step per layer, on top of the llama step (models/llama.py):
   RMSNorm (post-attention) -> residual -> RMSNorm (pre-FFN) -> fused gate/up -> GeGLU
   (gelu-tanh) -> down -> RMSNorm (post-FFN) -> residual.
 Embedding rows are scaled by sqrt(d_model); the LM head is the embedding (tied); a final logit
-softcap applies when the file asks for one.
+softcap applies when the file asks for one (``final_logit_softcapping``).
 
 Gemma's RMSNorm multiplies by (1 + w).  llama.cpp's converter stores 1 + w in the GGUF (every
 ``*norm.weight`` tensor, QK-norms included), so here they are plain RMSNorms with the stored
@@ -33,7 +33,6 @@ class Gemma3Config(ModelConfig):
     swa_layers: tuple = ()  # per layer: True = local (sliding-window) attention
     rope_base_local: float = ROPE_BASE_LOCAL
     attn_scale: float = 0.0  # multiplies q.k
-    attn_softcap: float = 0.0  # 0: none
     final_softcap: float = 0.0  # 0: none
 
     def describe(self) -> str:
@@ -80,7 +79,6 @@ def read_config(g) -> Gemma3Config:
     return Gemma3Config(
         **fields, swa_layers=swa,
         attn_scale=float(scale),
-        attn_softcap=float(g.arch_get("attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0))
 
 
@@ -108,8 +106,7 @@ class Gemma3Family(llama.LlamaFamily):
         super().__init__(g, cfg, kernels, threads, progress)
         # Global layers: rope.freq_base with the file's (linear) scaling; local layers: base 10k.
         self.rope_local = RopeCache(cfg.n_rot, cfg.rope_base_local, cfg.context_length)
-        self.attn_scale = cfg.attn_scale
-        self.attn_softcap = cfg.attn_softcap
+        self.attn_scale = cfg.attn_scale  # no attention softcap: Gemma 3 has none (Gemma 2 had)
         self.embed_scale = np.float32(np.sqrt(cfg.d_model))
 
     def load_layer(self, g, i: int) -> Gemma3LayerWeights:
