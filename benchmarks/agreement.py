@@ -2,12 +2,16 @@
 GGUF): goinfer and llama.cpp (llama-cpp-python) over the same positions.
 
     python benchmarks/agreement.py MODEL.gguf --text FILE [--text FILE ...] \
-        [--window 512] [--positions 2048] [--threads 2] [--json out.json]
+        [--window 512] [--positions 2048] [--threads 2] [--json out.json] \
+        [--bos] [--reference ORIGINAL.gguf] [--also OTHER.gguf ...]
 
 Needs goinfer, torch, transformers (+accelerate) and llama-cpp-python in one environment
 (for example /tmp/peers-venv with goinfer installed into it).  The text is tokenized once with
 goinfer; the ids are checked against llama.cpp's tokenizer and fed to all three engines, in
-windows of --window tokens (each window starts a fresh context).
+windows of --window tokens (each window starts a fresh context; with --bos each window starts
+with the BOS token, as the model's tokenizer would put it).  --reference: transformers and
+llama.cpp load this file instead of MODEL (e.g. the original quantized file when MODEL is a
+re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reported by file name.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ def main(argv=None):
     ap.add_argument("--exact-prefill", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bos", action="store_true", help="start every window with BOS")
+    ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
+    ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
     args = ap.parse_args(argv)
 
     import torch
@@ -43,10 +50,18 @@ def main(argv=None):
     import goinfer
 
     path = Path(args.model).resolve()
+    ref_path = Path(args.reference).resolve() if args.reference else path
     gm = goinfer.Model.load(str(path), threads=args.threads, exact_prefill=args.exact_prefill,
                             progress=False)
+    engines = {"goinfer": gm}
+    for extra in args.also:
+        engines[f"goinfer:{Path(extra).name}"] = goinfer.Model.load(
+            str(Path(extra).resolve()), threads=args.threads, exact_prefill=args.exact_prefill,
+            progress=False)
     text = "\n\n".join(Path(t).read_text() for t in args.text)
     ids = gm.tokenize(text)
+    head = [gm.tokenizer.bos_id] if args.bos else []
+    body = args.window - len(head)
     need = args.positions + -(-args.positions // (args.window - 1))
     if len(ids) < need:
         sys.exit(f"text has {len(ids)} tokens, need {need} for {args.positions} positions")
@@ -54,25 +69,25 @@ def main(argv=None):
     i = 0
     n_pos = 0
     while n_pos < args.positions:
-        w = ids[i:i + args.window]
+        w = head + ids[i:i + body]
         windows.append(w)
         n_pos += len(w) - 1  # logits at position t predict token t+1
-        i += len(w)
+        i += len(w) - len(head)
 
     llm = None
     if not args.no_llama_cpp:
         from llama_cpp import Llama
 
-        llm = Llama(str(path), n_ctx=args.window, n_batch=args.window, logits_all=True,
+        llm = Llama(str(ref_path), n_ctx=args.window, n_batch=args.window, logits_all=True,
                     n_threads=args.threads, verbose=False)
         ll_ids = llm.tokenize(text.encode(), add_bos=False, special=True)
         tok_match = ll_ids[:len(ids)] == ids and len(ll_ids) == len(ids)
     torch.set_num_threads(args.threads)
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+    hf = AutoModelForCausalLM.from_pretrained(str(ref_path.parent), gguf_file=ref_path.name,
                                               torch_dtype=torch.float32).eval()
 
-    rows = {"goinfer": [], "llama.cpp": []}
-    cos = {"goinfer": [], "llama.cpp": []}
+    rows = {k: [] for k in [*engines, "llama.cpp"]}
+    cos = {k: [] for k in rows}
     gi_vs_ll = []
     t_gi = t_ll = 0.0
     for w in windows:
@@ -81,8 +96,10 @@ def main(argv=None):
         t0 = time.perf_counter()
         ours = gm.logits(w)[:-1]
         t_gi += time.perf_counter() - t0
-        rows["goinfer"].append(ours.argmax(1) == ref.argmax(1))
-        cos["goinfer"].append(cosine_rows(ours, ref))
+        for name, model in engines.items():
+            lg = ours if model is gm else model.logits(w)[:-1]
+            rows[name].append(lg.argmax(1) == ref.argmax(1))
+            cos[name].append(cosine_rows(lg, ref))
         if llm is not None:
             llm.reset()
             t0 = time.perf_counter()
@@ -93,7 +110,8 @@ def main(argv=None):
             cos["llama.cpp"].append(cosine_rows(theirs, ref))
             gi_vs_ll.append(theirs.argmax(1) == ours.argmax(1))
 
-    res = {"model": path.name, "date": date.today().isoformat(), "threads": args.threads,
+    res = {"model": path.name, "reference": ref_path.name, "bos": args.bos,
+           "date": date.today().isoformat(), "threads": args.threads,
            "window": args.window, "positions": int(sum(len(r) for r in rows["goinfer"])),
            "texts": args.text, "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "") for w in gm.impl.weights()})}
     for k in rows:

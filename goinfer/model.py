@@ -91,6 +91,17 @@ class Model:
     def detokenize(self, ids, skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special=skip_special)
 
+    def tokenize_chat(self, prompt: str) -> list[int]:
+        """Token ids of a rendered chat prompt, with BOS first exactly once when the model wants
+        one: a template that writes ``{{ bos_token }}`` keeps its own, a template that writes none
+        (the built-in ones) gets one (as llama.cpp does: it strips a leading BOS the template
+        wrote and lets the tokenizer add it)."""
+        ids = self.tokenize(prompt, add_special=False, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         if not self.chat_template:
             from goinfer.errors import ChatTemplateError

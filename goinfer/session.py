@@ -293,7 +293,7 @@ class Session:
     def chat(self, messages, max_tokens: int = 64, *, tools=None, **kwargs):
         """Apply the model's chat template to the whole conversation and generate the reply."""
         prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-        ids = self.model.tokenize(prompt, add_special=False, parse_special=True)
+        ids = self.model.tokenize_chat(prompt)
         return self.generate(ids, max_tokens, **kwargs)
 
     def _start(self, ids: list[int]) -> tuple[list[int], int, bool]:

@@ -5,7 +5,7 @@ is the one place that picks the family of a file (a llama file with experts is M
 """
 from __future__ import annotations
 
-from goinfer.models import llama, moe
+from goinfer.models import gemma, llama, moe
 
 ARCHITECTURES = {
     "llama": llama.LlamaFamily,
@@ -15,6 +15,7 @@ ARCHITECTURES = {
     "qwen2moe": moe.MoEFamily,
     "qwen3moe": moe.MoEFamily,
     "olmoe": moe.MoEFamily,
+    "gemma3": gemma.Gemma3Family,
 }
 
 

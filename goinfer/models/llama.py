@@ -169,7 +169,7 @@ class LlamaFamily:
     """Weights and forward step of llama / mistral / qwen2 / qwen3 models."""
 
     read_config = staticmethod(read_config)
-    load_layer = staticmethod(load_layer)  # (g, cfg, i) -> layer weights; a hook for subclasses
+    ffn_act = "swiglu"  # the kernel combining gate and up (gelu_tanh_mul for GeGLU families)
 
     def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None):
         self.cfg = cfg
@@ -180,7 +180,7 @@ class LlamaFamily:
         _check_shape("token_embd.weight", self.tok_embd, cfg.vocab_size, D)
         self.layers = []
         for i in range(cfg.n_layers):
-            self.layers.append(self.load_layer(g, cfg, i))
+            self.layers.append(self.load_layer(g, i))
             if progress is not None:
                 progress(1)
         self.out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
@@ -191,7 +191,22 @@ class LlamaFamily:
             _check_shape("output.weight", self.lm_head, cfg.vocab_size, D)
         freq_factors = g.load_f32("rope_freqs.weight") if g.has_tensor("rope_freqs.weight") else None
         self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, freq_factors, cfg.rope_scale)
+        self.attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+        self.attn_softcap = 0.0
         self.scratch = Scratch()
+
+    def load_layer(self, g, i: int) -> LayerWeights:
+        return load_layer(g, self.cfg, i)
+
+    # ------------------------------------------------------------------ per-layer attention
+
+    def layer_rope(self, li: int) -> RopeCache:
+        """The RoPE tables of layer li (families with local/global layers differ here)."""
+        return self.rope
+
+    def layer_window(self, li: int) -> int:
+        """Sliding window of layer li in tokens (0: full causal attention)."""
+        return self.cfg.sliding_window
 
     def weights(self):
         ws = [self.tok_embd] + [w for L in self.layers for w in L.weights()]
@@ -286,17 +301,17 @@ class LlamaFamily:
         if L.q_norm is not None:  # QK-norm, per head, in place
             K.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
             K.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
-        cos, sin = self.rope.tables(int(batch.positions.max()) + 1)
+        cos, sin = self.layer_rope(li).tables(int(batch.positions.max()) + 1)
         K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
         K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
-                          cfg.sliding_window)
+                          self.layer_window(li), self.attn_softcap, self.attn_scale)
         nq = cfg.n_heads * cfg.head_dim
         self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 
     def ffn_block(self, li: int, L: LayerWeights, h, out) -> None:
-        """Normed input h (T, D) -> SwiGLU feed-forward output out (T, D)."""
+        """Normed input h (T, D) -> gated feed-forward output out (T, D)."""
         K, S, nt, F = self.K, self.scratch, self.threads, self.cfg.d_ff
         T = h.shape[0]
         a = Act(K, h, S.qact(T, h.shape[1]), nt)
@@ -306,5 +321,5 @@ class LlamaFamily:
         else:
             gate = self._mm(a, L.w_gate, S.get("gate", T, F))
             up = self._mm(a, L.w_up, S.get("up", T, F))
-        f = K.swiglu(gate, up, out=S.get("f", T, F), nthreads=nt)
+        f = getattr(K, self.ffn_act)(gate, up, out=S.get("f", T, F), nthreads=nt)
         self._mm(Act(K, f, S.qact(T, F), nt), L.w_down, out)

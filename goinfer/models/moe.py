@@ -237,7 +237,9 @@ class MoEFamily(llama.LlamaFamily):
     every (token, expert) pair on its own (the token-by-token baseline; same bits)."""
 
     read_config = staticmethod(read_config)
-    load_layer = staticmethod(load_layer)
+
+    def load_layer(self, g, i: int) -> MoELayerWeights:
+        return load_layer(g, self.cfg, i)
 
     def __init__(self, g, cfg: MoEConfig, kernels, threads: int, progress=None):
         super().__init__(g, cfg, kernels, threads, progress)
