@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, QAct, QWeight, pack_float,
-                           pack_q4, pack_q8, quantize_weight)
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, QAct, QWeight, pack_q4, pack_q8, quantize_weight)
 from goinfer._kernels import _config
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute

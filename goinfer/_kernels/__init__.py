@@ -15,3 +15,7 @@ from goinfer._kernels.ops import rmsnorm, swiglu, gelu_tanh_mul, rope, add
 from goinfer._kernels.moe import moe_route, moe_group, moe_fold
 from goinfer._kernels.attention import (kv_write, attention, attention_fast,
                                         attention_counters, reset_attention_counters)
+
+__all__ = ["quantize_act", "matmul", "get_rows", "rmsnorm", "swiglu", "gelu_tanh_mul", "rope",
+           "add", "moe_route", "moe_group", "moe_fold", "kv_write", "attention",
+           "attention_fast", "attention_counters", "reset_attention_counters"]
