@@ -26,10 +26,10 @@ from hypothesis.extra import numpy as hnp
 from goinfer import KVCache
 from goinfer import _kernels as CK
 from goinfer import _reference as R
-from goinfer._kernels import _config, moe as moe_kernels
+from goinfer._kernels import _config, attention_counters, moe as moe_kernels, reset_attention_counters
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.gguf import GGUFFile
-from goinfer.model import PREFILL_CHUNK, Model
+from goinfer.model import FAST_PREFILL_MIN, PREFILL_CHUNK, Model
 from goinfer.models import family_for, llama
 from goinfer.models.moe import MoEFamily
 
@@ -419,6 +419,31 @@ def test_expert_major_prefill_equals_token_by_token(tiny_moe, arch):
         same_bits(prefill, m.logits(ids))
         runs.append(prefill)
     same_bits(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_fast_attention_runs_on_moe_models(tiny_moe, arch):
+    """The fast attention path applies to MoE models as to dense ones: a prefill of >= 512
+    tokens runs attention_fast in every layer (counters), decode steps stay exact, and the
+    logits stay close to exact_prefill's (the tolerance of tests/test_numerics.py)."""
+    _, path = tiny_moe(arch, 8, qtype=Q4_0)
+    n = FAST_PREFILL_MIN + 40
+    ids = np.random.default_rng(12).integers(0, 320, n).tolist()
+    fast_model, exact_model = load(path, threads=2), load(path, threads=2, exact_prefill=True)
+    L = fast_model.config.n_layers
+    reset_attention_counters()
+    s = fast_model.session(KVCache(fast_model, max_tokens=n + 16))
+    fast = s.prefill(ids)
+    fast_calls = attention_counters()["fast_calls"]
+    assert fast_calls == L * -(-n // PREFILL_CHUNK)  # every layer of every chunk ran fast
+    s.decode(int(np.argmax(fast)))
+    assert attention_counters()["fast_calls"] == fast_calls  # decode stayed exact
+    reset_attention_counters()
+    exact = exact_model.session(KVCache(exact_model, max_tokens=n + 16)).prefill(ids)
+    assert attention_counters()["fast_calls"] == 0
+    assert not np.array_equal(fast, exact)  # a different kernel really ran
+    cos = float(np.dot(fast, exact) / np.linalg.norm(fast) / np.linalg.norm(exact))
+    assert cos > 0.9999, cos
 
 
 def test_float_experts_exact_too(tiny_moe):
