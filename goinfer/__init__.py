@@ -34,7 +34,7 @@ from goinfer.session import GenerationResult, Session, Timings  # noqa: E402
 def config() -> dict:
     """Version, kernel variant, OpenMP and thread facts, as a dict."""
     from goinfer._kernels import _config
-    from goinfer._threads import default_threads
+    from goinfer._threads import default_threads, wait_policy
 
     return {
         "version": __version__,
@@ -43,6 +43,7 @@ def config() -> dict:
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
+        "wait_policy": wait_policy(),
         "python": sys.version.split()[0],
     }
 
@@ -58,6 +59,7 @@ def show_config(file=None) -> dict:
     print(f"  OpenMP         : {omp}", file=out)
     print(f"  threads        : {c['threads']} (physical cores, cgroup-aware; OMP_NUM_THREADS or "
           "threads= override)", file=out)
+    print(f"  wait policy    : {c['wait_policy']}", file=out)
     return c
 
 

@@ -70,3 +70,53 @@ def resolve_threads(threads: int | None) -> int:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     return threads
+
+
+# ============================================================================ OpenMP wait policy
+
+# How long an idle OpenMP thread spins before it sleeps, in libgomp's spin iterations
+# (GOMP_SPINCOUNT).  libgomp's default (300,000, about a millisecond) is good for a machine
+# that runs nothing else; with any other busy process on a core (even at nice 19) a spinning
+# thread keeps its core while its partner waits for a turn on the other one, and every
+# barrier of a forward step can cost a scheduler time slice: decode was measured 60-100x
+# slower with 2 threads than with 1 (docs/benchmarks.md, "OpenMP wait policy";
+# benchmarks/wait_policy.py).  A short spin keeps the quiet-machine speed and sleeps fast
+# enough under contention for the scheduler to move the waiting work.
+SPIN_COUNT = 100
+
+_wait_policy = "not applied"
+
+
+def apply_wait_policy() -> str:
+    """Set goinfer's OpenMP wait policy in the environment before libgomp loads.
+
+    The user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; GOINFER_WAIT_POLICY=libgomp keeps
+    libgomp's default.  libgomp reads these once when it is loaded, so this must run before
+    the kernels' shared library loads; if libgomp is already in the process (another library
+    loaded it first) the setting cannot take effect and the returned description says so."""
+    global _wait_policy
+    env = os.environ
+    if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+        _wait_policy = ("user: " + ", ".join(f"{k}={env[k]}" for k in ("OMP_WAIT_POLICY",
+                                                                          "GOMP_SPINCOUNT")
+                                             if k in env))
+    elif env.get("GOINFER_WAIT_POLICY", "").lower() == "libgomp":
+        _wait_policy = "libgomp default (GOINFER_WAIT_POLICY=libgomp)"
+    elif _libgomp_loaded():
+        _wait_policy = "libgomp default (libgomp was loaded before goinfer; set GOMP_SPINCOUNT)"
+    else:
+        env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        _wait_policy = f"goinfer: GOMP_SPINCOUNT={SPIN_COUNT}"
+    return _wait_policy
+
+
+def wait_policy() -> str:
+    return _wait_policy
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return any(line.rstrip().endswith("/libgomp.so.1") for line in f)
+    except OSError:
+        return False

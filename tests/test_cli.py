@@ -22,6 +22,33 @@ def test_show_config_reports_variant_openmp_threads():
     assert c["openmp"] is True and "OpenMP         : on" in out
     assert c["kernel_variant"] in c["supported_variants"] and c["kernel_variant"] in out
     assert c["version"] == goinfer.__version__ and f"threads        : {c['threads']}" in out
+    assert f"wait policy    : {c['wait_policy']}" in out
+
+
+def _config_in_fresh_process(**env):
+    """goinfer.config() of a new interpreter with env (only goinfer imported, so libgomp
+    loads with goinfer's kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GOINFER_WAIT_POLICY")}
+    code = "import json, os, goinfer; print(json.dumps([goinfer.config()['wait_policy'], os.environ.get('GOMP_SPINCOUNT')]))"
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
+                         text=True, check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_wait_policy_defaults_and_overrides():
+    policy, spin = _config_in_fresh_process()
+    assert spin == str(_threads.SPIN_COUNT) and policy == f"goinfer: GOMP_SPINCOUNT={spin}"
+    policy, spin = _config_in_fresh_process(GOMP_SPINCOUNT="7")
+    assert spin == "7" and policy == "user: GOMP_SPINCOUNT=7"
+    policy, spin = _config_in_fresh_process(OMP_WAIT_POLICY="active")
+    assert spin is None and policy == "user: OMP_WAIT_POLICY=active"
+    policy, spin = _config_in_fresh_process(GOINFER_WAIT_POLICY="libgomp")
+    assert spin is None and policy.startswith("libgomp default")
 
 
 def test_threads_resolution(monkeypatch):

@@ -5,7 +5,11 @@ overrides it.
 """
 import os as _os
 
-from goinfer._kernels import _config
+from goinfer._threads import apply_wait_policy as _apply_wait_policy
+
+_apply_wait_policy()  # before libgomp loads with the kernels' library
+
+from goinfer._kernels import _config  # noqa: E402
 
 if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
