@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from goinfer.errors import ContextLengthError
 from goinfer.bench import prompt_ids
 from goinfer.kv_cache import KVCache
 
@@ -71,7 +72,8 @@ def _families(proxy: _TimedKernels, total: float) -> dict:
 def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
     """Profile one cold prefill of prompt_tokens and decode_tokens decode steps after it."""
     if prompt_tokens + decode_tokens + 1 > model.n_ctx:
-        raise ValueError(f"{prompt_tokens} + {decode_tokens} tokens exceed the context {model.n_ctx}")
+        raise ContextLengthError(f"{prompt_tokens} prompt + {decode_tokens} decode tokens exceed the "
+                                 f"context of {model.n_ctx}: lower --prompt-tokens or raise --ctx")
     ids = prompt_ids(model, prompt_tokens)
     cache = KVCache(model, max_tokens=prompt_tokens + decode_tokens + 16)
     s = model.session(cache)
