@@ -9,8 +9,10 @@ definitions (about 1,500 tokens), then per turn a tool result or file excerpt of
 and the assistant's previous reply (scripted, about 30 tokens).  Each engine renders the whole
 conversation with the model's chat template every turn (as an agent resends its context) and
 generates up to --reply-tokens tokens; time to first token (TTFT) is measured from the call to the
-first streamed piece.  After the last turn the goinfer cache is saved and loaded, and the last
-prompt is timed from the loaded cache against a cold prefill of the same tokens.
+first streamed piece.  The engines take turns (turn i of each, then turn i + 1), so a change
+of the machine's load hits them alike.  After the last turn the goinfer cache is saved and
+loaded, and the last prompt is timed from the loaded cache against a cold prefill of the same
+tokens.
 """
 from __future__ import annotations
 
@@ -123,11 +125,9 @@ def conversation(system, turns, upto: int):
 # ============================================================================ engines
 
 
-def goinfer_turns(model, prompts, reply_tokens, reuse: bool):
-    import goinfer
-
-    rows = []
-    cache = goinfer.KVCache(model, max_tokens=16384)
+def goinfer_turns(model, cache, prompts, reply_tokens, reuse: bool):
+    """Yields one row per prompt: the conversation continued in one session (reuse) or every
+    prompt prefilled from an empty cache (cold)."""
     s = model.session(cache)
     for p in prompts:
         if not reuse:
@@ -141,13 +141,12 @@ def goinfer_turns(model, prompts, reply_tokens, reuse: bool):
             if not isinstance(piece, str):
                 r = piece
         total = time.perf_counter() - t0
-        rows.append({"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
-                     "ttft_s": ttft, "total_s": total, "completion_tokens": r.completion_tokens})
-    return rows, s, cache
+        yield {"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+               "ttft_s": ttft, "total_s": total, "completion_tokens": r.completion_tokens}
 
 
 def llama_turns(llm, prompts, reply_tokens, cold: bool):
-    rows = []
+    """Yields one row per prompt (cached_tokens: the prefix the Llama object held)."""
     for p in prompts:
         if cold:
             llm.reset()
@@ -165,9 +164,8 @@ def llama_turns(llm, prompts, reply_tokens, cold: bool):
                 ttft = time.perf_counter() - t0
             n += 1
         total = time.perf_counter() - t0
-        rows.append({"prompt_tokens": len(p), "cached_tokens": min(common, len(p) - 1),
-                     "ttft_s": ttft, "total_s": total, "completion_tokens": n})
-    return rows
+        yield {"prompt_tokens": len(p), "cached_tokens": min(common, len(p) - 1),
+               "ttft_s": ttft, "total_s": total, "completion_tokens": n}
 
 
 def main(argv=None):
@@ -194,10 +192,30 @@ def main(argv=None):
            "load_avg_start": os.getloadavg(), "turns": args.turns, "reply_tokens": args.reply_tokens,
            "engines": {}}
     # warm up the kernels once
-    goinfer_turns(model, [prompts[0][:64]], 1, reuse=False)
+    list(goinfer_turns(model, goinfer.KVCache(model, max_tokens=128), [prompts[0][:64]], 1, False))
 
-    rows, s, cache = goinfer_turns(model, prompts, args.reply_tokens, reuse=True)
-    res["engines"]["goinfer (reuse)"] = rows
+    # the engines take turns: turn i of every engine, then turn i + 1 (load drifts evenly)
+    cache = goinfer.KVCache(model, max_tokens=16384)
+    engines = {"goinfer (reuse)": goinfer_turns(model, cache, prompts, args.reply_tokens, True),
+               "goinfer (cold)": goinfer_turns(model, goinfer.KVCache(model, max_tokens=8192),
+                                               prompts, args.reply_tokens, False)}
+    if not args.no_llama_cpp:
+        import llama_cpp
+        from llama_cpp import Llama, LlamaRAMCache
+
+        res["llama_cpp_python"] = llama_cpp.__version__
+        mk = lambda: Llama(path, n_ctx=8192, n_batch=512, n_threads=args.threads,  # noqa: E731
+                           n_threads_batch=args.threads, flash_attn=True, verbose=False)
+        engines["llama.cpp (live Llama)"] = llama_turns(mk(), prompts, args.reply_tokens, cold=False)
+        llm = mk()
+        llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
+        engines["llama.cpp (LlamaRAMCache)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
+    res["engines"] = {name: [] for name in engines}
+    for _ in prompts:
+        for name, turns_of in engines.items():
+            res["engines"][name].append(next(turns_of))
+    engines.clear()
+
     # save / load after the last turn, against a cold prefill of the same tokens
     last = prompts[-1]
     with tempfile.TemporaryDirectory() as d:
@@ -220,23 +238,6 @@ def main(argv=None):
     res["save_load"] = {"blocks": n_blocks, "bytes": size, "save_s": t_save, "load_s": t_load,
                         "ttft_after_load_s": t_after_load, "cached_after_load": r2.cached_tokens,
                         "cold_prefill_s": t_cold, "prompt_tokens": len(last)}
-    s.reset()
-    rows, _, _ = goinfer_turns(model, prompts, args.reply_tokens, reuse=False)
-    res["engines"]["goinfer (cold)"] = rows
-
-    if not args.no_llama_cpp:
-        import llama_cpp
-        from llama_cpp import Llama, LlamaRAMCache
-
-        res["llama_cpp_python"] = llama_cpp.__version__
-        mk = lambda: Llama(path, n_ctx=8192, n_batch=512, n_threads=args.threads,  # noqa: E731
-                           n_threads_batch=args.threads, flash_attn=True, verbose=False)
-        llm = mk()
-        res["engines"]["llama.cpp (live Llama)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
-        llm = mk()
-        llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
-        res["engines"]["llama.cpp (LlamaRAMCache)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
-        del llm
     res["load_avg_end"] = os.getloadavg()
     print(table(res))
     if args.json:
@@ -257,7 +258,7 @@ def table(res) -> str:
         lines.append(f"| {i + 1} | {res['engines'][names[0]][i]['prompt_tokens']} | " + " | ".join(cells) + " |")
     g = res["engines"]["goinfer (reuse)"]
     c = res["engines"]["goinfer (cold)"]
-    lines += ["", f"goinfer turn 12 / turn 2 TTFT: {g[-1]['ttft_s'] / g[1]['ttft_s']:.2f}x; "
+    lines += ["", f"goinfer turn {len(g)} / turn 2 TTFT: {g[-1]['ttft_s'] / g[1]['ttft_s']:.2f}x; "
               f"cold / reuse on the last turn: {c[-1]['ttft_s'] / g[-1]['ttft_s']:.1f}x"]
     sl = res["save_load"]
     lines.append(f"save {sl['blocks']} blocks ({sl['bytes'] / 2**20:.0f} MiB) in {sl['save_s'] * 1e3:.0f} ms, "
