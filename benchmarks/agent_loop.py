@@ -187,7 +187,7 @@ def main(argv=None):
     prompts = []
     for i in range(1, args.turns + 1):
         text = model.apply_chat_template(conversation(system, turns, i), add_generation_prompt=True)
-        prompts.append(model.tokenize(text))
+        prompts.append(model.tokenize_chat(text))
     res = {"model": Path(path).name, "date": date.today().isoformat(), "threads": args.threads,
            "load_avg_start": os.getloadavg(), "turns": args.turns, "reply_tokens": args.reply_tokens,
            "engines": {}}

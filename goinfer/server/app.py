@@ -300,7 +300,7 @@ def _chat_ids(model, req: GenRequest) -> list[int]:
                                            tools=req.tools)
     except ChatTemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "chat_template_error") from None
-    return model.tokenize(prompt, add_special=False, parse_special=True)
+    return model.tokenize_chat(prompt)  # BOS once, as Session.chat
 
 
 def _engine_error(e: BaseException | None) -> APIError:
