@@ -278,6 +278,30 @@ def add(x, y, out=None, *, nthreads: int = 1):
     return res
 
 
+def add_bias(x, b, out=None, *, nthreads: int = 1):
+    """out = x + b (float32) with b (N,) added to every row of x (M, N): QKV bias."""
+    res = (np.asarray(x, dtype=np.float32) + np.asarray(b, dtype=np.float32)[None, :]).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def copy2d(x, out, *, nthreads: int = 1):
+    """out[...] = x (M, N) float32 (e.g. the q / k / v columns of a fused QKV output)."""
+    out.reshape(np.shape(x))[...] = x
+    return out
+
+
+def scale(x, s, out=None, *, nthreads: int = 1):
+    """out = x * float32(s) (float32): Gemma's embedding scale."""
+    res = (np.asarray(x, dtype=np.float32) * np.float32(s)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 # ============================================================================ Mixture of Experts
 # Routing, grouping and fold of an MoE feed-forward (see goinfer/_kernels/moe.pyx).  Bit-exact
 # contracts: the kernels do these same float64 / float32 operations in this order, and exp is
