@@ -509,6 +509,11 @@ def _variant_used():
     return _cfg.VARIANTS[0]
 
 
+def _get_grain():
+    """Work (multiply-adds) below which calls stay single-threaded."""
+    return _GRAIN
+
+
 def _set_grain(n):
     """Work (multiply-adds) below which calls stay single-threaded (tests set 0 to force
     threads).  Returns the previous value."""
