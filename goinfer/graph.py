@@ -6,8 +6,9 @@ on a busy machine every one of those parallel regions waits for a descheduled th
 ``DecodePlan`` runs the family's Python ``forward`` once with a recording stand-in for the
 kernels module (nothing is computed), binds every recorded call (``bind_*`` in the Cython
 modules: the same argument checks, then a C record), and from then on runs the whole step as
-ONE OpenMP parallel region (``goinfer._kernels.graph.Graph``), with a barrier only where a
-thread may read what another thread wrote.  Each op computes the same tiles / row ranges /
+ONE OpenMP parallel region (``goinfer._kernels.graph.Graph``), where running threads claim the
+shares of each op and an op starts once the ops it depends on are complete (a descheduled
+thread holds nobody up: it claims nothing).  Each op computes the same tiles / row ranges /
 work items with the same C code as the Python path, so logits are bit-identical.
 
 Everything a plan points to is persistent: the plan's own input buffers (tokens, positions,
@@ -112,24 +113,16 @@ def _same_attention_group(prev, cur) -> bool:
 
 
 def place_barriers(ops, calls) -> None:
-    """Set each op's barrier flag.  A barrier is needed before an op unless (a) no op since
-    the last barrier and not this one runs on more than one share (all of that work ran on
-    thread 0, in order), or (b) it is the next segment's attention of the same layer: such ops
-    only read q, the caches, positions and block tables (written before the group, behind a
-    barrier) and write disjoint rows of out and their own share's scratch slot (share s
-    always runs on the same thread)."""
-    multi = False  # an op since the last barrier ran on several threads
+    """Set each op's barrier flag: start only when every earlier op is complete.  Every op
+    needs it (shares are claimed by whichever thread runs, so program order on one thread
+    proves nothing) except the first, and the next segment's attention of the same layer:
+    those ops only read q, the caches, positions and block tables (written before the group,
+    behind a barrier) and write disjoint rows of out and the running thread's scratch row."""
     prev_call = None
     for i, (op, call) in enumerate(zip(ops, calls)):
-        many = op.nshares > 1
         grouped = (prev_call is not None and call[0] == "attention" and prev_call[0] == "attention"
                    and _same_attention_group(prev_call, call))
-        if i == 0 or grouped or not (many or multi):
-            op.barrier = False
-            multi = multi or many
-        else:
-            op.barrier = True
-            multi = many
+        op.barrier = not (i == 0 or grouped)
         if op.nshares > 0:
             prev_call = call
 
@@ -215,14 +208,11 @@ class DecodePlan:
             impl.forward(batch, self.k, self.v, self.logits)
         finally:
             impl.K = old
-        # one scratch serves every attention of the graph (share s is always one thread)
+        # one scratch serves every attention of the graph: a row per thread
         att = importlib.import_module("goinfer._kernels.attention")
-        shares = per = 0
-        for name, a, kw in rec.calls:
-            if name == "attention":
-                s, p = att.attention_scratch(*a, **kw, max_pos=self.max_pos)
-                shares, per = max(shares, s), max(per, p)
-        self.scratch = np.zeros((max(shares, 1), max(per, 8)), np.float64)
+        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos)
+                   for name, a, kw in rec.calls if name == "attention"] + [8])
+        self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
         ops = []
         for name, a, kw in rec.calls:
             if name == "attention":
@@ -230,7 +220,9 @@ class DecodePlan:
             ops.append(binders[name](*a, **kw))
         place_barriers(ops, rec.calls)
         self.calls = [c[0] for c in rec.calls]
-        self._graph = Graph(ops, self.threads)
+        # no op with several shares: run on the calling thread, no parallel region at all
+        threads = self.threads if any(op.nshares > 1 for op in ops) else 1
+        self._graph = Graph(ops, threads)
 
     @property
     def n_ops(self) -> int:

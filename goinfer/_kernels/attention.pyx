@@ -150,7 +150,7 @@ cdef struct kvw_args:
     int64_t T, n_kv, hd, bs, n
 
 
-cdef void _kvw_share(const void *args, int64_t i) noexcept nogil:
+cdef void _kvw_share(const void *args, int64_t i, int tid) noexcept nogil:
     # threads own disjoint kv heads; each writes its tokens in order
     cdef const kvw_args *r = <const kvw_args *>args
     r.ops.kv_write(r.kc, r.vc, r.k, r.v, r.slots, r.T, r.n_kv, r.hd, r.bs,
@@ -212,10 +212,10 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
     cdef int64_t i
     with nogil:
         if r.n == 1:
-            _kvw_share(&r, 0)
+            _kvw_share(&r, 0, 0)
         elif r.n > 1:
             for i in prange(r.n, num_threads=r.n, schedule='static'):
-                _kvw_share(&r, i)
+                _kvw_share(&r, i, <int>i)
 
 
 def bind_kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
@@ -393,11 +393,11 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
 
 
 # ============================================================================ bind (graph replay)
-# A bound attention runs its work items statically striped over nshares shares (item i on
-# share i % nshares); an item is never split, so the result is the dynamic schedule's.  The
-# per-share scratch is a float64 buffer given by the caller, sized by attention_scratch()
-# for the largest position the op will ever see (one buffer can serve every bound attention
-# of a graph: share s always runs on the same thread).
+# A bound attention's work items are striped over nshares shares (item i in share
+# i % nshares); an item is never split, so the result is the dynamic schedule's.  The scratch
+# is a float64 buffer (threads, per) given by the caller: row tid serves the thread running a
+# share, so one buffer can serve every bound attention of a graph.  attention_scratch() sizes
+# a row for the largest position the op will ever see.
 
 
 cdef struct att_args:
@@ -407,10 +407,10 @@ cdef struct att_args:
     int64_t per, nshares
 
 
-cdef void _att_share(const void *args, int64_t s) noexcept nogil:
+cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
     cdef const att_args *r = <const att_args *>args
     cdef int64_t it = s
-    cdef double *sc = r.scratch + s * r.per
+    cdef double *sc = r.scratch + tid * r.per
     while it < r.a.n_items:
         r.run(&r.a, it, sc)
         it += r.nshares
@@ -420,45 +420,29 @@ cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
     return 1 if a.T * a.H * (pmax + 1) * a.hd < _GRAIN else nt
 
 
-def attention_shares(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                     out=None, *, nthreads=1):
-    """Shares a bound exact attention over these arguments would use (the thread count the
-    Python kernel would use: 1 for little work, else as many as there are items)."""
+def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                      out=None, *, nthreads=1, max_pos):
+    """Doubles of scratch per thread a bound attention over these arguments needs for any
+    query positions up to max_pos."""
     cdef int nt = _check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
     if a.T == 0:
         return 0
-    cdef int n = _att_threads(&a, nt, pmax)
-    _table().plan(&a, n)
-    return n if n < a.n_items else a.n_items
-
-
-def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                      out=None, *, nthreads=1, max_pos):
-    """(shares, doubles per share) of the scratch a bound attention needs for any query
-    positions up to max_pos."""
-    cdef int nt = _check_threads(nthreads)
-    cdef gi_attn_args a
-    cdef int64_t pmax = 0
-    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
-    if a.T == 0:
-        return 0, 0
-    cdef int n = _att_threads(&a, nt, pmax)
     # the widest key range: every query at max_pos, no window
     cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
     a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
     a.window = 0
-    _table().plan(&a, n)
-    return (n if n < a.n_items else a.n_items), (a.scratch_doubles + 7) & ~(<int64_t>7)
+    _table().plan(&a, _att_threads(&a, nt, pmax))
+    return (a.scratch_doubles + 7) & ~(<int64_t>7)
 
 
 def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
                    out=None, *, nthreads=1, scratch, max_pos):
-    """Exact attention as an Op.  scratch: C-contiguous float64 (shares, per) with shares and
-    per at least attention_scratch(...); the caller keeps q_pos <= max_pos and the block
-    table valid for every run."""
+    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
+    thread that may run the graph, per >= attention_scratch(...); the caller keeps
+    q_pos <= max_pos and the block table valid for every run."""
     cdef int nt = _check_threads(nthreads)
     cdef Op op = Op("attention", (q, k_cache, v_cache, block_table, q_pos, out, scratch))
     cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
@@ -471,12 +455,11 @@ def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
     if max_pos < pmax or max_pos // r.a.bs >= _dim(<cnp.ndarray>block_table, 0):
         raise ValueError(f"max_pos {max_pos} is below the current positions or beyond the "
                          f"block table")
-    need_shares, need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale,
-                                              window, softcap, out, nthreads=nt, max_pos=max_pos)
+    need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window,
+                                 softcap, out, nthreads=nt, max_pos=max_pos)
     cdef cnp.ndarray sa = _carray(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2, True)
-    if _dim(sa, 0) < need_shares or _dim(sa, 1) < need_per:
-        raise ValueError(f"scratch must be at least ({need_shares}, {need_per}), got "
-                         f"{np.shape(sa)}")
+    if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
+        raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
     cdef const gi_attn_ops *ops = _table()
     cdef int n = _att_threads(&r.a, nt, pmax)
     ops.plan(&r.a, n)

@@ -5,8 +5,8 @@
 kernels do (the same code) and return an ``Op``: a C argument record plus the function that
 computes one share of the work (one of the tiles / row ranges / work items the Python kernel
 would hand to one OpenMP thread).  ``Graph(ops, nthreads).run()`` runs the ops in order in one
-parallel region, with a barrier before each op whose ``barrier`` flag is set (goinfer/graph.py
-decides).  An Op holds references to every array its record points into.
+parallel region: running threads claim the shares, and an op whose ``barrier`` flag is set
+starts once every earlier op is complete (goinfer/graph.py sets the flags; src/graph.h).  An Op holds references to every array its record points into.
 """
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
@@ -64,6 +64,7 @@ cdef class Graph:
     """A list of bound ops run by gi_graph_run on nthreads threads (GIL released)."""
 
     cdef gi_op *ops
+    cdef int64_t *claim
     cdef int64_t n
     cdef int nthreads
     cdef readonly list op_list
@@ -75,7 +76,8 @@ cdef class Graph:
         self.n = len(self.op_list)
         self.nthreads = nthreads
         self.ops = <gi_op *>malloc(sizeof(gi_op) * (self.n if self.n else 1))
-        if self.ops == NULL:
+        self.claim = <int64_t *>malloc(sizeof(int64_t) * (self.n if self.n else 1))
+        if self.ops == NULL or self.claim == NULL:
             raise MemoryError("graph op array")
         cdef int64_t i
         cdef Op o
@@ -86,14 +88,15 @@ cdef class Graph:
             self.ops[i] = o.op
 
     def __dealloc__(self):
-        if self.ops != NULL:
-            free(self.ops)
-            self.ops = NULL
+        free(self.ops)
+        free(self.claim)
+        self.ops = NULL
+        self.claim = NULL
 
     def run(self):
         """Run every op once."""
         with nogil:
-            gi_graph_run(self.ops, self.n, self.nthreads)
+            gi_graph_run(self.ops, self.n, self.nthreads, self.claim)
 
     @property
     def n_barriers(self):

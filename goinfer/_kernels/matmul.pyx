@@ -276,7 +276,7 @@ cdef struct gr_args:
     float *out
 
 
-ctypedef void (*share_fn)(const void *args, int64_t share) noexcept nogil
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
 
 
 cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
@@ -284,18 +284,18 @@ cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
     cdef int64_t t
     with nogil:
         if n == 1:
-            fn(args, 0)
+            fn(args, 0, 0)
         elif n > 1:
             for t in prange(n, num_threads=n, schedule='static'):
-                fn(args, t)
+                fn(args, t, <int>t)
 
 
-cdef void _qz_share(const void *args, int64_t t) noexcept nogil:
+cdef void _qz_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const qz_args *a = <const qz_args *>args
     a.ops.quantize_act(a.x, a.K, t * a.M // a.n, (t + 1) * a.M // a.n, a.qa, a.da, a.asum, a.sa)
 
 
-cdef void _mm_share(const void *args, int64_t t) noexcept nogil:
+cdef void _mm_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const mm_args *a = <const mm_args *>args
     if a.is_int:
         _run_q(a.ops, &a.p, t, &a.w, &a.a, a.out, a.w.n_out)
@@ -303,7 +303,7 @@ cdef void _mm_share(const void *args, int64_t t) noexcept nogil:
         _run_f(a.ops, &a.p, t, &a.w, a.x, a.out, a.w.n_out)
 
 
-cdef void _gr_share(const void *args, int64_t t) noexcept nogil:
+cdef void _gr_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const gr_args *a = <const gr_args *>args
     a.ops.get_rows(&a.w, a.ids, t * a.T // a.n, (t + 1) * a.T // a.n, a.out)
 

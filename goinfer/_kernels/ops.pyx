@@ -139,7 +139,7 @@ cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
 # n-1 of it (_*_share), one per OpenMP thread.  The Python functions run the shares at once;
 # the bind_* functions keep the record in an Op for graph replay (graph.pyx).
 
-ctypedef void (*share_fn)(const void *args, int64_t share) noexcept nogil
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
 
 
 cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
@@ -147,10 +147,10 @@ cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
     cdef int64_t i
     with nogil:
         if n == 1:
-            fn(args, 0)
+            fn(args, 0, 0)
         elif n > 1:
             for i in prange(n, num_threads=n, schedule='static'):
-                fn(args, i)
+                fn(args, i, <int>i)
 
 
 cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
@@ -172,7 +172,7 @@ cdef struct norm_args:
     double eps
 
 
-cdef void _norm_share(const void *args, int64_t i) noexcept nogil:
+cdef void _norm_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const norm_args *a = <const norm_args *>args
     a.ops.rmsnorm(a.x, a.xs, a.w, a.out, a.os, a.M * i // a.n, a.M * (i + 1) // a.n, a.D, a.eps)
 
@@ -254,7 +254,7 @@ cdef inline void _binary_call(const gi_ops_ops *ops, int kind, const float *a, i
         ops.add(a, as_, b, bs, o, os, m0, m1, c0, c1)
 
 
-cdef void _binary_share(const void *args, int64_t i) noexcept nogil:
+cdef void _binary_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const bin_args *r = <const bin_args *>args
     cdef int64_t M = r.M, N = r.N, n = r.n, c0, c1
     if r.split == 0:
@@ -374,14 +374,14 @@ cdef struct rowmap_args:
     float s  # scale only
 
 
-cdef void _copy_share(const void *args, int64_t i) noexcept nogil:
+cdef void _copy_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const rowmap_args *r = <const rowmap_args *>args
     cdef int64_t m
     for m in range(r.M * i // r.n, r.M * (i + 1) // r.n):
         memcpy(r.o + m * r.os, r.x + m * r.xs, <size_t>r.N * 4)
 
 
-cdef void _scale_share(const void *args, int64_t i) noexcept nogil:
+cdef void _scale_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const rowmap_args *r = <const rowmap_args *>args
     cdef int64_t m, c
     cdef const float *xr
@@ -474,7 +474,7 @@ cdef struct rope_args:
     int neox
 
 
-cdef void _rope_share(const void *args, int64_t i) noexcept nogil:
+cdef void _rope_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const rope_args *r = <const rope_args *>args
     r.ops.rope(r.x, r.out, r.pos, r.cos_t, r.sin_t, r.T * i // r.n, r.T * (i + 1) // r.n, r.H,
                r.hd, r.half, r.neox)
