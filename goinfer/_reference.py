@@ -289,7 +289,9 @@ def add_bias(x, b, out=None, *, nthreads: int = 1):
 
 def copy2d(x, out, *, nthreads: int = 1):
     """out[...] = x (M, N) float32 (e.g. the q / k / v columns of a fused QKV output)."""
-    out.reshape(np.shape(x))[...] = x
+    if np.shape(out) != np.shape(x):
+        raise ValueError(f"out has shape {np.shape(out)}, expected {np.shape(x)}")
+    out[...] = x
     return out
 
 

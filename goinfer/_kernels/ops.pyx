@@ -423,8 +423,7 @@ cdef object _rowmap_prepare(rowmap_args *r, object x, object out, int nt, bint a
 
 def copy2d(x, out, *, nthreads=1):
     """out[...] = x for float32 x (M, N) whose rows may be strided (e.g. the q / k / v column
-    ranges of a fused QKV output); out (M, N) (or a C-contiguous array of that size) must not
-    overlap x."""
+    ranges of a fused QKV output); out (M, N), rows may be strided too, must not overlap x."""
     cdef int nt = _check_threads(nthreads)
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, False)
