@@ -304,6 +304,18 @@ def scale(x, s, out=None, *, nthreads: int = 1):
     return res
 
 
+def gather_rows(x, rows, out=None, *, nthreads: int = 1):
+    """out[j] = x[rows[j]] (float32 (R, N)): the rows of a batch that need logits."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= len(x)):
+        raise IndexError(f"rows out of range for {len(x)} rows")
+    res = np.asarray(x, dtype=np.float32)[rows]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 # ============================================================================ Mixture of Experts
 # Routing, grouping and fold of an MoE feed-forward (see goinfer/_kernels/moe.pyx).  Bit-exact
 # contracts: the kernels do these same float64 / float32 operations in this order, and exp is

@@ -68,6 +68,7 @@ def _bind_modules():
         "swiglu": m["ops"].bind_swiglu, "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
         "add": m["ops"].bind_add, "add_bias": m["ops"].bind_add_bias,
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
+        "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
     }, m["attention"]
 

@@ -295,6 +295,8 @@ def test_add_bias_copy2d_scale_match_numpy_and_reference():
         assert np.array_equal(out.reshape(5, 32), x)
         s = np.float32(7.3)
         assert np.array_equal(K.scale(x, s, out=np.empty((5, 32), np.float32), nthreads=2), x * s)
+        rows = np.array([4, 0, 2], np.int64)
+        assert np.array_equal(K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows])
     y = buf.copy()
     _kernels.scale(y, 3.0, out=y)  # in place
     assert np.array_equal(y, buf * np.float32(3.0))
@@ -312,6 +314,10 @@ def test_small_kernels_reject_bad_input():
         _kernels.copy2d(x, out=np.zeros((4, 9), np.float32))
     with pytest.raises(ValueError):
         _kernels.scale(x[:, :4], 2.0, out=x[:, 2:6])  # partial overlap
+    with pytest.raises(IndexError):
+        _kernels.gather_rows(x, np.array([4], np.int64))
+    with pytest.raises(TypeError):
+        _kernels.gather_rows(x, np.array([1], np.int32))
 
 
 def test_bound_ops_equal_the_kernels(many_shares):

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Elementwise and normalization kernels: rmsnorm, swiglu, gelu_tanh_mul, rope, add, and the
-small data-movement kernels of the forward step: add_bias, copy2d, scale.
+small data-movement kernels of the forward step: add_bias, copy2d, scale, gather_rows.
 
 Same names, signatures and meaning as goinfer._reference (see docs/design/kernels.md for the
 exact contracts).  All float arrays are float32.
@@ -457,6 +457,77 @@ def bind_scale(x, s, out, *, nthreads=1):
     _rowmap_prepare(<rowmap_args *>rec, x, out, nt, True)
     (<rowmap_args *>rec).s = <float>float(s)
     op.op.nshares = (<rowmap_args *>rec).n
+    return op
+
+
+# ============================================================================ gather_rows
+
+cdef struct gather_args:
+    const float *x
+    int64_t xs
+    const int64_t *rows
+    float *o
+    int64_t os, R, N, n
+
+
+cdef void _gather_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const gather_args *r = <const gather_args *>args
+    cdef int64_t j
+    for j in range(r.R * i // r.n, r.R * (i + 1) // r.n):
+        memcpy(r.o + j * r.os, r.x + r.rows[j] * r.xs, <size_t>r.N * 4)
+
+
+cdef object _gather_prepare(gather_args *r, object x, object rows, object out, int nt):
+    cdef _Rows xr = _rows(x, "x", False)
+    cdef cnp.ndarray ra = _array(rows, "rows", cnp.NPY_INT64, "int64")
+    if cnp.PyArray_NDIM(ra) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(ra):
+        raise ValueError(f"rows must be a contiguous 1-D array, got shape {np.shape(ra)}")
+    cdef int64_t R = ra.shape[0], j
+    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+    for j in range(R):
+        if rp[j] < 0 or rp[j] >= xr.M:
+            raise IndexError(f"rows[{j}] = {rp[j]} is out of range for {xr.M} rows")
+    if out is None:
+        out = np.empty((R, xr.N), dtype=np.float32)
+    cdef _Rows orow = _rows(out, "out", True)
+    if orow.M != R or orow.N != xr.N or cnp.PyArray_NDIM(<cnp.ndarray>out) != 2:
+        raise ValueError(f"out must have shape ({R}, {xr.N}), got {np.shape(out)}")
+    cdef char *xlo = <char *>xr.p
+    cdef char *olo = <char *>orow.p
+    if R > 0 and xr.M > 0 and xr.N > 0 and olo < xlo + ((xr.M - 1) * xr.stride + xr.N) * 4 \
+            and xlo < olo + ((R - 1) * orow.stride + orow.N) * 4:
+        raise ValueError("out must not overlap x")
+    r.x = xr.p
+    r.xs = xr.stride
+    r.rows = rp
+    r.o = orow.p
+    r.os = orow.stride
+    r.R = R
+    r.N = xr.N
+    cdef int n = _nth(nt, R * r.N)
+    if n > R:
+        n = <int>R
+    r.n = 0 if R == 0 or r.N == 0 else (n if n > 1 else 1)
+    return out
+
+
+def gather_rows(x, rows, out=None, *, nthreads=1):
+    """out[j] = x[rows[j]] for float32 x (M, N) (rows may be strided) and rows (R,) int64 in
+    [0, M): the positions of a batch that need logits."""
+    cdef int nt = _check_threads(nthreads)
+    cdef gather_args r
+    out = _gather_prepare(&r, x, rows, out, nt)
+    _run_shares(_gather_share, &r, r.n)
+    return out
+
+
+def bind_gather_rows(x, rows, out, *, nthreads=1):
+    """The caller keeps rows inside [0, M) for every run."""
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("gather_rows", (x, rows, out), _gather_share, sizeof(gather_args), &rec)
+    _gather_prepare(<gather_args *>rec, x, rows, out, nt)
+    op.op.nshares = (<gather_args *>rec).n
     return op
 
 

@@ -252,8 +252,8 @@ class LlamaFamily:
         R = len(rows)
         if R == 0:
             return np.zeros((0, cfg.vocab_size), np.float32)
-        # every row (decode): x itself; else the rows gathered (not in a graph: see graph.py)
-        xr = x if R == x.shape[0] else np.ascontiguousarray(x[rows])
+        xr = x if R == x.shape[0] else K.gather_rows(x, rows, out=S.get("xr", R, cfg.d_model),
+                                                     nthreads=self.threads)  # (R, D)
         hr = K.rmsnorm(xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model),
                        nthreads=self.threads)
         logits = np.empty((R, cfg.vocab_size), np.float32) if out is None else out
