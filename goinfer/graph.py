@@ -36,7 +36,7 @@ from goinfer.models.llama import LlamaFamily
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
 CAPTURABLE = (LlamaFamily, Gemma3Family)
-MAX_PLANS_PER_CACHE = 8  # batch sizes kept per KV cache (least recently used dropped)
+MAX_PLANS_PER_CACHE = 16  # plans kept per KV cache (least recently used dropped)
 
 
 def enabled_by_env() -> bool:
@@ -131,6 +131,17 @@ def place_barriers(ops, calls) -> None:
 # ============================================================================ a plan
 
 
+def attention_key(impl, positions) -> tuple:
+    """Per sequence of a decode batch: does its attention run on several threads?  The rule
+    of the Python kernel (attention.pyx _run_items), which a plan reproduces."""
+    if impl.threads <= 1:
+        return ()
+    grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
+    hw = impl.cfg.n_heads * impl.cfg.head_dim
+    return tuple(hw * (int(p) + 1) >= grain for p in positions)
+
+
+
 class DecodePlan:
     """The decode step of B sequences (one token each) over one KVCache, captured once."""
 
@@ -166,20 +177,13 @@ class DecodePlan:
             need = int(batch.positions[i]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
 
-    def attention_key(self, positions) -> tuple:
-        """Per sequence: does its attention run on several threads (the Python kernel's rule)?"""
-        if self.threads <= 1:
-            return ()
-        cfg = self.impl.cfg
-        grain = self._attn_mod._get_grain()
-        return tuple(bool(cfg.n_heads * cfg.head_dim * (int(p) + 1) >= grain) for p in positions)
-
     def fits(self, batch: Batch, cache) -> bool:
         """Can this plan run the batch as captured?"""
         pmax = int(batch.positions.max())
         return (cache.k is self.k and cache.v is self.v and self.impl.threads == self.threads
                 and self._kernels._config.variant() == self.variant and pmax < self.rope_limit
-                and pmax <= self.max_pos and self.attention_key(batch.positions) == self.attn_key)
+                and pmax <= self.max_pos
+                and attention_key(self.impl, batch.positions) == self.attn_key)
 
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
@@ -195,7 +199,7 @@ class DecodePlan:
         impl, cfg, B = self.impl, self.impl.cfg, self.B
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
-        self.attn_key = self.attention_key(self.positions)
+        self.attn_key = attention_key(impl, self.positions)
         # RoPE tables: grown now for the largest position seen, never during the capture
         ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))}
         n_pos = int(self.positions.max()) + 1
@@ -238,7 +242,8 @@ class DecodePlan:
 
 
 class GraphRunner:
-    """The decode plans of one model: per KV cache (weakly held) and batch size."""
+    """The decode plans of one model: per KV cache (weakly held), batch size and attention
+    threading (attention_key)."""
 
     def __init__(self, model):
         self.model = model
@@ -264,7 +269,8 @@ class GraphRunner:
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
         plans = self._plans.setdefault(cache, {})
-        plan = plans.pop(B, None)
+        key = (B, attention_key(m.impl, batch.positions))
+        plan = plans.pop(key, None)
         if plan is None or not plan.fits(batch, cache):
             plan = DecodePlan(m.impl, m.kernels, cache, B, m.n_ctx)
             if int(batch.positions.max()) > plan.max_pos:
@@ -278,7 +284,7 @@ class GraphRunner:
             self.captures += 1
         else:
             plan.load(batch)
-        plans[B] = plan  # most recently used last
+        plans[key] = plan  # most recently used last
         while len(plans) > MAX_PLANS_PER_CACHE:
             plans.pop(next(iter(plans)))
         self.replays += 1
