@@ -4,6 +4,13 @@
     PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 2048
     PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 --busy 2
 
+Instruction counts (load-independent): write the tiny model once, then count N steps under
+callgrind with and without the graph; (I(36) - I(4)) / 32 is the cost of one step:
+
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py write-tiny /tmp/t30.gguf
+    OMP_NUM_THREADS=1 valgrind --tool=callgrind python benchmarks/decode_fixed_cost.py \
+        steps /tmp/t30.gguf --graph 1 --n 36
+
 Runs alternate between the two paths (python, graph, python, graph, ...) and medians are
 reported, so a change of machine load hits both alike.  --busy N starts N busy-loop processes
 for the duration (an artificial load; they are stopped at the end).  Prints the load average
@@ -54,7 +61,31 @@ def measure(path, threads: int, ctx: int, n: int, reps: int) -> dict:
     return {"python": res[False], "graph": res[True]}
 
 
+def steps(path, graph: bool, n: int) -> None:
+    """Load, prefill 64 tokens, decode 1 (the plan's capture), then n more decode steps."""
+    m = Model(GGUFFile(path), threads=1, progress=False, graph=graph)
+    s = m.session(KVCache(m, max_tokens=300))
+    s.prefill(list(range(64)))
+    lg = s.decode(1)
+    for _ in range(n):
+        lg = s.decode(int(np.argmax(lg)))
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "write-tiny":
+        import shutil
+
+        shutil.copy(tiny_model_path(), sys.argv[2])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "steps":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("cmd")
+        ap.add_argument("path")
+        ap.add_argument("--graph", type=int, default=1)
+        ap.add_argument("--n", type=int, default=36)
+        a = ap.parse_args()
+        steps(a.path, bool(a.graph), a.n)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=["tiny", "smollm2"])
     ap.add_argument("--ctx", type=int, nargs="+", default=[64])
