@@ -13,7 +13,10 @@ work items with the same C code as the Python path, so logits are bit-identical.
 
 Everything a plan points to is persistent: the plan's own input buffers (tokens, positions,
 slots, block tables, logits), the model's scratch buffers, weights, RoPE tables and the KV
-cache.  Per step the inputs are copied into the plan's buffers.  A plan is rebuilt when its
+cache (a plan keeps every array it points into alive: when the model's scratch is regrown for
+a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
+one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
+rebuilt when its
 assumptions break: another batch size, KV cache, thread count or kernel variant, a position
 past the RoPE tables it was captured with, or an attention crossing the size at which the
 Python kernel switches from one thread to several.
