@@ -16,10 +16,9 @@ slots, block tables, logits), the model's scratch buffers, weights, RoPE tables 
 cache (a plan keeps every array it points into alive: when the model's scratch is regrown for
 a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
 one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
-rebuilt when its
-assumptions break: another batch size, KV cache, thread count or kernel variant, a position
-past the RoPE tables it was captured with, or an attention crossing the size at which the
-Python kernel switches from one thread to several.
+rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
+variant, a position past the RoPE tables it was captured with, or an attention crossing the
+size at which the Python kernel switches from one thread to several.
 
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
