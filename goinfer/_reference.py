@@ -278,6 +278,44 @@ def add(x, y, out=None, *, nthreads: int = 1):
     return res
 
 
+def add_bias(x, b, out=None, *, nthreads: int = 1):
+    """out = x + b (float32) with b (N,) added to every row of x (M, N): QKV bias."""
+    res = (np.asarray(x, dtype=np.float32) + np.asarray(b, dtype=np.float32)[None, :]).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def copy2d(x, out, *, nthreads: int = 1):
+    """out[...] = x (M, N) float32 (e.g. the q / k / v columns of a fused QKV output)."""
+    if np.shape(out) != np.shape(x):
+        raise ValueError(f"out has shape {np.shape(out)}, expected {np.shape(x)}")
+    out[...] = x
+    return out
+
+
+def scale(x, s, out=None, *, nthreads: int = 1):
+    """out = x * float32(s) (float32): Gemma's embedding scale."""
+    res = (np.asarray(x, dtype=np.float32) * np.float32(s)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def gather_rows(x, rows, out=None, *, nthreads: int = 1):
+    """out[j] = x[rows[j]] (float32 (R, N)): the rows of a batch that need logits."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= len(x)):
+        raise IndexError(f"rows out of range for {len(x)} rows")
+    res = np.asarray(x, dtype=np.float32)[rows]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 # ============================================================================ Mixture of Experts
 # Routing, grouping and fold of an MoE feed-forward (see goinfer/_kernels/moe.pyx).  Bit-exact
 # contracts: the kernels do these same float64 / float32 operations in this order, and exp is

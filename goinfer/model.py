@@ -12,6 +12,9 @@ from goinfer import hub
 from goinfer._threads import resolve_threads
 from goinfer.errors import ContextLengthError, UnsupportedArchitectureError
 from goinfer.gguf import GGUFFile
+from goinfer.graph import GraphRunner
+from goinfer.graph import enabled_by_env as graph_enabled_by_env
+from goinfer.graph import supported as graph_supported
 from goinfer.kv_cache import EXACT, KVCache
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
@@ -35,7 +38,7 @@ class Model:
     """A loaded model.  ``Model.load("smollm2-135m")`` or ``Model.load("path/to/file.gguf")``."""
 
     def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact_prefill: bool = False,
-                 context_length: int | None = None, progress: bool = True,
+                 context_length: int | None = None, progress: bool = True, graph: bool | None = None,
                  _reference_kernels: bool = False):
         arch = gguf.arch
         family = family_for(gguf)
@@ -73,15 +76,21 @@ class Model:
         self.load_seconds = time.perf_counter() - t0
         self._lock = threading.RLock()
         self._cache: KVCache | None = None
+        # decode steps replayed as one C graph (goinfer/graph.py); None: GOINFER_GRAPH (on)
+        if graph is None:
+            graph = graph_enabled_by_env()
+        self.graph = GraphRunner(self) if graph and graph_supported(self.impl, self.kernels) else None
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
              exact_prefill: bool = False, *, context_length: int | None = None,
-             progress: bool = True) -> "Model":
-        """Load a registered model (pulled on first use) or a local .gguf file."""
+             progress: bool = True, graph: bool | None = None) -> "Model":
+        """Load a registered model (pulled on first use) or a local .gguf file.
+
+        graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0)."""
         path = hub.resolve(name_or_path, progress=progress)
         return cls(GGUFFile(path), threads=threads, exact_prefill=exact_prefill,
-                   context_length=context_length, progress=progress)
+                   context_length=context_length, progress=progress, graph=graph)
 
     # ------------------------------------------------------------------ text
 
@@ -208,7 +217,11 @@ class Model:
         batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
                       np.concatenate(rows) if rows else np.zeros(0, np.int64))
         with self._lock:
-            logits = self.impl.forward(batch, cache.k, cache.v)
+            logits = None
+            if self.graph is not None and GraphRunner.is_decode(batch):
+                logits = self.graph.decode(cache, batch)  # None: not replayable
+            if logits is None:
+                logits = self.impl.forward(batch, cache.k, cache.v)
         return [None if w is None else logits[w[0]:w[1]] for w in where]
 
     def logits(self, ids) -> np.ndarray:

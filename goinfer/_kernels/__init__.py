@@ -15,11 +15,13 @@ if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
 from goinfer._kernels.matmul import quantize_act, matmul, get_rows
 
-from goinfer._kernels.ops import rmsnorm, swiglu, gelu_tanh_mul, rope, add
+from goinfer._kernels.ops import (rmsnorm, swiglu, gelu_tanh_mul, rope, add, add_bias, copy2d,
+                                  scale, gather_rows)
 from goinfer._kernels.moe import moe_route, moe_group, moe_fold
 from goinfer._kernels.attention import (kv_write, attention, attention_fast,
                                         attention_counters, reset_attention_counters)
 
 __all__ = ["quantize_act", "matmul", "get_rows", "rmsnorm", "swiglu", "gelu_tanh_mul", "rope",
-           "add", "moe_route", "moe_group", "moe_fold", "kv_write", "attention",
+           "add", "add_bias", "copy2d", "scale", "gather_rows", "moe_route", "moe_group",
+           "moe_fold", "kv_write", "attention",
            "attention_fast", "attention_counters", "reset_attention_counters"]

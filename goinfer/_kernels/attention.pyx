@@ -29,6 +29,7 @@ from libc.math cimport isfinite
 from cython.parallel cimport prange, threadid
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
+from goinfer._kernels.graph cimport Op
 
 cnp.import_array()
 
@@ -139,10 +140,25 @@ cdef tuple _check_caches(object k_cache, object v_cache):
 
 # ============================================================================ KV write
 
-def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
-    """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset).
-    Tokens are written in order, so a repeated slot keeps the last token."""
-    cdef int nt = _check_threads(nthreads)
+cdef struct kvw_args:
+    const gi_attn_ops *ops
+    float *kc
+    float *vc
+    const float *k
+    const float *v
+    const int64_t *slots
+    int64_t T, n_kv, hd, bs, n
+
+
+cdef void _kvw_share(const void *args, int64_t i, int tid) noexcept nogil:
+    # threads own disjoint kv heads; each writes its tokens in order
+    cdef const kvw_args *r = <const kvw_args *>args
+    r.ops.kv_write(r.kc, r.vc, r.k, r.v, r.slots, r.T, r.n_kv, r.hd, r.bs,
+                   r.n_kv * i // r.n, r.n_kv * (i + 1) // r.n)
+
+
+cdef int _kvw_prepare(kvw_args *r, object k_cache, object v_cache, object k, object v,
+                      object slots, int nt) except -1:
     cdef cnp.ndarray kc, vc
     kc, vc = _check_caches(k_cache, v_cache)
     cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
@@ -158,8 +174,9 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
                          f"{np.shape(ka)} and {np.shape(va)}")
     if _dim(sa, 0) != T:
         raise ValueError(f"slots must have shape ({T},), got {np.shape(sa)}")
+    r.n = 0
     if T == 0:
-        return
+        return 0
     cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(sa)
     cdef int64_t smin = sp[0], smax = sp[0], i
     for i in range(T):
@@ -167,24 +184,49 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
         smax = sp[i] if sp[i] > smax else smax
     if smin < 0 or smax >= nb * bs:
         raise ValueError(f"slots must lie in [0, {nb * bs}), got [{smin}, {smax}]")
-    cdef float *kcp = <float *>cnp.PyArray_DATA(kc)
-    cdef float *vcp = <float *>cnp.PyArray_DATA(vc)
-    cdef const float *kp = <const float *>cnp.PyArray_DATA(ka)
-    cdef const float *vp = <const float *>cnp.PyArray_DATA(va)
-    cdef const gi_attn_ops *ops = _table()
-    cdef int64_t work = T * n_kv * hd
+    r.kc = <float *>cnp.PyArray_DATA(kc)
+    r.vc = <float *>cnp.PyArray_DATA(vc)
+    r.k = <const float *>cnp.PyArray_DATA(ka)
+    r.v = <const float *>cnp.PyArray_DATA(va)
+    r.slots = sp
+    r.ops = _table()
+    r.T = T
+    r.n_kv = n_kv
+    r.hd = hd
+    r.bs = bs
     cdef int n = nt
     if n > n_kv:
         n = <int>n_kv
-    if work < _GRAIN:
+    if T * n_kv * hd < _GRAIN:
         n = 1
+    r.n = n if n > 1 else 1
+    return 0
+
+
+def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
+    """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset).
+    Tokens are written in order, so a repeated slot keeps the last token."""
+    cdef int nt = _check_threads(nthreads)
+    cdef kvw_args r
+    _kvw_prepare(&r, k_cache, v_cache, k, v, slots, nt)
+    cdef int64_t i
     with nogil:
-        if n <= 1:
-            ops.kv_write(kcp, vcp, kp, vp, sp, T, n_kv, hd, bs, 0, n_kv)
-        else:  # threads own disjoint kv heads; each writes its tokens in order
-            for i in prange(n, num_threads=n, schedule='static'):
-                ops.kv_write(kcp, vcp, kp, vp, sp, T, n_kv, hd, bs,
-                             n_kv * i // n, n_kv * (i + 1) // n)
+        if r.n == 1:
+            _kvw_share(&r, 0, 0)
+        elif r.n > 1:
+            for i in prange(r.n, num_threads=r.n, schedule='static'):
+                _kvw_share(&r, i, <int>i)
+
+
+def bind_kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
+    """The caller keeps slots inside the cache for every run."""
+    cdef int nt = _check_threads(nthreads)
+    cdef Op op = Op("kv_write", (k_cache, v_cache, k, v, slots))
+    cdef kvw_args *r = <kvw_args *>op.alloc(sizeof(kvw_args))
+    _kvw_prepare(r, k_cache, v_cache, k, v, slots, nt)
+    op.op.run = _kvw_share
+    op.op.nshares = r.n
+    return op
 
 
 # ============================================================================ attention
@@ -350,6 +392,93 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
     return out
 
 
+# ============================================================================ bind (graph replay)
+# A bound attention's work items are striped over nshares shares (item i in share
+# i % nshares); an item is never split, so the result is the dynamic schedule's.  The scratch
+# is a float64 buffer (threads, per) given by the caller: row tid serves the thread running a
+# share, so one buffer can serve every bound attention of a graph.  attention_scratch() sizes
+# a row for the largest position the op will ever see.
+
+
+cdef struct att_args:
+    gi_attn_args a
+    run_fn run
+    double *scratch
+    int64_t per, nshares
+
+
+cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
+    cdef const att_args *r = <const att_args *>args
+    cdef int64_t it = s
+    cdef double *sc = r.scratch + tid * r.per
+    while it < r.a.n_items:
+        r.run(&r.a, it, sc)
+        it += r.nshares
+
+
+cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
+    return 1 if a.T * a.H * (pmax + 1) * a.hd < _GRAIN else nt
+
+
+def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                      out=None, *, nthreads=1, max_pos):
+    """Doubles of scratch per thread a bound attention over these arguments needs for any
+    query positions up to max_pos."""
+    cdef int nt = _check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
+    if a.T == 0:
+        return 0
+    # the widest key range: every query at max_pos, no window
+    cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
+    a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
+    a.window = 0
+    _table().plan(&a, _att_threads(&a, nt, pmax))
+    return (a.scratch_doubles + 7) & ~(<int64_t>7)
+
+
+def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                   out=None, *, nthreads=1, scratch, max_pos):
+    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
+    thread that may run the graph, per >= attention_scratch(...); the caller keeps
+    q_pos <= max_pos and the block table valid for every run."""
+    cdef int nt = _check_threads(nthreads)
+    cdef Op op = Op("attention", (q, k_cache, v_cache, block_table, q_pos, out, scratch))
+    cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
+    cdef int64_t pmax = 0
+    if out is None:
+        raise ValueError("a bound attention needs out")
+    _prepare(&r.a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
+    if r.a.T == 0:
+        return op
+    if max_pos < pmax or max_pos // r.a.bs >= _dim(<cnp.ndarray>block_table, 0):
+        raise ValueError(f"max_pos {max_pos} is below the current positions or beyond the "
+                         f"block table")
+    need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window,
+                                 softcap, out, nthreads=nt, max_pos=max_pos)
+    cdef cnp.ndarray sa = _carray(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2, True)
+    if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
+        raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
+    cdef const gi_attn_ops *ops = _table()
+    cdef int n = _att_threads(&r.a, nt, pmax)
+    ops.plan(&r.a, n)
+    r.run = ops.run
+    r.scratch = <double *>cnp.PyArray_DATA(sa)
+    r.per = _dim(sa, 1)
+    r.nshares = n if n < r.a.n_items else r.a.n_items
+    op.op.run = _att_share
+    op.op.nshares = r.nshares
+    return op
+
+
+def count_exact(int64_t calls, int64_t queries):
+    """Add graph-replayed exact attention calls / query rows to attention_counters()."""
+    global _exact_calls, _exact_queries
+    _exact_calls += calls
+    _exact_queries += queries
+
+
 # ============================================================================ test hooks
 
 def _variant_used():
@@ -361,6 +490,11 @@ def _variant_used():
     if t == &gi_attn_ops_avx2:
         return _cfg.VARIANTS[GI_AVX2]
     return _cfg.VARIANTS[0]
+
+
+def _get_grain():
+    """Work (multiply-adds) below which calls stay single-threaded."""
+    return _GRAIN
 
 
 def _set_grain(n):

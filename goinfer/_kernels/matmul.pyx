@@ -11,6 +11,7 @@ from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t
 
 from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
+from goinfer._kernels.graph cimport Op
 
 import numpy as np
 
@@ -241,34 +242,167 @@ def _threads_used(w, int64_t M, nthreads):
     return p.n_rt * p.n_mt
 
 
-# ============================================================================ public API
+# ============================================================================ argument records
+# Each kernel is: check the arguments and fill a record (_*_prepare), then run shares 0 ..
+# n-1 of the record (_*_share), one per OpenMP thread.  The Python functions run the shares
+# at once; the bind_* functions keep the record in an Op for graph replay (graph.pyx).
 
 
-def quantize_act(x, out=None, *, nthreads=1):
-    """x (M, K) float32, K % 32 == 0 -> QAct (int8 per group of 32, bit-exact with the reference)."""
-    cdef int nt = _threads(nthreads)
+cdef struct qz_args:
+    const gi_matmul_ops *ops
+    const float *x
+    int64_t M, K, n
+    int8_t *qa
+    float *da
+    int32_t *asum
+    float *sa
+
+
+cdef struct mm_args:
+    const gi_matmul_ops *ops
+    gi_weight w
+    gi_qact a
+    const float *x
+    float *out
+    plan p
+    bint is_int
+
+
+cdef struct gr_args:
+    const gi_matmul_ops *ops
+    gi_weight w
+    const int64_t *ids
+    int64_t T, n
+    float *out
+
+
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
+
+
+cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
+    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
+    cdef int64_t t
+    with nogil:
+        if n == 1:
+            fn(args, 0, 0)
+        elif n > 1:
+            for t in prange(n, num_threads=n, schedule='static'):
+                fn(args, t, <int>t)
+
+
+cdef void _qz_share(const void *args, int64_t t, int tid) noexcept nogil:
+    cdef const qz_args *a = <const qz_args *>args
+    a.ops.quantize_act(a.x, a.K, t * a.M // a.n, (t + 1) * a.M // a.n, a.qa, a.da, a.asum, a.sa)
+
+
+cdef void _mm_share(const void *args, int64_t t, int tid) noexcept nogil:
+    cdef const mm_args *a = <const mm_args *>args
+    if a.is_int:
+        _run_q(a.ops, &a.p, t, &a.w, &a.a, a.out, a.w.n_out)
+    else:
+        _run_f(a.ops, &a.p, t, &a.w, a.x, a.out, a.w.n_out)
+
+
+cdef void _gr_share(const void *args, int64_t t, int tid) noexcept nogil:
+    cdef const gr_args *a = <const gr_args *>args
+    a.ops.get_rows(&a.w, a.ids, t * a.T // a.n, (t + 1) * a.T // a.n, a.out)
+
+
+cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     if not isinstance(x, cnp.ndarray) or (<cnp.ndarray>x).ndim != 2:
         raise ValueError("x must be a 2-D numpy array (M, K) of float32")
     cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
     if K % GI_GROUP:
         raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
-    cdef const float *xp = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
+    r.x = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
     if out is None:
         out = QAct.empty(M, K)
     cdef gi_qact ca
     _qact(out, &ca, &Mo, K, True)
     if Mo != M:
         raise ValueError(f"out has {Mo} rows, x has {M}")
-    cdef const gi_matmul_ops *ops = _ops()
-    cdef int64_t n_t = _elem_threads(nt, M, M * K), t
+    r.ops = _ops()
+    r.M = M
+    r.K = K
+    r.n = _elem_threads(nt, M, M * K)
+    r.qa = <int8_t *>ca.qa
+    r.da = <float *>ca.da
+    r.asum = <int32_t *>ca.asum
+    r.sa = <float *>ca.sa
+    return out
+
+
+cdef object _mm_prepare(mm_args *r, object x_or_qact, object w, object out, int nt):
+    _weight(w, &r.w)
+    cdef int64_t M = 0
+    r.is_int = r.w.kind < GI_F32
+    r.x = NULL
+    if r.is_int:
+        if not isinstance(x_or_qact, QAct):
+            raise TypeError(f"{w.kind} weights multiply a QAct; call quantize_act first "
+                            f"(got {type(x_or_qact).__name__})")
+        _qact(x_or_qact, &r.a, &M, r.w.n_in, False)
+    else:
+        if isinstance(x_or_qact, QAct):
+            raise TypeError(f"{w.kind} weights multiply float32 x, not a QAct")
+        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
+            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
+        M = x_or_qact.shape[0]
+        r.x = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, r.w.n_in)
+    if out is None:
+        out = np.empty((M, r.w.n_out), dtype=np.float32)
+    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, r.w.n_out, 0, 0, 0, True)
+    if not r.is_int and M > 0 and <const char *>r.out < <const char *>(r.x + M * r.w.n_in) \
+            and <const char *>r.x < <const char *>(r.out + M * r.w.n_out):
+        raise ValueError("out must not overlap x")
+    r.ops = _ops()
+    cdef int64_t est_ns = _weight_bytes(&r.w) // 12 + M * r.w.n_rb * GI_ROWS * r.w.n_in // 150
+    r.p = _plan(M, r.w.n_rb, est_ns, r.ops.mr_q if r.is_int else r.ops.mr_f, nt)
+    return out
+
+
+cdef object _gr_prepare(gr_args *r, object w, object ids, object out, int nt, bint strict):
+    """strict (bind): ids must already be a C-contiguous int64 (T,) array (used in place)."""
+    _weight(w, &r.w)
+    ids_arr = np.asarray(ids)
+    if ids_arr.size == 0 and ids_arr.ndim == 1:
+        ids_arr = np.empty(0, np.int64)  # e.g. [] (float64 to NumPy)
+    if ids_arr.dtype.kind not in "iu":
+        raise TypeError(f"ids must be integers, got {ids_arr.dtype}")
+    if ids_arr.ndim != 1:
+        raise ValueError(f"ids must be 1-D (T,), got shape {ids_arr.shape}")
+    if ids_arr.dtype != np.int64 or not ids_arr.flags.c_contiguous:
+        if strict:
+            raise TypeError("bound ids must be a C-contiguous int64 array")
+        ids_arr = np.ascontiguousarray(ids_arr, dtype=np.int64)
+    cdef int64_t T = ids_arr.shape[0], t, bad = -1
+    cdef const int64_t *idp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids_arr)
     with nogil:
-        if n_t == 1:
-            ops.quantize_act(xp, K, 0, M, <int8_t *>ca.qa, <float *>ca.da, <int32_t *>ca.asum,
-                             <float *>ca.sa)
-        else:
-            for t in prange(n_t, num_threads=n_t, schedule='static'):
-                ops.quantize_act(xp, K, t * M // n_t, (t + 1) * M // n_t, <int8_t *>ca.qa,
-                                 <float *>ca.da, <int32_t *>ca.asum, <float *>ca.sa)
+        for t in range(T):
+            if idp[t] < 0 or idp[t] >= r.w.n_out:
+                bad = t
+                break
+    if bad >= 0:
+        raise IndexError(f"ids[{bad}] = {idp[bad]} is out of range for {r.w.n_out} rows")
+    if out is None:
+        out = np.empty((T, r.w.n_in), dtype=np.float32)
+    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, r.w.n_in, 0, 0, 0, True)
+    r.ops = _ops()
+    r.ids = idp
+    r.T = T
+    r.n = _elem_threads(nt, T, T * r.w.n_in)
+    return out, ids_arr
+
+
+# ============================================================================ public API
+
+
+def quantize_act(x, out=None, *, nthreads=1):
+    """x (M, K) float32, K % 32 == 0 -> QAct (int8 per group of 32, bit-exact with the reference)."""
+    cdef int nt = _threads(nthreads)
+    cdef qz_args r
+    out = _qz_prepare(&r, x, out, nt)
+    _run_shares(_qz_share, &r, r.n)
     return out
 
 
@@ -279,46 +413,9 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
     f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
     """
     cdef int nt = _threads(nthreads)
-    cdef gi_weight cw
-    _weight(w, &cw)
-    cdef gi_qact ca
-    cdef const float *xp = NULL
-    cdef int64_t M = 0, t
-    cdef bint is_int = cw.kind < GI_F32
-    if is_int:
-        if not isinstance(x_or_qact, QAct):
-            raise TypeError(f"{w.kind} weights multiply a QAct; call quantize_act first "
-                            f"(got {type(x_or_qact).__name__})")
-        _qact(x_or_qact, &ca, &M, cw.n_in, False)
-    else:
-        if isinstance(x_or_qact, QAct):
-            raise TypeError(f"{w.kind} weights multiply float32 x, not a QAct")
-        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
-            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
-        M = x_or_qact.shape[0]
-        xp = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_in)
-    if out is None:
-        out = np.empty((M, cw.n_out), dtype=np.float32)
-    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, cw.n_out, 0, 0, 0, True)
-    if not is_int and M > 0 and <const char *>op < <const char *>(xp + M * cw.n_in) \
-            and <const char *>xp < <const char *>(op + M * cw.n_out):
-        raise ValueError("out must not overlap x")
-    cdef const gi_matmul_ops *ops = _ops()
-    cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
-    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if is_int else ops.mr_f, nt)
-    cdef int64_t ntiles = p.n_rt * p.n_mt
-    with nogil:
-        if ntiles == 1:
-            if is_int:
-                ops.matmul_q(&cw, &ca, 0, M, 0, cw.n_rb, op, cw.n_out)
-            else:
-                ops.matmul_f(&cw, xp, 0, M, 0, cw.n_rb, op, cw.n_out)
-        elif is_int:
-            for t in prange(ntiles, num_threads=ntiles, schedule='static'):
-                _run_q(ops, &p, t, &cw, &ca, op, cw.n_out)
-        else:
-            for t in prange(ntiles, num_threads=ntiles, schedule='static'):
-                _run_f(ops, &p, t, &cw, xp, op, cw.n_out)
+    cdef mm_args r
+    out = _mm_prepare(&r, x_or_qact, w, out, nt)
+    _run_shares(_mm_share, &r, r.p.n_rt * r.p.n_mt)
     return out
 
 
@@ -329,35 +426,42 @@ def get_rows(w, ids, out=None, *, nthreads=1):
     used in place, other integer dtypes are converted.
     """
     cdef int nt = _threads(nthreads)
-    cdef gi_weight cw
-    _weight(w, &cw)
-    ids_arr = np.asarray(ids)
-    if ids_arr.size == 0 and ids_arr.ndim == 1:
-        ids_arr = np.empty(0, np.int64)  # e.g. [] (float64 to NumPy)
-    if ids_arr.dtype.kind not in "iu":
-        raise TypeError(f"ids must be integers, got {ids_arr.dtype}")
-    if ids_arr.ndim != 1:
-        raise ValueError(f"ids must be 1-D (T,), got shape {ids_arr.shape}")
-    if ids_arr.dtype != np.int64 or not ids_arr.flags.c_contiguous:
-        ids_arr = np.ascontiguousarray(ids_arr, dtype=np.int64)
-    cdef int64_t T = ids_arr.shape[0], t, bad = -1
-    cdef const int64_t *idp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids_arr)
-    with nogil:
-        for t in range(T):
-            if idp[t] < 0 or idp[t] >= cw.n_out:
-                bad = t
-                break
-    if bad >= 0:
-        raise IndexError(f"ids[{bad}] = {idp[bad]} is out of range for {cw.n_out} rows")
-    if out is None:
-        out = np.empty((T, cw.n_in), dtype=np.float32)
-    cdef float *op = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, cw.n_in, 0, 0, 0, True)
-    cdef const gi_matmul_ops *ops = _ops()
-    cdef int64_t n_t = _elem_threads(nt, T, T * cw.n_in)
-    with nogil:
-        if n_t == 1:
-            ops.get_rows(&cw, idp, 0, T, op)
-        else:
-            for t in prange(n_t, num_threads=n_t, schedule='static'):
-                ops.get_rows(&cw, idp, t * T // n_t, (t + 1) * T // n_t, op)
+    cdef gr_args r
+    out, _ = _gr_prepare(&r, w, ids, out, nt, False)
+    _run_shares(_gr_share, &r, r.n)
     return out
+
+
+# ============================================================================ bind (graph replay)
+# The same checks as the functions above; `out` must be given (a persistent buffer).  The
+# Op keeps every argument alive; the caller keeps their contents valid (e.g. ids in range).
+
+
+def bind_quantize_act(x, out, *, nthreads=1):
+    cdef int nt = _threads(nthreads)
+    cdef Op op = Op("quantize_act", (x, out))
+    cdef qz_args *r = <qz_args *>op.alloc(sizeof(qz_args))
+    _qz_prepare(r, x, out, nt)
+    op.op.run = _qz_share
+    op.op.nshares = r.n if r.M > 0 else 0
+    return op
+
+
+def bind_matmul(x_or_qact, w, out, *, nthreads=1):
+    cdef int nt = _threads(nthreads)
+    cdef Op op = Op("matmul", (x_or_qact, w, out))
+    cdef mm_args *r = <mm_args *>op.alloc(sizeof(mm_args))
+    _mm_prepare(r, x_or_qact, w, out, nt)
+    op.op.run = _mm_share
+    op.op.nshares = r.p.n_rt * r.p.n_mt if r.p.M > 0 and r.p.n_rb > 0 else 0
+    return op
+
+
+def bind_get_rows(w, ids, out, *, nthreads=1):
+    cdef int nt = _threads(nthreads)
+    cdef Op op = Op("get_rows", (w, ids, out))
+    cdef gr_args *r = <gr_args *>op.alloc(sizeof(gr_args))
+    _gr_prepare(r, w, ids, out, nt, True)
+    op.op.run = _gr_share
+    op.op.nshares = r.n if r.T > 0 else 0
+    return op

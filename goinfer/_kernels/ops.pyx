@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Elementwise and normalization kernels: rmsnorm, swiglu, gelu_tanh_mul, rope, add.
+"""Elementwise and normalization kernels: rmsnorm, swiglu, gelu_tanh_mul, rope, add, and the
+small data-movement kernels of the forward step: add_bias, copy2d, scale, gather_rows.
 
 Same names, signatures and meaning as goinfer._reference (see docs/design/kernels.md for the
 exact contracts).  All float arrays are float32.
@@ -17,6 +18,8 @@ from libc.stdint cimport int32_t, int64_t
 from cython.parallel cimport prange
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
+from goinfer._kernels.graph cimport Op
+from libc.string cimport memcpy
 
 cnp.import_array()
 
@@ -131,14 +134,51 @@ cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
     return <int>(nthreads if nthreads < n else n)
 
 
+# ============================================================================ argument records
+# Each kernel is: check the arguments and fill a record (_*_prepare), then run shares 0 ..
+# n-1 of it (_*_share), one per OpenMP thread.  The Python functions run the shares at once;
+# the bind_* functions keep the record in an Op for graph replay (graph.pyx).
+
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
+
+
+cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
+    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
+    cdef int64_t i
+    with nogil:
+        if n == 1:
+            fn(args, 0, 0)
+        elif n > 1:
+            for i in prange(n, num_threads=n, schedule='static'):
+                fn(args, i, <int>i)
+
+
+cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
+    cdef Op op = Op(name, refs)
+    rec[0] = op.alloc(size)
+    op.op.run = fn
+    return op
+
+
 # ============================================================================ RMSNorm
 
-def rmsnorm(x, w, eps, out=None, *, nthreads=1):
-    """out = float32(x * r) * w, r = float32(1 / sqrt(mean(x^2) + eps)) per row (last axis).
+cdef struct norm_args:
+    const gi_ops_ops *ops
+    const float *x
+    int64_t xs
+    const float *w
+    float *out
+    int64_t os, M, D, n
+    double eps
 
-    Bit-exact with goinfer._reference.rmsnorm.  x (M, D) (or any C-contiguous (..., D)),
-    w (D,) float32."""
-    cdef int nt = _check_threads(nthreads)
+
+cdef void _norm_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const norm_args *a = <const norm_args *>args
+    a.ops.rmsnorm(a.x, a.xs, a.w, a.out, a.os, a.M * i // a.n, a.M * (i + 1) // a.n, a.D, a.eps)
+
+
+cdef object _norm_prepare(norm_args *r, object x, object w, object eps, object out, int nt):
+    """Fill r; r.n = 0 when there is nothing to do."""
     cdef _Rows xr = _rows(x, "x", False)
     cdef cnp.ndarray wa = _array(w, "w", cnp.NPY_FLOAT32, "float32")
     if cnp.PyArray_NDIM(wa) != 1 or cnp.PyArray_DIMS(wa)[0] != xr.N:
@@ -148,23 +188,41 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
     if out is None:
         out = np.empty_like(x, order="C")
     cdef _Rows orow = _out_rows(out, x)
-    cdef double e = float(eps)
-    cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
-    cdef const gi_ops_ops *ops = _table()
-    cdef int64_t M = xr.M, D = xr.N, i
-    cdef int n = _nth(nt, M * D)
-    if n > M:
-        n = <int>M
-    if M == 0:
-        return out
-    with nogil:
-        if n <= 1:
-            ops.rmsnorm(xr.p, xr.stride, wp, orow.p, orow.stride, 0, M, D, e)
-        else:
-            for i in prange(n, num_threads=n, schedule='static'):
-                ops.rmsnorm(xr.p, xr.stride, wp, orow.p, orow.stride,
-                            M * i // n, M * (i + 1) // n, D, e)
+    r.eps = float(eps)
+    r.ops = _table()
+    r.x = xr.p
+    r.xs = xr.stride
+    r.w = <const float *>cnp.PyArray_DATA(wa)
+    r.out = orow.p
+    r.os = orow.stride
+    r.M = xr.M
+    r.D = xr.N
+    cdef int n = _nth(nt, r.M * r.D)
+    if n > r.M:
+        n = <int>r.M
+    r.n = 0 if r.M == 0 else (n if n > 1 else 1)
     return out
+
+
+def rmsnorm(x, w, eps, out=None, *, nthreads=1):
+    """out = float32(x * r) * w, r = float32(1 / sqrt(mean(x^2) + eps)) per row (last axis).
+
+    Bit-exact with goinfer._reference.rmsnorm.  x (M, D) (or any C-contiguous (..., D)),
+    w (D,) float32."""
+    cdef int nt = _check_threads(nthreads)
+    cdef norm_args r
+    out = _norm_prepare(&r, x, w, eps, out, nt)
+    _run_shares(_norm_share, &r, r.n)
+    return out
+
+
+def bind_rmsnorm(x, w, eps, out, *, nthreads=1):
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("rmsnorm", (x, w, out), _norm_share, sizeof(norm_args), &rec)
+    _norm_prepare(<norm_args *>rec, x, w, eps, out, nt)
+    op.op.nshares = (<norm_args *>rec).n
+    return op
 
 
 # ============================================================================ elementwise (binary)
@@ -172,6 +230,17 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
 cdef int _KIND_SWIGLU = 0
 cdef int _KIND_GELU = 1
 cdef int _KIND_ADD = 2
+
+cdef struct bin_args:
+    const gi_ops_ops *ops
+    int kind
+    int split  # 0: one share, 1: rows, 2: columns (at multiples of 16 floats)
+    const float *a
+    int64_t as_
+    const float *b
+    int64_t bs
+    float *o
+    int64_t os, M, N, n
 
 
 cdef inline void _binary_call(const gi_ops_ops *ops, int kind, const float *a, int64_t as_,
@@ -185,36 +254,73 @@ cdef inline void _binary_call(const gi_ops_ops *ops, int kind, const float *a, i
         ops.add(a, as_, b, bs, o, os, m0, m1, c0, c1)
 
 
-cdef object _binary(int kind, object a, object b, object out, object nthreads, str an, str bn):
-    cdef int nt = _check_threads(nthreads)
+cdef void _binary_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const bin_args *r = <const bin_args *>args
+    cdef int64_t M = r.M, N = r.N, n = r.n, c0, c1
+    if r.split == 0:
+        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os, 0, M, 0, N)
+    elif r.split == 1:
+        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os,
+                     M * i // n, M * (i + 1) // n, 0, N)
+    else:
+        c0 = (N * i // n) & ~(<int64_t>15)
+        c1 = N if i == n - 1 else (N * (i + 1) // n) & ~(<int64_t>15)
+        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os, 0, M, c0, c1)
+
+
+cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object out, int nt,
+                            str an, str bn, bint bias):
+    """bias: b is one row (N,) added to every row of a (row stride 0)."""
     cdef _Rows ar = _rows(a, an, False)
     cdef _Rows br = _rows(b, bn, False)
-    if not _same_shape(a, b):
+    if bias:
+        if cnp.PyArray_NDIM(<cnp.ndarray>b) != 1 or br.N != ar.N or br.stride != br.N:
+            raise ValueError(f"{bn} must be a contiguous ({ar.N},) array, got shape {np.shape(b)}")
+        br.stride = 0
+    elif not _same_shape(a, b):
         raise ValueError(f"{an} and {bn} must have the same shape, got {np.shape(a)} and "
                          f"{np.shape(b)}")
     if out is None:
         out = np.empty_like(a, order="C")
     cdef _Rows orow = _out_rows(out, a)
-    cdef const gi_ops_ops *ops = _table()
-    cdef int64_t M = ar.M, N = ar.N, i, c0, c1
-    cdef int n = _nth(nt, M * N)
-    if M == 0 or N == 0:
-        return out
-    with nogil:
-        if n <= 1:
-            _binary_call(ops, kind, ar.p, ar.stride, br.p, br.stride, orow.p, orow.stride,
-                         0, M, 0, N)
-        elif M >= n:  # split rows
-            for i in prange(n, num_threads=n, schedule='static'):
-                _binary_call(ops, kind, ar.p, ar.stride, br.p, br.stride, orow.p, orow.stride,
-                             M * i // n, M * (i + 1) // n, 0, N)
-        else:  # few long rows: split columns (at multiples of 16 floats)
-            for i in prange(n, num_threads=n, schedule='static'):
-                c0 = (N * i // n) & ~(<int64_t>15)
-                c1 = N if i == n - 1 else (N * (i + 1) // n) & ~(<int64_t>15)
-                _binary_call(ops, kind, ar.p, ar.stride, br.p, br.stride, orow.p, orow.stride,
-                             0, M, c0, c1)
+    r.ops = _table()
+    r.kind = kind
+    r.a = ar.p
+    r.as_ = ar.stride
+    r.b = br.p
+    r.bs = br.stride
+    r.o = orow.p
+    r.os = orow.stride
+    r.M = ar.M
+    r.N = ar.N
+    r.n = _nth(nt, r.M * r.N)
+    if r.M == 0 or r.N == 0:
+        r.n = 0
+    elif r.n <= 1:
+        r.split = 0
+        r.n = 1
+    else:
+        r.split = 1 if r.M >= r.n else 2
     return out
+
+
+cdef object _binary(int kind, object a, object b, object out, object nthreads, str an, str bn,
+                    bint bias=False):
+    cdef int nt = _check_threads(nthreads)
+    cdef bin_args r
+    out = _binary_prepare(&r, kind, a, b, out, nt, an, bn, bias)
+    _run_shares(_binary_share, &r, r.n)
+    return out
+
+
+cdef Op _bind_binary(str name, int kind, object a, object b, object out, object nthreads,
+                     str an, str bn, bint bias=False):
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound(name, (a, b, out), _binary_share, sizeof(bin_args), &rec)
+    _binary_prepare(<bin_args *>rec, kind, a, b, out, nt, an, bn, bias)
+    op.op.nshares = (<bin_args *>rec).n
+    return op
 
 
 def swiglu(gate, up, out=None, *, nthreads=1):
@@ -235,13 +341,217 @@ def add(x, y, out=None, *, nthreads=1):
     return _binary(_KIND_ADD, x, y, out, nthreads, "x", "y")
 
 
+def add_bias(x, b, out=None, *, nthreads=1):
+    """out = x + b in float32 with b (N,) added to every row of x (M, N) (bias; bit-exact with
+    numpy's broadcast add).  out may be x."""
+    return _binary(_KIND_ADD, x, b, out, nthreads, "x", "b", True)
+
+
+def bind_swiglu(gate, up, out, *, nthreads=1):
+    return _bind_binary("swiglu", _KIND_SWIGLU, gate, up, out, nthreads, "gate", "up")
+
+
+def bind_gelu_tanh_mul(gate, up, out, *, nthreads=1):
+    return _bind_binary("gelu_tanh_mul", _KIND_GELU, gate, up, out, nthreads, "gate", "up")
+
+
+def bind_add(x, y, out, *, nthreads=1):
+    return _bind_binary("add", _KIND_ADD, x, y, out, nthreads, "x", "y")
+
+
+def bind_add_bias(x, b, out, *, nthreads=1):
+    return _bind_binary("add_bias", _KIND_ADD, x, b, out, nthreads, "x", "b", True)
+
+
+# ============================================================================ copy2d, scale
+# Row-strided (M, N) float32 in and out, split over rows like the elementwise kernels.
+
+cdef struct rowmap_args:
+    const float *x
+    int64_t xs
+    float *o
+    int64_t os, M, N, n
+    float s  # scale only
+
+
+cdef void _copy_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const rowmap_args *r = <const rowmap_args *>args
+    cdef int64_t m
+    for m in range(r.M * i // r.n, r.M * (i + 1) // r.n):
+        memcpy(r.o + m * r.os, r.x + m * r.xs, <size_t>r.N * 4)
+
+
+cdef void _scale_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const rowmap_args *r = <const rowmap_args *>args
+    cdef int64_t m, c
+    cdef const float *xr
+    cdef float *orow
+    cdef float s = r.s
+    for m in range(r.M * i // r.n, r.M * (i + 1) // r.n):
+        xr = r.x + m * r.xs
+        orow = r.o + m * r.os
+        for c in range(r.N):
+            orow[c] = xr[c] * s
+
+
+cdef object _rowmap_prepare(rowmap_args *r, object x, object out, int nt, bint alias_ok):
+    cdef _Rows xr = _rows(x, "x", False)
+    if out is None:
+        out = np.empty_like(x, order="C")
+    cdef _Rows orow = _out_rows(out, x)
+    cdef char *xlo = <char *>xr.p
+    cdef char *olo = <char *>orow.p
+    cdef char *xhi = xlo + ((xr.M - 1) * xr.stride + xr.N) * 4 if xr.M > 0 else xlo
+    cdef char *ohi = olo + ((orow.M - 1) * orow.stride + orow.N) * 4 if orow.M > 0 else olo
+    if not alias_ok and xr.M > 0 and xr.N > 0 and olo < xhi and xlo < ohi:
+        raise ValueError("out must not overlap x")
+    if alias_ok and xr.M > 0 and xr.N > 0 and olo < xhi and xlo < ohi and (
+            olo != xlo or orow.stride != xr.stride):
+        raise ValueError("out must be x itself or not overlap it")
+    r.x = xr.p
+    r.xs = xr.stride
+    r.o = orow.p
+    r.os = orow.stride
+    r.M = xr.M
+    r.N = xr.N
+    cdef int n = _nth(nt, r.M * r.N)
+    if n > r.M:
+        n = <int>r.M
+    r.n = 0 if r.M == 0 or r.N == 0 else (n if n > 1 else 1)
+    return out
+
+
+def copy2d(x, out, *, nthreads=1):
+    """out[...] = x for float32 x (M, N) whose rows may be strided (e.g. the q / k / v column
+    ranges of a fused QKV output); out (M, N), rows may be strided too, must not overlap x."""
+    cdef int nt = _check_threads(nthreads)
+    cdef rowmap_args r
+    out = _rowmap_prepare(&r, x, out, nt, False)
+    _run_shares(_copy_share, &r, r.n)
+    return out
+
+
+def scale(x, s, out=None, *, nthreads=1):
+    """out = x * float32(s) in float32 (bit-exact with numpy).  out may be x."""
+    cdef int nt = _check_threads(nthreads)
+    cdef rowmap_args r
+    out = _rowmap_prepare(&r, x, out, nt, True)
+    r.s = <float>float(s)
+    _run_shares(_scale_share, &r, r.n)
+    return out
+
+
+def bind_copy2d(x, out, *, nthreads=1):
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("copy2d", (x, out), _copy_share, sizeof(rowmap_args), &rec)
+    _rowmap_prepare(<rowmap_args *>rec, x, out, nt, False)
+    op.op.nshares = (<rowmap_args *>rec).n
+    return op
+
+
+def bind_scale(x, s, out, *, nthreads=1):
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("scale", (x, out), _scale_share, sizeof(rowmap_args), &rec)
+    _rowmap_prepare(<rowmap_args *>rec, x, out, nt, True)
+    (<rowmap_args *>rec).s = <float>float(s)
+    op.op.nshares = (<rowmap_args *>rec).n
+    return op
+
+
+# ============================================================================ gather_rows
+
+cdef struct gather_args:
+    const float *x
+    int64_t xs
+    const int64_t *rows
+    float *o
+    int64_t os, R, N, n
+
+
+cdef void _gather_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const gather_args *r = <const gather_args *>args
+    cdef int64_t j
+    for j in range(r.R * i // r.n, r.R * (i + 1) // r.n):
+        memcpy(r.o + j * r.os, r.x + r.rows[j] * r.xs, <size_t>r.N * 4)
+
+
+cdef object _gather_prepare(gather_args *r, object x, object rows, object out, int nt):
+    cdef _Rows xr = _rows(x, "x", False)
+    cdef cnp.ndarray ra = _array(rows, "rows", cnp.NPY_INT64, "int64")
+    if cnp.PyArray_NDIM(ra) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(ra):
+        raise ValueError(f"rows must be a contiguous 1-D array, got shape {np.shape(ra)}")
+    cdef int64_t R = ra.shape[0], j
+    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+    for j in range(R):
+        if rp[j] < 0 or rp[j] >= xr.M:
+            raise IndexError(f"rows[{j}] = {rp[j]} is out of range for {xr.M} rows")
+    if out is None:
+        out = np.empty((R, xr.N), dtype=np.float32)
+    cdef _Rows orow = _rows(out, "out", True)
+    if orow.M != R or orow.N != xr.N or cnp.PyArray_NDIM(<cnp.ndarray>out) != 2:
+        raise ValueError(f"out must have shape ({R}, {xr.N}), got {np.shape(out)}")
+    cdef char *xlo = <char *>xr.p
+    cdef char *olo = <char *>orow.p
+    if R > 0 and xr.M > 0 and xr.N > 0 and olo < xlo + ((xr.M - 1) * xr.stride + xr.N) * 4 \
+            and xlo < olo + ((R - 1) * orow.stride + orow.N) * 4:
+        raise ValueError("out must not overlap x")
+    r.x = xr.p
+    r.xs = xr.stride
+    r.rows = rp
+    r.o = orow.p
+    r.os = orow.stride
+    r.R = R
+    r.N = xr.N
+    cdef int n = _nth(nt, R * r.N)
+    if n > R:
+        n = <int>R
+    r.n = 0 if R == 0 or r.N == 0 else (n if n > 1 else 1)
+    return out
+
+
+def gather_rows(x, rows, out=None, *, nthreads=1):
+    """out[j] = x[rows[j]] for float32 x (M, N) (rows may be strided) and rows (R,) int64 in
+    [0, M): the positions of a batch that need logits."""
+    cdef int nt = _check_threads(nthreads)
+    cdef gather_args r
+    out = _gather_prepare(&r, x, rows, out, nt)
+    _run_shares(_gather_share, &r, r.n)
+    return out
+
+
+def bind_gather_rows(x, rows, out, *, nthreads=1):
+    """The caller keeps rows inside [0, M) for every run."""
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("gather_rows", (x, rows, out), _gather_share, sizeof(gather_args), &rec)
+    _gather_prepare(<gather_args *>rec, x, rows, out, nt)
+    op.op.nshares = (<gather_args *>rec).n
+    return op
+
+
 # ============================================================================ RoPE
 
-def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
-    """Rotary embedding of x (T, H, hd) at positions pos (T,) int32; cos/sin (max_pos, n_rot/2)
-    float64 from rope_tables.  neox=False: pairs (2i, 2i+1); True: (i, i + n_rot/2).  Dims past
-    n_rot pass through.  In place when out is x.  Bit-exact with goinfer._reference.rope."""
-    cdef int nt = _check_threads(nthreads)
+cdef struct rope_args:
+    const gi_ops_ops *ops
+    const float *x
+    float *out
+    const int32_t *pos
+    const double *cos_t
+    const double *sin_t
+    int64_t T, H, hd, half, n
+    int neox
+
+
+cdef void _rope_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const rope_args *r = <const rope_args *>args
+    r.ops.rope(r.x, r.out, r.pos, r.cos_t, r.sin_t, r.T * i // r.n, r.T * (i + 1) // r.n, r.H,
+               r.hd, r.half, r.neox)
+
+
+cdef object _rope_prepare(rope_args *r, object x, object pos, object cos, object sin, object neox,
+                          object out, int nt):
     cdef cnp.ndarray xa = _array(x, "x", cnp.NPY_FLOAT32, "float32")
     cdef cnp.ndarray pa = _array(pos, "pos", cnp.NPY_INT32, "int32")
     cdef cnp.ndarray ca = _array(cos, "cos", cnp.NPY_FLOAT64, "float64")
@@ -275,24 +585,43 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
         raise ValueError(f"out must be a C-contiguous array of shape {np.shape(xa)}")
     if not cnp.PyArray_ISWRITEABLE(oa):
         raise ValueError("out is read-only")
-    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
-    cdef float *op = <float *>cnp.PyArray_DATA(oa)
-    cdef const double *cp = <const double *>cnp.PyArray_DATA(ca)
-    cdef const double *sp = <const double *>cnp.PyArray_DATA(sa)
-    cdef int nx = 1 if neox else 0
-    cdef const gi_ops_ops *ops = _table()
+    r.x = <const float *>cnp.PyArray_DATA(xa)
+    r.out = <float *>cnp.PyArray_DATA(oa)
+    r.pos = pp
+    r.cos_t = <const double *>cnp.PyArray_DATA(ca)
+    r.sin_t = <const double *>cnp.PyArray_DATA(sa)
+    r.neox = 1 if neox else 0
+    r.ops = _table()
+    r.T = T
+    r.H = H
+    r.hd = hd
+    r.half = half
     cdef int n = _nth(nt, T * H * hd)
     if n > T:
         n = <int>T
-    if T == 0:
-        return out
-    with nogil:
-        if n <= 1:
-            ops.rope(xp, op, pp, cp, sp, 0, T, H, hd, half, nx)
-        else:
-            for i in prange(n, num_threads=n, schedule='static'):
-                ops.rope(xp, op, pp, cp, sp, T * i // n, T * (i + 1) // n, H, hd, half, nx)
+    r.n = 0 if T == 0 else (n if n > 1 else 1)
     return out
+
+
+def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
+    """Rotary embedding of x (T, H, hd) at positions pos (T,) int32; cos/sin (max_pos, n_rot/2)
+    float64 from rope_tables.  neox=False: pairs (2i, 2i+1); True: (i, i + n_rot/2).  Dims past
+    n_rot pass through.  In place when out is x.  Bit-exact with goinfer._reference.rope."""
+    cdef int nt = _check_threads(nthreads)
+    cdef rope_args r
+    out = _rope_prepare(&r, x, pos, cos, sin, neox, out, nt)
+    _run_shares(_rope_share, &r, r.n)
+    return out
+
+
+def bind_rope(x, pos, cos, sin, neox, out, *, nthreads=1):
+    """The caller keeps pos inside [0, len(cos)) for every run."""
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("rope", (x, pos, cos, sin, out), _rope_share, sizeof(rope_args), &rec)
+    _rope_prepare(<rope_args *>rec, x, pos, cos, sin, neox, out, nt)
+    op.op.nshares = (<rope_args *>rec).n
+    return op
 
 
 # ============================================================================ test hooks

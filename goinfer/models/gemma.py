@@ -131,8 +131,7 @@ class Gemma3Family(llama.LlamaFamily):
 
     def embed(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
         x = super().embed(tokens, out)  # (T, D)
-        np.multiply(x, self.embed_scale, out=x)
-        return x
+        return self.K.scale(x, self.embed_scale, out=x, nthreads=self.threads)
 
     def attention_block(self, li, L: Gemma3LayerWeights, h, batch, kc, vc, out) -> None:
         super().attention_block(li, L, h, batch, kc, vc, out)
@@ -142,10 +141,10 @@ class Gemma3Family(llama.LlamaFamily):
         super().ffn_block(li, L, h, out)
         self.K.rmsnorm(out, L.post_ffn_norm, self.cfg.norm_eps, out=out, nthreads=self.threads)
 
-    def head(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        logits = super().head(x, rows)  # (R, vocab)
+    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        logits = super().head(x, rows, out)  # (R, vocab)
         cap = self.cfg.final_softcap
-        if cap > 0:
+        if cap > 0:  # NumPy (tanh): a model with a final softcap is never captured (graph.py)
             cap32 = np.float32(cap)
             np.divide(logits, cap32, out=logits)
             np.tanh(logits, out=logits)

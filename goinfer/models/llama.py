@@ -221,10 +221,13 @@ class LlamaFamily:
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, batch: Batch, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
+    def forward(self, batch: Batch, k_cache: np.ndarray, v_cache: np.ndarray,
+                logits: np.ndarray | None = None) -> np.ndarray:
         """Run the batch through the model, writing its K/V into the cache slots.
 
-        Returns logits (len(batch.logit_rows), vocab) float32."""
+        Returns logits (len(batch.logit_rows), vocab) float32 (in `logits` when given).
+        Every array operation goes through a kernel of self.K, so goinfer/graph.py can record
+        the whole step."""
         K, cfg, nt, S = self.K, self.cfg, self.threads, self.scratch
         T, D = len(batch.tokens), cfg.d_model
         x = self.embed(batch.tokens, S.get("x", T, D))  # (T, D) residual stream
@@ -237,21 +240,23 @@ class LlamaFamily:
             K.rmsnorm(x, L.ffn_norm, cfg.norm_eps, out=h, nthreads=nt)
             self.ffn_block(li, L, h, o)
             K.add(x, o, out=x, nthreads=nt)
-        return self.head(x, batch.logit_rows)
+        return self.head(x, batch.logit_rows, logits)
 
     def embed(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
         return self.K.get_rows(self.tok_embd, tokens, out=out, nthreads=self.threads)
 
-    def head(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Final norm and LM head for the rows that need logits -> (len(rows), vocab)."""
+    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Final norm and LM head for the rows that need logits -> (len(rows), vocab) (in out
+        when given)."""
         K, cfg, S = self.K, self.cfg, self.scratch
         R = len(rows)
         if R == 0:
             return np.zeros((0, cfg.vocab_size), np.float32)
-        xr = x if R == x.shape[0] else np.ascontiguousarray(x[rows])
+        xr = x if R == x.shape[0] else K.gather_rows(x, rows, out=S.get("xr", R, cfg.d_model),
+                                                     nthreads=self.threads)  # (R, D)
         hr = K.rmsnorm(xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model),
                        nthreads=self.threads)
-        logits = np.empty((R, cfg.vocab_size), np.float32)
+        logits = np.empty((R, cfg.vocab_size), np.float32) if out is None else out
         self._mm(Act(K, hr, S.qact(R, cfg.d_model), self.threads), self.lm_head, logits)
         return logits
 
@@ -266,17 +271,17 @@ class LlamaFamily:
         if L.wqkv is not None:
             qkv = self._mm(a, L.wqkv, S.get("qkv", T, nq + 2 * nkv))  # (T, nq + 2 nkv)
             if L.bqkv is not None:
-                np.add(qkv, L.bqkv, out=qkv)
-            np.copyto(q.reshape(T, nq), qkv[:, :nq])
-            np.copyto(k.reshape(T, nkv), qkv[:, nq:nq + nkv])
-            np.copyto(v.reshape(T, nkv), qkv[:, nq + nkv:])
+                K.add_bias(qkv, L.bqkv, out=qkv, nthreads=nt)
+            K.copy2d(qkv[:, :nq], out=q.reshape(T, nq), nthreads=nt)
+            K.copy2d(qkv[:, nq:nq + nkv], out=k.reshape(T, nkv), nthreads=nt)
+            K.copy2d(qkv[:, nq + nkv:], out=v.reshape(T, nkv), nthreads=nt)
         else:
             for w, dst, b in ((L.wq, q, slice(0, nq)), (L.wk, k, slice(nq, nq + nkv)),
                               (L.wv, v, slice(nq + nkv, nq + 2 * nkv))):
                 flat = dst.reshape(T, -1)
                 self._mm(a, w, flat)
                 if L.bqkv is not None:
-                    np.add(flat, L.bqkv[b], out=flat)
+                    K.add_bias(flat, L.bqkv[b], out=flat, nthreads=nt)
         return q, k, v
 
     def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,

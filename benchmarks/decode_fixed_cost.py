@@ -1,0 +1,116 @@
+"""Per-token fixed cost of decode: the Python forward path vs graph replay (goinfer/graph.py).
+
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py tiny             # 30-layer tiny llama
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 2048
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 --busy 2
+
+Instruction counts (load-independent): write the tiny model once, then count N steps under
+callgrind with and without the graph; (I(36) - I(4)) / 32 is the cost of one step:
+
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py write-tiny /tmp/t30.gguf
+    OMP_NUM_THREADS=1 valgrind --tool=callgrind python benchmarks/decode_fixed_cost.py \
+        steps /tmp/t30.gguf --graph 1 --n 36
+
+Runs alternate between the two paths (python, graph, python, graph, ...) and medians are
+reported, so a change of machine load hits both alike.  --busy N starts N busy-loop processes
+for the duration (an artificial load; they are stopped at the end).  Prints the load average
+next to the numbers.  The tiny model needs transformers (tests/tinymodels.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from goinfer import KVCache, hub
+from goinfer.gguf import GGUFFile
+from goinfer.model import Model
+
+
+def tiny_model_path() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import tinymodels
+
+    hf = tinymodels.hf_model("llama", 0, num_hidden_layers=30, hidden_size=64, intermediate_size=128,
+                             num_attention_heads=4, num_key_value_heads=2)
+    return tinymodels.write_gguf(hf, "llama", Path(tempfile.mkdtemp()) / "t30.gguf")
+
+
+def measure(path, threads: int, ctx: int, n: int, reps: int) -> dict:
+    """ms/token of n greedy decode steps after a ctx-token prompt, per path, reps alternating runs."""
+    ids = (list(range(100, 1100)) * (ctx // 1000 + 1))[:ctx]
+    models = {g: Model(GGUFFile(path), threads=threads, progress=False, graph=g) for g in (False, True)}
+    caches = {g: KVCache(m, max_tokens=ctx + n + 64) for g, m in models.items()}
+    res = {False: [], True: []}
+    for _ in range(reps):
+        for g, m in models.items():
+            s = m.session(caches[g])  # the prompt comes from the prefix cache after the first run
+            lg = s.prefill(ids)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                lg = s.decode(int(np.argmax(lg)))
+            res[g].append((time.perf_counter() - t0) / n * 1e3)
+            s.reset()
+    return {"python": res[False], "graph": res[True]}
+
+
+def steps(path, graph: bool, n: int) -> None:
+    """Load, prefill 64 tokens, decode 1 (the plan's capture), then n more decode steps."""
+    m = Model(GGUFFile(path), threads=1, progress=False, graph=graph)
+    s = m.session(KVCache(m, max_tokens=300))
+    s.prefill(list(range(64)))
+    lg = s.decode(1)
+    for _ in range(n):
+        lg = s.decode(int(np.argmax(lg)))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "write-tiny":
+        import shutil
+
+        shutil.copy(tiny_model_path(), sys.argv[2])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "steps":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("cmd")
+        ap.add_argument("path")
+        ap.add_argument("--graph", type=int, default=1)
+        ap.add_argument("--n", type=int, default=36)
+        a = ap.parse_args()
+        steps(a.path, bool(a.graph), a.n)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", choices=["tiny", "smollm2"])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[64])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--busy", type=int, default=0, help="busy-loop processes to run meanwhile")
+    a = ap.parse_args()
+    path = tiny_model_path() if a.model == "tiny" else hub.resolve("smollm2-135m", progress=False)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+    try:
+        for ctx in a.ctx:
+            for th in a.threads:
+                load0 = os.getloadavg()[0]
+                r = measure(path, th, ctx, a.tokens, a.reps)
+                load1 = os.getloadavg()[0]
+                py, gr = statistics.median(r["python"]), statistics.median(r["graph"])
+                print(f"{a.model} ctx {ctx} threads {th} busy {a.busy}: python {py:.3f} ms/token, "
+                      f"graph {gr:.3f} ms/token ({py / gr:.2f}x); min {min(r['python']):.3f} / "
+                      f"{min(r['graph']):.3f}; load {load0:.2f}->{load1:.2f}", flush=True)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()

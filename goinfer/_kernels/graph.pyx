@@ -1,0 +1,109 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Graph replay: bound kernel ops and the executor that runs them in one OpenMP region.
+
+``bind_*`` functions of matmul / ops / attention check their arguments exactly as the Python
+kernels do (the same code) and return an ``Op``: a C argument record plus the function that
+computes one share of the work (one of the tiles / row ranges / work items the Python kernel
+would hand to one OpenMP thread).  ``Graph(ops, nthreads).run()`` runs the ops in order in one
+parallel region: running threads claim the shares, and an op whose ``barrier`` flag is set
+starts once every earlier op is complete (goinfer/graph.py sets the flags; src/graph.h).  An Op holds references to every array its record points into.
+"""
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void *aligned_alloc(size_t alignment, size_t size)
+
+
+cdef class Op:
+    """One bound kernel call (see the module doc)."""
+
+    def __cinit__(self, str name, refs):
+        self.name = name
+        self.refs = refs
+        self.mem = NULL
+        memset(&self.op, 0, sizeof(gi_op))
+        self.op.barrier = 1
+
+    cdef void *alloc(self, size_t size) except NULL:
+        """The op's argument record: size bytes, zeroed, freed with the Op (once per Op)."""
+        if self.mem != NULL:
+            raise RuntimeError("Op.alloc called twice")
+        cdef size_t n = (size + 63) & ~(<size_t>63)
+        self.mem = aligned_alloc(64, n if n else 64)
+        if self.mem == NULL:
+            raise MemoryError(f"op record of {size} bytes")
+        memset(self.mem, 0, n)
+        self.op.args = self.mem
+        return self.mem
+
+    def __dealloc__(self):
+        if self.mem != NULL:
+            free(self.mem)
+            self.mem = NULL
+
+    @property
+    def nshares(self):
+        """Pieces of work (at most one per thread; 0: nothing to do)."""
+        return self.op.nshares
+
+    @property
+    def barrier(self):
+        return bool(self.op.barrier)
+
+    @barrier.setter
+    def barrier(self, value):
+        self.op.barrier = 1 if value else 0
+
+    def __repr__(self):
+        return f"Op({self.name}, shares={self.op.nshares}, barrier={bool(self.op.barrier)})"
+
+
+cdef class Graph:
+    """A list of bound ops run by gi_graph_run on nthreads threads (GIL released)."""
+
+    cdef gi_op *ops
+    cdef int64_t *claim
+    cdef int64_t n
+    cdef int nthreads
+    cdef readonly list op_list
+
+    def __cinit__(self, ops, int nthreads):
+        if nthreads < 1:
+            raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
+        self.op_list = list(ops)
+        self.n = len(self.op_list)
+        self.nthreads = nthreads
+        self.ops = <gi_op *>malloc(sizeof(gi_op) * (self.n if self.n else 1))
+        self.claim = <int64_t *>malloc(sizeof(int64_t) * (self.n if self.n else 1))
+        if self.ops == NULL or self.claim == NULL:
+            raise MemoryError("graph op array")
+        cdef int64_t i
+        cdef Op o
+        for i in range(self.n):
+            o = <Op?>self.op_list[i]
+            if o.op.run == NULL or o.op.args == NULL:
+                raise ValueError(f"op {i} ({o.name}) is not bound")
+            self.ops[i] = o.op
+
+    def __dealloc__(self):
+        free(self.ops)
+        free(self.claim)
+        self.ops = NULL
+        self.claim = NULL
+
+    def run(self):
+        """Run every op once."""
+        with nogil:
+            gi_graph_run(self.ops, self.n, self.nthreads, self.claim)
+
+    @property
+    def n_barriers(self):
+        cdef int64_t i, nb = 0
+        for i in range(self.n):
+            nb += self.ops[i].barrier
+        return nb
+
+    def __len__(self):
+        return self.n

@@ -1,0 +1,293 @@
+"""Graph replay of decode steps: record a forward step's kernel calls once, replay them in C.
+
+A decode step of B sequences (one token each) calls ~18 kernels per layer.  Called from
+Python each costs argument checks and, when it runs on several threads, an OpenMP fork/join;
+on a busy machine every one of those parallel regions waits for a descheduled thread.  A
+``DecodePlan`` runs the family's Python ``forward`` once with a recording stand-in for the
+kernels module (nothing is computed), binds every recorded call (``bind_*`` in the Cython
+modules: the same argument checks, then a C record), and from then on runs the whole step as
+ONE OpenMP parallel region (``goinfer._kernels.graph.Graph``), where running threads claim the
+shares of each op and an op starts once the ops it depends on are complete (a descheduled
+thread holds nobody up: it claims nothing).  Each op computes the same tiles / row ranges /
+work items with the same C code as the Python path, so logits are bit-identical.
+
+Everything a plan points to is persistent: the plan's own input buffers (tokens, positions,
+slots, block tables, logits), the model's scratch buffers, weights, RoPE tables and the KV
+cache (a plan keeps every array it points into alive: when the model's scratch is regrown for
+a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
+one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
+rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
+variant, a position past the RoPE tables it was captured with, or an attention crossing the
+size at which the Python kernel switches from one thread to several.
+
+Only the families whose forward is known to route every array operation through kernels are
+captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
+NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import weakref
+
+import numpy as np
+
+from goinfer.models.base import Batch, Segment
+from goinfer.models.gemma import Gemma3Family
+from goinfer.models.llama import LlamaFamily
+
+# exact classes: a subclass (e.g. MoE) may do array work outside the kernels
+CAPTURABLE = (LlamaFamily, Gemma3Family)
+MAX_PLANS_PER_CACHE = 16  # plans kept per KV cache (least recently used dropped)
+
+
+def enabled_by_env() -> bool:
+    """GOINFER_GRAPH=0 turns graph replay off (default on)."""
+    return os.environ.get("GOINFER_GRAPH", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def supported(impl, kernels) -> bool:
+    """Can this family's decode step be captured with these kernels?"""
+    if type(impl) not in CAPTURABLE or getattr(kernels, "__name__", "") != "goinfer._kernels":
+        return False  # not a vetted family, or the NumPy reference kernels
+    if getattr(impl.cfg, "final_softcap", 0.0) > 0:
+        return False  # NumPy tanh in Gemma's head
+    return True
+
+
+class CaptureError(RuntimeError):
+    """A forward step did something a plan cannot replay (internal: the step falls back)."""
+
+
+# ============================================================================ recording
+
+
+def _bind_modules():
+    m = {n: importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention")}
+    return {
+        "quantize_act": m["matmul"].bind_quantize_act, "matmul": m["matmul"].bind_matmul,
+        "get_rows": m["matmul"].bind_get_rows, "rmsnorm": m["ops"].bind_rmsnorm,
+        "swiglu": m["ops"].bind_swiglu, "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
+        "add": m["ops"].bind_add, "add_bias": m["ops"].bind_add_bias,
+        "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
+        "gather_rows": m["ops"].bind_gather_rows,
+        "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
+    }, m["attention"]
+
+
+class _Recorder:
+    """Stands in for the kernels module during capture: records each call, computes nothing,
+    and returns the call's ``out`` (every call of a captured forward passes one)."""
+
+    def __init__(self, kernels, names):
+        self._k = kernels
+        self._names = names
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name):
+        fn = getattr(self._k, name)
+        if name.startswith("_") or not callable(fn):
+            return fn
+        if name not in self._names:
+            raise CaptureError(f"kernel {name!r} cannot be replayed")
+        calls = self.calls
+
+        def record(*a, **kw):
+            calls.append((name, a, kw))
+            if name == "kv_write":
+                return None
+            if kw.get("out") is None:
+                raise CaptureError(f"{name} called without out=")
+            return kw["out"]
+
+        return record
+
+
+# ============================================================================ barriers
+
+
+def _same_attention_group(prev, cur) -> bool:
+    """Two attention calls of one layer: rows of the same q and out buffers, the same cache
+    views (LlamaFamily.attend passes one k/v cache view per layer to every segment)."""
+    (_, pa, pk), (_, ca, ck) = prev, cur
+    qb, ob = pa[0].base, pk["out"].base
+    return (qb is not None and ob is not None and qb is ca[0].base and ob is ck["out"].base
+            and pa[1] is ca[1] and pa[2] is ca[2])
+
+
+def place_barriers(ops, calls) -> None:
+    """Set each op's barrier flag: start only when every earlier op is complete.  Every op
+    needs it (shares are claimed by whichever thread runs, so program order on one thread
+    proves nothing) except the first, and the next segment's attention of the same layer:
+    those ops only read q, the caches, positions and block tables (written before the group,
+    behind a barrier) and write disjoint rows of out and the running thread's scratch row."""
+    prev_call = None
+    for i, (op, call) in enumerate(zip(ops, calls)):
+        grouped = (prev_call is not None and call[0] == "attention" and prev_call[0] == "attention"
+                   and _same_attention_group(prev_call, call))
+        op.barrier = not (i == 0 or grouped)
+        if op.nshares > 0:
+            prev_call = call
+
+
+# ============================================================================ a plan
+
+
+def attention_key(impl, positions) -> tuple:
+    """Per sequence of a decode batch: does its attention run on several threads?  The rule
+    of the Python kernel (attention.pyx _run_items), which a plan reproduces."""
+    if impl.threads <= 1:
+        return ()
+    grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
+    hw = impl.cfg.n_heads * impl.cfg.head_dim
+    return tuple(hw * (int(p) + 1) >= grain for p in positions)
+
+
+
+class DecodePlan:
+    """The decode step of B sequences (one token each) over one KVCache, captured once."""
+
+    def __init__(self, impl, kernels, cache, B: int, n_ctx: int):
+        cfg = impl.cfg
+        self.impl, self.B, self.threads = impl, B, impl.threads
+        self.k, self.v = cache.k, cache.v
+        bs = cache.block_size
+        self.block_size = bs
+        self.max_blocks = min(cache.n_blocks, -(-n_ctx // bs))
+        self.max_pos = min(n_ctx, self.max_blocks * bs) - 1
+        self.variant = kernels._config.variant()
+        # ---- the plan's own input and output buffers (the graph points into them)
+        self.tokens = np.zeros(B, np.int64)  # (B,)
+        self.positions = np.zeros(B, np.int32)  # (B,)
+        self.slots = np.zeros(B, np.int64)  # (B,)
+        self.tables = np.zeros((B, self.max_blocks), np.int32)  # (B, max_blocks)
+        self.logits = np.zeros((B, cfg.vocab_size), np.float32)  # (B, vocab)
+        self.rows = np.arange(B, dtype=np.int64)
+        self._kernels = kernels
+        self._graph = None
+        self.attn_key = None
+        self.rope_limit = 0
+
+    # ------------------------------------------------------------------ per step
+
+    def load(self, batch: Batch) -> None:
+        """Copy a decode batch's inputs into the plan's buffers."""
+        self.tokens[:] = batch.tokens
+        self.positions[:] = batch.positions
+        self.slots[:] = batch.slots
+        for i, seg in enumerate(batch.segments):
+            need = int(batch.positions[i]) // self.block_size + 1
+            self.tables[i, :need] = seg.block_table[:need]
+
+    def fits(self, batch: Batch, cache) -> bool:
+        """Can this plan run the batch as captured?"""
+        pmax = int(batch.positions.max())
+        return (cache.k is self.k and cache.v is self.v and self.impl.threads == self.threads
+                and self._kernels._config.variant() == self.variant and pmax < self.rope_limit
+                and pmax <= self.max_pos
+                and attention_key(self.impl, batch.positions) == self.attn_key)
+
+    def run(self) -> np.ndarray:
+        """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
+        self._graph.run()
+        n = self.impl.cfg.n_layers * self.B
+        self._attn_mod.count_exact(n, n)  # the Python path counts each attention call
+        return self.logits.copy()
+
+    # ------------------------------------------------------------------ capture
+
+    def capture(self) -> None:
+        """Record the family's forward over the loaded inputs and bind every call."""
+        impl, cfg, B = self.impl, self.impl.cfg, self.B
+        binders, self._attn_mod = _bind_modules()
+        Graph = importlib.import_module("goinfer._kernels.graph").Graph
+        self.attn_key = attention_key(impl, self.positions)
+        # RoPE tables: grown now for the largest position seen, never during the capture
+        ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))}
+        n_pos = int(self.positions.max()) + 1
+        self.rope_limit = min(r.tables(n_pos)[0].shape[0] for r in ropes.values())
+        segs = [Segment(i, i + 1, self.tables[i]) for i in range(B)]
+        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows)
+        rec = _Recorder(self._kernels, binders)
+        old = impl.K
+        impl.K = rec
+        try:
+            impl.forward(batch, self.k, self.v, self.logits)
+        finally:
+            impl.K = old
+        # one scratch serves every attention of the graph: a row per thread
+        att = importlib.import_module("goinfer._kernels.attention")
+        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos)
+                   for name, a, kw in rec.calls if name == "attention"] + [8])
+        self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
+        ops = []
+        for name, a, kw in rec.calls:
+            if name == "attention":
+                kw = dict(kw, scratch=self.scratch, max_pos=self.max_pos)
+            ops.append(binders[name](*a, **kw))
+        place_barriers(ops, rec.calls)
+        self.calls = [c[0] for c in rec.calls]
+        # no op with several shares: run on the calling thread, no parallel region at all
+        threads = self.threads if any(op.nshares > 1 for op in ops) else 1
+        self._graph = Graph(ops, threads)
+
+    @property
+    def n_ops(self) -> int:
+        return len(self._graph)
+
+    @property
+    def n_barriers(self) -> int:
+        return self._graph.n_barriers
+
+
+# ============================================================================ per model
+
+
+class GraphRunner:
+    """The decode plans of one model: per KV cache (weakly held), batch size and attention
+    threading (attention_key)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.captures = 0  # plans built (tests: invalidation)
+        self.replays = 0  # steps run by a plan
+        self.disabled = False  # a capture failed: this model stays on the Python path
+
+    @staticmethod
+    def is_decode(batch: Batch) -> bool:
+        """One token per sequence, logits for each, exact attention."""
+        return (all(seg.stop - seg.start == 1 and not seg.fast for seg in batch.segments)
+                and len(batch.logit_rows) == len(batch.segments))
+
+    def decode(self, cache, batch: Batch):
+        """Logits (B, vocab) of a decode batch by a plan, or None (use the Python path)."""
+        m = self.model
+        if self.disabled or m.impl.K is not m.kernels or not supported(m.impl, m.kernels):
+            return None
+        B = len(batch.segments)
+        for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
+            bt = seg.block_table
+            if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
+                return None  # the Python path raises the kernel's error
+        plans = self._plans.setdefault(cache, {})
+        key = (B, attention_key(m.impl, batch.positions))
+        plan = plans.pop(key, None)
+        if plan is None or not plan.fits(batch, cache):
+            plan = DecodePlan(m.impl, m.kernels, cache, B, m.n_ctx)
+            if int(batch.positions.max()) > plan.max_pos:
+                return None
+            plan.load(batch)
+            try:
+                plan.capture()
+            except CaptureError:
+                self.disabled = True
+                return None
+            self.captures += 1
+        else:
+            plan.load(batch)
+        plans[key] = plan  # most recently used last
+        while len(plans) > MAX_PLANS_PER_CACHE:
+            plans.pop(next(iter(plans)))
+        self.replays += 1
+        return plan.run()

@@ -1,0 +1,350 @@
+"""Graph replay of decode steps (goinfer/graph.py, goinfer/_kernels/graph.pyx).
+
+The reference is the Python forward path (graph=False), itself checked against transformers
+in test_models.py / test_gemma.py: replayed logits must be np.array_equal to it, for every
+family the graph covers, batched decode of sequences of different lengths across block
+boundaries, 1 and 2 threads (with the work thresholds at 0 so every op really runs on
+several shares and the executor's ordering is exercised), every ISA variant, and after the
+events that must rebuild a plan.  Counters prove that the graph ran (replays / captures)."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import tinygemma
+import tinymodels
+from gguf import GGMLQuantizationType as QT
+
+from goinfer import _kernels, _reference
+from goinfer._kernels import _config
+from goinfer.gguf import GGUFFile
+from goinfer.kv_cache import KVCache
+from goinfer.model import Model
+from goinfer.session import decode_batch
+
+MM = importlib.import_module("goinfer._kernels.matmul")
+OPS = importlib.import_module("goinfer._kernels.ops")
+ATT = importlib.import_module("goinfer._kernels.attention")
+GRAPH = importlib.import_module("goinfer._kernels.graph")
+
+
+@pytest.fixture
+def many_shares():
+    """Work thresholds at 0: every kernel splits its work over all threads."""
+    old = (MM._set_min_ns_per_thread(0), OPS._set_grain(0), ATT._set_grain(0))
+    yield
+    MM._set_min_ns_per_thread(old[0])
+    OPS._set_grain(old[1])
+    ATT._set_grain(old[2])
+
+
+@pytest.fixture(scope="module")
+def gemma_path(tmp_path_factory):
+    hf = tinygemma.hf_model(0)
+    return tinygemma.write_gguf(hf, tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf")
+
+
+def load(path, threads=1, graph=True, **kw):
+    return Model(GGUFFile(path), threads=threads, progress=False, graph=graph, **kw)
+
+
+def run_decode(m, prompts, steps, block_size=4, max_tokens=400):
+    """Prefill each prompt in its own session, then `steps` batched greedy decode steps.
+    Returns the logits of every step, (steps, B, vocab)."""
+    cache = KVCache(m, max_tokens=max_tokens, block_size=block_size)
+    sessions = [m.session(cache) for _ in prompts]
+    last = [s.prefill(p) for s, p in zip(sessions, prompts)]
+    out = []
+    for _ in range(steps):
+        toks = [int(np.argmax(lg)) for lg in last]
+        last = decode_batch(sessions, toks) if len(sessions) > 1 else [sessions[0].decode(toks[0])]
+        out.append(np.stack(last))
+    return np.stack(out)
+
+
+def prompts_for(B, seed=0, vocab=300):
+    rng = np.random.default_rng(seed)
+    lens = [3, 9, 6, 14, 1, 11][:B]  # different lengths: rows end in different blocks
+    return [rng.integers(0, vocab, n).tolist() for n in lens]
+
+
+def assert_replayed_same(path, threads, B=3, steps=8, ref_threads=1, **kw):
+    """The reference runs on ref_threads: the Python path's bits do not depend on the thread
+    count (test_kernels_*, test_threads_agree), and its 1-thread run is fast on a busy CI."""
+    ref = run_decode(load(path, ref_threads, graph=False, **kw), prompts_for(B), steps)
+    m = load(path, threads, graph=True, **kw)
+    got = run_decode(m, prompts_for(B), steps)
+    assert m.graph is not None and m.graph.replays == steps and m.graph.captures >= 1
+    assert np.array_equal(got, ref)
+    return m
+
+
+# ============================================================================ bit identity
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_llama_family_decode_bit_identical(tiny, arch, threads, many_shares):
+    assert_replayed_same(tiny(arch)[1], threads)
+
+
+def test_against_two_thread_python_path(tiny, many_shares):
+    assert_replayed_same(tiny("qwen2")[1], 2, B=2, steps=5, ref_threads=2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemma3_decode_bit_identical(gemma_path, threads, many_shares):
+    # 14 + 10 tokens: past the tiny model's sliding window of 8 on its local layers
+    assert_replayed_same(gemma_path, threads, B=4)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
+def test_quantized_weights_bit_identical(tiny_dir, qtype, many_shares):
+    hf = tinymodels.hf_model("qwen2", 0)
+    path = tinymodels.write_gguf(hf, "qwen2", tiny_dir / f"graph-qwen2-{qtype.name}.gguf", qtype=qtype)
+    assert_replayed_same(path, 2)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 4])
+def test_batch_sizes_match_decoding_alone(tiny, B, many_shares):
+    """A batched replayed step gives each sequence the bits of its own Python decode."""
+    path = tiny("llama")[1]
+    m = load(path, 2)
+    got = run_decode(m, prompts_for(B, seed=B), 7)
+    ref = load(path, 1, graph=False)
+    for i, p in enumerate(prompts_for(B, seed=B)):
+        alone = run_decode(ref, [p], 7)
+        assert np.array_equal(got[:, i], alone[:, 0])
+    assert m.graph.captures == 1 and m.graph.replays == 7
+
+
+def test_threads_agree(tiny, many_shares):
+    path = tiny("qwen3")[1]
+    one = run_decode(load(path, 1), prompts_for(3), 8)
+    two = run_decode(load(path, 2), prompts_for(3), 8)
+    assert np.array_equal(one, two)
+
+
+def test_every_isa_variant(tiny, many_shares):
+    path = tiny("qwen2")[1]
+    old = _config.variant()
+    try:
+        for v in _config.supported_variants():
+            _config.set_variant(v)
+            assert_replayed_same(path, 2, B=2, steps=5)
+    finally:
+        _config.set_variant(old)
+
+
+def test_real_model_decode_bit_identical(smollm2_path):
+    """SmolLM2-135M Q4_1 (the real model: int4 matmuls, 30 layers), 2 threads, 2 sequences."""
+    prompts = [list(range(100, 140)), list(range(500, 517))]
+    ref = run_decode(Model.load(smollm2_path, threads=1, progress=False, graph=False), prompts, 4,
+                     block_size=16)
+    m = Model.load(smollm2_path, threads=2, progress=False, graph=True)
+    got = run_decode(m, prompts, 4, block_size=16)
+    assert m.graph.replays == 4
+    assert np.array_equal(got, ref)
+
+
+# ============================================================================ plans and invalidation
+
+
+def test_plan_per_batch_size_and_cache(tiny):
+    m = load(tiny("llama")[1], 2)
+    run_decode(m, prompts_for(2), 3)
+    assert m.graph.captures == 1
+    run_decode(m, prompts_for(3), 3)  # new cache, other batch size
+    assert m.graph.captures == 2
+    cache = KVCache(m, max_tokens=200, block_size=4)
+    a, b = m.session(cache), m.session(cache)
+    a.prefill([1, 2, 3])
+    b.prefill([4, 5])
+    decode_batch([a, b], [6, 7])
+    decode_batch([a, b], [8, 9])
+    a.decode(10)  # B = 1 on the same cache: its own plan
+    decode_batch([a, b], [11, 12])  # B = 2 plan reused
+    assert m.graph.captures == 4 and m.graph.replays == 3 + 3 + 4
+
+
+def test_variant_change_rebuilds(tiny):
+    variants = _config.supported_variants()
+    if len(variants) < 2:
+        pytest.skip("one ISA variant on this CPU")
+    path = tiny("llama")[1]
+    old = _config.variant()
+    m, ref_m = load(path, 1), load(path, 1, graph=False)
+    s, r = m.session(KVCache(m, max_tokens=100)), ref_m.session(KVCache(ref_m, max_tokens=100))
+    s.prefill([1, 2, 3])
+    r.prefill([1, 2, 3])
+    try:
+        for v in variants:
+            _config.set_variant(v)
+            assert np.array_equal(s.decode(5), r.decode(5))
+    finally:
+        _config.set_variant(old)
+    assert m.graph.captures == len(variants)
+
+
+def test_rope_growth_and_attention_threads_rebuild(tiny):
+    """Decoding past the RoPE table the plan was captured with (1024 positions) rebuilds it;
+    with 2 threads the attention also crosses the size where its kernel starts using both
+    threads (H * hd * (pos + 1) >= grain), which rebuilds too.  Bits stay the Python path's."""
+    path = tiny("llama", max_position_embeddings=2048)[1]
+    prompt = (list(range(300)) * 4)[:1018]
+    ref = run_decode(load(path, 1, graph=False), [prompt], 10, block_size=16, max_tokens=1100)
+    m = load(path, 2)
+    got = run_decode(m, [prompt], 10, block_size=16, max_tokens=1100)
+    assert np.array_equal(got, ref)
+    assert m.impl.rope.cos.shape[0] >= 1028  # the tables grew ...
+    assert m.graph.captures >= 2  # ... and the plan was rebuilt
+
+
+def test_barriers_skipped_only_between_segments(tiny):
+    m = load(tiny("llama")[1], 2)
+    cache = KVCache(m, max_tokens=100, block_size=4)
+    sessions = [m.session(cache) for _ in range(3)]
+    for s, p in zip(sessions, prompts_for(3)):
+        s.prefill(p)
+    decode_batch(sessions, [1, 2, 3])
+    (plan,) = m.graph._plans[cache].values()
+    ops = plan._graph.op_list
+    free = [i for i, op in enumerate(ops) if i > 0 and not op.barrier]
+    n_layers = m.config.n_layers
+    assert len(free) == 2 * n_layers  # segments 2 and 3 of each layer's attention
+    assert all(ops[i].name == "attention" and ops[i - 1].name == "attention" for i in free)
+
+
+# ============================================================================ when the graph is off
+
+
+def test_disabled_by_argument_and_env(tiny, monkeypatch):
+    path = tiny("llama")[1]
+    assert load(path, graph=False).graph is None
+    monkeypatch.setenv("GOINFER_GRAPH", "0")
+    assert Model(GGUFFile(path), progress=False).graph is None
+    monkeypatch.setenv("GOINFER_GRAPH", "1")
+    assert Model(GGUFFile(path), progress=False).graph is not None
+
+
+def test_unsupported_models_use_python_path(tiny, tiny_dir):
+    assert Model(GGUFFile(tiny("llama")[1]), progress=False, _reference_kernels=True).graph is None
+    import tinymoe
+
+    _, moe_path = tinymoe.build_moe("qwen2moe", tiny_dir)
+    assert load(moe_path).graph is None
+
+
+def test_profiling_proxy_runs_python_path(tiny):
+    from goinfer.profile import _TimedKernels
+
+    path = tiny("llama")[1]
+    m, ref = load(path), load(path, graph=False)
+    proxy = _TimedKernels(m.kernels)
+    m.impl.K = proxy
+    a = run_decode(m, prompts_for(2), 3)
+    m.impl.K = m.kernels
+    assert m.graph.replays == 0 and proxy.calls["attention"] > 0
+    assert np.array_equal(a, run_decode(ref, prompts_for(2), 3))
+
+
+def test_attention_counters_count_replayed_calls(tiny):
+    path = tiny("llama")[1]
+    deltas = []
+    for graph in (False, True):
+        m = load(path, graph=graph)
+        cache = KVCache(m, max_tokens=100)
+        s = m.session(cache)
+        s.prefill([1, 2, 3])
+        _kernels.reset_attention_counters()
+        for t in range(4):
+            s.decode(t)
+        deltas.append(_kernels.attention_counters())
+    assert deltas[0] == deltas[1] and deltas[1]["exact_calls"] == 4 * m.config.n_layers
+
+
+def test_bad_token_keeps_state(tiny):
+    m = load(tiny("llama")[1])
+    s = m.session(KVCache(m, max_tokens=100))
+    s.prefill([1, 2, 3])
+    s.decode(4)
+    with pytest.raises(ValueError):
+        s.decode(10**6)
+    assert s.tokens == [1, 2, 3, 4]
+    ref = load(tiny("llama")[1], graph=False)
+    r = ref.session(KVCache(ref, max_tokens=100))
+    r.prefill([1, 2, 3])
+    r.decode(4)
+    assert np.array_equal(s.decode(5), r.decode(5))
+
+
+# ============================================================================ the small kernels
+
+
+def test_add_bias_copy2d_scale_match_numpy_and_reference():
+    rng = np.random.default_rng(0)
+    buf = rng.standard_normal((5, 48)).astype(np.float32)
+    x = buf[:, 8:40]  # (5, 32) rows strided
+    b = rng.standard_normal(32).astype(np.float32)
+    for K in (_kernels, _reference):
+        got = K.add_bias(x, b, out=np.empty((5, 32), np.float32), nthreads=2)
+        assert np.array_equal(got, x + b)
+        out = np.empty((5, 2, 16), np.float32)
+        K.copy2d(x, out=out.reshape(5, 32), nthreads=2)
+        assert np.array_equal(out.reshape(5, 32), x)
+        s = np.float32(7.3)
+        assert np.array_equal(K.scale(x, s, out=np.empty((5, 32), np.float32), nthreads=2), x * s)
+        rows = np.array([4, 0, 2], np.int64)
+        assert np.array_equal(K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows])
+    y = buf.copy()
+    _kernels.scale(y, 3.0, out=y)  # in place
+    assert np.array_equal(y, buf * np.float32(3.0))
+
+
+def test_small_kernels_reject_bad_input():
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError):
+        _kernels.add_bias(x, np.zeros(7, np.float32))
+    with pytest.raises(TypeError):
+        _kernels.add_bias(x, np.zeros(8, np.float64))
+    with pytest.raises(ValueError):
+        _kernels.copy2d(x, out=x)  # overlap
+    with pytest.raises(ValueError):
+        _kernels.copy2d(x, out=np.zeros((4, 9), np.float32))
+    with pytest.raises(ValueError):
+        _kernels.scale(x[:, :4], 2.0, out=x[:, 2:6])  # partial overlap
+    with pytest.raises(IndexError):
+        _kernels.gather_rows(x, np.array([4], np.int64))
+    with pytest.raises(TypeError):
+        _kernels.gather_rows(x, np.array([1], np.int32))
+
+
+def test_bound_ops_equal_the_kernels(many_shares):
+    """Each bind_* op, run through a Graph on 2 threads, gives the kernel's bits."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    y = rng.standard_normal((3, 64)).astype(np.float32)
+    outs = [np.empty((3, 64), np.float32) for _ in range(4)]
+    ops = [OPS.bind_rmsnorm(x, w, 1e-5, outs[0], nthreads=2),
+           OPS.bind_swiglu(x, y, outs[1], nthreads=2),
+           OPS.bind_add(outs[0], outs[1], outs[2], nthreads=2),
+           OPS.bind_add_bias(outs[2], w, outs[3], nthreads=2)]
+    assert all(op.nshares == 2 for op in ops)
+    GRAPH.Graph(ops, 2).run()
+    r0 = _kernels.rmsnorm(x, w, 1e-5)
+    r1 = _kernels.swiglu(x, y)
+    assert np.array_equal(outs[0], r0) and np.array_equal(outs[1], r1)
+    assert np.array_equal(outs[3], (r0 + r1) + w)
+    from goinfer.quant import pack_float
+
+    emb = pack_float("f32", rng.standard_normal((10, 32)).astype(np.float32))
+    ids = np.array([3, 7, 0], np.int64)
+    out = np.empty((3, 32), np.float32)
+    GRAPH.Graph([MM.bind_get_rows(emb, ids, out, nthreads=2)], 2).run()
+    assert np.array_equal(out, _kernels.get_rows(emb, ids))
+    with pytest.raises(TypeError):  # bound ids are used in place: int64 only
+        MM.bind_get_rows(emb, ids.astype(np.int32), out)
+    with pytest.raises(IndexError):
+        MM.bind_get_rows(emb, np.array([10], np.int64), out[:1])
