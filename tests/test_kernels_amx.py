@@ -133,3 +133,40 @@ def test_set_amx_reports_and_errors():
             assert goinfer.config()["amx"] is False
         with amx(True):
             assert goinfer.config()["amx"] is True
+
+
+# ============================================================================ whole models
+
+
+@needs_amx
+def test_amx_tiny_model_logits_identical(tiny, tmp_path):
+    """Tiny llama with Q4_0 / Q4_1 / Q8_0 weights: prefill logits with AMX on == off, bit for bit."""
+    import gguf
+    import tinymodels
+
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
+                  gguf.GGMLQuantizationType.Q8_0):
+        model = tinymodels.hf_model("llama", 7)
+        path = tinymodels.write_gguf(model, "llama", tmp_path / f"amx-{qtype.name}.gguf", qtype=qtype)
+        m = Model(GGUFFile(path), threads=2, progress=False)
+        ids = np.random.default_rng(11).integers(0, 320, 83).tolist()
+        with amx(True):
+            on = m.logits(ids)
+        with amx(False):
+            off = m.logits(ids)
+        assert np.array_equal(on, off), qtype.name
+
+
+@needs_amx
+def test_amx_smollm2_logits_identical(smollm2):
+    """Real SmolLM2-135M (Q4_1): logits of a 150-token prompt with AMX on == off, bit for bit."""
+    ids = np.random.default_rng(12).integers(0, 49152, 150).tolist()
+    with amx(True):
+        on = smollm2.logits(ids)
+    with amx(False):
+        off = smollm2.logits(ids)
+    assert on.shape == (150, 49152)
+    assert np.array_equal(on, off)
