@@ -170,3 +170,19 @@ def test_amx_smollm2_logits_identical(smollm2):
         off = smollm2.logits(ids)
     assert on.shape == (150, 49152)
     assert np.array_equal(on, off)
+
+
+@needs_amx
+def test_goinfer_amx_env_turns_it_off():
+    """GOINFER_AMX=0 in the environment keeps the VNNI path; unset, AMX is used."""
+    import os
+    import subprocess
+
+    code = "import goinfer; print(goinfer.config()['amx'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOINFER_AMX"}
+    outs = {}
+    for val in (None, "0", "1"):
+        e = dict(env) if val is None else dict(env, GOINFER_AMX=val)
+        r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        outs[val] = r.stdout.strip()
+    assert outs == {None: "True", "0": "False", "1": "True"}
