@@ -40,12 +40,19 @@ def config() -> dict:
         "version": __version__,
         "kernel_variant": _config.variant(),
         "supported_variants": list(_config.supported_variants()),
+        "amx": _config.amx_in_use(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
         "wait_policy": wait_policy(),
         "python": sys.version.split()[0],
     }
+
+
+def _amx_supported() -> bool:
+    from goinfer._kernels import _config
+
+    return _config.amx_supported()
 
 
 def show_config(file=None) -> dict:
@@ -55,6 +62,8 @@ def show_config(file=None) -> dict:
     print(f"goinfer {c['version']}", file=out)
     print(f"  kernel variant : {c['kernel_variant']} (supported: {', '.join(c['supported_variants'])})",
           file=out)
+    amx = "on" if c["amx"] else ("off" if _amx_supported() else "off (not supported here)")
+    print(f"  AMX int8 GEMM  : {amx} (prefill matmuls; GOINFER_AMX=0 turns it off)", file=out)
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"
     print(f"  OpenMP         : {omp}", file=out)
     print(f"  threads        : {c['threads']} (physical cores, cgroup-aware; OMP_NUM_THREADS or "

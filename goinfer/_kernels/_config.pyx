@@ -54,3 +54,30 @@ def set_variant(name):
     if gi_set_variant(VARIANTS.index(name)) != 0:
         raise RuntimeError(f"kernel variant {name!r} is not supported by this CPU; "
                            f"supported: {', '.join(supported_variants())}")
+
+
+# ---------------------------------------------------------------- AMX int8 GEMM (matmul_amx.c)
+cdef extern from "matmul_amx.h":
+    int gi_amx_supported()
+    int gi_amx_enabled()
+    int gi_amx_set(int on)
+
+
+def amx_supported():
+    """True if this build has the AMX GEMM and the CPU/OS grant AMX tile data."""
+    return bool(gi_amx_supported())
+
+
+def amx_in_use():
+    """True if int GEMMs of >= 16 rows run on AMX now (avx512 variant, AMX on)."""
+    return bool(gi_amx_enabled()) and variant() == "avx512-vnni"
+
+
+def set_amx(on):
+    """Turn the AMX GEMM on or off (GOINFER_AMX=0 turns it off at start); returns the old
+    setting.  Turning it on where AMX is unsupported raises RuntimeError."""
+    old = bool(gi_amx_enabled())
+    if gi_amx_set(1 if on else 0) != 0:
+        raise RuntimeError("AMX is not supported here (CPU without AMX-INT8, OS without "
+                           "tile data, or a build without AMX)")
+    return old

@@ -24,6 +24,9 @@
 #if defined(GI_VARIANT_AVX512) || defined(GI_VARIANT_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(GI_VARIANT_AVX512)
+#include "matmul_amx.h"
+#endif
 
 /* ============================================================================ helpers */
 
@@ -682,6 +685,13 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
             qv_tab[kind][min64(QV_RB, u1 - u) - 1](w, a, m0, u, out, ldo);
         return;
     }
+#if defined(GI_VARIANT_AVX512)
+    /* AMX (matmul_amx.c) takes whole tiles of 16 rows when enabled; the rest runs below */
+    if (m1 - m0 >= 16 && gi_amx_enabled()) {
+        m0 += gi_matmul_q_amx(w, a, m0, m1, rb0, rb1, out, ldo);
+        if (m0 >= m1) return;
+    }
+#endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
     GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);

@@ -1,0 +1,218 @@
+/* AMX int8 GEMM for q4_0 / q4_1 / q8_0 weights (see matmul_amx.h).
+ *
+ * Exactness: per output element (m, n) the contract of matmul_impl.c is
+ *   acc = 0; for g in order: acc = fmaf((float)is, d[n,g]*da[m,g], acc)
+ *                            (q4_1: then acc = fmaf(mn[n,g], sa[m,g], acc))
+ * where is = the exact int32 dot product of group g with signed weights (q4_0: nib - 8,
+ * q4_1: nib, q8_0: q).  One TDPBSSD of K = 32 gives exactly these int32 values for 16
+ * activation rows x 16 output rows (|is| <= 32*128*127 < 2^31), and the fold below does the
+ * float operations of the VNNI kernel in the same order, so the bits are the same.
+ *
+ * Tiles (palette 1):
+ *   tmm0, tmm1  C: 16 activation rows x 16 int32 (two groups in flight)
+ *   tmm2, tmm3  A: 16 activation rows x 32 int8 (one group of qa; row stride K)
+ *   tmm4, tmm5  B: 8 rows x 64 bytes = 16 output rows x 4 consecutive k (row kk: k = 4kk..4kk+3)
+ * B for q8_0 is the repacked weight itself (line c = k 4c..4c+3 x 16 rows x 4); for q4 the
+ * nibbles are unpacked into signed int8 once per row block and reused by every activation tile.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "matmul_amx.h"
+
+#if GI_HAVE_AMX
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* ============================================================================ runtime detection */
+
+static int probe(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0;     /* AMX-TILE, AMX-INT8 */
+    __cpuid(1, a, b, c, d);
+    if (!((c >> 27) & 1u)) return 0;                          /* OSXSAVE: xgetbv usable */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3u) != 3u) return 0;                     /* XTILECFG, XTILEDATA */
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    return 1;
+}
+
+static int g_supported = -1;   /* -1: not probed yet */
+static int g_on = -1;          /* -1: not decided yet */
+
+int gi_amx_supported(void) {
+    int s = __atomic_load_n(&g_supported, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        s = probe();   /* idempotent: racing first callers get the same answer */
+        __atomic_store_n(&g_supported, s, __ATOMIC_RELEASE);
+    }
+    return s;
+}
+
+int gi_amx_enabled(void) {
+    int on = __atomic_load_n(&g_on, __ATOMIC_ACQUIRE);
+    if (on < 0) {
+        const char *env = getenv("GOINFER_AMX");
+        on = gi_amx_supported() && !(env && strcmp(env, "0") == 0);
+        __atomic_store_n(&g_on, on, __ATOMIC_RELEASE);
+    }
+    return on;
+}
+
+int gi_amx_set(int on) {
+    if (on && !gi_amx_supported()) return -1;
+    __atomic_store_n(&g_on, on ? 1 : 0, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* ============================================================================ kernel */
+
+typedef struct tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+static const tilecfg CFG = {
+    1, 0, {0},
+    {64, 64, 32, 32, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {16, 16, 16, 16, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+};
+
+#define ACT_CHUNK (768 * 1024)   /* activation bytes per cache block (as the VNNI GEMM) */
+
+/* q4 row block -> signed int8 B tiles: bq (G, 8, 16, 4); line c <- low nibbles of line c,
+   line 4+c <- high nibbles (k = 16 + 4c + j). */
+static void unpack_q4(const uint8_t *wq, int64_t G, int bias, int8_t *bq) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8((char)bias);
+    for (int64_t g = 0; g < G; g++) {
+        for (int c = 0; c < 4; c++) {
+            __m512i l = _mm512_loadu_si512(wq + g * 256 + c * 64);
+            __m512i lo = _mm512_sub_epi8(_mm512_and_si512(l, nib), off);
+            __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib), off);
+            _mm512_store_si512(bq + g * 512 + c * 64, lo);
+            _mm512_store_si512(bq + g * 512 + (4 + c) * 64, hi);
+        }
+    }
+}
+
+/* acc[i] (16 output rows) of activation row i += group g's int32 c (16, 16), contract order. */
+GI_INLINE void fold(const int KIND, __m512 acc[16], const int32_t *c, __m512 dv, __m512 mv,
+                    const float *da, const float *sa, int64_t G, int64_t g) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        __m512 dai = _mm512_set1_ps(da[i * G + g]);
+        __m512 ci = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * 16));
+        acc[i] = _mm512_fmadd_ps(ci, _mm512_mul_ps(dv, dai), acc[i]);
+        if (KIND == GI_Q4_1) acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[i * G + g]), acc[i]);
+    }
+}
+
+/* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes). */
+GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                      const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int8_t *qa = a->qa + m * K;                              /* (16, K) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G;          /* (16, G) */
+    const uint16_t *wd = w->d + rb * G * 16;                       /* (G, 16) */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0; /* (G, 16) */
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    __m512 mv0 = _mm512_setzero_ps(), mv1 = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 2) {
+        const int two = g + 1 < G;
+        _tile_zero(0);
+        _tile_loadd(2, qa + g * GI_GROUP, K);
+        _tile_loadd(4, bq + g * 512, 64);
+        _tile_dpbssd(0, 2, 4);
+        if (two) {
+            _tile_zero(1);
+            _tile_loadd(3, qa + (g + 1) * GI_GROUP, K);
+            _tile_loadd(5, bq + (g + 1) * 512, 64);
+            _tile_dpbssd(1, 3, 5);
+        }
+        __m512 dv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + g * 16)));
+        if (KIND == GI_Q4_1) mv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + g * 16)));
+        _tile_stored(0, cbuf, 64);
+        fold(KIND, acc, cbuf, dv0, mv0, da, sa, G, g);
+        if (two) {
+            __m512 dv1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + (g + 1) * 16)));
+            if (KIND == GI_Q4_1)
+                mv1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + (g + 1) * 16)));
+            _tile_stored(1, cbuf + 256, 64);
+            fold(KIND, acc, cbuf + 256, dv1, mv1, da, sa, G, g + 1);
+        }
+    }
+    const int64_t n0 = rb * GI_ROWS, cnt = w->n_out - n0;
+    const __mmask16 keep = cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u);
+    for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(out + (m + i) * ldo + n0, keep, acc[i]);
+}
+
+static void tile16_q4_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+    tile16(GI_Q4_0, w, a, m, rb, bq, cbuf, out, ldo);
+}
+static void tile16_q4_1(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+    tile16(GI_Q4_1, w, a, m, rb, bq, cbuf, out, ldo);
+}
+static void tile16_q8_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+    tile16(GI_Q8_0, w, a, m, rb, bq, cbuf, out, ldo);
+}
+
+int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
+                        int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t K = w->n_in, G = K / GI_GROUP, M16 = (m1 - m0) / 16 * 16;
+    if (kind > GI_Q8_0 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;
+    int8_t *bq = 0;                                               /* q4: (G, 8, 16, 4) */
+    int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */
+    if (kind != GI_Q8_0) {
+        bq = aligned_alloc(64, (size_t)G * 512);
+        if (!bq) return 0;
+    }
+    void (*tile)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int8_t *, int32_t *,
+                 float *, int64_t) = kind == GI_Q4_0 ? tile16_q4_0 : kind == GI_Q4_1 ? tile16_q4_1
+                                                                                     : tile16_q8_0;
+    _tile_loadconfig(&CFG);
+    int64_t mblk = ACT_CHUNK / K / 16 * 16;
+    if (mblk < 16) mblk = 16;
+    for (int64_t mb0 = m0; mb0 < m0 + M16; mb0 += mblk) {
+        const int64_t mb1 = mb0 + mblk < m0 + M16 ? mb0 + mblk : m0 + M16;
+        for (int64_t rb = rb0; rb < rb1; rb++) {
+            const uint8_t *wq = (const uint8_t *)w->qs + rb * G * (kind == GI_Q8_0 ? 512 : 256);
+            const int8_t *b = (const int8_t *)wq;
+            if (kind != GI_Q8_0) {
+                unpack_q4(wq, G, kind == GI_Q4_0 ? 8 : 0, bq);
+                __asm__ volatile("" ::: "memory");   /* tileloadd reads bq: no clobber of its own */
+                b = bq;
+            }
+            for (int64_t m = mb0; m < mb1; m += 16) tile(w, a, m, rb, b, cbuf, out, ldo);
+        }
+    }
+    _tile_release();
+    free(bq);
+    return M16;
+}
+
+#else /* the compiler cannot emit AMX: never used */
+
+int gi_amx_supported(void) { return 0; }
+int gi_amx_enabled(void) { return 0; }
+int gi_amx_set(int on) { return on ? -1 : 0; }
+int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
+                        int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    (void)w; (void)a; (void)m0; (void)m1; (void)rb0; (void)rb1; (void)out; (void)ldo;
+    return 0;
+}
+
+#endif
