@@ -29,6 +29,7 @@ import time
 from datetime import date
 
 import numpy as np
+from kernels_matmul import cpu_ghz  # benchmarks/ is on sys.path when run as a script
 
 GIB = 2**30
 
@@ -58,17 +59,6 @@ def bandwidth(n_bytes: int = GIB, reps: int = 5) -> dict:
     for p in ps:
         p.join()
     return {"one_core_GBs": one / 1e9, "two_cores_GBs": two / 1e9}
-
-
-def cpu_ghz() -> float:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return float(line.split(":")[1]) / 1000
-    except OSError:
-        pass
-    return float("nan")
 
 
 def decode_bytes(model, context: int) -> dict:

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from goinfer.errors import ContextLengthError
 from goinfer.bench import prompt_ids
+from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache
 
 FAMILY = {
