@@ -3,8 +3,9 @@
 The model's kernel module is swapped for a proxy that times every call (wall clock around the
 compiled call, which releases the GIL and runs its own OpenMP region).  Families:
   matmul     quantize_act, matmul, get_rows
-  attention  attention (exact), attention_fast, kv_write; split further into QK, softmax and
-             AV when the kernel reports its own phase timers
+  attention  attention (exact), attention_fast, kv_write; the two attention kernels' time is
+             split further into QK (with the key gather), softmax and AV in proportion to the
+             thread-time their phase timers measure (attention_phase_timing)
   moe        routing and expert dispatch kernels
   other      norms, RoPE, activations, residual adds, and Python between kernel calls
 """
@@ -15,6 +16,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from goinfer._kernels import attention_phase_seconds, attention_phase_timing
 from goinfer.bench import prompt_ids
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache
@@ -58,6 +60,15 @@ def _swap(model, proxy):
     return old
 
 
+def _attention_phases(proxy: _TimedKernels, phase_seconds: dict) -> dict:
+    """The attention kernels' wall seconds split into QK / softmax / AV by the thread-time
+    shares of the kernels' phase timers."""
+    wall = proxy.seconds.get("attention", 0.0) + proxy.seconds.get("attention_fast", 0.0)
+    timed = sum(phase_seconds.values())
+    return {ph: {"seconds": wall * t / timed if timed else 0.0, "share_of_attention": t / timed if timed else 0.0}
+            for ph, t in phase_seconds.items()}
+
+
 def _families(proxy: _TimedKernels, total: float) -> dict:
     fam: dict[str, float] = defaultdict(float)
     for name, s in proxy.seconds.items():
@@ -82,20 +93,25 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
            "decode_tokens": decode_tokens, "fast_prefill": model.use_fast(prompt_tokens)}
     proxy = _TimedKernels(model.kernels)
     old = _swap(model, proxy)
+    was_timing = attention_phase_timing(True)
+    attention_phase_seconds(reset=True)
     try:
         t0 = time.perf_counter()
         logits = s.prefill(ids)
         total = time.perf_counter() - t0
-        res["prefill"] = {"seconds": total, "tok_s": prompt_tokens / total, **_families(proxy, total)}
+        res["prefill"] = {"seconds": total, "tok_s": prompt_tokens / total, **_families(proxy, total),
+                          "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
         proxy = _TimedKernels(model.kernels)
         model.impl.K = proxy
         t0 = time.perf_counter()
         for _ in range(decode_tokens):
             logits = s.decode(int(np.argmax(logits)))
         total = time.perf_counter() - t0
-        res["decode"] = {"seconds": total, "tok_s": decode_tokens / total, **_families(proxy, total)}
+        res["decode"] = {"seconds": total, "tok_s": decode_tokens / total, **_families(proxy, total),
+                         "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
     finally:
         model.impl.K = old
+        attention_phase_timing(was_timing)
     return res
 
 
@@ -109,6 +125,11 @@ def table(res: dict) -> str:
         lines.append(f"| {ph} | {r['seconds'] * 1e3:.1f} | {r['tok_s']:.1f} | "
                      + " | ".join(f"{r[f]['share'] * 100:.1f}%" for f in ("matmul", "attention", "moe", "other"))
                      + " |")
+    lines += ["", "| phase | attention QK ms | softmax ms | AV ms |", "|---|---|---|---|"]
+    for ph in ("prefill", "decode"):
+        a = res[ph]["attention_phases"]
+        lines.append(f"| {ph} | " + " | ".join(f"{a[k]['seconds'] * 1e3:.1f} ({a[k]['share_of_attention'] * 100:.0f}%)"
+                                              for k in ("qk", "softmax", "av")) + " |")
     lines += ["", "| phase | kernel | calls | ms |", "|---|---|---|---|"]
     for ph in ("prefill", "decode"):
         for n, k in res[ph]["kernels"].items():

@@ -83,8 +83,16 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
                  "--decode-tokens", "4", "--repeats", "1", "--json", str(js)]) == 0
     res = json.loads(js.read_text())
     assert [r["prompt_tokens"] for r in res["prefill"]] == [16, 32] and res["decode"][0]["tok_s"] > 0
-    assert main(["profile", path, "--prompt-tokens", "40", "--decode-tokens", "2"]) == 0
+    pj = tmp_path / "p.json"
+    assert main(["profile", path, "--prompt-tokens", "40", "--decode-tokens", "2", "--json", str(pj)]) == 0
     assert "| prefill |" in capsys.readouterr().out
+    prof = json.loads(pj.read_text())
+    for ph in ("prefill", "decode"):  # the attention kernels' time split into its phases
+        split = prof[ph]["attention_phases"]
+        kernels = prof[ph]["kernels"]
+        wall = sum(kernels[k]["seconds"] for k in ("attention", "attention_fast") if k in kernels)
+        assert abs(sum(p["seconds"] for p in split.values()) - wall) <= 1e-9 + 1e-6 * wall
+        assert split["qk"]["seconds"] > 0 and split["av"]["seconds"] > 0
 
 
 def test_cli_reports_typed_errors(tmp_path, capsys):

@@ -471,3 +471,32 @@ def test_counters_count_each_kernel():
                                     "fast_queries": 10}
     reset_attention_counters()
     assert set(attention_counters().values()) == {0}
+
+
+# ============================================================================ phase timers
+
+
+@pytest.mark.parametrize("kernel", [attention, attention_fast])
+def test_phase_timers_measure_without_changing_results(variant, kernel):
+    """goinfer profile's split of attention into QK / softmax / AV: with the timers on, every
+    phase of both kernels accumulates time and the outputs keep their bits; off, nothing is
+    added."""
+    from goinfer._kernels import attention_phase_seconds, attention_phase_timing
+
+    rng = np.random.default_rng(5)
+    T, H, n_kv, hd, bs = 200, 4, 2, 64, 16
+    seq = Seq(rng, T, n_kv, hd, bs, kscale=2.0)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(T, dtype=np.int32)
+    plain = kernel(q, *seq.args(), q_pos, 0.125, nthreads=2)
+    was = attention_phase_timing(True)
+    try:
+        attention_phase_seconds(reset=True)
+        timed = kernel(q, *seq.args(), q_pos, 0.125, nthreads=2)
+        phases = attention_phase_seconds(reset=True)
+    finally:
+        attention_phase_timing(was)
+    assert np.array_equal(plain, timed)
+    assert set(phases) == {"qk", "softmax", "av"} and all(v > 0 for v in phases.values()), phases
+    kernel(q, *seq.args(), q_pos, 0.125, nthreads=2)
+    assert sum(attention_phase_seconds().values()) == 0.0

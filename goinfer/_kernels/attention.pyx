@@ -37,6 +37,8 @@ cdef extern from "<stdlib.h>" nogil:
     void *aligned_alloc(size_t alignment, size_t size)
 
 cdef extern from "attention.h" nogil:
+    int gi_attn_timing
+    int64_t gi_attn_phase_ns[3]
     ctypedef struct gi_attn_args:
         const float *q
         const float *k_cache
@@ -234,6 +236,25 @@ def bind_kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
 # Per-process counters of attention calls and query rows, per kernel (tests prove with them
 # that the fast kernel ran where it should and not elsewhere).  Updated with the GIL held.
 cdef int64_t _exact_calls = 0, _exact_queries = 0, _fast_calls = 0, _fast_queries = 0
+
+
+def attention_phase_timing(on):
+    """Turn the attention kernels' phase timers on or off (goinfer profile); returns the old
+    setting.  Timing reads a clock around each phase of each work item; results are unchanged."""
+    global gi_attn_timing
+    old = bool(gi_attn_timing)
+    gi_attn_timing = 1 if on else 0
+    return old
+
+
+def attention_phase_seconds(reset=False):
+    """{"qk", "softmax", "av"}: thread-seconds both attention kernels spent in each phase while
+    the timers were on (summed over threads; QK includes gathering the keys)."""
+    res = {"qk": gi_attn_phase_ns[0] * 1e-9, "softmax": gi_attn_phase_ns[1] * 1e-9,
+           "av": gi_attn_phase_ns[2] * 1e-9}
+    if reset:
+        gi_attn_phase_ns[0] = gi_attn_phase_ns[1] = gi_attn_phase_ns[2] = 0
+    return res
 
 
 def attention_counters():

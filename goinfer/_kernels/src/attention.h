@@ -65,6 +65,15 @@ extern const gi_attn_fast_ops gi_attn_fast_ops_portable;
 extern const gi_attn_fast_ops gi_attn_fast_ops_avx2;
 extern const gi_attn_fast_ops gi_attn_fast_ops_avx512;
 
+/* Phase timers (goinfer profile): while gi_attn_timing is non-zero, every run() of either
+ * kernel adds the nanoseconds its thread spends in each phase to gi_attn_phase_ns:
+ * [0] QK (with the key gather), [1] softmax, [2] AV.  Summed over threads (thread time, not
+ * wall time); reading the clock never changes a result.  Defined in attention_common.c. */
+extern int gi_attn_timing;
+extern int64_t gi_attn_phase_ns[3];
+int64_t gi_attn_now_ns(void);
+#define GI_ATTN_PHASE_ADD(i, ns) __atomic_fetch_add(&gi_attn_phase_ns[i], (ns), __ATOMIC_RELAXED)
+
 extern const gi_attn_ops gi_attn_ops_portable;
 extern const gi_attn_ops gi_attn_ops_avx2;
 extern const gi_attn_ops gi_attn_ops_avx512;

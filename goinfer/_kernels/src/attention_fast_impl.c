@@ -290,6 +290,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     const int64_t ta = x->kmin > t0 ? x->kmin : t0;
     const int64_t tb = x->kmax < t0 + FA_TK - 1 ? x->kmax : t0 + FA_TK - 1;
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
+    const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
+    int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     fa_gather(a, x, t0, ta, tb);
     int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
     for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
@@ -310,6 +312,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
                         x->p + (int64_t)r0 * FA_TK);
         }
     }
+    if (timing) ns1 = gi_attn_now_ns();
     /* ---- softmax */
     const float cap2 = (float)(a->softcap * FA_LOG2E);
     for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
@@ -327,6 +330,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
             }
         }
     }
+    if (timing) ns2 = gi_attn_now_ns();
     /* ---- AV */
     for (int64_t d0 = 0; d0 < hd;) {
         const int64_t nd = fa_av_extent(d0, hd);
@@ -337,6 +341,11 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
                         x->c + r0, d0);
         }
         d0 += nd;
+    }
+    if (timing) {
+        GI_ATTN_PHASE_ADD(0, ns1 - ns0);
+        GI_ATTN_PHASE_ADD(1, ns2 - ns1);
+        GI_ATTN_PHASE_ADD(2, gi_attn_now_ns() - ns2);
     }
 }
 

@@ -408,9 +408,18 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
             for (int64_t d = 0; d < hd; d++) qd[d] = (double)qr[d];
         }
 
+    const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
+    int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     qk_dispatch(a, &c);
+    if (timing) ns1 = gi_attn_now_ns();
     for (int r = 0; r < c.R; r++) softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r]);
+    if (timing) ns2 = gi_attn_now_ns();
     av_dispatch(a, &c);
+    if (timing) {
+        GI_ATTN_PHASE_ADD(0, ns1 - ns0);
+        GI_ATTN_PHASE_ADD(1, ns2 - ns1);
+        GI_ATTN_PHASE_ADD(2, gi_attn_now_ns() - ns2);
+    }
 }
 
 /* ============================================================================ KV write */
