@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinygemma
+from tinymodels import close, load
 
 from goinfer import KVCache
 from goinfer.chat_template import builtin_template
@@ -20,16 +21,6 @@ from goinfer.model import Model
 
 DATA = Path(__file__).with_name("data")
 WINDOW = 8  # the tiny models' sliding window; test prompts are longer
-
-
-def load(path, reference=False, threads=1, **kw):
-    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference, **kw)
-
-
-def close(ours, ref):
-    scale = float(np.abs(ref).max())
-    err = float(np.abs(ours - ref).max())
-    assert err <= 1e-4 * scale + 1e-5, f"max |diff| {err} vs logit scale {scale}"
 
 
 @pytest.fixture(scope="module")

@@ -9,23 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tinymodels
+from tinymodels import close, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goinfer.gguf import GGUFFile
-from goinfer.model import Model
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
-
-
-def load(path, reference=False, threads=1, **kw):
-    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference, **kw)
-
-
-def close(ours, ref):
-    scale = float(np.abs(ref).max())
-    err = float(np.abs(ours - ref).max())
-    assert err <= 1e-4 * scale + 1e-5, f"max |diff| {err} vs logit scale {scale}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tinymodels
 import tinymoe
+from tinymodels import close, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -55,16 +56,6 @@ def tiny_moe(tiny_dir):
         return made[key]
 
     return get
-
-
-def load(path, reference=False, threads=1, **kw):
-    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference, **kw)
-
-
-def close(ours, ref):
-    scale = float(np.abs(ref).max())
-    err = float(np.abs(ours - ref).max())
-    assert err <= 1e-4 * scale + 1e-5, f"max |diff| {err} vs logit scale {scale}"
 
 
 def _each(fn):

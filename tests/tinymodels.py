@@ -97,16 +97,15 @@ def _interleave_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, arch: str, path: Path, gguf_arch: str | None = None,
-               chat_template: str | None = CHATML, qtype=None) -> Path:
-    """Write an HF llama/mistral/qwen2/qwen3 model to GGUF: F32 tensors, or the 2-D weights of
-    the layers and the output in ``qtype`` (a gguf.GGMLQuantizationType) when given."""
-    cfg = model.config
-    ga = gguf_arch or ("llama" if arch == "mistral" else arch)
-    sd = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+def state_dict(model) -> dict:
+    return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+
+
+def write_header(w, cfg, arch: str) -> tuple[int, int]:
+    """The model keys shared by the llama-style families (names, sizes, RoPE, norm eps);
+    returns (heads, kv heads)."""
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    w = gguf.GGUFWriter(str(path), ga)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -123,9 +122,11 @@ def write_gguf(model, arch: str, path: Path, gguf_arch: str | None = None,
     w.add_rope_freq_base(float(theta))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    if getattr(cfg, "sliding_window", None) and arch == "mistral":
-        w.add_sliding_window(cfg.sliding_window)
-    toks, types, merges = tiny_vocab(cfg.vocab_size)
+    return H, KV
+
+
+def write_bpe_tokenizer(w, vocab_size: int, chat_template: str | None) -> None:
+    toks, types, merges = tiny_vocab(vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(toks)
@@ -137,7 +138,49 @@ def write_gguf(model, arch: str, path: Path, gguf_arch: str | None = None,
     if chat_template:
         w.add_chat_template(chat_template)
 
-    permute = ga in ("llama", "mistral")
+
+def write_attention(t, sd: dict, p: str, q: str, H: int, KV: int, interleave: bool) -> None:
+    """HF layer p's attention (input norm, q/k/v/o, biases, QK-norm) as GGUF blk q, through
+    t(name, array); interleave: llama-layout RoPE rows for q and k."""
+    wq, wk = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+    if interleave:
+        wq, wk = _interleave_rope_rows(wq, H), _interleave_rope_rows(wk, KV)
+    t(q + "attn_norm.weight", sd[p + "input_layernorm.weight"])
+    t(q + "attn_q.weight", wq)
+    t(q + "attn_k.weight", wk)
+    t(q + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+    t(q + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+    for n in "qkv":
+        b = sd.get(p + f"self_attn.{n}_proj.bias")
+        if b is not None:
+            t(q + f"attn_{n}.bias", b)
+    if p + "self_attn.q_norm.weight" in sd:
+        t(q + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
+        t(q + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
+
+
+def write_output_and_close(w, t, sd: dict, cfg) -> None:
+    t("output_norm.weight", sd["model.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        t("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_gguf(model, arch: str, path: Path, gguf_arch: str | None = None,
+               chat_template: str | None = CHATML, qtype=None) -> Path:
+    """Write an HF llama/mistral/qwen2/qwen3 model to GGUF: F32 tensors, or the 2-D weights of
+    the layers and the output in ``qtype`` (a gguf.GGMLQuantizationType) when given."""
+    cfg = model.config
+    ga = gguf_arch or ("llama" if arch == "mistral" else arch)
+    sd = state_dict(model)
+    w = gguf.GGUFWriter(str(path), ga)
+    H, KV = write_header(w, cfg, arch)
+    if getattr(cfg, "sliding_window", None) and arch == "mistral":
+        w.add_sliding_window(cfg.sliding_window)
+    write_bpe_tokenizer(w, cfg.vocab_size, chat_template)
 
     def t(name, arr):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -149,32 +192,12 @@ def write_gguf(model, arch: str, path: Path, gguf_arch: str | None = None,
     t("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"blk.{i}."
-        wq, wk = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
-        if permute:
-            wq, wk = _interleave_rope_rows(wq, H), _interleave_rope_rows(wk, KV)
-        t(q + "attn_norm.weight", sd[p + "input_layernorm.weight"])
-        t(q + "attn_q.weight", wq)
-        t(q + "attn_k.weight", wk)
-        t(q + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        t(q + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
-        for n in "qkv":
-            b = sd.get(p + f"self_attn.{n}_proj.bias")
-            if b is not None:
-                t(q + f"attn_{n}.bias", b)
-        if p + "self_attn.q_norm.weight" in sd:
-            t(q + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
-            t(q + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
+        write_attention(t, sd, p, q, H, KV, interleave=ga in ("llama", "mistral"))
         t(q + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
         t(q + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
         t(q + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
         t(q + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
-    t("output_norm.weight", sd["model.norm.weight"])
-    if not cfg.tie_word_embeddings:
-        t("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_output_and_close(w, t, sd, cfg)
     return path
 
 
@@ -182,6 +205,22 @@ def build(arch: str, tmp: Path, seed: int = 0, **over):
     model = hf_model(arch, seed, **over)
     path = write_gguf(model, arch, Path(tmp) / f"tiny-{arch}-{seed}.gguf")
     return model, path
+
+
+def load(path, reference=False, threads=1, **kw):
+    """A goinfer Model of a tiny GGUF (reference=True: the NumPy reference kernels)."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference, **kw)
+
+
+def close(ours, ref):
+    """Logits within float32 tolerance of transformers': |diff| <= 1e-4 * logit scale + 1e-5
+    (both compute in float32 and differ by summation order)."""
+    scale = float(np.abs(ref).max())
+    err = float(np.abs(ours - ref).max())
+    assert err <= 1e-4 * scale + 1e-5, f"max |diff| {err} vs logit scale {scale}"
 
 
 def hf_logits(model, ids) -> np.ndarray:

@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from tinymodels import CHATML, _interleave_rope_rows, tiny_vocab
+from tinymodels import CHATML, state_dict, write_attention, write_bpe_tokenizer, write_header, write_output_and_close
 
 # arch -> (config class, model class, GGUF arch)
 MOE_CLASSES = {
@@ -69,28 +69,10 @@ def write_moe_gguf(model, arch: str, path: Path, qtype=None, extra_kv: dict | No
     extra_kv: additional {arch}.key -> value metadata (e.g. {"expert_weights_norm": True})."""
     cfg = model.config
     ga = MOE_CLASSES[arch][2]
-    sd = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-    H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    sd = state_dict(model)
     E = getattr(cfg, "num_local_experts", None) or cfg.num_experts
     w = gguf.GGUFWriter(str(path), ga)
-    w.add_name(f"tiny-{arch}")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(H)
-    w.add_head_count_kv(KV)
-    if getattr(cfg, "head_dim", None):
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    theta = getattr(cfg, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    w.add_rope_freq_base(float(theta))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
+    H, KV = write_header(w, cfg, arch)
     w.add_expert_count(E)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if getattr(cfg, "moe_intermediate_size", None) is not None:
@@ -104,16 +86,7 @@ def write_moe_gguf(model, arch: str, path: Path, qtype=None, extra_kv: dict | No
             w.add_uint32(f"{ga}.{key}", value)
         else:
             w.add_float32(f"{ga}.{key}", float(value))
-    toks, types, merges = tiny_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_bpe_tokenizer(w, cfg.vocab_size, CHATML)
 
     def t(name, arr):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -126,21 +99,7 @@ def write_moe_gguf(model, arch: str, path: Path, qtype=None, extra_kv: dict | No
     t("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"blk.{i}."
-        wq, wk = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
-        if ga == "llama":  # mixtral: interleaved RoPE rows
-            wq, wk = _interleave_rope_rows(wq, H), _interleave_rope_rows(wk, KV)
-        t(q + "attn_norm.weight", sd[p + "input_layernorm.weight"])
-        t(q + "attn_q.weight", wq)
-        t(q + "attn_k.weight", wk)
-        t(q + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        t(q + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
-        for n in "qkv":
-            b = sd.get(p + f"self_attn.{n}_proj.bias")
-            if b is not None:
-                t(q + f"attn_{n}.bias", b)
-        if p + "self_attn.q_norm.weight" in sd:
-            t(q + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
-            t(q + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
+        write_attention(t, sd, p, q, H, KV, interleave=ga == "llama")  # mixtral: llama rows
         t(q + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
         if p + "mlp.gate_proj.weight" in sd:  # a dense layer (qwen2moe mlp_only_layers)
             for n in ("gate", "up", "down"):
@@ -156,13 +115,7 @@ def write_moe_gguf(model, arch: str, path: Path, qtype=None, extra_kv: dict | No
             t(q + "ffn_gate_inp_shexp.weight", sd[p + "mlp.shared_expert_gate.weight"].reshape(-1))
             for n in ("gate", "up", "down"):
                 t(q + f"ffn_{n}_shexp.weight", sd[p + f"mlp.shared_expert.{n}_proj.weight"])
-    t("output_norm.weight", sd["model.norm.weight"])
-    if not cfg.tie_word_embeddings:
-        t("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_output_and_close(w, t, sd, cfg)
     return path
 
 
