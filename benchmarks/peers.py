@@ -38,27 +38,18 @@ class GoinferEngine:
 
     def __init__(self, path, threads, exact_prefill=False):
         import goinfer
+        from goinfer import bench
 
-        self.goinfer = goinfer
+        self.bench = bench
         self.model = goinfer.Model.load(path, threads=threads, exact_prefill=exact_prefill,
                                         progress=False)
         self.label = "goinfer" + (" (exact prefill)" if exact_prefill else "")
 
     def prefill(self, ids) -> float:
-        cache = self.goinfer.KVCache(self.model, max_tokens=len(ids) + 16)
-        s = self.model.session(cache)
-        t0 = time.perf_counter()
-        s.prefill(ids)
-        return time.perf_counter() - t0
+        return self.bench.prefill_seconds(self.model, ids)
 
     def decode(self, ids, n) -> float:
-        cache = self.goinfer.KVCache(self.model, max_tokens=len(ids) + n + 16)
-        s = self.model.session(cache)
-        logits = s.prefill(ids)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            logits = s.decode(int(np.argmax(logits)))
-        return (time.perf_counter() - t0) / n
+        return self.bench.decode_seconds(self.model, ids, n)
 
 
 class LlamaCppEngine:

@@ -34,33 +34,33 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def prefill_seconds(model, ids) -> float:
+    """Seconds of one cold prefill of ids (a fresh KV cache, no reuse)."""
+    s = model.session(KVCache(model, max_tokens=len(ids) + 16))
+    t0 = time.perf_counter()
+    s.prefill(ids)
+    return time.perf_counter() - t0
+
+
+def decode_seconds(model, ids, n_tokens: int) -> float:
+    """Seconds per greedy decode step (stop tokens ignored) after a cold prefill of ids."""
+    s = model.session(KVCache(model, max_tokens=len(ids) + n_tokens + 16))
+    logits = s.prefill(ids)
+    t0 = time.perf_counter()
+    for _ in range(n_tokens):
+        logits = s.decode(int(np.argmax(logits)))
+    return (time.perf_counter() - t0) / n_tokens
+
+
 def time_prefill(model, n: int, repeats: int) -> list[float]:
     ids = prompt_ids(model, n)
-    out = []
-    for _ in range(repeats):
-        cache = KVCache(model, max_tokens=n + 16)
-        s = model.session(cache)
-        t0 = time.perf_counter()
-        s.prefill(ids)
-        out.append(time.perf_counter() - t0)
-        s.reset()
-    return out
+    return [prefill_seconds(model, ids) for _ in range(repeats)]
 
 
 def time_decode(model, prompt_len: int, n_tokens: int, repeats: int) -> list[float]:
     """Seconds per decode step (greedy, stop tokens ignored), one value per repeat."""
     ids = prompt_ids(model, prompt_len, seed=1)
-    out = []
-    for _ in range(repeats):
-        cache = KVCache(model, max_tokens=prompt_len + n_tokens + 16)
-        s = model.session(cache)
-        logits = s.prefill(ids)
-        t0 = time.perf_counter()
-        for _ in range(n_tokens):
-            logits = s.decode(int(np.argmax(logits)))
-        out.append((time.perf_counter() - t0) / n_tokens)
-        s.reset()
-    return out
+    return [decode_seconds(model, ids, n_tokens) for _ in range(repeats)]
 
 
 def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tokens: int = 64,
