@@ -179,13 +179,12 @@ class DecodePlan:
             need = int(batch.positions[i]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
 
-    def fits(self, batch: Batch, cache) -> bool:
-        """Can this plan run the batch as captured?"""
+    def fits(self, batch: Batch, cache, attn_key: tuple) -> bool:
+        """Can this plan run the batch (whose attention_key is attn_key) as captured?"""
         pmax = int(batch.positions.max())
         return (cache.k is self.k and cache.v is self.v and self.impl.threads == self.threads
                 and self._kernels._config.variant() == self.variant and pmax < self.rope_limit
-                and pmax <= self.max_pos
-                and attention_key(self.impl, batch.positions) == self.attn_key)
+                and pmax <= self.max_pos and attn_key == self.attn_key)
 
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
@@ -263,7 +262,7 @@ class GraphRunner:
     def decode(self, cache, batch: Batch):
         """Logits (B, vocab) of a decode batch by a plan, or None (use the Python path)."""
         m = self.model
-        if self.disabled or m.impl.K is not m.kernels or not supported(m.impl, m.kernels):
+        if self.disabled or m.impl.K is not m.kernels:  # (supported() was checked at load)
             return None
         B = len(batch.segments)
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
@@ -271,9 +270,10 @@ class GraphRunner:
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
         plans = self._plans.setdefault(cache, {})
-        key = (B, attention_key(m.impl, batch.positions))
+        attn_key = attention_key(m.impl, batch.positions)
+        key = (B, attn_key)
         plan = plans.pop(key, None)
-        if plan is None or not plan.fits(batch, cache):
+        if plan is None or not plan.fits(batch, cache, attn_key):
             plan = DecodePlan(m.impl, m.kernels, cache, B, m.n_ctx)
             if int(batch.positions.max()) > plan.max_pos:
                 return None
