@@ -136,10 +136,11 @@ class KVCache:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
         self.model_fingerprint = model.fingerprint
         self.block_size = block_size
-        self.n_layers = cfg.n_layers
+        # layers that hold KV: all of them, or a hybrid model's attention layers
+        self.n_layers = n_layers = getattr(cfg, "n_kv_layers", cfg.n_layers)
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.bytes_per_block = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * 4
+        self.bytes_per_block = 2 * n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * 4
         if max_tokens is not None and max_bytes is not None:
             raise ValueError("give max_tokens or max_bytes, not both")
         if max_bytes is not None:
@@ -153,9 +154,9 @@ class KVCache:
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
         # (n_layers, n_blocks, n_kv_heads, head_dim, block_size)
-        self.k = np.zeros((cfg.n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
+        self.k = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
         # (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
-        self.v = np.zeros((cfg.n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
+        self.v = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
         self._lock = threading.RLock()
         self._ref = np.zeros(n_blocks, np.int32)
         self._hash_of: dict[int, bytes] = {}
