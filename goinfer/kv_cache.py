@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
+from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore
 
 EXACT = "exact"
 FAST = "fast"
@@ -130,7 +131,8 @@ class KVCache:
     """
 
     def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, *, snapshot_every: int = SNAPSHOT_EVERY,
+                 max_snapshots: int = MAX_SNAPSHOTS):
         cfg = model.config
         if not isinstance(block_size, int) or block_size < 1 or block_size > 1024:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
@@ -157,6 +159,9 @@ class KVCache:
         self.k = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
         # (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
         self.v = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
+        # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
+        spec = getattr(getattr(model, "impl", None), "state_spec", None)
+        self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
         self._lock = threading.RLock()
         self._ref = np.zeros(n_blocks, np.int32)
         self._hash_of: dict[int, bytes] = {}
