@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
-from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore
+from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
 FAST = "fast"
@@ -307,6 +307,8 @@ class KVCache:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+                if self.states is not None:  # hybrid models: the state snapshots beside it
+                    self.states.save(states_path(path), self.model_fingerprint)
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -343,8 +345,16 @@ class KVCache:
                                 max_tokens=kwargs.pop("max_tokens", None) or max(
                                     (n + 1) * int(header["block_size"]), 2 * model.config.context_length))
             cache._insert(header, payload)
+            if cache.states is not None:
+                cache.states.load(states_path(path), cache.model_fingerprint)
             return cache
-        return self_or_cls._insert(*_read_cache_file(args[0]))
+        header, payload = _read_cache_file(args[0])
+        if self_or_cls.states is not None:  # check the snapshots file before adding anything
+            snaps = self_or_cls.states.read(states_path(args[0]), self_or_cls.model_fingerprint)
+        n = self_or_cls._insert(header, payload)
+        if self_or_cls.states is not None:
+            self_or_cls.states.add(snaps)
+        return n
 
     def _insert(self, header: dict, payload: np.ndarray) -> int:
         want = dict(fingerprint=self.model_fingerprint, block_size=self.block_size,

@@ -22,11 +22,17 @@ n tokens needs the state *at* n.  So:
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+
+from goinfer.errors import CacheFileError
 
 SNAPSHOT_EVERY = 4  # blocks between stored snapshots (block_size 16: every 64 tokens)
 MAX_SNAPSHOTS = 64  # snapshots a KVCache keeps (least recently used dropped)
@@ -170,3 +176,70 @@ class StateStore:
     def clear(self) -> None:
         with self._lock:
             self._snaps.clear()
+
+    # ------------------------------------------------------------------ save and load
+
+    def save(self, path, fingerprint: str) -> int:
+        """Write every snapshot to path (npz, no pickle) atomically, with the model's
+        fingerprint and a sha256 of the arrays.  Returns the count."""
+        items = self.items()
+        spec = self.spec
+        conv = np.stack([s.conv for _, s in items]) if items else np.zeros((0,) + spec.conv_shape, np.float32)
+        ssm = np.stack([s.ssm for _, s in items]) if items else np.zeros((0,) + spec.ssm_shape, np.float32)
+        hashes = np.array([np.frombuffer(h, np.uint8) for h, _ in items], np.uint8).reshape(len(items), -1)
+        meta = np.array([fingerprint, _digest(hashes, conv, ssm)])
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, meta=meta, hashes=hashes, conv=conv, ssm=ssm)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return len(items)
+
+    def read(self, path, fingerprint: str) -> list[tuple[bytes, RecurrentState]]:
+        """The snapshots of a file written by save (none if there is no file).  Another model's
+        file, wrong shapes or a checksum mismatch raise CacheFileError."""
+        path = Path(path)
+        if not path.exists():
+            return []
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta, hashes, conv, ssm = z["meta"], z["hashes"], z["conv"], z["ssm"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CacheFileError(f"{path}: not a readable state snapshot file ({e})") from None
+        if meta.shape != (2,) or str(meta[0]) != fingerprint:
+            raise CacheFileError(f"{path}: state snapshots of another model")
+        n = len(hashes)
+        if (conv.shape != (n,) + self.spec.conv_shape or ssm.shape != (n,) + self.spec.ssm_shape
+                or conv.dtype != np.float32 or ssm.dtype != np.float32):
+            raise CacheFileError(f"{path}: state snapshots of another geometry")
+        if str(meta[1]) != _digest(hashes, conv, ssm):
+            raise CacheFileError(f"{path}: checksum mismatch (corrupt file)")
+        return [(bytes(hashes[i]), RecurrentState(conv[i].copy(), ssm[i].copy())) for i in range(n)]
+
+    def add(self, snaps: list[tuple[bytes, RecurrentState]]) -> None:
+        for h, st in snaps:
+            self.put(h, st)
+
+    def load(self, path, fingerprint: str) -> int:
+        snaps = self.read(path, fingerprint)
+        self.add(snaps)
+        return len(snaps)
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def states_path(path) -> Path:
+    """Where KVCache.save puts a hybrid model's state snapshots: beside the cache file."""
+    return Path(str(path) + ".states.npz")
