@@ -26,6 +26,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,7 @@ class StateStore:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta, hashes, conv, ssm = z["meta"], z["hashes"], z["conv"], z["ssm"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise CacheFileError(f"{path}: not a readable state snapshot file ({e})") from None
         if meta.shape != (2,) or str(meta[0]) != fingerprint:
             raise CacheFileError(f"{path}: state snapshots of another model")

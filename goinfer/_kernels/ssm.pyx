@@ -43,6 +43,17 @@ cdef extern from "ssm.h" nogil:
 
 DEF COLS = 16  # value columns per work item of the recurrence (any width gives the same bits)
 
+# below this many elements, ssm_conv and sigmoid_mul run on one thread (tests set 0)
+cdef int64_t _GRAIN = 16384
+
+
+def _set_grain(g):
+    """Set the one-thread threshold (elements); returns the old one (tests)."""
+    global _GRAIN
+    old = _GRAIN
+    _GRAIN = int(g)
+    return old
+
 
 cdef const gi_ssm_ops *_table() except NULL:
     cdef int v = gi_variant()
@@ -110,6 +121,8 @@ cdef tuple _snaps(object snap_rows, object snaps, tuple inner, int64_t T):
     cdef int64_t inner_size = 1
     for d in inner:
         inner_size *= d
+    if inner_size == 0:
+        return rows, s, n, 0
     expect = 4
     for d in reversed(range(1, s.ndim)):
         if s.shape[d] > 1 and s.strides[d] != expect:
@@ -158,7 +171,7 @@ def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads=1):
     cdef int64_t nblk = (C + COLS - 1) // COLS, n = nt, i, c0, c1
     if n > nblk:
         n = nblk
-    if T * C < 16384:
+    if T * C < _GRAIN:
         n = 1
     if C == 0:
         return out
@@ -279,7 +292,7 @@ def sigmoid_mul(gate, x, out=None, *, nthreads=1):
     cdef int64_t os = _row_stride(oa, "out", True)
     cdef int64_t M = xa.shape[0], N = xa.shape[1], i
     cdef int64_t n = nt if nt < M else M
-    if M * N < 32768:
+    if M * N < _GRAIN:
         n = 1
     cdef const gi_ssm_ops *ops = _table()
     cdef const float *gp = <const float *>_ptr(ga)
