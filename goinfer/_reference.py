@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from goinfer.quant import GROUP, ROWS, QAct, QWeight
+from goinfer.quant import GROUP, INT_KINDS, MXFP4_VALUES, ROWS, QAct, QWeight, e8m0_half
 
 # ============================================================================ weights
 
@@ -33,8 +33,8 @@ def dequantize(w: QWeight) -> np.ndarray:
         dense = vals.transpose(0, 2, 1).reshape(n_rb * ROWS, w.n_in)
         return np.ascontiguousarray(dense[: w.n_out])
     G = w.n_in // GROUP
-    d = w.d.astype(np.float32)  # (n_rb, G, 16)
-    if w.kind in ("q4_0", "q4_1"):
+    d = e8m0_half(w.d) if w.kind == "mxfp4" else w.d.astype(np.float32)  # (n_rb, G, 16)
+    if w.kind in ("q4_0", "q4_1", "mxfp4"):
         qs = w.qs.reshape(n_rb, G, 4, ROWS, 4)
         lo = qs & 0x0F  # k = c*4 + j
         hi = qs >> 4  # k = 16 + c*4 + j
@@ -44,6 +44,8 @@ def dequantize(w: QWeight) -> np.ndarray:
         q = np.concatenate([lo, hi], axis=3).astype(np.float32)
         if w.kind == "q4_0":
             vals = (q - 8.0) * d[..., None]
+        elif w.kind == "mxfp4":
+            vals = MXFP4_VALUES[q.astype(np.int64)].astype(np.float32) * d[..., None]
         else:
             vals = q * d[..., None] + w.m.astype(np.float32)[..., None]
     elif w.kind == "q8_0":
@@ -100,11 +102,11 @@ def dequantize_act(a: QAct) -> np.ndarray:
 def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
     """out (M, n_out) = x (M, K) @ W.T.
 
-    Integer weight kinds (q4_0, q4_1, q8_0) take a QAct (the activation quantized once by
-    quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
+    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4) take a QAct (the activation quantized once
+    by quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
     """
     wd = dequantize(w).astype(np.float64)
-    if w.kind in ("q4_0", "q4_1", "q8_0"):
+    if w.kind in INT_KINDS:
         if not isinstance(x, QAct):
             raise TypeError("integer weights multiply a QAct; call quantize_act first")
         xd = dequantize_act(x).astype(np.float64)
