@@ -158,6 +158,22 @@ def swiglu(gate, up, out=None, *, nthreads: int = 1):
     return res
 
 
+def swiglu_oai(gate, up, alpha: float, limit: float, out=None, *, nthreads: int = 1):
+    """gpt-oss's clamped SwiGLU: x = min(gate, limit), y = clamp(up, -limit, limit),
+    out = x * sigmoid(alpha x) * (y + 1).  float64 here (alpha, limit as float32); kernel float32."""
+    a, lim = float(np.float32(alpha)), float(np.float32(limit))
+    g = np.asarray(gate, dtype=np.float64)
+    u = np.asarray(up, dtype=np.float64)
+    x = np.where(g > lim, lim, g)
+    y = np.where(u > lim, lim, np.where(u < -lim, -lim, u))
+    with np.errstate(over="ignore"):
+        res = (x / (1.0 + np.exp(-a * x)) * (y + 1.0)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 def gelu_tanh_mul(gate, up, out=None, *, nthreads: int = 1):
     """out = gelu_tanh(gate) * up (GeGLU, Gemma)."""
     g = np.asarray(gate, dtype=np.float64)
