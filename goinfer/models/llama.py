@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
-from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch
+from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch, Yarn
 from goinfer.quant import QWeight, concat_rows
 
 NEOX_ARCHS = {"qwen2", "qwen3"}
@@ -38,7 +38,9 @@ def _scalar_int(g, suffix, v):
     return int(v)
 
 
-def read_config(g) -> ModelConfig:
+def read_config(g, allow_yarn: bool = False) -> ModelConfig:
+    """The config every llama-like family shares.  allow_yarn: the caller runs YaRN RoPE
+    scaling (ModelConfig.rope_yarn); otherwise a YaRN file is an UnsupportedArchitectureError."""
     arch = g.arch
     d_model = int(_req(g, "embedding_length"))
     n_heads = _scalar_int(g, "attention.head_count", _req(g, "attention.head_count"))
@@ -55,8 +57,19 @@ def read_config(g) -> ModelConfig:
         vocab = len(toks) if toks is not None else g.tensor_info("token_embd.weight")[1][0]
     scaling = g.arch_get("rope.scaling.type", "none")
     rope_scale = 1.0
+    yarn = None
     if scaling == "linear":
         rope_scale = float(g.arch_get("rope.scaling.factor", 1.0))
+    elif scaling == "yarn" and allow_yarn:
+        orig = g.arch_get("rope.scaling.original_context_length")
+        factor = g.arch_get("rope.scaling.factor")
+        if orig is None or factor is None:
+            raise ModelFormatError(f"{g.path}: YaRN RoPE scaling without rope.scaling.factor "
+                                   "and rope.scaling.original_context_length")
+        yarn = Yarn(float(factor), int(orig),
+                    float(g.arch_get("rope.scaling.yarn_beta_fast", 32.0) or 32.0),
+                    float(g.arch_get("rope.scaling.yarn_beta_slow", 1.0) or 1.0),
+                    float(g.arch_get("rope.scaling.yarn_attn_factor", 0.0) or 0.0))
     elif scaling not in ("none", None):
         raise UnsupportedArchitectureError(f"{g.path}: RoPE scaling {scaling!r} is not supported yet")
     return ModelConfig(
@@ -74,6 +87,7 @@ def read_config(g) -> ModelConfig:
         rope_dim=int(g.arch_get("rope.dimension_count", head_dim)),
         rope_neox=arch in NEOX_ARCHS,
         rope_scale=rope_scale,
+        rope_yarn=yarn,
         qkv_bias=g.has_tensor("blk.0.attn_q.bias"),
         qk_norm=g.has_tensor("blk.0.attn_q_norm.weight"),
         tied_embeddings=not g.has_tensor("output.weight"),
@@ -190,7 +204,8 @@ class LlamaFamily:
             self.lm_head = g.load_weight("output.weight")
             _check_shape("output.weight", self.lm_head, cfg.vocab_size, D)
         freq_factors = g.load_f32("rope_freqs.weight") if g.has_tensor("rope_freqs.weight") else None
-        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, freq_factors, cfg.rope_scale)
+        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, freq_factors, cfg.rope_scale,
+                              cfg.rope_yarn)
         self.attn_scale: float | None = None  # None: 1/sqrt(head_dim)
         self.attn_softcap = 0.0
         self.scratch = Scratch()
