@@ -236,6 +236,23 @@ def _qwen35_config(**over):
     return Qwen3_5TextConfig(**kw)
 
 
+def _qwen35moe_config(**over):
+    from transformers import Qwen3_5MoeTextConfig
+
+    kw = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+              moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=6,
+              num_experts_per_tok=3, max_position_embeddings=2048, rms_norm_eps=1e-6,
+              tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                               "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                               "mrope_interleaved": True},
+              bos_token_id=None, eos_token_id=258 + len(MERGES), pad_token_id=None)
+    kw.update(over)
+    return Qwen3_5MoeTextConfig(**kw)
+
+
 def _smollm3_config(**over):
     from transformers import SmolLM3Config
 
@@ -271,6 +288,8 @@ def _gpt_oss_config(**over):
 FAMILIES = {
     "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
                "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
+    "qwen35moe": (_qwen35moe_config, "Qwen3_5MoeForCausalLM", "qwen35", QWEN_SPECIALS, None,
+                  "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
     "smollm3": (_smollm3_config, "SmolLM3ForCausalLM", "llama-bpe", SMOLLM3_SPECIALS,
                 "<|begin_of_text|>", "<|im_end|>", "HuggingFaceTB-SmolLM3-3B", ()),
     "gpt-oss": (_gpt_oss_config, "GptOssForCausalLM", "gpt-4o", GPT_OSS_SPECIALS,
@@ -302,7 +321,7 @@ def hf_model(family: str, seed: int = 0, sinks: bool = True, **over):
             elif name.endswith("dt_bias"):
                 p.normal_(0.0, 0.5)
             elif "norm" in name:
-                centered = family == "qwen35" and not name.endswith("linear_attn.norm.weight")
+                centered = family.startswith("qwen35") and not name.endswith("linear_attn.norm.weight")
                 p.copy_((0.0 if centered else 1.0) + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.3)

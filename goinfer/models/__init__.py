@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "gemma3": gemma.Gemma3Family,
     "smollm3": smollm3.SmolLM3Family,
     "qwen35": qwen35.Qwen35Family,
+    "qwen35moe": qwen35.Qwen35MoEFamily,
     "gpt-oss": gptoss.GptOssFamily,
 }
 

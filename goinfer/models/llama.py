@@ -38,6 +38,14 @@ def _scalar_int(g, suffix, v):
     return int(v)
 
 
+def _d_ff(g) -> int:
+    """feed_forward_length; an all-MoE file (qwen35moe) may carry only the experts' width."""
+    v = g.arch_get("feed_forward_length")
+    if v is None and g.arch_get("expert_feed_forward_length") is not None:
+        return _scalar_int(g, "expert_feed_forward_length", g.arch_get("expert_feed_forward_length"))
+    return _scalar_int(g, "feed_forward_length", _req(g, "feed_forward_length"))
+
+
 def read_config(g, allow_yarn: bool = False) -> ModelConfig:
     """The config every llama-like family shares.  allow_yarn: the caller runs YaRN RoPE
     scaling (ModelConfig.rope_yarn); otherwise a YaRN file is an UnsupportedArchitectureError."""
@@ -79,7 +87,7 @@ def read_config(g, allow_yarn: bool = False) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        d_ff=_scalar_int(g, "feed_forward_length", _req(g, "feed_forward_length")),
+        d_ff=_d_ff(g),
         vocab_size=int(vocab),
         context_length=int(g.arch_get("context_length", 4096)),
         norm_eps=float(g.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),

@@ -35,11 +35,12 @@ from goinfer.quant import QAct, QWeight, concat_rows, pack_float
 #   mixtral (llama): top-k of the logits, softmax over the chosen k
 #   qwen2moe / qwen3moe / olmoe: softmax over all experts, then top-k
 ROUTING = {"llama": "topk_softmax", "mistral": "topk_softmax", "qwen2moe": "softmax_topk",
-           "qwen3moe": "softmax_topk", "olmoe": "softmax_topk", "gpt-oss": "topk_softmax"}
+           "qwen3moe": "softmax_topk", "olmoe": "softmax_topk", "gpt-oss": "topk_softmax",
+           "qwen35moe": "softmax_topk"}
 # Renormalize the chosen softmax weights to sum 1 (qwen3's norm_topk_prob), unless the file
 # says otherwise in {arch}.expert_weights_norm.  (topk_softmax sums to 1 by construction.)
 NORM_TOPK = {"llama": True, "mistral": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False,
-             "gpt-oss": False}
+             "gpt-oss": False, "qwen35moe": True}
 NEOX_ARCHS = {"qwen2moe", "qwen3moe", "olmoe"}
 _SOFTMAX_GATING = 1  # gguf ExpertGatingFuncType.SOFTMAX
 
@@ -180,6 +181,33 @@ def _ffn(name: str, gate: QWeight, up: QWeight, down: QWeight, F: int, D: int,
     return FFNWeights(gu, gate, up, down, **b)
 
 
+def load_moe(g, cfg: MoEConfig, i: int) -> MoEWeights:
+    """Layer i's router, experts and shared expert (llama.cpp's tensor names)."""
+    p = f"blk.{i}."
+    D, E = cfg.d_model, cfg.n_expert
+    router = g.load_weight(p + "ffn_gate_inp.weight")
+    llama._check_shape(p + "ffn_gate_inp.weight", router, E, D)
+    gates, ups, downs = (g.load_experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    if not len(gates) == len(ups) == len(downs) == E:
+        raise ModelFormatError(f"{g.path}: layer {i} has {len(gates)}/{len(ups)}/{len(downs)} "
+                               f"gate/up/down experts, expected {E}")
+    experts = []
+    for e in range(E):
+        experts.append(_ffn(f"{p}expert {e}", gates[e], ups[e], downs[e], cfg.d_ff_expert, D))
+        gates[e] = ups[e] = None  # drop the unfused copies as we go
+    moe = MoEWeights(router, experts)
+    if g.has_tensor(p + "ffn_gate_shexp.weight"):
+        Fs = cfg.d_ff_shared
+        moe.shared = _ffn(p + "shared expert", *(g.load_weight(p + f"ffn_{n}_shexp.weight")
+                                                 for n in ("gate", "up", "down")), Fs, D)
+        gate_vec = g.load_f32(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+        if gate_vec.shape != (D,):
+            raise ModelFormatError(f"{g.path}: {p}ffn_gate_inp_shexp.weight has "
+                                   f"{gate_vec.size} values, expected {D}")
+        moe.shared_gate = pack_float("f32", np.ascontiguousarray(gate_vec[None, :], np.float32))
+    return moe
+
+
 def load_layer(g, cfg: MoEConfig, i: int) -> MoELayerWeights:
     p = f"blk.{i}."
     D, E = cfg.d_model, cfg.n_expert
@@ -188,29 +216,9 @@ def load_layer(g, cfg: MoEConfig, i: int) -> MoELayerWeights:
         L = MoELayerWeights(**{f.name: getattr(dense, f.name) for f in fields(dense)})
     else:
         attn = llama.load_attention(g, cfg, i)
-        router = g.load_weight(p + "ffn_gate_inp.weight")
-        llama._check_shape(p + "ffn_gate_inp.weight", router, E, D)
-        gates, ups, downs = (g.load_experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-        if not len(gates) == len(ups) == len(downs) == E:
-            raise ModelFormatError(f"{g.path}: layer {i} has {len(gates)}/{len(ups)}/{len(downs)} "
-                                   f"gate/up/down experts, expected {E}")
-        experts = []
-        for e in range(E):
-            experts.append(_ffn(f"{p}expert {e}", gates[e], ups[e], downs[e], cfg.d_ff_expert, D))
-            gates[e] = ups[e] = None  # drop the unfused copies as we go
-        moe = MoEWeights(router, experts)
-        if g.has_tensor(p + "ffn_gate_shexp.weight"):
-            Fs = cfg.d_ff_shared
-            moe.shared = _ffn(p + "shared expert", *(g.load_weight(p + f"ffn_{n}_shexp.weight")
-                                                     for n in ("gate", "up", "down")), Fs, D)
-            gate_vec = g.load_f32(p + "ffn_gate_inp_shexp.weight").reshape(-1)
-            if gate_vec.shape != (D,):
-                raise ModelFormatError(f"{g.path}: {p}ffn_gate_inp_shexp.weight has "
-                                       f"{gate_vec.size} values, expected {D}")
-            moe.shared_gate = pack_float("f32", np.ascontiguousarray(gate_vec[None, :], np.float32))
         L = MoELayerWeights(**attn, ffn_norm=llama._check_vec(
             p + "ffn_norm.weight", g.load_f32(p + "ffn_norm.weight"), D),
-            w_gate_up=None, w_gate=None, w_up=None, w_down=None, moe=moe)
+            w_gate_up=None, w_gate=None, w_up=None, w_down=None, moe=load_moe(g, cfg, i))
     if cfg.qk_norm_full:
         L.q_norm_full = llama._check_vec(p + "attn_q_norm.weight", g.load_f32(p + "attn_q_norm.weight"),
                                          cfg.n_heads * cfg.head_dim)
