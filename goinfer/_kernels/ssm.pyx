@@ -4,7 +4,7 @@ depthwise conv + SiLU, with its state), gated_delta (the gated delta rule, recur
 its state) and sigmoid_mul (the sigmoid output gate of full-attention layers).
 
 Same names, signatures and meaning as goinfer._reference (see src/ssm.h and
-docs/design/qwen35.md for the contracts).  All float arrays are float32.  2-D inputs may have
+docs/design/families.md for the contracts).  All float arrays are float32.  2-D inputs may have
 strided rows (a column slice of a fused projection) with a contiguous last axis.
 
 State arrays are updated in place.  ``snap_rows`` (int32, increasing, rows of this call) and

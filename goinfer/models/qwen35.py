@@ -3,7 +3,7 @@ linear-attention layers and gated full-attention layers (3 linear per full one i
 published size).  qwen35moe replaces every layer's SwiGLU FFN by models/moe.py's: softmax over
 all experts, the top k renormalized, plus a shared expert behind a sigmoid gate.
 
-Per layer (llama.cpp's converter layout; docs/design/qwen35.md):
+Per layer (llama.cpp's converter layout; docs/design/families.md):
   h = RMSNorm(x, attn_norm)
   linear layer:  [qkv | z] = h [attn_qkv; attn_gate]     [b | a] = h [ssm_beta; ssm_alpha]
                  c = silu(causal_conv(qkv; ssm_conv1d, K taps, conv state))
