@@ -1,8 +1,8 @@
 """SamplingParams and the sampler.
 
 Order of the chain (the same as llama.cpp's default chain, minus the samplers it has and we
-do not): logit bias -> repetition penalties -> top-k -> top-p -> min-p -> temperature ->
-draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after bias and
+do not): logit bias -> repetition penalties -> grammar mask -> top-k -> top-p -> min-p ->
+temperature -> draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after bias and
 penalties.
 """
 from __future__ import annotations
@@ -99,9 +99,16 @@ class Sampler:
             z[ids] -= p.frequency_penalty * cnt + p.presence_penalty
         return z
 
-    def sample(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """Next token from logits (vocab,).  mask: allowed tokens, (vocab,) bool (a grammar's);
+        the others get -inf after bias and penalties, before top-k/p, min-p and temperature;
+        -1 when no allowed token is left.  Without a mask nothing else changes."""
         p = self.params
         z = self.adjust(logits)
+        if mask is not None:
+            z[~mask] = -np.inf
+            if not np.isfinite(z).any():
+                return -1  # every allowed token is banned (logit_bias -inf): nothing to draw
         if p.greedy:
             return int(np.argmax(z))
         order = np.argsort(-z, kind="stable")  # best first; ties keep the lower id first
