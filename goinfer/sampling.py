@@ -106,15 +106,21 @@ class Sampler:
         p = self.params
         z = self.adjust(logits)
         if mask is not None:
-            z[~mask] = -np.inf
-            if not np.isfinite(z).any():
-                return -1  # every allowed token is banned (logit_bias -inf): nothing to draw
+            if p.greedy:  # argmax over the allowed ids only (ties: the lower id, as below)
+                idx = np.flatnonzero(mask)
+                zi = z[idx]
+                if not len(idx) or zi.max() == -np.inf:
+                    return -1  # every allowed token is banned (logit_bias -inf)
+                return int(idx[np.argmax(zi)])
+            z = np.where(mask, z, -np.inf)
         if p.greedy:
             return int(np.argmax(z))
         order = np.argsort(-z, kind="stable")  # best first; ties keep the lower id first
         if p.top_k > 0:
             order = order[: p.top_k]
         zs = z[order]
+        if zs[0] == -np.inf:
+            return -1  # nothing can be drawn (only with a mask: logits are finite)
         zs = zs - zs[0]
         probs = np.exp(zs)
         probs /= probs.sum()

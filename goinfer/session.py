@@ -409,9 +409,10 @@ class Generation:
                 self.finish_reason, self.done, self.reason = "stop", True, c.reason
                 return ""
         t = self.sampler.sample(logits, mask)
-        if t < 0:
+        if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True
-            self.reason = "grammar dead end: logit_bias bans every token the grammar allows"
+            self.reason = ("grammar dead end: logit_bias bans every token the grammar allows"
+                           if c is not None else "logit_bias bans every token")
             return ""
         if t in self.stop_ids and (c is None or c.ends(t)):
             self.finish_reason, self.done = "stop", True

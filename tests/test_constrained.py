@@ -357,6 +357,17 @@ def test_dead_end_stops_with_a_reason():
     assert res.text == "a"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logit_bias_banning_every_allowed_token_stops(temperature):
+    m = _toy_model()
+    g = compile_request(m.tokenizer, grammar='start: "a" | "b"')
+    p = SamplingParams(temperature=temperature, seed=1, logit_bias={3: -np.inf, 4: -np.inf})
+    gen = Generation(m, [1], 8, p, [], grammar=g)
+    gen.push(np.zeros(m.vocab_size, dtype=np.float32))
+    assert gen.done and gen.tokens == [] and gen.finish_reason == "stop"
+    assert "logit_bias" in gen.reason
+
+
 def test_grammar_may_end_only_when_complete():
     m = _toy_model()
     g = compile_request(m.tokenizer, grammar='start: "ab" | "abab"')
