@@ -250,3 +250,35 @@ def test_constrained_batched_with_unconstrained_equals_alone(tiny_model):
                 schema = body["response_format"]["json_schema"]["schema"]
                 jsonschema.validate(json.loads(ref.text), schema)
     assert n_constrained == 6
+
+
+def test_preempted_constrained_requests_equal_alone(tiny_model):
+    """A KV cache too small for all requests: constrained ones are preempted and recomputed
+    like the others, with their grammar state intact, and equal the request alone."""
+    cache = KVCache(tiny_model, max_tokens=160, block_size=16)  # 10 blocks
+    prompts = [[(7 * i + k) % 250 for k in range(20 + i)] for i in range(4)]
+    # long outputs (they fill the cache), each constrained in its own way
+    grammars = [{"regex": "[a-z ]{40,60}\\."}, 'start: WORD{14,20}\nWORD: /[a-z]{2,4} /',
+                {"regex": "[0-9]{3}(,[0-9]{3}){10,12}"}, 'start: "(" /[^()]{40,50}/ ")"']
+    with Server(tiny_model, cache, max_batch=4) as s:
+        s.engine.pause()
+        results = [None] * 4
+
+        def run(i):
+            results[i] = s.client().completions.create(
+                model="x", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
+                extra_body={"return_tokens": True, "grammar": grammars[i]})
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == 4, "all queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(60)
+        assert s.engine.n_preempted > 0  # every request is constrained: one of them was
+        assert cache.stats().blocks_used == 0
+    for i, r in enumerate(results):
+        ref = lone(tiny_model, prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
+                   grammar=grammars[i])
+        assert r.model_dump()["tokens"] == ref.tokens
