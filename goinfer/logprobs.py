@@ -34,7 +34,8 @@ def check_request(logprobs, top_logprobs) -> tuple[bool, int]:
     return bool(logprobs), int(top_logprobs)
 
 
-def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+def log_softmax_at(logits: np.ndarray, token: int,
+                   top: int) -> tuple[float, list[tuple[int, float]]]:
     """(logprob of token, [(id, logprob)] of the `top` most likely, best first, ties by id)
     under log-softmax(logits), computed in float64."""
     z = np.asarray(logits, dtype=np.float64).reshape(-1)  # (vocab,)

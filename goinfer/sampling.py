@@ -2,8 +2,8 @@
 
 Order of the chain (the same as llama.cpp's default chain, minus the samplers it has and we
 do not): logit bias -> repetition penalties -> grammar mask -> top-k -> top-p -> min-p ->
-temperature -> draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after bias and
-penalties.
+temperature -> draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after
+bias, penalties and the mask.
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 
 def rf(schema, name="x", strict=True):
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
+    return {"type": "json_schema",
+            "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
 # ============================================================================ tokenizer view

@@ -91,7 +91,8 @@ def test_openai_parse_returns_a_pydantic_object(srv):
 
 def test_grammar_extension_on_completions(srv):
     r = srv.client().completions.create(model="x", prompt="The year is", max_tokens=10,
-                                        temperature=0, extra_body={"grammar": {"regex": " [0-9]{4}"}})
+                                        temperature=0,
+                                        extra_body={"grammar": {"regex": " [0-9]{4}"}})
     assert r.choices[0].text[1:].isdigit() and len(r.choices[0].text) == 5
 
 
