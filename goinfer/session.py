@@ -334,25 +334,21 @@ class Session:
         # made before the prefill: a grammar's first mask is computed while the prompt runs
         gen = Generation(self.model, ids, max_tokens, params, stops, grammar=grammar,
                          logprobs=logprobs)
-        try:
-            self._reserve(len(rest))
-            logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens),
-                                        fast=fast)
-            self._commit(rest, fast)
-            logits = logits[-1]
-            t1 = time.perf_counter()
-            while not gen.done:
-                if gen.n_steps > 0:
-                    logits = self.decode(gen.tokens[-1])
-                piece = gen.push(logits)
-                if piece or gen.has_logprobs():
-                    yield gen.piece(piece)
-            piece = gen.finish()
+        self._reserve(len(rest))
+        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
+        self._commit(rest, fast)
+        logits = logits[-1]
+        t1 = time.perf_counter()
+        while not gen.done:
+            if gen.n_steps > 0:
+                logits = self.decode(gen.tokens[-1])
+            piece = gen.push(logits)
             if piece or gen.has_logprobs():
                 yield gen.piece(piece)
-            yield gen.result(cached, len(ids) - cached, t0, t1, time.perf_counter())
-        finally:
-            gen.close()
+        piece = gen.finish()
+        if piece or gen.has_logprobs():
+            yield gen.piece(piece)
+        yield gen.result(cached, len(ids) - cached, t0, t1, time.perf_counter())
 
     def __repr__(self) -> str:
         return f"Session({len(self._tokens)} tokens in {len(self._blocks)} blocks)"

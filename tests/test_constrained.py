@@ -7,6 +7,7 @@ constrained greedy steps against an argmax over the raw logits restricted to the
 from __future__ import annotations
 
 import json
+import os
 import re
 from types import SimpleNamespace
 
@@ -29,6 +30,8 @@ from goinfer.tokenizer import TOKEN_TYPE, Tokenizer
 # ============================================================================ fixtures
 
 RATE = schemas.Rate()
+# GOINFER_CONSTRAINED_SCALE=k runs k times the Hypothesis examples (a longer validation sweep)
+SCALE = max(1, int(os.environ.get("GOINFER_CONSTRAINED_SCALE", "1")))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -256,7 +259,7 @@ def _tiny_run(model, name, schema, seed, temperature):
     assert r.finish_reason == "stop"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas.schemas(bounded=True), seed=st.integers(0, 2**31 - 1),
        temperature=st.sampled_from([0.0, 1.0]))
 def test_random_schemas_tiny_llama(llama, schema, seed, temperature):
@@ -264,7 +267,7 @@ def test_random_schemas_tiny_llama(llama, schema, seed, temperature):
     _tiny_run(llama, "tiny-llama (BPE)", schema, seed, temperature)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas.schemas(bounded=True), seed=st.integers(0, 2**31 - 1),
        temperature=st.sampled_from([0.0, 1.0]))
 def test_random_schemas_tiny_gemma(gemma, schema, seed, temperature):
@@ -279,14 +282,14 @@ def _real_chat(model, schema, seed, temperature):
                                 response_format=rf(schema))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas.schemas(max_leaves=4), seed=st.integers(0, 2**31 - 1),
        temperature=st.sampled_from([0.0, 0.8]))
 def test_random_schemas_smollm2(smollm2, schema, seed, temperature):
     RATE.check("SmolLM2-135M", _real_chat(smollm2, schema, seed, temperature), schema)
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas.schemas(max_leaves=4), seed=st.integers(0, 2**31 - 1),
        temperature=st.sampled_from([0.0, 0.8]))
 def test_random_schemas_gemma3(gemma3, schema, seed, temperature):
