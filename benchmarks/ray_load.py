@@ -25,6 +25,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+# a local Ray instance keeps its control plane on loopback (Ray's own switch, read at import)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -16,14 +16,20 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-import ray
-from ray import serve
-from test_server import Server, sse_events
 
-from goinfer.gguf import GGUFFile
-from goinfer.model import Model
-from goinfer.server.cli import free_port
-from goinfer.server.ray import REPLICA_HEADER, ReplicaSpec, build_app
+# the local Ray instance keeps its control plane on loopback (Ray reads this when imported)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from test_server import Server, sse_events  # noqa: E402
+
+from goinfer import cli  # noqa: E402
+from goinfer.gguf import GGUFFile  # noqa: E402
+from goinfer.model import Model  # noqa: E402
+from goinfer.server import ray as goinfer_ray  # noqa: E402
+from goinfer.server.cli import free_port  # noqa: E402
+from goinfer.server.ray import REPLICA_HEADER, ReplicaSpec  # noqa: E402
 
 KEY = "test-key"
 APP = "goinfer"
@@ -37,17 +43,15 @@ def tiny_path(tiny):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_path):
-    # logical CPUs: the replicas (1 thread each) and the benchmark's smoke run fit side by side
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    port = free_port()
     try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        spec = ReplicaSpec(str(tiny_path), model_id="tiny", api_key=KEY)
-        serve.run(build_app(spec, replicas=2, threads_per_replica=1), name=APP, route_prefix="/")
+        # what `goinfer serve MODEL --replicas 2 --threads-per-replica 1` runs; 8 logical CPUs
+        # so that the benchmark's smoke run fits beside the two replicas
+        goinfer_ray.run(ReplicaSpec(str(tiny_path), model_id="tiny", api_key=KEY), replicas=2,
+                        threads_per_replica=1, port=port, num_cpus=8)
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        goinfer_ray.stop()
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,23 @@ def replica_names() -> set[str]:
 
 
 # ============================================================================ the OpenAI API
+
+
+def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
+    """`goinfer serve MODEL --replicas ...` hands run() the replica spec and the routing policy
+    (run itself is what the cluster fixture starts)."""
+    got = {}
+    monkeypatch.setattr(goinfer_ray, "run", lambda spec, **kw: got.update(spec=spec, **kw))
+    monkeypatch.setattr(goinfer_ray, "wait", lambda: None)
+    monkeypatch.setattr(goinfer_ray, "stop", lambda: got.update(stopped=True))
+    assert cli.main(["serve", str(tiny_path), "--replicas", "3", "--threads-per-replica", "2",
+                     "--ray-address", "auto", "--route", "random", "--route-imbalance", "7",
+                     "--max-batch", "4", "--api-key", "k", "--port", "9001"]) == 0
+    spec = got["spec"]
+    assert (spec.model, spec.max_batch, spec.api_key) == (str(tiny_path), 4, "k")
+    assert (got["replicas"], got["threads_per_replica"], got["ray_address"], got["port"]) == \
+        (3, 2, "auto", 9001)
+    assert (got["policy"].name, got["policy"].imbalance, got["stopped"]) == ("random", 7, True)
 
 
 def test_openai_client_streamed_and_not(cluster):
@@ -188,6 +209,36 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
     assert all(len(set(w)) == 1 for w in where.values()), where
     per_replica = collections.Counter(w[0] for w in where.values())
     assert len(per_replica) == 2 and min(per_replica.values()) >= 2, per_replica
+
+
+def test_client_disconnect_cancels_the_job(cluster, model):
+    """A client that leaves a stream has its job cancelled on the replica (the single-process
+    server's behaviour, through the ingress and the Ray stream)."""
+    body = {"messages": [{"role": "user", "content": "Another long story, please."}],
+            "max_tokens": 3500, "temperature": 0, "stream": True, "logit_bias": banned(model)}
+
+    def engine_counts(name):
+        return ray.get(ray.get_actor(name, namespace="serve").__ray_call__.remote(
+            lambda self: (lambda e: (e.n_cancelled, e.n_finished, e.n_active))(
+                serve.get_replica_context().servable_object.engine)))
+
+    with httpx.stream("POST", cluster.url + "/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        name = r.headers[REPLICA_HEADER]
+        cancelled0, finished0, _ = engine_counts(name)
+        seen = ""
+        for chunk in r.iter_text():
+            seen += chunk
+            if seen.count("data: ") >= 3:
+                break  # leave: the connection closes
+    deadline = time.time() + 30
+    while True:
+        cancelled, finished, active = engine_counts(name)
+        if cancelled > cancelled0 and active == 0:
+            break
+        assert finished == finished0, "the job ran to its end: the disconnect did not reach it"
+        assert time.time() < deadline, "the job was not cancelled"
+        time.sleep(0.05)
 
 
 # ============================================================================ benchmark

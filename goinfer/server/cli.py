@@ -83,6 +83,8 @@ def run(args) -> int:
               "reach it could use the model); bind 127.0.0.1 or set an API key", file=sys.stderr)
         return 2
     if args.replicas is not None or args.ray_address:
+        if not args.ray_address:  # a local Ray instance: its control plane on loopback only
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             from goinfer.server.ray import serve_cli
         except ImportError as e:

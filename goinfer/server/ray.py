@@ -424,8 +424,10 @@ def _cache_blocks(spec: ReplicaSpec) -> int:
 
 def run(spec: ReplicaSpec, *, replicas: int, threads_per_replica: int | None = None,
         policy: Policy | None = None, host: str = "127.0.0.1", port: int = 8000,
-        ray_address: str | None = None) -> None:
-    """Start (or join) Ray, deploy the application on host:port and return once it is ready."""
+        ray_address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance (num_cpus: its CPUs, default the machine's cores, at least
+    replicas x threads) or join ray_address's cluster, deploy the application with Serve's HTTP
+    proxy on host:port, and return once it is ready."""
     import ray
 
     threads = threads_per_replica or spec.threads or 1
@@ -436,7 +438,7 @@ def run(spec: ReplicaSpec, *, replicas: int, threads_per_replica: int | None = N
         if replicas * threads > cores:
             print(f"goinfer serve: {replicas} replicas x {threads} threads oversubscribe "
                   f"{cores} cores", file=sys.stderr)
-        ray.init(num_cpus=max(cores, replicas * threads), include_dashboard=False,
+        ray.init(num_cpus=num_cpus or max(cores, replicas * threads), include_dashboard=False,
                  log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(spec, replicas, threads_per_replica=threads, policy=policy),
@@ -465,10 +467,15 @@ def serve_cli(args) -> int:
           f"{threads} thread(s), routing {policy.name} (imbalance {policy.imbalance}), on "
           f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
     try:
-        while True:
-            time.sleep(3600)
+        wait()
     except KeyboardInterrupt:
         pass
     finally:
         stop()
     return 0
+
+
+def wait() -> None:
+    """Until Ctrl-C: Serve's proxy and the replicas run in Ray's processes."""
+    while True:
+        time.sleep(3600)
