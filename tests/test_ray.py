@@ -86,7 +86,7 @@ def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
     got = {}
     monkeypatch.setattr(goinfer_ray, "run", lambda spec, **kw: got.update(spec=spec, **kw))
     monkeypatch.setattr(goinfer_ray, "wait", lambda: None)
-    monkeypatch.setattr(goinfer_ray, "stop", lambda: got.update(stopped=True))
+    monkeypatch.setattr(goinfer_ray, "stop", lambda joined: got.update(stopped=joined))
     assert cli.main(["serve", str(tiny_path), "--replicas", "3", "--threads-per-replica", "2",
                      "--ray-address", "auto", "--route", "random", "--route-imbalance", "7",
                      "--max-batch", "4", "--api-key", "k", "--port", "9001"]) == 0

@@ -445,10 +445,15 @@ def run(spec: ReplicaSpec, *, replicas: int, threads_per_replica: int | None = N
               name=APP_NAME, route_prefix="/", blocking=False)
 
 
-def stop() -> None:
+def stop(joined: bool = False) -> None:
+    """Remove the application.  On a cluster this process joined, only goinfer's application
+    goes (other Serve applications and the cluster stay); a local instance ends with Serve."""
     import ray
 
-    serve.shutdown()
+    if joined:
+        serve.delete(APP_NAME)
+    else:
+        serve.shutdown()
     ray.shutdown()
 
 
@@ -461,8 +466,16 @@ def serve_cli(args) -> int:
                        max_body=args.max_body, api_key=args.api_key)
     threads = args.threads_per_replica or args.threads or max(1, (os.cpu_count() or 1) // replicas)
     policy = Policy(args.route, args.route_imbalance)
-    run(spec, replicas=replicas, threads_per_replica=threads, policy=policy, host=args.host,
-        port=args.port, ray_address=args.ray_address)
+    joined = bool(args.ray_address)
+    try:
+        run(spec, replicas=replicas, threads_per_replica=threads, policy=policy, host=args.host,
+            port=args.port, ray_address=args.ray_address)
+    except Exception as e:  # noqa: BLE001 - a failed deployment: say why, leave nothing behind
+        print(f"goinfer serve: starting on Ray Serve failed: {type(e).__name__}: {e} (the "
+              "replicas' own errors are in Ray's logs, /tmp/ray/session_latest/logs/serve/; every "
+              "node needs goinfer[ray] installed)", file=sys.stderr)
+        stop(joined)
+        return 1
     print(f"goinfer: serving {spec.resolved_model_id()} on Ray Serve, {replicas} replica(s) x "
           f"{threads} thread(s), routing {policy.name} (imbalance {policy.imbalance}), on "
           f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
@@ -471,7 +484,7 @@ def serve_cli(args) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        stop()
+        stop(joined)
     return 0
 
 
