@@ -87,6 +87,19 @@ def run_agents(url: str, agents: int, turns: int, doc_words: int, max_tokens: in
     return time.perf_counter() - t0, recs
 
 
+def warm_up(url: str, replicas: int) -> None:
+    """First touch of the weights on every replica: concurrent short requests with nothing in
+    common, which the router spreads by load."""
+    c = Client(url, None)
+    ths = [threading.Thread(target=c.post, args=("/chat/completions", {
+        "messages": [{"role": "user", "content": f"{i}: warm up"}], "max_tokens": 8}))
+        for i in range(2 * replicas)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+
+
 def summarize(cfg: dict, wall: float, recs: list[dict], agents: int, turns: int) -> dict:
     ttft = [r["ttft_s"] * 1e3 for r in recs if r["ttft_s"] is not None]
     lat = [r["latency_s"] * 1e3 for r in recs]
@@ -139,8 +152,7 @@ def main(argv=None) -> int:
                             threads_per_replica=cfg["threads"], policy=Policy(cfg["policy"]))
             serve.run(app, name=BENCH_APP, route_prefix=f"/{BENCH_APP}")
             url = f"http://127.0.0.1:{port}/{BENCH_APP}"
-            Client(url, None).post("/chat/completions", {  # warm up: first touch of the weights
-                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            warm_up(url, cfg["replicas"])
             wall, recs = run_agents(url, args.agents, args.turns, args.doc_words,
                                     args.max_tokens, ban, nonce=f"run {i}")
             serve.delete(BENCH_APP)

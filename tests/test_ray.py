@@ -193,7 +193,7 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
             start.wait()
             for turn in range(2):
                 raw = c.chat.completions.with_raw_response.create(
-                    model="tiny", messages=m, max_tokens=64, temperature=0)
+                    model="tiny", messages=m, max_tokens=128, temperature=0)
                 where[i].append(raw.headers[REPLICA_HEADER])
                 m += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
                       {"role": "user", "content": "second question."}]
