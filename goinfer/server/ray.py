@@ -78,7 +78,7 @@ class ReplicaSpec:
 
 
 class GoinferReplica:
-    """One model, one KV cache, one engine thread: goinfer's single-process server, in a Ray actor."""
+    """One model, one KV cache, one engine thread: goinfer's single-process server in an actor."""
 
     def __init__(self, spec: ReplicaSpec):
         from goinfer.kv_cache import KVCache
@@ -284,7 +284,8 @@ def route_chain(text: TextModel, path: str, body: bytes, block_size: int) -> lis
         else:
             req = parse_completion(data, text.vocab_size)
             ids = text.tokenize(req.prompt, True) if isinstance(req.prompt, str) else req.prompt
-    except Exception:  # noqa: BLE001 - a refused request: routed without a key, refused there
+    except Exception as e:  # noqa: BLE001 - refused there: routed without a key
+        log.debug("no routing key for a %s request: %s", kind, e)
         return []
     return prompt_chain(ids, block_size, req.cache_salt)
 
