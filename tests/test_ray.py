@@ -209,6 +209,15 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
     assert all(len(set(w)) == 1 for w in where.values()), where
     per_replica = collections.Counter(w[0] for w in where.values())
     assert len(per_replica) == 2 and min(per_replica.values()) >= 2, per_replica
+    # the router's own books: every second turn was a prefix decision; nothing left in flight
+    ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
+    (stats,) = ingress.routing_stats.remote().result()
+    assert stats["policy"] == "prefix" and stats["decisions"]["prefix"] >= len(words), stats
+    assert sorted(stats["index_blocks"]) == sorted(set(per_replica)), stats
+    deadline = time.time() + 10
+    while ingress.routing_stats.remote().result()[0]["in_flight"]:
+        assert time.time() < deadline, "requests counted in flight after they completed"
+        time.sleep(0.05)
 
 
 def test_client_disconnect_cancels_the_job(cluster, model):

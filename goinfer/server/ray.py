@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ APP_NAME = "goinfer"
 REPLICA_HEADER = "x-goinfer-replica"
 GEN_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 ROUTE_RETRIES = 3  # tries to place a request on a replica that takes it (a dead one does not)
+ASSIGNED_TTL_S = 600.0  # a request counted in flight this long without completing is forgotten
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
 
@@ -178,7 +180,12 @@ def _chain_of(pending_request: PendingRequest | None) -> list[bytes]:
 
 class PrefixRouter(RequestRouter):
     """Ray Serve request router for goinfer replicas: routing.choose over the prefix index it
-    keeps of what it sent where, and Ray's queue lengths (requests in flight per replica).
+    keeps of what it sent where, and the requests in flight per replica.
+
+    Load is the larger of Ray's queue length (cached, probed when unknown; it counts every
+    router's requests) and this router's own count of the requests it assigned that have not
+    completed (counted at the decision, so a burst routed before Ray's cache sees the first
+    sends is still spread).
 
     Ray LLM's PrefixCacheAffinityRouter matches prompt text in a shared tree actor; goinfer's
     cache is keyed by token blocks (and cache salts), so this router matches the request's
@@ -189,24 +196,38 @@ class PrefixRouter(RequestRouter):
         self.policy = Policy(policy, imbalance, min_blocks)
         self.index = PrefixIndex(capacity)
         self.decisions: dict[str, int] = {}
+        self.assigned: dict[str, tuple[str, float]] = {}  # request id -> (replica, when)
+        # Serve ships a router class pickled *by value* with its module's globals copied, so
+        # register in the module as imported here, where the ingress looks
+        import goinfer.server.ray as this
+
+        this._routers.add(self)
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
+        rid = pending_request.metadata.internal_request_id if pending_request else None
+        self.assigned.pop(rid, None)  # routed again (the first choice was full): count it once
         if self.policy.name == "random":
             loads = dict.fromkeys(by_id, 0)
         else:
-            loads = await self._loads(candidate_replicas)
-            if not loads:  # nobody answered in time: rank by prefix alone
-                loads = dict.fromkeys(by_id, 0)
-        c = choose(_chain_of(pending_request), loads, self.index, self.policy)
+            ray_loads = await self._queue_lens(candidate_replicas)
+            live = [r for r in by_id if r in ray_loads] or list(by_id)  # none answered: all
+            own = self.in_flight()
+            loads = {r: max(ray_loads.get(r, 0), own.get(r, 0)) for r in live}
+        chain = _chain_of(pending_request)
+        c = choose(chain, loads, self.index, self.policy)
         self.decisions[c.reason] = self.decisions.get(c.reason, 0) + 1
+        if rid is not None:
+            self.assigned[rid] = (c.ranking[0], time.monotonic())
+        if chain:  # now, not when Ray reports the request routed: the next turn may come first
+            self.index.add(c.ranking[0], chain)
         return [[by_id[r]] for r in c.ranking]
 
-    async def _loads(self, replicas) -> dict[str, int]:
-        """Requests in flight per replica: Ray's cached queue lengths, probing the unknown ones
-        (a replica that does not answer is left out)."""
+    async def _queue_lens(self, replicas) -> dict[str, int]:
+        """Ray's queue length per replica, probing the unknown ones (a replica that does not
+        answer is left out)."""
         out, unknown = {}, []
         for r in replicas:
             q = self.replica_queue_len_cache.get(r.replica_id)
@@ -220,18 +241,44 @@ class PrefixRouter(RequestRouter):
                     out[r.replica_id.to_full_id_str()] = q
         return out
 
+    def in_flight(self) -> dict[str, int]:
+        """This router's requests per replica that have not completed (an entry older than
+        ASSIGNED_TTL_S is dropped: a request cancelled before it was sent never completes)."""
+        now = time.monotonic()
+        for k in [k for k, (_, t) in self.assigned.items() if now - t > ASSIGNED_TTL_S]:
+            del self.assigned[k]
+        out: dict[str, int] = {}
+        for r, _ in self.assigned.values():
+            out[r] = out.get(r, 0) + 1
+        return out
+
     def on_request_routed(self, pending_request, replica_id: ReplicaID, result) -> None:
         chain = _chain_of(pending_request)
-        if chain:
+        if chain:  # the replica Ray actually sent it to (a fallback rank, when the first was full)
             self.index.add(replica_id.to_full_id_str(), chain)
+        rid = pending_request.metadata.internal_request_id
+        if rid in self.assigned:
+            self.assigned[rid] = (replica_id.to_full_id_str(), self.assigned[rid][1])
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.assigned.pop(internal_request_id, None)
 
     def update_replicas(self, replicas) -> None:
         super().update_replicas(replicas)
-        self.index.keep_only(r.to_full_id_str() for r in self.curr_replicas)
+        if hasattr(self, "index"):
+            self.index.keep_only(r.to_full_id_str() for r in self.curr_replicas)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.index.drop(replica_id.to_full_id_str())
+
+    def stats(self) -> dict:
+        return {"policy": self.policy.name, "imbalance": self.policy.imbalance,
+                "decisions": dict(self.decisions), "in_flight": self.in_flight(),
+                "index_blocks": {r: self.index.blocks(r) for r in self.index.replicas()}}
+
+
+_routers: weakref.WeakSet = weakref.WeakSet()  # the PrefixRouters of this process (the ingress's)
 
 
 # ============================================================================ ingress
@@ -304,6 +351,11 @@ class GoinferIngress:
         self.replicas = replicas
         self.spec = spec
         self.text = TextModel(spec.model)
+
+    def routing_stats(self) -> list[dict]:
+        """What the router decided so far (by reason), its requests in flight and the blocks its
+        index holds per replica (a handle method: ``handle.routing_stats.remote()``)."""
+        return [r.stats() for r in _routers]
 
     async def __call__(self, request: Request) -> Response:
         from goinfer.server.app import authorize, read_body

@@ -108,6 +108,9 @@ class PrefixIndex:
         for r in set(self._held) - set(replicas):
             del self._held[r]
 
+    def replicas(self) -> list[str]:
+        return list(self._held)
+
     def blocks(self, replica: str) -> int:
         return len(self._held.get(replica, ()))
 
