@@ -367,3 +367,66 @@ def test_reference_benchmark_smoke():
                        env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| Qwen3.5 dense |" in r.stdout and "100.0%" in r.stdout
+
+
+# ============================================================================ graph replay (hybrid)
+
+
+@pytest.fixture
+def many_shares():
+    """Work thresholds at 0: every kernel splits its work over all threads."""
+    import importlib
+
+    mods = [importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention", "ssm")]
+    old = (mods[0]._set_min_ns_per_thread(0), mods[1]._set_grain(0), mods[2]._set_grain(0),
+           mods[3]._set_grain(0))
+    yield
+    mods[0]._set_min_ns_per_thread(old[0])
+    mods[1]._set_grain(old[1])
+    mods[2]._set_grain(old[2])
+    mods[3]._set_grain(old[3])
+
+
+def _decode_run(m, prompts, steps, fork_at=None):
+    """Batched greedy decode of len(prompts) hybrid sessions (block size 4: a state snapshot
+    every 16 tokens); fork_at: fork session 0 at that step and alternate the two afterwards.
+    -> logits of every step (steps, B, vocab)."""
+    from goinfer.session import decode_batch
+
+    cache = KVCache(m, max_tokens=1024, block_size=4)
+    ss = [m.session(cache) for _ in prompts]
+    last = [s.prefill(p) for s, p in zip(ss, prompts)]
+    out, other = [], None
+    for step in range(steps):
+        if step == fork_at:
+            other = ss[0].fork()
+        if other is not None and step % 2:  # the fork takes session 0's seat every other step
+            ss[0], other = other, ss[0]
+        toks = [int(np.argmax(lg)) for lg in last]
+        last = decode_batch(ss, toks) if len(ss) > 1 else [ss[0].decode(toks[0])]
+        out.append(np.stack(last))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hybrid_decode_graph_replay_is_exact(qwen35, many_shares, threads):
+    """Qwen3.5 decode steps replayed as one graph (the linear layers read each sequence's
+    state through the plan's slot tables) give the Python path's bits: 3 sequences of
+    different lengths, steps across snapshot boundaries (those run the Python path), and one
+    plan serving a session and its fork in turn."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    _, path = qwen35
+    prompts = [ids_(n, 40 + n) for n in (5, 13, 2)]
+    ref = _decode_run(Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts, 30)
+    m = Model(GGUFFile(path), threads=threads, progress=False)
+    assert m.graph is not None
+    got = _decode_run(m, prompts, 30)
+    assert np.array_equal(got, ref)
+    assert 20 <= m.graph.replays < 30  # snapshot steps fell back to the Python path
+    ref1 = _decode_run(Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts[:1], 24,
+                       fork_at=6)
+    m1 = Model(GGUFFile(path), threads=threads, progress=False)
+    assert np.array_equal(_decode_run(m1, prompts[:1], 24, fork_at=6), ref1)
+    assert m1.graph.captures == 1 and m1.graph.replays >= 18  # one plan, two sessions' states
