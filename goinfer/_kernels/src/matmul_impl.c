@@ -426,11 +426,9 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    /* mxfp4: code -> KV (signed) and |KV| for the sign trick */
-    const __m256i lutv = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12,
-                                                                   0, -1, -2, -3, -4, -6, -8, -12));
-    const __m256i luta = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12,
-                                                                   0, 1, 2, 3, 4, 6, 8, 12));
+    /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
+    const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                                   12, 11, 10, 9, 8, 6, 4, 0));
     __m256 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -442,43 +440,49 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
            the broadcasts below are plain loads */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
         int32_t cb[MAXMR][16];
-        if (KIND == GI_Q4_0)
+        if (KIND == GI_Q4_0 || KIND == GI_MXFP4)
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++)
-                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * 8;
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * (KIND == GI_Q4_0 ? 8 : 12);
         for (int gg = 0; gg < gn; gg++) {
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
             if (KIND == GI_MXFP4) {
-                /* sign trick per code: |KV| (unsigned) x (qa * sign(KV)); an int16 lane sums 16
-                   products |KV*qa| <= 12*127, so <= 24384: no saturation, no wrap */
-                __m256i s16[MAXRB][MAXMR];
+                /* codes looked up as KV + 12 (0..24, unsigned) against int8 activations, the
+                   -12*asum correction below.  An int16 lane of one maddubs sums 2 products
+                   <= 24*127 (no saturation); the low and the high nibbles accumulate apart over
+                   the 4 lines (each <= 4*6096 = 24384: no wrap) and meet in int32. */
+                __m256i sl[MAXRB][MAXMR], sh[MAXRB][MAXMR];
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-                    for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
+                    for (int i = 0; i < MR; i++) sl[r][i] = sh[r][i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
                         __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
-                        __m256i lo = _mm256_and_si256(l, nib), hi = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
-                        __m256i lv = _mm256_shuffle_epi8(lutv, lo), la = _mm256_shuffle_epi8(luta, lo);
-                        __m256i hv = _mm256_shuffle_epi8(lutv, hi), ha = _mm256_shuffle_epi8(luta, hi);
+                        lo[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(l, nib));
+                        hi[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+                    }
 #pragma GCC unroll 16
-                        for (int i = 0; i < MR; i++) {
-                            __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
-                            __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
-                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(la, _mm256_sign_epi8(bl, lv)));
-                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(ha, _mm256_sign_epi8(bh, hv)));
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            sl[r][i] = _mm256_add_epi16(sl[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            sh[r][i] = _mm256_add_epi16(sh[r][i], _mm256_maddubs_epi16(hi[r], bh));
                         }
                     }
                 }
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
+                    for (int i = 0; i < MR; i++)
+                        is[r][i] = _mm256_add_epi32(_mm256_madd_epi16(sl[r][i], ones), _mm256_madd_epi16(sh[r][i], ones));
             } else if (KIND != GI_Q8_0) {
                 /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
                    no saturation in maddubs, no wrap in add_epi16 */
@@ -547,10 +551,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             for (int i = 0; i < MR; i++) {
                 __m256 dai = _mm256_set1_ps(da[i * G + g]);
                 __m256i corr = _mm256_setzero_si256();
-                if (KIND == GI_Q4_0) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+                if (KIND == GI_Q4_0 || KIND == GI_MXFP4) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
-                    __m256i s = KIND == GI_Q4_0 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    __m256i s = KIND == GI_Q4_0 || KIND == GI_MXFP4 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
                     acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
                     if (KIND == GI_Q4_1)
                         acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
