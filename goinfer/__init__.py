@@ -22,6 +22,7 @@ from goinfer.errors import (  # noqa: E402
     ModelFormatError,
     ModelNotFoundError,
     TokenizerError,
+    ToolError,
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
@@ -76,5 +77,5 @@ __all__ = [
     "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
-    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError",
+    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "ToolError",
 ]

@@ -44,3 +44,12 @@ class TokenizerError(GoinferError, ValueError):
 
 class ChatTemplateError(GoinferError, ValueError):
     """A chat template failed to render (or tried something the sandbox forbids)."""
+
+
+class ToolError(GoinferError, ValueError):
+    """Bad ``tools``, ``tool_choice`` or ``parallel_tool_calls``; ``param`` names the field (the
+    server answers 400 with it)."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message)
+        self.param = param
