@@ -418,7 +418,7 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str 
         rules.insert(0, f"start: {start}")
         return "\n".join(rules) + "\n"
     if fmt.name == "mistral":
-        schema = _call_schema(tools, "arguments", array=True, many=many)
+        schema = _call_schema(tools, "arguments", array=True, many=many, with_id=True)
         rules.append("body: %json " + json.dumps(schema))
         first = "body"
         after = ""
@@ -472,16 +472,19 @@ def _marker(tokenizer, text: str) -> str:
     return f"<[{i}]>" if i is not None else json.dumps(text)
 
 
-def _call_schema(tools, args_key: str, *, array: bool = False, many: bool = True) -> dict:
+def _call_schema(tools, args_key: str, *, array: bool = False, many: bool = True,
+                 with_id: bool = False) -> dict:
     """JSON schema of one call object (or, array=True, of a list of calls) to any of `tools`.
-    Each tool's parameters go under $defs, their own "#..." references rebased there."""
+    Each tool's parameters go under $defs, their own "#..." references rebased there.
+    with_id: the call may carry Mistral's 9-character "id" after its arguments."""
     defs, alts = {}, []
     for i, t in enumerate(tools):
         key = f"goinfer_tool_{i}"
         defs[key] = _rebase(t.parameters, f"#/$defs/{key}")
-        alts.append({"type": "object",
-                     "properties": {"name": {"const": t.name},
-                                    args_key: {"$ref": f"#/$defs/{key}"}},
+        props = {"name": {"const": t.name}, args_key: {"$ref": f"#/$defs/{key}"}}
+        if with_id:
+            props["id"] = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}
+        alts.append({"type": "object", "properties": props,
                      "required": ["name", args_key], "additionalProperties": False})
     one = alts[0] if len(alts) == 1 else {"anyOf": alts}
     if array:
