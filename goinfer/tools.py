@@ -42,8 +42,8 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
-    "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply",
-    "HERMES", "LLAMA3", "MISTRAL", "GENERIC",
+    "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -969,3 +969,78 @@ def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None
     p.text = text
     p.finish()
     return p.content, p.tool_calls
+
+
+# ============================================================================ one chat request
+
+
+@dataclass
+class ToolChat:
+    """The tool side of one chat request: its prompt, its grammar (None: unconstrained) and
+    the parser of its reply.  ``Session.chat`` and the server both use one."""
+
+    spec: ToolSpec | None
+    fmt: ToolFormat
+    prompt: str
+    grammar: str | None
+
+    @property
+    def parses(self) -> bool:
+        """Are calls read out of the reply?  (Not without tools, nor with tool_choice none.)"""
+        return self.spec is not None and bool(self.spec.callable)
+
+    def parser(self) -> CallParser:
+        return CallParser(self.fmt, self.spec, eager=True)
+
+    def constraint(self, response_format=None, grammar=None):
+        """The ``grammar`` to generate with: the tools' own, or the request's grammar or
+        response_format when it brings one (only with tool_choice "none": a reply cannot be
+        held to a schema and to the call format at once)."""
+        theirs = grammar is not None or not (
+            response_format is None or response_format == {"type": "text"})
+        if self.grammar is None or not theirs:
+            return grammar if self.grammar is None else self.grammar
+        if self.spec is not None and self.spec.choice == "none":
+            return grammar
+        raise ToolError("tools with a response_format or grammar need tool_choice 'none' "
+                        "(goinfer cannot hold one reply to both)",
+                        "grammar" if grammar is not None else "response_format")
+
+    def finish(self, result, parser: CallParser | None = None):
+        """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
+        calls and ended by itself) from the reply text; returns result."""
+        if not self.parses:
+            return result
+        if parser is None:
+            parser = self.parser()
+            parser.push(result.text)
+        parser.finish()
+        result.content, result.tool_calls = parser.content, parser.tool_calls
+        if result.tool_calls and result.finish_reason == "stop":
+            result.finish_reason = "tool_calls"
+        return result
+
+    def stream(self, items):
+        """Stream items of a generation (text pieces, then the result) -> content pieces and
+        ToolCallDelta pieces, then the finished result."""
+        if not self.parses:
+            yield from items
+            return
+        parser = self.parser()
+        for item in items:
+            if isinstance(item, str):
+                yield from parser.push(item)
+            else:
+                yield from parser.finish()
+                yield self.finish(item, parser)
+
+
+def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None
+                 ) -> ToolChat:
+    """Check the tool fields (ToolError), render the conversation with the model's chat
+    template (ChatTemplateError) and write the reply's grammar."""
+    spec = check_tools(tools, tool_choice, parallel_tool_calls)
+    fmt = tool_format(model)
+    msgs, template_tools = chat_inputs(messages, fmt, spec)
+    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools)
+    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer))

@@ -224,8 +224,9 @@ def test_stop_sequence_not_leaked(srv, model):
 
 def test_tools_reach_the_chat_template(tiny, tiny_dir):
     hf, _ = tiny("llama", 3)
-    tmpl = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-            + tinymodels.CHATML)
+    # a template that renders tools in a call format goinfer knows (Hermes: <tool_call>)
+    tmpl = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} Call with "
+            "<tool_call>{...}</tool_call><|im_end|>\n{% endif %}" + tinymodels.CHATML)
     path = tinymodels.write_gguf(hf, "llama", tiny_dir / "tiny-tools.gguf", chat_template=tmpl)
     m = Model(GGUFFile(path), threads=1, progress=False)
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {

@@ -27,6 +27,7 @@ from goinfer.errors import (
     ChatTemplateError,
     ContextLengthError,
     GoinferError,
+    ToolError,
 )
 from goinfer.kv_cache import KVCache
 from goinfer.sampling import SamplingParams
@@ -50,6 +51,7 @@ from goinfer.server.scheduler import (
     Job,
     QueueFullError,
 )
+from goinfer.tools import ToolChat, prepare_chat
 
 log = logging.getLogger("goinfer.server")
 
@@ -133,8 +135,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         _auth(request)
         body = await _read_json(request)
         req = parse_chat(body, model.vocab_size)
-        ids = await run_in_threadpool(_chat_ids, model, req)
-        return await _run(request, req, ids, "/v1/chat/completions")
+        ids, tc = await run_in_threadpool(_chat_ids, model, req)
+        return await _run(request, req, ids, "/v1/chat/completions", tc)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -180,8 +182,9 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         except (ValueError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON ({e})", code="invalid_json") from None
 
-    async def _run(request: Request, req: GenRequest, ids: list[int], path: str):
-        job = _make_job(req, ids)
+    async def _run(request: Request, req: GenRequest, ids: list[int], path: str,
+                   tc: ToolChat | None = None):
+        job = _make_job(req, ids, tc)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -201,10 +204,10 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         shaper = Shaper(req.kind, st.model_id, f"goinfer-{model.fingerprint[:12]}")
         if req.stream:
             st.counts.add(path, 200)
-            return EventStream(_stream(job, events, req, shaper))
-        return await _collect(request, job, events, req, shaper, path)
+            return EventStream(_stream(job, events, req, shaper, tc))
+        return await _collect(request, job, events, req, shaper, path, tc)
 
-    def _make_job(req: GenRequest, ids: list[int]) -> Job:
+    def _make_job(req: GenRequest, ids: list[int], tc: ToolChat | None = None) -> Job:
         if not ids:
             raise bad("the prompt is empty", "prompt" if req.kind == "completion" else "messages")
         n_ctx = model.n_ctx
@@ -228,7 +231,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         return Job(ids=ids, max_tokens=max_tokens, params=params, stops=req.stops,
                    on_event=lambda ev: None, cache_salt=req.cache_salt)
 
-    async def _collect(request, job, events, req, shaper, path):
+    async def _collect(request, job, events, req, shaper, path, tc=None):
         """Wait for the whole result; cancel the job if the client goes away first."""
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -243,7 +246,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                 ev = get.result()
                 if ev.kind == "done":
                     st.counts.add(path, 200)
-                    return JSONResponse(shaper.full(ev.result, req.return_tokens))
+                    result = tc.finish(ev.result) if tc is not None else ev.result
+                    return JSONResponse(shaper.full(result, req.return_tokens))
                 if ev.kind == "error":
                     raise _engine_error(ev.error)
         finally:
@@ -251,10 +255,20 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
             if not job.cancelled:
                 engine.cancel(job)  # a no-op for a finished job; frees it on any early exit
 
-    async def _stream(job, events, req, shaper):
-        """Server-sent events; comment pings while nothing else is sent (a long prefill)."""
+    async def _stream(job, events, req, shaper, tc=None):
+        """Server-sent events; comment pings while nothing else is sent (a long prefill).
+        With tools, the text goes through the call parser: content and tool_calls deltas."""
         finished = False
         get = None
+        parser = tc.parser() if tc is not None and tc.parses else None
+
+        def pieces(items):
+            for x in items:
+                if isinstance(x, str):
+                    yield sse(shaper.chunk(text=x, include_usage=req.include_usage))
+                else:
+                    yield sse(shaper.chunk(tool_call=x, include_usage=req.include_usage))
+
         try:
             yield sse(shaper.chunk(role=True, text="", include_usage=req.include_usage))
             get = asyncio.ensure_future(events.get())
@@ -265,9 +279,17 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                     continue
                 ev = get.result()
                 if ev.kind == "text":
-                    yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage))
+                    if parser is None:
+                        yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage))
+                    else:
+                        for chunk in pieces(parser.push(ev.text)):
+                            yield chunk
                 elif ev.kind == "done":
                     finished = True
+                    if parser is not None:
+                        for chunk in pieces(parser.finish()):
+                            yield chunk
+                        tc.finish(ev.result, parser)
                     end = shaper.chunk(finish=ev.result.finish_reason,
                                        include_usage=req.include_usage)
                     if req.kind == "chat":
@@ -294,13 +316,16 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     return app
 
 
-def _chat_ids(model, req: GenRequest) -> list[int]:
+def _chat_ids(model, req: GenRequest) -> tuple[list[int], ToolChat]:
+    """The prompt's token ids (BOS once, as Session.chat) and the request's tool side."""
     try:
-        prompt = model.apply_chat_template(req.messages, add_generation_prompt=True,
-                                           tools=req.tools)
+        tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
+                          req.parallel_tool_calls)
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value") from None
     except ChatTemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "chat_template_error") from None
-    return model.tokenize_chat(prompt)  # BOS once, as Session.chat
+    return model.tokenize_chat(tc.prompt), tc
 
 
 def _engine_error(e: BaseException | None) -> APIError:
