@@ -416,6 +416,21 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "x"}], "cache_salt": 5}, "cache_salt"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": "all"}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "code_interpreter"}]},
+     "tools[0].type"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}}]},
+     "tools[0].function.parameters"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f"}}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": 5}}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
 ]
 
@@ -423,6 +438,21 @@ BAD_BODIES = [
 @pytest.mark.parametrize("body,param", BAD_BODIES)
 def test_bad_chat_bodies_get_400(srv, body, param):
     _err(srv.post("/v1/chat/completions", body), 400, param=param)
+
+
+def test_bad_tools_get_400_before_any_token_and_the_server_goes_on(srv):
+    tool_bodies = [b for b, p in BAD_BODIES if "tool" in json.dumps(b)]
+    assert len(tool_bodies) >= 7
+    c = srv.client()
+    n0 = srv.engine.n_finished
+    for body in tool_bodies:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", **body)
+        assert e.value.body["param"]
+        assert srv.engine.n_finished == n0  # nothing was generated
+        ok = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=2)
+        assert ok.choices[0].finish_reason in ("stop", "length")
+        n0 = srv.engine.n_finished
 
 
 def test_fuzzed_bodies_never_crash_the_server(srv):
@@ -655,3 +685,98 @@ def test_smollm2_chat_over_http(smollm2_path):
     ref = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(m, max_tokens=8)
     assert r.model_dump()["tokens"] == ref.tokens
     assert "Paris" in r.choices[0].message.content
+
+
+# ============================================================================ tools, real models
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 0}, "b": {"type": "number"}},
+            "required": ["a", "b"], "additionalProperties": False}}},
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = msgs("What is the weather in Paris? Use the tools.", system="You are a helpful assistant.")
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def real_srv(request):
+    from goinfer import hub
+
+    m = Model.load(str(hub.resolve(request.param, progress=False)), threads=1, progress=False)
+    with Server(m, KVCache(m, max_tokens=4096)) as s:
+        yield s
+
+
+def _valid_calls(calls, only=None):
+    import jsonschema
+
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id
+        assert only is None or c.function.name == only
+        jsonschema.validate(json.loads(c.function.arguments), TOOL_SCHEMAS[c.function.name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", "add"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 11}])
+def test_real_models_call_tools_with_valid_arguments(real_srv, choice, sampling):
+    """tool_choice "required" and a named function are constrained from the first token:
+    even a 135M model returns calls whose arguments validate against the tool's schema."""
+    tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    r = real_srv.client().chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, tool_choice=tc, max_tokens=80,
+        parallel_tool_calls=False, **sampling)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) == 1
+    _valid_calls(ch.message.tool_calls, None if choice == "required" else choice)
+
+
+@pytest.mark.slow
+def test_real_models_stream_tool_calls_the_client_assembles(real_srv):
+    """The official client's stream helper assembles the streamed delta.tool_calls into the
+    same calls as the non-streamed reply (greedy: the same tokens)."""
+    c = real_srv.client()
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
+              temperature=0)
+    whole = c.chat.completions.create(**kw).choices[0]
+    with c.chat.completions.stream(**kw) as stream:
+        deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
+    got = [(t.function.name, t.function.arguments) for t in final.message.tool_calls]
+    assert got == [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert len(deltas) > 1  # the arguments came in pieces
+    _valid_calls(final.message.tool_calls)
+
+
+@pytest.mark.slow
+def test_real_models_two_turn_tool_conversation(real_srv):
+    """Call, tool result back through the template, then an answer; the second request
+    reuses the first one's prompt from the cache."""
+    c = real_srv.client()
+    messages = list(ASK)
+    r1 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                   tool_choice="required", max_tokens=80, temperature=0)
+    m1 = r1.choices[0].message
+    _valid_calls(m1.tool_calls)
+    messages.append(m1.model_dump(exclude_none=True))
+    for t in m1.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": t.id,
+                         "content": json.dumps({"temperature_c": 18, "sky": "sunny"})})
+    r2 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                   tool_choice="none", max_tokens=24, temperature=0)
+    ch = r2.choices[0]
+    assert ch.finish_reason in ("stop", "length") and not ch.message.tool_calls
+    assert ch.message.content and ch.message.content.strip()
+    assert r2.usage.prompt_tokens > r1.usage.prompt_tokens
+    bs = real_srv.cache.block_size
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - bs
