@@ -724,20 +724,47 @@ def _valid_calls(calls, only=None):
         jsonschema.validate(json.loads(c.function.arguments), TOOL_SCHEMAS[c.function.name])
 
 
+QUESTIONS = {"required": ASK, "add": msgs("What is 2 plus 3? Use the tools.",
+                                          system="You are a helpful assistant.")}
+
+
+def _choice(choice):
+    return choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("choice", ["required", "add"])
-@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 11}])
-def test_real_models_call_tools_with_valid_arguments(real_srv, choice, sampling):
+def test_real_models_call_tools_with_valid_arguments(real_srv, choice):
     """tool_choice "required" and a named function are constrained from the first token:
-    even a 135M model returns calls whose arguments validate against the tool's schema."""
-    tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    even a 135M model returns a call whose arguments validate against the tool's schema."""
     r = real_srv.client().chat.completions.create(
-        model="tiny", messages=ASK, tools=TOOLS, tool_choice=tc, max_tokens=80,
-        parallel_tool_calls=False, **sampling)
+        model="tiny", messages=QUESTIONS[choice], tools=TOOLS, tool_choice=_choice(choice),
+        max_tokens=80, parallel_tool_calls=False, temperature=0)
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls", ch
-    assert len(ch.message.tool_calls) == 1
+    assert len(ch.message.tool_calls) == 1 and ch.message.content is None
     _valid_calls(ch.message.tool_calls, None if choice == "required" else choice)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", "add"])
+def test_real_models_sampled_tool_calls(real_srv, choice):
+    """Sampled (temperature 1): every call that ends validates; a value that runs on (a
+    sampled number may get digit after digit) ends with finish_reason "length", never as a
+    call claimed complete."""
+    done = 0
+    for seed in range(4):
+        r = real_srv.client().chat.completions.create(
+            model="tiny", messages=QUESTIONS[choice], tools=TOOLS, tool_choice=_choice(choice),
+            max_tokens=60, temperature=1.0, seed=seed)
+        ch = r.choices[0]
+        assert ch.message.tool_calls, ch  # the first token already belongs to a call
+        if ch.finish_reason == "length":  # cut short: the client can tell
+            continue
+        assert ch.finish_reason == "tool_calls", ch
+        _valid_calls(ch.message.tool_calls, None if choice == "required" else choice)
+        done += 1
+    assert done >= 2
 
 
 @pytest.mark.slow
