@@ -553,3 +553,102 @@ def test_stream_cut_short_keeps_the_call_begun():
     out = p.push('<tool_call>\n{"name": "add", "arguments": {"a": 1')
     out += p.finish()
     assert assemble(out) == ("", [("add", '{"a": 1')])
+
+
+# ============================================================================ Session.chat
+
+# Bounded arguments (enums, small integers, booleans): a random tiny model under the grammar
+# finishes its call within a few dozen tokens.
+BOUNDED = [
+    {"type": "function", "function": {"name": "set_mode", "parameters": {
+        "type": "object", "properties": {"mode": {"enum": ["fast", "exact"]},
+                                         "level": {"type": "integer", "minimum": 0,
+                                                   "maximum": 9}},
+        "required": ["mode", "level"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "toggle", "parameters": {
+        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
+        "additionalProperties": False}}},
+]
+BOUNDED_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
+ASK = [{"role": "user", "content": "Switch to exact mode."}]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny):
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    _, path = tiny("llama", 5, max_position_embeddings=4096)
+    return Model(GGUFFile(path), threads=1, progress=False)
+
+
+def _check_calls(r, only=None):
+    assert r.finish_reason == "tool_calls", (r.finish_reason, r.text)
+    assert r.tool_calls and r.content is None
+    for c in r.tool_calls:
+        assert c["type"] == "function" and c["id"].startswith("call_")
+        assert only is None or c["function"]["name"] == only
+        jsonschema.validate(json.loads(c["function"]["arguments"]),
+                            BOUNDED_SCHEMAS[c["function"]["name"]])
+    assert r.message() == {"role": "assistant", "content": None, "tool_calls": r.tool_calls}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_chat_forced_calls_from_a_random_model_validate(tiny_model, seed):
+    """A random model has no idea of the format: the grammar alone makes its replies calls."""
+    s = tiny_model.session()
+    kw = dict(max_tokens=120, temperature=1.0, seed=seed)
+    _check_calls(s.chat(ASK, tools=BOUNDED, tool_choice="required", **kw))
+    _check_calls(s.chat(ASK, tools=BOUNDED, tool_choice={
+        "type": "function", "function": {"name": "toggle"}}, **kw), only="toggle")
+    r = s.chat(ASK, tools=BOUNDED, tool_choice="required", parallel_tool_calls=False, **kw)
+    _check_calls(r)
+    assert len(r.tool_calls) == 1
+
+
+def test_chat_stream_gives_the_same_calls(tiny_model):
+    s = tiny_model.session()
+    kw = dict(tools=BOUNDED, tool_choice="required", max_tokens=120, temperature=1.0, seed=4)
+    whole = s.chat(ASK, **kw)
+    items = list(s.chat(ASK, stream=True, **kw))
+    result = items.pop()
+    content, calls = assemble(items)
+    assert content == "" and result.tool_calls == [
+        dict(c, id=result.tool_calls[i]["id"]) for i, c in enumerate(whole.tool_calls)]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"])
+                     for c in whole.tool_calls]
+    assert result.tokens == whole.tokens and result.finish_reason == "tool_calls"
+
+
+def test_chat_tool_choice_none_and_auto(tiny_model):
+    s = tiny_model.session()
+    r = s.chat(ASK, tools=BOUNDED, tool_choice="none", max_tokens=40, temperature=1.0, seed=1)
+    assert r.tool_calls is None and r.content == r.text and "<tool_call>" not in r.text
+    assert r.finish_reason in ("stop", "length")
+    r = s.chat(ASK, tools=BOUNDED, max_tokens=40, temperature=1.0, seed=1)  # auto
+    content, calls = T.parse_reply(r.text, T.GENERIC, T.check_tools(BOUNDED))
+    assert r.content == content and (r.tool_calls is None) == (calls is None)
+
+
+def test_chat_bad_tools_raise_before_generating(tiny_model):
+    s = tiny_model.session()
+    s.chat(ASK, max_tokens=2)
+    held = s.tokens
+    with pytest.raises(ToolError) as e:
+        s.chat(ASK, tools=BOUNDED, tool_choice={"type": "function", "function": {"name": "x"}})
+    assert e.value.param == "tool_choice" and s.tokens == held
+    with pytest.raises(ToolError):
+        s.chat(ASK, tools=BOUNDED, response_format={"type": "json_object"})
+    assert s.tokens == held
+
+
+def test_chat_tool_history_reuses_the_cache(tiny_model):
+    """Turn 2 resends turn 1 with its call and the result: only the new part is prefilled."""
+    s = tiny_model.session()
+    kw = dict(tools=BOUNDED, tool_choice="required", max_tokens=120, temperature=1.0, seed=2)
+    r1 = s.chat(ASK, **kw)
+    messages = ASK + [r1.message()] + [
+        {"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in r1.tool_calls]
+    r2 = s.chat(messages, tools=BOUNDED, tool_choice="none", max_tokens=4)
+    bs = s.cache.block_size
+    assert r2.cached_tokens >= r1.prompt_tokens + r1.completion_tokens - 2 * bs
