@@ -425,9 +425,9 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str 
     else:  # hermes, generic: one <tool_call> block per call
         rules.append("body: %json " + json.dumps(_call_schema(tools, "arguments")))
         close = _marker(tokenizer, fmt.close)
-        rules.append(f'first: "\\n"? body "\\n"? {close}')
+        rules.append(f'first: "\\n" body "\\n" {close}')  # laid out as templates write it
         first = "first"
-        after = f' ("\\n"? {_marker(tokenizer, fmt.open)} first)*' if many else ""
+        after = f' ("\\n" {_marker(tokenizer, fmt.open)} first)*' if many else ""
     open_ = _marker(tokenizer, fmt.open)
     if forced:
         start = f"{open_} {first}{after}"
