@@ -846,8 +846,7 @@ class CallParser:
         """(where the next call region opens or None, how far text is surely content)."""
         s, i = self.text, self.i
         k = s.find(self.fmt.open, i)
-        if self.fmt.name == "llama3" and not self.calls and not "".join(self.parts).strip() \
-                and not self.held.strip():
+        if self.fmt.name == "llama3" and not self.calls and not self.parts:  # nothing said yet
             j = _skip_ws(s, i)
             if j < len(s) and s[j] == "{" and (k < 0 or j < k):
                 return j, j  # a reply that opens with a JSON object
