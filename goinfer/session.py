@@ -318,7 +318,10 @@ class Session:
 
         tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls)
         ids = self.model.tokenize_chat(tc.prompt)
-        grammar = tc.constraint(kwargs.get("response_format"), kwargs.get("grammar"))
+        rf, grammar = tc.constraint(kwargs.pop("response_format", None),
+                                    kwargs.pop("grammar", None))
+        if rf is not None:
+            kwargs["response_format"] = rf
         if grammar is not None:
             kwargs["grammar"] = grammar
         out = self.generate(ids, max_tokens, stream=stream, **kwargs)

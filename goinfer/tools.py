@@ -991,16 +991,18 @@ class ToolChat:
     def parser(self) -> CallParser:
         return CallParser(self.fmt, self.spec, eager=True)
 
-    def constraint(self, response_format=None, grammar=None):
-        """The ``grammar`` to generate with: the tools' own, or the request's grammar or
-        response_format when it brings one (only with tool_choice "none": a reply cannot be
-        held to a schema and to the call format at once)."""
+    def constraint(self, response_format=None, grammar=None) -> tuple:
+        """(response_format, grammar) to generate with: the tools' grammar, or the request's
+        own response_format or grammar when it brings one (only with tool_choice "none": one
+        reply cannot be held to a schema and to the call format at once; ToolError)."""
         theirs = grammar is not None or not (
             response_format is None or response_format == {"type": "text"})
-        if self.grammar is None or not theirs:
-            return grammar if self.grammar is None else self.grammar
+        if self.grammar is None:
+            return response_format, grammar
+        if not theirs:
+            return None, self.grammar
         if self.spec is not None and self.spec.choice == "none":
-            return grammar
+            return response_format, grammar
         raise ToolError("tools with a response_format or grammar need tool_choice 'none' "
                         "(goinfer cannot hold one reply to both)",
                         "grammar" if grammar is not None else "response_format")
