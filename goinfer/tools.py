@@ -253,6 +253,8 @@ def tool_format(model) -> ToolFormat:
 def _format_of(template: str) -> ToolFormat:
     if not template or not _renders_tools(template):
         return GENERIC
+    if "<function=" in template:  # Qwen3-Coder / Qwen3.5 XML calls: not parsed, use ours
+        return GENERIC
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:

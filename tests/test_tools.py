@@ -167,6 +167,9 @@ def test_format_of_other_templates():
     odd = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert T._format_of(odd) is T.GENERIC
     assert T._format_of("{% broken") is T.GENERIC
+    xml = ("{{ tools | tojson }}<tool_call>\n<function=name>\n<parameter=x>\n"
+           "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert T._format_of(xml) is T.GENERIC  # Qwen3-Coder's XML calls
 
 
 # ============================================================================ rendering
