@@ -658,3 +658,16 @@ def test_chat_tool_history_reuses_the_cache(tiny_model):
         {"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in r1.tool_calls]
     r2 = s.chat(messages, tools=BOUNDED, tool_choice="none", max_tokens=4)
     assert r2.cached_tokens >= r1.prompt_tokens - s.cache.block_size
+
+
+def test_tools_benchmark_smoke():
+    """benchmarks/tools.py runs end to end on a tiny model (speed is not asserted)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "tools.py"), "--smoke"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tokens"] == 16 and out["format"] == "generic" and out["plain_tok_s"] > 0
