@@ -431,7 +431,13 @@ BAD_BODIES = [
         "name": "f"}}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
         {"id": "c", "function": {"name": 5}}]}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: nope"}, "grammar"),
 ]
 
 
