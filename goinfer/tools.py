@@ -459,7 +459,9 @@ def _regex(text: str) -> str:
 
 
 def _special(tokenizer, text: str) -> int | None:
-    """The id of `text` when the model's vocabulary has it as one control token."""
+    """The id of `text` when the model's vocabulary has it as one control token (special in
+    constrained.TokenView too; asked of the tokenizer, so rendering a prompt, as the Ray
+    ingress does to route it, builds no token view)."""
     if tokenizer is None:
         return None
     try:

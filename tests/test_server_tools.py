@@ -106,7 +106,7 @@ def test_real_models_sampled_tool_calls(real_srv, choice):
     for seed in range(4):
         r = real_srv.client().chat.completions.create(
             model="tiny", messages=QUESTIONS[choice], tools=TOOLS, tool_choice=_choice(choice),
-            max_tokens=60, temperature=1.0, seed=seed)
+            max_tokens=60, temperature=1.0, seed=seed, parallel_tool_calls=False)
         ch = r.choices[0]
         assert ch.message.tool_calls, ch  # the first token already belongs to a call
         if ch.finish_reason == "length":  # cut short: the client can tell
@@ -123,7 +123,7 @@ def test_real_models_stream_tool_calls_the_client_assembles(real_srv):
     same calls as the non-streamed reply (greedy: the same tokens)."""
     c = real_srv.client()
     kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
-              temperature=0)
+              temperature=0, parallel_tool_calls=False)
     whole = c.chat.completions.create(**kw).choices[0]
     with c.chat.completions.stream(**kw) as stream:
         deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
@@ -142,7 +142,8 @@ def test_real_models_two_turn_tool_conversation(real_srv):
     c = real_srv.client()
     messages = list(ASK)
     r1 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
-                                   tool_choice="required", max_tokens=80, temperature=0)
+                                   tool_choice="required", max_tokens=80, temperature=0,
+                                   parallel_tool_calls=False)
     m1 = r1.choices[0].message
     _valid_calls(m1.tool_calls)
     messages.append(m1.model_dump(exclude_none=True))

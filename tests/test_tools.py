@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from goinfer import tools as T
 from goinfer.chat_template import GEMMA_TEMPLATE, render_chat_template
+from goinfer.constrained import token_view
 from goinfer.errors import GoinferError, ToolError
 from goinfer.tokenizer import TOKEN_TYPE, Tokenizer
 
@@ -60,24 +61,9 @@ def tok():
     return Tokenizer.from_metadata(md)
 
 
-class _Wrapper:
-    is_tokenizer_wrapper = True
-
-    def __init__(self, tok):
-        self.tok = tok
-        self.eos_token_id, self.bos_token_id = tok.eos_id, tok.bos_id
-        self.special_token_ids = [i for i in range(tok.vocab_size) if tok.is_control(i)]
-        self.tokens = [(b"\xff" if tok.is_control(i) else b"") + tok.token_bytes(i)
-                       for i in range(tok.vocab_size)]
-
-    def __call__(self, text):
-        return self.tok.encode(text.decode() if isinstance(text, bytes) else text,
-                               parse_special=False)
-
-
 @pytest.fixture(scope="module")
 def lltok(tok):
-    return llg.LLTokenizer(_Wrapper(tok), eos_token=sorted(tok.stop_ids))
+    return token_view(tok).ll  # goinfer's llguidance view of the tokenizer
 
 
 def spec(choice="auto", parallel=True, tools=TOOLS):
