@@ -7,8 +7,9 @@
 
 Each user turn runs the agent loop: the model must call a tool first (tool_choice
 "required": the call is constrained, so even a 135M model writes one whose arguments fit the
-tool's schema), the tool runs here in Python, its result goes back as a "tool" message, and
-the model answers (tool_choice "none").  The whole conversation is sent again every step, as
+tool's schema; parallel_tool_calls false, as a small model allowed several calls tends to
+repeat its call until max_tokens), the tool runs here in Python, its result goes back as a
+"tool" message, and the model answers (tool_choice "none").  The whole conversation is sent again every step, as
 agents do; the tools stay in the prompt whatever tool_choice is, so the prompt only grows and
 the cached prefix is reused: each step prints how many prompt tokens came from the cache.
 """
@@ -68,7 +69,7 @@ def library_backend(model_name: str, max_tokens: int):
 
     def step(messages, tool_choice):
         r = session.chat(messages, max_tokens=max_tokens, tools=TOOLS, tool_choice=tool_choice,
-                         temperature=0.0)
+                         parallel_tool_calls=False, temperature=0.0)
         return r.message(), r.prompt_tokens, r.cached_tokens
 
     return step
@@ -83,8 +84,8 @@ def server_backend(url: str, model_name: str | None, max_tokens: int):
 
     def step(messages, tool_choice):
         r = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS,
-                                           tool_choice=tool_choice, max_tokens=max_tokens,
-                                           temperature=0)
+                                           tool_choice=tool_choice, parallel_tool_calls=False,
+                                           max_tokens=max_tokens, temperature=0)
         m = r.choices[0].message.model_dump(exclude_none=True)
         details = r.usage.prompt_tokens_details
         return m, r.usage.prompt_tokens, (details.cached_tokens or 0) if details else 0
