@@ -9,9 +9,10 @@ Each user turn runs the agent loop: the model must call a tool first (tool_choic
 "required": the call is constrained, so even a 135M model writes one whose arguments fit the
 tool's schema; parallel_tool_calls false, as a small model allowed several calls tends to
 repeat its call until max_tokens), the tool runs here in Python, its result goes back as a
-"tool" message, and the model answers (tool_choice "none").  The whole conversation is sent again every step, as
-agents do; the tools stay in the prompt whatever tool_choice is, so the prompt only grows and
-the cached prefix is reused: each step prints how many prompt tokens came from the cache.
+"tool" message, and the model answers (tool_choice "none").  The whole conversation is sent
+again every step, as agents do; the tools stay in the prompt whatever tool_choice is, so the
+prompt only grows and the cached prefix is reused: each step prints how many prompt tokens
+came from the cache.
 """
 from __future__ import annotations
 

@@ -19,12 +19,16 @@ A request's tools go through four steps, all in this file:
    pieces of the arguments) or at once (``parse_reply``).  Call text that does not parse stays
    in the content; nothing is dropped.
 
-| format  | a call as the model writes it                                    | chosen when            |
-| ------- | ---------------------------------------------------------------- | ---------------------- |
-| hermes  | ``<tool_call>\\n{"name": f, "arguments": {...}}\\n</tool_call>``   | template has <tool_call> (Qwen 2.5/3, Hermes) |
-| llama3  | ``{"name": f, "parameters": {...}}`` at the start of the reply, or after ``<|python_tag|>``; several joined by ``; `` | Llama 3.x template |
-| mistral | ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]``            | template has [TOOL_CALLS] |
-| generic | as hermes, taught by the built-in tool prompt                    | any other template     |
+Formats (a call as the model writes it; chosen from the chat template):
+
+- hermes: ``<tool_call>\\n{"name": f, "arguments": {...}}\\n</tool_call>``, one block per
+  call (templates with <tool_call>: Qwen 2.5 / 3, Hermes);
+- llama3: ``{"name": f, "parameters": {...}}`` opening the reply, or after
+  ``<|python_tag|>``; several joined by ``; `` (Llama 3.x templates);
+- mistral: ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]`` (templates with
+  [TOOL_CALLS]);
+- generic: as hermes, taught by the built-in tool prompt (any other template: SmolLM2,
+  Gemma 3, ...).
 """
 from __future__ import annotations
 
@@ -383,7 +387,8 @@ def _generic_call(call) -> str:
         body = raw.strip()  # the text the model wrote, so the prompt repeats it token for token
     else:
         body = json.dumps(args, ensure_ascii=False)
-    return f'<tool_call>\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {body}}}\n</tool_call>'
+    name = json.dumps(name, ensure_ascii=False)
+    return f'<tool_call>\n{{"name": {name}, "arguments": {body}}}\n</tool_call>'
 
 
 # ============================================================================ grammars
