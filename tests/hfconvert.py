@@ -48,8 +48,9 @@ import numpy as np
 LLAMA_CPP_PYTHON = "0.3.36"
 _SDIST_ROOT = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
 # members of the sdist kept in the cache (prefixes under vendor/llama.cpp/)
-_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/",
-         "models/ggml-vocab-qwen35.gguf", "models/ggml-vocab-llama-bpe.gguf")
+VOCABS = ("qwen35", "llama-bpe", "gemma-4")  # llama.cpp's tokenizer test vocabularies kept
+_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/") + tuple(
+    f"models/ggml-vocab-{v}.gguf" for v in VOCABS)  # .gguf, .gguf.inp, .gguf.out
 _PEERS = Path(f"/tmp/peers-build/sdist/llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp")
 
 
@@ -76,8 +77,9 @@ def _locked(path: Path):
 
 
 def _complete(d: Path) -> bool:
-    return (d / "convert_hf_to_gguf.py").is_file() and (d / "conversion").is_dir() and (
-        d / "gguf-py" / "gguf").is_dir()
+    return ((d / "convert_hf_to_gguf.py").is_file() and (d / "conversion").is_dir()
+            and (d / "gguf-py" / "gguf").is_dir()
+            and all((d / "models" / f"ggml-vocab-{v}.gguf.out").is_file() for v in VOCABS))
 
 
 def converter_dir() -> Path:
@@ -95,6 +97,8 @@ def converter_dir() -> Path:
         return _PEERS
     with _locked(fixtures_home() / ".converter.lock"):
         if not _complete(cached):
+            if cached.exists():  # an older cache without some of the files kept now
+                shutil.rmtree(cached)
             _download(cached)
     return cached
 
