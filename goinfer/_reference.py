@@ -235,7 +235,8 @@ def quantize_q8_0(x):
     x = np.asarray(x, dtype=np.float32)
     xg = x.reshape(*x.shape[:-1], x.shape[-1] // QB, QB)
     amax = np.abs(xg).max(axis=-1)  # (..., G), NaN propagates
-    s = (amax / np.float32(127.0)).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = (amax / np.float32(127.0)).astype(np.float16)
     sf = s.astype(np.float32)
     ok = np.isfinite(sf) & (sf > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -266,8 +267,9 @@ def dequantize_kv(k_cache, v_cache):
     if dt != "q8_0":
         return k_cache.astype(np.float32), v_cache.astype(np.float32)
     kq, ks, vq, vs = _q8_views(k_cache, v_cache)
-    k = kq.astype(np.float32) * np.repeat(ks.astype(np.float32), QB, axis=2)  # exact: 19 bits
-    v = vq.astype(np.float32) * np.repeat(vs.astype(np.float32), QB, axis=3)
+    with np.errstate(invalid="ignore"):  # 0 * inf: a block whose scale overflowed is NaN
+        k = kq.astype(np.float32) * np.repeat(ks.astype(np.float32), QB, axis=2)  # exact
+        v = vq.astype(np.float32) * np.repeat(vs.astype(np.float32), QB, axis=3)
     return k, v
 
 

@@ -494,14 +494,26 @@ cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
         it += r.nshares
 
 
+cdef int _bind_shared(Op op, gi_attn_args *a) except -1:
+    """The memory a split fast plan shares between its items (zeroed; counters taken modulo
+    kchunks, so one buffer serves every run), kept alive by the op."""
+    if a.shared_bytes <= 0:
+        return 0
+    cdef cnp.ndarray buf = np.zeros(a.shared_bytes + 64, np.uint8)
+    cdef size_t addr = <size_t>cnp.PyArray_DATA(buf)
+    a.shared = <void *>(<char *>cnp.PyArray_DATA(buf) + (64 - addr % 64) % 64)
+    op.refs = op.refs + (buf,)
+    return 0
+
+
 cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
     return 1 if a.T * a.H * (pmax + 1) * a.hd < _GRAIN else nt
 
 
 def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                      out=None, *, nthreads=1, max_pos):
-    """Doubles of scratch per thread a bound attention over these arguments needs for any
-    query positions up to max_pos."""
+                      out=None, *, nthreads=1, max_pos, fast=False):
+    """Doubles of scratch per thread a bound attention (fast: attention_fast) over these
+    arguments needs for any query positions up to max_pos."""
     cdef int nt = _check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
@@ -512,17 +524,17 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
     cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
     a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
     a.window = 0
-    _table().plan(&a, _att_threads(&a, nt, pmax))
+    cdef plan_fn plan = _fast_table().plan if fast else _table().plan
+    plan(&a, _att_threads(&a, nt, pmax))
     return (a.scratch_doubles + 7) & ~(<int64_t>7)
 
 
-def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                   out=None, *, nthreads=1, scratch, max_pos):
-    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
-    thread that may run the graph, per >= attention_scratch(...); the caller keeps
-    q_pos <= max_pos and the block table valid for every run."""
+cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
+                  object block_table, object q_pos, object scale, object window, object softcap,
+                  object out, object nthreads, object scratch, object max_pos):
+    """bind_attention / bind_attention_fast: the kernel's work items as an Op."""
     cdef int nt = _check_threads(nthreads)
-    cdef Op op = Op("attention", (q, k_cache, v_cache, block_table, q_pos, out, scratch))
+    cdef Op op = Op(name, (q, k_cache, v_cache, block_table, q_pos, out, scratch))
     cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
     cdef int64_t pmax = 0
     if out is None:
@@ -534,20 +546,44 @@ def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
         raise ValueError(f"max_pos {max_pos} is below the current positions or beyond the "
                          f"block table")
     need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window,
-                                 softcap, out, nthreads=nt, max_pos=max_pos)
+                                 softcap, out, nthreads=nt, max_pos=max_pos, fast=fast)
     cdef cnp.ndarray sa = _carray(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2, True)
     if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
         raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
-    cdef const gi_attn_ops *ops = _table()
     cdef int n = _att_threads(&r.a, nt, pmax)
-    ops.plan(&r.a, n)
-    r.run = ops.run
+    r.a.split_ok = 1  # (the fast plan may split keys: sized for max_pos, shared memory below)
+    r.a.max_pos = max_pos
+    if fast:
+        _fast_table().plan(&r.a, n)
+        r.run = _fast_table().run
+    else:
+        _table().plan(&r.a, n)
+        r.run = _table().run
+    _bind_shared(op, &r.a)
     r.scratch = <double *>cnp.PyArray_DATA(sa)
     r.per = _dim(sa, 1)
     r.nshares = n if n < r.a.n_items else r.a.n_items
     op.op.run = _att_share
     op.op.nshares = r.nshares
     return op
+
+
+def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                   out=None, *, nthreads=1, scratch, max_pos):
+    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
+    thread that may run the graph, per >= attention_scratch(...); the caller keeps
+    q_pos <= max_pos and the block table valid for every run."""
+    return _bind("attention", False, q, k_cache, v_cache, block_table, q_pos, scale, window,
+                 softcap, out, nthreads, scratch, max_pos)
+
+
+def bind_attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                        out=None, *, nthreads=1, scratch, max_pos):
+    """attention_fast as an Op, as bind_attention (per >= attention_scratch(..., fast=True)).
+    A row's bits are attention_fast's; a decode step's keys are split by chunk over the
+    threads (kchunks sized for max_pos), with the same bits."""
+    return _bind("attention_fast", True, q, k_cache, v_cache, block_table, q_pos, scale,
+                 window, softcap, out, nthreads, scratch, max_pos)
 
 
 def count_exact(int64_t calls, int64_t queries):
@@ -568,6 +604,22 @@ def _variant_used():
     if t == &gi_attn_ops_avx2:
         return _cfg.VARIANTS[GI_AVX2]
     return _cfg.VARIANTS[0]
+
+
+def _fast_plan(q, k_cache, v_cache, block_table, q_pos, *, nthreads=1):
+    """{"n_items", "kchunks"} of attention_fast's plan for this call (tests: kchunks > 1 when
+    the keys of a few rows are split over threads)."""
+    cdef int nt = _check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, 0, 0.0, None, &pmax)
+    if a.T == 0:
+        return {"n_items": 0, "kchunks": 1}
+    if a.T * a.H * (pmax + 1) * a.hd < _GRAIN:
+        nt = 1
+    a.split_ok = 1
+    _fast_table().plan(&a, nt)
+    return {"n_items": a.n_items, "kchunks": a.kchunks}
 
 
 def _get_grain():

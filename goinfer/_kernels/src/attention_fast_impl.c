@@ -78,7 +78,9 @@ typedef struct {
     float *o;                /* (R, hd) accumulators */
     float *p;                /* (R, FA_TK) scores, then weights */
     float *kt;               /* (hd, FA_TK) the tile's keys, transposed, as float */
-    const char **vp;         /* (FA_TK,) the tile's value rows (kv_dtype) */
+    const char **vp;         /* (FA_TK,) the tile's value rows (of type vdt) */
+    float *vt;               /* (FA_TK, hd) the tile's values as float, when R > FA_RB */
+    int vdt;                 /* the type AV reads: kv_dtype, or GI_KV_F32 from vt */
     float *O;                /* (R, hd) the folded chunks */
     float m[FA_RMAX], l[FA_RMAX], c[FA_RMAX];   /* the current chunk */
     float M[FA_RMAX], L[FA_RMAX];               /* the folded chunks */
@@ -284,6 +286,12 @@ static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const 
 
 /* ============================================================================ one key tile */
 
+/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
+GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
+    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
+    return hd - d0 < VF_N ? hd - d0 : VF_N;
+}
+
 /* n keys (a run inside one block, from offset off) of K row d, as float, to dst */
 GI_INLINE void fa_krow(const int DT, const int VEC, const char *kb, int64_t hd, int64_t bs,
                        int64_t d, int64_t off, int64_t n, float *dst) {
@@ -332,7 +340,28 @@ GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int6
             for (int64_t d = 0; d < hd; d++) fa_krow(DT, 1, kb, hd, bs, d, off, n, dst + d * FA_TK);
         else
             for (int64_t d = 0; d < hd; d++) fa_krow(DT, 0, kb, hd, bs, d, off, n, dst + d * FA_TK);
-        for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * vrb;
+        if (x->vdt == DT) {
+            for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * vrb;
+        } else { /* several row blocks will read V: convert its rows once, exactly */
+            for (int64_t i = 0; i < n; i++) {
+                float *dst = x->vt + (j - t0 + i) * hd;
+                for (int64_t d0 = 0; d0 < hd; d0 += fa_av_extent(d0, hd)) {
+                    const int64_t nd = fa_av_extent(d0, hd);
+                    vf vv[FA_DV];
+                    if (nd == FA_DV * VF_N) {
+                        fa_vload(DT, FA_DV, 0, VF_N, vb + i * vrb, hd, d0, vv);
+                        for (int v = 0; v < FA_DV; v++) vf_store(dst + d0 + v * VF_N, vv[v]);
+                    } else if (nd == VF_N) {
+                        fa_vload(DT, 1, 0, VF_N, vb + i * vrb, hd, d0, vv);
+                        vf_store(dst + d0, vv[0]);
+                    } else {
+                        fa_vload(DT, 1, 1, (int)nd, vb + i * vrb, hd, d0, vv);
+                        vf_store_n(dst + d0, vv[0], (int)nd);
+                    }
+                }
+                x->vp[j - t0 + i] = (const char *)dst;
+            }
+        }
         j += n;
     }
 }
@@ -343,12 +372,6 @@ static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, 
     if (a->kv_dtype == GI_KV_F16) fa_gather_dt(GI_KV_F16, a, x, t0, ta, tb);
     else if (a->kv_dtype == GI_KV_Q8_0) fa_gather_dt(GI_KV_Q8_0, a, x, t0, ta, tb);
     else fa_gather_dt(GI_KV_F32, a, x, t0, ta, tb);
-}
-
-/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
-GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
-    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
-    return hd - d0 < VF_N ? hd - d0 : VF_N;
 }
 
 /* One key tile [t0, t0 + FA_TK) for every row of the item: QK in chunks of FA_DC dims (a
@@ -406,7 +429,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-            fa_av_block(RB, a->kv_dtype, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK,
+            fa_av_block(RB, x->vdt, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK,
                         x->vp, ja, jb, x->c + r0, d0);
         }
         d0 += nd;
@@ -465,7 +488,7 @@ static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
     }
     a->n_items = groups * a->kchunks;
     const int64_t floats = 3 * FA_ALIGN(R * a->hd) + FA_ALIGN(R * FA_TK) +
-                           FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
+                           2 * FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
     a->scratch_doubles = (floats + 1) / 2;
 }
 
@@ -512,15 +535,20 @@ static void fa_fold(int64_t hd, fa_ctx *x, int r, float m, float l, const float 
     }
 }
 
+/* out = O / L + 0: adding +0 turns a -0 into +0 and changes nothing else.  The sign of a
+ * zero in o is the one thing the other rows of an item can change (a key outside the row's
+ * range adds 0 * v, and -0 + +0 = +0), so this makes the bits the row's own. */
 static void fa_finish(int64_t hd, const fa_ctx *x) {
+    const vf zero = vf_zero();
     for (int r = 0; r < x->R; r++) {
         const vf lv = vf_set1(x->L[r]);
         const float *o = x->O + r * hd;
         int64_t d = 0;
-        for (; d + VF_N <= hd; d += VF_N) vf_store(x->orow[r] + d, vf_div(vf_load(o + d), lv));
+        for (; d + VF_N <= hd; d += VF_N)
+            vf_store(x->orow[r] + d, vf_add(vf_div(vf_load(o + d), lv), zero));
         if (d < hd) {
             const int n = (int)(hd - d);
-            vf_store_n(x->orow[r] + d, vf_div(vf_load_n(o + d, n), lv), n);
+            vf_store_n(x->orow[r] + d, vf_add(vf_div(vf_load_n(o + d, n), lv), zero), n);
         }
     }
 }
@@ -544,15 +572,18 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
     fa_ctx x;
     x.kvh = rem / a->nparts;
     x.R = (int)(nt * nhh);
+    x.vdt = x.R > FA_RB ? GI_KV_F32 : a->kv_dtype; /* float V tile for several row blocks */
 
-    /* ---- scratch: qs (R, hd) | o (R, hd) | O (R, hd) | p (R, TK) | kt (hd, TK) | vp */
+    /* ---- scratch: qs (R, hd) | o (R, hd) | O (R, hd) | p (R, TK) | kt (hd, TK) | vt (TK, hd)
+     * | vp */
     float *f = (float *)scratch;
     x.qs = f;
     x.o = f + FA_ALIGN(x.R * hd);
     x.O = x.o + FA_ALIGN(x.R * hd);
     x.p = x.O + FA_ALIGN(x.R * hd);
     x.kt = x.p + FA_ALIGN((int64_t)x.R * FA_TK);
-    x.vp = (const char **)(void *)(x.kt + FA_ALIGN(hd * FA_TK));
+    x.vt = x.kt + FA_ALIGN(hd * FA_TK);
+    x.vp = (const char **)(void *)(x.vt + FA_ALIGN(hd * FA_TK));
 
     /* ---- rows */
     x.kmin = INT64_MAX;
