@@ -41,6 +41,9 @@
 
 #define FA_TK 64           /* keys per tile */
 #define FA_CH 512          /* keys per chunk (a multiple of FA_TK) */
+#ifndef FA_PF
+#define FA_PF 2            /* tiles ahead to prefetch */
+#endif
 #define FA_RMAX 64         /* rows (query x head) per item */
 #define FA_DC 64           /* d-chunk of QK: a (FA_DC, FA_TK) piece of the K tile, 16 KB */
 
@@ -59,6 +62,14 @@
 #define FA_DV 8
 #endif
 #define FA_TV (FA_TK / VF_N) /* vectors per tile row */
+/* direct QK (few rows, fa_qk_direct): key vectors of one block per pass over d */
+#if defined(GI_VARIANT_AVX512)
+#define FA_PW 4
+#elif defined(GI_VARIANT_AVX2)
+#define FA_PW 2
+#else
+#define FA_PW 8
+#endif
 
 #if FA_TV % FA_NV != 0
 #error "FA_NV must divide the vectors of a tile"
@@ -118,6 +129,52 @@ GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
 #pragma GCC unroll 8
             for (int v = 0; v < FA_NV; v++) vf_store(p + r * FA_TK + (c0 + v) * VF_N, acc[r][v]);
     }
+}
+
+/* Direct QK for an item of at most FA_RB rows (a decode step): the scores of one block's
+ * keys [off, off + PW vectors) straight from the cache, p[r][...] for RB rows.  The same chain
+ * per key as fa_qk over the gathered tile (acc = 0; acc = muladd(q[d], k[d], acc) for d in
+ * order), so the same bits, without packing the tile first. */
+GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const float *qs, int64_t hd,
+                            const char *kb, int64_t bs, int64_t off, float *p) {
+    vf acc[FA_RB][FA_PW], sc[FA_PW];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < PW; v++) acc[r][v] = vf_zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < PW; v++) sc[v] = vf_zero();
+    for (int64_t d = 0; d < hd; d++) {
+        vf kv[FA_PW];
+        if (DT == GI_KV_F32) {
+            const float *kp = (const float *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_load(kp + v * VF_N);
+        } else if (DT == GI_KV_F16) {
+            const uint16_t *kp = (const uint16_t *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_load_f16(kp + v * VF_N);
+        } else {
+            if (d % GI_KV_QB == 0) {
+                const uint16_t *sp = (const uint16_t *)(kb + hd * bs) + (d / GI_KV_QB) * bs + off;
+#pragma GCC unroll 8
+                for (int v = 0; v < PW; v++) sc[v] = vf_load_f16(sp + v * VF_N);
+            }
+            const int8_t *kp = (const int8_t *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_mul(vf_load_i8(kp + v * VF_N), sc[v]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++) {
+            const vf qv = vf_set1(qs[r * hd + d]);
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) acc[r][v] = vf_muladd(qv, kv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < PW; v++) vf_store(p + r * FA_TK + v * VF_N, acc[r][v]);
 }
 
 /* ============================================================================ softmax */
@@ -202,7 +259,7 @@ GI_INLINE void fa_vload(const int DT, const int DV, const int TAIL, int n, const
             vv[v] = part ? vf_load_f16_n(p, n) : vf_load_f16(p);
         } else {
             const int8_t *p = (const int8_t *)row + d;
-            const float s = gi_f16_to_f32(((const uint16_t *)(row + hd))[d / GI_KV_QB]);
+            const float s = gi_f16_load1((const uint16_t *)(row + hd) + d / GI_KV_QB);
             vv[v] = vf_mul(part ? vf_load_i8_n(p, n) : vf_load_i8(p), vf_set1(s)); /* exact */
         }
     }
@@ -265,6 +322,30 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
     switch (RB) { FA_RB_CASES(FA_QK_CASE) default: break; }
 }
 
+/* direct QK of the keys [off, off + n) of one block (n a multiple of VF_N), RB rows */
+static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *kb,
+                               int64_t bs, int64_t off, int64_t n, float *p) {
+#define FA_QKD_DT(N, PW)                                                               \
+    do {                                                                               \
+        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, bs, off, p);    \
+        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, bs, off, p); \
+        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, bs, off, p);                   \
+    } while (0)
+#define FA_QKD_CASE(N)                               \
+    case N:                                          \
+        if (nv >= FA_PW) FA_QKD_DT(N, FA_PW);        \
+        else FA_QKD_DT(N, 1);                        \
+        break;
+    while (n > 0) {
+        const int64_t nv = n / VF_N;
+        switch (RB) { FA_RB_CASES(FA_QKD_CASE) default: break; }
+        const int64_t done = (nv >= FA_PW ? FA_PW : 1) * VF_N;
+        off += done;
+        p += done;
+        n -= done;
+    }
+}
+
 /* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
 #define FA_AV_DT(N, DV, TAIL, n)                                                           \
     do {                                                                                   \
@@ -319,11 +400,11 @@ GI_INLINE void fa_krow(const int DT, const int VEC, const char *kb, int64_t hd, 
 }
 
 GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int64_t t0,
-                            int64_t ta, int64_t tb) {
+                            int64_t ta, int64_t tb, int with_k) {
     const int64_t hd = a->hd, bs = a->bs;
     const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
-    if (ja > 0 || jb < FA_TK - 1)
+    if (with_k && (ja > 0 || jb < FA_TK - 1))
         for (int64_t d = 0; d < hd; d++) {
             float *row = x->kt + d * FA_TK;
             for (int j = 0; j < ja; j++) row[j] = 0.0f;
@@ -336,7 +417,9 @@ GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int6
         const char *kb = (const char *)a->k_cache + (blk * a->n_kv + x->kvh) * hb;
         const char *vb = (const char *)a->v_cache + (blk * a->n_kv + x->kvh) * hb + off * vrb;
         float *dst = x->kt + (j - t0);
-        if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
+        if (!with_k)
+            ;
+        else if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
             for (int64_t d = 0; d < hd; d++) fa_krow(DT, 1, kb, hd, bs, d, off, n, dst + d * FA_TK);
         else
             for (int64_t d = 0; d < hd; d++) fa_krow(DT, 0, kb, hd, bs, d, off, n, dst + d * FA_TK);
@@ -368,10 +451,11 @@ GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int6
 
 /* keys [ta, tb] (absolute) of the tile starting at t0: gather K transposed and converted to
  * float (zeros elsewhere, so no garbage reaches a score) and the V row pointers */
-static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, int64_t tb) {
-    if (a->kv_dtype == GI_KV_F16) fa_gather_dt(GI_KV_F16, a, x, t0, ta, tb);
-    else if (a->kv_dtype == GI_KV_Q8_0) fa_gather_dt(GI_KV_Q8_0, a, x, t0, ta, tb);
-    else fa_gather_dt(GI_KV_F32, a, x, t0, ta, tb);
+static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, int64_t tb,
+                      int with_k) {
+    if (a->kv_dtype == GI_KV_F16) fa_gather_dt(GI_KV_F16, a, x, t0, ta, tb, with_k);
+    else if (a->kv_dtype == GI_KV_Q8_0) fa_gather_dt(GI_KV_Q8_0, a, x, t0, ta, tb, with_k);
+    else fa_gather_dt(GI_KV_F32, a, x, t0, ta, tb, with_k);
 }
 
 /* One key tile [t0, t0 + FA_TK) for every row of the item: QK in chunks of FA_DC dims (a
@@ -384,7 +468,24 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
     const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
-    fa_gather(a, x, t0, ta, tb);
+    /* prefetch the K and V blocks of the tile FA_PF tiles ahead (the cache streams from
+     * memory at long contexts and its blocks are scattered; a hint, no effect on results) */
+    if (FA_PF > 0) {
+        const int64_t pa = t0 + FA_PF * FA_TK, pb0 = pa + FA_TK - 1;
+        const int64_t pb = pb0 < x->kmax ? pb0 : x->kmax;
+        const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, a->hd, bs);
+        for (int64_t b = pa / bs; pa <= pb && b <= pb / bs; b++) {
+            const int64_t off = (a->block_table[b] * a->n_kv + x->kvh) * hb;
+            const char *kb = (const char *)a->k_cache + off, *vb = (const char *)a->v_cache + off;
+            for (int64_t i = 0; i < hb; i += 64) {
+                __builtin_prefetch(kb + i);
+                __builtin_prefetch(vb + i);
+            }
+        }
+    }
+    /* few rows and whole key vectors per block: QK reads the cache directly */
+    const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
+    fa_gather(a, x, t0, ta, tb, !direct);
     int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
     for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
         const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
@@ -395,7 +496,16 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         }
     }
     /* ---- QK */
-    for (int64_t d0 = 0; d0 < hd; d0 += FA_DC) {
+    if (direct && gact[0]) {
+        const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
+        for (int64_t b = ta / bs; b <= tb / bs; b++) {
+            const char *kb = (const char *)a->k_cache +
+                             (a->block_table[b] * a->n_kv + x->kvh) * hb;
+            fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kb, bs, 0, bs,
+                               x->p + (b * bs - t0));
+        }
+    }
+    for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
         const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;

@@ -285,7 +285,7 @@ GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, i
 #pragma GCC unroll 8
         for (int v = 0; v < DV; v++) {
             const int64_t d = d0 + v * VD_N;
-            const double s = (double)gi_f16_to_f32(s16[d / GI_KV_QB]);
+            const double s = (double)gi_f16_load1(s16 + d / GI_KV_QB);
             vv[v] = vd_mul(vd_load_i8((const int8_t *)row + d), vd_set1(s)); /* exact */
         }
     }

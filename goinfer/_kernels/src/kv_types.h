@@ -149,8 +149,15 @@ GI_INLINE vf vf_load_i8(const int8_t *p) { return (float)*p; }
 GI_INLINE vd vd_load_i8(const int8_t *p) { return (double)*p; }
 #endif
 
+/* one f16 -> float (exact; F16C where the variant has it) */
+#if defined(GI_VARIANT_AVX512) || defined(GI_VARIANT_AVX2)
+GI_INLINE float gi_f16_load1(const uint16_t *p) { return _cvtsh_ss(*p); }
+#else
+GI_INLINE float gi_f16_load1(const uint16_t *p) { return gi_f16_to_f32(*p); }
+#endif
+
 GI_INLINE vf vf_load_f16_n(const uint16_t *p, int n) {
-    uint16_t t[VF_N];
+    uint16_t t[VF_N < 16 ? 16 : VF_N];
     memset(t, 0, sizeof t);
     memcpy(t, p, (size_t)n * 2);
     return vf_load_f16(t);
