@@ -150,29 +150,10 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     # ------------------------------------------------------------------ helpers
 
     def _auth(request: Request) -> None:
-        if st.api_key is None:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 st.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           type="authentication_error", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+        authorize(request.headers, st.api_key)
 
     async def _read_json(request: Request):
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > st.max_body:
-            raise APIError(413, f"request body over {st.max_body} bytes", code="body_too_large")
-        buf = bytearray()
-        try:
-            async for part in request.stream():
-                buf += part
-                if len(buf) > st.max_body:
-                    raise APIError(413, f"request body over {st.max_body} bytes",
-                                   code="body_too_large")
-        except ClientDisconnect:
-            raise APIError(499, "the client closed the connection", code="client_closed") from None
+        buf = await read_body(request, st.max_body)
         try:
             return json.loads(buf)
         except RecursionError:
@@ -292,6 +273,35 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                 engine.cancel(job)
 
     return app
+
+
+def authorize(headers, api_key: str | None) -> None:
+    """Raise APIError 401 unless headers carry 'Authorization: Bearer API_KEY' (None: open)."""
+    if api_key is None:
+        return
+    got = headers.get("authorization", "")
+    scheme, _, token = got.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       type="authentication_error", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body; APIError 413 past limit bytes, 499 if the client goes away."""
+    n = request.headers.get("content-length")
+    if n is not None and n.isdigit() and int(n) > limit:
+        raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
+    buf = bytearray()
+    try:
+        async for part in request.stream():
+            buf += part
+            if len(buf) > limit:
+                raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the connection", code="client_closed") from None
+    return bytes(buf)
 
 
 def _chat_ids(model, req: GenRequest) -> list[int]:
