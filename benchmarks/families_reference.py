@@ -26,8 +26,8 @@ FAMILIES = [
     ("SmolLM3", "smollm3", {}),
     ("Qwen3.5 dense", "qwen35", {}),
     ("Qwen3.5 MoE", "qwen35moe", {}),
-    ("gpt-oss, F32 experts", "gpt-oss", dict(sinks=False, mxfp4=False)),
-    ("gpt-oss, MXFP4 experts", "gpt-oss", dict(sinks=False)),
+    ("gpt-oss, F32 experts", "gpt-oss", dict(mxfp4=False)),  # with attention sinks
+    ("gpt-oss, MXFP4 experts", "gpt-oss", {}),
 ]
 LENGTHS = (1, 7, 70, 300)
 

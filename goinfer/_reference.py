@@ -325,11 +325,14 @@ def gather_kv(k_cache, v_cache, block_table, n: int):
 
 
 def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int = 0,
-              softcap: float = 0.0, out=None, *, nthreads: int = 1):
+              softcap: float = 0.0, out=None, *, nthreads: int = 1, sinks=None):
     """Causal attention of queries q (T, H, hd) at absolute positions q_pos (T,) over the
     sequence's cached keys (block_table (n_blocks_seq,) int32), grouped-query: query head h
     reads kv head h // (H / n_kv).  Query t sees keys at positions p with
     lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if window > 0 else 0.
+    sinks (H,): a logit per query head in the softmax's denominator only (gpt-oss's attention
+    sinks; -inf: none): weights exp(s_j - mx) / (sum_j exp(s_j - mx) + exp(sink - mx)),
+    mx = max(max_j s_j, sink).
     float64 here (the exact kernel accumulates in float64 in key order).  This is also the
     reference of the compiled ``attention_fast`` (float32, tiled), which tests compare with it
     by cosine similarity rather than bits."""
@@ -351,8 +354,10 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int
             s = (kh @ q[t, h].astype(np.float64)) * scale
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
-            e = np.exp(s - s.max())
-            res[t, h] = (e @ vh) / e.sum()
+            sink = -np.inf if sinks is None else float(sinks[h])
+            mx = max(float(s.max()), sink)
+            e = np.exp(s - mx)
+            res[t, h] = (e @ vh) / (e.sum() + np.exp(sink - mx))
     if out is not None:
         out[...] = res
         return out

@@ -18,9 +18,11 @@ Expert matrices come as GGUF MXFP4 (what OpenAI ships) and run natively as the i
 (``truncate: false``; the GGUF carries no key for it).  The clamped SwiGLU's alpha and limit
 are not in the GGUF either: llama.cpp fixes them at 1.702 and 7.0, as every gpt-oss has them.
 
-Attention sinks (a learned logit per head in the softmax denominator) need the attention
-kernels' support; until then a file whose sinks are finite gets UnsupportedArchitectureError
-naming them, and a file whose sinks are all -inf (no sink) runs.
+Attention sinks (a learned logit per head, in the softmax's denominator only) go to both
+attention kernels (``sinks=``): the exact one adds the sink's weight to its float64 sum, the
+fast one folds it once after every key chunk, so a row's bits stay independent of batching,
+chunking and threads.  A layer whose sinks are all -inf runs without them (the same bits).
+gpt-oss is an MoE family, so its decode steps run the Python path (graph.CAPTURABLE).
 """
 from __future__ import annotations
 
@@ -104,15 +106,15 @@ def load_layer(g, cfg: GptOssConfig, i: int) -> GptOssLayerWeights:
                                 (bg[e], bu[e], bd[e])))
         gates[e] = ups[e] = None
     sinks = _vec(g, p + "attn_sinks.weight", H)
-    if np.isfinite(sinks).any():
-        raise UnsupportedArchitectureError(
-            f"{g.path}: gpt-oss attention sinks (blk.{i}.attn_sinks.weight) are not supported "
-            "yet: the attention kernels do not add a sink logit to the softmax")
+    if np.isnan(sinks).any() or (sinks == np.inf).any():
+        raise ModelFormatError(f"{g.path}: tensor {p}attn_sinks.weight holds NaN or +inf "
+                               "(a sink logit must be finite, or -inf for none)")
     return GptOssLayerWeights(
         **attn, ffn_norm=_vec(g, p + "post_attention_norm.weight", D), w_gate_up=None,
         w_gate=None, w_up=None, w_down=None,
         moe=moe.MoEWeights(router, experts, router_bias=_vec(g, p + "ffn_gate_inp.bias", E)),
-        bo=_vec(g, p + "attn_output.bias", D), sinks=sinks)
+        bo=_vec(g, p + "attn_output.bias", D),
+        sinks=sinks if np.isfinite(sinks).any() else None)  # all -inf: no sinks
 
 
 # ============================================================================ the family
@@ -129,6 +131,9 @@ class GptOssFamily(moe.MoEFamily):
 
     def layer_window(self, li: int) -> int:
         return self.cfg.sliding_window if self.cfg.swa_layers[li] else 0
+
+    def layer_sinks(self, li: int, L: GptOssLayerWeights):
+        return L.sinks
 
     def attention_block(self, li, L: GptOssLayerWeights, h, batch, kc, vc, out) -> None:
         super().attention_block(li, L, h, batch, kc, vc, out)

@@ -309,18 +309,23 @@ class LlamaFamily:
         return q, k, v
 
     def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
-               scale: float | None = None):
+               scale: float | None = None, sinks=None):
         """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  Segments
         marked fast (a prefill suffix of >= 512 tokens, Model.use_fast) run the float32 tiled
-        kernel, the others the exact one."""
+        kernel, the others the exact one.  sinks (H,) float32: attention sink logits (gpt-oss)."""
         if scale is None:
             scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
+        extra = {} if sinks is None else {"sinks": sinks}
         for seg in batch.segments:
             r = slice(seg.start, seg.stop)
             kernel = self.K.attention_fast if seg.fast else self.K.attention
             kernel(q[r], kc, vc, seg.block_table, batch.positions[r], scale, window, softcap,
-                   out=out[r], nthreads=self.threads)
+                   out=out[r], nthreads=self.threads, **extra)
         return out
+
+    def layer_sinks(self, li: int, L: LayerWeights):
+        """Layer li's attention sink logits (H,) float32, or None (no sinks: all but gpt-oss)."""
+        return None
 
     def attention_block(self, li: int, L: LayerWeights, h, batch: Batch, kc, vc, out) -> None:
         """Normed input h (T, D) -> attention output projected to out (T, D); writes K/V."""
@@ -337,7 +342,8 @@ class LlamaFamily:
             K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
-                          self.layer_window(li), self.attn_softcap, self.attn_scale)
+                          self.layer_window(li), self.attn_softcap, self.attn_scale,
+                          self.layer_sinks(li, L))
         nq = cfg.n_heads * cfg.head_dim
         self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 
