@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,6 +29,8 @@ FAMILIES = [
     ("Qwen3.5 MoE", "qwen35moe", {}),
     ("gpt-oss, F32 experts", "gpt-oss", dict(mxfp4=False)),  # with attention sinks
     ("gpt-oss, MXFP4 experts", "gpt-oss", {}),
+    # goinfer with llama.cpp's truncated YaRN range: what is left between the two engines
+    ("gpt-oss, F32 experts, goinfer YaRN truncated", "gpt-oss", dict(mxfp4=False, truncate_yarn=True)),
 ]
 LENGTHS = (1, 7, 70, 300)
 
@@ -53,8 +56,13 @@ def measure(label, family, opts, lengths, threads, use_llama):
     import hfconvert
     from tinymodels import load
 
+    opts = dict(opts)
+    truncate_yarn = opts.pop("truncate_yarn", False)
     hf, path = hfconvert.build(family, **opts)
     m = load(path, threads=threads)
+    if truncate_yarn:
+        m.impl.rope.yarn = replace(m.impl.rope.yarn, truncate=True)
+        m.impl.rope.cos = np.zeros((0, m.config.n_rot // 2))  # tables rebuilt on first use
     rows = dict(label=label, family=family, gguf=str(path), lengths=list(lengths),
                 logit_scale=0.0, goinfer=[0.0, 1.0], llama_cpp=None, goinfer_vs_llama_cpp=None)
     worst_g, agree_g, worst_l, agree_l, worst_gl, agree_gl, n = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0
