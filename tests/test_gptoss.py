@@ -267,6 +267,15 @@ def test_fast_prefill_with_sinks(models, f32_experts):
     assert np.array_equal(fl.argmax(-1), ref.argmax(-1))
 
 
+def test_decode_steps_run_the_python_path(models):
+    """gpt-oss is an MoE family: its decode steps are not graph-captured (so the sinks reach
+    the kernels through LlamaFamily.attend, which the tests above cover)."""
+    from goinfer import graph
+
+    m = models()
+    assert not graph.supported(m.impl, m.kernels) and m.graph is None
+
+
 def test_prefix_reuse_and_batching(models):
     from goinfer.session import forward_sessions
 
