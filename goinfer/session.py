@@ -18,6 +18,7 @@ import numpy as np
 
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import EXACT, FAST, KVCache, block_hash, root_hash
+from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.sampling import Sampler, SamplingParams
 from goinfer.tokenizer import StreamDecoder
 
@@ -74,6 +75,10 @@ class Session:
         self._blocks: list[int] = []  # block table
         self._hashes: list[bytes] = []  # chain hash of each full block
         self._block_fast: list[bool] = []  # did fast attention compute any KV of this block?
+        # hybrid models (goinfer/recurrent.py): the live recurrent state (after all of
+        # self._tokens) and own copies of it at earlier token counts (prompt ends)
+        self._rec: RecurrentState | None = model.new_state() if model.hybrid else None
+        self._marks: dict[int, RecurrentState] = {}
         self._finalizer = weakref.finalize(self, _release_all, cache, self._blocks)
 
     # ------------------------------------------------------------------ state
@@ -97,13 +102,28 @@ class Session:
         self._hashes.clear()
         self._block_fast.clear()
         self._tokens.clear()
+        if self._rec is not None:
+            self._rec.clear()
+            self._marks.clear()
 
     close = reset
 
     def truncate(self, n: int) -> None:
-        """Keep the first n tokens."""
+        """Keep the first n tokens.  (A hybrid model resumes from the latest recurrent state
+        at or before n and recomputes the tokens between it and n.)"""
         if not 0 <= n <= len(self._tokens):
             raise ValueError(f"cannot truncate {len(self._tokens)} tokens to {n}")
+        if self._rec is not None:
+            gap = self._tokens[:n]
+            p = self._state_point(n)
+            self._rewind(p)
+            if p < n:
+                self._feed(gap[p:], self.model.use_fast(n - p))
+            return
+        self._cut(n)
+
+    def _cut(self, n: int) -> None:
+        """Drop the tokens after the first n and their blocks (not the recurrent state)."""
         bs = self.cache.block_size
         keep = -(-n // bs)
         if keep < len(self._blocks):
@@ -121,6 +141,9 @@ class Session:
         other._hashes.extend(self._hashes)
         other._block_fast.extend(self._block_fast)
         other._tokens.extend(self._tokens)
+        if self._rec is not None:
+            other._rec.load(self._rec)
+            other._marks.update(self._marks)  # marks are never written: shared
         return other
 
     # ------------------------------------------------------------------ blocks
@@ -195,7 +218,108 @@ class Session:
             self._block_fast.append(mode == FAST)
             self._tokens.extend(chunk)
             i += bs
+        if self._rec is not None and i:
+            i = self._back_to_snapshot(len(self._tokens) - i, i)
         return i
+
+    # ------------------------------------------------------------------ recurrent state (hybrid)
+
+    def _back_to_snapshot(self, n0: int, added: int) -> int:
+        """Blocks covering tokens [n0, n0 + added) were just appended from the cache: keep them
+        up to the last one that ends at a stored state snapshot, load that state, drop the rest.
+        Returns the tokens kept."""
+        bs, store = self.cache.block_size, self.cache.states
+        keep = 0
+        for b in range(n0 // bs + 1, (n0 + added) // bs + 1):
+            snap = store.get(self._hashes[b - 1])
+            if snap is not None:
+                keep, state = b * bs - n0, snap
+        if keep:
+            self._rec.load(state)
+        self._cut(n0 + keep)
+        return keep
+
+    def _state_point(self, n: int) -> int:
+        """The largest token count <= n at which this session can have its recurrent state:
+        its end, a mark, a stored snapshot of one of its blocks, or 0."""
+        best = len(self._tokens) if len(self._tokens) <= n else 0
+        best = max([best] + [m for m in self._marks if m <= n])
+        bs, store = self.cache.block_size, self.cache.states
+        for b in range(min(n, len(self._hashes) * bs) // bs, best // bs, -1):
+            if self._hashes[b - 1] in store:
+                return b * bs
+        return best
+
+    def _rewind(self, n: int) -> None:
+        """Go back to token count n, a _state_point: load the state there, drop what follows."""
+        if n < len(self._tokens):
+            bs = self.cache.block_size
+            snap = self._marks.get(n)
+            if snap is None and n and n % bs == 0:
+                snap = self.cache.states.get(self._hashes[n // bs - 1])
+            if n == 0:
+                self._rec.clear()
+            elif snap is None:
+                raise RuntimeError(f"no recurrent state at {n} tokens")  # pragma: no cover
+            else:
+                self._rec.load(snap)
+        self._cut(n)
+        for m in [m for m in self._marks if m > n]:
+            del self._marks[m]
+
+    def _mark(self) -> None:
+        """Keep a copy of the live state at the current end (a prompt end): the next request
+        usually resumes here.  The two most recent marks are kept."""
+        if self._rec is None or not self._tokens:
+            return
+        self._marks[len(self._tokens)] = self._rec.copy()
+        for m in sorted(self._marks)[:-2]:
+            del self._marks[m]
+
+    def _cached_snapshot_point(self, ids: list[int], limit: int) -> int:
+        """How many tokens of ids[:limit] the shared cache can serve to a hybrid model from the
+        start: the end of the deepest cached block chain of ids that has a state snapshot."""
+        bs, store = self.cache.block_size, self.cache.states
+        parent, best, i = root_hash(self.cache_salt), 0, 0
+        while i + bs <= limit:
+            for mode in self._modes():
+                h = block_hash(parent, ids[i:i + bs], mode, self.cache_salt)
+                b = self.cache.lookup(h)
+                if b is not None:
+                    self.cache.release([b])
+                    break
+            else:
+                break
+            parent, i = h, i + bs
+            if h in store:
+                best = i
+        return best
+
+    def _due_snapshots(self, n_new: int) -> list[int]:
+        """Token counts in (n, n + n_new] that end a snapshot block (hybrid models)."""
+        bs, store = self.cache.block_size, self.cache.states
+        n = len(self._tokens)
+        return [b * bs for b in range(n // bs + 1, (n + n_new) // bs + 1) if store.is_boundary(b)]
+
+    def _keep_snapshots(self, snaps: dict) -> None:
+        """After _commit: file the snapshots taken at block ends under those blocks' hashes."""
+        bs = self.cache.block_size
+        for n, st in snaps.items():
+            if st is not None:
+                self.cache.states.put(self._hashes[n // bs - 1], st)
+
+    def _feed(self, ids: list[int], fast: bool) -> np.ndarray:
+        """Compute ids at the end of the session (reserve, forward, commit) -> logits (T', V)."""
+        self._reserve(len(ids))
+        snaps = None
+        if self._rec is not None:
+            snaps = {n: None for n in self._due_snapshots(len(ids))}
+        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens), fast=fast,
+                                    state=self._rec, snapshots=snaps)
+        self._commit(ids, fast)
+        if snaps:
+            self._keep_snapshots(snaps)
+        return logits
 
     # ------------------------------------------------------------------ low level
 
@@ -214,26 +338,27 @@ class Session:
                 f"{self.model.n_ctx} of {self.model.name}")
         reused = self._extend_from_cache(ids, len(ids) - 1)
         rest = ids[reused:]
-        fast = self.model.use_fast(len(rest))
-        self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
-        self._commit(rest, fast)
+        logits = self._feed(rest, self.model.use_fast(len(rest)))
+        self._mark()
         self.cache.count_hits(reused, len(rest))
         return logits[-1], reused
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token -> logits of it, (vocab,)."""
-        token = int(token)
-        self._reserve(1)
-        logits = self.model.forward(self.cache, self.block_table, [token], len(self._tokens))
-        self._commit([token], False)
-        return logits[-1]
+        return self._feed([int(token)], False)[-1]
 
     def _seat(self, ids: list[int]) -> int:
         """Reuse the longest prefix of ids held by this session or by the cache; prefill the rest
         later.  Returns the number of tokens reused."""
         limit = len(ids) - 1  # always prefill at least one token
         lcp = min(_common_prefix(self._tokens, ids), limit)
+        if self._rec is not None:  # hybrid: resume where a recurrent state is known
+            own = self._state_point(lcp)
+            if self._cached_snapshot_point(ids, limit) > own:
+                self._rewind(0)
+                return self._extend_from_cache(ids, limit)
+            self._rewind(own)
+            return own
         bs = self.cache.block_size
         base = (lcp // bs) * bs
         # Would the shared cache give more than our own history?  Probe from the block boundary.
@@ -313,10 +438,8 @@ class Session:
                   stops: list[str]) -> Iterator:
         t0 = time.perf_counter()
         rest, cached, fast = self._start(ids)
-        self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
-        self._commit(rest, fast)
-        logits = logits[-1]
+        logits = self._feed(rest, fast)[-1]
+        self._mark()
         t1 = time.perf_counter()
         gen = Generation(self.model, ids, max_tokens, params, stops)
         while not gen.done:
@@ -439,10 +562,22 @@ def forward_sessions(items) -> list[np.ndarray]:
         if not toks:
             raise ValueError("every session in a batch needs at least one token")
         s._reserve(len(toks))
-    seqs = [(s.block_table, toks, s.n_tokens, "last", fast) for s, toks, fast in items]
-    logits = model.forward_batch(cache, seqs)
+    seqs, snaps = [], []
     for s, toks, fast in items:
+        seq = (s.block_table, toks, s.n_tokens, "last", fast)
+        if s._rec is not None:
+            due = s._due_snapshots(len(toks))
+            rec = SeqRecurrent.with_snapshots(s._rec, [n - 1 - s.n_tokens for n in due])
+            seq += (rec,)
+            snaps.append((due, rec))
+        else:
+            snaps.append(None)
+        seqs.append(seq)
+    logits = model.forward_batch(cache, seqs)
+    for (s, toks, fast), sn in zip(items, snaps):
         s._commit(toks, fast)
+        if sn is not None and sn[0]:
+            s._keep_snapshots(dict(zip(sn[0], sn[1].snapshots())))
     return [lg[-1] for lg in logits]
 
 

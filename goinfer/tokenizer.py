@@ -90,6 +90,11 @@ _RE_QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5: letters and combining marks (\p{M}) form words together
+_RE_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _RE_TEKKEN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -114,6 +119,7 @@ _BPE_PRE: dict[str, tuple[list[str], bool, bool]] = {
     "llama-v3": ([_RE_LLAMA3], True, True),
     "qwen2": ([_RE_QWEN2], False, False),
     "deepseek-r1-qwen": ([_RE_QWEN2], False, False),
+    "qwen35": ([_RE_QWEN35], False, False),
     "tekken": ([_RE_TEKKEN], True, True),
 }
 
