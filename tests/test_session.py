@@ -160,6 +160,34 @@ def test_cache_full_leaves_session_intact(model):
     assert np.array_equal(a.decode(1), cold_logits(model, ids_(40, 12) + [1]))
 
 
+def test_cache_full_after_reusing_cached_blocks_leaves_session_intact(model):
+    """prefill() that first takes cached blocks, then cannot get a new one: the session gives
+    them back (a retry must not append the reused tokens twice)."""
+    cache = KVCache(model, max_tokens=64, block_size=16)  # 4 blocks
+    shared = ids_(40, 16)
+    a = model.session(cache)
+    a.prefill(shared)  # 3 blocks, the first 2 hashed
+    model.session(cache).prefill(ids_(5, 17))  # (garbage collected at once: its block is free)
+    c = model.session(cache)
+    c.prefill(ids_(5, 17))  # the last block
+    before = cache.stats()
+    b = model.session(cache)
+    with pytest.raises(CacheFullError):
+        b.prefill(shared[:32] + [1, 2])  # reuses a's 2 hashed blocks, then needs a new one
+    assert b.n_tokens == 0 and cache.stats() == before
+    f = a.fork()
+    f.truncate(16)
+    with pytest.raises(CacheFullError):
+        f.prefill(shared[16:32] + [1, 2])  # reuses a's second block, then needs a new one
+    assert f.tokens == shared[:16]
+    c.reset()  # room again: the retries compute the right history
+    assert np.array_equal(b.prefill(shared[:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
+    assert b.tokens == shared[:32] + [1, 2]
+    b.reset()
+    assert np.array_equal(f.prefill(shared[16:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
+    assert f.tokens == shared[:32] + [1, 2]
+
+
 # ============================================================================ generation
 
 
