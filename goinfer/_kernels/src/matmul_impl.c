@@ -17,6 +17,7 @@
  *   float  (n_rb, K, 16)
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "matmul.h"
@@ -480,6 +481,152 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
 }
 
+/* ---------------------------------------------------------------- AVX2 GEMM microkernel
+ *
+ * q4_0 / q4_1 / q8_0 prefill: RB units (8 output rows each; RB = 2 is a whole row block) x
+ * MR activation rows, the whole K.  The activation rows of a tile are first copied into a
+ * panel, group by group (pack_panel: per group the MR rows' 32 qa bytes, then their 8*asum,
+ * da and sa), so the kernel walks one pointer with constant offsets.  The int16 partial sums
+ * (RB x MR registers) stay in registers for one group; the float accumulators live in a small
+ * buffer in L1 (one load + fma + store per output vector and group), so the 16 ymm registers
+ * go to the integer work: each unpacked weight vector (the nibbles of half a line) is
+ * multiplied by MR broadcast activations, each broadcast by RB weight vectors.  Per 8 outputs
+ * and group: 8 (q4) or 8 x 3 (q8) integer multiply-adds, and the contract's fold: madd (int16
+ * pairs -> int32), [q4_0: - 8*asum], cvt, d*da, fma [q4_1: fma(mn, sa)], the same float
+ * sequence as qtile's, so the bits are the same (GEMM == GEMV, any tiling).
+ *
+ * Bounds (vpmaddubsw saturates an int16 pair sum, vpaddw wraps): q4: a pair is at most
+ * 2*15*127 = 3810 and a lane sums 8 pairs (k and k+16 of 4 lines), <= 30480 < 32767;
+ * q8 (sign trick |q| x qa*sign(q)): a pair is at most 2*128*127 = 32512, widened at once.
+ */
+#ifndef QG2_MR
+#define QG2_MR 4         /* AVX2 GEMM: activation rows per microkernel */
+#endif
+#ifndef QG2_RB
+#define QG2_RB 2         /* AVX2 GEMM: units (8 rows) per microkernel: 2 = a row block */
+#endif
+/* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
+   keeps the accumulation order written (no reassociation into trees of temporaries, which
+   spill with 16 registers).  No instruction is emitted. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32, da (mr,), sa (mr,) f32 */
+#define PANEL_STRIDE(mr) ((mr) * 48)
+
+/* Rows [m, m+mr) of the activation -> panel (G groups of PANEL_STRIDE(mr) bytes). */
+static void pack_panel(const gi_qact *a, int64_t K, int64_t m, int mr, uint8_t *panel) {
+    const int64_t G = K / GI_GROUP;
+    for (int64_t g = 0; g < G; g++) {
+        uint8_t *p = panel + g * PANEL_STRIDE(mr);
+        int32_t *cb = (int32_t *)(p + mr * 32);
+        float *da = (float *)(p + mr * 36), *sa = (float *)(p + mr * 40);
+        for (int i = 0; i < mr; i++) {
+            memcpy(p + i * 32, a->qa + (m + i) * K + g * GI_GROUP, 32);
+            cb[i] = 8 * a->asum[(m + i) * G + g];
+            da[i] = a->da[(m + i) * G + g];
+            sa[i] = a->sa[(m + i) * G + g];
+        }
+    }
+}
+
+GI_INLINE void qgemm2(const int KIND, const int RB, const int MR, const gi_weight *w, const uint8_t *panel,
+                      int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(KIND);
+    const int64_t rb = u >> 1, h = u & 1;            /* RB == 2: u is even (h = 0) */
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64 + h * 32; /* (G, NL, [RB x 8 x 4]), line stride 64 */
+    const uint16_t *wd = w->d + rb * G * 16 + h * 8;                         /* (G, [RB x 8]), stride 16 */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    float accm[2][MAXMR][8] __attribute__((aligned(32)));                    /* (RB, MR, 8) */
+#pragma GCC unroll 2
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) _mm256_store_ps(accm[r][i], _mm256_setzero_ps());
+
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *lg = wq + g * NL * 64;
+        const uint8_t *pg = panel + g * PANEL_STRIDE(MR);
+        const int8_t *ag = (const int8_t *)pg;                               /* (MR, 32) */
+        const int32_t *cb = (const int32_t *)(pg + MR * 32);
+        const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8: int32 sums */
+        if (KIND != GI_Q8_0) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m256i v[2];
+#pragma GCC unroll 2
+                for (int r = 0; r < RB; r++) v[r] = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(lg + c * 64 + r * 32)), nib);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + c * 4));
+#pragma GCC unroll 2
+                    for (int r = 0; r < RB; r++) {
+                        __m256i p = _mm256_maddubs_epi16(v[r], b);
+                        s[r][i] = c == 0 ? p : _mm256_add_epi16(s[r][i], p);
+                        PIN(s[r][i]);
+                    }
+                }
+#pragma GCC unroll 2
+                for (int r = 0; r < RB; r++)
+                    v[r] = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(lg + c * 64 + r * 32)), 4), nib);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + 16 + c * 4));
+#pragma GCC unroll 2
+                    for (int r = 0; r < RB; r++) {
+                        s[r][i] = _mm256_add_epi16(s[r][i], _mm256_maddubs_epi16(v[r], b));
+                        PIN(s[r][i]);
+                    }
+                }
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(s[r][i], ones);
+        } else {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i q[2], aq[2];
+#pragma GCC unroll 2
+                for (int r = 0; r < RB; r++) {
+                    q[r] = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + r * 32));
+                    aq[r] = _mm256_abs_epi8(q[r]);
+                }
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + c * 4));
+#pragma GCC unroll 2
+                    for (int r = 0; r < RB; r++) {
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r])), ones);
+                        s[r][i] = c == 0 ? p : _mm256_add_epi32(s[r][i], p);
+                        PIN(s[r][i]);
+                    }
+                }
+            }
+        }
+        /* ---- fold: the contract's fmaf sequence */
+#pragma GCC unroll 2
+        for (int r = 0; r < RB; r++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + r * 8)));
+            __m256 mv = _mm256_setzero_ps();
+            if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256i t = s[r][i];
+                if (KIND == GI_Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
+                __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
+                                             _mm256_load_ps(accm[r][i]));
+                if (KIND == GI_Q4_1) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
+                _mm256_store_ps(accm[r][i], acc);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, _mm256_load_ps(accm[r][i]));
+}
 #endif
 
 
@@ -674,6 +821,65 @@ GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
         }                                                                                       \
     } while (0)
 
+#if defined(GI_VARIANT_AVX2)
+/* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over QG2_RB units and MR rows */
+typedef void (*q2_fn)(const gi_weight *, const uint8_t *, int64_t, int64_t, float *, int64_t);
+#define Q2_DEF(K, X_, MR) static void q2_##K##_##MR(const gi_weight *w, const uint8_t *p, int64_t m, \
+    int64_t u, float *o, int64_t ldo) { qgemm2(K, QG2_RB, MR, w, p, m, u, o, ldo); }
+#define Q2_PTR(K, X_, MR) q2_##K##_##MR,
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 1)
+#if QG2_MR > MAXMR || QG2_RB > 2 || UPB % QG2_RB
+#error "QG2_MR / QG2_RB out of range"
+#endif
+static const q2_fn q2_tab[GI_Q8_0 + 1][QG2_MR] = {
+    [GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
+    [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 1)}};
+
+/* Each thread's panel buffer (pack_panel), grown as needed and kept for the thread's life. */
+static __thread uint8_t *t_panel;
+static __thread size_t t_panel_cap;
+
+static uint8_t *panel_buffer(size_t n) {
+    if (n > t_panel_cap) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        uint8_t *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(t_panel);
+        t_panel = p;
+        t_panel_cap = cap;
+    }
+    return t_panel;
+}
+
+/* The q4_0 / q4_1 / q8_0 GEMM of AVX2: GEMM_LOOP's cache blocks; per (weight chunk, row
+   tile) the tile's activation rows are packed once and read by every unit of the chunk.
+   Returns 0 (nothing done) if the panel cannot be allocated. */
+static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, int64_t u0, int64_t u1,
+                 float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    uint8_t *panel = panel_buffer((size_t)G * PANEL_STRIDE(QG2_MR));
+    if (!panel) return 0;
+    const int64_t ub = G * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
+    int64_t chunk = L2_CHUNK / (ub > 0 ? ub : 1);
+    chunk = chunk < QG2_RB ? QG2_RB : chunk / QG2_RB * QG2_RB;
+    int64_t mblk = ACT_CHUNK / (K > 0 ? K : 1);
+    mblk = mblk < QG2_MR ? QG2_MR : mblk / QG2_MR * QG2_MR;
+    for (int64_t mb0 = m0; mb0 < m1; mb0 += mblk) {
+        const int64_t mb1 = min64(mb0 + mblk, m1), M = mb1 - mb0, nt = (M + QG2_MR - 1) / QG2_MR;
+        for (int64_t c0 = u0; c0 < u1; c0 += chunk) {
+            const int64_t c1 = min64(c0 + chunk, u1);
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t ma = mb0 + t * M / nt, mr = mb0 + (t + 1) * M / nt - ma;
+                pack_panel(a, K, ma, (int)mr, panel);
+                for (int64_t uu = c0; uu < c1; uu += QG2_RB) q2_tab[kind][mr - 1](w, panel, ma, uu, out, ldo);
+            }
+        }
+    }
+    return 1;
+}
+#endif
+
 static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
                          int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
     const int kind = w->kind;
@@ -693,6 +899,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     }
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
+#if defined(GI_VARIANT_AVX2)
+    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0) && gemm2(w, a, m0, m1, u0, u1, out, ldo)) return;
+#endif
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
     GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
 #undef QCALL
@@ -844,6 +1053,11 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
 
 /* ============================================================================ table */
 
+#if defined(GI_VARIANT_AVX2)
+#define MR_Q QG2_MR
+#else
+#define MR_Q QG_MR
+#endif
 const gi_matmul_ops GI(gi_matmul_ops) = {
-    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), QG_MR, FG_MR,
+    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR,
 };
