@@ -251,7 +251,8 @@ def test_quantize_act_property(M, G, data):
 # ============================================================================ matmul
 
 # (M, n_out, K): n_out not multiples of 16, M around the microkernel tile sizes
-# (AVX-512 GEMM tiles 12 rows, AVX2 4, float 12 / 6; GEMV 4 row blocks at a time).
+# (AVX-512 GEMM tiles 12 rows, AVX2 4 (tiles of 2..4 rows), float 12 / 6; GEMV 4 row blocks at
+# a time).
 SHAPES = [
     (1, 1, 32), (1, 40, 64), (1, 65, 96), (1, 200, 576), (2, 17, 64), (3, 33, 128),
     (4, 16, 32), (5, 100, 96), (6, 48, 64), (11, 31, 160), (12, 64, 64), (13, 129, 96),
@@ -279,6 +280,15 @@ def test_matmul_int_cache_blocking():
     """Enough row blocks that the GEMM walks several L2 chunks of the weight."""
     rng = np.random.default_rng(7)
     check_matmul(make_x(rng, 14, 2048), make_weight(rng, "q4_1", 600, 2048), check_rows=False)
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+def test_matmul_int_k_blocks(kind):
+    """The AVX2 GEMM's blocking: K blocks of 64 groups (130 groups: 64 + 64 + 2, the
+    accumulators carried through `out`), chunks of 16 row blocks (18 row blocks: 16 + 2, the
+    last one 5 columns wide), activation tiles of 3 and 4 rows; contract bits, GEMV rows."""
+    rng = np.random.default_rng(11)
+    check_matmul(make_x(rng, 7, 4160), make_weight(rng, kind, 277, 4160, raw=True), check_rows=True)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
