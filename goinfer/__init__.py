@@ -19,9 +19,12 @@ from goinfer.errors import (  # noqa: E402
     ContextLengthError,
     DownloadError,
     GoinferError,
+    GrammarError,
     ModelFormatError,
     ModelNotFoundError,
+    RequestError,
     TokenizerError,
+    ToolError,
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
@@ -76,5 +79,6 @@ __all__ = [
     "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
-    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError",
+    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",
+    "GrammarError", "ToolError",
 ]

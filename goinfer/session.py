@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
+from goinfer import logprobs as _lp
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import EXACT, FAST, KVCache, block_hash, root_hash
 from goinfer.recurrent import RecurrentState, SeqRecurrent
@@ -47,9 +48,28 @@ class GenerationResult:
     cached_tokens: int
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
+    # {"content": [{token, logprob, bytes, top_logprobs}]} when asked for (OpenAI's shape)
+    logprobs: dict | None = None
+    # with a grammar or response_format: "grammar complete", "grammar dead end: ...", ...
+    reason: str | None = None
+    # chat with tools: the reply's text without its calls, and the calls (OpenAI's shape);
+    # finish_reason is then "tool_calls" when the reply made calls.  Otherwise content == text.
+    content: str | None = None
+    tool_calls: list[dict] | None = None
+
+    def __post_init__(self) -> None:
+        if self.content is None and self.tool_calls is None:
+            self.content = self.text
 
     def __str__(self) -> str:
         return self.text
+
+    def message(self) -> dict:
+        """The reply as an assistant message, to append to the conversation."""
+        m = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        return m
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -385,11 +405,19 @@ class Session:
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logit_bias=None,
                  seed: int | None = None, stop=None, stream: bool = False, *,
-                 repeat_last_n: int = 64, add_special: bool = True):
+                 repeat_last_n: int = 64, add_special: bool = True, response_format=None,
+                 grammar=None, logprobs: bool = False, top_logprobs: int = 0):
         """Generate a continuation of the whole prompt (text or token ids).
 
+        response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema",
+        "json_schema": {"name", "schema", "strict"}}; grammar: a Lark grammar (llguidance's)
+        or {"regex": ...}.  The output is constrained token by token (goinfer/constrained.py);
+        bad input raises GrammarError before anything is generated.  logprobs /
+        top_logprobs (0..20): result.logprobs in OpenAI's shape.
+
         Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
-        split UTF-8 character) whose last item is the GenerationResult."""
+        split UTF-8 character) whose last item is the GenerationResult.  With logprobs the
+        pieces are ``Piece`` strings carrying the entries of their tokens in ``.logprobs``."""
         if isinstance(prompt, str):
             ids = self.model.tokenize(prompt, add_special=add_special)
         else:
@@ -407,7 +435,9 @@ class Session:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
                 f"length {self.model.n_ctx} of {self.model.name}")
-        gen = self._generate(ids, int(max_tokens), params, stops)
+        extra = dict(grammar=constraint_of(self.model, response_format, grammar),
+                     logprobs=_lp.check_request(logprobs, top_logprobs))
+        gen = self._generate(ids, int(max_tokens), params, stops, **extra)
         if stream:
             return gen
         for item in gen:
@@ -415,11 +445,26 @@ class Session:
                 return item
         raise RuntimeError("generation ended without a result")  # pragma: no cover
 
-    def chat(self, messages, max_tokens: int = 64, *, tools=None, **kwargs):
-        """Apply the model's chat template to the whole conversation and generate the reply."""
-        prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-        ids = self.model.tokenize_chat(prompt)
-        return self.generate(ids, max_tokens, **kwargs)
+    def chat(self, messages, max_tokens: int = 64, *, tools=None, tool_choice=None,
+             parallel_tool_calls=None, response_format=None, grammar=None,
+             logprobs: bool = False, top_logprobs: int = 0, stream: bool = False, **kwargs):
+        """Apply the model's chat template to the whole conversation and generate the reply
+        (response_format, grammar, logprobs, top_logprobs: as generate()).
+
+        tools, tool_choice ("auto" | "none" | "required" | {"type": "function", "function":
+        {"name": ...}}) and parallel_tool_calls as in OpenAI's API (goinfer/tools.py): the
+        result's ``tool_calls`` holds the calls, ``content`` the rest of the text, and
+        finish_reason is "tool_calls".  With stream=True the iterator gives content strings
+        and ToolCallDelta pieces, then the result.  Bad tool input raises ToolError."""
+        from goinfer.tools import prepare_chat
+
+        tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls)
+        ids = self.model.tokenize_chat(tc.prompt)
+        response_format, grammar = tc.constraint(response_format, grammar)
+        out = self.generate(ids, max_tokens, response_format=response_format, grammar=grammar,
+                            logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
+                            **kwargs)
+        return tc.stream(out) if stream else tc.finish(out)
 
     def _start(self, ids: list[int]) -> tuple[list[int], int, bool]:
         """Seat ids for a whole-context generation: reuse the longest prefix held here or in the
@@ -435,22 +480,24 @@ class Session:
         return rest, reused + more, self.model.use_fast(len(rest))
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: list[str]) -> Iterator:
+                  stops: list[str], grammar=None, logprobs=(False, 0)) -> Iterator:
         t0 = time.perf_counter()
         rest, cached, fast = self._start(ids)
+        # made before the prefill: a grammar's first mask is computed while the prompt runs
+        gen = Generation(self.model, ids, max_tokens, params, stops, grammar=grammar,
+                         logprobs=logprobs)
         logits = self._feed(rest, fast)[-1]
         self._mark()
         t1 = time.perf_counter()
-        gen = Generation(self.model, ids, max_tokens, params, stops)
         while not gen.done:
             if gen.n_steps > 0:
                 logits = self.decode(gen.tokens[-1])
             piece = gen.push(logits)
-            if piece:
-                yield piece
+            if piece or gen.has_logprobs():
+                yield gen.piece(piece)
         piece = gen.finish()
-        if piece:
-            yield piece
+        if piece or gen.has_logprobs():
+            yield gen.piece(piece)
         yield gen.result(cached, len(ids) - cached, t0, t1, time.perf_counter())
 
     def __repr__(self) -> str:
@@ -470,8 +517,15 @@ class Generation:
     same tokens and text."""
 
     def __init__(self, model, ids: list[int], max_tokens: int, params: SamplingParams,
-                 stops: list[str]):
+                 stops: list[str], *, grammar=None, logprobs: tuple[bool, int] = (False, 0)):
         tok = model.tokenizer
+        self.tokenizer = tok
+        self.reason: str | None = None
+        self.want_logprobs, self.top_logprobs = logprobs
+        self.logprobs: list[dict] = []  # one entry per generated token (stop token excluded)
+        self._spans: list[tuple[int, int]] = []  # text (start, end) of each token
+        self._lp_sent = 0  # entries handed out with pieces
+        self._finished = False  # finish() ran
         self.sampler = Sampler(params, model.vocab_size, history=list(ids))
         self.stop_ids = set(tok.stop_ids)
         self.stops = stops
@@ -485,26 +539,56 @@ class Generation:
         self.n_steps = 0  # logits pushed
         self.done = max_tokens <= 0
         self._cut_by_string = False
+        # a compiled constrained.Grammar -> this generation's Constraint (first mask starts now)
+        self.constraint = None if grammar is None else grammar.start(model.vocab_size)
 
     def push(self, logits: np.ndarray) -> str:
         """Sample the next token from logits (vocab,) -> the text that may be shown now."""
         if self.done:
             raise RuntimeError("push() after the generation is done")
         self.n_steps += 1
-        t = self.sampler.sample(logits)
-        if t in self.stop_ids:
+        c = self.constraint
+        mask = None
+        if c is not None:
+            mask = c.mask()  # computed while the forward pass ran
+            if mask is None:  # dead end: stop, and say so
+                self.finish_reason, self.done, self.reason = "stop", True, c.reason
+                return ""
+        t = self.sampler.sample(logits, mask)
+        if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True
+            self.reason = ("grammar dead end: logit_bias bans every token the grammar allows"
+                           if c is not None else "logit_bias bans every token")
             return ""
+        if t in self.stop_ids and (c is None or c.ends(t)):
+            self.finish_reason, self.done = "stop", True
+            if c is not None:
+                self.reason = c.reason
+            return ""
+        state = "more" if c is None else c.advance(t)
+        if state == "rejected":  # not a valid continuation after all: a dead end
+            self.finish_reason, self.done, self.reason = "stop", True, c.reason
+            return ""
+        if self.want_logprobs:
+            self.logprobs.append(_lp.entry(self.tokenizer, logits, t, self.top_logprobs))
         self.sampler.accept(t)
         self.tokens.append(t)
+        start = len(self.text)
         self.text += self.decoder.push(t)
+        self._spans.append((start, len(self.text)))
         cut = _find_stop(self.text, self.stops, self.emitted)
         if cut is not None:
             self.text, self.finish_reason, self.done = self.text[:cut], "stop", True
             self._cut_by_string = True
+            if c is not None:
+                self.reason = "stop string (the output may not complete the grammar)"
             return ""
+        if state == "end":
+            self.finish_reason, self.done, self.reason = "stop", True, c.reason
         if len(self.tokens) >= self.max_tokens:
             self.done = True
+        if c is not None and not self.done:
+            c.prefetch()  # the next mask, while the caller runs the next forward pass
         if len(self.text) - self.hold > self.emitted:
             piece = self.text[self.emitted:len(self.text) - self.hold]
             self.emitted = len(self.text) - self.hold
@@ -518,10 +602,48 @@ class Generation:
             cut = _find_stop(self.text, self.stops, self.emitted)
             if cut is not None:
                 self.text, self.finish_reason = self.text[:cut], "stop"
+                self._cut_by_string = True
+        if self._cut_by_string and self.want_logprobs:
+            # tokens wholly inside the cut stop string are not part of the output
+            cut = len(self.text)
+            keep = [i for i in range(len(self.logprobs))
+                    if i < self._lp_sent or self._spans[i][0] < cut]
+            self.logprobs = [self.logprobs[i] for i in keep]
         piece = self.text[self.emitted:]
         self.emitted = len(self.text)
-        self.done = True
+        self.done = self._finished = True
+        self.close()
         return piece
+
+    def close(self) -> None:
+        """Let go of the grammar's worker (a mask may still be computing after a cancel)."""
+        if self.constraint is not None:
+            self.constraint.close()
+
+    # ------------------------------------------------------------------ logprobs while streaming
+
+    def take_logprobs(self) -> list[dict]:
+        """Entries of the tokens whose text has been handed out (by push/finish) and that were
+        not taken yet: a stream sends each piece with these."""
+        if not self.want_logprobs:
+            return []
+        n = len(self.logprobs) if self._finished else self._lp_sent
+        if not self._finished:
+            while n < len(self.logprobs) and self._spans[n][1] <= self.emitted:
+                n += 1
+        out = self.logprobs[self._lp_sent:n]
+        self._lp_sent = n
+        return out
+
+    def has_logprobs(self) -> bool:
+        """Would take_logprobs() return anything?"""
+        if not self.want_logprobs or self._lp_sent >= len(self.logprobs):
+            return False
+        return self._finished or self._spans[self._lp_sent][1] <= self.emitted
+
+    def piece(self, text: str):
+        """text as a stream item: plain str, or a Piece with the logprobs of its tokens."""
+        return Piece(text, self.take_logprobs()) if self.want_logprobs else text
 
     def result(self, cached: int, prefilled: int, t0: float, t1: float, t2: float
                ) -> GenerationResult:
@@ -536,7 +658,32 @@ class Generation:
         return GenerationResult(text=self.text, tokens=list(self.tokens),
                                 finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
                                 cached_tokens=cached, completion_tokens=len(self.tokens),
-                                timings=timings)
+                                timings=timings,
+                                logprobs={"content": list(self.logprobs)}
+                                if self.want_logprobs else None, reason=self.reason)
+
+
+class Piece(str):
+    """A streamed text piece with the logprobs entries of the tokens it completes."""
+
+    logprobs: list[dict]
+
+    def __new__(cls, text: str, logprobs: list[dict]):
+        obj = super().__new__(cls, text)
+        obj.logprobs = logprobs
+        return obj
+
+
+def constraint_of(model, response_format=None, grammar=None):
+    """The compiled grammar of a request for this model (None: unconstrained); GrammarError."""
+    if response_format is None and grammar is None:
+        return None
+    if isinstance(response_format, dict) and response_format.get("type") == "text" and \
+            grammar is None and set(response_format) == {"type"}:
+        return None
+    from goinfer.constrained import compile_request  # llguidance is loaded on first use
+
+    return compile_request(model.tokenizer, response_format=response_format, grammar=grammar)
 
 
 # ============================================================================ batched steps
