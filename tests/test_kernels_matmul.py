@@ -326,6 +326,18 @@ def test_matmul_empty_batch():
     assert K.matmul(np.zeros((0, 64), np.float32), wf).shape == (0, 20)
 
 
+@pytest.mark.parametrize("kind", INT_KINDS)
+def test_matmul_int_empty_k(kind):
+    """K = 0 (no groups): every output is the empty sum 0, GEMM and GEMV, every variant."""
+    w = quantize_weight(np.zeros((20, 0), np.float32), kind)
+    for v in VARIANTS:
+        with variant(v):
+            for M in (1, 5):
+                out = np.full((M, 20), np.nan, np.float32)
+                K.matmul(K.quantize_act(np.zeros((M, 0), np.float32)), w, out, nthreads=2)
+                assert np.array_equal(out, np.zeros((M, 20), np.float32)), (v, M)
+
+
 # ============================================================================ get_rows
 
 

@@ -902,6 +902,7 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
     const int64_t G = w->n_in / GI_GROUP, M = m1 - m0, nt = (M + QG2_MR - 1) / QG2_MR;
     const int unp = kind != GI_Q8_0;
     const int64_t kb = G < KB_GROUPS ? G : KB_GROUPS;
+    if (kb == 0) return 0;                               /* K = 0: the general path writes zeros */
     /* row blocks per chunk: the q4 unpacked bytes of one K block, or q8_0's bytes, ~UNP_CHUNK */
     int64_t chunk = UNP_CHUNK / (kb * (unp ? UNP_GROUP_BYTES : LINES(kind) * 64 + 32));
     chunk = chunk < 1 ? 1 : chunk;
