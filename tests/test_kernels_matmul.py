@@ -283,12 +283,14 @@ def test_matmul_int_cache_blocking():
 
 
 @pytest.mark.parametrize("kind", INT_KINDS)
-def test_matmul_int_k_blocks(kind):
+@pytest.mark.parametrize("M", [7, 33])
+def test_matmul_int_k_blocks(kind, M):
     """The AVX2 GEMM's blocking: K blocks of 64 groups (130 groups: 64 + 64 + 2, the
-    accumulators carried through `out`), chunks of 16 row blocks (18 row blocks: 16 + 2, the
-    last one 5 columns wide), activation tiles of 3 and 4 rows; contract bits, GEMV rows."""
-    rng = np.random.default_rng(11)
-    check_matmul(make_x(rng, 7, 4160), make_weight(rng, kind, 277, 4160, raw=True), check_rows=True)
+    accumulators carried through `out`), chunks of row blocks (18 row blocks, the last one 5
+    columns wide), activation tiles of 3 and 4 rows; M = 7: q4 nibbles unpacked in registers,
+    M = 33 (9 tiles): unpacked once per chunk and K block.  Contract bits, GEMV rows."""
+    rng = np.random.default_rng(11 + M)
+    check_matmul(make_x(rng, M, 4160), make_weight(rng, kind, 277, 4160, raw=True), check_rows=True)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -489,9 +489,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
  *   - the activation rows of a tile are packed into a panel, group by group (pack_panel: the
  *     MR rows' 32 qa bytes, then their 8*asum, da and sa), read by every row block of a chunk,
  *     so the kernel walks one pointer with constant offsets;
- *   - q4 weights are unpacked once per chunk and K block (unpack_q4: one nibble per byte), read
- *     by every activation tile, so the kernel does no unpacking (q8_0 is read as it is).
- * The int16 pair sums of the 2 x MR outputs vectors stay in registers for one group; the float
+ *   - with at least UNP_MIN_TILES activation tiles, q4 weights are unpacked once per chunk and
+ *     K block (unpack_q4: one nibble per byte), read by every tile, so the kernel does no
+ *     unpacking (fewer tiles unpack in registers, UNP = 0; q8_0 is read as it is).
+ * The int16 pair sums of the 2 x MR output vectors stay in registers for one group; the float
  * accumulators live in a small buffer in L1 (one load + fma + store per output vector and
  * group), so the 16 ymm registers go to the integer work: each weight vector is multiplied by
  * MR broadcast activations, each broadcast by 2 weight vectors.  Per 8 outputs and group: 8
@@ -566,10 +567,12 @@ GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, in
     return _mm256_maskload_ps(o, msk);
 }
 
-/* Row block rb x activation rows [m, m+MR), groups [g0, g1): panel and uq hold exactly those
-   groups.  first: the accumulators start at 0 (g0 == 0), else at what out holds. */
-GI_INLINE void qgemm2(const int KIND, const int MR, const gi_weight *w, const uint8_t *uq, const uint8_t *panel,
-                      int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
+/* Row block rb x activation rows [m, m+MR), groups [g0, g1): panel (and uq, UNP) hold exactly
+   those groups.  The accumulators start at 0 (g0 == 0), else at what out holds.  UNP = 0: q4
+   nibbles are unpacked in registers from the weight itself (a single activation tile, where
+   unpacking into uq first would not be reused). */
+GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weight *w, const uint8_t *uq,
+                      const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
     const int64_t G = w->n_in / GI_GROUP;
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
@@ -590,13 +593,26 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const gi_weight *w, const ui
         const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
         __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8: int32 sums */
         if (KIND != GI_Q8_0) {
-            const uint8_t *ug = uq + g * UNP_GROUP_BYTES;
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const __m256i nib = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
                 for (int hi = 0; hi < 2; hi++) {              /* low nibbles: k = c*4+j; high: 16+c*4+j */
-                    const __m256i v0 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64));
-                    const __m256i v1 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64 + 32));
+                    __m256i v0, v1;
+                    if (UNP) {
+                        v0 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64));
+                        v1 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64 + 32));
+                    } else {
+                        v0 = _mm256_loadu_si256((const __m256i *)(lg + c * 64));
+                        v1 = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + 32));
+                        if (hi) {
+                            v0 = _mm256_srli_epi16(v0, 4);
+                            v1 = _mm256_srli_epi16(v1, 4);
+                        }
+                        v0 = _mm256_and_si256(v0, nib);
+                        v1 = _mm256_and_si256(v1, nib);
+                    }
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++) {
                         const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + c * 4));
@@ -855,16 +871,20 @@ GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over MR activation rows */
 typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
                       float *, int64_t);
-#define Q2_DEF(K, X_, MR) static void q2_##K##_##MR(const gi_weight *w, const uint8_t *uq, const uint8_t *p, \
-    int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { qgemm2(K, MR, w, uq, p, m, rb, g0, g1, o, ldo); }
-#define Q2_PTR(K, X_, MR) q2_##K##_##MR,
-SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 1)
+#define Q2_DEF(K, UNP, MR) static void q2_##K##_##UNP##_##MR(const gi_weight *w, const uint8_t *uq, \
+    const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
+    qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
+#define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
 #if QG2_MR > MAXMR
 #error "QG2_MR exceeds the register array bounds"
 #endif
-static const q2_fn q2_tab[GI_Q8_0 + 1][QG2_MR] = {
-    [GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
-    [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 1)}};
+/* [unpacked][kind][rows - 1] */
+static const q2_fn q2_tab[2][GI_Q8_0 + 1][QG2_MR] = {
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}},
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)}}};
 
 /* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
    as needed and kept for the thread's life: at most ~530 KB. */
@@ -882,6 +902,9 @@ static uint8_t *scratch_buffer(size_t n) {
     }
     return t_scratch;
 }
+#ifndef UNP_MIN_TILES
+#define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
+#endif
 #ifndef UNP_CHUNK
 #define UNP_CHUNK (512 * 1024)     /* AVX2 q4 GEMM: unpacked weight bytes per chunk (in L2) */
 #endif
@@ -900,7 +923,7 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
                  float *out, int64_t ldo) {
     const int kind = w->kind;
     const int64_t G = w->n_in / GI_GROUP, M = m1 - m0, nt = (M + QG2_MR - 1) / QG2_MR;
-    const int unp = kind != GI_Q8_0;
+    const int unp = kind != GI_Q8_0 && nt >= UNP_MIN_TILES;
     const int64_t kb = G < KB_GROUPS ? G : KB_GROUPS;
     if (kb == 0) return 0;                               /* K = 0: the general path writes zeros */
     /* row blocks per chunk: the q4 unpacked bytes of one K block, or q8_0's bytes, ~UNP_CHUNK */
@@ -919,7 +942,8 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
                 pack_panel(a, ma, (int)mr, g0, g1, panel);
                 for (int64_t rb = c0; rb < c1; rb++)
-                    q2_tab[kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1, out, ldo);
+                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
+                                              out, ldo);
             }
         }
     }
