@@ -19,6 +19,7 @@ from goinfer.errors import (  # noqa: E402
     ContextLengthError,
     DownloadError,
     GoinferError,
+    InsufficientMemoryError,
     ModelFormatError,
     ModelNotFoundError,
     TokenizerError,
@@ -77,4 +78,5 @@ __all__ = [
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError",
+    "InsufficientMemoryError",
 ]

@@ -44,3 +44,13 @@ class TokenizerError(GoinferError, ValueError):
 
 class ChatTemplateError(GoinferError, ValueError):
     """A chat template failed to render (or tried something the sandbox forbids)."""
+
+
+class InsufficientMemoryError(GoinferError, MemoryError):
+    """A model (or a cache) needs more memory than the machine has available; raised before
+    anything large is allocated.  ``needed`` and ``available`` are the byte counts."""
+
+    def __init__(self, message: str, needed: int = 0, available: int = 0):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available

@@ -229,6 +229,10 @@ class ConversionSummary:
     def as_dicts(self) -> list[dict]:
         return [dict(vars(r)) for r in self.rows]
 
+    @classmethod
+    def from_dicts(cls, rows: list[dict]) -> "ConversionSummary":
+        return cls([ConversionRow(**r) for r in rows])
+
     def __str__(self) -> str:
         if not self.rows:
             return "no tensors loaded"
@@ -670,6 +674,26 @@ class GGUFFile:
                 m16 = (-dmn).reshape(R, G).astype(np.float16)
             return pack_q4("q4_1", q.reshape(R, K), d16, m16)
         raise AssertionError(tname)
+
+    def native_bytes(self) -> int:
+        """Bytes of every tensor in the native kind goinfer loads it as (matrices and stacked
+        experts: NATIVE_TARGET's kind, rows padded to row blocks of 16; vectors: float32), from
+        the tensor infos alone, before anything is loaded.  What the model's weights occupy in
+        memory, memory-mapped from the layout cache or not (goinfer/memory.py)."""
+        total = 0
+        for tname, shape in self._infos.values():
+            n_el = int(np.prod(shape, dtype=np.int64))
+            if len(shape) < 2 or tname not in NATIVE_TARGET:
+                total += 4 * n_el
+                continue
+            n_in, n_out = shape[-1], shape[-2]
+            n_mat = n_el // (n_in * n_out)
+            kind = NATIVE_TARGET[tname][0]
+            padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
+            per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                   "q8_0": 34 / 32}[kind]
+            total += int(n_mat * padded * per)
+        return total
 
     def conversion_summary(self) -> ConversionSummary:
         """Which GGUF types became which kinds (counts, bytes) over the loads done so far."""

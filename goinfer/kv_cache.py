@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
+from goinfer.memory import default_max_tokens
 
 EXACT = "exact"
 FAST = "fast"
@@ -124,6 +125,9 @@ class KVCache:
     """A pool of KV blocks for one model.
 
     ``KVCache(model, max_tokens=8192, block_size=16)``, or ``max_bytes=`` for a memory budget.
+    The default holds 2 x the model's context length, or as many tokens as fit in half of the
+    memory available when it is created if that is fewer (memory.default_max_tokens); pages
+    are touched only as blocks fill, so an unused capacity costs address space, not memory.
     Arrays per layer (see docs/design/kernels.md):
       k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float32
       v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim) float32
@@ -145,8 +149,8 @@ class KVCache:
         if max_bytes is not None:
             n_blocks = int(max_bytes) // self.bytes_per_block
         else:
-            if max_tokens is None:
-                max_tokens = 2 * cfg.context_length
+            if max_tokens is None:  # 2 x context, within half the memory available now
+                max_tokens = default_max_tokens(cfg.context_length, self.bytes_per_block // block_size)
             n_blocks = -(-int(max_tokens) // block_size)
         if n_blocks < 1:
             raise ValueError("the KV cache budget is smaller than one block "
