@@ -12,6 +12,8 @@ windows of --window tokens (each window starts a fresh context; with --bos each 
 with the BOS token, as the model's tokenizer would put it).  --reference: transformers and
 llama.cpp load this file instead of MODEL (e.g. the original quantized file when MODEL is a
 re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reported by file name.
+--smoke: the tiny shape (benchmarks/shapes.py), one short window (the test suite); llama.cpp
+is skipped (with a message) when llama-cpp-python is not installed.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def cosine_rows(a, b):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--text", action="append", required=True)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--text", action="append", default=None)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--positions", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
@@ -42,7 +44,25 @@ def main(argv=None):
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
     ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
     ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one short window (the test suite)")
     args = ap.parse_args(argv)
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name, "Q8_0"))
+        args.text = [str(Path(__file__).resolve().parent / "data" / "agreement_mix.txt")]
+        args.window, args.positions = 32, 40
+    if not args.model or not args.text:
+        ap.error("a model and --text are needed (or --smoke)")
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+            args.no_llama_cpp = True
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -127,6 +147,7 @@ def main(argv=None):
     print(json.dumps(res, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/kernels_attention.py [--threads 1 2] [--variant NAME]
     PYTHONPATH=. python benchmarks/kernels_attention.py --fast [--lengths 512 1024 ...] \
         [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256]
+    PYTHONPATH=. python benchmarks/kernels_attention.py --smoke   # both tables, tiny (the test suite)
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -40,11 +41,14 @@ def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD):
     return k_cache, v_cache, block_table
 
 
-def bench(fn, min_time=0.4, max_reps=200):
+MIN_TIME = 0.4
+
+
+def bench(fn, min_time=None, max_reps=200):
     """(median, min) wall-clock seconds of repeated calls"""
     fn()  # warm up
     times = []
-    t_end = time.perf_counter() + min_time
+    t_end = time.perf_counter() + (MIN_TIME if min_time is None else min_time)
     while len(times) < 5 or (time.perf_counter() < t_end and len(times) < max_reps):
         t0 = time.perf_counter()
         fn()
@@ -91,15 +95,21 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     ap.add_argument("--shapes", nargs="+", default=["9x3x64", "8x2x128", "8x4x256"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="both tables at 64 tokens (the test suite)")
     args = ap.parse_args()
+    global MIN_TIME
+    cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
+             ("prefill", 512), ("prefill", 2048)]
+    if args.smoke:
+        args.threads, args.lengths, args.shapes, args.reps = [1], [64], ["9x3x64"], 1
+        cases, MIN_TIME = [("decode", 64), ("prefill", 64)], 0.0
+        fast_vs_exact(args)
     if args.variant:
         _config.set_variant(args.variant)
     if args.fast:
         return fast_vs_exact(args)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(HD)
-    cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
-             ("prefill", 512), ("prefill", 2048)]
     print(f"variant {_config.variant()}, H={H} n_kv={N_KV} hd={HD} bs={BS}")
     print(f"{'case':<16}{'threads':>8}{'median ms':>11}{'GFLOP/s':>9}{'min ms':>9}{'GFLOP/s':>9}")
     for kind, n in cases:

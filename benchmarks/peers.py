@@ -6,7 +6,10 @@ alternating runs; medians and ratios; JSON out.  Optionally transformers (float3
         [--transformers] [--json out.json]
 
 Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
-`pip install '.[bench]'`, never a CI dependency).  Every prefill is cold (a fresh KV state);
+`pip install '.[bench]'`, never a CI dependency; without it only goinfer runs and the table
+says the peer was skipped).  MODEL can be any GGUF, e.g. the shapes of real 1B-8B models that
+benchmarks/shapes.py writes.  --smoke: the tiny shape, one short run of each row (the test
+suite's check that the script runs).  Every prefill is cold (a fresh KV state);
 decode is greedy from a random prompt of the given length.  Prompts are seeded random ids of
 ordinary tokens, identical for both engines.
 """
@@ -50,6 +53,11 @@ class GoinferEngine:
 
     def decode(self, ids, n) -> float:
         return self.bench.decode_seconds(self.model, ids, n)
+
+    def weights(self) -> list[str]:
+        """Native weight kinds and the GGUF types they came from (conversions included)."""
+        return sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                       for w in self.model.impl.weights()})
 
 
 class LlamaCppEngine:
@@ -124,7 +132,7 @@ def alternate(engines, fn, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-lengths", default="512,2048")
     ap.add_argument("--decode-prompts", default="64,2048")
@@ -134,9 +142,28 @@ def main(argv=None):
     ap.add_argument("--exact-prefill", action="store_true", help="also run goinfer with exact prefill")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one short run (the test suite)")
     args = ap.parse_args(argv)
+    import tempfile
 
-    import llama_cpp
+    import goinfer
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
+        args.prompt_lengths, args.decode_prompts = "64", "16"
+        args.decode_tokens, args.repeats, args.flash_attn = 2, 1, "off"
+    if not args.model:
+        ap.error("a model path is needed (or --smoke)")
+    llama_cpp = None
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp
+        except ImportError:
+            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
 
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
@@ -145,14 +172,16 @@ def main(argv=None):
     if args.exact_prefill:
         engines.append(GoinferEngine(args.model, args.threads, exact_prefill=True))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
-    engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
+    if llama_cpp is not None:
+        engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
     vocab = engines[0].model.vocab_size
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),
            "threads": args.threads, "repeats": args.repeats, "machine": machine(),
-           "llama_cpp_python": llama_cpp.__version__, "goinfer": engines[0].goinfer.config(),
-           "prefill": [], "decode": []}
+           "llama_cpp_python": llama_cpp.__version__ if llama_cpp is not None else "skipped (not installed)",
+           "goinfer": goinfer.config(), "goinfer_load": engines[0].model.load_info.source,
+           "goinfer_weights": engines[0].weights(), "prefill": [], "decode": []}
     for n in lengths:
         ids = _ids(vocab, n, seed=n)
         for e in engines:  # warm-up
@@ -177,22 +206,23 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(text)
     print(table(res))
+    tmp.cleanup()
     return res
 
 
 def table(res) -> str:
     lines = [f"{res['model']}, {res['threads']} threads, {res['machine']['cpu']}, {res['date']}, "
-             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}"]
+             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}; "
+             f"llama-cpp-python {res['llama_cpp_python']}; goinfer weights: "
+             f"{', '.join(res['goinfer_weights'])}"]
     for r in res["prefill"]:
         g = r["tok_s"]["goinfer"]
-        lines.append(f"prefill {r['prompt_tokens']:>5}: " + ", ".join(
-            f"{k} {v:.0f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
-            + f"; goinfer {g:.0f} tok/s")
+        peers = [f"{k} {v:.0f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer"]
+        lines.append(f"prefill {r['prompt_tokens']:>5}: " + "; ".join(peers + [f"goinfer {g:.0f} tok/s"]))
     for r in res["decode"]:
         g = r["tok_s"]["goinfer"]
-        lines.append(f"decode after {r['prompt_tokens']:>5}: " + ", ".join(
-            f"{k} {v:.1f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
-            + f"; goinfer {g:.1f} tok/s")
+        peers = [f"{k} {v:.1f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer"]
+        lines.append(f"decode after {r['prompt_tokens']:>5}: " + "; ".join(peers + [f"goinfer {g:.1f} tok/s"]))
     return "\n".join(lines)
 
 

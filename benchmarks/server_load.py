@@ -9,7 +9,8 @@ plus a question of its own, greedy, end-of-turn banned so every reply is --max-t
 Both servers run at once and the modes alternate, which goes first swapping level by level
 (the machine is shared: its load drifts).  Per level: aggregate completion tok/s (all tokens / wall time), and p50 / p99
 of time to first token and of request latency, measured by the client.  Prints a Markdown
-table and writes JSON with every request's numbers.
+table and writes JSON with every request's numbers.  --smoke: the tiny shape
+(benchmarks/shapes.py), one client, one short request per mode (the test suite).
 """
 from __future__ import annotations
 
@@ -125,7 +126,17 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="--max-batch of the batched server")
     ap.add_argument("--json", default=None)
     ap.add_argument("server_args", nargs="*", help="extra `goinfer serve` arguments (after --)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one request (the test suite)")
     args = ap.parse_args()
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from shapes import smoke_model
+
+        args.model = str(smoke_model(tmp.name))
+        args.levels, args.requests, args.max_tokens, args.threads = "1", 1, 2, 1
     levels = [int(x) for x in args.levels.split(",")]
     ban = stop_ids(args.model)
     modes = {"batched": args.batch, "one at a time": 1}
@@ -175,6 +186,7 @@ def main() -> int:
           f"{load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f}; `{meta['command']}`")
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    tmp.cleanup()
     return 0
 
 
