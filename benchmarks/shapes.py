@@ -108,12 +108,13 @@ class Shape:
 
 
 _L3 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
+_L32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 SHAPES = {s.name: s for s in [
     # Llama 3.2 / 3.1: config.json of meta-llama/Llama-3.2-1B, -3B, Llama-3.1-8B (rope_scaling llama3)
     Shape("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256,
-          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L3),
+          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L32),
     Shape("llama-3.2-3b", "meta-llama/Llama-3.2-3B", "llama", 3072, 28, 24, 8, 128, 8192, 128256,
-          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L3),
+          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L32),
     Shape("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256,
           131072, 500000.0, 1e-5, False, "llama-bpe", rope_llama3=(8.0, 1.0, 4.0, 8192), template=_L3),
     # Qwen2.5: QKV bias, tied embeddings below 7B, vocab 151936 (152064 at 7B), rope 1e6
@@ -125,10 +126,13 @@ SHAPES = {s.name: s for s in [
           32768, 1000000.0, 1e-6, False, "qwen2", qkv_bias=True, template="Qwen-Qwen2.5-7B-Instruct.jinja"),
     # Mistral 7B v0.1 (llama.cpp's converter writes arch "llama"; SentencePiece vocab of 32000)
     Shape("mistral-7b", "mistralai/Mistral-7B-v0.1", "llama", 4096, 32, 32, 8, 128, 14336, 32000,
-          32768, 10000.0, 1e-5, False, "llama-spm", template="mistralai-Mistral-7B-Instruct-v0.2.jinja"),
-    # OLMoE-1B-7B-0924: 64 experts of width 1024, top 8, no shared expert, QK-norm over all heads
+          32768, 10000.0, 1e-5, False, "llama-spm",
+          template="mistralai-Mistral-Nemo-Instruct-2407.jinja"),  # (no v0.1 template in llama.cpp's set)
+    # OLMoE-1B-7B-0924: 64 experts of width 1024, top 8, no shared expert, QK-norm over all heads;
+    # GPT-NeoX-20B's vocabulary (its real tokens, padded rows trimmed to 50304), ChatML stand-in
     Shape("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", "olmoe", 2048, 16, 16, 16, 128, 1024, 50304,
-          4096, 10000.0, 1e-5, False, "gpt-neox", n_expert=64, n_expert_used=8, qk_norm_full=True),
+          4096, 10000.0, 1e-5, False, "gpt-neox", n_expert=64, n_expert_used=8, qk_norm_full=True,
+          template="chatml"),
     # the smoke run's model: seconds to write, runs anywhere
     Shape("tiny", "(none: the smoke runs' model)", "llama", 64, 2, 4, 2, 16, 128, 512, 4096,
           10000.0, 1e-5, False, "bytes", template="chatml"),
@@ -141,8 +145,12 @@ PURE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 # ============================================================================ tokenizer
 
 
-def vocab_dirs(extra: str | None) -> list[str]:
+def vocab_dirs(extra: str | None, out: Path | None = None) -> list[str]:
+    """Where to look for ggml-vocab-*.gguf (and templates/): --vocab-dir, <out>/vocab, the
+    llama-cpp-python sdist of the benchmark environment."""
     dirs = [extra] if extra else []
+    if out is not None:
+        dirs.append(str(Path(out) / "vocab"))
     dirs += sorted(glob.glob("/tmp/peers-build/sdist/*/vendor/llama.cpp/models"))
     return dirs
 
@@ -181,12 +189,18 @@ def bytes_vocab() -> dict:
 
 
 def pad_vocab(tok: dict, n: int) -> tuple[dict, int]:
-    """Pad the token list to n entries with [PADi] (type UNUSED, score 0) -> (fields, pads)."""
+    """Pad the token list to n entries with [PADi] (type UNUSED, score 0) -> (fields, pads);
+    a list longer than n loses trailing [PADi] tokens only (gpt-neox's is padded to 50432)."""
     toks = list(tok["tokenizer.ggml.tokens"])
-    if len(toks) > n:
-        raise ValueError(f"the vocabulary has {len(toks)} tokens, more than the model's {n} rows")
-    pads = n - len(toks)
     tok = dict(tok)
+    if len(toks) > n:
+        if not all(t.startswith("[PAD") for t in toks[n:]):
+            raise ValueError(f"the vocabulary has {len(toks)} tokens, more than the model's {n} rows")
+        toks = toks[:n]
+        for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            if key in tok:
+                tok[key] = list(tok[key])[:n]
+    pads = n - len(toks)
     tok["tokenizer.ggml.tokens"] = toks + [f"[PAD{i}]" for i in range(len(toks), n)]
     tok["tokenizer.ggml.token_type"] = list(tok["tokenizer.ggml.token_type"]) + [5] * pads
     if "tokenizer.ggml.scores" in tok:
@@ -373,7 +387,7 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
     if path.exists() and not force:
         log(f"{path} exists (--force rewrites it)")
         return path
-    dirs = vocab_dirs(vocab_dir)
+    dirs = vocab_dirs(vocab_dir, out)
     vname = vocab or shape.vocab_file
     if vname == "bytes":
         tok, where = bytes_vocab(), "a 256-token byte-level vocabulary"
@@ -384,7 +398,8 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
     tok, pads = pad_vocab(tok, shape.vocab)
     if vname == "gpt-neox" and tok.get("tokenizer.ggml.pre") not in ("gpt-2", "gpt2"):
         tok["tokenizer.ggml.pre"] = "gpt-2"  # OLMoE's (GPT-NeoX) words split like GPT-2's
-    template = chat_template(shape, dirs)
+    template = chat_template(shape, dirs) or tok.pop("tokenizer.chat_template", None)
+    tok.pop("tokenizer.chat_template", None)
     desc = (f"Random weights with the tensor shapes and metadata of {shape.hf}. Tokenizer: {where}"
             f" ({n_real} tokens{f', padded with {pads} [PAD] tokens' if pads else ''}). "
             f"Chat template: {shape.template if template else 'none (goinfer built-in / ChatML)'}.")

@@ -498,6 +498,8 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
         header = dict(expect)
         header["tree"] = w.encode(weights)
         del weights
+        if hasattr(g, "release_pages"):
+            g.release_pages()  # the GGUF's pages were read once; the layout replaces them
         from goinfer import __version__
 
         header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
