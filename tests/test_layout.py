@@ -143,6 +143,17 @@ def test_prepare_builds_and_verifies(q4_path, layouts):
     assert _load(q4_path).load_info.source == "layout"
 
 
+def test_goinfer_pull_builds_the_layout(q4_path, layouts, monkeypatch, capsys):
+    from goinfer import cli, hub
+
+    monkeypatch.setattr(hub, "pull", lambda name, force=False: Path(q4_path))
+    assert cli.main(["pull", "some-model"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out[0] == str(q4_path) and Path(out[1]) == layout.cache_path(GGUFFile(q4_path).fingerprint)
+    layout.verify(out[1])
+    assert _load(q4_path).load_info.source == "layout"
+
+
 # ============================================================================ stale, corrupt
 
 
