@@ -75,6 +75,21 @@ _SCALAR_NP = {
 # ============================================================================ safe, fast reader
 
 
+def _load_string_array():
+    """The compiled string-array reader (goinfer/_kernels/gguf_text.pyx), or None (a
+    big-endian host, or kernels not built: the Python loop below does the same, slower)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        from goinfer._kernels.gguf_text import string_array
+    except ImportError:
+        return None
+    return string_array
+
+
+_string_array = _load_string_array()
+
+
 class _Short(Exception):
     """A read ran past the end of the file (converted to ModelFormatError by GGUFFile)."""
 
@@ -137,7 +152,15 @@ class _Reader(GGUFReader):
         if n * elem_min > size - offs:
             raise ModelFormatError(f"metadata array at offset {orig_offs} claims {n} elements "
                                    f"of {itype.name}, more than the {size - offs} bytes left")
-        if itype == GGUFValueType.STRING:
+        if itype == GGUFValueType.STRING and _string_array is not None:
+            try:
+                holder, offs = _string_array(self._plain, offs, n)
+            except EOFError as e:
+                raise _Short(str(e)) from None
+            except UnicodeDecodeError:
+                raise ModelFormatError(f"a string of the array at offset {orig_offs} is not valid "
+                                       "UTF-8") from None
+        elif itype == GGUFValueType.STRING:
             holder = np.empty(n, dtype=object)
             mv = self._mv
             for i in range(n):
