@@ -46,6 +46,21 @@ class ChatTemplateError(GoinferError, ValueError):
     """A chat template failed to render (or tried something the sandbox forbids)."""
 
 
+class RequestError(GoinferError, ValueError):
+    """A generation request has a bad field.  ``param`` names it as the OpenAI API does
+    (``"response_format"``, ``"grammar"``, ``"top_logprobs"``, ...); the server answers 400 with
+    that ``param``.  Raised before any token is generated."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarError(RequestError):
+    """A response_format or grammar cannot be enforced: an invalid JSON schema, a schema feature
+    the grammar engine cannot enforce, a grammar or regex that does not parse."""
+
+
 class InsufficientMemoryError(GoinferError, MemoryError):
     """A model (or a cache) needs more memory than the machine has available; raised before
     anything large is allocated.  ``needed`` and ``available`` are the byte counts."""

@@ -114,9 +114,19 @@ def _cacheable_families():
     from goinfer.models.gemma import Gemma3Family
     from goinfer.models.llama import LlamaFamily
     from goinfer.models.moe import MoEFamily
+    from goinfer.models.smollm3 import SmolLM3Family
 
-    # exact classes: a family is cached only once its weights live entirely in load_weights()
-    return (LlamaFamily, MoEFamily, Gemma3Family)
+    # exact classes: a family is cached only once all its weights come from load_weights(),
+    # and load_weights() needs nothing of the instance but cfg (see _loader)
+    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family)
+
+
+def _loader(family, cfg):
+    """An instance of family with only .cfg set: enough to call load_weights() before the
+    family's own __init__ runs (which then receives the weights)."""
+    obj = object.__new__(family)
+    obj.cfg = cfg
+    return obj
 
 
 def _classes() -> dict:
@@ -480,11 +490,10 @@ def _expect(g, family, variant: str) -> dict:
             "fingerprint": g.fingerprint, "variant": variant, "family": family.__name__}
 
 
-def _from_gguf(g, family, cfg, progress: bool, name: str, keep=None):
-    bar = _bar(progress, cfg.n_layers, f"loading {name}" if keep is None else
-               f"loading {name} (first load: writing its layout cache)")
+def _from_gguf(g, family, cfg, progress: bool, name: str, keep):
+    bar = _bar(progress, cfg.n_layers, f"loading {name} (first load: writing its layout cache)")
     try:
-        return family.load_weights(g, cfg, bar.update if bar is not None else None, keep)
+        return _loader(family, cfg).load_weights(g, bar.update if bar is not None else None, keep)
     finally:
         if bar is not None:
             bar.close()
@@ -513,16 +522,17 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
 
 
 def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, name: str = ""):
-    """The weights dict of family.load_weights for the GGUF g: mapped from its layout cache,
-    building the cache first if it is missing, stale or corrupt.  Returns (weights, LoadInfo)."""
+    """The weights dict of family.load_weights for the GGUF g, mapped from its layout cache
+    (built first if it is missing, stale or corrupt), or None when the family should load
+    itself from the GGUF (cache off, a family that is not cached, writing failed).
+    Returns (weights or None, LoadInfo)."""
     name = name or Path(g.path).stem
     if enabled is None:
         enabled = enabled_by_env()
     if not enabled:
-        return _from_gguf(g, family, cfg, progress, name), LoadInfo("gguf", reason="layout cache off")
+        return None, LoadInfo("gguf", reason="layout cache off")
     if family not in _cacheable_families():
-        return _from_gguf(g, family, cfg, progress, name), LoadInfo(
-            "gguf", reason=f"{family.__name__} is not cached")
+        return None, LoadInfo("gguf", reason=f"{family.__name__} is not cached")
     variant = kernel_variant()
     path = cache_path(g.fingerprint, variant)
     expect = _expect(g, family, variant)
@@ -543,9 +553,8 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
             warnings.warn(f"goinfer: could not write the layout cache of {name} to {path.parent} "
                           f"({err}); loading from the GGUF (the next load will try again)",
                           LayoutWarning, stacklevel=3)
-            reason = f"write failed: {err}"
             g.conversion_summary().rows.clear()  # the failed build's partial counts
-    return _from_gguf(g, family, cfg, progress, name), LoadInfo("gguf", reason=reason)
+            return None, LoadInfo("gguf", reason=f"write failed: {err}")
 
 
 def prepare(path, *, progress: bool = True) -> Path:
@@ -563,8 +572,8 @@ def prepare(path, *, progress: bool = True) -> Path:
                 f"{g.path}: architecture {g.arch!r} is not supported; supported: "
                 f"{', '.join(sorted(ARCHITECTURES))}")
         cfg = family.read_config(g)
-        weights, info = load(g, family, cfg, enabled=True, progress=progress)
-        del weights
+        _weights, info = load(g, family, cfg, enabled=True, progress=progress)
+        del _weights
         if info.path is None:
             raise LayoutError(f"{path}: no layout cache ({info.reason})")
         if info.source == "layout":

@@ -54,6 +54,7 @@ class Segment:
     stop: int
     block_table: np.ndarray  # (n_blocks_seq,) int32
     fast: bool = False  # float32 tiled attention (prefill suffix >= 512 tokens, issue 4)
+    rec: object = None  # hybrid models: the sequence's recurrent.SeqRecurrent (state, snapshots)
 
 
 @dataclass

@@ -101,19 +101,18 @@ class Gemma3Family(llama.LlamaFamily):
     ffn_act = "gelu_tanh_mul"
 
     def __init__(self, g, cfg: Gemma3Config, kernels, threads: int, progress=None,
-                 weights: dict | None = None, keep=None):
+                 weights: dict | None = None):
         if not g.has_tensor("blk.0.attn_q_norm.weight"):
             raise ModelFormatError(f"{g.path}: gemma3 file without QK-norm tensors")
-        super().__init__(g, cfg, kernels, threads, progress, weights, keep)
+        super().__init__(g, cfg, kernels, threads, progress, weights)
         # Global layers: rope.freq_base with the file's (linear) scaling; local layers: base 10k.
         self.rope_local = RopeCache(cfg.n_rot, cfg.rope_base_local, cfg.context_length)
         self.attn_scale = cfg.attn_scale  # no attention softcap: Gemma 3 has none (Gemma 2 had)
         self.embed_scale = np.float32(np.sqrt(cfg.d_model))
 
-    @classmethod
-    def load_layer(cls, g, cfg: Gemma3Config, i: int) -> Gemma3LayerWeights:
-        L = super().load_layer(g, cfg, i)
-        p, D = f"blk.{i}.", cfg.d_model
+    def load_layer(self, g, i: int) -> Gemma3LayerWeights:
+        L = super().load_layer(g, i)
+        p, D = f"blk.{i}.", self.cfg.d_model
         return Gemma3LayerWeights(
             **vars(L),
             post_attn_norm=llama._check_vec(p + "post_attention_norm.weight",

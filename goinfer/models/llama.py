@@ -172,14 +172,14 @@ class LlamaFamily:
     ffn_act = "swiglu"  # the kernel combining gate and up (gelu_tanh_mul for GeGLU families)
 
     def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None,
-                 weights: dict | None = None, keep=None):
-        """weights: the dict load_weights returns (e.g. memory-mapped from the layout cache,
-        goinfer/layout.py); None loads them from the GGUF g.  keep: see load_weights."""
+                 weights: dict | None = None):
+        """weights: the dict load_weights returns (memory-mapped from the layout cache,
+        goinfer/layout.py); None loads them from the GGUF g."""
         self.cfg = cfg
         self.K = kernels
         self.threads = threads
         if weights is None:
-            weights = self.load_weights(g, cfg, progress, keep)
+            weights = self.load_weights(g, progress)
         self.tok_embd = weights["tok_embd"]
         self.layers = weights["layers"]
         self.out_norm = weights["out_norm"]
@@ -190,13 +190,14 @@ class LlamaFamily:
         self.attn_softcap = 0.0
         self.scratch = Scratch()
 
-    @classmethod
-    def load_weights(cls, g, cfg: ModelConfig, progress=None, keep=None) -> dict:
+    def load_weights(self, g, progress=None, keep=None) -> dict:
         """Every weight of the model from the GGUF g, as a dict of plain containers (QWeight,
         float32 arrays, the family's layer dataclasses, lists, None): tok_embd, layers, out_norm,
         lm_head (None when tied to tok_embd), rope_freqs (or None).  keep(obj) is called on each
         layer (and the other top-level weights) as soon as it is loaded and returns what to keep
-        in its place (the layout cache writes it out and keeps a reference)."""
+        in its place (the layout cache writes it out and keeps a reference).  Reads self.cfg
+        only (the layout cache calls it before the rest of __init__ has run)."""
+        cfg = self.cfg
         keep = keep or (lambda obj: obj)
         D = cfg.d_model
         tok_embd = g.load_weight("token_embd.weight")
@@ -204,7 +205,7 @@ class LlamaFamily:
         tok_embd = keep(tok_embd)
         layers = []
         for i in range(cfg.n_layers):
-            layers.append(keep(cls.load_layer(g, cfg, i)))
+            layers.append(keep(self.load_layer(g, i)))
             if progress is not None:
                 progress(1)
         out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
@@ -217,14 +218,14 @@ class LlamaFamily:
         return dict(tok_embd=tok_embd, layers=layers, out_norm=out_norm, lm_head=lm_head,
                     rope_freqs=rope_freqs)
 
-    @classmethod
-    def load_layer(cls, g, cfg: ModelConfig, i: int) -> LayerWeights:
-        return load_layer(g, cfg, i)
+    def load_layer(self, g, i: int) -> LayerWeights:
+        return load_layer(g, self.cfg, i)
 
     # ------------------------------------------------------------------ per-layer attention
 
-    def layer_rope(self, li: int) -> RopeCache:
-        """The RoPE tables of layer li (families with local/global layers differ here)."""
+    def layer_rope(self, li: int) -> RopeCache | None:
+        """The RoPE tables of layer li (families with local/global layers differ here), or None
+        for a layer that applies no RoPE."""
         return self.rope
 
     def layer_window(self, li: int) -> int:
@@ -329,9 +330,11 @@ class LlamaFamily:
         if L.q_norm is not None:  # QK-norm, per head, in place
             K.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
             K.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
-        cos, sin = self.layer_rope(li).tables(int(batch.positions.max()) + 1)
-        K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
-        K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+        rope = self.layer_rope(li)
+        if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE layers)
+            cos, sin = rope.tables(int(batch.positions.max()) + 1)
+            K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+            K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
                           self.layer_window(li), self.attn_softcap, self.attn_scale)

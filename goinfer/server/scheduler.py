@@ -10,6 +10,11 @@ Each step of the engine thread:
   4. sample a token for every sequence whose prompt is done (``Generation``, shared with
      ``Session.generate``) and send its text to the waiting client.
 
+A constrained request (JSON schema, grammar) batches with the others: its Generation starts
+computing the next token's mask in a worker thread as soon as it has sampled, so the masks of
+every constrained sequence are computed while the step's forward pass runs, and the engine
+thread only waits for them (already done, normally) when it samples.
+
 When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
 are released and it returns to the head of the queue, to be prefilled again later with the
 tokens it generated so far (exact numerics make this invisible in its output).
@@ -50,6 +55,7 @@ class Event:
     text: str = ""
     result: GenerationResult | None = None
     error: BaseException | None = None
+    logprobs: list | None = None  # entries of the tokens of this text (when asked for)
 
 
 _ids = itertools.count(1)
@@ -65,6 +71,8 @@ class Job:
     stops: list[str]
     on_event: Callable[[Event], None]  # called on the engine thread; must not block
     cache_salt: str | None = None
+    grammar: object | None = None  # a compiled constrained.Grammar
+    logprobs: tuple[bool, int] = (False, 0)  # (on, top_logprobs)
     id: int = field(default_factory=lambda: next(_ids))
     # ---- engine state
     cancelled: bool = False
@@ -231,6 +239,13 @@ class Engine:
             job.session = None
         job.pending = []
 
+    def _text(self, job: Job, piece: str) -> None:
+        """Send a piece of text (with the logprobs of its tokens, when asked for)."""
+        gen = job.gen
+        if piece or gen.has_logprobs():
+            lps = gen.take_logprobs() if gen.want_logprobs else None
+            self._send(job, Event("text", text=piece, logprobs=lps))
+
     def _fail(self, job: Job, err: BaseException) -> None:
         self._release(job)
         if job in self._active:
@@ -284,7 +299,8 @@ class Engine:
             raise
         job.session, job.pending, job.fast, job.prefilling = session, list(rest), fast, True
         if first:
-            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops)
+            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops,
+                                 grammar=job.grammar, logprobs=job.logprobs)
             job.cached, job.prefilled = cached, len(rest)
             self.prompt_tokens += len(ids)
             self.cached_tokens += cached
@@ -384,9 +400,7 @@ class Engine:
                 job.t_prompt = t1
             gen = job.gen
             if not gen.done:
-                piece = gen.push(lg)
-                if piece:
-                    self._send(job, Event("text", text=piece))
+                self._text(job, gen.push(lg))
             if gen.done:
                 self._finish(job)
             else:
@@ -394,9 +408,7 @@ class Engine:
 
     def _finish(self, job: Job) -> None:
         gen = job.gen
-        tail = gen.finish()
-        if tail:
-            self._send(job, Event("text", text=tail))
+        self._text(job, gen.finish())
         result = gen.result(job.cached, job.prefilled, job.t_start, job.t_prompt,
                             time.perf_counter())
         self._release(job)
