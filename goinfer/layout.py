@@ -385,6 +385,7 @@ def _write_stamp(path: Path, st: os.stat_result) -> None:
     with contextlib.suppress(OSError):  # no stamp: the next load verifies in full again
         fd, tmp = tempfile.mkstemp(prefix=sp.name + ".", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, os.stat(path).st_mode & 0o666)
             with os.fdopen(fd, "w") as f:
                 json.dump(_stamp_of(st), f)
             os.replace(tmp, sp)
