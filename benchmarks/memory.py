@@ -115,6 +115,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--layout-dir", default=None,
                     help="goinfer's layout cache directory (default: a fresh temporary one)")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both",
+                    help="llama.cpp's flash attention (its lowest-memory setting is on)")
+    ap.add_argument("--no-first-load", action="store_true",
+                    help="skip goinfer's separate first-load run (the layout cache is built already)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, short run (the test suite)")
     args = ap.parse_args(argv)
@@ -133,7 +137,8 @@ def main(argv=None) -> dict:
         try:
             import llama_cpp
 
-            engines += [("llama.cpp", False), ("llama.cpp", True)]
+            engines += [("llama.cpp", fa) for fa in {"on": [True], "off": [False],
+                                                     "both": [False, True]}[args.flash_attn]]
             peer = f"llama-cpp-python {llama_cpp.__version__}"
         except ImportError:
             peer = "skipped: llama-cpp-python is not installed"
@@ -144,10 +149,11 @@ def main(argv=None) -> dict:
            "load_avg_start": os.getloadavg(), "runs": {}}
     label = {("goinfer", False): "goinfer", ("llama.cpp", False): "llama.cpp",
              ("llama.cpp", True): "llama.cpp + flash attention"}
-    first = run_child("goinfer", args.model, args, False, layout_dir)
-    res["goinfer_first_load"] = first
-    print(f"goinfer first load ({first['source']}): {first['load_s']:.2f} s, peak RSS "
-          f"{_gb(first['peak_rss'])} GB", flush=True)
+    if not args.no_first_load:
+        first = run_child("goinfer", args.model, args, False, layout_dir)
+        res["goinfer_first_load"] = first
+        print(f"goinfer first load ({first['source']}): {first['load_s']:.2f} s, peak RSS "
+              f"{_gb(first['peak_rss'])} GB", flush=True)
     for _ in range(args.repeats):
         for eng, fa in engines:
             r = run_child(eng, args.model, args, fa, layout_dir)
@@ -176,11 +182,11 @@ def table(res) -> str:
              "|---|---|---|---|---|"]
     peers = [v["peak_rss"] for k, v in med.items() if k != "goinfer"]
     best = min(peers) if peers else None
-    f = res["goinfer_first_load"]
-    lines.append(f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {_gb(f['rss_load'])} | "
-                 f"{_gb(f['peak_rss'])} | {f['peak_rss'] / best:.2f}x |" if best else
-                 f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {_gb(f['rss_load'])} | "
-                 f"{_gb(f['peak_rss'])} | |")
+    f = res.get("goinfer_first_load")
+    if f:
+        ratio = f"{f['peak_rss'] / best:.2f}x" if best else ""
+        lines.append(f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {_gb(f['rss_load'])} | "
+                     f"{_gb(f['peak_rss'])} | {ratio} |")
     for k, v in med.items():
         ratio = f"{v['peak_rss'] / best:.2f}x" if best else ""
         lines.append(f"| {k} | {v['load_s']:.2f} | {_gb(v['rss_load'])} | {_gb(v['peak_rss'])} | {ratio} |")
