@@ -32,9 +32,6 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
 CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np
@@ -91,8 +88,7 @@ print(json.dumps({"load_s": load_s, "source": src, "rss_load": after_load["VmRSS
 
 
 def run_child(engine: str, path: str, args, fa: bool, layout_dir: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               GOINFER_LAYOUT_DIR=layout_dir, OMP_NUM_THREADS=str(args.threads))
+    env = dict(os.environ, GOINFER_LAYOUT_DIR=layout_dir, OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run([sys.executable, "-c", CHILD, engine, path, str(args.prefill),
                           str(args.decode), str(args.threads), "1" if fa else "0"],
                          env=env, capture_output=True, text=True, timeout=7200)

@@ -28,8 +28,8 @@ from pathlib import Path
 # a local Ray instance keeps its control plane on loopback (Ray's own switch, read at import)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# benchmarks/ for server_load and shapes; goinfer: the installed one (or PYTHONPATH's), never the
+# source tree (no compiled .so in CI)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from server_load import QUESTIONS, SYSTEM, pct, stop_ids  # noqa: E402

@@ -26,8 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# goinfer: the installed one (or PYTHONPATH's), never the source tree (no compiled .so in CI)
 
 from goinfer.server.cli import Client, free_port  # noqa: E402
 
@@ -50,8 +49,7 @@ def start_server(model: str, max_batch: int, threads: int | None, extra: list[st
            "--max-batch", str(max_batch), "--log-level", "warning"] + extra
     if threads:
         cmd += ["--threads", str(threads)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -132,8 +130,7 @@ def main() -> int:
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from shapes import smoke_model
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
 
         args.model = str(smoke_model(tmp.name))
         args.levels, args.requests, args.max_tokens, args.threads = "1", 1, 2, 1

@@ -69,3 +69,11 @@ class InsufficientMemoryError(GoinferError, MemoryError):
         super().__init__(message)
         self.needed = needed
         self.available = available
+
+
+class ToolError(RequestError):
+    """Bad ``tools``, ``tool_choice`` or ``parallel_tool_calls`` (or tools together with a
+    response_format the reply cannot also follow); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message, param)

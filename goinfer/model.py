@@ -15,7 +15,7 @@ from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import EXACT, KVCache
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, KVCache, check_kv_dtype
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
@@ -40,9 +40,11 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact_prefill: bool = False,
                  context_length: int | None = None, progress: bool = True, graph: bool | None = None,
-                 layout_cache: bool | None = None, _reference_kernels: bool = False):
+                 layout_cache: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
+                 _reference_kernels: bool = False):
         """layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
-        the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0)."""
+        the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0).
+        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         arch = gguf.arch
         family = family_for(gguf)
         if family is None:
@@ -54,9 +56,11 @@ class Model:
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(threads)
         self.exact_prefill = bool(exact_prefill)
+        self.kv_dtype = kv_dtype  # storage type of the KV caches made for this model
         self.kernels = _kernels(_reference_kernels)
         t0 = time.perf_counter()
         self.config: ModelConfig = family.read_config(gguf)
+        check_kv_dtype(kv_dtype, self.config.head_dim)
         if context_length is not None:
             if context_length < 1:
                 raise ValueError(f"context_length must be positive, got {context_length}")
@@ -97,16 +101,17 @@ class Model:
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
              exact_prefill: bool = False, *, context_length: int | None = None,
              progress: bool = True, graph: bool | None = None,
-             layout_cache: bool | None = None) -> "Model":
+             layout_cache: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
         """Load a registered model (pulled on first use) or a local .gguf file.
 
         graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0).
         layout_cache: map the weights from their cached native layout (default: on unless
-        GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py)."""
+        GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
+        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
         with GGUFFile(path) as g:
             return cls(g, threads=threads, exact_prefill=exact_prefill, context_length=context_length,
-                       progress=progress, graph=graph, layout_cache=layout_cache)
+                       progress=progress, graph=graph, layout_cache=layout_cache, kv_dtype=kv_dtype)
 
     # ------------------------------------------------------------------ text
 

@@ -90,7 +90,8 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
     s = model.session(cache)
     model.session(KVCache(model, max_tokens=80)).prefill(ids[:64])  # warm-up
     res = {"model": model.name, "threads": model.threads, "prompt_tokens": prompt_tokens,
-           "decode_tokens": decode_tokens, "fast_prefill": model.use_fast(prompt_tokens)}
+           "decode_tokens": decode_tokens, "fast_prefill": model.use_fast(prompt_tokens),
+           "kv_dtype": cache.dtype, "kv_bytes_per_token": cache.bytes_per_token}
     proxy = _TimedKernels(model.kernels)
     old = _swap(model, proxy)
     was_timing = attention_phase_timing(True)
@@ -118,7 +119,8 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
 def table(res: dict) -> str:
     lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens "
              f"({'fast' if res['fast_prefill'] else 'exact'} attention), {res['decode_tokens']} "
-             f"decode steps, {res['threads']} threads", "",
+             f"decode steps, {res['threads']} threads, KV cache {res['kv_dtype']} "
+             f"({res['kv_bytes_per_token']} bytes/token)", "",
              "| phase | total ms | tok/s | matmul | attention | moe | other |", "|---|---|---|---|---|---|---|"]
     for ph in ("prefill", "decode"):
         r = res[ph]
