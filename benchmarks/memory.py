@@ -1,7 +1,8 @@
 """Load time and peak memory, goinfer vs llama.cpp, each run in a fresh process.
 
     PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/memory.py MODEL.gguf [--prefill 4096]
-        [--decode 64] [--threads 2] [--repeats 3] [--layout-dir DIR] [--json out.json]
+        [--decode 64] [--threads 2] [--repeats 3] [--layout-dir DIR] [--no-first-load]
+        [--flash-attn on|off|both] [--json out.json]
     PYTHONPATH=. python benchmarks/memory.py --smoke
 
 Each run is a new Python process that imports its engine, then (timed) loads the model, runs
