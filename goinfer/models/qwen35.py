@@ -197,9 +197,10 @@ class Qwen35Family(llama.LlamaFamily):
 
     read_config = staticmethod(read_config)
 
-    def __init__(self, g, cfg: Qwen35Config, kernels, threads: int, progress=None):
+    def __init__(self, g, cfg: Qwen35Config, kernels, threads: int, progress=None,
+                 weights: dict | None = None):
         self._n_lin = self._n_kv = 0
-        super().__init__(g, cfg, kernels, threads, progress)
+        super().__init__(g, cfg, kernels, threads, progress, weights)
         self.state_spec = cfg.state_spec
 
     def load_layer(self, g, i: int) -> Qwen35LayerWeights:
