@@ -19,8 +19,13 @@ import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+
+TESTS = str(Path(__file__).resolve().parent.parent / "tests")  # hfconvert, tinymodels
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 # (label, hfconvert family, build options)
 FAMILIES = [
