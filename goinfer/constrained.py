@@ -198,6 +198,10 @@ class Grammar:
     param: str  # the request field it came from
     view: TokenView
     _proto: object  # llguidance.LLMatcher in its initial state (deep-copied per generation)
+    # where the grammar may end, the end of the output takes the probability of every token
+    # the grammar forbids there (tool calls: a model that would go on with anything but
+    # another call ends its reply; see Constraint.fold_end)
+    end_takes_forbidden: bool = False
 
     def start(self, n_logits: int | None = None) -> "Constraint":
         return Constraint(self, n_logits)
@@ -436,6 +440,29 @@ class Constraint:
         m = self.matcher
         err = m.get_error().strip().splitlines()
         return f"llguidance: {m.stop_reason()}" + (f": {_short(err[0])}" if err else "")
+
+    def fold_end(self, logits: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, mask) to sample from.  Where the output may end (``accepting``) under a
+        grammar with ``end_takes_forbidden``: the most likely stop token gets the log of the
+        summed probability (at temperature 1) of the stop tokens and of every token the mask
+        forbids, the other stop tokens are masked.  Tool calls: after a call the grammar
+        allows another call or the end; a model that would go on with prose (which the
+        grammar forbids) ends its reply instead of being pushed into a call it did not
+        want.  Anywhere else (or without it): (logits, mask) unchanged."""
+        stops = self._stops
+        if not (self.accepting and self.grammar.end_takes_forbidden and len(stops)):
+            return logits, mask
+        z = np.array(logits, dtype=np.float64)  # (n_logits,)
+        best = int(stops[np.argmax(z[stops])])
+        out = ~mask
+        out[stops] = True
+        zo = z[out]
+        top = float(zo.max())
+        z[best] = top + float(np.log(np.exp(zo - top).sum()))
+        m = mask.copy()
+        m[stops] = False
+        m[best] = True
+        return z, m
 
     def ends(self, token: int) -> bool:
         """Does ``token`` (just sampled under the last mask) end the output, complete?"""
