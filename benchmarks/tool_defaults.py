@@ -6,6 +6,7 @@ call's arguments validate against its tool's schema.  Not a speed benchmark.
     PYTHONPATH=. python benchmarks/tool_defaults.py                     # SmolLM2 and Gemma 3
     PYTHONPATH=. python benchmarks/tool_defaults.py --models smollm2-135m --seeds 10
     PYTHONPATH=. python benchmarks/tool_defaults.py --smoke             # tiny model, seconds
+    PYTHONPATH=. python benchmarks/tool_defaults.py --without fold bounds  # as before them
 
 A reply is "ok" when it ends by itself with finish_reason "tool_calls" and valid calls
 ("required"), or with "tool_calls" and valid calls or "stop" and content ("auto").  A reply that
@@ -128,8 +129,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--show", action="store_true", help="print every reply")
     ap.add_argument("--smoke", action="store_true", help="tiny random model, one seed")
+    ap.add_argument("--without", nargs="+", default=[], choices=["fold", "bounds"],
+                    help="turn off the end folding after calls (Constraint.fold_end) or the "
+                         "number bounds in call arguments, to compare")
     a = ap.parse_args(argv)
     import goinfer
+    from goinfer import constrained, tools
+
+    if "fold" in a.without:
+        constrained.Constraint.fold_end = lambda self, logits, mask: (logits, mask)
+    if "bounds" in a.without:
+        tools._bounded = lambda params: params
 
     models = [tiny_model()] if a.smoke else [
         goinfer.Model.load(m, threads=None, progress=False) for m in a.models]
@@ -140,7 +150,8 @@ def main(argv=None) -> dict:
     for model in models:
         with Serve(model) as client:
             print(f"{model.name}: {len(QUESTIONS)} questions x (greedy + {a.seeds} seeds), "
-                  f"max_tokens {a.max_tokens}, parallel_tool_calls default")
+                  f"max_tokens {a.max_tokens}, parallel_tool_calls default"
+                  + (f", without {' and '.join(a.without)}" if a.without else ""))
             result[model.name] = r = run(client, seeds, a.max_tokens, a.show)
             for choice, x in r.items():
                 print(f"  {choice:8s} {x}")
