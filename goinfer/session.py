@@ -556,7 +556,7 @@ class Generation:
                 return ""
         z = logits  # logprobs are of the raw logits; the sampler may see the end folded in
         if c is not None:
-            z, mask = c.fold_end(logits, mask)
+            z, mask = c.fold_end(logits, mask, self.tokens, self.text)
         t = self.sampler.sample(z, mask)
         if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True

@@ -1071,11 +1071,17 @@ class ToolChat:
         the grammar allows only another call or the end, and a model that would rather go on
         with prose, which is not allowed after a call, ends its reply (finish_reason
         "tool_calls") instead of being pushed into calls it did not mean, over and over until
-        max_tokens.  With tool_choice "none" nothing is folded: the reply is plain text."""
+        max_tokens.  With tool_choice "auto" only from the call marker on: in the free text
+        before it the grammar forbids little (control tokens, bytes that would not be valid
+        UTF-8), and a model's prose must not end because of those.  With tool_choice "none"
+        nothing is folded: the reply is plain text."""
         from goinfer.constrained import compile_request
 
         g = compile_request(self.tokenizer, grammar=self.grammar)
-        return dataclasses.replace(g, end_takes_forbidden=True) if self.parses else g
+        if not self.parses:
+            return g
+        return dataclasses.replace(g, end_takes_forbidden=True,
+                                   calls_begun=_calls_begun(self.spec, self.fmt, self.tokenizer))
 
     def finish(self, result, parser: CallParser | None = None):
         """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
@@ -1104,6 +1110,19 @@ class ToolChat:
             else:
                 yield from parser.finish()
                 yield self.finish(item, parser)
+
+
+def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
+    """(tokens, text) -> has the reply opened a call?  None: it does from its first token."""
+    if spec.forced:
+        return None
+    sid = _special(tokenizer, fmt.open)
+    brace = fmt.name == "llama3"  # a Llama 3 reply that opens with "{" is a call
+
+    def begun(tokens, text: str) -> bool:
+        return (brace and text.startswith("{")) or (
+            sid in tokens if sid is not None else fmt.open in text)
+    return begun
 
 
 def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None

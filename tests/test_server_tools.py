@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from test_server import BAD_BODIES, Server, msgs
@@ -39,6 +40,54 @@ def test_bad_tools_get_400_before_any_token_and_the_server_goes_on(srv):
         ok = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=2)
         assert ok.choices[0].finish_reason in ("stop", "length")
         n0 = srv.engine.n_finished
+
+
+# ============================================================================ logprobs with tools
+
+TINY_TOOLS = [{"type": "function", "function": {"name": "set_level", "parameters": {
+    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9},
+                                     "on": {"type": "boolean"}},
+    "required": ["level", "on"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def long_srv(tiny):
+    """A tiny model with room for the built-in tool prompt (~740 tokens of bytes)."""
+    m = load(tiny("llama", 5, max_position_embeddings=4096)[1])
+    with Server(m, KVCache(m, max_tokens=4096)) as s:
+        yield s
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
+    """stream + logprobs + tools: the chunks (content and tool_calls deltas alike) carry the
+    logprobs entries of their tokens; all of them together are the non-streamed reply's list,
+    one per completion token, and the calls are the same."""
+    c = long_srv.client()
+    kw = dict(model="tiny", messages=msgs("Set level 3."), tools=TINY_TOOLS, tool_choice=choice,
+              max_tokens=100, temperature=0, logprobs=True, top_logprobs=2,
+              parallel_tool_calls=False,
+              stream_options={"include_usage": True})
+    whole = c.chat.completions.create(**{k: v for k, v in kw.items() if k != "stream_options"})
+    ch = whole.choices[0]
+    full = [e.model_dump() for e in ch.logprobs.content]
+    assert len(full) == whole.usage.completion_tokens  # the stop token is not counted
+    chunks = list(c.chat.completions.create(stream=True, **kw))
+    streamed = [e.model_dump() for x in chunks if x.choices and x.choices[0].logprobs
+                for e in x.choices[0].logprobs.content]
+    # the same tokens; values within 1e-5: the second request reuses the first one's cached
+    # prompt, and a long cold prefill takes the fast path (Model.use_fast), a short one not
+    assert [e["token"] for e in streamed] == [e["token"] for e in full]
+    assert [[t["token"] for t in e["top_logprobs"]] for e in streamed] == \
+        [[t["token"] for t in e["top_logprobs"]] for e in full]
+    assert np.allclose([e["logprob"] for e in streamed], [e["logprob"] for e in full],
+                       atol=1e-5, rtol=0)
+    calls = [x for x in chunks if x.choices and x.choices[0].delta.tool_calls]
+    if choice == "required":
+        assert ch.finish_reason == "tool_calls" and calls
+        assert any(x.choices[0].logprobs for x in calls)  # the calls' tokens come with them
+    final = chunks[-2].choices[0]
+    assert final.finish_reason == ch.finish_reason
 
 
 # ============================================================================ tools, real models

@@ -757,6 +757,27 @@ def test_a_line_break_after_a_call_still_allows_the_next(tiny_model):
                                                                   '{"on": false}']
 
 
+def test_free_text_before_a_call_is_not_ended_by_the_fold(tiny_model):
+    """tool_choice "auto": before the call marker the grammar forbids little (bytes that would
+    not be valid UTF-8 here, control tokens); prose must not end because the model puts its
+    mass there.  Once a call has been made, the end takes it (the test above)."""
+    tok = tiny_model.tokenizer
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "auto")
+    c = tc.compiled().start(tiny_model.vocab_size)
+    mask, stops = c.mask(), set(tok.stop_ids)
+    c.close()
+    assert c.accepting
+    banned = [t for t in np.flatnonzero(~mask) if t not in stops]
+    assert banned
+    after = {int(t): 10.0 for t in banned} | {tok.encode("H")[0]: 5.0}
+    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, [], after), max_tokens=8)
+    assert r.text == "H" * 8 and r.finish_reason == "length" and r.tool_calls is None
+    # with a call marker in the reply, the same logits end it after the call
+    script = tok.encode("Hi " + ONE_CALL, parse_special=True)
+    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, script, after))
+    assert r.finish_reason == "tool_calls" and r.text == "Hi " + ONE_CALL
+
+
 def _log_softmax(z):
     z = np.asarray(z, dtype=np.float64)
     return z - z.max() - np.log(np.exp(z - z.max()).sum())
