@@ -90,6 +90,37 @@ def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
     assert final.finish_reason == ch.finish_reason
 
 
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_tool_round_trip_reuses_the_prompt_and_the_reply(long_srv):
+    """Turn 2 sends turn 1's messages, its call and the tool's result: the cache serves turn
+    1's prompt and its reply's tokens, up to the first token where the reply (as sampled)
+    differs from the tokenizer's own split of the re-rendered call, in whole cache blocks
+    (usage.prompt_tokens_details.cached_tokens)."""
+    from goinfer.tools import prepare_chat
+
+    c, m = long_srv.client(), long_srv.model
+    messages = msgs("Set level 3.")
+    kw = dict(model="tiny", tools=TINY_TOOLS, temperature=0, extra_body={"return_tokens": True})
+    r1 = c.chat.completions.create(messages=messages, tool_choice="required", max_tokens=100,
+                                   parallel_tool_calls=False, **kw)
+    assert r1.choices[0].finish_reason == "tool_calls"
+    m1 = r1.choices[0].message
+    messages = messages + [m1.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": t.id, "content": "done"} for t in m1.tool_calls]
+    r2 = c.chat.completions.create(messages=messages, tool_choice="none", max_tokens=3, **kw)
+    turn1 = m.tokenize_chat(prepare_chat(m, messages[:1], TINY_TOOLS).prompt) + r1.tokens
+    turn2 = m.tokenize_chat(prepare_chat(m, messages, TINY_TOOLS).prompt)
+    assert len(turn1) == r1.usage.prompt_tokens + r1.usage.completion_tokens
+    assert len(turn2) == r2.usage.prompt_tokens
+    reused = _common(turn1, turn2)
+    assert reused > r1.usage.prompt_tokens + r1.usage.completion_tokens // 2  # most of the reply
+    bs = long_srv.cache.block_size  # the server shares whole cache blocks
+    assert r2.usage.prompt_tokens_details.cached_tokens == reused - reused % bs
+
+
 # ============================================================================ tools, real models
 
 TOOLS = [
