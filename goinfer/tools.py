@@ -585,6 +585,8 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    # streamed with logprobs: the entries of the tokens taken since the last item sent
+    logprobs: list[dict] | None = field(default=None, compare=False, repr=False)
 
     def as_openai(self) -> dict:
         if self.id is None:
@@ -1099,16 +1101,38 @@ class ToolChat:
 
     def stream(self, items):
         """Stream items of a generation (text pieces, then the result) -> content pieces and
-        ToolCallDelta pieces, then the finished result."""
+        ToolCallDelta pieces, then the finished result.  With logprobs (the pieces are
+        session.Piece): each item carries the entries of the tokens taken since the last item
+        (text the parser holds back waits for the next one; what is left at the end comes in
+        an empty Piece), so the items' entries add up to the result's list."""
         if not self.parses:
             yield from items
             return
+        from goinfer.session import Piece
+
         parser = self.parser()
+        carry: list[dict] | None = None  # None: no logprobs asked for
+
+        def tag(out):
+            nonlocal carry
+            for x in out:
+                if carry is not None:
+                    lps, carry = carry, []
+                    if isinstance(x, str):
+                        x = Piece(x, lps)
+                    else:
+                        x.logprobs = lps
+                yield x
+
         for item in items:
             if isinstance(item, str):
-                yield from parser.push(item)
+                if isinstance(item, Piece):
+                    carry = (carry or []) + item.logprobs
+                yield from tag(parser.push(str(item)))
             else:
-                yield from parser.finish()
+                yield from tag(parser.finish())
+                if carry:
+                    yield Piece("", carry)
                 yield self.finish(item, parser)
 
 

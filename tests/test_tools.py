@@ -612,6 +612,29 @@ def test_chat_stream_gives_the_same_calls(tiny_model):
     assert result.tokens == whole.tokens and result.finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice):
+    """Session.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
+    deltas carry the entries of their tokens; together they are the result's list."""
+    from goinfer.session import Piece
+
+    s = tiny_model.session()
+    kw = dict(tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0, seed=4,
+              parallel_tool_calls=False, logprobs=True, top_logprobs=1)
+    items = list(s.chat(ASK, stream=True, **kw))
+    result = items.pop()
+    got = [e for x in items for e in (x.logprobs or [])]
+    assert got == result.logprobs["content"] and len(got) == len(result.tokens)
+    assert all(isinstance(x, Piece) for x in items if isinstance(x, str))
+    deltas = [x for x in items if isinstance(x, T.ToolCallDelta)]
+    if choice == "required":
+        assert deltas and any(d.logprobs for d in deltas)
+    whole = s.chat(ASK, **kw)  # not streamed: the same tokens (its prompt comes from the
+    assert whole.tokens == result.tokens  # cache, hence logprobs equal to ~1e-7, not bits)
+    assert np.allclose([e["logprob"] for e in whole.logprobs["content"]],
+                       [e["logprob"] for e in got], atol=1e-5, rtol=0)
+
+
 def test_chat_tool_choice_none_and_auto(tiny_model):
     s = tiny_model.session()
     r = s.chat(ASK, tools=BOUNDED, tool_choice="none", max_tokens=40, temperature=1.0, seed=1)
