@@ -278,7 +278,8 @@ def test_smollm2_goldens(smollm2, goldens, name, path):
     last-position logit cosine 0.99997 on both prompts and both paths; teacher-forced top-1
     agreement 0.973 (long, fast), 0.966 (long, exact), 0.977 (short).  Required: cosine
     >= 0.999, the same last argmax, agreement >= 0.93.  The fast path's own distance from
-    exact is checked directly as well (cosine >= 0.999).
+    exact is checked directly as well: last-position cosine >= 0.9995, as README.md and
+    docs/design/kernels.md promise for SmolLM2 (measured 0.99998 on this 1000-token prompt).
     """
     ids = goldens[f"{name}_ids"].tolist()
     ref_last = goldens[f"{name}_last_logits"].astype(np.float32)
@@ -303,4 +304,4 @@ def test_smollm2_goldens(smollm2, goldens, name, path):
         exact = Model(GGUFFile(smollm2.path), threads=smollm2.threads, exact_prefill=True,
                       progress=False)
         e = exact.session(KVCache(exact, max_tokens=len(ids) + 16)).prefill(ids)
-        assert cosine(last, e) >= 0.999, cosine(last, e)
+        assert cosine(last, e) >= 0.9995, cosine(last, e)
