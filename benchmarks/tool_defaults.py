@@ -97,9 +97,10 @@ def verdict(choice, ch) -> str:
     return f"bad:{ch.finish_reason}"
 
 
-def run(client, seeds: list[int | None], max_tokens: int, show: bool) -> dict:
+def run(client, seeds: list[int | None], max_tokens: int, show: bool,
+        choices=("required", "auto")) -> dict:
     out = {}
-    for choice in ("required", "auto"):
+    for choice in choices:
         tally, n_calls, dups = collections.Counter(), collections.Counter(), 0
         for q in QUESTIONS:
             for seed in seeds:
@@ -128,6 +129,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, default=5, help="sampled runs per question (T=1)")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--show", action="store_true", help="print every reply")
+    ap.add_argument("--choices", nargs="+", default=["required", "auto"],
+                    choices=["required", "auto"])
     ap.add_argument("--smoke", action="store_true", help="tiny random model, one seed")
     ap.add_argument("--without", nargs="+", default=[], choices=["fold", "bounds"],
                     help="turn off the end folding after calls (Constraint.fold_end) or the "
@@ -152,7 +155,7 @@ def main(argv=None) -> dict:
             print(f"{model.name}: {len(QUESTIONS)} questions x (greedy + {a.seeds} seeds), "
                   f"max_tokens {a.max_tokens}, parallel_tool_calls default"
                   + (f", without {' and '.join(a.without)}" if a.without else ""))
-            result[model.name] = r = run(client, seeds, a.max_tokens, a.show)
+            result[model.name] = r = run(client, seeds, a.max_tokens, a.show, a.choices)
             for choice, x in r.items():
                 print(f"  {choice:8s} {x}")
     print(json.dumps(result))
