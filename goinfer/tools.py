@@ -518,7 +518,8 @@ _VALUE_KEYS = {"const", "enum", "default", "examples"}  # hold JSON values, not 
 # its own, the bounds +-(2**53 - 1) (the integers a double holds exactly, I-JSON's
 # interoperable range: at most 16 digits) and, for numbers, multipleOf 1e-10 (at most 10
 # decimals).  llguidance writes bounded numbers without an exponent.  So a number in a call
-# is at most 28 characters; values outside (1e300, 1e-12) cannot be written.
+# is at most 28 characters; a value beyond 2**53 - 1 in magnitude, or with more than 10
+# decimals, cannot be written (a schema's own bounds and step replace ours).
 MAX_SAFE_INT = 2**53 - 1
 NUMBER_STEP = 1e-10
 _NUMERIC = ("number", "integer")
