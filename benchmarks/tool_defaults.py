@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
     from goinfer import constrained, tools
 
     if "fold" in a.without:
-        constrained.Constraint.fold_end = lambda self, logits, mask: (logits, mask)
+        constrained.Constraint.fold_end = lambda self, logits, mask, *_: (logits, mask)
     if "bounds" in a.without:
         tools._bounded = lambda params: params
 
