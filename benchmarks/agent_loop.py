@@ -3,6 +3,7 @@ first token takes.  goinfer with prefix reuse, goinfer cold, and llama-cpp-pytho
 `Llama` continuing the conversation, and with its `LlamaRAMCache`).
 
     python benchmarks/agent_loop.py [MODEL.gguf] [--turns 12] [--reply-tokens 30] [--json out.json]
+    python benchmarks/agent_loop.py --smoke      # tiny model, 2 short turns (the test suite)
 
 The transcript is scripted so every engine sees the same messages: a system prompt with tool
 definitions (about 1,500 tokens), then per turn a tool result or file excerpt of 150-400 tokens
@@ -83,8 +84,9 @@ def system_prompt() -> str:
     return rules + json.dumps(specs, indent=1)
 
 
-def transcript(turns: int):
-    """(system, [(tool_result_text, scripted_reply)] * turns)."""
+def transcript(turns: int, max_chars: int | None = None):
+    """(system, [(tool_result_text, scripted_reply)] * turns); max_chars cuts the system prompt
+    and every tool result (the smoke run's tiny model reads bytes, not words)."""
     docs = [d for d in DATA.read_text(encoding="utf-8").split(SEP) if d.isascii()]
     replies = [
         "I will read the module that defines the parser to see how options are handled.",
@@ -104,11 +106,11 @@ def transcript(turns: int):
     for i in range(turns):
         doc = docs[(3 * i) % len(docs)]
         n_chars = 700 + (i * 377) % 900  # 150-400 tokens of code/prose
-        body = doc[:n_chars]
+        body = doc[:min(n_chars, max_chars or n_chars)]
         kind = ["read_file", "search_code", "run_tests", "git_diff"][i % 4]
         result = json.dumps({"tool": kind, "status": "ok", "output": body})
         out.append((result, replies[i % len(replies)]))
-    return system_prompt(), out
+    return system_prompt()[:max_chars], out
 
 
 def conversation(system, turns, upto: int):
@@ -176,14 +178,28 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 short turns (the test suite)")
     args = ap.parse_args(argv)
 
     import goinfer
     from goinfer import hub
 
+    max_chars = None
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
+        args.turns, args.reply_tokens, max_chars = 2, 2, 200
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+            args.no_llama_cpp = True
     path = str(hub.resolve(args.model or "smollm2-135m"))
     model = goinfer.Model.load(path, threads=args.threads, progress=False)
-    system, turns = transcript(args.turns)
+    system, turns = transcript(args.turns, max_chars)
     prompts = []
     for i in range(1, args.turns + 1):
         text = model.apply_chat_template(conversation(system, turns, i), add_generation_prompt=True)
@@ -242,6 +258,7 @@ def main(argv=None):
     print(table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
+    tmp.cleanup()
     return res
 
 
