@@ -23,6 +23,12 @@ size at which the Python kernel switches from one thread to several.
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
 NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
+
+Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the linear layers'
+kernels update in place.  A plan binds those kernels to slots of its own pointer tables
+(``state_slot``, ssm.pyx) and writes the current sequences' state addresses there before each
+step, so one plan serves any sequences of the batch size; a step that must copy a state
+snapshot (a block boundary every ``snapshot_every`` blocks) runs the Python path.
 """
 from __future__ import annotations
 
@@ -35,10 +41,12 @@ import numpy as np
 from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
 from goinfer.models.llama import LlamaFamily
+from goinfer.models.qwen35 import Qwen35Family
 from goinfer.models.smollm3 import SmolLM3Family
+from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family)
 MAX_PLANS_PER_CACHE = 16  # plans kept per KV cache (least recently used dropped)
 
 
@@ -64,7 +72,8 @@ class CaptureError(RuntimeError):
 
 
 def _bind_modules():
-    m = {n: importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention")}
+    m = {n: importlib.import_module(f"goinfer._kernels.{n}")
+         for n in ("matmul", "ops", "attention", "ssm")}
     return {
         "quantize_act": m["matmul"].bind_quantize_act, "matmul": m["matmul"].bind_matmul,
         "get_rows": m["matmul"].bind_get_rows, "rmsnorm": m["ops"].bind_rmsnorm,
@@ -73,6 +82,8 @@ def _bind_modules():
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
         "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
+        "ssm_conv": m["ssm"].bind_ssm_conv, "gated_delta": m["ssm"].bind_gated_delta,
+        "sigmoid_mul": m["ssm"].bind_sigmoid_mul,
     }, m["attention"]
 
 
@@ -164,6 +175,12 @@ class DecodePlan:
         self.tables = np.zeros((B, self.max_blocks), np.int32)  # (B, max_blocks)
         self.logits = np.zeros((B, cfg.vocab_size), np.float32)  # (B, vocab)
         self.rows = np.arange(B, dtype=np.int64)
+        # hybrid models: the state each sequence's linear-layer ops read, by address
+        self.spec = getattr(impl, "state_spec", None)
+        if self.spec is not None:
+            n_lin = self.spec.n_lin
+            self.conv_slots = np.zeros(B * n_lin, np.uint64)  # (B * n_lin,) conv state addresses
+            self.ssm_slots = np.zeros(B * n_lin, np.uint64)  # (B * n_lin,) ssm state addresses
         self._kernels = kernels
         self._graph = None
         self.attn_key = None
@@ -172,13 +189,22 @@ class DecodePlan:
     # ------------------------------------------------------------------ per step
 
     def load(self, batch: Batch) -> None:
-        """Copy a decode batch's inputs into the plan's buffers."""
+        """Copy a decode batch's inputs into the plan's buffers (hybrid: the addresses of the
+        sequences' states into the slot tables; GraphRunner.decode checked their shapes)."""
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
         self.slots[:] = batch.slots
         for i, seg in enumerate(batch.segments):
             need = int(batch.positions[i]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
+        if self.spec is not None:
+            n_lin = self.spec.n_lin
+            for i, seg in enumerate(batch.segments):
+                st = seg.rec.state
+                c0, cs = st.conv.ctypes.data, st.conv.strides[0]
+                s0, ss = st.ssm.ctypes.data, st.ssm.strides[0]
+                self.conv_slots[i * n_lin:(i + 1) * n_lin] = [c0 + li * cs for li in range(n_lin)]
+                self.ssm_slots[i * n_lin:(i + 1) * n_lin] = [s0 + li * ss for li in range(n_lin)]
 
     def fits(self, batch: Batch, cache, attn_key: tuple) -> bool:
         """Can this plan run the batch (whose attention_key is attn_key) as captured?"""
@@ -190,7 +216,7 @@ class DecodePlan:
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
         self._graph.run()
-        n = self.impl.cfg.n_layers * self.B
+        n = getattr(self.impl.cfg, "n_kv_layers", self.impl.cfg.n_layers) * self.B
         self._attn_mod.count_exact(n, n)  # the Python path counts each attention call
         return self.logits.copy()
 
@@ -209,6 +235,15 @@ class DecodePlan:
         self.rope_limit = min((r.tables(n_pos)[0].shape[0] for r in ropes.values()),
                               default=self.max_pos + 1)
         segs = [Segment(i, i + 1, self.tables[i]) for i in range(B)]
+        slot_of = {}  # address of a capture state view -> (slot table, index)
+        if self.spec is not None:  # stand-in states: the ops read the real ones through slots
+            n_lin = self.spec.n_lin
+            for i, seg in enumerate(segs):
+                st = RecurrentState.zeros(self.spec)
+                seg.rec = SeqRecurrent(st)
+                for li in range(n_lin):
+                    slot_of[st.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
+                    slot_of[st.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
         batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows)
         rec = _Recorder(self._kernels, binders)
         old = impl.K
@@ -222,13 +257,22 @@ class DecodePlan:
         per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos)
                    for name, a, kw in rec.calls if name == "attention"] + [8])
         self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
-        ops = []
-        for name, a, kw in rec.calls:
+        ops, calls = [], []
+        for call in rec.calls:
+            name, a, kw = call
             if name == "attention":
                 kw = dict(kw, scratch=self.scratch, max_pos=self.max_pos)
-            ops.append(binders[name](*a, **kw))
-        place_barriers(ops, rec.calls)
-        self.calls = [c[0] for c in rec.calls]
+            elif name in ("ssm_conv", "gated_delta"):
+                state = a[2] if name == "ssm_conv" else a[4]
+                if state.ctypes.data not in slot_of:
+                    raise CaptureError(f"{name} on a state the plan does not know")
+                kw = dict(kw, state_slot=slot_of[state.ctypes.data])
+            op = binders[name](*a, **kw)
+            for o in (op if isinstance(op, list) else [op]):  # gated_delta: two ops
+                ops.append(o)
+                calls.append(call)
+        place_barriers(ops, calls)
+        self.calls = [c[0] for c in calls]
         # no op with several shares: run on the calling thread, no parallel region at all
         threads = self.threads if any(op.nshares > 1 for op in ops) else 1
         self._graph = Graph(ops, threads)
@@ -243,6 +287,17 @@ class DecodePlan:
 
 
 # ============================================================================ per model
+
+
+def _replayable_state(rec, spec) -> bool:
+    """A sequence's recurrent state can be read by a plan's slots: the spec's shapes, float32,
+    C-contiguous, writeable, and no snapshot to take in this step."""
+    if rec is None or len(rec.snap_rows):
+        return False
+    st = rec.state
+    return all(a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
+               and a.flags.writeable for a, shape in ((st.conv, spec.conv_shape),
+                                                      (st.ssm, spec.ssm_shape)))
 
 
 class GraphRunner:
@@ -272,6 +327,9 @@ class GraphRunner:
             bt = seg.block_table
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
+        spec = getattr(m.impl, "state_spec", None)
+        if spec is not None and not all(_replayable_state(seg.rec, spec) for seg in batch.segments):
+            return None  # a snapshot is due (or an odd state): the Python path
         plans = self._plans.setdefault(cache, {})
         attn_key = attention_key(m.impl, batch.positions)
         key = (B, attn_key)
