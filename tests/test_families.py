@@ -382,20 +382,6 @@ def test_converter_cache_layout():
                                                                   "smollm3"]
 
 
-def test_reference_benchmark_smoke():
-    """benchmarks/families_reference.py --smoke runs (Qwen3.5, short ids; llama.cpp skipped)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "families_reference.py"), "--smoke",
-                        "--no-llama", "--threads", "1"], capture_output=True, text=True, cwd=root,
-                       env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "| Qwen3.5 dense |" in r.stdout and "100.0%" in r.stdout
-
-
 # ============================================================================ graph replay (hybrid)
 
 
