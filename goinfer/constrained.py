@@ -50,12 +50,15 @@ token of the tokenizer (eos, eot, end of turn) is allowed and ends the output.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -211,10 +214,74 @@ class Grammar:
         return Constraint(self, n_logits)
 
 
+# ============================================================================ numbers in schemas
+
+# JSON schema cannot bound how many digits a number has and llguidance's number lexeme is
+# unbounded, so a sampled number could take digit after digit until max_tokens (small models
+# do: "population": 1111111...).  Every number and integer schema of a response_format schema
+# or of a tool's arguments gets, where it has none of its own, the bounds +-(2**53 - 1) (the
+# integers a double holds exactly, I-JSON's interoperable range: at most 16 digits) and, for
+# numbers, multipleOf 1e-10 (at most 10 decimals).  llguidance writes bounded numbers without
+# an exponent, so a number is at most 28 characters; a value beyond 2**53 - 1 in magnitude, or
+# with more than 10 decimals, cannot be written (a schema's own bounds and step replace ours).
+# The output is still validated against the schema as given.
+MAX_SAFE_INT = 2**53 - 1
+NUMBER_STEP = 1e-10
+VALUE_KEYS = {"const", "enum", "default", "examples"}  # hold JSON values, not schemas
+_NUMERIC = ("number", "integer")
+
+
+def _bound_numbers(schema):
+    """Copy of a schema with every number / integer schema bounded (above)."""
+    if isinstance(schema, list):
+        return [_bound_numbers(x) for x in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: (copy.deepcopy(v) if k in VALUE_KEYS else _bound_numbers(v))
+           for k, v in schema.items()}
+    ty = out.get("type")
+    types = [ty] if isinstance(ty, str) else ty if isinstance(ty, list) else []
+    if any(t in _NUMERIC for t in types if isinstance(t, str)):
+        lo = [v for k in ("minimum", "exclusiveMinimum") if _is_num(v := out.get(k))]
+        hi = [v for k in ("maximum", "exclusiveMaximum") if _is_num(v := out.get(k))]
+        if not lo and not (hi and min(hi) <= -MAX_SAFE_INT):
+            out["minimum"] = -MAX_SAFE_INT
+        if not hi and not (lo and max(lo) >= MAX_SAFE_INT):
+            out["maximum"] = MAX_SAFE_INT
+        if "number" in types and "multipleOf" not in out:
+            out["multipleOf"] = NUMBER_STEP
+    return out
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def bound_numbers(schema):
+    """The schema with its numbers bounded, or as it is when the bounded schema does not
+    compile (a schema whose own bounds or multipleOf llguidance cannot combine with ours)."""
+    b = _bound_numbers(schema)
+    return b if b == schema or not schema_error(json.dumps(b, sort_keys=True)) else schema
+
+
+@functools.lru_cache(maxsize=256)
+def schema_error(schema_json: str) -> str:
+    """'' if llguidance compiles the schema, else its message (first line)."""
+    bad, msgs = llg.LLMatcher.validate_grammar_with_warnings("start: %json " + schema_json)
+    if not bad:
+        return ""
+    msg = msgs[0] if msgs else "the schema does not compile"
+    msg = re.sub(r"^at \d+\(\d+\): ", "", msg.splitlines()[0])
+    return msg.replace("failed to compile JSON schema: ", "")
+
+
 def json_schema_source(schema) -> str:
-    """llguidance grammar of a JSON schema (a dict, or True for any JSON value)."""
+    """llguidance grammar of a JSON schema (a dict, or True for any JSON value); its numbers
+    bounded (bound_numbers)."""
     try:
         text = json.dumps(schema)
+        if isinstance(schema, dict):
+            text = json.dumps(bound_numbers(schema))
     except (TypeError, ValueError) as e:
         raise GrammarError(f"the JSON schema is not JSON: {e}", "response_format") from None
     try:

@@ -43,6 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from goinfer.chat_template import _to_dicts, render_chat_template
+from goinfer.constrained import MAX_SAFE_INT, NUMBER_STEP, VALUE_KEYS as _VALUE_KEYS  # noqa: F401
+from goinfer.constrained import bound_numbers as _bounded, schema_error as _schema_error
 from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 
 __all__ = [
@@ -205,20 +207,6 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
         raise ToolError(f"tool_choice names the function {name!r}, which is not in tools "
                         f"({have if have else 'no tools given'})", "tool_choice")
     return "function", name
-
-
-@functools.lru_cache(maxsize=256)
-def _schema_error(schema_json: str) -> str:
-    """'' if llguidance compiles the schema, else its message (first line)."""
-    import llguidance
-
-    bad, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(
-        "start: %json " + schema_json)
-    if not bad:
-        return ""
-    msg = msgs[0] if msgs else "the schema does not compile"
-    msg = re.sub(r"^at \d+\(\d+\): ", "", msg.splitlines()[0])
-    return msg.replace("failed to compile JSON schema: ", "")
 
 
 # ============================================================================ formats
@@ -508,54 +496,6 @@ def _call_schema(tools, args_key: str, *, array: bool = False, many: bool = True
     schema["$defs"] = defs
     schema["x-guidance"] = dict(_JSON_LAYOUT)
     return schema
-
-
-_VALUE_KEYS = {"const", "enum", "default", "examples"}  # hold JSON values, not schemas
-
-# Numbers in call arguments: JSON schema cannot bound how many digits a number has and
-# llguidance's number lexeme is unbounded, so a sampled number could take digit after digit
-# until max_tokens.  Each number and integer schema of the arguments gets, where it has none of
-# its own, the bounds +-(2**53 - 1) (the integers a double holds exactly, I-JSON's
-# interoperable range: at most 16 digits) and, for numbers, multipleOf 1e-10 (at most 10
-# decimals).  llguidance writes bounded numbers without an exponent.  So a number in a call
-# is at most 28 characters; a value beyond 2**53 - 1 in magnitude, or with more than 10
-# decimals, cannot be written (a schema's own bounds and step replace ours).
-MAX_SAFE_INT = 2**53 - 1
-NUMBER_STEP = 1e-10
-_NUMERIC = ("number", "integer")
-
-
-def _bound_numbers(schema):
-    """Copy of an arguments schema with every number / integer schema bounded (above)."""
-    if isinstance(schema, list):
-        return [_bound_numbers(x) for x in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out = {k: (copy.deepcopy(v) if k in _VALUE_KEYS else _bound_numbers(v))
-           for k, v in schema.items()}
-    ty = out.get("type")
-    types = [ty] if isinstance(ty, str) else ty if isinstance(ty, list) else []
-    if any(t in _NUMERIC for t in types if isinstance(t, str)):
-        lo = [v for k in ("minimum", "exclusiveMinimum") if _is_num(v := out.get(k))]
-        hi = [v for k in ("maximum", "exclusiveMaximum") if _is_num(v := out.get(k))]
-        if not lo and not (hi and min(hi) <= -MAX_SAFE_INT):
-            out["minimum"] = -MAX_SAFE_INT
-        if not hi and not (lo and max(lo) >= MAX_SAFE_INT):
-            out["maximum"] = MAX_SAFE_INT
-        if "number" in types and "multipleOf" not in out:
-            out["multipleOf"] = NUMBER_STEP
-    return out
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _bounded(params: dict) -> dict:
-    """The arguments schema with its numbers bounded, or as it is when the bounded schema does
-    not compile (a schema whose own bounds or multipleOf llguidance cannot combine with ours)."""
-    b = _bound_numbers(params)
-    return b if b == params or not _schema_error(json.dumps(b, sort_keys=True)) else params
 
 
 def _rebase(schema, base: str):

@@ -321,6 +321,23 @@ def test_max_tokens_inside_a_value_is_length(smollm2):
         json.loads(r.text)
 
 
+def test_numbers_in_a_schema_are_bounded(smollm2):
+    """An integer with no bounds of its own ends after at most 16 digits (|n| <= 2**53 - 1):
+    a small model writing "1111..." cannot run to max_tokens; its own bounds are kept."""
+    tok = smollm2.tokenizer
+    one = tok.encode_fragment("1")
+    assert len(one) == 1  # SmolLM2's vocabulary has single-digit tokens only
+    for schema, most in [({"type": "integer"}, 16), ({"type": "integer", "maximum": 10**6}, 6)]:
+        c = compile_request(tok, response_format=rf(schema)).start(smollm2.vocab_size)
+        n, state = 0, "more"
+        while state == "more" and one[0] in _bits(c) and n < 40:
+            state = c.advance(one[0])
+            c.prefetch()
+            n += 1
+        assert n == most  # then no further digit: the grammar ended, or masks "1" out
+        c.close()
+
+
 def test_stop_token_ends_only_where_the_grammar_may_end(smollm2):
     """The model's end-of-turn is allowed exactly when the grammar accepts: a lazy free-text
     grammar lets the chat end normally; the reply is not cut mid-value."""
