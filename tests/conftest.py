@@ -9,8 +9,18 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Hypothesis: `make test` (and CI) draws the same examples every run, so a red run is
+# reproducible and not luck; HYPOTHESIS_PROFILE=explore draws new ones each run (and 500 where a
+# test sets no max_examples) to look for failures:
+#   cd tests && HYPOTHESIS_PROFILE=explore ../.venv/bin/python -m pytest -p no:cacheprovider .
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True,
+                          max_examples=5 * settings.default.max_examples)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Layout caches of the models the tests load (goinfer/layout.py) go to a directory of this run:
 # every model loaded twice runs from its cache the second time, and nothing is left behind.
