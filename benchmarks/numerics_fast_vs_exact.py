@@ -4,7 +4,7 @@
         [--lengths 1024 2048 4096] [--threads 1] [--reps 2] [--json out.json]
 
 For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) as one prompt.
-  cosine   of the last position's logits, fast (default) vs exact_prefill=True
+  cosine   of the last position's logits, default mode (fast from position 512) vs exact=True
   top-1    teacher-forced agreement of the two over every position of the prompt, with the
            mean and minimum logit cosine and the mean NLL difference (goinfer.fidelity.compare,
            one window of n tokens)
@@ -46,8 +46,8 @@ def main(argv=None):
     if args.noise_floor:
         return noise_floor(args)
     fast = Model.load(args.model, threads=args.threads, progress=False)
-    exact = copy.copy(fast)  # the same weights, exact_prefill=True
-    exact.exact_prefill = True
+    exact = copy.copy(fast)  # the same weights, exact=True
+    exact.exact = True
     ids_all = fidelity.read_ids(fast, args.text)
     load0 = os.getloadavg()
     rows = []
@@ -103,8 +103,8 @@ class _NoisyAttention:
 
 
 def noise_floor(args):
-    exact = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
-    noisy = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    exact = Model.load(args.model, threads=args.threads, exact=True, progress=False)
+    noisy = Model.load(args.model, threads=args.threads, exact=True, progress=False)
     noisy.impl.K = _NoisyAttention(noisy.impl.K)
     ids_all = fidelity.read_ids(exact, args.text)
     for n in args.lengths:

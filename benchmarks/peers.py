@@ -36,14 +36,13 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
 class GoinferEngine:
     name = "goinfer"
 
-    def __init__(self, path, threads, exact_prefill=False):
+    def __init__(self, path, threads, exact=False):
         import goinfer
         from goinfer import bench
 
         self.bench = bench
-        self.model = goinfer.Model.load(path, threads=threads, exact_prefill=exact_prefill,
-                                        progress=False)
-        self.label = "goinfer" + (" (exact prefill)" if exact_prefill else "")
+        self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False)
+        self.label = "goinfer" + (" (exact)" if exact else "")
 
     def prefill(self, ids) -> float:
         return self.bench.prefill_seconds(self.model, ids)
@@ -131,7 +130,8 @@ def main(argv=None):
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
-    ap.add_argument("--exact-prefill", action="store_true", help="also run goinfer with exact prefill")
+    ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                    help="also run goinfer with exact=True (float64 attention everywhere)")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -142,8 +142,8 @@ def main(argv=None):
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
     n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
     engines = [GoinferEngine(args.model, args.threads)]
-    if args.exact_prefill:
-        engines.append(GoinferEngine(args.model, args.threads, exact_prefill=True))
+    if args.exact:
+        engines.append(GoinferEngine(args.model, args.threads, exact=True))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
     engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
     vocab = engines[0].model.vocab_size

@@ -10,9 +10,14 @@ from goinfer.errors import GoinferError
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a registered model name (see `goinfer list`) or a path to a .gguf")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long prefills too (off: fast path above 512 tokens)")
+    _exact_arg(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+
+
+def _exact_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                   help="float64 attention at every position (default: the fast float32 kernel "
+                   "for positions >= 512; --exact-prefill is the old name)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +34,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from goinfer.model import Model
 
-    return Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    return Model.load(args.model, threads=args.threads, exact=args.exact,
                       context_length=args.ctx)
 
 
@@ -133,7 +138,7 @@ def cmd_perplexity(args) -> int:
     from goinfer import fidelity
     from goinfer.model import Model
 
-    model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    model = Model.load(args.model, threads=args.threads, exact=args.exact,
                        context_length=args.model_ctx)
     ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.perplexity(model, ids, args.ctx, args.stride)
@@ -254,17 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a registered model name or a path to a .gguf")
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long windows too (off: fast path from 512 tokens)")
+    _exact_arg(p)
     _fidelity_args(p)
     p.set_defaults(fn=cmd_perplexity)
 
     p = sub.add_parser("compare", help="teacher-forced agreement of two settings over a text")
     p.add_argument("model", help="the model for settings without model=")
     p.add_argument("file", help="a UTF-8 text file")
-    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact_prefill, "
-                   "threads), e.g. exact_prefill=true")
-    p.add_argument("--b", required=True, help="settings B, e.g. exact_prefill=false")
+    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact, "
+                   "threads), e.g. exact=true")
+    p.add_argument("--b", required=True, help="settings B, e.g. exact=false")
     _fidelity_args(p)
     p.set_defaults(fn=cmd_compare)
 

@@ -17,8 +17,10 @@ cache (a plan keeps every array it points into alive: when the model's scratch i
 a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
 one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
 rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
-variant, a position past the RoPE tables it was captured with, or an attention crossing the
-size at which the Python kernel switches from one thread to several.
+variant, a position past the RoPE tables it was captured with, an attention crossing the size
+at which the Python kernel switches from one thread to several, or a sequence crossing the
+position from which its rows run the fast attention kernel (``Batch.fast_from``: a plan binds
+the exact or the fast kernel per sequence, as the Python path would call it).
 
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
@@ -72,6 +74,7 @@ def _bind_modules():
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
         "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
+        "attention_fast": m["attention"].bind_attention_fast,
     }, m["attention"]
 
 
@@ -106,9 +109,13 @@ class _Recorder:
 # ============================================================================ barriers
 
 
+ATTENTION = ("attention", "attention_fast")
+
+
 def _same_attention_group(prev, cur) -> bool:
-    """Two attention calls of one layer: rows of the same q and out buffers, the same cache
-    views (LlamaFamily.attend passes one k/v cache view per layer to every segment)."""
+    """Two attention calls (either kernel) of one layer: rows of the same q and out buffers,
+    the same cache views (LlamaFamily.attend passes one k/v cache view per layer to every
+    segment)."""
     (_, pa, pk), (_, ca, ck) = prev, cur
     qb, ob = pa[0].base, pk["out"].base
     return (qb is not None and ob is not None and qb is ca[0].base and ob is ck["out"].base
@@ -123,7 +130,7 @@ def place_barriers(ops, calls) -> None:
     behind a barrier) and write disjoint rows of out and the running thread's scratch row."""
     prev_call = None
     for i, (op, call) in enumerate(zip(ops, calls)):
-        grouped = (prev_call is not None and call[0] == "attention" and prev_call[0] == "attention"
+        grouped = (prev_call is not None and call[0] in ATTENTION and prev_call[0] in ATTENTION
                    and _same_attention_group(prev_call, call))
         op.barrier = not (i == 0 or grouped)
         if op.nshares > 0:
@@ -133,15 +140,16 @@ def place_barriers(ops, calls) -> None:
 # ============================================================================ a plan
 
 
-def attention_key(impl, positions) -> tuple:
-    """Per sequence of a decode batch: does its attention run on several threads?  The rule
-    of the Python kernel (attention.pyx _run_items), which a plan reproduces."""
+def attention_key(impl, positions, fast_from) -> tuple:
+    """Per sequence of a decode batch: (does its attention run the fast kernel, does it run
+    on several threads).  The rules of the Python path (LlamaFamily.attend, attention.pyx
+    _run_items), which a plan reproduces."""
+    fast = tuple(fast_from is not None and int(p) >= fast_from for p in positions)
     if impl.threads <= 1:
-        return ()
+        return fast, ()
     grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
     hw = impl.cfg.n_heads * impl.cfg.head_dim
-    return tuple(hw * (int(p) + 1) >= grain for p in positions)
-
+    return fast, tuple(hw * (int(p) + 1) >= grain for p in positions)
 
 
 class DecodePlan:
@@ -189,24 +197,27 @@ class DecodePlan:
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
         self._graph.run()
-        n = self.impl.cfg.n_layers * self.B
-        self._attn_mod.count_exact(n, n)  # the Python path counts each attention call
+        L, n_fast = self.impl.cfg.n_layers, sum(self.attn_key[0])
+        # the Python path counts each attention call
+        self._attn_mod.count_exact(L * (self.B - n_fast), L * (self.B - n_fast))
+        self._attn_mod.count_fast(L * n_fast, L * n_fast)
         return self.logits.copy()
 
     # ------------------------------------------------------------------ capture
 
-    def capture(self) -> None:
-        """Record the family's forward over the loaded inputs and bind every call."""
+    def capture(self, fast_from: int | None) -> None:
+        """Record the family's forward over the loaded inputs and bind every call (rows at
+        positions >= fast_from run the fast attention kernel)."""
         impl, cfg, B = self.impl, self.impl.cfg, self.B
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
-        self.attn_key = attention_key(impl, self.positions)
+        self.attn_key = attention_key(impl, self.positions, fast_from)
         # RoPE tables: grown now for the largest position seen, never during the capture
         ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))}
         n_pos = int(self.positions.max()) + 1
         self.rope_limit = min(r.tables(n_pos)[0].shape[0] for r in ropes.values())
         segs = [Segment(i, i + 1, self.tables[i]) for i in range(B)]
-        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows)
+        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
         rec = _Recorder(self._kernels, binders)
         old = impl.K
         impl.K = rec
@@ -216,12 +227,13 @@ class DecodePlan:
             impl.K = old
         # one scratch serves every attention of the graph: a row per thread
         att = importlib.import_module("goinfer._kernels.attention")
-        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos)
-                   for name, a, kw in rec.calls if name == "attention"] + [8])
+        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos,
+                                         fast=name == "attention_fast")
+                   for name, a, kw in rec.calls if name in ATTENTION] + [8])
         self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
         ops = []
         for name, a, kw in rec.calls:
-            if name == "attention":
+            if name in ATTENTION:
                 kw = dict(kw, scratch=self.scratch, max_pos=self.max_pos)
             ops.append(binders[name](*a, **kw))
         place_barriers(ops, rec.calls)
@@ -243,8 +255,8 @@ class DecodePlan:
 
 
 class GraphRunner:
-    """The decode plans of one model: per KV cache (weakly held), batch size and attention
-    threading (attention_key)."""
+    """The decode plans of one model: per KV cache (weakly held), batch size and each
+    sequence's attention kernel and threading (attention_key)."""
 
     def __init__(self, model):
         self.model = model
@@ -255,8 +267,8 @@ class GraphRunner:
 
     @staticmethod
     def is_decode(batch: Batch) -> bool:
-        """One token per sequence, logits for each, exact attention."""
-        return (all(seg.stop - seg.start == 1 and not seg.fast for seg in batch.segments)
+        """One token per sequence, logits for each."""
+        return (all(seg.stop - seg.start == 1 for seg in batch.segments)
                 and len(batch.logit_rows) == len(batch.segments))
 
     def decode(self, cache, batch: Batch):
@@ -270,7 +282,7 @@ class GraphRunner:
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
         plans = self._plans.setdefault(cache, {})
-        attn_key = attention_key(m.impl, batch.positions)
+        attn_key = attention_key(m.impl, batch.positions, batch.fast_from)
         key = (B, attn_key)
         plan = plans.pop(key, None)
         if plan is None or not plan.fits(batch, cache, attn_key):
@@ -279,7 +291,7 @@ class GraphRunner:
                 return None
             plan.load(batch)
             try:
-                plan.capture()
+                plan.capture(batch.fast_from)
             except CaptureError:
                 self.disabled = True
                 return None

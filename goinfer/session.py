@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from goinfer.errors import ContextLengthError
-from goinfer.kv_cache import EXACT, FAST, KVCache, block_hash, root_hash
+from goinfer.kv_cache import KVCache, block_hash, root_hash
 from goinfer.sampling import Sampler, SamplingParams
 from goinfer.tokenizer import StreamDecoder
 
@@ -73,7 +73,6 @@ class Session:
         self._tokens: list[int] = []
         self._blocks: list[int] = []  # block table
         self._hashes: list[bytes] = []  # chain hash of each full block
-        self._block_fast: list[bool] = []  # did fast attention compute any KV of this block?
         self._finalizer = weakref.finalize(self, _release_all, cache, self._blocks)
 
     # ------------------------------------------------------------------ state
@@ -95,7 +94,6 @@ class Session:
         self.cache.release(self._blocks)
         self._blocks.clear()
         self._hashes.clear()
-        self._block_fast.clear()
         self._tokens.clear()
 
     close = reset
@@ -109,7 +107,6 @@ class Session:
         if keep < len(self._blocks):
             self.cache.release(self._blocks[keep:])
             del self._blocks[keep:]
-            del self._block_fast[keep:]
         del self._hashes[n // bs:]
         del self._tokens[n:]
 
@@ -119,7 +116,6 @@ class Session:
         self.cache.retain(self._blocks)
         other._blocks.extend(self._blocks)
         other._hashes.extend(self._hashes)
-        other._block_fast.extend(self._block_fast)
         other._tokens.extend(self._tokens)
         return other
 
@@ -128,9 +124,10 @@ class Session:
     def _parent_hash(self) -> bytes:
         return self._hashes[-1] if self._hashes else root_hash(self.cache_salt)
 
-    def _modes(self) -> tuple[str, ...]:
-        """Modes of cached blocks this session may reuse: exact always; fast unless exact_prefill."""
-        return (EXACT,) if self.model.exact_prefill else (EXACT, FAST)
+    def _block_mode(self, bi: int) -> str:
+        """The numerics mode block bi is keyed by: that of its last position (Model.mode_at), so
+        blocks below the fast floor are shared by both modes."""
+        return self.model.mode_at((bi + 1) * self.cache.block_size - 1)
 
     def _reserve(self, n_new: int) -> None:
         """Make room for n_new more tokens: copy a shared or hashed partial block, allocate more.
@@ -157,18 +154,13 @@ class Session:
             old, self._blocks[bi] = self._blocks[bi], fresh.pop(0)
             self.cache.release([old])
         self._blocks.extend(fresh)
-        self._block_fast.extend([False] * len(fresh))
 
-    def _commit(self, ids: list[int], fast: bool) -> None:
+    def _commit(self, ids: list[int]) -> None:
         """ids were just computed into the blocks: append them and hash every newly full block."""
         bs = self.cache.block_size
-        n0 = len(self._tokens)
         self._tokens.extend(ids)
-        for bi in range(n0 // bs, -(-len(self._tokens) // bs)):
-            if fast:
-                self._block_fast[bi] = True
         for bi in range(len(self._hashes), len(self._tokens) // bs):
-            mode = FAST if self._block_fast[bi] else EXACT
+            mode = self._block_mode(bi)
             parent, toks = self._parent_hash(), self._tokens[bi * bs:(bi + 1) * bs]
             h = block_hash(parent, toks, mode, self.cache_salt)
             self._hashes.append(h)
@@ -182,17 +174,13 @@ class Session:
         i = 0
         while i + bs <= limit:
             chunk = ids[i:i + bs]
-            parent = self._parent_hash()
-            for mode in self._modes():
-                h = block_hash(parent, chunk, mode, self.cache_salt)
-                b = self.cache.lookup(h)
-                if b is not None:
-                    break
-            else:
+            h = block_hash(self._parent_hash(), chunk, self._block_mode(len(self._blocks)),
+                           self.cache_salt)
+            b = self.cache.lookup(h)
+            if b is None:
                 break
             self._blocks.append(b)
             self._hashes.append(h)
-            self._block_fast.append(mode == FAST)
             self._tokens.extend(chunk)
             i += bs
         return i
@@ -214,10 +202,9 @@ class Session:
                 f"{self.model.n_ctx} of {self.model.name}")
         reused = self._extend_from_cache(ids, len(ids) - 1)
         rest = ids[reused:]
-        fast = self.model.use_fast(len(rest))
         self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
-        self._commit(rest, fast)
+        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens))
+        self._commit(rest)
         self.cache.count_hits(reused, len(rest))
         return logits[-1], reused
 
@@ -226,7 +213,7 @@ class Session:
         token = int(token)
         self._reserve(1)
         logits = self.model.forward(self.cache, self.block_table, [token], len(self._tokens))
-        self._commit([token], False)
+        self._commit([token])
         return logits[-1]
 
     def _seat(self, ids: list[int]) -> int:
@@ -245,7 +232,6 @@ class Session:
                 self.truncate(0)
                 self._blocks.extend(probe._blocks)
                 self._hashes.extend(probe._hashes)
-                self._block_fast.extend(probe._block_fast)
                 self._tokens.extend(probe._tokens)
                 self.cache.retain(probe._blocks)
                 probe.reset()
@@ -296,9 +282,9 @@ class Session:
         ids = self.model.tokenize_chat(prompt)
         return self.generate(ids, max_tokens, **kwargs)
 
-    def _start(self, ids: list[int]) -> tuple[list[int], int, bool]:
+    def _start(self, ids: list[int]) -> tuple[list[int], int]:
         """Seat ids for a whole-context generation: reuse the longest prefix held here or in the
-        cache.  Returns (rest to prefill, cached token count, fast attention for the rest)."""
+        cache.  Returns (rest to prefill, cached token count)."""
         if len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens exceeds the context length "
@@ -307,15 +293,15 @@ class Session:
         more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
         rest = ids[reused + more:]
         self.cache.count_hits(reused + more, len(rest))  # own history counts as a hit too
-        return rest, reused + more, self.model.use_fast(len(rest))
+        return rest, reused + more
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
                   stops: list[str]) -> Iterator:
         t0 = time.perf_counter()
-        rest, cached, fast = self._start(ids)
+        rest, cached = self._start(ids)
         self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens), fast=fast)
-        self._commit(rest, fast)
+        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens))
+        self._commit(rest)
         logits = logits[-1]
         t1 = time.perf_counter()
         gen = Generation(self.model, ids, max_tokens, params, stops)
@@ -422,27 +408,28 @@ class Generation:
 def forward_sessions(items) -> list[np.ndarray]:
     """One forward step over several sessions of one model and KVCache, run as one batch.
 
-    items: (session, tokens, fast) per session; each session appends its tokens (a prefill
-    chunk, or one token to decode).  Returns the logits of each session's last token, (vocab,).
-    Each session's logits and KV are bit-identical to running it alone (exact numerics).
+    items: (session, tokens) per session; each session appends its tokens (a prefill chunk,
+    one token to decode, or draft tokens to verify).  Returns the logits of each session's last
+    token, (vocab,).  Each session's logits and KV are bit-identical to running it alone (in
+    either numerics mode: a row's kernel depends on its position only).
     Blocks are reserved first: on CacheFullError earlier sessions may keep spare blocks, but no
     token is appended anywhere."""
     if not items:
         return []
     cache, model = items[0][0].cache, items[0][0].model
-    if any(s.cache is not cache or s.model is not model for s, _, _ in items):
+    if any(s.cache is not cache or s.model is not model for s, _ in items):
         raise ValueError("forward_sessions needs sessions of one model sharing one KVCache")
-    if len({id(s) for s, _, _ in items}) != len(items):
+    if len({id(s) for s, _ in items}) != len(items):
         raise ValueError("a session appears twice in the batch")
-    items = [(s, [int(t) for t in toks], bool(fast)) for s, toks, fast in items]
-    for s, toks, _ in items:
+    items = [(s, [int(t) for t in toks]) for s, toks in items]
+    for s, toks in items:
         if not toks:
             raise ValueError("every session in a batch needs at least one token")
         s._reserve(len(toks))
-    seqs = [(s.block_table, toks, s.n_tokens, "last", fast) for s, toks, fast in items]
+    seqs = [(s.block_table, toks, s.n_tokens, "last") for s, toks in items]
     logits = model.forward_batch(cache, seqs)
-    for s, toks, fast in items:
-        s._commit(toks, fast)
+    for s, toks in items:
+        s._commit(toks)
     return [lg[-1] for lg in logits]
 
 
@@ -451,7 +438,7 @@ def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarra
     Each session's logits are bit-identical to its own decode(token)."""
     if len(sessions) != len(tokens):
         raise ValueError("decode_batch needs one token per session")
-    return forward_sessions([(s, [t], False) for s, t in zip(sessions, tokens)])
+    return forward_sessions([(s, [t]) for s, t in zip(sessions, tokens)])
 
 
 # ============================================================================ helpers

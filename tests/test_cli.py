@@ -95,6 +95,22 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
         assert split["qk"]["seconds"] > 0 and split["av"]["seconds"] > 0
 
 
+def test_exact_flag_and_its_old_name():
+    from goinfer.cli import build_parser
+    from goinfer.server.cli import add_arguments
+
+    for cmd in ("run", "chat", "bench", "profile", "perplexity"):
+        extra = ["f.txt"] if cmd == "perplexity" else (["hi"] if cmd == "run" else [])
+        for flag in ("--exact", "--exact-prefill"):
+            assert build_parser().parse_args([cmd, "m", *extra, flag]).exact is True
+        assert build_parser().parse_args([cmd, "m", *extra]).exact is False
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["m", "--exact-prefill"]).exact and not p.parse_args(["m"]).exact
+
+
 def test_cli_reports_typed_errors(tmp_path, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")

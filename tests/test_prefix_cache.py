@@ -16,7 +16,7 @@ from goinfer.model import Model
 
 @pytest.fixture(scope="module")
 def model(tiny):
-    return Model(GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact_prefill=True,
+    return Model(GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact=True,
                  context_length=256)
 
 
@@ -124,16 +124,22 @@ def test_stats_count_hits_and_misses(model):
 
 
 def test_exact_mode_never_reuses_fast_blocks(model, tiny):
-    """A block computed by fast attention is tagged in its hash: an exact-mode model never
-    finds it; a fast-mode model of the same file does."""
+    """A block is keyed by the kernel its rows used: a block tagged fast (rows at positions
+    >= 512 in the default mode) is never found by an exact-mode model, and is found by a
+    default-mode model of the same file at a position where it runs fast."""
     from goinfer.kv_cache import FAST, block_hash, root_hash
 
-    cache = KVCache(model, max_tokens=512, block_size=8)
-    toks = list(range(8))
-    b = cache.allocate()
-    cache.commit(b, block_hash(root_hash(None), toks, FAST), root_hash(None), toks, FAST)
-    cache.release([b])
-    assert model.session(cache)._extend_from_cache(toks + [1], 8) == 0
     fast_model = Model(GGUFFile(tiny("qwen2", 11)[1]), threads=1, progress=False,
-                       exact_prefill=False, context_length=256)
-    assert fast_model.session(cache)._extend_from_cache(toks + [1], 8) == 8
+                       context_length=1024)
+    cache = KVCache(model, max_tokens=1024, block_size=256)
+    toks = list(range(256))
+    chain = [root_hash(None)]
+    for i in range(3):  # blocks 0, 1 (positions < 512): exact; block 2: fast
+        mode = fast_model.mode_at(256 * (i + 1) - 1)
+        b = cache.allocate()
+        chain.append(block_hash(chain[-1], toks, mode))
+        cache.commit(b, chain[-1], chain[-2], toks, mode)
+        cache.release([b])
+    assert mode == FAST
+    assert model.session(cache)._extend_from_cache(toks * 3 + [1], 768) == 512
+    assert fast_model.session(cache)._extend_from_cache(toks * 3 + [1], 768) == 768

@@ -282,9 +282,9 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
     """A long prompt prefilled in chunks between decode steps; a short request sent with it
     finishes before the long one's first token; pings keep the stream alive; the long result
     equals Session.generate."""
-    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, exact_prefill=True,
-              context_length=2048)
-    long_ids = np.random.default_rng(0).integers(0, 256, 1300).tolist()  # > FAST_PREFILL_MIN
+    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=2048)
+    # default mode: rows >= 512 run the fast kernel, whatever the chunks of 128
+    long_ids = np.random.default_rng(0).integers(0, 256, 1300).tolist()
     with Server(m, KVCache(m, max_tokens=4096), prefill_chunk=128, ping_interval=0.02) as s:
         order = []  # (prompt length, event kind) in the order the engine sent them
         send = s.engine._send

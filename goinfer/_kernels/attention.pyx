@@ -442,9 +442,9 @@ cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
 
 
 def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                      out=None, *, nthreads=1, max_pos):
-    """Doubles of scratch per thread a bound attention over these arguments needs for any
-    query positions up to max_pos."""
+                      out=None, *, nthreads=1, max_pos, fast=False):
+    """Doubles of scratch per thread a bound attention (fast: attention_fast) over these
+    arguments needs for any query positions up to max_pos."""
     cdef int nt = _check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
@@ -455,17 +455,17 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
     cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
     a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
     a.window = 0
-    _table().plan(&a, _att_threads(&a, nt, pmax))
+    cdef plan_fn plan = _fast_table().plan if fast else _table().plan
+    plan(&a, _att_threads(&a, nt, pmax))
     return (a.scratch_doubles + 7) & ~(<int64_t>7)
 
 
-def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                   out=None, *, nthreads=1, scratch, max_pos):
-    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
-    thread that may run the graph, per >= attention_scratch(...); the caller keeps
-    q_pos <= max_pos and the block table valid for every run."""
+cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
+                  object block_table, object q_pos, object scale, object window, object softcap,
+                  object out, object nthreads, object scratch, object max_pos):
+    """bind_attention / bind_attention_fast: the kernel's work items as an Op."""
     cdef int nt = _check_threads(nthreads)
-    cdef Op op = Op("attention", (q, k_cache, v_cache, block_table, q_pos, out, scratch))
+    cdef Op op = Op(name, (q, k_cache, v_cache, block_table, q_pos, out, scratch))
     cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
     cdef int64_t pmax = 0
     if out is None:
@@ -477,14 +477,17 @@ def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
         raise ValueError(f"max_pos {max_pos} is below the current positions or beyond the "
                          f"block table")
     need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window,
-                                 softcap, out, nthreads=nt, max_pos=max_pos)
+                                 softcap, out, nthreads=nt, max_pos=max_pos, fast=fast)
     cdef cnp.ndarray sa = _carray(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2, True)
     if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
         raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
-    cdef const gi_attn_ops *ops = _table()
     cdef int n = _att_threads(&r.a, nt, pmax)
-    ops.plan(&r.a, n)
-    r.run = ops.run
+    if fast:
+        _fast_table().plan(&r.a, n)
+        r.run = _fast_table().run
+    else:
+        _table().plan(&r.a, n)
+        r.run = _table().run
     r.scratch = <double *>cnp.PyArray_DATA(sa)
     r.per = _dim(sa, 1)
     r.nshares = n if n < r.a.n_items else r.a.n_items
@@ -493,11 +496,35 @@ def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
     return op
 
 
+def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                   out=None, *, nthreads=1, scratch, max_pos):
+    """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
+    thread that may run the graph, per >= attention_scratch(...); the caller keeps
+    q_pos <= max_pos and the block table valid for every run."""
+    return _bind("attention", False, q, k_cache, v_cache, block_table, q_pos, scale, window,
+                 softcap, out, nthreads, scratch, max_pos)
+
+
+def bind_attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
+                        out=None, *, nthreads=1, scratch, max_pos):
+    """attention_fast as an Op, as bind_attention (per >= attention_scratch(..., fast=True)).
+    A row's bits are attention_fast's: they depend on its own query and key range only."""
+    return _bind("attention_fast", True, q, k_cache, v_cache, block_table, q_pos, scale,
+                 window, softcap, out, nthreads, scratch, max_pos)
+
+
 def count_exact(int64_t calls, int64_t queries):
     """Add graph-replayed exact attention calls / query rows to attention_counters()."""
     global _exact_calls, _exact_queries
     _exact_calls += calls
     _exact_queries += queries
+
+
+def count_fast(int64_t calls, int64_t queries):
+    """Add graph-replayed fast attention calls / query rows to attention_counters()."""
+    global _fast_calls, _fast_queries
+    _fast_calls += calls
+    _fast_queries += queries
 
 
 # ============================================================================ test hooks

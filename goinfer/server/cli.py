@@ -36,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens prefilled per step between decode steps (default 256)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long prefills too (off: fast path above 512 tokens)")
+    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                   help="float64 attention at every position (default: the fast float32 kernel "
+                   "for positions >= 512; --exact-prefill is the old name)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
@@ -76,7 +77,7 @@ def run(args) -> int:
     from goinfer.model import Model
     from goinfer.server.app import create_app
 
-    model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    model = Model.load(args.model, threads=args.threads, exact=args.exact,
                        context_length=args.ctx)
     cache = KVCache(model, max_tokens=args.kv_tokens)
     model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)

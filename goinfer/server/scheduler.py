@@ -12,7 +12,7 @@ Each step of the engine thread:
 
 When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
 are released and it returns to the head of the queue, to be prefilled again later with the
-tokens it generated so far (exact numerics make this invisible in its output).
+tokens it generated so far (batch-invariant numerics make this invisible in its output).
 
 The asyncio side talks to the engine through ``submit`` / ``cancel`` (thread safe) and gets
 events back through the job's ``on_event`` callback, called on the engine thread.
@@ -72,7 +72,6 @@ class Job:
     gen: Generation | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed before the next sample
     prefilling: bool = False  # pending holds prompt (or, after a preemption, recomputed) tokens
-    fast: bool = False  # fast attention for the pending prompt tokens
     cached: int = 0  # prompt tokens reused from the cache (first seating)
     prefilled: int = 0  # prompt tokens that had to be computed (first seating)
     preemptions: int = 0
@@ -278,11 +277,11 @@ class Engine:
             job.t_start = time.perf_counter()
         session = self.model.session(self.cache, cache_salt=job.cache_salt)
         try:
-            rest, cached, fast = session._start(ids)
+            rest, cached = session._start(ids)
         except BaseException:
             session.reset()
             raise
-        job.session, job.pending, job.fast, job.prefilling = session, list(rest), fast, True
+        job.session, job.pending, job.prefilling = session, list(rest), True
         if first:
             job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops)
             job.cached, job.prefilled = cached, len(rest)
@@ -301,8 +300,8 @@ class Engine:
     def _plan(self) -> list[tuple[Job, list[int]]]:
         """What each active job feeds this step.  Every decoding job feeds its token; prompts
         share a budget of prefill_chunk tokens, shortest remaining prompt first (a short request
-        arriving during a long prefill starts at once).  A fast-attention prompt is fed only in
-        whole chunks (or its last piece), so its cuts do not depend on the load."""
+        arriving during a long prefill starts at once).  How a prompt is cut does not change
+        its bits (a row's attention kernel depends on its position only)."""
         work = []
         prompts = []
         for job in self._active:
@@ -327,10 +326,7 @@ class Engine:
                 if len(job.pending) == 1:  # all but the last prompt token were cached
                     work.append((job, job.pending[:1]))
                     continue
-            want = min(len(job.pending), self.prefill_chunk)
-            take = min(want, budget)
-            if job.fast and take < want:
-                continue
+            take = min(len(job.pending), self.prefill_chunk, budget)
             work.append((job, job.pending[:take]))
             budget -= take
         return work
@@ -358,8 +354,7 @@ class Engine:
             return
         t0 = time.perf_counter()
         try:
-            logits = forward_sessions([(j.session, toks, j.fast and j.prefilling)
-                                       for j, toks in work])
+            logits = forward_sessions([(j.session, toks) for j, toks in work])
         except Exception as e:
             for job, _ in work:
                 self._fail(job, e)

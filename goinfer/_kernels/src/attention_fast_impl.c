@@ -21,7 +21,8 @@
  *
  * A row's operation sequence depends only on its own query, its key range and the tile grid:
  * rows of an item whose range misses a tile get p = 0 and c = 1 there (exact no-ops), and a
- * row's masked keys get p = 0 exactly.  Only keys in [min lo, max hi] of the item are read
+ * row's masked keys get p = 0 exactly (no-ops up to the sign of a zero in o, which the final
+ * + 0 removes).  Only keys in [min lo, max hi] of the item are read
  * (all below the largest query position, so written); K outside it is zero-filled in the
  * tile, so unwritten slots (which may hold anything, NaN included) never reach a result.
  * So a row's result does not depend on the other queries of the call, on the item tiling or
@@ -430,14 +431,19 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
 
     for (int64_t t = (x.kmin / FA_TK) * FA_TK; t <= x.kmax; t += FA_TK) fa_tile(a, &x, t);
 
+    /* out = o / l + 0: adding +0 turns a -0 into +0 and changes nothing else.  The sign of
+     * a zero in o is the one thing the other rows of an item can change (a key outside the
+     * row's range adds 0 * v, and -0 + +0 = +0), so this makes the bits the row's own. */
+    const vf zero = vf_zero();
     for (int r = 0; r < x.R; r++) {
         const vf lv = vf_set1(x.l[r]);
         const float *o = x.o + r * hd;
         int64_t d = 0;
-        for (; d + VF_N <= hd; d += VF_N) vf_store(x.orow[r] + d, vf_div(vf_load(o + d), lv));
+        for (; d + VF_N <= hd; d += VF_N)
+            vf_store(x.orow[r] + d, vf_add(vf_div(vf_load(o + d), lv), zero));
         if (d < hd) {
             const int n = (int)(hd - d);
-            vf_store_n(x.orow[r] + d, vf_div(vf_load_n(o + d, n), lv), n);
+            vf_store_n(x.orow[r] + d, vf_add(vf_div(vf_load_n(o + d, n), lv), zero), n);
         }
     }
 }
