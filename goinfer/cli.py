@@ -29,6 +29,10 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
+    p.add_argument("--draft", choices=["none", "prompt_lookup"], default="none",
+                   help="speculative drafting (the same output; faster when the reply copies "
+                   "from the prompt)")
+    p.add_argument("--draft-tokens", type=int, default=8, help="tokens per draft")
 
 
 def _load(args):
@@ -41,7 +45,8 @@ def _load(args):
 def _sampling(args) -> dict:
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                seed=args.seed, stop=args.stop)
+                seed=args.seed, stop=args.stop,
+                draft=None if args.draft == "none" else args.draft, draft_tokens=args.draft_tokens)
 
 
 def _stats(r, file=None) -> None:

@@ -44,3 +44,18 @@ class TokenizerError(GoinferError, ValueError):
 
 class ChatTemplateError(GoinferError, ValueError):
     """A chat template failed to render (or tried something the sandbox forbids)."""
+
+
+class RequestError(GoinferError, ValueError):
+    """A generation request has a bad field.  ``param`` names it as the OpenAI API does
+    (``"response_format"``, ``"grammar"``, ``"top_logprobs"``, ...); the server answers 400 with
+    that ``param``.  Raised before any token is generated."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarError(RequestError):
+    """A response_format or grammar cannot be enforced: an invalid JSON schema, a schema feature
+    the grammar engine cannot enforce, a grammar or regex that does not parse."""

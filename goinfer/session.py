@@ -19,6 +19,7 @@ import numpy as np
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache, block_hash, root_hash
 from goinfer.sampling import Sampler, SamplingParams
+from goinfer.speculative import DEFAULT_DRAFT_TOKENS, Speculation, check_draft
 from goinfer.tokenizer import StreamDecoder
 
 # ============================================================================ results
@@ -32,6 +33,8 @@ class Timings:
     decode_tok_s: float = 0.0  # decode steps per second
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    draft_tokens: int = 0  # tokens proposed by speculative drafting (draft=...)
+    draft_accepted: int = 0  # of those, tokens the sampler drew too (emitted without a step)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -208,6 +211,18 @@ class Session:
         self.cache.count_hits(reused, len(rest))
         return logits[-1], reused
 
+    def extend(self, ids) -> np.ndarray:
+        """Append ids (no cache lookup) -> the logits of every one, (len(ids), vocab): one
+        forward call, each row the bits of a decode step (speculative verification)."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("extend needs at least one token")
+        self._reserve(len(ids))
+        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens),
+                                    all_logits=True)
+        self._commit(ids)
+        return logits
+
     def decode(self, token: int) -> np.ndarray:
         """Append one token -> logits of it, (vocab,)."""
         token = int(token)
@@ -246,8 +261,14 @@ class Session:
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logit_bias=None,
                  seed: int | None = None, stop=None, stream: bool = False, *,
-                 repeat_last_n: int = 64, add_special: bool = True):
+                 repeat_last_n: int = 64, add_special: bool = True, draft: str | None = None,
+                 draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         """Generate a continuation of the whole prompt (text or token ids).
+
+        draft="prompt_lookup": speculative decoding, up to draft_tokens tokens proposed from
+        the context and verified in one forward call (goinfer/speculative.py); the output is
+        identical to draft=None's, only faster when the reply copies from its context;
+        result.timings.draft_tokens / draft_accepted say how much was proposed / accepted.
 
         Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
         split UTF-8 character) whose last item is the GenerationResult."""
@@ -260,6 +281,7 @@ class Session:
                                 presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
         stops = _stop_list(stop)
+        k = check_draft(draft, draft_tokens)
         if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         if not ids:
@@ -268,7 +290,7 @@ class Session:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
                 f"length {self.model.n_ctx} of {self.model.name}")
-        gen = self._generate(ids, int(max_tokens), params, stops)
+        gen = self._generate(ids, int(max_tokens), params, stops, k)
         if stream:
             return gen
         for item in gen:
@@ -296,7 +318,7 @@ class Session:
         return rest, reused + more
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: list[str]) -> Iterator:
+                  stops: list[str], draft_tokens: int = 0) -> Iterator:
         t0 = time.perf_counter()
         rest, cached = self._start(ids)
         self._reserve(len(rest))
@@ -305,12 +327,16 @@ class Session:
         logits = logits[-1]
         t1 = time.perf_counter()
         gen = Generation(self.model, ids, max_tokens, params, stops)
+        spec = Speculation(ids, draft_tokens) if draft_tokens else None
         while not gen.done:
             if gen.n_steps > 0:
-                logits = self.decode(gen.tokens[-1])
+                logits = (self.decode(gen.tokens[-1]) if spec is None
+                          else spec.next_logits(self, gen))
             piece = gen.push(logits)
             if piece:
                 yield piece
+        if spec is not None:
+            spec.settle(self)  # hold what plain decoding would: no draft past the last step
         piece = gen.finish()
         if piece:
             yield piece
@@ -346,6 +372,8 @@ class Generation:
         self.finish_reason = "length"
         self.hold = max((len(x) for x in stops), default=1) - 1  # a stop string may be forming
         self.n_steps = 0  # logits pushed
+        self.drafted = 0  # speculative draft tokens proposed / accepted (goinfer/speculative.py)
+        self.accepted = 0
         self.done = max_tokens <= 0
         self._cut_by_string = False
 
@@ -395,7 +423,8 @@ class Generation:
             prefill_tok_s=prefilled / (t1 - t0) if t1 > t0 else 0.0,
             decode_ms=(t2 - t1) * 1e3,
             decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
-            prefill_tokens=prefilled, decode_tokens=n_decode)
+            prefill_tokens=prefilled, decode_tokens=n_decode, draft_tokens=self.drafted,
+            draft_accepted=self.accepted)
         return GenerationResult(text=self.text, tokens=list(self.tokens),
                                 finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
                                 cached_tokens=cached, completion_tokens=len(self.tokens),
@@ -408,29 +437,32 @@ class Generation:
 def forward_sessions(items) -> list[np.ndarray]:
     """One forward step over several sessions of one model and KVCache, run as one batch.
 
-    items: (session, tokens) per session; each session appends its tokens (a prefill chunk,
-    one token to decode, or draft tokens to verify).  Returns the logits of each session's last
-    token, (vocab,).  Each session's logits and KV are bit-identical to running it alone (in
-    either numerics mode: a row's kernel depends on its position only).
+    items: (session, tokens) or (session, tokens, "all") per session; each session appends its
+    tokens (a prefill chunk, one token to decode, or a token and its draft to verify).  Returns
+    per session the logits of its last token, (vocab,), or with "all" of every token, (T,
+    vocab).  Each session's logits and KV are bit-identical to running it alone (in either
+    numerics mode: a row's kernel depends on its position only).
     Blocks are reserved first: on CacheFullError earlier sessions may keep spare blocks, but no
     token is appended anywhere."""
     if not items:
         return []
+    items = [(it[0], [int(t) for t in it[1]], it[2] if len(it) > 2 else "last") for it in items]
     cache, model = items[0][0].cache, items[0][0].model
-    if any(s.cache is not cache or s.model is not model for s, _ in items):
+    if any(s.cache is not cache or s.model is not model for s, _, _ in items):
         raise ValueError("forward_sessions needs sessions of one model sharing one KVCache")
-    if len({id(s) for s, _ in items}) != len(items):
+    if len({id(s) for s, _, _ in items}) != len(items):
         raise ValueError("a session appears twice in the batch")
-    items = [(s, [int(t) for t in toks]) for s, toks in items]
-    for s, toks in items:
+    for s, toks, want in items:
         if not toks:
             raise ValueError("every session in a batch needs at least one token")
+        if want not in ("last", "all"):
+            raise ValueError(f"want must be 'last' or 'all', got {want!r}")
         s._reserve(len(toks))
-    seqs = [(s.block_table, toks, s.n_tokens, "last") for s, toks in items]
+    seqs = [(s.block_table, toks, s.n_tokens, want) for s, toks, want in items]
     logits = model.forward_batch(cache, seqs)
-    for s, toks in items:
+    for s, toks, _ in items:
         s._commit(toks)
-    return [lg[-1] for lg in logits]
+    return [lg if want == "all" else lg[-1] for lg, (_, _, want) in zip(logits, items)]
 
 
 def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarray]:

@@ -159,7 +159,8 @@ def test_chat_equals_session_chat(srv, model, i):
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
     t = d["timings"]
     assert set(t) == {"prompt_n", "cache_n", "prompt_ms", "prompt_per_second", "predicted_n",
-                      "predicted_ms", "predicted_per_second"}
+                      "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"}
+    assert t["draft_n"] == t["draft_n_accepted"] == 0  # drafting is off by default
     assert t["prompt_n"] + t["cache_n"] == ref.prompt_tokens and t["predicted_n"] == len(ref.tokens)
 
 
@@ -351,6 +352,69 @@ def test_full_kv_cache_waits_and_preempts_exactly(model):
     for i, r in enumerate(results):
         ref = lone(model, prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i)
         assert r.model_dump()["tokens"] == ref.tokens
+
+
+@pytest.mark.parametrize("kv_tokens", [2048, 240])
+def test_drafting_requests_equal_plain_lone_requests(model, kv_tokens):
+    """Speculative drafting in the engine (the server's default here; one request turns it
+    off, one sets its own draft_tokens): verify rows batch with prompt chunks and other
+    requests' decodes (and, with a small cache, with preemption); every result equals the
+    same request alone WITHOUT drafting, and the timings report the drafts."""
+    rep = [5, 9, 5, 9, 5, 9, 65, 66, 65, 66]  # a repetitive prompt: lookups find matches
+    bodies = [
+        {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}},
+        {"temperature": 0.8, "seed": 4, "logit_bias": {"65": 6.0, "66": 6.0}},
+        {"temperature": 0.9, "seed": 2, "top_k": 5, "presence_penalty": 0.5,
+         "logit_bias": {"65": 6.0, "66": 6.0}, "draft_tokens": 3},
+        {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}, "draft": None},
+        {"temperature": 0.7, "seed": 9, "stop": "BA", "logit_bias": {"65": 5.0, "66": 5.0}},
+    ]
+    prompts = [rep * (2 + i) + [i] for i in range(len(bodies))]
+    cache = KVCache(model, max_tokens=kv_tokens, block_size=16)
+    with Server(model, cache, max_batch=8, prefill_chunk=32, draft="prompt_lookup",
+                draft_tokens=6) as s:
+        s.engine.pause()
+        results = [None] * len(bodies)
+
+        def run(i):
+            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i],
+                                                        max_tokens=50, return_tokens=True)).json()
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(60)
+        assert cache.stats().blocks_used == 0
+        preempted = s.engine.n_preempted
+    accepted = 0
+    for body, p, r in zip(bodies, prompts, results):
+        kw = {k: v for k, v in body.items() if not k.startswith("draft")}
+        if "logit_bias" in kw:
+            kw["logit_bias"] = {int(k): v for k, v in kw["logit_bias"].items()}
+        ref = lone(model, prompt=p, max_tokens=50, **kw)
+        assert r["tokens"] == ref.tokens and r["choices"][0]["text"] == ref.text
+        assert r["choices"][0]["finish_reason"] == ref.finish_reason
+        tm = r["timings"]
+        assert 0 <= tm["draft_n_accepted"] <= tm["draft_n"]
+        if body.get("draft", "on") is None:
+            assert tm["draft_n"] == 0
+        accepted += tm["draft_n_accepted"]
+    assert accepted >= 20  # drafting really ran
+    if kv_tokens < 2048:
+        assert preempted > 0
+
+
+def test_draft_fields_are_checked(srv):
+    for body, param in (({"draft": "medusa"}, "draft"), ({"draft_tokens": 0}, "draft_tokens"),
+                        ({"draft_tokens": "8"}, "draft_tokens")):
+        r = srv.post("/v1/completions", dict(body, prompt=[1, 2], max_tokens=2))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = srv.post("/v1/completions", {"prompt": [1, 2, 1, 2, 1, 2], "max_tokens": 4,
+                                     "draft": "prompt_lookup", "draft_tokens": 2})
+    assert r.status_code == 200 and "draft_n" in r.json()["timings"]
 
 
 def test_cache_salt_separates_prefix_reuse(srv):

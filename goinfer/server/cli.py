@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
+
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 
 
@@ -40,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="float64 attention at every position (default: the fast float32 kernel "
                    "for positions >= 512; --exact-prefill is the old name)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
+                   help="speculative drafting of every request unless it sets 'draft' (the "
+                   "output is the same; faster when replies copy from their context)")
+    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
+                   help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
@@ -83,7 +90,9 @@ def run(args) -> int:
     model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)
     app = create_app(model, cache, model_id=model_id, api_key=args.api_key,
                      max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefill_chunk=args.prefill_chunk, max_body_bytes=args.max_body)
+                     prefill_chunk=args.prefill_chunk, max_body_bytes=args.max_body,
+                     draft=None if args.draft == "none" else args.draft,
+                     draft_tokens=args.draft_tokens)
     print(f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
           f"KV cache {cache.max_tokens} tokens) on http://{args.host}:{args.port}/v1",
           file=sys.stderr)

@@ -10,6 +10,12 @@ Each step of the engine thread:
   4. sample a token for every sequence whose prompt is done (``Generation``, shared with
      ``Session.generate``) and send its text to the waiting client.
 
+A request with speculative drafting (``draft_tokens`` > 0, goinfer/speculative.py) feeds its last
+token and a draft of the tokens it will likely sample next as one short piece with logits for
+every row; the engine samples from the rows in order while the draft holds, then cuts the
+session back to the accepted tokens.  Its rows batch with everyone else's and give the bits of
+decode steps, so its output is that of plain decoding.
+
 When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
 are released and it returns to the head of the queue, to be prefilled again later with the
 tokens it generated so far (batch-invariant numerics make this invisible in its output).
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.sampling import SamplingParams
 from goinfer.session import Generation, GenerationResult, Session, forward_sessions
+from goinfer.speculative import Speculation
 
 log = logging.getLogger("goinfer.server")
 
@@ -65,6 +72,7 @@ class Job:
     stops: list[str]
     on_event: Callable[[Event], None]  # called on the engine thread; must not block
     cache_salt: str | None = None
+    draft_tokens: int = 0  # speculative drafting: tokens per draft (0: off)
     id: int = field(default_factory=lambda: next(_ids))
     # ---- engine state
     cancelled: bool = False
@@ -72,6 +80,7 @@ class Job:
     gen: Generation | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed before the next sample
     prefilling: bool = False  # pending holds prompt (or, after a preemption, recomputed) tokens
+    spec: Speculation | None = None  # drafting state (draft_tokens > 0)
     cached: int = 0  # prompt tokens reused from the cache (first seating)
     prefilled: int = 0  # prompt tokens that had to be computed (first seating)
     preemptions: int = 0
@@ -284,6 +293,8 @@ class Engine:
         job.session, job.pending, job.prefilling = session, list(rest), True
         if first:
             job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops)
+            if job.draft_tokens:
+                job.spec = Speculation(job.ids, job.draft_tokens)
             job.cached, job.prefilled = cached, len(rest)
             self.prompt_tokens += len(ids)
             self.cached_tokens += cached
@@ -306,7 +317,11 @@ class Engine:
         prompts = []
         for job in self._active:
             if job.session is not None and len(job.pending) == 1:
-                work.append((job, job.pending[:1]))
+                if job.spec is not None and not job.prefilling:  # its token and a draft
+                    work.append((job, job.spec.feed(job.gen, job.session.n_tokens,
+                                                    self.model.n_ctx)))
+                else:
+                    work.append((job, job.pending[:1]))
             else:
                 prompts.append(job)
         budget = self.prefill_chunk
@@ -353,8 +368,11 @@ class Engine:
         if not work:
             return
         t0 = time.perf_counter()
+        # a decoding job with drafting feeds its token and a draft: logits of every row
+        wants = ["all" if j.spec is not None and not j.prefilling else "last" for j, _ in work]
         try:
-            logits = forward_sessions([(j.session, toks) for j, toks in work])
+            logits = forward_sessions([(j.session, toks, want)
+                                       for (j, toks), want in zip(work, wants)])
         except Exception as e:
             for job, _ in work:
                 self._fail(job, e)
@@ -370,7 +388,7 @@ class Engine:
         self._window.append((t1, n_prefill, n_rows - n_prefill))
         while self._window and t1 - self._window[0][0] > RATE_WINDOW_S:
             self._window.popleft()
-        for (job, toks), lg in zip(work, logits):
+        for (job, toks), lg, want in zip(work, logits, wants):
             del job.pending[:len(toks)]
             if job.pending:
                 continue  # more prompt to prefill
@@ -378,7 +396,15 @@ class Engine:
             if job.t_prompt is None:
                 job.t_prompt = t1
             gen = job.gen
-            if not gen.done:
+            if want == "all":  # sample from the rows while the draft holds
+                spec = job.spec
+                spec.verified(toks, lg, job.session.n_tokens - len(toks))
+                while not gen.done and (row := spec.take(gen)) is not None:
+                    piece = gen.push(row)
+                    if piece:
+                        self._send(job, Event("text", text=piece))
+                spec.settle(job.session)
+            elif not gen.done:
                 piece = gen.push(lg)
                 if piece:
                     self._send(job, Event("text", text=piece))
