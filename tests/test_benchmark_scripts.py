@@ -1,0 +1,41 @@
+"""Smoke runs of the benchmark scripts of issue 13 on a tiny model (that they run end to end
+and check what they claim; speed is measured by the lead, never asserted here)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny):
+    return str(tiny("llama", 3, max_position_embeddings=4096)[1])
+
+
+def test_speculative_smoke(tiny_path, capsys):
+    res = _script("speculative").main([tiny_path, "--smoke", "--threads", "1"])
+    row = res["tasks"][0]
+    assert row["goinfer_identical"] and row["goinfer + draft"]["tokens"] > 0
+    assert "speed-up goinfer" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("transcript", ["default", "long"])
+def test_agent_loop_smoke(tiny_path, transcript, capsys):
+    res = _script("agent_loop").main([tiny_path, "--smoke", "--threads", "1",
+                                      "--transcript", transcript])
+    g = res["engines"]["goinfer (reuse)"]
+    assert len(g) == 2 and g[1]["cached_tokens"] > 0  # the second turn reused the first
+    assert res["save_load"]["cached_after_load"] > 0
+    assert "TTFT" in capsys.readouterr().out
