@@ -1,7 +1,7 @@
 """Speculative decoding on a copy-heavy agent task: decode speed with and without drafting.
 
     PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/speculative.py [MODEL] [--tasks 4]
-        [--max-tokens 256] [--draft-tokens 8] [--repeats 3] [--threads 2] [--no-llama-cpp]
+        [--max-tokens 256] [--draft-tokens 16] [--repeats 3] [--threads 2] [--no-llama-cpp]
         [--json out.json]
     PYTHONPATH=. python benchmarks/speculative.py TINY.gguf --smoke     (the test suite's run)
 
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--draft-tokens", type=int, default=8)
+    ap.add_argument("--draft-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama-cpp", action="store_true")

@@ -29,10 +29,13 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
-    p.add_argument("--draft", choices=["none", "prompt_lookup"], default="none",
+    from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
+
+    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
                    help="speculative drafting (the same output; faster when the reply copies "
                    "from the prompt)")
-    p.add_argument("--draft-tokens", type=int, default=8, help="tokens per draft")
+    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
+                   help=f"the most tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
 
 
 def _load(args):

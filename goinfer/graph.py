@@ -1,4 +1,5 @@
-"""Graph replay of decode steps: record a forward step's kernel calls once, replay them in C.
+"""Graph replay of decode and verify steps: record a forward step's kernel calls once, replay
+them in C.
 
 A decode step of B sequences (one token each) calls ~18 kernels per layer.  Called from
 Python each costs argument checks and, when it runs on several threads, an OpenMP fork/join;
@@ -22,6 +23,10 @@ at which the Python kernel switches from one thread to several, or a sequence cr
 position from which its rows run the fast attention kernel (``Batch.fast_from``: a plan binds
 the exact or the fast kernel per sequence, as the Python path would call it).
 
+A verify step of speculative decoding (goinfer/speculative.py: a sequence's last token and
+its draft, logits of every row) is replayed the same way: a plan's shape is the rows of each
+sequence, and a shape with several rows is captured when its key comes a second time.
+
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
 NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
@@ -40,7 +45,8 @@ from goinfer.models.llama import LlamaFamily
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
 CAPTURABLE = (LlamaFamily, Gemma3Family)
-MAX_PLANS_PER_CACHE = 16  # plans kept per KV cache (least recently used dropped)
+MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
+MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
 
 def enabled_by_env() -> bool:
@@ -140,24 +146,33 @@ def place_barriers(ops, calls) -> None:
 # ============================================================================ a plan
 
 
-def attention_key(impl, positions, fast_from) -> tuple:
-    """Per sequence of a decode batch: (does its attention run the fast kernel, does it run
-    on several threads).  The rules of the Python path (LlamaFamily.attend, attention.pyx
-    _run_items), which a plan reproduces."""
-    fast = tuple(fast_from is not None and int(p) >= fast_from for p in positions)
-    if impl.threads <= 1:
-        return fast, ()
+def attention_key(impl, batch: Batch) -> tuple:
+    """Per sequence of a batch: (its rows, how many of them run the exact kernel (the rest run
+    the fast one), whether each of its one or two attention calls runs on several threads).
+    The rules of the Python path (LlamaFamily.attend, attention.pyx _run_items), which a plan
+    reproduces."""
+    ff = batch.fast_from
     grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
     hw = impl.cfg.n_heads * impl.cfg.head_dim
-    return fast, tuple(hw * (int(p) + 1) >= grain for p in positions)
+    key = []
+    for seg in batch.segments:
+        pos = batch.positions[seg.start:seg.stop]
+        k = len(pos) if ff is None else int(np.searchsorted(pos, ff))
+        threaded = () if impl.threads <= 1 else tuple(
+            len(p) * hw * (int(p[-1]) + 1) >= grain for p in (pos[:k], pos[k:]) if len(p))
+        key.append((len(pos), k, threaded))
+    return tuple(key)
 
 
 class DecodePlan:
-    """The decode step of B sequences (one token each) over one KVCache, captured once."""
+    """One step of B sequences over one KVCache, captured once: a decode step (one token
+    each) or a verify step (a token and its draft: a few tokens, logits of every row).
+    shape: rows per sequence."""
 
-    def __init__(self, impl, kernels, cache, B: int, n_ctx: int):
+    def __init__(self, impl, kernels, cache, shape: tuple[int, ...], n_ctx: int):
         cfg = impl.cfg
-        self.impl, self.B, self.threads = impl, B, impl.threads
+        B, T = len(shape), sum(shape)
+        self.impl, self.B, self.T, self.shape, self.threads = impl, B, T, shape, impl.threads
         self.k, self.v = cache.k, cache.v
         bs = cache.block_size
         self.block_size = bs
@@ -165,12 +180,13 @@ class DecodePlan:
         self.max_pos = min(n_ctx, self.max_blocks * bs) - 1
         self.variant = kernels._config.variant()
         # ---- the plan's own input and output buffers (the graph points into them)
-        self.tokens = np.zeros(B, np.int64)  # (B,)
-        self.positions = np.zeros(B, np.int32)  # (B,)
-        self.slots = np.zeros(B, np.int64)  # (B,)
+        self.tokens = np.zeros(T, np.int64)  # (T,)
+        self.positions = np.zeros(T, np.int32)  # (T,)
+        self.slots = np.zeros(T, np.int64)  # (T,)
         self.tables = np.zeros((B, self.max_blocks), np.int32)  # (B, max_blocks)
-        self.logits = np.zeros((B, cfg.vocab_size), np.float32)  # (B, vocab)
-        self.rows = np.arange(B, dtype=np.int64)
+        self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (T, vocab)
+        self.rows = np.arange(T, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
         self._kernels = kernels
         self._graph = None
         self.attn_key = None
@@ -179,12 +195,12 @@ class DecodePlan:
     # ------------------------------------------------------------------ per step
 
     def load(self, batch: Batch) -> None:
-        """Copy a decode batch's inputs into the plan's buffers."""
+        """Copy a batch's inputs into the plan's buffers."""
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
         self.slots[:] = batch.slots
         for i, seg in enumerate(batch.segments):
-            need = int(batch.positions[i]) // self.block_size + 1
+            need = int(batch.positions[seg.stop - 1]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
 
     def fits(self, batch: Batch, cache, attn_key: tuple) -> bool:
@@ -195,12 +211,14 @@ class DecodePlan:
                 and pmax <= self.max_pos and attn_key == self.attn_key)
 
     def run(self) -> np.ndarray:
-        """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
+        """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
         self._graph.run()
-        L, n_fast = self.impl.cfg.n_layers, sum(self.attn_key[0])
-        # the Python path counts each attention call
-        self._attn_mod.count_exact(L * (self.B - n_fast), L * (self.B - n_fast))
-        self._attn_mod.count_fast(L * n_fast, L * n_fast)
+        L = self.impl.cfg.n_layers
+        # the Python path counts each attention call and its rows
+        exact = [k for n, k, _ in self.attn_key if k]
+        fast = [n - k for n, k, _ in self.attn_key if n > k]
+        self._attn_mod.count_exact(L * len(exact), L * sum(exact))
+        self._attn_mod.count_fast(L * len(fast), L * sum(fast))
         return self.logits.copy()
 
     # ------------------------------------------------------------------ capture
@@ -211,13 +229,14 @@ class DecodePlan:
         impl, cfg, B = self.impl, self.impl.cfg, self.B
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
-        self.attn_key = attention_key(impl, self.positions, fast_from)
         # RoPE tables: grown now for the largest position seen, never during the capture
         ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))}
         n_pos = int(self.positions.max()) + 1
         self.rope_limit = min(r.tables(n_pos)[0].shape[0] for r in ropes.values())
-        segs = [Segment(i, i + 1, self.tables[i]) for i in range(B)]
+        st = self.starts
+        segs = [Segment(st[i], st[i + 1], self.tables[i]) for i in range(B)]
         batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
+        self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
         old = impl.K
         impl.K = rec
@@ -255,38 +274,48 @@ class DecodePlan:
 
 
 class GraphRunner:
-    """The decode plans of one model: per KV cache (weakly held), batch size and each
-    sequence's attention kernel and threading (attention_key)."""
+    """The plans of one model: per KV cache (weakly held) and attention_key (each sequence's
+    rows, attention kernels and threading).  A decode step's plan is captured at once; a step
+    with several rows in a sequence (a verify step) is captured the second time its key
+    comes, so a shape that does not recur never costs a capture."""
 
     def __init__(self, model):
         self.model = model
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.captures = 0  # plans built (tests: invalidation)
         self.replays = 0  # steps run by a plan
         self.disabled = False  # a capture failed: this model stays on the Python path
 
     @staticmethod
-    def is_decode(batch: Batch) -> bool:
-        """One token per sequence, logits for each."""
-        return (all(seg.stop - seg.start == 1 for seg in batch.segments)
-                and len(batch.logit_rows) == len(batch.segments))
+    def replayable(batch: Batch) -> bool:
+        """Logits for every row, at most MAX_ROWS rows per sequence (decode and verify steps;
+        prefill chunks want the last row only)."""
+        return (len(batch.logit_rows) == len(batch.tokens)
+                and all(seg.stop - seg.start <= MAX_ROWS for seg in batch.segments))
 
     def decode(self, cache, batch: Batch):
-        """Logits (B, vocab) of a decode batch by a plan, or None (use the Python path)."""
+        """Logits (T, vocab) of a replayable batch by a plan, or None (use the Python path)."""
         m = self.model
         if self.disabled or m.impl.K is not m.kernels:  # (supported() was checked at load)
             return None
-        B = len(batch.segments)
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
             bt = seg.block_table
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
         plans = self._plans.setdefault(cache, {})
-        attn_key = attention_key(m.impl, batch.positions, batch.fast_from)
-        key = (B, attn_key)
+        key = attention_key(m.impl, batch)
         plan = plans.pop(key, None)
-        if plan is None or not plan.fits(batch, cache, attn_key):
-            plan = DecodePlan(m.impl, m.kernels, cache, B, m.n_ctx)
+        if plan is None or not plan.fits(batch, cache, key):
+            if any(n > 1 for n, _, _ in key):  # a verify step: capture when it recurs
+                seen = self._seen.setdefault(cache, {})
+                if len(seen) > 4 * MAX_PLANS_PER_CACHE:
+                    seen.clear()
+                seen[key] = seen.get(key, 0) + 1
+                if seen[key] < 2:
+                    return None
+            shape = tuple(seg.stop - seg.start for seg in batch.segments)
+            plan = DecodePlan(m.impl, m.kernels, cache, shape, m.n_ctx)
             if int(batch.positions.max()) > plan.max_pos:
                 return None
             plan.load(batch)

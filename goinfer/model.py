@@ -242,8 +242,8 @@ class Model:
                       np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from)
         with self._lock:
             logits = None
-            if self.graph is not None and GraphRunner.is_decode(batch):
-                logits = self.graph.decode(cache, batch)  # None: not replayable
+            if self.graph is not None and GraphRunner.replayable(batch):
+                logits = self.graph.decode(cache, batch)  # None: not replayed
             if logits is None:
                 logits = self.impl.forward(batch, cache.k, cache.v)
         return [None if w is None else logits[w[0]:w[1]] for w in where]

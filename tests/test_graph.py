@@ -128,6 +128,31 @@ def test_fast_attention_decode_above_512(tiny, gemma_path, family, threads, many
     assert c["exact_queries"] == L * (509 + 300 + 512 + 3 + 6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_verify_steps_replayed(tiny, threads, many_shares):
+    """Verify steps of speculative decoding (a token and its draft: several rows, logits of
+    every row) are replayed once their shape recurs: the Python path's bits, rows crossing
+    512 included (the exact and the fast kernel in one sequence), and the counters."""
+    path = tiny("llama", max_position_embeddings=1024)[1]
+
+    def steps(m):
+        s = m.session(KVCache(m, max_tokens=1024, block_size=16))
+        s.prefill([t % 250 for t in range(480)])
+        ATT.reset_attention_counters()
+        out = [s.extend([(7 * i + j) % 250 for j in range(T)])
+               for i, T in enumerate([3, 5, 3, 5, 3, 5, 3, 5, 3, 5])]  # positions 480..519
+        return out, ATT.attention_counters()
+
+    ref, ref_counts = steps(load(path, 1, graph=False, context_length=1024))
+    m = load(path, threads, context_length=1024)
+    got, counts = steps(m)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)
+    assert counts == ref_counts
+    assert counts["fast_queries"] == m.config.n_layers * 8  # rows 512..519
+    assert m.graph.replays >= 4 and m.graph.captures >= 2
+
+
 @pytest.mark.parametrize("B", [1, 2, 3, 4])
 def test_batch_sizes_match_decoding_alone(tiny, B, many_shares):
     """A batched replayed step gives each sequence the bits of its own Python decode."""
