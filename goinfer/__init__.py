@@ -19,8 +19,10 @@ from goinfer.errors import (  # noqa: E402
     ContextLengthError,
     DownloadError,
     GoinferError,
+    GrammarError,
     ModelFormatError,
     ModelNotFoundError,
+    RequestError,
     TokenizerError,
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
@@ -76,5 +78,6 @@ __all__ = [
     "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
-    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError",
+    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",
+    "GrammarError",
 ]

@@ -450,3 +450,107 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm: bool = Fal
         out[...] = res
         return out
     return res
+
+
+# ============================================================================ linear attention
+# Qwen3.5's Gated DeltaNet layers (goinfer/_kernels/ssm.pyx, src/ssm.h).  The recurrence is
+# written here with the kernel's own float32 operation sequence (NumPy float32 arithmetic is
+# IEEE and unfused), and its scalar pre-pass with the same libm calls (math.*), so gated_delta
+# is bit-exact with the kernel; the SiLU / sigmoid use float64 here (the kernel: gi_vf_exp).
+
+
+def _snapshot_args(snap_rows, snaps):
+    if snap_rows is None and snaps is None:
+        return [], None
+    return [int(r) for r in np.asarray(snap_rows).ravel()], snaps
+
+
+def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads: int = 1):
+    """out[t] = silu(sum_j wT[j] * xx[t + j]) with xx = state (K-1, C) ++ x (T, C); the sum in
+    j order in float32, silu in float64.  state becomes the last K-1 rows of xx; snaps[s] gets
+    the K-1 rows of xx ending at row snap_rows[s] of x."""
+    x = np.asarray(x, dtype=np.float32)
+    wT = np.asarray(wT, dtype=np.float32)
+    K = wT.shape[0]
+    T = x.shape[0]
+    xx = np.concatenate([state, x], axis=0)  # (K-1+T, C)
+    acc = np.zeros_like(x)
+    for j in range(K):
+        acc = acc + wT[j] * xx[j:j + T]
+    a64 = acc.astype(np.float64)
+    res = (a64 / (1.0 + np.exp(-a64))).astype(np.float32)
+    rows, dst = _snapshot_args(snap_rows, snaps)
+    for s, r in enumerate(rows):
+        dst[s][...] = xx[r + 1:r + K]
+    state[...] = xx[T:T + K - 1]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def _softplus64(x: float) -> float:
+    return x if x > 20.0 else math.log1p(math.exp(x))
+
+
+def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads: int, out=None, *, snap_rows=None,
+                snaps=None, eps: float = 1e-6, nthreads: int = 1):
+    """The gated delta rule token by token over state (Hv, dk, dv) (see ssm.pyx).  Per value
+    head h (key head h % Hk) and token:
+      kv = decay * sum_i S[i] k_i ; d = (v - kv) * beta ; S[i] = S[i]*decay + k_i d ;
+      o = sum_i S[i] q_i   (sums in i order, float32)
+    with q, k L2-normalized in float64 (q also / sqrt(dk)), decay = exp(A softplus(alpha +
+    dt_bias)), beta = sigmoid(b), in float64 with libm."""
+    qkv = np.asarray(qkv, dtype=np.float32)
+    ab = np.asarray(ab, dtype=np.float32)
+    Hv, dk, dv = state.shape
+    Hk = int(n_k_heads)
+    T = qkv.shape[0]
+    qk = qkv[:, :2 * Hk * dk].astype(np.float64).reshape(T, 2, Hk, dk)
+    ss = np.zeros((T, 2, Hk))
+    for i in range(dk):  # index order, as the kernel
+        ss = ss + qk[..., i] * qk[..., i]
+    r = 1.0 / np.sqrt(ss + float(eps))
+    r[:, 0] = r[:, 0] * (1.0 / math.sqrt(dk))
+    qn = (qk * r[..., None]).astype(np.float32)  # (T, 2, Hk, dk)
+    heads = np.arange(Hv) % Hk
+    q, k = qn[:, 0][:, heads], qn[:, 1][:, heads]  # (T, Hv, dk)
+    v = qkv[:, 2 * Hk * dk:2 * Hk * dk + Hv * dv].reshape(T, Hv, dv)
+    beta = np.array([[1.0 / (1.0 + math.exp(-float(ab[t, h]))) for h in range(Hv)]
+                     for t in range(T)], dtype=np.float64).astype(np.float32).reshape(T, Hv)
+    decay = np.array([[math.exp(float(A[h]) * _softplus64(float(ab[t, Hv + h]) + float(dt_bias[h])))
+                       for h in range(Hv)] for t in range(T)]).astype(np.float32).reshape(T, Hv)
+    rows, dst = _snapshot_args(snap_rows, snaps)
+    res = np.empty((T, Hv, dv), np.float32)
+    S = state
+    for t in range(T):
+        g, b = decay[t][:, None], beta[t][:, None]  # (Hv, 1)
+        kv = np.zeros((Hv, dv), np.float32)
+        for i in range(dk):
+            kv = kv + S[:, i, :] * k[t, :, i][:, None]
+        kv = kv * g
+        d = (v[t] - kv) * b
+        o = np.zeros((Hv, dv), np.float32)
+        for i in range(dk):
+            si = S[:, i, :] * g + k[t, :, i][:, None] * d
+            S[:, i, :] = si
+            o = o + si * q[t, :, i][:, None]
+        res[t] = o
+        for s, rr in enumerate(rows):
+            if rr == t:
+                dst[s][...] = S
+    res = res.reshape(T, Hv * dv)
+    if out is not None:
+        out.reshape(T, Hv * dv)[...] = res
+        return out
+    return res
+
+
+def sigmoid_mul(gate, x, out=None, *, nthreads: int = 1):
+    """out = x * sigmoid(gate) (float64 here)."""
+    g = np.asarray(gate, dtype=np.float64)
+    res = (np.asarray(x, dtype=np.float64) / (1.0 + np.exp(-g))).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res

@@ -30,6 +30,7 @@ import numpy as np
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache
 from goinfer.model import PREFILL_CHUNK
+from goinfer.recurrent import SeqRecurrent
 
 # ============================================================================ windows
 
@@ -77,10 +78,11 @@ class _Runner:
         (run in PREFILL_CHUNK pieces, like Model.forward)."""
         m = self.model
         first = s - 1 - b  # window row of the first scored prediction
+        rec = (SeqRecurrent(m.new_state()),) if m.hybrid else ()  # a fresh window's state
         for c0 in range(0, e - b, PREFILL_CHUNK):
             c1 = min(e - b, c0 + PREFILL_CHUNK)
             want = "all" if c1 > first else "none"
-            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0:b + c1], c0, want)])[0]
+            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0:b + c1], c0, want) + rec])[0]
             if lg is None:
                 continue
             lo, hi = max(c0, first), min(c1, e - b - 1)

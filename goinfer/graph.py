@@ -42,9 +42,10 @@ import numpy as np
 from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
 from goinfer.models.llama import LlamaFamily
+from goinfer.models.smollm3 import SmolLM3Family
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
@@ -230,9 +231,11 @@ class DecodePlan:
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
         # RoPE tables: grown now for the largest position seen, never during the capture
-        ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))}
+        ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))
+                 if r is not None}
         n_pos = int(self.positions.max()) + 1
-        self.rope_limit = min(r.tables(n_pos)[0].shape[0] for r in ropes.values())
+        self.rope_limit = min((r.tables(n_pos)[0].shape[0] for r in ropes.values()),
+                              default=self.max_pos + 1)
         st = self.starts
         segs = [Segment(st[i], st[i + 1], self.tables[i]) for i in range(B)]
         batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
+from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
 FAST = "fast"
@@ -130,16 +131,18 @@ class KVCache:
     """
 
     def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, *, snapshot_every: int = SNAPSHOT_EVERY,
+                 max_snapshots: int = MAX_SNAPSHOTS):
         cfg = model.config
         if not isinstance(block_size, int) or block_size < 1 or block_size > 1024:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
         self.model_fingerprint = model.fingerprint
         self.block_size = block_size
-        self.n_layers = cfg.n_layers
+        # layers that hold KV: all of them, or a hybrid model's attention layers
+        self.n_layers = n_layers = getattr(cfg, "n_kv_layers", cfg.n_layers)
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.bytes_per_block = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * 4
+        self.bytes_per_block = 2 * n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * 4
         if max_tokens is not None and max_bytes is not None:
             raise ValueError("give max_tokens or max_bytes, not both")
         if max_bytes is not None:
@@ -153,9 +156,12 @@ class KVCache:
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
         # (n_layers, n_blocks, n_kv_heads, head_dim, block_size)
-        self.k = np.zeros((cfg.n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
+        self.k = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
         # (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
-        self.v = np.zeros((cfg.n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
+        self.v = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
+        # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
+        spec = getattr(getattr(model, "impl", None), "state_spec", None)
+        self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
         self._lock = threading.RLock()
         self._ref = np.zeros(n_blocks, np.int32)
         self._hash_of: dict[int, bytes] = {}
@@ -301,6 +307,8 @@ class KVCache:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+                if self.states is not None:  # hybrid models: the state snapshots beside it
+                    self.states.save(states_path(path), self.model_fingerprint)
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -337,8 +345,16 @@ class KVCache:
                                 max_tokens=kwargs.pop("max_tokens", None) or max(
                                     (n + 1) * int(header["block_size"]), 2 * model.config.context_length))
             cache._insert(header, payload)
+            if cache.states is not None:
+                cache.states.load(states_path(path), cache.model_fingerprint)
             return cache
-        return self_or_cls._insert(*_read_cache_file(args[0]))
+        header, payload = _read_cache_file(args[0])
+        if self_or_cls.states is not None:  # check the snapshots file before adding anything
+            snaps = self_or_cls.states.read(states_path(args[0]), self_or_cls.model_fingerprint)
+        n = self_or_cls._insert(header, payload)
+        if self_or_cls.states is not None:
+            self_or_cls.states.add(snaps)
+        return n
 
     def _insert(self, header: dict, payload: np.ndarray) -> int:
         want = dict(fingerprint=self.model_fingerprint, block_size=self.block_size,

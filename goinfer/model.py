@@ -18,6 +18,7 @@ from goinfer.graph import supported as graph_supported
 from goinfer.kv_cache import EXACT, FAST, KVCache
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
+from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
 
 FAST_FROM = 512  # default mode: rows at absolute positions >= this run the fast attention
@@ -182,21 +183,51 @@ class Model:
     def numerics_mode(self) -> str:
         return EXACT if self.exact else FAST
 
+    @property
+    def hybrid(self) -> bool:
+        """Does the model carry recurrent state (linear-attention layers, goinfer/recurrent.py)?"""
+        return getattr(self.impl, "state_spec", None) is not None
+
+    def new_state(self) -> RecurrentState:
+        """A hybrid model's recurrent state before the first token (zeros)."""
+        if not self.hybrid:
+            raise ValueError(f"{self.name} has no recurrent state")
+        return RecurrentState.zeros(self.impl.state_spec)
+
     def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
-                all_logits: bool = False) -> np.ndarray:
+                all_logits: bool = False, state: RecurrentState | None = None,
+                snapshots: dict | None = None) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
         Returns logits of the last position (1, vocab), or of every position (T, vocab).
-        Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts)."""
+        Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts).
+        Hybrid models: ``state`` is the sequence's recurrent state after its first pos0 tokens,
+        updated in place (None: a fresh one, only at pos0 = 0); ``snapshots`` {n: None} is
+        filled with copies of the state after the first n tokens, pos0 < n <= pos0 + T."""
         tokens = np.asarray(tokens, dtype=np.int32)
         T = len(tokens)
         if T == 0:
             raise ValueError("forward needs at least one token")
+        if self.hybrid and state is None:
+            if pos0 != 0:
+                raise ValueError(f"{self.name} is a hybrid model: continuing a sequence at "
+                                 f"position {pos0} needs its recurrent state (state=)")
+            state = self.new_state()
+        want_snaps = sorted(n for n in (snapshots or {}) if pos0 < n <= pos0 + T)
         out = []
         for c0 in range(0, T, PREFILL_CHUNK):
             c1 = min(T, c0 + PREFILL_CHUNK)
             want = "all" if all_logits else ("last" if c1 == T else "none")
-            lg = self.forward_batch(cache, [(block_table, tokens[c0:c1], pos0 + c0, want)])[0]
+            seq = (block_table, tokens[c0:c1], pos0 + c0, want)
+            ns = [n for n in want_snaps if pos0 + c0 < n <= pos0 + c1]
+            rec = None
+            if state is not None:
+                rec = SeqRecurrent.with_snapshots(state, [n - 1 - pos0 - c0 for n in ns])
+                seq = seq + (rec,)
+            lg = self.forward_batch(cache, [seq])[0]
+            if rec is not None:
+                for n, snap in zip(ns, rec.snapshots()):
+                    snapshots[n] = snap
             if lg is not None:
                 out.append(lg)
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
@@ -204,14 +235,21 @@ class Model:
     def forward_batch(self, cache: KVCache, seqs) -> list:
         """One forward step over several sequences sharing a KV cache (continuous batching).
 
-        seqs: (block_table, tokens, pos0, want) per sequence, want in "all" | "last" | "none".
-        Returns per sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's rows give
-        the same bits as running it alone (rows are independent in every matmul; attention
-        reads only the sequence's own blocks, and its kernel is chosen by the row's position)."""
+        seqs: (block_table, tokens, pos0, want[, rec]) per sequence, want in "all" | "last" |
+        "none"; rec (recurrent.SeqRecurrent) is required by hybrid models.  Returns per
+        sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's rows give the same bits
+        as running it alone (rows are independent in every matmul; attention reads only the
+        sequence's own blocks, and its kernel is chosen by the row's position; the recurrence
+        reads only the sequence's own state)."""
         bs = cache.block_size
         toks, poss, slots, segs, rows, where = [], [], [], [], [], []
         r0 = 0
-        for bt, tokens, pos0, want in seqs:
+        for item in seqs:
+            bt, tokens, pos0, want = item[:4]
+            rec = item[4] if len(item) > 4 else None
+            if self.hybrid and rec is None:
+                raise ValueError(f"{self.name} is a hybrid model: every sequence of a forward "
+                                 "batch needs its recurrent state")
             tokens = np.asarray(tokens, dtype=np.int32)
             T = len(tokens)
             if T == 0:
@@ -227,7 +265,7 @@ class Model:
             toks.append(tokens)
             poss.append(pos)
             slots.append(bt[pos // bs].astype(np.int64) * bs + pos % bs)
-            segs.append(Segment(r0, r0 + T, bt))
+            segs.append(Segment(r0, r0 + T, bt, rec))
             n_rows = sum(len(r) for r in rows)
             if want == "all":
                 rows.append(np.arange(r0, r0 + T, dtype=np.int64))

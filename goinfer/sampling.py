@@ -1,9 +1,9 @@
 """SamplingParams and the sampler.
 
 Order of the chain (the same as llama.cpp's default chain, minus the samplers it has and we
-do not): logit bias -> repetition penalties -> top-k -> top-p -> min-p -> temperature ->
-draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after bias and
-penalties.
+do not): logit bias -> repetition penalties -> grammar mask -> top-k -> top-p -> min-p ->
+temperature -> draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after
+bias, penalties and the mask.
 """
 from __future__ import annotations
 
@@ -99,15 +99,28 @@ class Sampler:
             z[ids] -= p.frequency_penalty * cnt + p.presence_penalty
         return z
 
-    def sample(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """Next token from logits (vocab,).  mask: allowed tokens, (vocab,) bool (a grammar's);
+        the others get -inf after bias and penalties, before top-k/p, min-p and temperature;
+        -1 when no allowed token is left.  Without a mask nothing else changes."""
         p = self.params
         z = self.adjust(logits)
+        if mask is not None:
+            if p.greedy:  # argmax over the allowed ids only (ties: the lower id, as below)
+                idx = np.flatnonzero(mask)
+                zi = z[idx]
+                if not len(idx) or zi.max() == -np.inf:
+                    return -1  # every allowed token is banned (logit_bias -inf)
+                return int(idx[np.argmax(zi)])
+            z = np.where(mask, z, -np.inf)
         if p.greedy:
             return int(np.argmax(z))
         order = np.argsort(-z, kind="stable")  # best first; ties keep the lower id first
         if p.top_k > 0:
             order = order[: p.top_k]
         zs = z[order]
+        if zs[0] == -np.inf:
+            return -1  # nothing can be drawn (only with a mask: logits are finite)
         zs = zs - zs[0]
         probs = np.exp(zs)
         probs /= probs.sum()

@@ -16,8 +16,10 @@ from typing import Iterator
 
 import numpy as np
 
+from goinfer import logprobs as _lp
 from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache, block_hash, root_hash
+from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.sampling import Sampler, SamplingParams
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, Speculation, check_draft
 from goinfer.tokenizer import StreamDecoder
@@ -49,6 +51,10 @@ class GenerationResult:
     cached_tokens: int
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
+    # {"content": [{token, logprob, bytes, top_logprobs}]} when asked for (OpenAI's shape)
+    logprobs: dict | None = None
+    # with a grammar or response_format: "grammar complete", "grammar dead end: ...", ...
+    reason: str | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -76,6 +82,10 @@ class Session:
         self._tokens: list[int] = []
         self._blocks: list[int] = []  # block table
         self._hashes: list[bytes] = []  # chain hash of each full block
+        # hybrid models (goinfer/recurrent.py): the live recurrent state (after all of
+        # self._tokens) and own copies of it at earlier token counts (prompt ends)
+        self._rec: RecurrentState | None = model.new_state() if model.hybrid else None
+        self._marks: dict[int, RecurrentState] = {}
         self._finalizer = weakref.finalize(self, _release_all, cache, self._blocks)
 
     # ------------------------------------------------------------------ state
@@ -98,13 +108,28 @@ class Session:
         self._blocks.clear()
         self._hashes.clear()
         self._tokens.clear()
+        if self._rec is not None:
+            self._rec.clear()
+            self._marks.clear()
 
     close = reset
 
     def truncate(self, n: int) -> None:
-        """Keep the first n tokens."""
+        """Keep the first n tokens.  (A hybrid model resumes from the latest recurrent state
+        at or before n and recomputes the tokens between it and n.)"""
         if not 0 <= n <= len(self._tokens):
             raise ValueError(f"cannot truncate {len(self._tokens)} tokens to {n}")
+        if self._rec is not None:
+            gap = self._tokens[:n]
+            p = self._state_point(n)
+            self._rewind(p)
+            if p < n:
+                self._feed(gap[p:])
+            return
+        self._cut(n)
+
+    def _cut(self, n: int) -> None:
+        """Drop the tokens after the first n and their blocks (not the recurrent state)."""
         bs = self.cache.block_size
         keep = -(-n // bs)
         if keep < len(self._blocks):
@@ -120,6 +145,9 @@ class Session:
         other._blocks.extend(self._blocks)
         other._hashes.extend(self._hashes)
         other._tokens.extend(self._tokens)
+        if self._rec is not None:
+            other._rec.load(self._rec)
+            other._marks.update(self._marks)  # marks are never written: shared
         return other
 
     # ------------------------------------------------------------------ blocks
@@ -186,7 +214,105 @@ class Session:
             self._hashes.append(h)
             self._tokens.extend(chunk)
             i += bs
+        if self._rec is not None and i:
+            i = self._back_to_snapshot(len(self._tokens) - i, i)
         return i
+
+    # ------------------------------------------------------------------ recurrent state (hybrid)
+
+    def _back_to_snapshot(self, n0: int, added: int) -> int:
+        """Blocks covering tokens [n0, n0 + added) were just appended from the cache: keep them
+        up to the last one that ends at a stored state snapshot, load that state, drop the rest.
+        Returns the tokens kept."""
+        bs, store = self.cache.block_size, self.cache.states
+        keep = 0
+        for b in range(n0 // bs + 1, (n0 + added) // bs + 1):
+            snap = store.get(self._hashes[b - 1])
+            if snap is not None:
+                keep, state = b * bs - n0, snap
+        if keep:
+            self._rec.load(state)
+        self._cut(n0 + keep)
+        return keep
+
+    def _state_point(self, n: int) -> int:
+        """The largest token count <= n at which this session can have its recurrent state:
+        its end, a mark, a stored snapshot of one of its blocks, or 0."""
+        best = len(self._tokens) if len(self._tokens) <= n else 0
+        best = max([best] + [m for m in self._marks if m <= n])
+        bs, store = self.cache.block_size, self.cache.states
+        for b in range(min(n, len(self._hashes) * bs) // bs, best // bs, -1):
+            if self._hashes[b - 1] in store:
+                return b * bs
+        return best
+
+    def _rewind(self, n: int) -> None:
+        """Go back to token count n, a _state_point: load the state there, drop what follows."""
+        if n < len(self._tokens):
+            bs = self.cache.block_size
+            snap = self._marks.get(n)
+            if snap is None and n and n % bs == 0:
+                snap = self.cache.states.get(self._hashes[n // bs - 1])
+            if n == 0:
+                self._rec.clear()
+            elif snap is None:
+                raise RuntimeError(f"no recurrent state at {n} tokens")  # pragma: no cover
+            else:
+                self._rec.load(snap)
+        self._cut(n)
+        for m in [m for m in self._marks if m > n]:
+            del self._marks[m]
+
+    def _mark(self) -> None:
+        """Keep a copy of the live state at the current end (a prompt end): the next request
+        usually resumes here.  The two most recent marks are kept."""
+        if self._rec is None or not self._tokens:
+            return
+        self._marks[len(self._tokens)] = self._rec.copy()
+        for m in sorted(self._marks)[:-2]:
+            del self._marks[m]
+
+    def _cached_snapshot_point(self, ids: list[int], limit: int) -> int:
+        """How many tokens of ids[:limit] the shared cache can serve to a hybrid model from the
+        start: the end of the deepest cached block chain of ids that has a state snapshot."""
+        bs, store = self.cache.block_size, self.cache.states
+        parent, best, i = root_hash(self.cache_salt), 0, 0
+        while i + bs <= limit:
+            h = block_hash(parent, ids[i:i + bs], self._block_mode(i // bs), self.cache_salt)
+            b = self.cache.lookup(h)
+            if b is None:
+                break
+            self.cache.release([b])
+            parent, i = h, i + bs
+            if h in store:
+                best = i
+        return best
+
+    def _due_snapshots(self, n_new: int) -> list[int]:
+        """Token counts in (n, n + n_new] that end a snapshot block (hybrid models)."""
+        bs, store = self.cache.block_size, self.cache.states
+        n = len(self._tokens)
+        return [b * bs for b in range(n // bs + 1, (n + n_new) // bs + 1) if store.is_boundary(b)]
+
+    def _keep_snapshots(self, snaps: dict) -> None:
+        """After _commit: file the snapshots taken at block ends under those blocks' hashes."""
+        bs = self.cache.block_size
+        for n, st in snaps.items():
+            if st is not None:
+                self.cache.states.put(self._hashes[n // bs - 1], st)
+
+    def _feed(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Compute ids at the end of the session (reserve, forward, commit) -> logits (T', V)."""
+        self._reserve(len(ids))
+        snaps = None
+        if self._rec is not None:
+            snaps = {n: None for n in self._due_snapshots(len(ids))}
+        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens),
+                                    all_logits=all_logits, state=self._rec, snapshots=snaps)
+        self._commit(ids)
+        if snaps:
+            self._keep_snapshots(snaps)
+        return logits
 
     # ------------------------------------------------------------------ low level
 
@@ -205,11 +331,14 @@ class Session:
                 f"{self.model.n_ctx} of {self.model.name}")
         reused = self._extend_from_cache(ids, len(ids) - 1)
         rest = ids[reused:]
-        self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens))
-        self._commit(rest)
+        logits = self._feed(rest)
+        self._mark()
         self.cache.count_hits(reused, len(rest))
         return logits[-1], reused
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token -> logits of it, (vocab,)."""
+        return self._feed([int(token)])[-1]
 
     def extend(self, ids) -> np.ndarray:
         """Append ids (no cache lookup) -> the logits of every one, (len(ids), vocab): one
@@ -217,25 +346,20 @@ class Session:
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("extend needs at least one token")
-        self._reserve(len(ids))
-        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens),
-                                    all_logits=True)
-        self._commit(ids)
-        return logits
-
-    def decode(self, token: int) -> np.ndarray:
-        """Append one token -> logits of it, (vocab,)."""
-        token = int(token)
-        self._reserve(1)
-        logits = self.model.forward(self.cache, self.block_table, [token], len(self._tokens))
-        self._commit([token])
-        return logits[-1]
+        return self._feed(ids, all_logits=True)
 
     def _seat(self, ids: list[int]) -> int:
         """Reuse the longest prefix of ids held by this session or by the cache; prefill the rest
         later.  Returns the number of tokens reused."""
         limit = len(ids) - 1  # always prefill at least one token
         lcp = min(_common_prefix(self._tokens, ids), limit)
+        if self._rec is not None:  # hybrid: resume where a recurrent state is known
+            own = self._state_point(lcp)
+            if self._cached_snapshot_point(ids, limit) > own:
+                self._rewind(0)
+                return self._extend_from_cache(ids, limit)
+            self._rewind(own)
+            return own
         bs = self.cache.block_size
         base = (lcp // bs) * bs
         # Would the shared cache give more than our own history?  Probe from the block boundary.
@@ -261,17 +385,26 @@ class Session:
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logit_bias=None,
                  seed: int | None = None, stop=None, stream: bool = False, *,
-                 repeat_last_n: int = 64, add_special: bool = True, draft: str | None = None,
-                 draft_tokens: int = DEFAULT_DRAFT_TOKENS):
+                 repeat_last_n: int = 64, add_special: bool = True, response_format=None,
+                 grammar=None, logprobs: bool = False, top_logprobs: int = 0,
+                 draft: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         """Generate a continuation of the whole prompt (text or token ids).
+
+        response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema",
+        "json_schema": {"name", "schema", "strict"}}; grammar: a Lark grammar (llguidance's)
+        or {"regex": ...}.  The output is constrained token by token (goinfer/constrained.py);
+        bad input raises GrammarError before anything is generated.  logprobs /
+        top_logprobs (0..20): result.logprobs in OpenAI's shape.
 
         draft="prompt_lookup": speculative decoding, up to draft_tokens tokens proposed from
         the context and verified in one forward call (goinfer/speculative.py); the output is
-        identical to draft=None's, only faster when the reply copies from its context;
-        result.timings.draft_tokens / draft_accepted say how much was proposed / accepted.
+        identical to draft=None's (tokens, text, logprobs), only faster when the reply copies
+        from its context; result.timings.draft_tokens / draft_accepted say how much was
+        proposed / accepted.  Hybrid models (recurrent state) decode without drafting.
 
         Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
-        split UTF-8 character) whose last item is the GenerationResult."""
+        split UTF-8 character) whose last item is the GenerationResult.  With logprobs the
+        pieces are ``Piece`` strings carrying the entries of their tokens in ``.logprobs``."""
         if isinstance(prompt, str):
             ids = self.model.tokenize(prompt, add_special=add_special)
         else:
@@ -290,7 +423,9 @@ class Session:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
                 f"length {self.model.n_ctx} of {self.model.name}")
-        gen = self._generate(ids, int(max_tokens), params, stops, k)
+        extra = dict(grammar=constraint_of(self.model, response_format, grammar),
+                     logprobs=_lp.check_request(logprobs, top_logprobs), draft_tokens=k)
+        gen = self._generate(ids, int(max_tokens), params, stops, **extra)
         if stream:
             return gen
         for item in gen:
@@ -298,11 +433,14 @@ class Session:
                 return item
         raise RuntimeError("generation ended without a result")  # pragma: no cover
 
-    def chat(self, messages, max_tokens: int = 64, *, tools=None, **kwargs):
-        """Apply the model's chat template to the whole conversation and generate the reply."""
+    def chat(self, messages, max_tokens: int = 64, *, tools=None, response_format=None,
+             logprobs: bool = False, top_logprobs: int = 0, **kwargs):
+        """Apply the model's chat template to the whole conversation and generate the reply
+        (response_format, logprobs, top_logprobs: as generate())."""
         prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         ids = self.model.tokenize_chat(prompt)
-        return self.generate(ids, max_tokens, **kwargs)
+        return self.generate(ids, max_tokens, response_format=response_format, logprobs=logprobs,
+                             top_logprobs=top_logprobs, **kwargs)
 
     def _start(self, ids: list[int]) -> tuple[list[int], int]:
         """Seat ids for a whole-context generation: reuse the longest prefix held here or in the
@@ -318,28 +456,29 @@ class Session:
         return rest, reused + more
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: list[str], draft_tokens: int = 0) -> Iterator:
+                  stops: list[str], grammar=None, logprobs=(False, 0),
+                  draft_tokens: int = 0) -> Iterator:
         t0 = time.perf_counter()
         rest, cached = self._start(ids)
-        self._reserve(len(rest))
-        logits = self.model.forward(self.cache, self.block_table, rest, len(self._tokens))
-        self._commit(rest)
-        logits = logits[-1]
+        # made before the prefill: a grammar's first mask is computed while the prompt runs
+        gen = Generation(self.model, ids, max_tokens, params, stops, grammar=grammar,
+                         logprobs=logprobs)
+        logits = self._feed(rest)[-1]
+        self._mark()
         t1 = time.perf_counter()
-        gen = Generation(self.model, ids, max_tokens, params, stops)
-        spec = Speculation(ids, draft_tokens) if draft_tokens else None
+        spec = Speculation(ids, draft_tokens) if draft_tokens and self._rec is None else None
         while not gen.done:
             if gen.n_steps > 0:
                 logits = (self.decode(gen.tokens[-1]) if spec is None
                           else spec.next_logits(self, gen))
             piece = gen.push(logits)
-            if piece:
-                yield piece
+            if piece or gen.has_logprobs():
+                yield gen.piece(piece)
         if spec is not None:
             spec.settle(self)  # hold what plain decoding would: no draft past the last step
         piece = gen.finish()
-        if piece:
-            yield piece
+        if piece or gen.has_logprobs():
+            yield gen.piece(piece)
         yield gen.result(cached, len(ids) - cached, t0, t1, time.perf_counter())
 
     def __repr__(self) -> str:
@@ -359,8 +498,15 @@ class Generation:
     same tokens and text."""
 
     def __init__(self, model, ids: list[int], max_tokens: int, params: SamplingParams,
-                 stops: list[str]):
+                 stops: list[str], *, grammar=None, logprobs: tuple[bool, int] = (False, 0)):
         tok = model.tokenizer
+        self.tokenizer = tok
+        self.reason: str | None = None
+        self.want_logprobs, self.top_logprobs = logprobs
+        self.logprobs: list[dict] = []  # one entry per generated token (stop token excluded)
+        self._spans: list[tuple[int, int]] = []  # text (start, end) of each token
+        self._lp_sent = 0  # entries handed out with pieces
+        self._finished = False  # finish() ran
         self.sampler = Sampler(params, model.vocab_size, history=list(ids))
         self.stop_ids = set(tok.stop_ids)
         self.stops = stops
@@ -376,26 +522,56 @@ class Generation:
         self.accepted = 0
         self.done = max_tokens <= 0
         self._cut_by_string = False
+        # a compiled constrained.Grammar -> this generation's Constraint (first mask starts now)
+        self.constraint = None if grammar is None else grammar.start(model.vocab_size)
 
     def push(self, logits: np.ndarray) -> str:
         """Sample the next token from logits (vocab,) -> the text that may be shown now."""
         if self.done:
             raise RuntimeError("push() after the generation is done")
         self.n_steps += 1
-        t = self.sampler.sample(logits)
-        if t in self.stop_ids:
+        c = self.constraint
+        mask = None
+        if c is not None:
+            mask = c.mask()  # computed while the forward pass ran
+            if mask is None:  # dead end: stop, and say so
+                self.finish_reason, self.done, self.reason = "stop", True, c.reason
+                return ""
+        t = self.sampler.sample(logits, mask)
+        if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True
+            self.reason = ("grammar dead end: logit_bias bans every token the grammar allows"
+                           if c is not None else "logit_bias bans every token")
             return ""
+        if t in self.stop_ids and (c is None or c.ends(t)):
+            self.finish_reason, self.done = "stop", True
+            if c is not None:
+                self.reason = c.reason
+            return ""
+        state = "more" if c is None else c.advance(t)
+        if state == "rejected":  # not a valid continuation after all: a dead end
+            self.finish_reason, self.done, self.reason = "stop", True, c.reason
+            return ""
+        if self.want_logprobs:
+            self.logprobs.append(_lp.entry(self.tokenizer, logits, t, self.top_logprobs))
         self.sampler.accept(t)
         self.tokens.append(t)
+        start = len(self.text)
         self.text += self.decoder.push(t)
+        self._spans.append((start, len(self.text)))
         cut = _find_stop(self.text, self.stops, self.emitted)
         if cut is not None:
             self.text, self.finish_reason, self.done = self.text[:cut], "stop", True
             self._cut_by_string = True
+            if c is not None:
+                self.reason = "stop string (the output may not complete the grammar)"
             return ""
+        if state == "end":
+            self.finish_reason, self.done, self.reason = "stop", True, c.reason
         if len(self.tokens) >= self.max_tokens:
             self.done = True
+        if c is not None and not self.done:
+            c.prefetch()  # the next mask, while the caller runs the next forward pass
         if len(self.text) - self.hold > self.emitted:
             piece = self.text[self.emitted:len(self.text) - self.hold]
             self.emitted = len(self.text) - self.hold
@@ -409,10 +585,48 @@ class Generation:
             cut = _find_stop(self.text, self.stops, self.emitted)
             if cut is not None:
                 self.text, self.finish_reason = self.text[:cut], "stop"
+                self._cut_by_string = True
+        if self._cut_by_string and self.want_logprobs:
+            # tokens wholly inside the cut stop string are not part of the output
+            cut = len(self.text)
+            keep = [i for i in range(len(self.logprobs))
+                    if i < self._lp_sent or self._spans[i][0] < cut]
+            self.logprobs = [self.logprobs[i] for i in keep]
         piece = self.text[self.emitted:]
         self.emitted = len(self.text)
-        self.done = True
+        self.done = self._finished = True
+        self.close()
         return piece
+
+    def close(self) -> None:
+        """Let go of the grammar's worker (a mask may still be computing after a cancel)."""
+        if self.constraint is not None:
+            self.constraint.close()
+
+    # ------------------------------------------------------------------ logprobs while streaming
+
+    def take_logprobs(self) -> list[dict]:
+        """Entries of the tokens whose text has been handed out (by push/finish) and that were
+        not taken yet: a stream sends each piece with these."""
+        if not self.want_logprobs:
+            return []
+        n = len(self.logprobs) if self._finished else self._lp_sent
+        if not self._finished:
+            while n < len(self.logprobs) and self._spans[n][1] <= self.emitted:
+                n += 1
+        out = self.logprobs[self._lp_sent:n]
+        self._lp_sent = n
+        return out
+
+    def has_logprobs(self) -> bool:
+        """Would take_logprobs() return anything?"""
+        if not self.want_logprobs or self._lp_sent >= len(self.logprobs):
+            return False
+        return self._finished or self._spans[self._lp_sent][1] <= self.emitted
+
+    def piece(self, text: str):
+        """text as a stream item: plain str, or a Piece with the logprobs of its tokens."""
+        return Piece(text, self.take_logprobs()) if self.want_logprobs else text
 
     def result(self, cached: int, prefilled: int, t0: float, t1: float, t2: float
                ) -> GenerationResult:
@@ -428,7 +642,32 @@ class Generation:
         return GenerationResult(text=self.text, tokens=list(self.tokens),
                                 finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
                                 cached_tokens=cached, completion_tokens=len(self.tokens),
-                                timings=timings)
+                                timings=timings,
+                                logprobs={"content": list(self.logprobs)}
+                                if self.want_logprobs else None, reason=self.reason)
+
+
+class Piece(str):
+    """A streamed text piece with the logprobs entries of the tokens it completes."""
+
+    logprobs: list[dict]
+
+    def __new__(cls, text: str, logprobs: list[dict]):
+        obj = super().__new__(cls, text)
+        obj.logprobs = logprobs
+        return obj
+
+
+def constraint_of(model, response_format=None, grammar=None):
+    """The compiled grammar of a request for this model (None: unconstrained); GrammarError."""
+    if response_format is None and grammar is None:
+        return None
+    if isinstance(response_format, dict) and response_format.get("type") == "text" and \
+            grammar is None and set(response_format) == {"type"}:
+        return None
+    from goinfer.constrained import compile_request  # llguidance is loaded on first use
+
+    return compile_request(model.tokenizer, response_format=response_format, grammar=grammar)
 
 
 # ============================================================================ batched steps
@@ -458,10 +697,22 @@ def forward_sessions(items) -> list[np.ndarray]:
         if want not in ("last", "all"):
             raise ValueError(f"want must be 'last' or 'all', got {want!r}")
         s._reserve(len(toks))
-    seqs = [(s.block_table, toks, s.n_tokens, want) for s, toks, want in items]
+    seqs, snaps = [], []
+    for s, toks, want in items:
+        seq = (s.block_table, toks, s.n_tokens, want)
+        if s._rec is not None:
+            due = s._due_snapshots(len(toks))
+            rec = SeqRecurrent.with_snapshots(s._rec, [n - 1 - s.n_tokens for n in due])
+            seq += (rec,)
+            snaps.append((due, rec))
+        else:
+            snaps.append(None)
+        seqs.append(seq)
     logits = model.forward_batch(cache, seqs)
-    for s, toks, _ in items:
+    for (s, toks, _), sn in zip(items, snaps):
         s._commit(toks)
+        if sn is not None and sn[0]:
+            s._keep_snapshots(dict(zip(sn[0], sn[1].snapshots())))
     return [lg if want == "all" else lg[-1] for lg, (_, _, want) in zip(logits, items)]
 
 

@@ -90,6 +90,11 @@ _RE_QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5: letters and combining marks (\p{M}) form words together
+_RE_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _RE_TEKKEN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -114,6 +119,7 @@ _BPE_PRE: dict[str, tuple[list[str], bool, bool]] = {
     "llama-v3": ([_RE_LLAMA3], True, True),
     "qwen2": ([_RE_QWEN2], False, False),
     "deepseek-r1-qwen": ([_RE_QWEN2], False, False),
+    "qwen35": ([_RE_QWEN35], False, False),
     "tekken": ([_RE_TEKKEN], True, True),
 }
 
@@ -467,6 +473,16 @@ class Tokenizer:
             out.append(self._eos)
         return out
 
+    def encode_fragment(self, text: str) -> list[int]:
+        """Token ids of text that continues a sequence (a piece of generated output): no BOS or
+        EOS, control tokens not parsed, no SentencePiece prefix space."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode_fragment() takes a str, got {type(text).__name__}")
+        if not text:
+            return []
+        pieces = self._partition(text, False)
+        return self._encode_spm(pieces, prefix_space=False) if self._spm else self._encode_bpe(pieces)
+
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special tokens out of `text`: a list of plain-text pieces and token ids."""
         specials = self._special_all if parse_special else self._special_user
@@ -504,14 +520,14 @@ class Tokenizer:
                 out.extend(next(encs).ids)
         return out
 
-    def _encode_spm(self, pieces: list[str | int]) -> list[int]:
+    def _encode_spm(self, pieces: list[str | int], prefix_space: bool = True) -> list[int]:
         texts = []
         prev_special = True
         for p in pieces:
             if isinstance(p, int):
                 prev_special = True
                 continue
-            if self._add_space_prefix and prev_special:
+            if self._add_space_prefix and prefix_space and prev_special:
                 p = " " + p
             texts.append(p.replace(" ", _SPACE_MARK))
             prev_special = False

@@ -479,7 +479,13 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "x"}], "cache_salt": 5}, "cache_salt"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": "all"}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: nope"}, "grammar"),
 ]
 
 

@@ -99,6 +99,8 @@ SAMPLING = st.fixed_dictionaries({}, optional={
     "logit_bias": st.sampled_from([None, {65: 6.0, 66: 6.0}, {7: 9.0, 8: 8.0, 9: 7.0},
                                    {65: -100.0}]),
     "stop": st.sampled_from([None, "A", ["BA", "\x07\x08"], "zz"]),
+    "logprobs": st.booleans(),
+    "top_logprobs": st.sampled_from([0, 3]),
 })
 
 
@@ -110,18 +112,23 @@ SAMPLING = st.fixed_dictionaries({}, optional={
 def test_drafting_changes_no_output_hypothesis(models, seed, n, k, max_tokens, sampling, exact,
                                                stream, threads):
     """With and without drafting: the same tokens, text, finish reason, completion count,
-    streamed pieces and session tokens afterwards (prompts of up to 560 tokens: verify rows
-    on both sides of the fast floor in the default mode)."""
+    logprobs, streamed pieces (and their logprobs) and session tokens afterwards (prompts of up
+    to 560 tokens: verify rows on both sides of the fast floor in the default mode)."""
     m = models(threads, exact)
     ids = repetitive_prompt(np.random.default_rng(seed), n)
     kw = dict(sampling, max_tokens=max_tokens, seed=seed)
+    if not kw.get("logprobs"):
+        kw.pop("top_logprobs", None)
     plain, p_pieces, p_tokens = run(m, ids, stream, **kw)
     spec, s_pieces, s_tokens = run(m, ids, stream, draft="prompt_lookup", draft_tokens=k, **kw)
     assert spec.tokens == plain.tokens
     assert spec.text == plain.text
     assert spec.finish_reason == plain.finish_reason
     assert spec.completion_tokens == plain.completion_tokens
+    assert spec.logprobs == plain.logprobs
     assert s_pieces == p_pieces
+    if stream and kw.get("logprobs"):
+        assert [p.logprobs for p in s_pieces] == [p.logprobs for p in p_pieces]
     assert s_tokens == p_tokens
     t = spec.timings
     assert 0 <= t.draft_accepted <= t.draft_tokens and plain.timings.draft_tokens == 0
@@ -148,6 +155,28 @@ def test_drafts_are_accepted_and_verified_in_one_call(models):
         # forward calls: the prefill, then one per sample not served by an accepted draft
         calls = attention_counters()["exact_calls"] // m.config.n_layers
         assert calls == 1 + t.decode_tokens - t.draft_accepted, (calls, t)
+
+
+def test_constrained_output_and_logprobs_unchanged(models):
+    """A JSON schema (llguidance masks, computed while the forward runs) with logprobs: the
+    same tokens, text, reason and logprobs with drafting; drafts the grammar forbids are simply
+    rejected."""
+    m = models()
+    schema = {"type": "object", "required": ["a", "b"], "additionalProperties": False,
+              "properties": {"a": {"type": "string", "maxLength": 20},
+                             "b": {"type": "array", "items": {"type": "integer"},
+                                   "maxItems": 6}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    ids = repetitive_prompt(np.random.default_rng(3), 120) + list(b'{"a": "abab", "b": [1, 2')
+    for kw in (dict(temperature=0.0), dict(temperature=0.9, seed=11)):
+        kw.update(max_tokens=60, response_format=rf, logprobs=True, top_logprobs=2,
+                  logit_bias={97: 3.0, 98: 3.0, 49: 2.0, 44: 2.0})
+        plain, _, _ = run(m, ids, **kw)
+        spec, _, _ = run(m, ids, draft="prompt_lookup", draft_tokens=6, **kw)
+        assert spec.tokens == plain.tokens and spec.text == plain.text
+        assert spec.logprobs == plain.logprobs and spec.reason == plain.reason
+        assert spec.finish_reason == plain.finish_reason
+        assert spec.timings.draft_tokens > 0
 
 
 def test_chat_takes_draft(models):

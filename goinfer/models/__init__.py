@@ -5,7 +5,7 @@ is the one place that picks the family of a file (a llama file with experts is M
 """
 from __future__ import annotations
 
-from goinfer.models import gemma, llama, moe
+from goinfer.models import gemma, llama, moe, qwen35, smollm3
 
 ARCHITECTURES = {
     "llama": llama.LlamaFamily,
@@ -16,6 +16,8 @@ ARCHITECTURES = {
     "qwen3moe": moe.MoEFamily,
     "olmoe": moe.MoEFamily,
     "gemma3": gemma.Gemma3Family,
+    "smollm3": smollm3.SmolLM3Family,
+    "qwen35": qwen35.Qwen35Family,
 }
 
 

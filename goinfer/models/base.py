@@ -53,6 +53,7 @@ class Segment:
     start: int
     stop: int
     block_table: np.ndarray  # (n_blocks_seq,) int32
+    rec: object = None  # hybrid models: the sequence's recurrent.SeqRecurrent (state, snapshots)
 
 
 @dataclass

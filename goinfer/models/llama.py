@@ -200,8 +200,9 @@ class LlamaFamily:
 
     # ------------------------------------------------------------------ per-layer attention
 
-    def layer_rope(self, li: int) -> RopeCache:
-        """The RoPE tables of layer li (families with local/global layers differ here)."""
+    def layer_rope(self, li: int) -> RopeCache | None:
+        """The RoPE tables of layer li (families with local/global layers differ here), or None
+        for a layer that applies no RoPE."""
         return self.rope
 
     def layer_window(self, li: int) -> int:
@@ -310,9 +311,11 @@ class LlamaFamily:
         if L.q_norm is not None:  # QK-norm, per head, in place
             K.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
             K.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
-        cos, sin = self.layer_rope(li).tables(int(batch.positions.max()) + 1)
-        K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
-        K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+        rope = self.layer_rope(li)
+        if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE layers)
+            cos, sin = rope.tables(int(batch.positions.max()) + 1)
+            K.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+            K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
                           self.layer_window(li), self.attn_softcap, self.attn_scale)

@@ -27,6 +27,7 @@ from goinfer.errors import (
     ChatTemplateError,
     ContextLengthError,
     GoinferError,
+    GrammarError,
 )
 from goinfer.kv_cache import KVCache
 from goinfer.sampling import SamplingParams
@@ -140,7 +141,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         body = await _read_json(request)
         req = parse_chat(body, model.vocab_size)
         ids = await run_in_threadpool(_chat_ids, model, req)
-        return await _run(request, req, ids, "/v1/chat/completions")
+        grammar = await run_in_threadpool(_grammar, model, req)
+        return await _run(request, req, ids, "/v1/chat/completions", grammar)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -151,34 +153,16 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
             ids = await run_in_threadpool(model.tokenize, req.prompt, True)
         else:
             ids = list(req.prompt)
-        return await _run(request, req, ids, "/v1/completions")
+        grammar = await run_in_threadpool(_grammar, model, req)
+        return await _run(request, req, ids, "/v1/completions", grammar)
 
     # ------------------------------------------------------------------ helpers
 
     def _auth(request: Request) -> None:
-        if st.api_key is None:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 st.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           type="authentication_error", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+        authorize(request.headers, st.api_key)
 
     async def _read_json(request: Request):
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > st.max_body:
-            raise APIError(413, f"request body over {st.max_body} bytes", code="body_too_large")
-        buf = bytearray()
-        try:
-            async for part in request.stream():
-                buf += part
-                if len(buf) > st.max_body:
-                    raise APIError(413, f"request body over {st.max_body} bytes",
-                                   code="body_too_large")
-        except ClientDisconnect:
-            raise APIError(499, "the client closed the connection", code="client_closed") from None
+        buf = await read_body(request, st.max_body)
         try:
             return json.loads(buf)
         except RecursionError:
@@ -186,8 +170,9 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         except (ValueError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON ({e})", code="invalid_json") from None
 
-    async def _run(request: Request, req: GenRequest, ids: list[int], path: str):
+    async def _run(request: Request, req: GenRequest, ids: list[int], path: str, grammar=None):
         job = _make_job(req, ids)
+        job.grammar, job.logprobs = grammar, (req.logprobs, req.top_logprobs)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -263,6 +248,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         """Server-sent events; comment pings while nothing else is sent (a long prefill)."""
         finished = False
         get = None
+        sent = 0  # characters of completion text sent (the legacy logprobs' text_offset)
         try:
             yield sse(shaper.chunk(role=True, text="", include_usage=req.include_usage))
             get = asyncio.ensure_future(events.get())
@@ -273,13 +259,17 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                     continue
                 ev = get.result()
                 if ev.kind == "text":
-                    yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage))
+                    yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage,
+                                           logprobs=ev.logprobs, offset=sent))
+                    sent += len(ev.text)
                 elif ev.kind == "done":
                     finished = True
                     end = shaper.chunk(finish=ev.result.finish_reason,
                                        include_usage=req.include_usage)
                     if req.kind == "chat":
                         end["choices"][0]["delta"] = {}
+                    if ev.result.reason is not None:
+                        end["choices"][0]["reason"] = ev.result.reason
                     end["timings"] = timings(ev.result)
                     yield sse(end)
                     if req.include_usage:
@@ -302,6 +292,35 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     return app
 
 
+def authorize(headers, api_key: str | None) -> None:
+    """Raise APIError 401 unless headers carry 'Authorization: Bearer API_KEY' (None: open)."""
+    if api_key is None:
+        return
+    got = headers.get("authorization", "")
+    scheme, _, token = got.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       type="authentication_error", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body; APIError 413 past limit bytes, 499 if the client goes away."""
+    n = request.headers.get("content-length")
+    if n is not None and n.isdigit() and int(n) > limit:
+        raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
+    buf = bytearray()
+    try:
+        async for part in request.stream():
+            buf += part
+            if len(buf) > limit:
+                raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the connection", code="client_closed") from None
+    return bytes(buf)
+
+
 def _chat_ids(model, req: GenRequest) -> list[int]:
     try:
         prompt = model.apply_chat_template(req.messages, add_generation_prompt=True,
@@ -309,6 +328,19 @@ def _chat_ids(model, req: GenRequest) -> list[int]:
     except ChatTemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "chat_template_error") from None
     return model.tokenize_chat(prompt)  # BOS once, as Session.chat
+
+
+def _grammar(model, req: GenRequest):
+    """The request's compiled constraint (None: unconstrained); a 400 naming the field when it
+    cannot be enforced.  Runs in a worker thread: the first request of a model builds its
+    tokenizer view (~0.1-2 s), later ones hit the compiled-grammar cache."""
+    from goinfer.session import constraint_of
+
+    try:
+        return constraint_of(model, req.response_format, req.grammar)
+    except GrammarError as e:
+        code = "invalid_grammar" if e.param == "grammar" else "invalid_response_format"
+        raise bad(str(e), e.param, code) from None
 
 
 def _engine_error(e: BaseException | None) -> APIError:

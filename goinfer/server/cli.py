@@ -51,6 +51,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
     p.add_argument("--log-level", default="info")
+    ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")
+    ray.add_argument("--replicas", type=int, default=None,
+                     help="serve N replicas on Ray Serve behind one endpoint (default: one "
+                          "process, no Ray)")
+    ray.add_argument("--threads-per-replica", type=int, default=None,
+                     help="kernel threads (and Ray CPUs) per replica (default: --threads, or "
+                          "cores / replicas)")
+    ray.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster ('auto', or the head's host:port) instead of "
+                          "starting a local Ray instance")
+    ray.add_argument("--route", default="prefix", choices=("prefix", "least_loaded", "random"),
+                     help="replica choice: longest cached prefix (default), least loaded, random")
+    ray.add_argument("--route-imbalance", type=int, default=4,
+                     help="leave the longest-prefix replica for the least loaded one when it has "
+                          "more than this many requests in flight beyond it (default 4)")
 
 
 def is_loopback(host: str) -> bool:
@@ -75,6 +90,16 @@ def run(args) -> int:
         print(f"goinfer serve: refusing to bind {args.host} without --api-key (anyone who can "
               "reach it could use the model); bind 127.0.0.1 or set an API key", file=sys.stderr)
         return 2
+    if args.replicas is not None or args.ray_address:
+        if not args.ray_address:  # a local Ray instance: its control plane on loopback only
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            from goinfer.server.ray import serve_cli
+        except ImportError as e:
+            print(f"goinfer serve --replicas needs the ray extra: pip install 'goinfer[ray]' ({e})",
+                  file=sys.stderr)
+            return 2
+        return serve_cli(args)
     try:
         import uvicorn
     except ImportError:
@@ -127,12 +152,14 @@ class Client:
             return json.loads(r.read())
 
     def stream(self, path: str, body: dict) -> dict:
-        """Stream a request -> text, chunks, ttft_s, total_s, usage, timings, finish_reason."""
+        """Stream a request -> text, chunks, ttft_s, total_s, usage, timings, finish_reason,
+        replica (the X-Goinfer-Replica header of a server on Ray Serve, else None)."""
         body = dict(body, stream=True, stream_options={"include_usage": True})
         t0 = time.perf_counter()
         out = {"text": "", "chunks": 0, "pings": 0, "ttft_s": None, "usage": None,
                "timings": None, "finish_reason": None, "done": False}
         with urllib.request.urlopen(self._req(path, body), timeout=600) as r:
+            out["replica"] = r.headers.get("x-goinfer-replica")
             for raw in r:
                 line = raw.decode().rstrip("\r\n")
                 if line.startswith(":"):

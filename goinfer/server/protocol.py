@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from goinfer import logprobs as lp
 from goinfer.speculative import DRAFTS, MAX_DRAFT_TOKENS
 
 MAX_STOPS = 16
@@ -159,11 +160,15 @@ class GenRequest:
     prompt: str | list[int] | None = None
     draft: bool | None = None  # speculative drafting on / off (None: the server's default)
     draft_tokens: int | None = None  # tokens per draft (None: the server's)
+    response_format: dict | None = None  # compiled by the handler (constrained.py)
+    grammar: str | dict | None = None  # goinfer's extension: Lark, {"regex": ...}
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
           "stop", "max_tokens", "presence_penalty", "frequency_penalty", "repeat_penalty",
-          "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens",
+          "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens", "grammar",
           "draft", "draft_tokens"}
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
              "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
@@ -213,6 +218,10 @@ def _common(body: dict, kind: str, vocab_size: int) -> GenRequest:
         mct = _integer(body, "max_completion_tokens", 1, None, None)
         if mct is not None:
             max_tokens = mct
+    g = body.get("grammar")
+    if g is not None and not isinstance(g, (str, dict)):
+        raise bad("'grammar' must be a Lark grammar string or {'regex': ...}", "grammar",
+                  "invalid_type")
     draft = body.get("draft", ...)
     if draft is not ... and draft not in (None, "none", *DRAFTS):
         raise bad(f"'draft' must be null, 'none' or one of {list(DRAFTS)}", "draft",
@@ -220,7 +229,7 @@ def _common(body: dict, kind: str, vocab_size: int) -> GenRequest:
     return GenRequest(kind=kind, stream=stream, include_usage=include_usage and stream,
                       max_tokens=max_tokens, sampling=sampling, stops=_stops(body),
                       cache_salt=_string(body, "cache_salt", max_len=1024),
-                      return_tokens=_boolean(body, "return_tokens", False),
+                      return_tokens=_boolean(body, "return_tokens", False), grammar=g,
                       draft=None if draft is ... else draft in DRAFTS,
                       draft_tokens=_integer(body, "draft_tokens", 1, MAX_DRAFT_TOKENS, None))
 
@@ -274,11 +283,13 @@ def parse_chat(body: dict, vocab_size: int) -> GenRequest:
     _boolean(body, "parallel_tool_calls", True)
     _boolean(body, "store", False)
     rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad("only response_format {'type': 'text'} is supported", "response_format",
-                  "unsupported_value")
-    if _boolean(body, "logprobs", False) or body.get("top_logprobs"):
-        raise bad("logprobs are not supported", "logprobs", "unsupported_value")
+    if rf is not None and not isinstance(rf, dict):
+        raise bad("'response_format' must be an object", "response_format", "invalid_type")
+    req.response_format = rf  # its contents are checked when it is compiled
+    req.logprobs = _boolean(body, "logprobs", False)
+    req.top_logprobs = _integer(body, "top_logprobs", 0, lp.MAX_TOP_LOGPROBS, 0)
+    if req.top_logprobs and not req.logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     return req
 
 
@@ -304,8 +315,8 @@ def parse_completion(body: dict, vocab_size: int) -> GenRequest:
         req.max_tokens = 16  # OpenAI's default for completions
     if _boolean(body, "echo", False):
         raise bad("echo is not supported", "echo", "unsupported_value")
-    if body.get("logprobs") not in (None, 0):
-        raise bad("logprobs are not supported", "logprobs", "unsupported_value")
+    n = _integer(body, "logprobs", 0, lp.MAX_TOP_LOGPROBS, None)  # legacy: an int, or null
+    req.logprobs, req.top_logprobs = n is not None, n or 0
     if body.get("suffix") is not None:
         raise bad("suffix is not supported", "suffix", "unsupported_value")
     if _integer(body, "best_of", 1, None, 1) != 1:
@@ -351,15 +362,28 @@ class Shaper:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
+    def _logprobs(self, entries: list[dict] | None, offset: int = 0):
+        """The choice's logprobs object: chat {"content": [...]}, completions the legacy one."""
+        if entries is None:
+            return None
+        if self.kind == "chat":
+            return {"content": entries, "refusal": None}
+        return lp.legacy(entries, offset)
+
     def full(self, result, return_tokens: bool) -> dict:
+        entries = result.logprobs["content"] if result.logprobs is not None else None
         if self.kind == "chat":
             out = self._head("chat.completion")
             out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                               "logprobs": None, "finish_reason": result.finish_reason}]
+                               "logprobs": self._logprobs(entries),
+                               "finish_reason": result.finish_reason}]
         else:
             out = self._head("text_completion")
-            out["choices"] = [{"index": 0, "text": result.text, "logprobs": None,
+            out["choices"] = [{"index": 0, "text": result.text,
+                               "logprobs": self._logprobs(entries),
                                "finish_reason": result.finish_reason}]
+        if result.reason is not None:  # a constrained generation says why it ended
+            out["choices"][0]["reason"] = result.reason
         out["usage"] = usage(result)
         out["timings"] = timings(result)
         if return_tokens:
@@ -367,7 +391,10 @@ class Shaper:
         return out
 
     def chunk(self, *, role: bool = False, text: str | None = None, finish: str | None = None,
-              include_usage: bool = False) -> dict:
+              include_usage: bool = False, logprobs: list[dict] | None = None,
+              offset: int = 0) -> dict:
+        """One stream chunk; logprobs: the entries of the tokens of this chunk's text (offset:
+        characters of completion text sent before it, for the legacy text_offset)."""
         if self.kind == "chat":
             out = self._head("chat.completion.chunk")
             delta = {}
@@ -375,11 +402,13 @@ class Shaper:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            out["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+            out["choices"] = [{"index": 0, "delta": delta,
+                               "logprobs": self._logprobs(logprobs),
                                "finish_reason": finish}]
         else:
             out = self._head("text_completion")
-            out["choices"] = [{"index": 0, "text": text or "", "logprobs": None,
+            out["choices"] = [{"index": 0, "text": text or "",
+                               "logprobs": self._logprobs(logprobs, offset),
                                "finish_reason": finish}]
         if include_usage:
             out["usage"] = None

@@ -10,6 +10,11 @@ Each step of the engine thread:
   4. sample a token for every sequence whose prompt is done (``Generation``, shared with
      ``Session.generate``) and send its text to the waiting client.
 
+A constrained request (JSON schema, grammar) batches with the others: its Generation starts
+computing the next token's mask in a worker thread as soon as it has sampled, so the masks of
+every constrained sequence are computed while the step's forward pass runs, and the engine
+thread only waits for them (already done, normally) when it samples.
+
 A request with speculative drafting (``draft_tokens`` > 0, goinfer/speculative.py) feeds its last
 token and a draft of the tokens it will likely sample next as one short piece with logits for
 every row; the engine samples from the rows in order while the draft holds, then cuts the
@@ -57,6 +62,7 @@ class Event:
     text: str = ""
     result: GenerationResult | None = None
     error: BaseException | None = None
+    logprobs: list | None = None  # entries of the tokens of this text (when asked for)
 
 
 _ids = itertools.count(1)
@@ -72,6 +78,8 @@ class Job:
     stops: list[str]
     on_event: Callable[[Event], None]  # called on the engine thread; must not block
     cache_salt: str | None = None
+    grammar: object | None = None  # a compiled constrained.Grammar
+    logprobs: tuple[bool, int] = (False, 0)  # (on, top_logprobs)
     draft_tokens: int = 0  # speculative drafting: tokens per draft (0: off)
     id: int = field(default_factory=lambda: next(_ids))
     # ---- engine state
@@ -239,6 +247,13 @@ class Engine:
             job.session = None
         job.pending = []
 
+    def _text(self, job: Job, piece: str) -> None:
+        """Send a piece of text (with the logprobs of its tokens, when asked for)."""
+        gen = job.gen
+        if piece or gen.has_logprobs():
+            lps = gen.take_logprobs() if gen.want_logprobs else None
+            self._send(job, Event("text", text=piece, logprobs=lps))
+
     def _fail(self, job: Job, err: BaseException) -> None:
         self._release(job)
         if job in self._active:
@@ -292,8 +307,9 @@ class Engine:
             raise
         job.session, job.pending, job.prefilling = session, list(rest), True
         if first:
-            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops)
-            if job.draft_tokens:
+            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops,
+                                 grammar=job.grammar, logprobs=job.logprobs)
+            if job.draft_tokens and not self.model.hybrid:  # (a recurrent state cannot be cut back)
                 job.spec = Speculation(job.ids, job.draft_tokens)
             job.cached, job.prefilled = cached, len(rest)
             self.prompt_tokens += len(ids)
@@ -400,14 +416,10 @@ class Engine:
                 spec = job.spec
                 spec.verified(toks, lg, job.session.n_tokens - len(toks))
                 while not gen.done and (row := spec.take(gen)) is not None:
-                    piece = gen.push(row)
-                    if piece:
-                        self._send(job, Event("text", text=piece))
+                    self._text(job, gen.push(row))
                 spec.settle(job.session)
             elif not gen.done:
-                piece = gen.push(lg)
-                if piece:
-                    self._send(job, Event("text", text=piece))
+                self._text(job, gen.push(lg))
             if gen.done:
                 self._finish(job)
             else:
@@ -415,9 +427,7 @@ class Engine:
 
     def _finish(self, job: Job) -> None:
         gen = job.gen
-        tail = gen.finish()
-        if tail:
-            self._send(job, Event("text", text=tail))
+        self._text(job, gen.finish())
         result = gen.result(job.cached, job.prefilled, job.t_start, job.t_prompt,
                             time.perf_counter())
         self._release(job)

@@ -1,0 +1,315 @@
+"""Tiny random-weight Hugging Face models of the newer families (SmolLM3, Qwen3.5, ...), written
+to GGUF by llama.cpp's own converter (convert_hf_to_gguf.py), built once and cached.
+
+    hf, path = build("qwen35", seed=0)           # transformers model (float32) + its GGUF (F32)
+    hf_logits(hf, ids)                           # transformers' logits, float32
+
+Why the real converter: the tensor layouts, renames and metadata of these families (Qwen3.5's
+V-head reordering, its "+1" norms, the ssm_* keys; SmolLM3's permuted q/k rows) are exactly
+what goinfer must read; a hand-written writer would repeat our own assumptions.
+
+Where the converter comes from (the first that exists):
+  1. $GOINFER_CONVERTER: a llama.cpp source directory (convert_hf_to_gguf.py, conversion/,
+     gguf-py/), e.g. the peers setup's /tmp/peers-build/sdist/.../vendor/llama.cpp;
+  2. the cache: $GOINFER_HOME/test-fixtures/llama.cpp-<version>/ (the files below, extracted);
+  3. PyPI: ``pip download --no-deps --no-binary :all: llama-cpp-python==<version>`` (76 MB,
+     about 15 s), of which only convert_hf_to_gguf.py, conversion/, gguf-py/, LICENSE (MIT),
+     models/templates/ and a few models/ggml-vocab-* files are kept in the cache (3 MB + vocabs).
+The converter runs in a subprocess with the sdist's own gguf-py first on sys.path (it needs a
+newer gguf package than the one goinfer reads files with).
+
+Tokenizer: the converter needs one in the HF directory.  A tiny byte-level BPE (256 byte tokens,
+a few merges, the family's special tokens, the family's real chat template from llama.cpp's
+models/templates) is built with `tokenizers`.  Its pre-tokenizer hash is unknown to the
+converter (which identifies real vocabularies by hashing their output on a test string), so
+the subprocess tells it the family's pre-tokenizer name (``qwen35``, ``llama-bpe``) instead of
+hashing: nothing else of the conversion is touched.
+
+Built fixtures live in $GOINFER_HOME/test-fixtures/<family>-<key>/ (hf/ and model.gguf), keyed
+by a hash of the family, the config, the seed, the converter version and this file; a build
+is written to a temporary directory and renamed into place, under a file lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+LLAMA_CPP_PYTHON = "0.3.36"
+_SDIST_ROOT = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+# members of the sdist kept in the cache (prefixes under vendor/llama.cpp/)
+_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/",
+         "models/ggml-vocab-qwen35.gguf", "models/ggml-vocab-llama-bpe.gguf")
+_PEERS = Path(f"/tmp/peers-build/sdist/llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp")
+
+
+def fixtures_home() -> Path:
+    from goinfer.hub import goinfer_home as home
+
+    d = home() / "test-fixtures"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ============================================================================ the converter
+
+
+def _complete(d: Path) -> bool:
+    return (d / "convert_hf_to_gguf.py").is_file() and (d / "conversion").is_dir() and (
+        d / "gguf-py" / "gguf").is_dir()
+
+
+def converter_dir() -> Path:
+    """A llama.cpp directory holding convert_hf_to_gguf.py (see the module docstring)."""
+    env = os.environ.get("GOINFER_CONVERTER")
+    if env:
+        if not _complete(Path(env)):
+            raise FileNotFoundError(f"GOINFER_CONVERTER={env} has no convert_hf_to_gguf.py, "
+                                    "conversion/ and gguf-py/")
+        return Path(env)
+    cached = fixtures_home() / f"llama.cpp-{LLAMA_CPP_PYTHON}"
+    if _complete(cached):
+        return cached
+    if _complete(_PEERS):
+        return _PEERS
+    with _locked(fixtures_home() / ".converter.lock"):
+        if not _complete(cached):
+            _download(cached)
+    return cached
+
+
+def _download(dest: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", tmp],
+                       check=True)
+        sdist = Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+        out = Path(tmp) / "llama.cpp"
+        with tarfile.open(sdist) as tf:
+            for m in tf.getmembers():
+                if not m.name.startswith(_SDIST_ROOT) or not m.isfile():
+                    continue
+                rel = m.name[len(_SDIST_ROOT):]
+                if not rel.startswith(_KEEP) or "/tests/" in rel:
+                    continue
+                target = out / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tf.extractfile(m) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        os.replace(out, dest)
+
+
+def template(name: str) -> str:
+    """A chat template shipped with llama.cpp (models/templates/<name>.jinja)."""
+    return (converter_dir() / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+_RUNNER = r"""
+import os, runpy, sys
+root = sys.argv.pop(1)
+sys.path.insert(0, root)
+sys.path.insert(1, os.path.join(root, "gguf-py"))
+import conversion.base as base
+pre = os.environ["GOINFER_TEST_PRE"]
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv[0] = os.path.join(root, "convert_hf_to_gguf.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(hf_dir: Path, out: Path, pre: str, *extra: str) -> Path:
+    """Run llama.cpp's convert_hf_to_gguf.py on hf_dir -> out (F32 unless extra says otherwise)."""
+    root = converter_dir()
+    env = dict(os.environ, GOINFER_TEST_PRE=pre, PYTHONPATH="")
+    args = [sys.executable, "-c", _RUNNER, str(root), str(hf_dir), "--outfile", str(out)]
+    if not any(a.startswith("--outtype") for a in extra):
+        args += ["--outtype", "f32"]
+    r = subprocess.run(args + list(extra), env=env, capture_output=True, text=True)
+    if r.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return out
+
+
+# ============================================================================ tokenizer
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in character of every byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
+
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("o", "n"), ("e", "r")]
+
+
+def write_tokenizer(d: Path, specials: list[str], bos: str | None, eos: str, pad: str | None,
+                    chat_template: str | None, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json) in d: 256 byte
+    tokens, MERGES, the special tokens, <unusedN> fillers up to vocab_size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(_byte_chars())}
+    for a, b in MERGES:
+        vocab[a + b] = len(vocab)
+    base = len(vocab)
+    n_fill = vocab_size - base - len(specials)
+    if n_fill < 0:
+        raise ValueError(f"vocab_size {vocab_size} < {base + len(specials)}")
+    for i in range(n_fill):
+        vocab[f"<unused{i}>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": bos,
+           "pad_token": pad, "model_max_length": 4096, "add_bos_token": False,
+           "clean_up_tokenization_spaces": False}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
+
+# ============================================================================ families
+
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+                 "<think>", "</think>", "<tool_response>", "</tool_response>"]
+SMOLLM3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>",
+                    "<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+
+def _qwen35_config(**over):
+    from transformers import Qwen3_5TextConfig
+
+    kw = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=2048,
+              rms_norm_eps=1e-6, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                               "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                               "mrope_interleaved": True},
+              bos_token_id=None, eos_token_id=258 + len(MERGES), pad_token_id=None)
+    kw.update(over)
+    return Qwen3_5TextConfig(**kw)
+
+
+def _smollm3_config(**over):
+    from transformers import SmolLM3Config
+
+    kw = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+              rms_norm_eps=1e-6, tie_word_embeddings=True,
+              rope_parameters={"rope_type": "default", "rope_theta": 5e6},
+              bos_token_id=256 + len(MERGES), eos_token_id=259 + len(MERGES), pad_token_id=None)
+    kw.update(over)
+    return SmolLM3Config(**kw)
+
+
+# family -> (config maker, model class name, pre-tokenizer, specials, bos, eos, template, flags)
+FAMILIES = {
+    "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
+               "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
+    "smollm3": (_smollm3_config, "SmolLM3ForCausalLM", "llama-bpe", SMOLLM3_SPECIALS,
+                "<|begin_of_text|>", "<|im_end|>", "HuggingFaceTB-SmolLM3-3B", ()),
+}
+
+
+def hf_model(family: str, seed: int = 0, **over):
+    """A float32 eager transformers model of the family with widened random weights."""
+    import torch
+    import transformers
+
+    make_cfg, cls, *_ = FAMILIES[family]
+    cfg = make_cfg(**over)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(cfg).eval().to(torch.float32)
+    with torch.no_grad():  # random init is tiny (std 0.02); widen it so logits are not flat
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15 if p.dim() == 2 else 0.3)
+            elif name.endswith("A_log"):
+                p.copy_(torch.log(torch.empty_like(p).uniform_(0.5, 4.0)))
+            elif name.endswith("dt_bias"):
+                p.normal_(0.0, 0.5)
+            elif "norm" in name:
+                centered = family == "qwen35" and not name.endswith("linear_attn.norm.weight")
+                p.copy_((0.0 if centered else 1.0) + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.3)
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def _key(family, seed, over) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([family, seed, LLAMA_CPP_PYTHON, sorted(over.items())], default=str).encode())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build(family: str, seed: int = 0, outtype: str = "f32", **over):
+    """(transformers model, GGUF path) of a tiny random model, cached across test sessions."""
+    from transformers import AutoModelForCausalLM
+
+    make_cfg, cls, pre, specials, bos, eos, tmpl, flags = FAMILIES[family]
+    d = fixtures_home() / f"{family}-{_key(family, seed, dict(over, outtype=outtype))}"
+    gguf_path = d / "model.gguf"
+    if not gguf_path.is_file():
+        with _locked(fixtures_home() / f".{d.name}.lock"):
+            if not gguf_path.is_file():
+                tmp = Path(tempfile.mkdtemp(prefix=d.name + ".", dir=d.parent))
+                try:
+                    model = hf_model(family, seed, **over)
+                    model.save_pretrained(tmp / "hf", safe_serialization=True)
+                    write_tokenizer(tmp / "hf", specials, bos, eos, None, template(tmpl),
+                                    model.config.vocab_size)
+                    convert(tmp / "hf", tmp / "model.gguf", pre, "--outtype", outtype, *flags)
+                    if d.exists():
+                        shutil.rmtree(d)
+                    os.replace(tmp, d)
+                finally:
+                    if tmp.exists():
+                        shutil.rmtree(tmp, ignore_errors=True)
+    import torch
+
+    model = AutoModelForCausalLM.from_pretrained(d / "hf", dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    return model, gguf_path
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+    return out.logits[0].float().numpy()
