@@ -129,11 +129,13 @@ def test_fast_attention_decode_above_512(tiny, gemma_path, family, threads, many
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_verify_steps_replayed(tiny, threads, many_shares):
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_verify_steps_replayed(tiny, gemma_path, family, threads, many_shares):
     """Verify steps of speculative decoding (a token and its draft: several rows, logits of
     every row) are replayed once their shape recurs: the Python path's bits, rows crossing
-    512 included (the exact and the fast kernel in one sequence), and the counters."""
-    path = tiny("llama", max_position_embeddings=1024)[1]
+    512 included (the exact and the fast kernel in one sequence), and the counters (Gemma:
+    sliding-window layers too)."""
+    path = tiny("llama", max_position_embeddings=1024)[1] if family == "llama" else gemma_path
 
     def steps(m):
         s = m.session(KVCache(m, max_tokens=1024, block_size=16))
