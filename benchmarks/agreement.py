@@ -3,7 +3,7 @@ GGUF): goinfer and llama.cpp (llama-cpp-python) over the same positions.
 
     python benchmarks/agreement.py MODEL.gguf --text FILE [--text FILE ...] \
         [--window 512] [--positions 2048] [--threads 2] [--json out.json] \
-        [--bos] [--reference ORIGINAL.gguf] [--also OTHER.gguf ...]
+        [--bos] [--reference ORIGINAL.gguf] [--also OTHER.gguf ...] [--kv-dtype f16,f32,q8_0]
 
 Needs goinfer, torch, transformers (+accelerate) and llama-cpp-python in one environment
 (for example /tmp/peers-venv with goinfer installed into it).  The text is tokenized once with
@@ -11,11 +11,14 @@ goinfer; the ids are checked against llama.cpp's tokenizer and fed to all three 
 windows of --window tokens (each window starts a fresh context; with --bos each window starts
 with the BOS token, as the model's tokenizer would put it).  --reference: transformers and
 llama.cpp load this file instead of MODEL (e.g. the original quantized file when MODEL is a
-re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reported by file name.
+re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reported by file name;
+--kv-dtype: goinfer's KV cache storage types, the first as "goinfer", the others as
+"goinfer kv=TYPE" (the same weights).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -42,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
     ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
     ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
+    ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     args = ap.parse_args(argv)
 
     import torch
@@ -51,9 +55,13 @@ def main(argv=None):
 
     path = Path(args.model).resolve()
     ref_path = Path(args.reference).resolve() if args.reference else path
+    kvs = [k for k in args.kv_dtype.split(",") if k]
     gm = goinfer.Model.load(str(path), threads=args.threads, exact=args.exact,
-                            progress=False)
+                            progress=False, kv_dtype=kvs[0])
     engines = {"goinfer": gm}
+    for kv in kvs[1:]:
+        engines[f"goinfer kv={kv}"] = copy.copy(gm)
+        engines[f"goinfer kv={kv}"].kv_dtype = kv
     for extra in args.also:
         engines[f"goinfer:{Path(extra).name}"] = goinfer.Model.load(
             str(Path(extra).resolve()), threads=args.threads, exact=args.exact,
@@ -113,7 +121,7 @@ def main(argv=None):
     res = {"model": path.name, "reference": ref_path.name, "bos": args.bos,
            "date": date.today().isoformat(), "threads": args.threads,
            "window": args.window, "positions": int(sum(len(r) for r in rows["goinfer"])),
-           "texts": args.text, "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "") for w in gm.impl.weights()})}
+           "texts": args.text, "kv_dtypes": kvs, "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "") for w in gm.impl.weights()})}
     for k in rows:
         if rows[k]:
             r = np.concatenate(rows[k])

@@ -3,6 +3,13 @@
     PYTHONPATH=. python benchmarks/kernels_attention.py [--threads 1 2] [--variant NAME]
     PYTHONPATH=. python benchmarks/kernels_attention.py --fast [--lengths 512 1024 ...] \
         [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256]
+    PYTHONPATH=. python benchmarks/kernels_attention.py --decode [--lengths 4096] \
+        [--threads 1 2] [--shapes 9x3x64x30 4x1x256x18] [--kv-dtypes f32 f16 q8_0]
+
+--decode: one decode step's attention (T = 1) over every layer of a model's cache
+(HxKVxHDxLAYERS: SmolLM2-135M 9x3x64x30, Gemma 3 270M 4x1x256x18 without its sliding
+windows), as big as the real cache so it streams from memory, per storage type and kernel:
+median ms per step (alternating calls) and the GB/s of cache it reads.
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -23,14 +30,15 @@ import time
 import numpy as np
 
 from goinfer._kernels import _config, attention, attention_fast, kv_write
+from goinfer.kv_cache import kv_shapes
 
 H, N_KV, HD, BS = 9, 3, 64, 16
 
 
-def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD):
+def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD, dtype="f32"):
     nb = (n_tokens + BS - 1) // BS
-    k_cache = np.zeros((nb + 4, n_kv, hd, BS), np.float32)
-    v_cache = np.zeros((nb + 4, n_kv, BS, hd), np.float32)
+    ks, vs, npdt = kv_shapes(dtype, nb + 4, n_kv, hd, BS)
+    k_cache, v_cache = np.zeros(ks, npdt), np.zeros(vs, npdt)
     block_table = rng.permutation(nb + 4)[:nb].astype(np.int32)  # non-contiguous ids
     k = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
@@ -83,7 +91,45 @@ def fast_vs_exact(args):
                       f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf:>7.2f}", flush=True)
 
 
-def main():
+def decode(args):
+    """one decode step's attention over every layer, per storage type and kernel"""
+    rng = np.random.default_rng(0)
+    print(f"variant {_config.variant()}, block {BS}, decode (T=1) over all layers; median of "
+          f"{args.reps} alternating steps; GB/s: bytes of K and V read per step / time")
+    print(f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
+          f"{'GB/s':>7}")
+    for shape in args.shapes:
+        h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
+        for n in args.lengths:
+            for dt in args.kv_dtypes:
+                layers = [make_cache(n, rng, n_kv, hd, dt) for _ in range(n_layers)]
+                nbytes = n_layers * n * sum(
+                    c.nbytes / c.shape[0] / BS for c in layers[0][:2])  # K and V of n tokens
+                q = rng.standard_normal((1, h, hd)).astype(np.float32)
+                q_pos = np.array([n - 1], np.int32)
+                out = np.empty_like(q)
+                for nt in args.threads:
+                    res = {"exact": [], "fast": []}
+                    fns = {"exact": attention, "fast": attention_fast}
+
+                    def step(name):
+                        for kc, vc, bt in layers:
+                            fns[name](q, kc, vc, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt)
+
+                    for name in res:
+                        step(name)  # warm up
+                    for _ in range(args.reps):
+                        for name in res:
+                            t0 = time.perf_counter()
+                            step(name)
+                            res[name].append(time.perf_counter() - t0)
+                    we, wf = (float(np.median(res[k])) for k in ("exact", "fast"))
+                    print(f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
+                          f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}", flush=True)
+                del layers
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--variant", default=None)
@@ -91,11 +137,19 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     ap.add_argument("--shapes", nargs="+", default=["9x3x64", "8x2x128", "8x4x256"])
     ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--decode", action="store_true", help="decode attention over all layers")
+    ap.add_argument("--kv-dtypes", nargs="+", default=["f32", "f16", "q8_0"])
+    args = ap.parse_args(argv)
     if args.variant:
         _config.set_variant(args.variant)
     if args.fast:
         return fast_vs_exact(args)
+    if args.decode:
+        if args.shapes == ["9x3x64", "8x2x128", "8x4x256"]:
+            args.shapes = ["9x3x64x30", "4x1x256x18"]
+        if args.lengths == [512, 1024, 2048, 4096, 8192]:
+            args.lengths = [4096]
+        return decode(args)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(HD)
     cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),

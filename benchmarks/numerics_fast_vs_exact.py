@@ -1,7 +1,8 @@
 """Fast vs exact attention on a real model: distance and prefill speed, for docs/benchmarks.md.
 
     PYTHONPATH=. python benchmarks/numerics_fast_vs_exact.py [MODEL] [--text FILE] \
-        [--lengths 1024 2048 4096] [--threads 1] [--reps 2] [--json out.json]
+        [--lengths 1024 2048 4096] [--threads 1] [--reps 2] [--json out.json] \
+        [--kv-dtype f16] [--exact-kv-dtype f32]
 
 For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) as one prompt.
   cosine   of the last position's logits, default mode (fast from position 512) vs exact=True
@@ -10,6 +11,11 @@ For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) 
            one window of n tokens)
   speed    Session.prefill(prompt) on a fresh cache, exact and fast alternating, median wall
            and CPU seconds; speed-up = exact / fast (wall, and CPU)
+
+--kv-dtype: the fast model's KV cache type (default f16, goinfer's default); --exact-kv-dtype:
+the exact model's (default f32: the float64 kernel over an unrounded cache, the reference), so
+a row measures fast attention and the cache type together; give both the same type to see fast
+attention alone, or compare two exact types with --exact-only.
 
 --noise-floor: instead, compare exact with exact whose attention outputs get a random
 relative perturbation of 2^-24 (about half an ulp of float32) per element: how far a W4A8
@@ -42,12 +48,18 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--noise-floor", action="store_true")
+    ap.add_argument("--kv-dtype", default="f16", help="the fast model's KV cache type")
+    ap.add_argument("--exact-kv-dtype", default="f32", help="the exact model's KV cache type")
+    ap.add_argument("--exact-only", action="store_true",
+                    help="the second model is exact too (compare two KV cache types)")
     args = ap.parse_args(argv)
     if args.noise_floor:
         return noise_floor(args)
-    fast = Model.load(args.model, threads=args.threads, progress=False)
+    fast = Model.load(args.model, threads=args.threads, progress=False, kv_dtype=args.kv_dtype)
+    fast.exact = args.exact_only
     exact = copy.copy(fast)  # the same weights, exact=True
     exact.exact = True
+    exact.kv_dtype = args.exact_kv_dtype
     ids_all = fidelity.read_ids(fast, args.text)
     load0 = os.getloadavg()
     rows = []
@@ -63,7 +75,7 @@ def main(argv=None):
                 last[name] = s.prefill(ids)
                 times[name].append((time.perf_counter() - t0, time.process_time() - c0))
                 c = attention_counters()
-                assert (c["fast_calls"] > 0) == (name == "fast"), c
+                assert (c["fast_calls"] > 0) == (name == "fast" and not args.exact_only), c
                 s.reset()
         a, b = last["exact"].astype(np.float64), last["fast"].astype(np.float64)
         cos_last = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
@@ -77,6 +89,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
     res = dict(model=os.path.basename(args.model), threads=args.threads,
+               kv_dtype=args.kv_dtype, exact_kv_dtype=args.exact_kv_dtype, exact_only=args.exact_only,
                variant=_config.variant(), reps=args.reps, machine=platform.processor() or
                platform.machine(), date=date.today().isoformat(),
                load_start=load0, load_end=os.getloadavg(), rows=rows)

@@ -3,12 +3,14 @@ alternating runs; medians and ratios; JSON out.  Optionally transformers (float3
 
     python benchmarks/peers.py MODEL.gguf [--threads 2] [--prompt-lengths 512,2048]
         [--decode-prompts 64,2048] [--decode-tokens 32] [--repeats 5] [--flash-attn both]
-        [--transformers] [--json out.json]
+        [--kv-dtype f16[,q8_0,f32]] [--transformers] [--json out.json]
 
 Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
 `pip install '.[bench]'`, never a CI dependency).  Every prefill is cold (a fresh KV state);
 decode is greedy from a random prompt of the given length.  Prompts are seeded random ids of
-ordinary tokens, identical for both engines.
+ordinary tokens, identical for both engines.  --kv-dtype: goinfer's KV cache storage type(s),
+one goinfer engine each (llama.cpp keeps its default f16 cache); ratios are against llama.cpp's
+best engine of the row.
 """
 from __future__ import annotations
 
@@ -36,13 +38,15 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
 class GoinferEngine:
     name = "goinfer"
 
-    def __init__(self, path, threads, exact=False):
+    def __init__(self, path, threads, exact=False, kv_dtype="f16", tag=False):
         import goinfer
         from goinfer import bench
 
         self.bench = bench
-        self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False)
-        self.label = "goinfer" + (" (exact)" if exact else "")
+        self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False,
+                                        kv_dtype=kv_dtype)
+        self.label = ("goinfer" + (f" {kv_dtype}" if tag else "")
+                      + (" (exact)" if exact else ""))
 
     def prefill(self, ids) -> float:
         return self.bench.prefill_seconds(self.model, ids)
@@ -132,18 +136,23 @@ def main(argv=None):
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
     ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
                     help="also run goinfer with exact=True (float64 attention everywhere)")
+    ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     import llama_cpp
 
+    import goinfer
+
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
     n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
-    engines = [GoinferEngine(args.model, args.threads)]
+    kvs = [k for k in args.kv_dtype.split(",") if k]
+    engines = [GoinferEngine(args.model, args.threads, kv_dtype=k, tag=len(kvs) > 1) for k in kvs]
     if args.exact:
-        engines.append(GoinferEngine(args.model, args.threads, exact=True))
+        engines.append(GoinferEngine(args.model, args.threads, exact=True, kv_dtype=kvs[0],
+                                     tag=len(kvs) > 1))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
     engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
     vocab = engines[0].model.vocab_size
@@ -151,7 +160,7 @@ def main(argv=None):
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),
            "threads": args.threads, "repeats": args.repeats, "machine": machine(),
-           "llama_cpp_python": llama_cpp.__version__, "goinfer": engines[0].goinfer.config(),
+           "llama_cpp_python": llama_cpp.__version__, "goinfer": goinfer.config(),
            "prefill": [], "decode": []}
     for n in lengths:
         ids = _ids(vocab, n, seed=n)
@@ -181,18 +190,20 @@ def main(argv=None):
 
 
 def table(res) -> str:
+    """One line per row: every engine's tok/s, and each goinfer engine's ratio to llama.cpp's
+    best engine of the row."""
     lines = [f"{res['model']}, {res['threads']} threads, {res['machine']['cpu']}, {res['date']}, "
              f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}"]
-    for r in res["prefill"]:
-        g = r["tok_s"]["goinfer"]
-        lines.append(f"prefill {r['prompt_tokens']:>5}: " + ", ".join(
-            f"{k} {v:.0f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
-            + f"; goinfer {g:.0f} tok/s")
-    for r in res["decode"]:
-        g = r["tok_s"]["goinfer"]
-        lines.append(f"decode after {r['prompt_tokens']:>5}: " + ", ".join(
-            f"{k} {v:.1f} tok/s (goinfer x{g / v:.2f})" for k, v in r["tok_s"].items() if k != "goinfer")
-            + f"; goinfer {g:.1f} tok/s")
+    for kind, key, fmt in (("prefill", "prefill", ".0f"), ("decode after", "decode", ".1f")):
+        for r in res[key]:
+            ts = r["tok_s"]
+            peers = {k: v for k, v in ts.items() if not k.startswith("goinfer") and "transformers" not in k}
+            best = max(peers.values()) if peers else None
+            parts = [f"{k} {v:{fmt}}" for k, v in ts.items()]
+            if best:
+                parts += [f"{k} x{v / best:.2f} of llama.cpp's best" for k, v in ts.items()
+                          if k.startswith("goinfer")]
+            lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from goinfer.errors import (  # noqa: E402
     ModelNotFoundError,
     RequestError,
     TokenizerError,
+    ToolError,
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
@@ -79,5 +80,5 @@ __all__ = [
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",
-    "GrammarError",
+    "GrammarError", "ToolError",
 ]

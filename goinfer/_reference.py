@@ -210,27 +210,99 @@ def rope(x, pos, cos, sin, neox: bool, out=None, *, nthreads: int = 1):
 
 # ============================================================================ KV cache and attention
 # Per layer, the cache holds
-#   k_cache: (n_blocks, n_kv_heads, head_dim, block_size) float32   (keys transposed per block)
-#   v_cache: (n_blocks, n_kv_heads, block_size, head_dim) float32
+#   k_cache: (n_blocks, n_kv_heads, head_dim, block_size)   (keys transposed per block)
+#   v_cache: (n_blocks, n_kv_heads, block_size, head_dim)
+# in float32 or float16, or q8_0 as int8 with the scales in extra rows (goinfer.kv_cache
+# kv_shapes, src/kv_types.h): k (nb, n_kv, hd + hd/16, bs), v (nb, n_kv, bs, hd + hd/16).
 # A token's slot is block_id * block_size + offset.
+
+QB = 32  # q8_0 block: values of one token along head_dim per scale
+
+
+def kv_dtype_of(cache) -> str:
+    """The storage type of a cache array: "f32", "f16" or "q8_0"."""
+    kinds = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int8): "q8_0"}
+    try:
+        return kinds[np.dtype(cache.dtype)]
+    except KeyError:
+        raise TypeError(f"a KV cache is float32, float16 or int8 (q8_0), got {cache.dtype}") from None
+
+
+def quantize_q8_0(x):
+    """x (..., hd) float32 -> q (..., hd) int8, s (..., hd/32) float16, per 32 values:
+    amax = max|x| (NaN if any is NaN), s = float16(amax / 127) (to nearest even),
+    q = clip(rint(x / float32(s)), -127, 127), q = 0 where s is 0, inf or NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    xg = x.reshape(*x.shape[:-1], x.shape[-1] // QB, QB)
+    amax = np.abs(xg).max(axis=-1)  # (..., G), NaN propagates
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = (amax / np.float32(127.0)).astype(np.float16)
+    sf = s.astype(np.float32)
+    ok = np.isfinite(sf) & (sf > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.rint(xg / np.where(ok, sf, np.float32(1.0))[..., None])
+    q = np.where(ok[..., None], np.clip(r, -127, 127), 0).astype(np.int8)
+    return q.reshape(x.shape), s
+
+
+def _q8_views(k_cache, v_cache):
+    """(k q (nb, n_kv, hd, bs), k scales (nb, n_kv, G, bs), v q (nb, n_kv, bs, hd),
+    v scales (nb, n_kv, bs, G)): views into the int8 arrays of a q8_0 cache."""
+    nb, n_kv, rows, bs = k_cache.shape
+    hd = rows * 16 // 17
+    G = hd // QB
+    kq = k_cache[:, :, :hd, :]
+    ks = np.ndarray((nb, n_kv, G, bs), np.float16, buffer=k_cache, offset=hd * bs,
+                    strides=(k_cache.strides[0], k_cache.strides[1], 2 * bs, 2))
+    vq = v_cache[..., :hd]
+    vs = np.ndarray((nb, n_kv, bs, G), np.float16, buffer=v_cache, offset=hd,
+                    strides=(*v_cache.strides[:3], 2))
+    return kq, ks, vq, vs
+
+
+def dequantize_kv(k_cache, v_cache):
+    """The stored values of a cache of any type as float32 caches (exact):
+    k (nb, n_kv, hd, bs), v (nb, n_kv, bs, hd)."""
+    dt = kv_dtype_of(k_cache)
+    if dt != "q8_0":
+        return k_cache.astype(np.float32), v_cache.astype(np.float32)
+    kq, ks, vq, vs = _q8_views(k_cache, v_cache)
+    with np.errstate(invalid="ignore"):  # 0 * inf: a block whose scale overflowed is NaN
+        k = kq.astype(np.float32) * np.repeat(ks.astype(np.float32), QB, axis=2)  # exact
+        v = vq.astype(np.float32) * np.repeat(vs.astype(np.float32), QB, axis=3)
+    return k, v
 
 
 def kv_write(k_cache, v_cache, k, v, slots, *, nthreads: int = 1) -> None:
-    """Store k, v (T, n_kv, hd) at the given slots (T,)."""
+    """Store k, v (T, n_kv, hd) at the given slots (T,), rounded to the cache's type."""
+    dt = kv_dtype_of(k_cache)
     bs = k_cache.shape[3]
+    k = np.asarray(k, dtype=np.float32)
+    v = np.asarray(v, dtype=np.float32)
+    if dt == "q8_0":
+        kq, ks, vq, vs = _q8_views(k_cache, v_cache)
+        qk, sk = quantize_q8_0(k)
+        qv, sv = quantize_q8_0(v)
     for t, slot in enumerate(np.asarray(slots, dtype=np.int64)):
         b, o = divmod(int(slot), bs)
-        k_cache[b, :, :, o] = k[t]
-        v_cache[b, :, o, :] = v[t]
+        if dt == "q8_0":
+            kq[b, :, :, o] = qk[t]
+            ks[b, :, :, o] = sk[t]
+            vq[b, :, o, :] = qv[t]
+            vs[b, :, o, :] = sv[t]
+        else:
+            k_cache[b, :, :, o] = k[t]  # f16: numpy rounds to nearest even
+            v_cache[b, :, o, :] = v[t]
 
 
 def gather_kv(k_cache, v_cache, block_table, n: int):
-    """The first n cached tokens of a sequence -> k, v (n, n_kv, hd)."""
+    """The first n cached tokens of a sequence -> k, v (n, n_kv, hd) float32 (stored values)."""
     bs = k_cache.shape[3]
     nb = (n + bs - 1) // bs
     bt = np.asarray(block_table[:nb], dtype=np.int64)
-    k = k_cache[bt].transpose(0, 3, 1, 2).reshape(nb * bs, k_cache.shape[1], k_cache.shape[2])
-    v = v_cache[bt].transpose(0, 2, 1, 3).reshape(nb * bs, v_cache.shape[1], v_cache.shape[3])
+    kc, vc = dequantize_kv(k_cache[bt], v_cache[bt])
+    k = kc.transpose(0, 3, 1, 2).reshape(nb * bs, kc.shape[1], kc.shape[2])
+    v = vc.transpose(0, 2, 1, 3).reshape(nb * bs, vc.shape[1], vc.shape[3])
     return k[:n], v[:n]
 
 

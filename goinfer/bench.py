@@ -74,7 +74,7 @@ def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tok
         "model": model.name, "path": str(model.path), "arch": model.config.arch,
         "weights": sorted({f"{w.kind}" + (f" (from {w.source_type})" if w.source_type else "")
                            for w in model.impl.weights()}),
-        "threads": model.threads, "exact": model.exact,
+        "threads": model.threads, "exact": model.exact, "kv_dtype": model.kv_dtype,
         "machine": _cpu_name(), "date": date.today().isoformat(), "repeats": repeats,
         "goinfer": config(), "prefill": [], "decode": [],
     }
@@ -102,7 +102,7 @@ def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tok
 def table(res: dict) -> str:
     lines = [f"model {res['model']} ({res['arch']}; weights {', '.join(res['weights'])})",
              f"machine {res['machine']}, threads {res['threads']}, "
-             f"kernels {res['goinfer']['kernel_variant']}, {res['date']}",
+             f"kernels {res['goinfer']['kernel_variant']}, KV cache {res['kv_dtype']}, {res['date']}",
              "", "| phase | prompt tokens | tok/s | median ms |", "|---|---|---|---|"]
     for r in res["prefill"]:
         lines.append(f"| prefill | {r['prompt_tokens']} | {r['tok_s']:.1f} | {r['median_s'] * 1e3:.1f} |")

@@ -12,6 +12,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
     _exact_arg(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+    _kv_dtype_arg(p)
+
+
+def _kv_dtype_arg(p: argparse.ArgumentParser) -> None:
+    from goinfer.kv_cache import DEFAULT_KV_DTYPE, KV_DTYPES
+
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
+                   help="KV cache storage: f16 (default, half of f32), f32, q8_0 (~a quarter)")
 
 
 def _exact_arg(p: argparse.ArgumentParser) -> None:
@@ -42,7 +50,7 @@ def _load(args):
     from goinfer.model import Model
 
     return Model.load(args.model, threads=args.threads, exact=args.exact,
-                      context_length=args.ctx)
+                      context_length=args.ctx, kv_dtype=args.kv_dtype)
 
 
 def _sampling(args) -> dict:
@@ -147,7 +155,7 @@ def cmd_perplexity(args) -> int:
     from goinfer.model import Model
 
     model = Model.load(args.model, threads=args.threads, exact=args.exact,
-                       context_length=args.model_ctx)
+                       context_length=args.model_ctx, kv_dtype=args.kv_dtype)
     ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.perplexity(model, ids, args.ctx, args.stride)
     print(r.summary())
@@ -268,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
     _exact_arg(p)
+    _kv_dtype_arg(p)
     _fidelity_args(p)
     p.set_defaults(fn=cmd_perplexity)
 
@@ -275,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="the model for settings without model=")
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact, "
-                   "threads), e.g. exact=true")
+                   "threads, kv_dtype), e.g. exact=true or kv_dtype=f32")
     p.add_argument("--b", required=True, help="settings B, e.g. exact=false")
     _fidelity_args(p)
     p.set_defaults(fn=cmd_compare)

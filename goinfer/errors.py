@@ -59,3 +59,11 @@ class RequestError(GoinferError, ValueError):
 class GrammarError(RequestError):
     """A response_format or grammar cannot be enforced: an invalid JSON schema, a schema feature
     the grammar engine cannot enforce, a grammar or regex that does not parse."""
+
+
+class ToolError(RequestError):
+    """Bad ``tools``, ``tool_choice`` or ``parallel_tool_calls`` (or tools together with a
+    response_format the reply cannot also follow); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message, param)

@@ -154,7 +154,7 @@ def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
 
 # ============================================================================ compare
 
-SETTING_KEYS = ("model", "exact", "threads")
+SETTING_KEYS = ("model", "exact", "threads", "kv_dtype")
 SETTING_ALIASES = {"exact_prefill": "exact"}
 
 
@@ -175,6 +175,10 @@ def parse_settings(text: str) -> dict:
             if val.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(f"exact must be true or false, got {val!r}")
             out[key] = val.lower() in ("true", "1", "yes")
+        elif key == "kv_dtype":
+            from goinfer.kv_cache import check_kv_dtype
+
+            out[key] = check_kv_dtype(val)
         elif key == "threads":
             try:
                 out[key] = int(val)
@@ -186,20 +190,23 @@ def parse_settings(text: str) -> dict:
 
 
 def load_pair(default_model: str, a: dict, b: dict, **load_kw):
-    """Models for two settings; when only exact differs the weights are loaded once (a
-    shallow copy of the Model with its own flag)."""
+    """Models for two settings; when only exact / kv_dtype differ the weights are loaded once
+    (a shallow copy of the Model with its own flags)."""
+    from goinfer.kv_cache import DEFAULT_KV_DTYPE
     from goinfer.model import Model
 
     def full(s):
-        return (s.get("model", default_model), s.get("threads"), s.get("exact", False))
+        return (s.get("model", default_model), s.get("threads"), s.get("exact", False),
+                s.get("kv_dtype", DEFAULT_KV_DTYPE))
 
-    (pa, ta, ea), (pb, tb, eb) = full(a), full(b)
-    ma = Model.load(pa, threads=ta, exact=ea, **load_kw)
+    (pa, ta, ea, ka), (pb, tb, eb, kb) = full(a), full(b)
+    ma = Model.load(pa, threads=ta, exact=ea, kv_dtype=ka, **load_kw)
     if (pa, ta) == (pb, tb):
         mb = copy.copy(ma)
         mb.exact = eb
+        mb.kv_dtype = kb
     else:
-        mb = Model.load(pb, threads=tb, exact=eb, **load_kw)
+        mb = Model.load(pb, threads=tb, exact=eb, kv_dtype=kb, **load_kw)
     return ma, mb
 
 

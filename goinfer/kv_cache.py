@@ -12,6 +12,10 @@ Block states:
   free     ref == 0, not hashed     (on the free list)
 A block is written only by a session that holds it alone (ref == 1) and while it is not
 hashed; otherwise the session copies it first (copy on write).
+
+Storage types (``dtype``): "f16" (default; half the bytes of float32), "f32", "q8_0" (int8 in
+blocks of 32 values of one token with a float16 scale, about a quarter).  Keys and values are
+rounded once when written (kernels.kv_write); the attention kernels read the stored type.
 """
 from __future__ import annotations
 
@@ -49,8 +53,41 @@ def root_hash(salt: str | None = None) -> bytes:
     return block_hash(_ROOT, (), "root", salt)
 
 
+# ============================================================================ storage types
+
+KV_DTYPES = ("f16", "f32", "q8_0")
+DEFAULT_KV_DTYPE = "f16"
+_NP_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
+
+
+def check_kv_dtype(dtype, head_dim: int | None = None) -> str:
+    """The storage type name, or ValueError (q8_0 needs a head_dim that is a multiple of 32)."""
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+    if dtype == "q8_0" and head_dim is not None and head_dim % 32 != 0:
+        raise ValueError(f"a q8_0 KV cache quantizes blocks of 32 values along head_dim; this "
+                         f"model's head_dim is {head_dim}: use f16 or f32")
+    return dtype
+
+
+def kv_shapes(dtype: str, n_blocks: int, n_kv: int, hd: int, bs: int):
+    """(k shape, v shape, numpy dtype) of one layer's cache (src/kv_types.h):
+    f32/f16 k (nb, n_kv, hd, bs), v (nb, n_kv, bs, hd); q8_0 int8 with the float16 scales in
+    hd/16 extra rows: k (nb, n_kv, hd + hd/16, bs), v (nb, n_kv, bs, hd + hd/16)."""
+    rows = hd + hd // 16 if dtype == "q8_0" else hd
+    return (n_blocks, n_kv, rows, bs), (n_blocks, n_kv, bs, rows), _NP_DTYPE[dtype]
+
+
+def kv_bytes_per_token(dtype: str, n_layers: int, n_kv: int, hd: int) -> int:
+    """Bytes of K and V of one token over every layer."""
+    k, _, npdt = kv_shapes(dtype, 1, n_kv, hd, 1)
+    return 2 * n_layers * int(np.prod(k)) * np.dtype(npdt).itemsize
+
+
+# ============================================================================ cache files
+
 _MAGIC = b"GOINFERKV\x00"
-_VERSION = 1
+_VERSION = 2  # 2: any storage type ("dtype" in the header); 1: float32 only
 _FORMAT = "goinfer-kv-cache"
 _MAX_HEADER = 1 << 30
 
@@ -68,7 +105,8 @@ class _hybridmethod:
 
 
 def _read_cache_file(path) -> tuple[dict, np.ndarray]:
-    """Read and verify a saved cache: (header, payload (n_blocks, floats per block) float32)."""
+    """Read and verify a saved cache: (header, payload (n_blocks, bytes per block) uint8).
+    A version 1 file (float32 only) reads as dtype "f32"."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -76,8 +114,9 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray]:
             if len(head) < len(_MAGIC) + 12 or head[:len(_MAGIC)] != _MAGIC:
                 raise CacheFileError(f"{path}: not a goinfer KV cache file")
             version, hlen = struct.unpack("<IQ", head[len(_MAGIC):])
-            if version != _VERSION:
-                raise CacheFileError(f"{path}: cache file version {version} (expected {_VERSION})")
+            if version not in (1, _VERSION):
+                raise CacheFileError(f"{path}: cache file version {version} (this goinfer reads "
+                                     f"1 and {_VERSION})")
             if hlen > _MAX_HEADER:
                 raise CacheFileError(f"{path}: header of {hlen} bytes is implausible")
             hb = f.read(hlen)
@@ -85,13 +124,20 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray]:
                 raise CacheFileError(f"{path}: truncated header")
             try:
                 header = json.loads(hb)
+                if version == 1:
+                    if header.get("dtype") != "float32":
+                        raise ValueError(f"version 1 dtype {header.get('dtype')!r}")
+                    header["dtype"] = "f32"
+                if header.get("dtype") not in KV_DTYPES:
+                    raise ValueError(f"dtype {header.get('dtype')!r}")
                 n = len(header["blocks"])
-                per = (2 * int(header["n_layers"]) * int(header["n_kv_heads"]) * int(header["head_dim"])
-                       * int(header["block_size"]))
+                per = int(header["block_size"]) * kv_bytes_per_token(
+                    header["dtype"], int(header["n_layers"]), int(header["n_kv_heads"]),
+                    int(header["head_dim"]))
                 nbytes = int(header["payload_bytes"])
             except (ValueError, KeyError, TypeError) as e:
                 raise CacheFileError(f"{path}: corrupt header ({e})") from None
-            if header.get("format") != _FORMAT or nbytes != n * per * 4:
+            if header.get("format") != _FORMAT or nbytes != n * per:
                 raise CacheFileError(f"{path}: inconsistent header")
             data = f.read(nbytes + 1)
     except OSError as e:
@@ -101,7 +147,7 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray]:
                              "(truncated or trailing data)")
     if hashlib.sha256(data).hexdigest() != header.get("payload_sha256"):
         raise CacheFileError(f"{path}: checksum mismatch (corrupt file)")
-    return header, np.frombuffer(data, dtype=np.float32).reshape(n, per)
+    return header, np.frombuffer(data, dtype=np.uint8).reshape(n, per)
 
 
 @dataclass
@@ -116,6 +162,8 @@ class CacheStats:
     evictions: int
     bytes_total: int
     bytes_per_block: int
+    dtype: str  # storage type of keys and values: f16, f32, q8_0
+    bytes_per_token: int  # K and V of one token, every layer
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -124,25 +172,32 @@ class CacheStats:
 class KVCache:
     """A pool of KV blocks for one model.
 
-    ``KVCache(model, max_tokens=8192, block_size=16)``, or ``max_bytes=`` for a memory budget.
-    Arrays per layer (see docs/design/kernels.md):
-      k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float32
-      v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim) float32
+    ``KVCache(model, max_tokens=8192, block_size=16, dtype=None)``, or ``max_bytes=`` for a
+    memory budget.  dtype: "f16", "f32" or "q8_0" (None: the model's ``kv_dtype``, "f16" by
+    default).  Arrays per layer (see docs/design/kernels.md, ``kv_shapes``):
+      k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float16 / float32
+      v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
+    (q8_0: int8 with head_dim/16 more rows holding the float16 scales).
     """
 
     def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
-                 max_bytes: int | None = None, *, snapshot_every: int = SNAPSHOT_EVERY,
-                 max_snapshots: int = MAX_SNAPSHOTS):
+                 max_bytes: int | None = None, dtype: str | None = None, *,
+                 snapshot_every: int = SNAPSHOT_EVERY, max_snapshots: int = MAX_SNAPSHOTS):
         cfg = model.config
         if not isinstance(block_size, int) or block_size < 1 or block_size > 1024:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
+        if dtype is None:
+            dtype = getattr(model, "kv_dtype", DEFAULT_KV_DTYPE)
+        self.dtype = check_kv_dtype(dtype, cfg.head_dim)
         self.model_fingerprint = model.fingerprint
         self.block_size = block_size
         # layers that hold KV: all of them, or a hybrid model's attention layers
         self.n_layers = n_layers = getattr(cfg, "n_kv_layers", cfg.n_layers)
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.bytes_per_block = 2 * n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * 4
+        self.bytes_per_token = kv_bytes_per_token(self.dtype, n_layers, cfg.n_kv_heads,
+                                                  cfg.head_dim)
+        self.bytes_per_block = self.bytes_per_token * block_size
         if max_tokens is not None and max_bytes is not None:
             raise ValueError("give max_tokens or max_bytes, not both")
         if max_bytes is not None:
@@ -155,10 +210,10 @@ class KVCache:
             raise ValueError("the KV cache budget is smaller than one block "
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
-        # (n_layers, n_blocks, n_kv_heads, head_dim, block_size)
-        self.k = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, cfg.head_dim, block_size), np.float32)
-        # (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
-        self.v = np.zeros((n_layers, n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim), np.float32)
+        kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, cfg.n_kv_heads, cfg.head_dim,
+                                         block_size)
+        self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
+        self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
         spec = getattr(getattr(model, "impl", None), "state_spec", None)
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
@@ -233,7 +288,10 @@ class KVCache:
             return self._ref[b] == 1 and b not in self._hash_of
 
     def copy_block(self, src: int, dst: int, n_tokens: int | None = None) -> None:
-        n = self.block_size if n_tokens is None else n_tokens
+        """Copy the first n_tokens (default all) of block src to dst (q8_0: the whole block,
+        since its key scales interleave the tokens' bytes; slots past n_tokens are unwritten
+        for the reader either way)."""
+        n = self.block_size if n_tokens is None or self.dtype == "q8_0" else n_tokens
         self.k[:, dst, :, :, :n] = self.k[:, src, :, :, :n]
         self.v[:, dst, :, :n, :] = self.v[:, src, :, :n, :]
 
@@ -275,15 +333,16 @@ class KVCache:
     def save(self, path) -> int:
         """Write every hashed block (cached or in use) to path, atomically.  Returns the count.
 
-        The file holds the model's fingerprint, the geometry, each block's chain hash, parent
-        hash, tokens and numerics mode, a sha256 of the payload, then the float32 K/V blocks."""
+        The file holds the model's fingerprint, the geometry, the storage type, each block's
+        chain hash, parent hash, tokens and numerics mode, a sha256 of the payload, then the
+        K/V blocks as stored."""
         path = Path(path)
         with self._lock:
             blocks = self._save_order()
             header = {
                 "format": _FORMAT, "fingerprint": self.model_fingerprint,
                 "block_size": self.block_size, "n_layers": self.n_layers,
-                "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "dtype": "float32",
+                "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
                 "blocks": [{"hash": self._hash_of[b].hex(), "parent": self._meta[b][0].hex(),
                             "mode": self._meta[b][2], "tokens": list(self._meta[b][1])}
                            for b in blocks],
@@ -335,13 +394,14 @@ class KVCache:
     def load(self_or_cls, *args, **kwargs):
         """``KVCache.load(model, path)`` makes a cache from a file; ``cache.load(path)`` adds
         the file's blocks to this cache.  Returns the cache (class call) or the number of blocks
-        loaded (instance call).  A file from another model, a truncated or corrupt file raises
-        CacheFileError and leaves the cache as it was."""
+        loaded (instance call).  A file from another model, of another storage type than this
+        cache (the class call takes the file's), a truncated or corrupt file raises
+        CacheFileError and leaves the cache as it was.  Version 1 files (float32) still load."""
         if isinstance(self_or_cls, type):
             model, path = args[0], args[1]
             header, payload = _read_cache_file(path)
             n = len(header["blocks"])
-            cache = self_or_cls(model, block_size=int(header["block_size"]),
+            cache = self_or_cls(model, block_size=int(header["block_size"]), dtype=header["dtype"],
                                 max_tokens=kwargs.pop("max_tokens", None) or max(
                                     (n + 1) * int(header["block_size"]), 2 * model.config.context_length))
             cache._insert(header, payload)
@@ -363,7 +423,13 @@ class KVCache:
             if header.get(k) != v:
                 raise CacheFileError(f"cache file {k} {header.get(k)!r} does not match this cache "
                                      f"({v!r}): it was saved for another model or geometry")
-        nk = self.n_layers * self.n_kv_heads * self.head_dim * self.block_size
+        if header["dtype"] != self.dtype:
+            # not converted: a later layer's K/V depend on the attention over the earlier
+            # layers' stored values, so converted blocks would not be this cache's blocks
+            raise CacheFileError(f"cache file holds {header['dtype']} keys and values, this cache "
+                                 f"stores {self.dtype}: load it with KVCache.load(model, path) "
+                                 f"(a cache of the file's type) or recompute the prefix")
+        nk = payload.shape[1] // 2  # bytes of K per block
         loaded = 0
         with self._lock:
             for i, meta in enumerate(header["blocks"]):
@@ -374,8 +440,8 @@ class KVCache:
                     break  # full of blocks in use: keep what fitted (heads first)
                 b = self.allocate()
                 row = payload[i]
-                self.k[:, b] = row[:nk].reshape(self.k.shape[0], *self.k.shape[2:])
-                self.v[:, b] = row[nk:].reshape(self.v.shape[0], *self.v.shape[2:])
+                self.k[:, b] = row[:nk].view(self.k.dtype).reshape(self.k.shape[0], *self.k.shape[2:])
+                self.v[:, b] = row[nk:].view(self.v.dtype).reshape(self.v.shape[0], *self.v.shape[2:])
                 self._ref[b] = 0
                 self._hash_of[b] = h
                 self._block_of[h] = b
@@ -394,7 +460,8 @@ class KVCache:
                 blocks_cached=len(self._lru), blocks_free=len(self._free),
                 hit_tokens=self.hit_tokens, miss_tokens=self.miss_tokens,
                 evictions=self.evictions, bytes_total=self.n_blocks * self.bytes_per_block,
-                bytes_per_block=self.bytes_per_block)
+                bytes_per_block=self.bytes_per_block, dtype=self.dtype,
+                bytes_per_token=self.bytes_per_token)
 
     def clear(self) -> None:
         """Forget every cached (unreferenced) block; blocks in use are untouched."""
@@ -406,5 +473,6 @@ class KVCache:
 
     def __repr__(self) -> str:
         s = self.stats()
-        return (f"KVCache({s.blocks_total} blocks x {s.block_size} tokens, used {s.blocks_used}, "
-                f"cached {s.blocks_cached}, free {s.blocks_free}, {s.bytes_total / 2**20:.0f} MiB)")
+        return (f"KVCache({s.blocks_total} blocks x {s.block_size} tokens, {s.dtype}, used "
+                f"{s.blocks_used}, cached {s.blocks_cached}, free {s.blocks_free}, "
+                f"{s.bytes_total / 2**20:.0f} MiB, {s.bytes_per_token} bytes/token)")

@@ -15,7 +15,7 @@ from goinfer.gguf import GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import EXACT, FAST, KVCache
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
@@ -40,7 +40,8 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact: bool = False,
                  context_length: int | None = None, progress: bool = True, graph: bool | None = None,
-                 exact_prefill: bool | None = None, _reference_kernels: bool = False):
+                 exact_prefill: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
+                 _reference_kernels: bool = False):
         arch = gguf.arch
         family = family_for(gguf)
         if family is None:
@@ -52,9 +53,11 @@ class Model:
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(threads)
         self.exact = bool(exact if exact_prefill is None else exact or exact_prefill)
+        self.kv_dtype = kv_dtype  # storage type of the KV caches made for this model
         self.kernels = _kernels(_reference_kernels)
         t0 = time.perf_counter()
         self.config: ModelConfig = family.read_config(gguf)
+        check_kv_dtype(kv_dtype, self.config.head_dim)
         if context_length is not None:
             if context_length < 1:
                 raise ValueError(f"context_length must be positive, got {context_length}")
@@ -86,15 +89,17 @@ class Model:
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
              exact: bool = False, *, context_length: int | None = None,
              progress: bool = True, graph: bool | None = None,
-             exact_prefill: bool | None = None) -> "Model":
+             exact_prefill: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
         """Load a registered model (pulled on first use) or a local .gguf file.
 
         exact: float64 attention at every position (default: the fast float32 kernel for rows
         at positions >= 512, FAST_FROM); exact_prefill is its old name.
-        graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0)."""
+        graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0).
+        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
         return cls(GGUFFile(path), threads=threads, exact=exact, exact_prefill=exact_prefill,
-                   context_length=context_length, progress=progress, graph=graph)
+                   context_length=context_length, progress=progress, graph=graph,
+                   kv_dtype=kv_dtype)
 
     # ------------------------------------------------------------------ text
 

@@ -90,7 +90,8 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
     s = model.session(cache)
     model.session(KVCache(model, max_tokens=80)).prefill(ids[:64])  # warm-up
     res = {"model": model.name, "threads": model.threads, "prompt_tokens": prompt_tokens,
-           "decode_tokens": decode_tokens, "fast_from": model.fast_from}
+           "decode_tokens": decode_tokens, "fast_from": model.fast_from,
+           "kv_dtype": cache.dtype, "kv_bytes_per_token": cache.bytes_per_token}
     proxy = _TimedKernels(model.kernels)
     old = _swap(model, proxy)
     was_timing = attention_phase_timing(True)
@@ -119,7 +120,8 @@ def table(res: dict) -> str:
     ff = res["fast_from"]
     attn = "exact attention" if ff is None else f"fast attention from position {ff}"
     lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens ({attn}), {res['decode_tokens']} "
-             f"decode steps, {res['threads']} threads", "",
+             f"decode steps, {res['threads']} threads, KV cache {res['kv_dtype']} "
+             f"({res['kv_bytes_per_token']} bytes/token)", "",
              "| phase | total ms | tok/s | matmul | attention | moe | other |", "|---|---|---|---|---|---|---|"]
     for ph in ("prefill", "decode"):
         r = res[ph]

@@ -55,9 +55,24 @@ class GenerationResult:
     logprobs: dict | None = None
     # with a grammar or response_format: "grammar complete", "grammar dead end: ...", ...
     reason: str | None = None
+    # chat with tools: the reply's text without its calls, and the calls (OpenAI's shape);
+    # finish_reason is then "tool_calls" when the reply made calls.  Otherwise content == text.
+    content: str | None = None
+    tool_calls: list[dict] | None = None
+
+    def __post_init__(self) -> None:
+        if self.content is None and self.tool_calls is None:
+            self.content = self.text
 
     def __str__(self) -> str:
         return self.text
+
+    def message(self) -> dict:
+        """The reply as an assistant message, to append to the conversation."""
+        m = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        return m
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -433,14 +448,26 @@ class Session:
                 return item
         raise RuntimeError("generation ended without a result")  # pragma: no cover
 
-    def chat(self, messages, max_tokens: int = 64, *, tools=None, response_format=None,
-             logprobs: bool = False, top_logprobs: int = 0, **kwargs):
+    def chat(self, messages, max_tokens: int = 64, *, tools=None, tool_choice=None,
+             parallel_tool_calls=None, response_format=None, grammar=None,
+             logprobs: bool = False, top_logprobs: int = 0, stream: bool = False, **kwargs):
         """Apply the model's chat template to the whole conversation and generate the reply
-        (response_format, logprobs, top_logprobs: as generate())."""
-        prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-        ids = self.model.tokenize_chat(prompt)
-        return self.generate(ids, max_tokens, response_format=response_format, logprobs=logprobs,
-                             top_logprobs=top_logprobs, **kwargs)
+        (response_format, grammar, logprobs, top_logprobs: as generate()).
+
+        tools, tool_choice ("auto" | "none" | "required" | {"type": "function", "function":
+        {"name": ...}}) and parallel_tool_calls as in OpenAI's API (goinfer/tools.py): the
+        result's ``tool_calls`` holds the calls, ``content`` the rest of the text, and
+        finish_reason is "tool_calls".  With stream=True the iterator gives content strings
+        and ToolCallDelta pieces, then the result.  Bad tool input raises ToolError."""
+        from goinfer.tools import prepare_chat
+
+        tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls)
+        ids = self.model.tokenize_chat(tc.prompt)
+        response_format, grammar = tc.constraint(response_format, grammar)
+        out = self.generate(ids, max_tokens, response_format=response_format, grammar=grammar,
+                            logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
+                            **kwargs)
+        return tc.stream(out) if stream else tc.finish(out)
 
     def _start(self, ids: list[int]) -> tuple[list[int], int]:
         """Seat ids for a whole-context generation: reuse the longest prefix held here or in the

@@ -29,3 +29,34 @@ def test_notebook_runs(smollm2_path, tmp_path):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert len(text.strip()) > 0
+
+
+def _agent_checks(out: str) -> None:
+    """Three user turns, each with a tool call and an answer; later steps reuse the cache."""
+    assert out.count("tool call: ") >= 3, out
+    assert out.count("assistant: ") == 3, out
+    cached = [int(line.split(", ")[1].split()[0]) for line in out.splitlines()
+              if "from cache]" in line]
+    assert len(cached) == 6 and all(c > 0 for c in cached[1:]), out
+
+
+@pytest.mark.slow
+def test_agent_example_with_the_library(smollm2_path):
+    r = subprocess.run([sys.executable, str(EXAMPLES / "agent.py"), str(smollm2_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _agent_checks(r.stdout)
+
+
+@pytest.mark.slow
+def test_agent_example_against_a_server(smollm2_path):
+    from test_server import Server
+
+    from goinfer import KVCache, Model
+
+    m = Model.load(str(smollm2_path), threads=1, progress=False)
+    with Server(m, KVCache(m, max_tokens=4096)) as s:
+        r = subprocess.run([sys.executable, str(EXAMPLES / "agent.py"), "--server",
+                            s.url + "/v1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _agent_checks(r.stdout)

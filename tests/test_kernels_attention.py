@@ -11,6 +11,11 @@ rounding, ~1e-16, is negligible.)
 Bit-identity (np.array_equal): a query's output does not depend on the batch it is in (prefill
 of T queries == T single-query calls with growing context; any subset / order of the queries),
 on the thread count, on the ISA variant, or on garbage in unwritten cache slots.
+
+Cache storage types (f32, f16, q8_0): kv_write stores exactly the reference's rounding (bytes
+compared), and both kernels over a cache of any type give the bits they give over a float32
+cache holding the stored values (goinfer._reference.dequantize_kv): the stored values convert
+exactly, and the kernels compute on them with the float32 cache's operation sequence.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from hypothesis import given, settings, strategies as st
 
 from goinfer import _reference as R
 from goinfer._kernels import _config, attention, attention_fast, kv_write
+from goinfer.kv_cache import KV_DTYPES, kv_shapes
 
 _att = importlib.import_module("goinfer._kernels.attention")  # the module (test hooks)
 VARIANTS = _config.supported_variants()
@@ -59,17 +65,34 @@ def _each_variant(fn):
         _config.set_variant(old)
 
 
+def empty_caches(dtype, nb, n_kv, hd, bs, fill=0.0):
+    """One layer's k, v caches of a storage type; fill: NaN fills every byte with 0xff (a NaN
+    in every float type and in q8_0's scales)"""
+    ks, vs, npdt = kv_shapes(dtype, nb, n_kv, hd, bs)
+    k, v = np.zeros(ks, npdt), np.zeros(vs, npdt)
+    if fill != 0.0:
+        if np.isnan(fill):
+            k.view(np.uint8)[...] = 0xFF
+            v.view(np.uint8)[...] = 0xFF
+        else:
+            k[...] = fill
+            v[...] = fill
+    return k, v
+
+
 class Seq:
     """One layer's cache holding one sequence of n tokens in randomly placed blocks."""
 
-    def __init__(self, rng, n, n_kv, hd, bs, fill=0.0, spare=3, kscale=1.0):
+    def __init__(self, rng, n, n_kv, hd, bs, fill=0.0, spare=3, kscale=1.0, dtype="f32",
+                 vscale=1.0, voffset=0.0):
         nb_seq = (n + bs - 1) // bs
         nb = nb_seq + spare
-        self.k_cache = np.full((nb, n_kv, hd, bs), fill, np.float32)
-        self.v_cache = np.full((nb, n_kv, bs, hd), fill, np.float32)
+        self.k_cache, self.v_cache = empty_caches(dtype, nb, n_kv, hd, bs, fill)
         self.block_table = rng.permutation(nb)[:nb_seq].astype(np.int32)  # non-contiguous
         self.k = (rng.standard_normal((n, n_kv, hd)) * kscale).astype(np.float32)
         self.v = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
+        if vscale != 1.0 or voffset != 0.0:
+            self.v = (self.v * np.float32(vscale) + np.float32(voffset)).astype(np.float32)
         pos = np.arange(n)
         self.slots = (self.block_table[pos // bs].astype(np.int64) * bs + pos % bs)
         kv_write(self.k_cache, self.v_cache, self.k, self.v, self.slots)
@@ -77,6 +100,11 @@ class Seq:
 
     def args(self):
         return self.k_cache, self.v_cache, self.block_table
+
+    def stored(self):
+        """the same sequence in a float32 cache holding the stored values"""
+        k, v = R.dequantize_kv(self.k_cache, self.v_cache)
+        return k, v, self.block_table
 
 
 def _check(got, ref, v):
@@ -88,21 +116,105 @@ def _check(got, ref, v):
 # ============================================================================ kv_write
 
 
+@pytest.mark.parametrize("dtype", KV_DTYPES)
 @pytest.mark.parametrize("bs", [1, 5, 16, 32])
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_kv_write_matches_reference(variant, bs, nthreads):
+def test_kv_write_matches_reference(variant, dtype, bs, nthreads):
+    """Every byte the kernel stores (values, q8_0 scales) is the reference's; garbage around
+    the written slots stays as it was."""
     rng = np.random.default_rng(bs)
     n_kv, hd, nb = 3, 64, 12
-    kc = rng.standard_normal((nb, n_kv, hd, bs)).astype(np.float32)
-    vc = rng.standard_normal((nb, n_kv, bs, hd)).astype(np.float32)
+    kc, vc = empty_caches(dtype, nb, n_kv, hd, bs)
+    kc.view(np.uint8)[...] = rng.integers(0, 256, kc.nbytes, dtype=np.uint8).reshape(kc.view(np.uint8).shape)
+    vc.view(np.uint8)[...] = rng.integers(0, 256, vc.nbytes, dtype=np.uint8).reshape(vc.view(np.uint8).shape)
     kc2, vc2 = kc.copy(), vc.copy()
     T = min(nb * bs, 150)
     k = rng.standard_normal((T, n_kv, hd)).astype(np.float32)
-    v = rng.standard_normal((T, n_kv, hd)).astype(np.float32)
+    v = (rng.standard_normal((T, n_kv, hd)) * 100).astype(np.float32)
     slots = rng.integers(0, nb * bs, T).astype(np.int64)  # repeats: the last token wins
     kv_write(kc, vc, k, v, slots, nthreads=nthreads)
     R.kv_write(kc2, vc2, k, v, slots)
-    assert np.array_equal(kc, kc2) and np.array_equal(vc, vc2)
+    assert np.array_equal(kc.view(np.uint8), kc2.view(np.uint8))
+    assert np.array_equal(vc.view(np.uint8), vc2.view(np.uint8))
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.99, 65520.0, 1e5, -1e9, 6e-8, 2.9e-8, 3e-8,
+            6.1e-5, 6.09e-5, 1e-30, -1e-45, np.inf, -np.inf]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(KV_DTYPES), st.sampled_from([-30, -12, 0, 4, 12]),
+       st.booleans())
+def test_kv_write_rounding_hypothesis(seed, dtype, log_scale, special):
+    """Values from tiny to past float16's range (subnormals, overflow to inf, signed zeros,
+    infinities): the stored bytes are the reference's on every variant; f16 is NumPy's
+    float16 rounding; q8_0 stays within half a quantization step (s/2) of each value (a block
+    with inf / NaN, or whose scale overflows float16, reads as NaN), and a token's stored bytes
+    depend only on its own values (written alone == written in a batch)."""
+    rng = np.random.default_rng(seed)
+    n_kv, hd, bs, T = 2, 64, 8, 24
+    k = (rng.standard_normal((T, n_kv, hd)) * 2.0**log_scale).astype(np.float32)
+    v = (rng.standard_normal((T, n_kv, hd)) * 2.0**log_scale).astype(np.float32)
+    if special:
+        k.reshape(-1)[rng.integers(0, k.size, 12)] = rng.choice(np.array(_SPECIAL, np.float32), 12)
+        v.reshape(-1)[rng.integers(0, v.size, 12)] = rng.choice(np.array(_SPECIAL, np.float32), 12)
+    slots = rng.permutation(4 * bs)[:T].astype(np.int64)
+    kr, vr = empty_caches(dtype, 4, n_kv, hd, bs)
+    R.kv_write(kr, vr, k, v, slots)
+
+    alone = rng.permutation(T)[:3]
+
+    def write():
+        kc, vc = empty_caches(dtype, 4, n_kv, hd, bs)
+        kv_write(kc, vc, k, v, slots, nthreads=2)
+        assert np.array_equal(kc.view(np.uint8), kr.view(np.uint8))
+        assert np.array_equal(vc.view(np.uint8), vr.view(np.uint8))
+        for t in alone:  # a token written alone, into a cache of batch-written tokens
+            k1, v1 = kc.copy(), vc.copy()
+            kv_write(k1, v1, k[t:t + 1], v[t:t + 1], slots[t:t + 1])
+            assert np.array_equal(k1.view(np.uint8), kc.view(np.uint8))
+            assert np.array_equal(v1.view(np.uint8), vc.view(np.uint8))
+        return kc, vc
+
+    for kc, vc in _each_variant(write):
+        ks, vs = R.dequantize_kv(kc, vc)
+        for t in range(T):
+            b, o = divmod(int(slots[t]), bs)
+            for x, y in ((k[t], ks[b, :, :, o]), (v[t], vs[b, :, o, :])):  # (n_kv, hd)
+                if dtype == "f16":
+                    assert np.array_equal(y, x.astype(np.float16).astype(np.float32), equal_nan=True)
+                elif dtype == "q8_0":
+                    xg, yg = x.reshape(n_kv, -1, 32), y.reshape(n_kv, -1, 32)
+                    fin = np.isfinite(xg).all(-1)
+                    amax = np.abs(np.where(fin[..., None], xg, 0)).max(-1)
+                    s = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+                    ok = fin & np.isfinite(s)  # else the block is NaN (a non-finite input or
+                    err = np.abs(yg.astype(np.float64) - xg)  # a scale past float16's range)
+                    # half a step, plus what the clamp to 127 costs when s was rounded down
+                    # (float16 subnormal scales, s = 0 for the tiniest blocks)
+                    bound = s * 0.5001 + np.maximum(0.0, amax - 127.0 * s)
+                    assert (err[ok] <= bound[ok][:, None]).all()
+                    assert np.isnan(yg[~ok]).all()
+                else:
+                    assert np.array_equal(y, x, equal_nan=True)
+
+
+def test_q8_0_layout_errors():
+    with pytest.raises(ValueError):
+        kv_shapes("q8_0", 1, 1, 80, 16) and attention(
+            np.ones((1, 1, 80), np.float32), *empty_caches("q8_0", 1, 1, 80, 16),
+            np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+    kc = np.zeros((2, 1, 70, 16), np.int8)  # 70 rows: not hd + hd/16 for any hd % 32 == 0
+    with pytest.raises(ValueError):
+        attention(np.ones((1, 1, 64), np.float32), kc, np.zeros((2, 1, 16, 70), np.int8),
+                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+    k16, v16 = empty_caches("f16", 2, 1, 64, 16)
+    with pytest.raises(TypeError):  # mixed types
+        attention(np.ones((1, 1, 64), np.float32), k16, v16.astype(np.float32),
+                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+    with pytest.raises(TypeError):
+        attention(np.ones((1, 1, 64), np.float32), k16.astype(np.float64), v16.astype(np.float64),
+                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
 
 
 # ============================================================================ vs reference
@@ -135,12 +247,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start", CASES)
+CASES_DT = [(*c, dt) for c in CASES for dt in KV_DTYPES if dt != "q8_0" or c[3] % 32 == 0]
+
+
+@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start, dtype", CASES_DT)
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_attention_matches_reference(variant, T, H, n_kv, hd, bs, window, softcap, start,
+def test_attention_matches_reference(variant, T, H, n_kv, hd, bs, window, softcap, start, dtype,
                                      nthreads):
+    """Against the float64 reference over the stored values (each storage type)."""
     rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start)
-    seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0)
+    seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, dtype=dtype)
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     q_pos = np.arange(start, start + T, dtype=np.int32)
     scale = 1.0 / np.sqrt(hd)
@@ -358,17 +474,19 @@ def _check_fast(fast, exact):
        hd=st.sampled_from([64, 128]), group=st.sampled_from([1, 2, 3, 4, 6, 8]),
        n_kv=st.sampled_from([1, 2]), bs=st.sampled_from([1, 5, 16, 32, 64]),
        qk_scale=st.floats(-4.0, 0.9), v_scale=st.floats(-6.0, 4.0),
-       v_offset=st.sampled_from([0.0, 3.0]), nthreads=st.sampled_from([1, 2]))
+       v_offset=st.sampled_from([0.0, 3.0]), nthreads=st.sampled_from([1, 2]),
+       dtype=st.sampled_from(KV_DTYPES))
 def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_scale, v_scale,
-                                        v_offset, nthreads):
-    """The last n_new queries of a sequence of n keys (a prefill suffix), random values from
-    tiny to large (q, k ~ 10^qk_scale, v ~ 10^v_scale, optionally far from zero mean), random
-    block tables, NaN in every slot that was never written: fast vs exact per row."""
+                                        v_offset, nthreads, dtype):
+    """The last n_new queries of a sequence of n keys (a prefill suffix, or a decode step:
+    then the keys are split over threads by chunk), random values from tiny to large (q, k ~
+    10^qk_scale, v ~ 10^v_scale, optionally far from zero mean), random block tables, NaN in
+    every slot that was never written, each storage type: fast vs exact per row."""
     rng = np.random.default_rng(seed)
     H = group * n_kv
-    seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=10.0**qk_scale)
-    seq.v_cache *= np.float32(10.0**v_scale)
-    seq.v_cache += np.float32(v_offset * 10.0**v_scale)
+    vs = 10.0**v_scale
+    seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=10.0**qk_scale, dtype=dtype,
+              vscale=vs, voffset=v_offset * vs)
     q = (rng.standard_normal((n_new, H, hd)) * 10.0**qk_scale).astype(np.float32)
     q_pos = np.arange(n - n_new, n, dtype=np.int32)
     scale = 1.0 / np.sqrt(hd)
@@ -503,6 +621,79 @@ def test_fast_out_argument_and_errors():
     with pytest.raises(ValueError):
         attention_fast(q, kc, vc, bt, q_pos, 0.1, nthreads=0)
     assert attention_fast(q[:0], kc, vc, bt, q_pos[:0], 0.1).shape == (0, 4, 64)
+
+
+# ============================================================================ storage types
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+@pytest.mark.parametrize("kernel", [attention, attention_fast])
+@pytest.mark.parametrize("n, T, H, n_kv, hd, bs, window, softcap", [
+    (300, 40, 9, 3, 64, 16, 0, 0.0), (1300, 1, 9, 3, 64, 16, 0, 0.0),
+    (1300, 70, 8, 2, 128, 32, 0, 0.0), (1100, 1, 4, 1, 256, 16, 512, 0.0),
+    (700, 5, 8, 4, 64, 5, 100, 30.0)])
+def test_kernels_compute_on_the_stored_values(variant, dtype, kernel, n, T, H, n_kv, hd, bs,
+                                              window, softcap):
+    """Over a cache of any storage type, both kernels give the bits they give over a float32
+    cache holding the stored values (1 and 2 threads; decode steps with split keys too)."""
+    rng = np.random.default_rng(n + T + hd)
+    seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=2.0, dtype=dtype)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(n - T, n, dtype=np.int32)
+    want = kernel(q, *seq.stored(), q_pos, 0.1, window, softcap, nthreads=1)
+    for nt in (1, 2):
+        assert np.array_equal(kernel(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=nt),
+                              want)
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_fast_decode_split_equals_prefill_rows(variant, dtype):
+    """A decode step far past the first chunk runs its keys split over the threads by chunk
+    (non-vacuity: the plan's kchunks); its bits are the prefill row's for every thread count
+    and at positions around the 512-key chunk boundaries, windowed too."""
+    rng = np.random.default_rng(11)
+    n, H, n_kv, hd = 1600, 6, 2, 64
+    seq = Seq(rng, n, n_kv, hd, 16, fill=np.nan, dtype=dtype)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    pos = np.arange(n, dtype=np.int32)
+    assert _att._fast_plan(q[:1], *seq.args(), pos[-1:], nthreads=2)["kchunks"] == 4
+    assert _att._fast_plan(q[:1], *seq.args(), pos[-1:], nthreads=1)["kchunks"] == 1
+    for window in (0, 600):
+        full = attention_fast(q, *seq.args(), pos, 0.125, window, nthreads=2)
+        for p in (510, 511, 512, 1023, 1024, 1025, 1599):
+            for nt in (1, 2, 3):
+                one = attention_fast(q[p:p + 1], *seq.args(), pos[p:p + 1], 0.125, window,
+                                     nthreads=nt)
+                assert np.array_equal(one[0], full[p]), (window, p, nt)
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_bound_fast_decode_split(variant, dtype):
+    """The graph-replayed fast attention (bind_attention_fast) of a decode step: its keys are
+    split by chunk over the shares (kchunks sized for max_pos, shared counters reused modulo
+    kchunks run after run), and each run's row equals attention_fast's, as the position
+    moves over the chunks (and back)."""
+    from goinfer._kernels.graph import Graph
+
+    rng = np.random.default_rng(21)
+    n, H, n_kv, hd = 1600, 6, 2, 64
+    seq = Seq(rng, n, n_kv, hd, 16, fill=np.nan, dtype=dtype)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    qb, pos, out = q[700:701].copy(), np.array([700], np.int32), np.empty((1, H, hd), np.float32)
+    per = _att.attention_scratch(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
+                                 max_pos=n - 1, fast=True)
+    scratch = np.zeros((2, per), np.float64)
+    op = _att.bind_attention_fast(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
+                                  scratch=scratch, max_pos=n - 1)
+    assert op.nshares == 2 and _att._fast_plan(qb, *seq.args(), np.array([n - 1], np.int32),
+                                               nthreads=2)["kchunks"] == 4
+    g = Graph([op], 2)
+    for p in (700, 1599, 1024, 3, 1200, 1599):
+        qb[:] = q[p]
+        pos[0] = p
+        g.run()
+        want = attention_fast(q[p:p + 1], *seq.args(), pos, 0.125, nthreads=1)
+        assert np.array_equal(out, want), p
 
 
 def test_counters_count_each_kernel():

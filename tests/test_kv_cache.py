@@ -85,3 +85,115 @@ def test_bad_cache_files_raise_and_leave_cache_as_it_was(model, tiny, tmp_path):
     with pytest.raises(CacheFileError):
         target.load(tmp_path / "missing.bin")
     assert target.stats() == before and np.array_equal(target.k, k_before)
+
+
+# ============================================================================ storage types
+
+
+@pytest.fixture(scope="module")
+def model32(tiny):
+    """qwen3-style tiny model: head_dim 32, so every storage type (q8_0 included) fits"""
+    return Model(GGUFFile(tiny("qwen3", 3)[1]), threads=2, progress=False)
+
+
+def _per_value_bytes(dtype):
+    return {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[dtype]  # q8_0: 32 int8 + a float16 scale
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32", "q8_0"])
+def test_dtype_bytes_and_stats(model32, dtype):
+    """bytes per token from the layout (independent formula), the arrays' real size, the
+    default type f16 (half of f32), ValueError for an unknown type or a q8_0 head_dim that is
+    not a multiple of 32."""
+    cfg = model32.config
+    c = KVCache(model32, max_tokens=64, block_size=16, dtype=dtype)
+    want = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * _per_value_bytes(dtype)
+    st = c.stats()
+    assert st.dtype == dtype and st.bytes_per_token == want == c.bytes_per_token
+    assert c.k.nbytes + c.v.nbytes == st.bytes_total == 4 * 16 * want
+    assert KVCache(model32, max_tokens=64).dtype == "f16" == model32.kv_dtype
+
+
+def test_dtype_errors(model, model32):
+    with pytest.raises(ValueError):
+        KVCache(model32, max_tokens=64, dtype="f8")
+    with pytest.raises(ValueError):  # the tiny llama's head_dim is 16
+        KVCache(model, max_tokens=64, dtype="q8_0")
+    with pytest.raises(ValueError):
+        Model(GGUFFile(model.path), threads=1, progress=False, kv_dtype="q8_0")
+    with pytest.raises(ValueError):
+        Model(GGUFFile(model.path), threads=1, progress=False, kv_dtype="bf16")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32", "q8_0"])
+def test_dtype_save_load_fork_evict(model32, dtype, tmp_path):
+    """Per storage type: a saved and reloaded cache (the class call takes the file's type)
+    serves the prefix and gives the cold run's tokens; a fork copies its partial block on
+    write (copy_block) and both continuations equal cold runs; eviction reuses blocks."""
+    ids = ids_(40, 11)
+    c = KVCache(model32, max_tokens=128, block_size=16, dtype=dtype)
+    s = model32.session(c)
+    s.prefill(ids)
+    assert c.save(tmp_path / "kv.bin") == 2
+    loaded = KVCache.load(model32, tmp_path / "kv.bin")
+    assert loaded.dtype == dtype
+    cold = model32.session(KVCache(model32, max_tokens=128, dtype=dtype))
+    r = model32.session(loaded).generate(ids + [7], max_tokens=4)
+    assert r.cached_tokens == 32 and r.tokens == cold.generate(ids + [7], max_tokens=4).tokens
+    f = s.fork()  # 40 tokens: block 2 is partial and shared
+    la, lb = s.decode(3), f.decode(4)
+    for got, nxt in ((la, 3), (lb, 4)):
+        ref = model32.session(KVCache(model32, max_tokens=128, dtype=dtype)).prefill(ids + [nxt])
+        assert np.array_equal(got, ref)
+    assert s.block_table[2] != f.block_table[2]
+    s.reset()
+    f.reset()
+    small = KVCache(model32, max_tokens=64, block_size=16, dtype=dtype)  # 4 blocks
+    model32.session(small).prefill(ids_(33, 1))
+    model32.session(small).prefill(ids_(60, 2))
+    assert small.stats().evictions > 0
+
+
+def test_dtype_mismatch_and_version1_files(model32, tmp_path):
+    """A file of another storage type raises CacheFileError (no conversion: a later layer's
+    K/V depend on the attention over the earlier layers' stored values, so converted blocks
+    would not be this cache's blocks) and changes nothing; a version 1 file (float32, written
+    before storage types existed) still loads into an f32 cache."""
+    import json
+    import struct
+
+    from goinfer import kv_cache as kvc
+
+    ids = ids_(40, 12)
+    c32 = KVCache(model32, max_tokens=128, block_size=16, dtype="f32")
+    model32.session(c32).prefill(ids)
+    c32.save(tmp_path / "f32.bin")
+    target = KVCache(model32, max_tokens=128, block_size=16, dtype="f16")
+    model32.session(target).prefill(ids_(20, 5))
+    before, k_before = target.stats(), target.k.copy()
+    with pytest.raises(CacheFileError, match="f32"):
+        target.load(tmp_path / "f32.bin")
+    assert target.stats() == before and np.array_equal(target.k, k_before)
+    # the same payload under a version 1 header (dtype "float32")
+    raw = (tmp_path / "f32.bin").read_bytes()
+    n0 = len(kvc._MAGIC)
+    _, hlen = struct.unpack("<IQ", raw[n0:n0 + 12])
+    header = json.loads(raw[n0 + 12:n0 + 12 + hlen])
+    header["dtype"] = "float32"
+    hb = json.dumps(header).encode()
+    v1 = kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb + raw[n0 + 12 + hlen:]
+    (tmp_path / "v1.bin").write_bytes(v1)
+    old = KVCache(model32, max_tokens=128, block_size=16, dtype="f32")
+    assert old.load(tmp_path / "v1.bin") == 2
+    r = model32.session(old).generate(ids + [9], max_tokens=3)
+    cold = model32.session(KVCache(model32, max_tokens=128, dtype="f32")).generate(ids + [9],
+                                                                                   max_tokens=3)
+    assert r.cached_tokens == 32 and r.tokens == cold.tokens
+    with pytest.raises(CacheFileError):
+        KVCache(model32, max_tokens=128, dtype="q8_0").load(tmp_path / "v1.bin")
+    header["dtype"] = "float16"  # a version 1 file was always float32
+    hb = json.dumps(header).encode()
+    (tmp_path / "bad.bin").write_bytes(kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb
+                                       + raw[n0 + 12 + hlen:])
+    with pytest.raises(CacheFileError):
+        KVCache.load(model32, tmp_path / "bad.bin")

@@ -225,8 +225,9 @@ def test_stop_sequence_not_leaked(srv, model):
 
 def test_tools_reach_the_chat_template(tiny, tiny_dir):
     hf, _ = tiny("llama", 3)
-    tmpl = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-            + tinymodels.CHATML)
+    # a template that renders tools in a call format goinfer knows (Hermes: <tool_call>)
+    tmpl = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} Call with "
+            "<tool_call>{...}</tool_call><|im_end|>\n{% endif %}" + tinymodels.CHATML)
     path = tinymodels.write_gguf(hf, "llama", tiny_dir / "tiny-tools.gguf", chat_template=tmpl)
     m = Model(GGUFFile(path), threads=1, progress=False)
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
@@ -479,6 +480,21 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "x"}], "cache_salt": 5}, "cache_salt"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": "all"}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "code_interpreter"}]},
+     "tools[0].type"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}}]},
+     "tools[0].function.parameters"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f"}}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": 5}}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
      "top_logprobs"),
@@ -724,3 +740,4 @@ def test_smollm2_chat_over_http(smollm2_path):
     ref = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(m, max_tokens=8)
     assert r.model_dump()["tokens"] == ref.tokens
     assert "Paris" in r.choices[0].message.content
+

@@ -207,12 +207,16 @@ def build(arch: str, tmp: Path, seed: int = 0, **over):
     return model, path
 
 
-def load(path, reference=False, threads=1, **kw):
-    """A goinfer Model of a tiny GGUF (reference=True: the NumPy reference kernels)."""
+def load(path, reference=False, threads=1, kv_dtype="f32", **kw):
+    """A goinfer Model of a tiny GGUF (reference=True: the NumPy reference kernels).  Its KV
+    caches are float32 by default: these models are compared with transformers' float32 within
+    float32 summation tolerance (close()); the storage types' own distance is tested in
+    test_models.py (test_kv_dtype_*)."""
     from goinfer.gguf import GGUFFile
     from goinfer.model import Model
 
-    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference, **kw)
+    return Model(GGUFFile(path), threads=threads, progress=False, _reference_kernels=reference,
+                 kv_dtype=kv_dtype, **kw)
 
 
 def close(ours, ref):

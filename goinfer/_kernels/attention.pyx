@@ -4,9 +4,12 @@
 Same names, signatures and meaning as goinfer._reference.kv_write / attention; the exact
 numerics contract is in docs/design/kernels.md and src/attention_impl.c.
 
-Per layer:  k_cache (n_blocks, n_kv, hd, bs) float32, v_cache (n_blocks, n_kv, bs, hd) float32,
-both C-contiguous.  Supported: hd a multiple of 8 (64, 128, 256, ...), any bs >= 1, any H that
-is a multiple of n_kv (GQA / MQA).
+Per layer:  k_cache (n_blocks, n_kv, hd, bs), v_cache (n_blocks, n_kv, bs, hd), both
+C-contiguous, float32 or float16; or q8_0 as int8 with the scales in extra rows:
+k_cache (n_blocks, n_kv, hd + hd/16, bs), v_cache (n_blocks, n_kv, bs, hd + hd/16)
+(src/kv_types.h, goinfer.kv_cache.kv_shapes).  kv_write rounds k and v once to the cache's
+type; both kernels compute on the stored values.  Supported: hd a multiple of 8 (64, 128,
+256, ...; of 32 for q8_0), any bs >= 1, any H that is a multiple of n_kv (GQA / MQA).
 
 Numerics: float64 accumulation in d order (QK) and key order (l and AV) as kernels.md says;
 each softmax weight is the kernel's own exp with its significand cut to 29 bits, so that
@@ -24,7 +27,7 @@ hooks _exp_f64, _tanh_f64, _weight_f64, _set_grain, _variant_used) is
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport free
+from libc.stdlib cimport calloc, free
 from libc.math cimport isfinite
 from cython.parallel cimport prange, threadid
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
@@ -41,8 +44,9 @@ cdef extern from "attention.h" nogil:
     int64_t gi_attn_phase_ns[3]
     ctypedef struct gi_attn_args:
         const float *q
-        const float *k_cache
-        const float *v_cache
+        const void *k_cache
+        const void *v_cache
+        int kv_dtype
         const int32_t *block_table
         const int32_t *q_pos
         float *out
@@ -51,12 +55,15 @@ cdef extern from "attention.h" nogil:
         double softcap
         int64_t window
         int64_t tq, nh, nparts, n_items, scratch_doubles
+        int split_ok
+        int64_t max_pos, kchunks, shared_bytes
+        void *shared
     ctypedef struct gi_attn_ops:
         void (*plan)(gi_attn_args *a, int nthreads) noexcept nogil
         void (*run)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
-        void (*kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
-                         const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
-                         int64_t h0, int64_t h1) noexcept nogil
+        void (*kv_write)(void *k_cache, void *v_cache, int kv_dtype, const float *k,
+                         const float *v, const int64_t *slots, int64_t T, int64_t n_kv,
+                         int64_t hd, int64_t bs, int64_t h0, int64_t h1) noexcept nogil
         void (*exp_f64)(const double *x, double *y, int64_t n) noexcept nogil
         void (*tanh_f64)(const double *x, double *y, int64_t n) noexcept nogil
         void (*weight_f64)(const double *x, double *y, int64_t n) noexcept nogil
@@ -125,27 +132,56 @@ cdef inline int64_t _dim(cnp.ndarray a, int i) noexcept:
     return cnp.PyArray_DIMS(a)[i]
 
 
+# cache storage types (src/kv_types.h): numpy dtype -> code
+cdef enum:
+    KV_F32 = 0
+    KV_F16 = 1
+    KV_Q8_0 = 2
+
+
 cdef tuple _check_caches(object k_cache, object v_cache):
-    cdef cnp.ndarray kc = _carray(k_cache, "k_cache", cnp.NPY_FLOAT32, "float32", 4)
-    cdef cnp.ndarray vc = _carray(v_cache, "v_cache", cnp.NPY_FLOAT32, "float32", 4)
-    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
-    if _dim(vc, 0) != nb or _dim(vc, 1) != n_kv or _dim(vc, 2) != bs or _dim(vc, 3) != hd:
-        raise ValueError(f"v_cache must have shape (n_blocks, n_kv, bs, hd) = "
-                         f"{(nb, n_kv, bs, hd)} to match k_cache {np.shape(kc)}, got "
+    """-> (kc, vc, kv_dtype, hd, bs) after checking the caches' types and shapes"""
+    if not cnp.PyArray_Check(k_cache) or not cnp.PyArray_Check(v_cache):
+        raise TypeError(f"k_cache and v_cache must be numpy arrays, got "
+                        f"{type(k_cache).__name__} and {type(v_cache).__name__}")
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>k_cache)
+    cdef int dt
+    if typenum == cnp.NPY_FLOAT32:
+        dt = KV_F32
+    elif typenum == cnp.NPY_FLOAT16:
+        dt = KV_F16
+    elif typenum == cnp.NPY_INT8:
+        dt = KV_Q8_0
+    else:
+        raise TypeError(f"k_cache must be float32, float16 or int8 (q8_0), got {k_cache.dtype}")
+    tname = str(k_cache.dtype)
+    cdef cnp.ndarray kc = _carray(k_cache, "k_cache", typenum, tname, 4)
+    cdef cnp.ndarray vc = _carray(v_cache, "v_cache", typenum, tname, 4)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), rows = _dim(kc, 2), bs = _dim(kc, 3)
+    cdef int64_t hd = rows
+    if dt == KV_Q8_0:  # rows = hd + hd/16 (the scale rows)
+        hd = rows * 16 // 17
+        if hd % 32 != 0 or hd + hd // 16 != rows:
+            raise ValueError(f"a q8_0 k_cache has hd + hd/16 rows with hd a multiple of 32, "
+                             f"got {rows}")
+    if _dim(vc, 0) != nb or _dim(vc, 1) != n_kv or _dim(vc, 2) != bs or _dim(vc, 3) != rows:
+        raise ValueError(f"v_cache must have shape (n_blocks, n_kv, bs, {rows}) = "
+                         f"{(nb, n_kv, bs, rows)} to match k_cache {np.shape(kc)}, got "
                          f"{np.shape(vc)}")
     if hd % 8 != 0 or hd == 0:
         raise ValueError(f"head_dim must be a positive multiple of 8, got {hd}")
     if bs < 1 or n_kv < 1:
         raise ValueError(f"empty cache shape {np.shape(kc)}")
-    return kc, vc
+    return kc, vc, dt, hd, bs
 
 
 # ============================================================================ KV write
 
 cdef struct kvw_args:
     const gi_attn_ops *ops
-    float *kc
-    float *vc
+    void *kc
+    void *vc
+    int dt
     const float *k
     const float *v
     const int64_t *slots
@@ -155,15 +191,17 @@ cdef struct kvw_args:
 cdef void _kvw_share(const void *args, int64_t i, int tid) noexcept nogil:
     # threads own disjoint kv heads; each writes its tokens in order
     cdef const kvw_args *r = <const kvw_args *>args
-    r.ops.kv_write(r.kc, r.vc, r.k, r.v, r.slots, r.T, r.n_kv, r.hd, r.bs,
+    r.ops.kv_write(r.kc, r.vc, r.dt, r.k, r.v, r.slots, r.T, r.n_kv, r.hd, r.bs,
                    r.n_kv * i // r.n, r.n_kv * (i + 1) // r.n)
 
 
 cdef int _kvw_prepare(kvw_args *r, object k_cache, object v_cache, object k, object v,
                       object slots, int nt) except -1:
     cdef cnp.ndarray kc, vc
-    kc, vc = _check_caches(k_cache, v_cache)
-    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    cdef int dt
+    cdef int64_t hd, bs
+    kc, vc, dt, hd, bs = _check_caches(k_cache, v_cache)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1)
     if not cnp.PyArray_ISWRITEABLE(kc) or not cnp.PyArray_ISWRITEABLE(vc):
         raise ValueError("k_cache and v_cache must be writeable")
     cdef cnp.ndarray ka = _carray(k, "k", cnp.NPY_FLOAT32, "float32", 3)
@@ -186,8 +224,9 @@ cdef int _kvw_prepare(kvw_args *r, object k_cache, object v_cache, object k, obj
         smax = sp[i] if sp[i] > smax else smax
     if smin < 0 or smax >= nb * bs:
         raise ValueError(f"slots must lie in [0, {nb * bs}), got [{smin}, {smax}]")
-    r.kc = <float *>cnp.PyArray_DATA(kc)
-    r.vc = <float *>cnp.PyArray_DATA(vc)
+    r.kc = cnp.PyArray_DATA(kc)
+    r.vc = cnp.PyArray_DATA(vc)
+    r.dt = dt
     r.k = <const float *>cnp.PyArray_DATA(ka)
     r.v = <const float *>cnp.PyArray_DATA(va)
     r.slots = sp
@@ -206,8 +245,9 @@ cdef int _kvw_prepare(kvw_args *r, object k_cache, object v_cache, object k, obj
 
 
 def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
-    """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset).
-    Tokens are written in order, so a repeated slot keeps the last token."""
+    """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset),
+    rounded once to the cache's type (float16: to nearest even; q8_0: per 32 values of one
+    token, src/kv_types.h).  Tokens are written in order, so a repeated slot keeps the last."""
     cdef int nt = _check_threads(nthreads)
     cdef kvw_args r
     _kvw_prepare(&r, k_cache, v_cache, k, v, slots, nt)
@@ -276,8 +316,10 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
     """Check the arguments of attention / attention_fast and fill a (and *pmax_out, the
     largest query position); returns out."""
     cdef cnp.ndarray kc, vc
-    kc, vc = _check_caches(k_cache, v_cache)
-    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), hd = _dim(kc, 2), bs = _dim(kc, 3)
+    cdef int dt
+    cdef int64_t hd, bs
+    kc, vc, dt, hd, bs = _check_caches(k_cache, v_cache)
+    cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1)
     cdef cnp.ndarray qa = _carray(q, "q", cnp.NPY_FLOAT32, "float32", 3)
     cdef int64_t T = _dim(qa, 0), H = _dim(qa, 1)
     if _dim(qa, 2) != hd:
@@ -302,6 +344,11 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
     if _dim(oa, 0) != T or _dim(oa, 1) != H or _dim(oa, 2) != hd:
         raise ValueError(f"out must have shape {np.shape(qa)}, got {np.shape(oa)}")
     a.T = T
+    a.split_ok = 0
+    a.max_pos = 0
+    a.kchunks = 1
+    a.shared_bytes = 0
+    a.shared = NULL
     if T == 0:
         return out
     cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
@@ -324,8 +371,9 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
         raise ValueError(f"block ids must lie in [0, {nb}), got [{bmin}, {bmax}]")
 
     a.q = <const float *>cnp.PyArray_DATA(qa)
-    a.k_cache = <const float *>cnp.PyArray_DATA(kc)
-    a.v_cache = <const float *>cnp.PyArray_DATA(vc)
+    a.k_cache = cnp.PyArray_DATA(kc)
+    a.v_cache = cnp.PyArray_DATA(vc)
+    a.kv_dtype = dt
     a.block_table = bp
     a.q_pos = pp
     a.out = <float *>cnp.PyArray_DATA(oa)
@@ -345,10 +393,12 @@ ctypedef void (*run_fn)(const gi_attn_args *a, int64_t item, double *scratch) no
 
 
 cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t pmax) except -1:
-    """Plan and run every work item of a, on up to nt threads (one scratch per thread)."""
+    """Plan and run every work item of a, on up to nt threads (one scratch per thread; the
+    memory a split fast plan shares between items, zeroed)."""
     cdef int n = nt
     if a.T * a.H * (pmax + 1) * a.hd < _GRAIN:
         n = 1
+    a.split_ok = 1
     plan(a, n)
     if n > a.n_items:
         n = <int>a.n_items
@@ -356,6 +406,11 @@ cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t p
     cdef double *scratch = <double *>aligned_alloc(64, <size_t>(per * n * 8))
     if scratch == NULL:
         raise MemoryError(f"attention scratch of {per * n * 8} bytes")
+    if a.shared_bytes > 0:
+        a.shared = calloc(<size_t>a.shared_bytes, 1)
+        if a.shared == NULL:
+            free(scratch)
+            raise MemoryError(f"attention partials of {a.shared_bytes} bytes")
     cdef int64_t it
     try:
         with nogil:
@@ -367,6 +422,8 @@ cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t p
                     run(a, it, scratch + threadid() * per)
     finally:
         free(scratch)
+        free(a.shared)
+        a.shared = NULL
     return 0
 
 
@@ -437,6 +494,18 @@ cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
         it += r.nshares
 
 
+cdef int _bind_shared(Op op, gi_attn_args *a) except -1:
+    """The memory a split fast plan shares between its items (zeroed; counters taken modulo
+    kchunks, so one buffer serves every run), kept alive by the op."""
+    if a.shared_bytes <= 0:
+        return 0
+    cdef cnp.ndarray buf = np.zeros(a.shared_bytes + 64, np.uint8)
+    cdef size_t addr = <size_t>cnp.PyArray_DATA(buf)
+    a.shared = <void *>(<char *>cnp.PyArray_DATA(buf) + (64 - addr % 64) % 64)
+    op.refs = op.refs + (buf,)
+    return 0
+
+
 cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
     return 1 if a.T * a.H * (pmax + 1) * a.hd < _GRAIN else nt
 
@@ -482,12 +551,15 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
     if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
         raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
     cdef int n = _att_threads(&r.a, nt, pmax)
+    r.a.split_ok = 1  # (the fast plan may split keys: sized for max_pos, shared memory below)
+    r.a.max_pos = max_pos
     if fast:
         _fast_table().plan(&r.a, n)
         r.run = _fast_table().run
     else:
         _table().plan(&r.a, n)
         r.run = _table().run
+    _bind_shared(op, &r.a)
     r.scratch = <double *>cnp.PyArray_DATA(sa)
     r.per = _dim(sa, 1)
     r.nshares = n if n < r.a.n_items else r.a.n_items
@@ -508,7 +580,8 @@ def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
 def bind_attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
                         out=None, *, nthreads=1, scratch, max_pos):
     """attention_fast as an Op, as bind_attention (per >= attention_scratch(..., fast=True)).
-    A row's bits are attention_fast's: they depend on its own query and key range only."""
+    A row's bits are attention_fast's; a decode step's keys are split by chunk over the
+    threads (kchunks sized for max_pos), with the same bits."""
     return _bind("attention_fast", True, q, k_cache, v_cache, block_table, q_pos, scale,
                  window, softcap, out, nthreads, scratch, max_pos)
 
@@ -538,6 +611,22 @@ def _variant_used():
     if t == &gi_attn_ops_avx2:
         return _cfg.VARIANTS[GI_AVX2]
     return _cfg.VARIANTS[0]
+
+
+def _fast_plan(q, k_cache, v_cache, block_table, q_pos, *, nthreads=1):
+    """{"n_items", "kchunks"} of attention_fast's plan for this call (tests: kchunks > 1 when
+    the keys of a few rows are split over threads)."""
+    cdef int nt = _check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, 0, 0.0, None, &pmax)
+    if a.T == 0:
+        return {"n_items": 0, "kchunks": 1}
+    if a.T * a.H * (pmax + 1) * a.hd < _GRAIN:
+        nt = 1
+    a.split_ok = 1
+    _fast_table().plan(&a, nt)
+    return {"n_items": a.n_items, "kchunks": a.kchunks}
 
 
 def _get_grain():

@@ -28,6 +28,7 @@ from goinfer.errors import (
     ContextLengthError,
     GoinferError,
     GrammarError,
+    ToolError,
 )
 from goinfer.kv_cache import KVCache
 from goinfer.sampling import SamplingParams
@@ -51,6 +52,7 @@ from goinfer.server.scheduler import (
     Job,
     QueueFullError,
 )
+from goinfer.tools import ToolChat, prepare_chat
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, PROMPT_LOOKUP, check_draft
 
 log = logging.getLogger("goinfer.server")
@@ -140,9 +142,9 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         _auth(request)
         body = await _read_json(request)
         req = parse_chat(body, model.vocab_size)
-        ids = await run_in_threadpool(_chat_ids, model, req)
-        grammar = await run_in_threadpool(_grammar, model, req)
-        return await _run(request, req, ids, "/v1/chat/completions", grammar)
+        ids, tc = await run_in_threadpool(_chat_ids, model, req)
+        grammar = await run_in_threadpool(_grammar, model, req, tc)
+        return await _run(request, req, ids, "/v1/chat/completions", grammar, tc)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -170,7 +172,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         except (ValueError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON ({e})", code="invalid_json") from None
 
-    async def _run(request: Request, req: GenRequest, ids: list[int], path: str, grammar=None):
+    async def _run(request: Request, req: GenRequest, ids: list[int], path: str, grammar=None,
+                   tc: ToolChat | None = None):
         job = _make_job(req, ids)
         job.grammar, job.logprobs = grammar, (req.logprobs, req.top_logprobs)
         loop = asyncio.get_running_loop()
@@ -192,8 +195,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         shaper = Shaper(req.kind, st.model_id, f"goinfer-{model.fingerprint[:12]}")
         if req.stream:
             st.counts.add(path, 200)
-            return EventStream(_stream(job, events, req, shaper))
-        return await _collect(request, job, events, req, shaper, path)
+            return EventStream(_stream(job, events, req, shaper, tc))
+        return await _collect(request, job, events, req, shaper, path, tc)
 
     def _make_job(req: GenRequest, ids: list[int]) -> Job:
         if not ids:
@@ -221,7 +224,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                    on_event=lambda ev: None, cache_salt=req.cache_salt,
                    draft_tokens=(req.draft_tokens or st.draft_tokens) if on else 0)
 
-    async def _collect(request, job, events, req, shaper, path):
+    async def _collect(request, job, events, req, shaper, path, tc=None):
         """Wait for the whole result; cancel the job if the client goes away first."""
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -236,7 +239,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                 ev = get.result()
                 if ev.kind == "done":
                     st.counts.add(path, 200)
-                    return JSONResponse(shaper.full(ev.result, req.return_tokens))
+                    result = tc.finish(ev.result) if tc is not None else ev.result
+                    return JSONResponse(shaper.full(result, req.return_tokens))
                 if ev.kind == "error":
                     raise _engine_error(ev.error)
         finally:
@@ -244,11 +248,25 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
             if not job.cancelled:
                 engine.cancel(job)  # a no-op for a finished job; frees it on any early exit
 
-    async def _stream(job, events, req, shaper):
-        """Server-sent events; comment pings while nothing else is sent (a long prefill)."""
+    async def _stream(job, events, req, shaper, tc=None):
+        """Server-sent events; comment pings while nothing else is sent (a long prefill).
+        With tools, the text goes through the call parser: content and tool_calls deltas."""
         finished = False
         get = None
         sent = 0  # characters of completion text sent (the legacy logprobs' text_offset)
+        parser = tc.parser() if tc is not None and tc.parses else None
+
+        def pieces(items, logprobs=None):
+            """Parsed items -> chunks: content (with this text's logprobs, on its first
+            content chunk) and tool_calls deltas."""
+            for x in items:
+                if isinstance(x, str):
+                    yield sse(shaper.chunk(text=x, include_usage=req.include_usage,
+                                           logprobs=logprobs))
+                    logprobs = None
+                else:
+                    yield sse(shaper.chunk(tool_call=x, include_usage=req.include_usage))
+
         try:
             yield sse(shaper.chunk(role=True, text="", include_usage=req.include_usage))
             get = asyncio.ensure_future(events.get())
@@ -259,11 +277,19 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                     continue
                 ev = get.result()
                 if ev.kind == "text":
-                    yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage,
-                                           logprobs=ev.logprobs, offset=sent))
-                    sent += len(ev.text)
+                    if parser is None:
+                        yield sse(shaper.chunk(text=ev.text, include_usage=req.include_usage,
+                                               logprobs=ev.logprobs, offset=sent))
+                        sent += len(ev.text)
+                    else:
+                        for chunk in pieces(parser.push(ev.text), ev.logprobs):
+                            yield chunk
                 elif ev.kind == "done":
                     finished = True
+                    if parser is not None:
+                        for chunk in pieces(parser.finish()):
+                            yield chunk
+                        tc.finish(ev.result, parser)
                     end = shaper.chunk(finish=ev.result.finish_reason,
                                        include_usage=req.include_usage)
                     if req.kind == "chat":
@@ -321,23 +347,32 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
-def _chat_ids(model, req: GenRequest) -> list[int]:
+def _chat_ids(model, req: GenRequest) -> tuple[list[int], ToolChat]:
+    """The prompt's token ids (BOS once, as Session.chat) and the request's tool side."""
     try:
-        prompt = model.apply_chat_template(req.messages, add_generation_prompt=True,
-                                           tools=req.tools)
+        tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
+                          req.parallel_tool_calls)
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value") from None
     except ChatTemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "chat_template_error") from None
-    return model.tokenize_chat(prompt)  # BOS once, as Session.chat
+    return model.tokenize_chat(tc.prompt), tc
 
 
-def _grammar(model, req: GenRequest):
-    """The request's compiled constraint (None: unconstrained); a 400 naming the field when it
-    cannot be enforced.  Runs in a worker thread: the first request of a model builds its
-    tokenizer view (~0.1-2 s), later ones hit the compiled-grammar cache."""
+def _grammar(model, req: GenRequest, tc: ToolChat | None = None):
+    """The request's compiled constraint (None: unconstrained): its response_format or
+    grammar, or its tools' grammar; a 400 naming the field when it cannot be enforced.  Runs
+    in a worker thread: the first request of a model builds its tokenizer view (~0.1-2 s),
+    later ones hit the compiled-grammar cache."""
     from goinfer.session import constraint_of
 
+    rf, grammar = req.response_format, req.grammar
     try:
-        return constraint_of(model, req.response_format, req.grammar)
+        if tc is not None:
+            rf, grammar = tc.constraint(rf, grammar)
+        return constraint_of(model, rf, grammar)
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value") from None
     except GrammarError as e:
         code = "invalid_grammar" if e.param == "grammar" else "invalid_response_format"
         raise bad(str(e), e.param, code) from None

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
+    from goinfer.cli import _kv_dtype_arg
+
+    _kv_dtype_arg(p)
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
     p.add_argument("--log-level", default="info")
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")
@@ -110,7 +113,7 @@ def run(args) -> int:
     from goinfer.server.app import create_app
 
     model = Model.load(args.model, threads=args.threads, exact=args.exact,
-                       context_length=args.ctx)
+                       context_length=args.ctx, kv_dtype=args.kv_dtype)
     cache = KVCache(model, max_tokens=args.kv_tokens)
     model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)
     app = create_app(model, cache, model_id=model_id, api_key=args.api_key,
@@ -119,7 +122,7 @@ def run(args) -> int:
                      draft=None if args.draft == "none" else args.draft,
                      draft_tokens=args.draft_tokens)
     print(f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
-          f"KV cache {cache.max_tokens} tokens) on http://{args.host}:{args.port}/v1",
+          f"KV cache {cache.max_tokens} tokens, {cache.dtype}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from goinfer import logprobs as lp
+from goinfer.errors import ToolError
+from goinfer.tools import check_tools
 from goinfer.speculative import DRAFTS, MAX_DRAFT_TOKENS
 
 MAX_STOPS = 16
@@ -157,6 +159,8 @@ class GenRequest:
     return_tokens: bool
     messages: list[dict] = field(default_factory=list)
     tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     prompt: str | list[int] | None = None
     draft: bool | None = None  # speculative drafting on / off (None: the server's default)
     draft_tokens: int | None = None  # tokens per draft (None: the server's)
@@ -268,19 +272,22 @@ def parse_chat(body: dict, vocab_size: int) -> GenRequest:
         msg = dict(m)
         msg["role"] = "system" if role == "developer" else role
         msg["content"] = _text_content(m.get("content"), where)
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise bad(f"{where}: only assistant messages have 'tool_calls'", "messages",
+                          "invalid_value")
+            _check_tool_calls(m["tool_calls"], where)
         if msg["content"] is None and not (role == "assistant" and m.get("tool_calls")):
             raise bad(f"{where}: 'content' is required", "messages", "invalid_value")
         out.append(msg)
     req.messages = out
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise bad("'tools' must be a list of objects", "tools", "invalid_type")
-        req.tools = tools or None
-    tc = body.get("tool_choice")
-    if tc is not None and not (isinstance(tc, (str, dict))):
-        raise bad("'tool_choice' must be a string or an object", "tool_choice", "invalid_type")
-    _boolean(body, "parallel_tool_calls", True)
+    try:
+        check_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value") from None
+    req.tools = body.get("tools") or None
+    req.tool_choice = body.get("tool_choice")
+    req.parallel_tool_calls = body.get("parallel_tool_calls")
     _boolean(body, "store", False)
     rf = body.get("response_format")
     if rf is not None and not isinstance(rf, dict):
@@ -291,6 +298,19 @@ def parse_chat(body: dict, vocab_size: int) -> GenRequest:
     if req.top_logprobs and not req.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     return req
+
+
+def _check_tool_calls(calls, where: str) -> None:
+    """An assistant message's tool_calls, in OpenAI's shape."""
+    if not isinstance(calls, list):
+        raise bad(f"{where}: 'tool_calls' must be a list", "messages", "invalid_type")
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                fn.get("arguments", ""), str) or not isinstance(c.get("id", ""), str):
+            raise bad(f"{where}.tool_calls[{j}] must be {{'id': str, 'type': 'function', "
+                      "'function': {'name': str, 'arguments': str}}", "messages",
+                      "invalid_value")
 
 
 def parse_completion(body: dict, vocab_size: int) -> GenRequest:
@@ -374,7 +394,10 @@ class Shaper:
         entries = result.logprobs["content"] if result.logprobs is not None else None
         if self.kind == "chat":
             out = self._head("chat.completion")
-            out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": result.text},
+            message = {"role": "assistant", "content": result.content}
+            if result.tool_calls:
+                message["tool_calls"] = result.tool_calls
+            out["choices"] = [{"index": 0, "message": message,
                                "logprobs": self._logprobs(entries),
                                "finish_reason": result.finish_reason}]
         else:
@@ -392,9 +415,10 @@ class Shaper:
 
     def chunk(self, *, role: bool = False, text: str | None = None, finish: str | None = None,
               include_usage: bool = False, logprobs: list[dict] | None = None,
-              offset: int = 0) -> dict:
+              offset: int = 0, tool_call=None) -> dict:
         """One stream chunk; logprobs: the entries of the tokens of this chunk's text (offset:
-        characters of completion text sent before it, for the legacy text_offset)."""
+        characters of completion text sent before it, for the legacy text_offset); tool_call:
+        a tools.ToolCallDelta."""
         if self.kind == "chat":
             out = self._head("chat.completion.chunk")
             delta = {}
@@ -402,6 +426,8 @@ class Shaper:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_call is not None:
+                delta["tool_calls"] = [tool_call.as_openai()]
             out["choices"] = [{"index": 0, "delta": delta,
                                "logprobs": self._logprobs(logprobs),
                                "finish_reason": finish}]

@@ -330,7 +330,7 @@ def route_chain(text: TextModel, path: str, body: bytes, block_size: int) -> lis
         data = json.loads(body)
         if kind == "chat":
             req = parse_chat(data, text.vocab_size)
-            ids = _chat_ids(text, req)
+            ids, _ = _chat_ids(text, req)
         else:
             req = parse_completion(data, text.vocab_size)
             ids = text.tokenize(req.prompt, True) if isinstance(req.prompt, str) else req.prompt

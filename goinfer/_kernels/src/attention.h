@@ -1,8 +1,8 @@
 /* Exact attention over the paged KV cache, and the KV-cache write.
  *
- * Per layer the cache holds (docs/design/kernels.md):
- *   k_cache (n_blocks, n_kv, hd, bs) float32    keys transposed per block
- *   v_cache (n_blocks, n_kv, bs, hd) float32
+ * Per layer the cache holds (docs/design/kernels.md; other storage types: kv_types.h):
+ *   k_cache (n_blocks, n_kv, hd, bs) float32 / float16    keys transposed per block
+ *   v_cache (n_blocks, n_kv, bs, hd) float32 / float16
  * A token's slot is block_id * bs + offset; a sequence's blocks are listed in block_table.
  *
  * Work is split in items (a tile of consecutive queries x a set of query heads of ONE kv head);
@@ -23,8 +23,9 @@
 typedef struct {
     /* ---- inputs (C-contiguous float32 / int32) */
     const float *q;              /* (T, H, hd) */
-    const float *k_cache;        /* (n_blocks, n_kv, hd, bs) */
-    const float *v_cache;        /* (n_blocks, n_kv, bs, hd) */
+    const void *k_cache;         /* (n_blocks, n_kv, hd, bs), kv_dtype (kv_types.h) */
+    const void *v_cache;         /* (n_blocks, n_kv, bs, hd) */
+    int kv_dtype;                /* GI_KV_F32 / GI_KV_F16 / GI_KV_Q8_0 */
     const int32_t *block_table;  /* (n_blocks_seq,) block ids of the sequence */
     const int32_t *q_pos;        /* (T,) absolute positions */
     float *out;                  /* (T, H, hd) */
@@ -38,15 +39,23 @@ typedef struct {
     int64_t nparts;              /* ceil(G / nh), G = H / n_kv */
     int64_t n_items;             /* ceil(T / tq) * n_kv * nparts */
     int64_t scratch_doubles;     /* scratch per thread, in doubles */
+    /* ---- fast kernel only: keys split over items (plan sets kchunks > 1 only when the
+     * caller set split_ok and max_pos; the caller then provides shared_bytes of zeroed memory
+     * in shared, the same for every run of the plan) */
+    int split_ok;
+    int64_t max_pos;             /* largest query position any run will see */
+    int64_t kchunks;             /* items per (query block, head group); 1: not split */
+    int64_t shared_bytes;
+    void *shared;
 } gi_attn_args;
 
 typedef struct {
     void (*plan)(gi_attn_args *a, int nthreads);
     void (*run)(const gi_attn_args *a, int64_t item, double *scratch);
     /* kv heads [h0, h1) of all T tokens, in token order (a repeated slot: the last wins) */
-    void (*kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
-                     const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
-                     int64_t h0, int64_t h1);
+    void (*kv_write)(void *k_cache, void *v_cache, int kv_dtype, const float *k,
+                     const float *v, const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd,
+                     int64_t bs, int64_t h0, int64_t h1);
     /* test hooks: the float64 exp and tanh of the kernel, and the attention weight
      * trunc29(exp(x)) (significand cut to 29 bits) */
     void (*exp_f64)(const double *x, double *y, int64_t n);

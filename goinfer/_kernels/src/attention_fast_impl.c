@@ -10,7 +10,13 @@
  *   m'    = max(m, max_j s_j),  c = 2^(m - m')
  *   p_j   = 2^(s_j - m')                       (fa_exp2: a degree-5 polynomial)
  *   l     = l * c + sum_j p_j,  o = o * c + sum_j p_j v_j   (keys of the tile in order)
- * and at the end out = o / l.
+ * Keys are grouped in chunks of FA_CH = 512 positions (aligned to multiples of 512): the
+ * online softmax above runs per chunk, from m = -inf, l = 0, o = 0, and the chunks a row sees
+ * are folded in chunk order into (M, L, O): the first copied, then
+ *   M' = max(M, m),  a = M == M' ? 1 : 2^(M - M'),  b = m == M' ? 1 : 2^(m - M'),
+ *   L  = L a + l b,  O = O a + o b;     out = O / L.
+ * So a long row's keys can be split over threads by chunk (decode: few rows, many keys) with
+ * the same bits as one thread running every chunk: the fold order is fixed by position.
  *
  * Work item = a block of tq consecutive queries x nh query heads of ONE kv head (R <= FA_RMAX
  * rows): each key tile is gathered once per item (K transposed into a packed (hd, 64) tile,
@@ -21,8 +27,7 @@
  *
  * A row's operation sequence depends only on its own query, its key range and the tile grid:
  * rows of an item whose range misses a tile get p = 0 and c = 1 there (exact no-ops), and a
- * row's masked keys get p = 0 exactly (no-ops up to the sign of a zero in o, which the final
- * + 0 removes).  Only keys in [min lo, max hi] of the item are read
+ * row's masked keys get p = 0 exactly.  Only keys in [min lo, max hi] of the item are read
  * (all below the largest query position, so written); K outside it is zero-filled in the
  * tile, so unwritten slots (which may hold anything, NaN included) never reach a result.
  * So a row's result does not depend on the other queries of the call, on the item tiling or
@@ -32,8 +37,13 @@
  */
 #include "attention.h"
 #include "gi_vmath.h"
+#include "kv_types.h"
 
 #define FA_TK 64           /* keys per tile */
+#define FA_CH 512          /* keys per chunk (a multiple of FA_TK) */
+#ifndef FA_PF
+#define FA_PF 2            /* tiles ahead to prefetch */
+#endif
 #define FA_RMAX 64         /* rows (query x head) per item */
 #define FA_DC 64           /* d-chunk of QK: a (FA_DC, FA_TK) piece of the K tile, 16 KB */
 
@@ -52,6 +62,14 @@
 #define FA_DV 8
 #endif
 #define FA_TV (FA_TK / VF_N) /* vectors per tile row */
+/* direct QK (few rows, fa_qk_direct): key vectors of one block per pass over d */
+#if defined(GI_VARIANT_AVX512)
+#define FA_PW 4
+#elif defined(GI_VARIANT_AVX2)
+#define FA_PW 2
+#else
+#define FA_PW 8
+#endif
 
 #if FA_TV % FA_NV != 0
 #error "FA_NV must divide the vectors of a tile"
@@ -66,12 +84,18 @@ typedef struct {
     int64_t lo[FA_RMAX];     /* row key range [lo, hi] (absolute) */
     int64_t hi[FA_RMAX];
     float *orow[FA_RMAX];    /* out rows */
+    const float *qrow[FA_RMAX]; /* q rows */
     float *qs;               /* (R, hd) q * scale */
     float *o;                /* (R, hd) accumulators */
     float *p;                /* (R, FA_TK) scores, then weights */
-    float *kt;               /* (hd, FA_TK) the tile's keys, transposed */
-    const float **vp;        /* (FA_TK,) the tile's value rows */
-    float m[FA_RMAX], l[FA_RMAX], c[FA_RMAX];
+    float *kt;               /* (hd, FA_TK) the tile's keys, transposed, as float */
+    const char **vp;         /* (FA_TK,) the tile's value rows (of type vdt) */
+    float *vt;               /* (FA_TK, hd) the tile's values as float, when R > FA_RB */
+    int vdt;                 /* the type AV reads: kv_dtype, or GI_KV_F32 from vt */
+    float *O;                /* (R, hd) the folded chunks */
+    float m[FA_RMAX], l[FA_RMAX], c[FA_RMAX];   /* the current chunk */
+    float M[FA_RMAX], L[FA_RMAX];               /* the folded chunks */
+    int nf[FA_RMAX];         /* chunks folded */
     int act[FA_RMAX];        /* row has keys in the current tile */
 } fa_ctx;
 
@@ -105,6 +129,52 @@ GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
 #pragma GCC unroll 8
             for (int v = 0; v < FA_NV; v++) vf_store(p + r * FA_TK + (c0 + v) * VF_N, acc[r][v]);
     }
+}
+
+/* Direct QK for an item of at most FA_RB rows (a decode step): the scores of one block's
+ * keys [off, off + PW vectors) straight from the cache, p[r][...] for RB rows.  The same chain
+ * per key as fa_qk over the gathered tile (acc = 0; acc = muladd(q[d], k[d], acc) for d in
+ * order), so the same bits, without packing the tile first. */
+GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const float *qs, int64_t hd,
+                            const char *kb, int64_t bs, int64_t off, float *p) {
+    vf acc[FA_RB][FA_PW], sc[FA_PW];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < PW; v++) acc[r][v] = vf_zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < PW; v++) sc[v] = vf_zero();
+    for (int64_t d = 0; d < hd; d++) {
+        vf kv[FA_PW];
+        if (DT == GI_KV_F32) {
+            const float *kp = (const float *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_load(kp + v * VF_N);
+        } else if (DT == GI_KV_F16) {
+            const uint16_t *kp = (const uint16_t *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_load_f16(kp + v * VF_N);
+        } else {
+            if (d % GI_KV_QB == 0) {
+                const uint16_t *sp = (const uint16_t *)(kb + hd * bs) + (d / GI_KV_QB) * bs + off;
+#pragma GCC unroll 8
+                for (int v = 0; v < PW; v++) sc[v] = vf_load_f16(sp + v * VF_N);
+            }
+            const int8_t *kp = (const int8_t *)kb + d * bs + off;
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) kv[v] = vf_mul(vf_load_i8(kp + v * VF_N), sc[v]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; r++) {
+            const vf qv = vf_set1(qs[r * hd + d]);
+#pragma GCC unroll 8
+            for (int v = 0; v < PW; v++) acc[r][v] = vf_muladd(qv, kv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < PW; v++) vf_store(p + r * FA_TK + v * VF_N, acc[r][v]);
 }
 
 /* ============================================================================ softmax */
@@ -173,11 +243,33 @@ static float fa_softmax_row(float *s, int a, int b, float cap2, float *m, float 
 
 /* ============================================================================ AV */
 
+/* d-chunk of one V row (kv_types.h layout) as float: DV vectors from d0, the last one of
+ * n lanes when TAIL */
+GI_INLINE void fa_vload(const int DT, const int DV, const int TAIL, int n, const char *row,
+                        int64_t hd, int64_t d0, vf *vv) {
+#pragma GCC unroll 8
+    for (int v = 0; v < DV; v++) {
+        const int64_t d = d0 + v * VF_N;
+        const int part = TAIL && v == DV - 1;
+        if (DT == GI_KV_F32) {
+            const float *p = (const float *)row + d;
+            vv[v] = part ? vf_load_n(p, n) : vf_load(p);
+        } else if (DT == GI_KV_F16) {
+            const uint16_t *p = (const uint16_t *)row + d;
+            vv[v] = part ? vf_load_f16_n(p, n) : vf_load_f16(p);
+        } else {
+            const int8_t *p = (const int8_t *)row + d;
+            const float s = gi_f16_load1((const uint16_t *)(row + hd) + d / GI_KV_QB);
+            vv[v] = vf_mul(part ? vf_load_i8_n(p, n) : vf_load_i8(p), vf_set1(s)); /* exact */
+        }
+    }
+}
+
 /* o[r][d0 .. d0 + DV vectors) = o * c[r] + sum_{j = ja..jb} p[r][j] * v_j, for RB rows.
  * n: valid lanes of the last vector (VF_N: all). */
-GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, int n, float *o, int64_t hd,
-                     const float *p, const float *const *vp, int ja, int jb, const float *c,
-                     int64_t d0) {
+GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, int n, float *o,
+                     int64_t hd, const float *p, const char *const *vp, int ja, int jb,
+                     const float *c, int64_t d0) {
     vf acc[FA_RB][FA_DV];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
@@ -189,11 +281,8 @@ GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, int n, float *o
         }
     }
     for (int j = ja; j <= jb; j++) {
-        const float *vr = vp[j] + d0;
         vf vv[FA_DV];
-#pragma GCC unroll 8
-        for (int v = 0; v < DV; v++)
-            vv[v] = TAIL && v == DV - 1 ? vf_load_n(vr + v * VF_N, n) : vf_load(vr + v * VF_N);
+        fa_vload(DT, DV, TAIL, n, vp[j], hd, d0, vv);
 #pragma GCC unroll 8
         for (int r = 0; r < RB; r++) {
             const vf pv = vf_set1(p[r * FA_TK + j]);
@@ -233,26 +322,89 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
     switch (RB) { FA_RB_CASES(FA_QK_CASE) default: break; }
 }
 
+/* direct QK of the keys [off, off + n) of one block (n a multiple of VF_N), RB rows */
+static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *kb,
+                               int64_t bs, int64_t off, int64_t n, float *p) {
+#define FA_QKD_DT(N, PW)                                                               \
+    do {                                                                               \
+        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, bs, off, p);    \
+        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, bs, off, p); \
+        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, bs, off, p);                   \
+    } while (0)
+#define FA_QKD_CASE(N)                               \
+    case N:                                          \
+        if (nv >= FA_PW) FA_QKD_DT(N, FA_PW);        \
+        else FA_QKD_DT(N, 1);                        \
+        break;
+    while (n > 0) {
+        const int64_t nv = n / VF_N;
+        switch (RB) { FA_RB_CASES(FA_QKD_CASE) default: break; }
+        const int64_t done = (nv >= FA_PW ? FA_PW : 1) * VF_N;
+        off += done;
+        p += done;
+        n -= done;
+    }
+}
+
 /* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
-static void fa_av_block(int RB, int64_t nd, float *o, int64_t hd, const float *p,
-                        const float *const *vp, int ja, int jb, const float *c, int64_t d0) {
-#define FA_AV_CASE(N)                                                                  \
-    case N:                                                                            \
-        if (nd == FA_DV * VF_N) fa_av(N, FA_DV, 0, VF_N, o, hd, p, vp, ja, jb, c, d0); \
-        else if (nd == VF_N) fa_av(N, 1, 0, VF_N, o, hd, p, vp, ja, jb, c, d0);        \
-        else fa_av(N, 1, 1, (int)nd, o, hd, p, vp, ja, jb, c, d0);                     \
+#define FA_AV_DT(N, DV, TAIL, n)                                                           \
+    do {                                                                                   \
+        if (dt == GI_KV_F16) fa_av(N, DV, TAIL, GI_KV_F16, n, o, hd, p, vp, ja, jb, c, d0); \
+        else if (dt == GI_KV_Q8_0)                                                         \
+            fa_av(N, DV, TAIL, GI_KV_Q8_0, n, o, hd, p, vp, ja, jb, c, d0);                \
+        else fa_av(N, DV, TAIL, GI_KV_F32, n, o, hd, p, vp, ja, jb, c, d0);                \
+    } while (0)
+static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const float *p,
+                        const char *const *vp, int ja, int jb, const float *c, int64_t d0) {
+#define FA_AV_CASE(N)                                                  \
+    case N:                                                            \
+        if (nd == FA_DV * VF_N) FA_AV_DT(N, FA_DV, 0, VF_N);           \
+        else if (nd == VF_N) FA_AV_DT(N, 1, 0, VF_N);                  \
+        else FA_AV_DT(N, 1, 1, (int)nd);                               \
         break;
     switch (RB) { FA_RB_CASES(FA_AV_CASE) default: break; }
 }
 
 /* ============================================================================ one key tile */
 
-/* keys [ta, tb] (absolute) of the tile starting at t0: gather K transposed (zeros elsewhere,
- * so no garbage reaches a score) and the V row pointers */
-static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, int64_t tb) {
+/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
+GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
+    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
+    return hd - d0 < VF_N ? hd - d0 : VF_N;
+}
+
+/* n keys (a run inside one block, from offset off) of K row d, as float, to dst */
+GI_INLINE void fa_krow(const int DT, const int VEC, const char *kb, int64_t hd, int64_t bs,
+                       int64_t d, int64_t off, int64_t n, float *dst) {
+    if (DT == GI_KV_F32) {
+        const float *src = (const float *)kb + d * bs + off;
+        if (VEC)
+            for (int64_t i = 0; i < n; i += VF_N) vf_store(dst + i, vf_load(src + i));
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+    } else if (DT == GI_KV_F16) {
+        const uint16_t *src = (const uint16_t *)kb + d * bs + off;
+        if (VEC)
+            for (int64_t i = 0; i < n; i += VF_N) vf_store(dst + i, vf_load_f16(src + i));
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = gi_f16_to_f32(src[i]);
+    } else {
+        const int8_t *src = (const int8_t *)kb + d * bs + off;
+        const uint16_t *sc = (const uint16_t *)(kb + hd * bs) + (d / GI_KV_QB) * bs + off;
+        if (VEC)
+            for (int64_t i = 0; i < n; i += VF_N)
+                vf_store(dst + i, vf_mul(vf_load_i8(src + i), vf_load_f16(sc + i)));
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = (float)src[i] * gi_f16_to_f32(sc[i]);
+    }
+}
+
+GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int64_t t0,
+                            int64_t ta, int64_t tb, int with_k) {
     const int64_t hd = a->hd, bs = a->bs;
+    const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
-    if (ja > 0 || jb < FA_TK - 1)
+    if (with_k && (ja > 0 || jb < FA_TK - 1))
         for (int64_t d = 0; d < hd; d++) {
             float *row = x->kt + d * FA_TK;
             for (int j = 0; j < ja; j++) row[j] = 0.0f;
@@ -262,25 +414,48 @@ static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, 
         const int64_t bi = j / bs, off = j % bs;
         const int64_t n = (bs - off < tb - j + 1) ? bs - off : tb - j + 1; /* run in one block */
         const int64_t blk = a->block_table[bi];
-        const float *kb = a->k_cache + (blk * a->n_kv + x->kvh) * hd * bs + off;
-        const float *vb = a->v_cache + ((blk * a->n_kv + x->kvh) * bs + off) * hd;
+        const char *kb = (const char *)a->k_cache + (blk * a->n_kv + x->kvh) * hb;
+        const char *vb = (const char *)a->v_cache + (blk * a->n_kv + x->kvh) * hb + off * vrb;
         float *dst = x->kt + (j - t0);
-        if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
-            for (int64_t d = 0; d < hd; d++)
-                for (int64_t i = 0; i < n; i += VF_N)
-                    vf_store(dst + d * FA_TK + i, vf_load(kb + d * bs + i));
+        if (!with_k)
+            ;
+        else if (n % VF_N == 0) /* whole vectors (a full block of 16, 32, ... keys) */
+            for (int64_t d = 0; d < hd; d++) fa_krow(DT, 1, kb, hd, bs, d, off, n, dst + d * FA_TK);
         else
-            for (int64_t d = 0; d < hd; d++)
-                for (int64_t i = 0; i < n; i++) dst[d * FA_TK + i] = kb[d * bs + i];
-        for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * hd;
+            for (int64_t d = 0; d < hd; d++) fa_krow(DT, 0, kb, hd, bs, d, off, n, dst + d * FA_TK);
+        if (x->vdt == DT) {
+            for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * vrb;
+        } else { /* several row blocks will read V: convert its rows once, exactly */
+            for (int64_t i = 0; i < n; i++) {
+                float *dst = x->vt + (j - t0 + i) * hd;
+                for (int64_t d0 = 0; d0 < hd; d0 += fa_av_extent(d0, hd)) {
+                    const int64_t nd = fa_av_extent(d0, hd);
+                    vf vv[FA_DV];
+                    if (nd == FA_DV * VF_N) {
+                        fa_vload(DT, FA_DV, 0, VF_N, vb + i * vrb, hd, d0, vv);
+                        for (int v = 0; v < FA_DV; v++) vf_store(dst + d0 + v * VF_N, vv[v]);
+                    } else if (nd == VF_N) {
+                        fa_vload(DT, 1, 0, VF_N, vb + i * vrb, hd, d0, vv);
+                        vf_store(dst + d0, vv[0]);
+                    } else {
+                        fa_vload(DT, 1, 1, (int)nd, vb + i * vrb, hd, d0, vv);
+                        vf_store_n(dst + d0, vv[0], (int)nd);
+                    }
+                }
+                x->vp[j - t0 + i] = (const char *)dst;
+            }
+        }
         j += n;
     }
 }
 
-/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
-GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
-    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
-    return hd - d0 < VF_N ? hd - d0 : VF_N;
+/* keys [ta, tb] (absolute) of the tile starting at t0: gather K transposed and converted to
+ * float (zeros elsewhere, so no garbage reaches a score) and the V row pointers */
+static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, int64_t tb,
+                      int with_k) {
+    if (a->kv_dtype == GI_KV_F16) fa_gather_dt(GI_KV_F16, a, x, t0, ta, tb, with_k);
+    else if (a->kv_dtype == GI_KV_Q8_0) fa_gather_dt(GI_KV_Q8_0, a, x, t0, ta, tb, with_k);
+    else fa_gather_dt(GI_KV_F32, a, x, t0, ta, tb, with_k);
 }
 
 /* One key tile [t0, t0 + FA_TK) for every row of the item: QK in chunks of FA_DC dims (a
@@ -293,7 +468,24 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
     const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
-    fa_gather(a, x, t0, ta, tb);
+    /* prefetch the K and V blocks of the tile FA_PF tiles ahead (the cache streams from
+     * memory at long contexts and its blocks are scattered; a hint, no effect on results) */
+    if (FA_PF > 0) {
+        const int64_t pa = t0 + FA_PF * FA_TK, pb0 = pa + FA_TK - 1;
+        const int64_t pb = pb0 < x->kmax ? pb0 : x->kmax;
+        const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, a->hd, bs);
+        for (int64_t b = pa / bs; pa <= pb && b <= pb / bs; b++) {
+            const int64_t off = (a->block_table[b] * a->n_kv + x->kvh) * hb;
+            const char *kb = (const char *)a->k_cache + off, *vb = (const char *)a->v_cache + off;
+            for (int64_t i = 0; i < hb; i += 64) {
+                __builtin_prefetch(kb + i);
+                __builtin_prefetch(vb + i);
+            }
+        }
+    }
+    /* few rows and whole key vectors per block: QK reads the cache directly */
+    const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
+    fa_gather(a, x, t0, ta, tb, !direct);
     int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
     for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
         const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
@@ -304,7 +496,16 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         }
     }
     /* ---- QK */
-    for (int64_t d0 = 0; d0 < hd; d0 += FA_DC) {
+    if (direct && gact[0]) {
+        const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
+        for (int64_t b = ta / bs; b <= tb / bs; b++) {
+            const char *kb = (const char *)a->k_cache +
+                             (a->block_table[b] * a->n_kv + x->kvh) * hb;
+            fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kb, bs, 0, bs,
+                               x->p + (b * bs - t0));
+        }
+    }
+    for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
         const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
@@ -338,8 +539,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-            fa_av_block(RB, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK, x->vp, ja, jb,
-                        x->c + r0, d0);
+            fa_av_block(RB, x->vdt, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK,
+                        x->vp, ja, jb, x->c + r0, d0);
         }
         d0 += nd;
     }
@@ -363,9 +564,12 @@ GI_INLINE int64_t fa_items(const gi_attn_args *a, int64_t tq, int64_t nparts) {
 }
 
 #define FA_ALIGN(n) (((n) + 15) & ~(int64_t)15) /* floats, to 64 bytes */
+#define FA_PART(hd) FA_ALIGN((hd) + 2) /* floats of one row's chunk partial: o, m, l */
 
 /* R = tq * nh <= FA_RMAX rows per item; smaller query blocks while there are fewer items than
- * threads (the tiling never changes a result). */
+ * threads.  Then, if the caller allows it (split_ok: it provides shared memory), the keys of
+ * each (query block, head group) are split by chunk over kchunks items while the groups alone
+ * cannot occupy the threads twice over.  The tiling and the split never change a result. */
 static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
     const int64_t G = a->H / a->n_kv;
     const int64_t rows = FA_RMAX;
@@ -378,19 +582,99 @@ static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
     a->tq = tq;
     a->nh = nh;
     a->nparts = nparts;
-    a->n_items = fa_items(a, tq, nparts);
+    const int64_t groups = fa_items(a, tq, nparts);
     const int64_t R = tq * nh;
-    const int64_t floats = 2 * FA_ALIGN(R * a->hd) + FA_ALIGN(R * FA_TK) +
-                           FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
+    a->kchunks = 1;
+    a->shared_bytes = 0;
+    if (a->split_ok && nthreads > 1 && groups < 2 * (int64_t)nthreads) {
+        int64_t pmax = a->max_pos;
+        for (int64_t t = 0; t < a->T; t++) pmax = a->q_pos[t] > pmax ? a->q_pos[t] : pmax;
+        const int64_t nch = pmax / FA_CH + 1;
+        if (nch > 1) {
+            a->kchunks = nch;
+            a->shared_bytes = 64 * ((groups * 8 + 63) / 64) /* counters, int64 */
+                              + groups * nch * R * FA_PART(a->hd) * (int64_t)sizeof(float);
+        }
+    }
+    a->n_items = groups * a->kchunks;
+    const int64_t floats = 3 * FA_ALIGN(R * a->hd) + FA_ALIGN(R * FA_TK) +
+                           2 * FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
     a->scratch_doubles = (floats + 1) / 2;
+}
+
+/* rows [lo, hi] of the item that intersect chunk ch */
+GI_INLINE int fa_row_in_chunk(const fa_ctx *x, int r, int64_t ch) {
+    return x->lo[r] < (ch + 1) * FA_CH && x->hi[r] >= ch * FA_CH;
+}
+
+/* the tiles of chunk ch for every row, from a fresh online softmax */
+static void fa_chunk(const gi_attn_args *a, fa_ctx *x, int64_t ch) {
+    for (int r = 0; r < x->R; r++) {
+        x->m[r] = -INFINITY;
+        x->l[r] = 0.0f;
+    }
+    memset(x->o, 0, (size_t)x->R * (size_t)a->hd * sizeof(float));
+    int64_t t = ch * FA_CH, kmin_tile = (x->kmin / FA_TK) * FA_TK;
+    if (t < kmin_tile) t = kmin_tile;
+    const int64_t end = (ch + 1) * FA_CH - 1 < x->kmax ? (ch + 1) * FA_CH - 1 : x->kmax;
+    for (; t <= end; t += FA_TK) fa_tile(a, x, t);
+}
+
+/* fold row r's chunk (m, l, o) into (M, L, O) (see the file comment) */
+static void fa_fold(int64_t hd, fa_ctx *x, int r, float m, float l, const float *o) {
+    float *O = x->O + r * hd;
+    if (x->nf[r]++ == 0) {
+        x->M[r] = m;
+        x->L[r] = l;
+        memcpy(O, o, (size_t)hd * sizeof(float));
+        return;
+    }
+    const float M = x->M[r], Mn = m > M ? m : M;
+    const float ca = M == Mn ? 1.0f : fa_exp2_1(M - Mn);
+    const float cb = m == Mn ? 1.0f : fa_exp2_1(m - Mn);
+    x->M[r] = Mn;
+    x->L[r] = x->L[r] * ca + l * cb;
+    const vf av = vf_set1(ca), bv = vf_set1(cb);
+    int64_t d = 0;
+    for (; d + VF_N <= hd; d += VF_N)
+        vf_store(O + d, vf_add(vf_mul(vf_load(O + d), av), vf_mul(vf_load(o + d), bv)));
+    if (d < hd) {
+        const int n = (int)(hd - d);
+        vf_store_n(O + d, vf_add(vf_mul(vf_load_n(O + d, n), av), vf_mul(vf_load_n(o + d, n), bv)),
+                   n);
+    }
+}
+
+/* out = O / L + 0: adding +0 turns a -0 into +0 and changes nothing else.  The sign of a
+ * zero in o is the one thing the other rows of an item can change (a key outside the row's
+ * range adds 0 * v, and -0 + +0 = +0), so this makes the bits the row's own. */
+static void fa_finish(int64_t hd, const fa_ctx *x) {
+    const vf zero = vf_zero();
+    for (int r = 0; r < x->R; r++) {
+        const vf lv = vf_set1(x->L[r]);
+        const float *o = x->O + r * hd;
+        int64_t d = 0;
+        for (; d + VF_N <= hd; d += VF_N)
+            vf_store(x->orow[r] + d, vf_add(vf_div(vf_load(o + d), lv), zero));
+        if (d < hd) {
+            const int n = (int)(hd - d);
+            vf_store_n(x->orow[r] + d, vf_add(vf_div(vf_load_n(o + d, n), lv), zero), n);
+        }
+    }
+}
+
+static void fa_scale_q(int64_t hd, float sc, fa_ctx *x) {
+    for (int r = 0; r < x->R; r++)
+        for (int64_t d = 0; d < hd; d++) x->qs[r * hd + d] = x->qrow[r][d] * sc;
 }
 
 static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     const int64_t G = a->H / a->n_kv, hd = a->hd;
+    const int64_t group = item / a->kchunks, slot = item % a->kchunks;
     const int64_t per_tile = a->n_kv * a->nparts;
     const int64_t n_tiles = (a->T + a->tq - 1) / a->tq;
-    const int64_t tile = n_tiles - 1 - item / per_tile; /* later queries (more keys) first */
-    const int64_t rem = item % per_tile, part = rem % a->nparts;
+    const int64_t tile = n_tiles - 1 - group / per_tile; /* later queries (more keys) first */
+    const int64_t rem = group % per_tile, part = rem % a->nparts;
     const int64_t t0 = tile * a->tq, h0 = part * a->nh;
     const int64_t nt = a->T - t0 < a->tq ? a->T - t0 : a->tq;
     const int64_t nhh = G - h0 < a->nh ? G - h0 : a->nh;
@@ -398,14 +682,18 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
     fa_ctx x;
     x.kvh = rem / a->nparts;
     x.R = (int)(nt * nhh);
+    x.vdt = x.R > FA_RB ? GI_KV_F32 : a->kv_dtype; /* float V tile for several row blocks */
 
-    /* ---- scratch: qs (R, hd) | o (R, hd) | p (R, TK) | kt (hd, TK) | vp (TK pointers) */
+    /* ---- scratch: qs (R, hd) | o (R, hd) | O (R, hd) | p (R, TK) | kt (hd, TK) | vt (TK, hd)
+     * | vp */
     float *f = (float *)scratch;
     x.qs = f;
     x.o = f + FA_ALIGN(x.R * hd);
-    x.p = x.o + FA_ALIGN(x.R * hd);
+    x.O = x.o + FA_ALIGN(x.R * hd);
+    x.p = x.O + FA_ALIGN(x.R * hd);
     x.kt = x.p + FA_ALIGN((int64_t)x.R * FA_TK);
-    x.vp = (const float **)(void *)(x.kt + FA_ALIGN(hd * FA_TK));
+    x.vt = x.kt + FA_ALIGN(hd * FA_TK);
+    x.vp = (const char **)(void *)(x.vt + FA_ALIGN(hd * FA_TK));
 
     /* ---- rows */
     x.kmin = INT64_MAX;
@@ -420,32 +708,46 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
             x.lo[r] = lo;
             x.hi[r] = pos;
             x.orow[r] = a->out + (t * a->H + h) * hd;
-            x.m[r] = -INFINITY;
-            x.l[r] = 0.0f;
-            const float *qr = a->q + (t * a->H + h) * hd;
-            float *qs = x.qs + r * hd;
-            for (int64_t d = 0; d < hd; d++) qs[d] = qr[d] * sc;
+            x.nf[r] = 0;
+            x.qrow[r] = a->q + (t * a->H + h) * hd;
         }
     }
-    memset(x.o, 0, (size_t)x.R * (size_t)hd * sizeof(float));
 
-    for (int64_t t = (x.kmin / FA_TK) * FA_TK; t <= x.kmax; t += FA_TK) fa_tile(a, &x, t);
+    if (a->kchunks == 1) { /* every chunk here, folded in order */
+        fa_scale_q(hd, sc, &x);
+        for (int64_t ch = x.kmin / FA_CH; ch <= x.kmax / FA_CH; ch++) {
+            fa_chunk(a, &x, ch);
+            for (int r = 0; r < x.R; r++)
+                if (fa_row_in_chunk(&x, r, ch)) fa_fold(hd, &x, r, x.m[r], x.l[r], x.o + r * hd);
+        }
+        fa_finish(hd, &x);
+        return;
+    }
 
-    /* out = o / l + 0: adding +0 turns a -0 into +0 and changes nothing else.  The sign of
-     * a zero in o is the one thing the other rows of an item can change (a key outside the
-     * row's range adds 0 * v, and -0 + +0 = +0), so this makes the bits the row's own. */
-    const vf zero = vf_zero();
-    for (int r = 0; r < x.R; r++) {
-        const vf lv = vf_set1(x.l[r]);
-        const float *o = x.o + r * hd;
-        int64_t d = 0;
-        for (; d + VF_N <= hd; d += VF_N)
-            vf_store(x.orow[r] + d, vf_add(vf_div(vf_load(o + d), lv), zero));
-        if (d < hd) {
-            const int n = (int)(hd - d);
-            vf_store_n(x.orow[r] + d, vf_add(vf_div(vf_load_n(o + d, n), lv), zero), n);
+    /* ---- split: this item computes chunk `slot`, the last item of the group folds them all */
+    const int64_t groups = a->n_items / a->kchunks, R = x.R, pf = FA_PART(hd);
+    int64_t *count = (int64_t *)a->shared;
+    float *parts = (float *)((char *)a->shared + 64 * ((groups * 8 + 63) / 64)) +
+                   group * a->kchunks * (a->tq * a->nh) * pf; /* (kchunks, R, pf) */
+    const int64_t ch = slot;
+    if (ch >= x.kmin / FA_CH && ch <= x.kmax / FA_CH) {
+        fa_scale_q(hd, sc, &x);
+        fa_chunk(a, &x, ch);
+        for (int r = 0; r < R; r++) {
+            float *pr = parts + (ch * R + r) * pf;
+            memcpy(pr, x.o + r * hd, (size_t)hd * sizeof(float));
+            pr[hd] = x.m[r];
+            pr[hd + 1] = x.l[r];
         }
     }
+    if (__atomic_add_fetch(&count[group], 1, __ATOMIC_ACQ_REL) % a->kchunks != 0) return;
+    for (int64_t c = x.kmin / FA_CH; c <= x.kmax / FA_CH; c++)
+        for (int r = 0; r < R; r++)
+            if (fa_row_in_chunk(&x, r, c)) {
+                const float *pr = parts + (c * R + r) * pf;
+                fa_fold(hd, &x, r, pr[hd], pr[hd + 1], pr);
+            }
+    fa_finish(hd, &x);
 }
 
 /* ============================================================================ table */

@@ -23,9 +23,14 @@
  *       block by block (a V block is read once; its d-chunks run from L1).
  * A row's operation sequence does not depend on the other rows of its tile: lanes of keys
  * outside a row's range are computed (where the block is shared) but never used.
+ *
+ * Cache types (kv_types.h): k and v are read as stored (f32, f16 by F16C, q8_0 as s * q) and
+ * converted exactly to double, so the result is this function of the stored values, the same
+ * bits as over a float32 cache holding them.
  */
 #include "attention.h"
 #include "gi_vmath.h"
+#include "kv_types.h"
 
 /* ============================================================================ weights */
 
@@ -100,25 +105,53 @@ typedef struct {
 
 /* ============================================================================ QK */
 
+/* One key vector (VD_N keys of one block, from key offset off) of row d of a K head-block kb
+ * (kv_types.h layout) in double; sc: its q8_0 scales for the current 32-row group. */
+GI_INLINE vd k_load(const int DT, const int FULL, const char *kb, int64_t bs, int64_t d,
+                    int64_t off, int n, vd sc) {
+    if (DT == GI_KV_F32) {
+        const float *p = (const float *)kb + d * bs + off;
+        return FULL ? vd_loadps(p) : vd_loadps_n(p, n);
+    }
+    if (DT == GI_KV_F16) {
+        const uint16_t *p = (const uint16_t *)kb + d * bs + off;
+        return FULL ? vd_load_f16(p) : vd_load_f16_n(p, n);
+    }
+    const int8_t *p = (const int8_t *)kb + d * bs + off;
+    return vd_mul(FULL ? vd_load_i8(p) : vd_load_i8_n(p, n), sc); /* s * q: exact */
+}
+
 /* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector]; then scaled (and soft-capped) and
- * stored at sp[v] + r * ss.  kp[v]: the key vector at d = 0 (stride bs per d), kn[v]: its
- * valid lanes (FULL: all VD_N).  pf[v]: the next group's key vectors, prefetched along d
- * (the cache is far larger than L2 at long contexts and blocks are scattered). */
-GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double *qd,
-                        int64_t hd, const float *const *kp, const int *kn,
-                        const float *const *pf, int64_t bs, double *const *sp, int64_t ss,
-                        double scale, double softcap) {
-    vd acc[GI_ATTN_RMAX][GI_MAXV];
+ * stored at sp[v] + r * ss.  kb[v]: the key vector's head-block, ko[v]: its first key's
+ * offset in the block, kn[v]: its valid lanes (FULL: all VD_N).  pf[v]: the next group's
+ * key vectors (byte addresses at d = 0, row stride pfs bytes), prefetched along d (the cache
+ * is far larger than L2 at long contexts and blocks are scattered). */
+GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT,
+                        const double *qd, int64_t hd, const char *const *kb,
+                        const int64_t *ko, const int *kn, const char *const *pf, int64_t pfs,
+                        int64_t bs, double *const *sp, int64_t ss, double scale,
+                        double softcap) {
+    vd acc[GI_ATTN_RMAX][GI_MAXV], sc[GI_MAXV];
+    const int pstep = DT == GI_KV_F32 ? GI_PF_STEP : DT == GI_KV_F16 ? 2 * GI_PF_STEP
+                                                                     : 4 * GI_PF_STEP;
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) acc[r][v] = vd_zero();
-    for (int64_t d = 0; d < hd; d++) {
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v += GI_PF_STEP) GI_PREFETCH(pf[v] + d * bs);
+    for (int v = 0; v < NV; v++) sc[v] = vd_zero();
+    for (int64_t d = 0; d < hd; d++) {
+        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) {
+                const uint16_t *s16 = (const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs;
+                sc[v] = vd_load_scales(s16 + ko[v], FULL ? VD_N : kn[v]);
+            }
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v += pstep) GI_PREFETCH(pf[v] + d * pfs);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
-            vd kv = FULL ? vd_loadps(kp[v] + d * bs) : vd_loadps_n(kp[v] + d * bs, kn[v]);
+            vd kv = k_load(DT, FULL, kb[v], bs, d, ko[v], kn[v], sc[v]);
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++)
                 acc[r][v] = vd_fma_exact(vd_set1(qd[r * hd + d]), kv, acc[r][v]);
@@ -139,13 +172,19 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const double
 }
 
 /* the next (up to) NV key vectors of blocks b0..b1 from the cursor (bi, off); a group may
- * span blocks.  Empty slots repeat slot 0 with kn = 0 (fully masked).  Returns the count. */
-GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, int64_t *bi,
-                      int64_t *off, const float **kp, double **sp, int *kn) {
+ * span blocks.  Empty slots repeat slot 0 with kn = 0 (fully masked).  Returns the count.
+ * pf[v]: byte address of the vector at d = 0 (for prefetching). */
+GI_INLINE int qk_fill(const int NV, const int DT, const gi_attn_args *a, const item_ctx *c,
+                      int64_t *bi, int64_t *off, const char **kb, int64_t *ko,
+                      const char **pf, double **sp, int *kn) {
+    const int64_t hb = gi_kv_head_bytes(DT, a->hd, a->bs);
+    const int64_t esz = DT == GI_KV_F32 ? 4 : DT == GI_KV_F16 ? 2 : 1;
     int nv = 0;
     while (nv < NV && *bi <= c->b1) {
         const int64_t blk = a->block_table[*bi];
-        kp[nv] = a->k_cache + (blk * a->n_kv + c->kvh) * a->hd * a->bs + *off;
+        kb[nv] = (const char *)a->k_cache + (blk * a->n_kv + c->kvh) * hb;
+        ko[nv] = *off;
+        pf[nv] = kb[nv] + *off * esz;
         sp[nv] = c->sc + (*bi - c->b0) * a->bs + *off;
         kn[nv] = (int)(a->bs - *off < VD_N ? a->bs - *off : VD_N);
         nv++;
@@ -156,7 +195,9 @@ GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, in
         }
     }
     for (int v = nv; v < NV && nv > 0; v++) {
-        kp[v] = kp[0];
+        kb[v] = kb[0];
+        ko[v] = ko[0];
+        pf[v] = pf[0];
         sp[v] = sp[0];
         kn[v] = 0;
     }
@@ -164,30 +205,33 @@ GI_INLINE int qk_fill(const int NV, const gi_attn_args *a, const item_ctx *c, in
 }
 
 /* scores of all key vectors of blocks b0..b1, NV at a time, one group prefetched ahead */
-GI_INLINE void qk_rows(const int RB, const gi_attn_args *a, const item_ctx *c) {
+GI_INLINE void qk_rows(const int RB, const int DT, const gi_attn_args *a, const item_ctx *c) {
     const int NV = QK_NV(RB);
-    const float *kp[2][GI_MAXV];
+    const char *kb[2][GI_MAXV], *pf[2][GI_MAXV];
+    int64_t ko[2][GI_MAXV];
     double *sp[2][GI_MAXV];
     int kn[2][GI_MAXV];
+    const int64_t pfs = a->bs * (DT == GI_KV_F32 ? 4 : DT == GI_KV_F16 ? 2 : 1);
     int64_t bi = c->b0, off = 0;
     int cur = 0;
-    int n = qk_fill(NV, a, c, &bi, &off, kp[0], sp[0], kn[0]);
+    int n = qk_fill(NV, DT, a, c, &bi, &off, kb[0], ko[0], pf[0], sp[0], kn[0]);
     while (n) {
-        const int nn = qk_fill(NV, a, c, &bi, &off, kp[cur ^ 1], sp[cur ^ 1], kn[cur ^ 1]);
-        const float *const *pf = nn ? kp[cur ^ 1] : kp[cur];
+        const int nx = cur ^ 1;
+        const int nn = qk_fill(NV, DT, a, c, &bi, &off, kb[nx], ko[nx], pf[nx], sp[nx], kn[nx]);
+        const char *const *pfp = nn ? pf[nx] : pf[cur];
         int full = 1;
         for (int v = 0; v < NV; v++) full &= kn[cur][v] == VD_N;
         if (full)
-            qk_group(RB, NV, 1, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
-                     a->scale, a->softcap);
+            qk_group(RB, NV, 1, DT, c->qd, a->hd, kb[cur], ko[cur], kn[cur], pfp, pfs, a->bs,
+                     sp[cur], c->ss, a->scale, a->softcap);
         else if (n == NV)
-            qk_group(RB, NV, 0, c->qd, a->hd, kp[cur], kn[cur], pf, a->bs, sp[cur], c->ss,
-                     a->scale, a->softcap);
+            qk_group(RB, NV, 0, DT, c->qd, a->hd, kb[cur], ko[cur], kn[cur], pfp, pfs, a->bs,
+                     sp[cur], c->ss, a->scale, a->softcap);
         else /* the last, short group: one vector at a time rather than NV with empty slots */
             for (int v = 0; v < n; v++)
-                qk_group(RB, 1, 0, c->qd, a->hd, kp[cur] + v, kn[cur] + v, pf, a->bs,
-                         sp[cur] + v, c->ss, a->scale, a->softcap);
-        cur ^= 1;
+                qk_group(RB, 1, 0, DT, c->qd, a->hd, kb[cur] + v, ko[cur] + v, kn[cur] + v,
+                         pfp, pfs, a->bs, sp[cur] + v, c->ss, a->scale, a->softcap);
+        cur = nx;
         n = nn;
     }
 }
@@ -227,13 +271,33 @@ static void softmax_row(double *srow, int64_t lo, int64_t hi) {
         }                                                                              \
     } while (0)
 
-/* keys [j0, j1] of one block (relative to kbase; row vr_j = vb + (j - jb) * hd), d-chunk
- * [d0, d0 + DV*VD_N) of every row: the accumulators come from and go back to c->o (and l
- * when FIRST), so each block is read from memory once while its d-chunks run from L1. */
-GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const item_ctx *c,
-                        const float *vb, const float *vnext, int64_t jb, int64_t j0,
-                        int64_t j1, int64_t hd, int64_t d0, int64_t clo, int64_t chi,
-                        double *l) {
+/* DV vectors of d (from d0) of one V row (kv_types.h layout) in double */
+GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, int64_t d0,
+                      vd *vv) {
+    if (DT == GI_KV_F32) {
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vv[v] = vd_loadps((const float *)row + d0 + v * VD_N);
+    } else if (DT == GI_KV_F16) {
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vv[v] = vd_load_f16((const uint16_t *)row + d0 + v * VD_N);
+    } else {
+        const uint16_t *s16 = (const uint16_t *)(row + hd);
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) {
+            const int64_t d = d0 + v * VD_N;
+            const double s = (double)gi_f16_load1(s16 + d / GI_KV_QB);
+            vv[v] = vd_mul(vd_load_i8((const int8_t *)row + d), vd_set1(s)); /* exact */
+        }
+    }
+}
+
+/* keys [j0, j1] of one block (relative to kbase; row of key j at vb + (j - jb) * vrb bytes),
+ * d-chunk [d0, d0 + DV*VD_N) of every row: the accumulators come from and go back to c->o
+ * (and l when FIRST), so each block is read from memory once while its d-chunks run from L1. */
+GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int DT,
+                        const item_ctx *c, const char *vb, const char *vnext, int64_t vrb,
+                        int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
+                        int64_t clo, int64_t chi, double *l) {
     vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
     const int64_t ss = c->ss;
 #pragma GCC unroll 16
@@ -243,12 +307,11 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const item_
         for (int v = 0; v < DV; v++) acc[r][v] = vd_load(c->o + r * hd + d0 + v * VD_N);
     }
     for (int64_t j = j0; j <= j1; j++) {
-        const float *vr = vb + (j - jb) * hd + d0;
-        if (FIRST) /* the next block's row of this offset, all of hd */
-            for (int64_t f = 0; f < hd; f += 16) GI_PREFETCH(vnext + (j - jb) * hd + f);
+        const char *vr = vb + (j - jb) * vrb;
+        if (FIRST) /* the next block's row of this offset, all of it */
+            for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
         vd vv[GI_MAXV];
-#pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) vv[v] = vd_loadps(vr + v * VD_N);
+        v_load(DV, DT, vr, hd, d0, vv);
         const double *e = c->sc + j;
         if (j >= clo && j <= chi)
             AV_KEY(0);
@@ -265,8 +328,10 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const item_
 
 /* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, block by
  * block; then out = float(o / l) */
-GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const item_ctx *c) {
+GI_INLINE void av_rows(const int RB, const int DV, const int DT, const gi_attn_args *a,
+                       const item_ctx *c) {
     const int64_t hd = a->hd, bs = a->bs, step = (int64_t)DV * VD_N;
+    const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
     double l[GI_ATTN_RMAX];
     int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
     for (int r = 0; r < RB; r++) {
@@ -278,14 +343,14 @@ GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const 
     for (int64_t bi = c->b0; bi <= c->b1; bi++) {
         const int64_t blk = a->block_table[bi];
         const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
-        const float *vb = a->v_cache + (blk * a->n_kv + c->kvh) * bs * hd;
+        const char *vb = (const char *)a->v_cache + (blk * a->n_kv + c->kvh) * hb;
         const int64_t j0 = c->jmin > jb ? c->jmin : jb;
         const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
         const int64_t nblk = a->block_table[bi < c->b1 ? bi + 1 : bi];
-        const float *vn = a->v_cache + (nblk * a->n_kv + c->kvh) * bs * hd;
-        av_block(RB, DV, 1, c, vb, vn, jb, j0, j1, hd, 0, clo, chi, l);
+        const char *vn = (const char *)a->v_cache + (nblk * a->n_kv + c->kvh) * hb;
+        av_block(RB, DV, 1, DT, c, vb, vn, vrb, jb, j0, j1, hd, 0, clo, chi, l);
         for (int64_t d0 = step; d0 < hd; d0 += step)
-            av_block(RB, DV, 0, c, vb, vn, jb, j0, j1, hd, d0, clo, chi, l);
+            av_block(RB, DV, 0, DT, c, vb, vn, vrb, jb, j0, j1, hd, d0, clo, chi, l);
     }
     for (int r = 0; r < RB; r++) {
         const vd lv = vd_set1(l[r]);
@@ -298,18 +363,29 @@ GI_INLINE void av_rows(const int RB, const int DV, const gi_attn_args *a, const 
 
 #define GI_RB_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
 
-#define QK_CASE(RB) \
-    case RB: qk_rows(RB, a, c); break;
+#define QK_CASE(RB)                                                \
+    case RB:                                                       \
+        if (a->kv_dtype == GI_KV_F16) qk_rows(RB, GI_KV_F16, a, c);   \
+        else if (a->kv_dtype == GI_KV_Q8_0) qk_rows(RB, GI_KV_Q8_0, a, c); \
+        else qk_rows(RB, GI_KV_F32, a, c);                          \
+        break;
 static void qk_dispatch(const gi_attn_args *a, const item_ctx *c) {
     switch (c->R) { GI_RB_CASES(QK_CASE) default: break; }
 }
 
+#define AV_DT(RB, DV)                                                       \
+    do {                                                                    \
+        if (a->kv_dtype == GI_KV_F16) av_rows(RB, DV, GI_KV_F16, a, c);     \
+        else if (a->kv_dtype == GI_KV_Q8_0) av_rows(RB, DV, GI_KV_Q8_0, a, c); \
+        else av_rows(RB, DV, GI_KV_F32, a, c);                              \
+    } while (0)
+
 /* DV: the budget AV_DV(RB) if it divides the hd/VD_N vectors of a row, else 2, else 1 */
 #define AV_CASE(RB)                                                     \
     case RB:                                                            \
-        if (nvec % AV_DV(RB) == 0) av_rows(RB, AV_DV(RB), a, c);        \
-        else if (AV_DV(RB) > 2 && nvec % 2 == 0) av_rows(RB, 2, a, c);  \
-        else av_rows(RB, 1, a, c);                                      \
+        if (nvec % AV_DV(RB) == 0) AV_DT(RB, AV_DV(RB));                \
+        else if (AV_DV(RB) > 2 && nvec % 2 == 0) AV_DT(RB, 2);          \
+        else AV_DT(RB, 1);                                              \
         break;
 static void av_dispatch(const gi_attn_args *a, const item_ctx *c) {
     const int64_t nvec = a->hd / VD_N;
@@ -358,6 +434,8 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
         maxss = ss > maxss ? ss : maxss;
     }
     a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
+    a->kchunks = 1; /* never split: one reduction order over all keys */
+    a->shared_bytes = 0;
 }
 
 static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
@@ -424,17 +502,34 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
 
 /* ============================================================================ KV write */
 
-static void GI(kv_write)(float *k_cache, float *v_cache, const float *k, const float *v,
+/* kv heads [h0, h1) of T tokens in token order (a repeated slot: the last wins), each value
+ * rounded once to the cache type (kv_types.h) */
+static void GI(kv_write)(void *k_cache, void *v_cache, int dt, const float *k, const float *v,
                          const int64_t *slots, int64_t T, int64_t n_kv, int64_t hd, int64_t bs,
                          int64_t h0, int64_t h1) {
+    const int64_t hb = gi_kv_head_bytes(dt, hd, bs), vrb = gi_kv_vrow_bytes(dt, hd);
     for (int64_t h = h0; h < h1; h++)
         for (int64_t t = 0; t < T; t++) {
             const int64_t b = slots[t] / bs, o = slots[t] % bs;
             const float *kr = k + (t * n_kv + h) * hd, *vr = v + (t * n_kv + h) * hd;
-            float *kc = k_cache + (b * n_kv + h) * hd * bs + o; /* stride bs per d */
-            float *vc = v_cache + ((b * n_kv + h) * bs + o) * hd;
-            for (int64_t d = 0; d < hd; d++) kc[d * bs] = kr[d];
-            memcpy(vc, vr, (size_t)hd * sizeof(float));
+            char *kb = (char *)k_cache + (b * n_kv + h) * hb;  /* K head-block */
+            char *vrow = (char *)v_cache + (b * n_kv + h) * hb + o * vrb;
+            if (dt == GI_KV_F32) {
+                float *kc = (float *)kb + o; /* stride bs per d */
+                for (int64_t d = 0; d < hd; d++) kc[d * bs] = kr[d];
+                memcpy(vrow, vr, (size_t)hd * sizeof(float));
+            } else if (dt == GI_KV_F16) {
+                uint16_t *kc = (uint16_t *)kb + o, *vc = (uint16_t *)vrow;
+                for (int64_t d = 0; d < hd; d++) kc[d * bs] = gi_f32_to_f16(kr[d]);
+                for (int64_t d = 0; d < hd; d++) vc[d] = gi_f32_to_f16(vr[d]);
+            } else {
+                uint16_t *ks = (uint16_t *)(kb + hd * bs), *vs = (uint16_t *)(vrow + hd);
+                for (int64_t g = 0; g < hd / GI_KV_QB; g++) {
+                    const int64_t d0 = g * GI_KV_QB;
+                    ks[g * bs + o] = gi_q8_0_block(kr + d0, (int8_t *)kb + d0 * bs + o, bs);
+                    vs[g] = gi_q8_0_block(vr + d0, (int8_t *)vrow + d0, 1);
+                }
+            }
         }
 }
 

@@ -1,0 +1,160 @@
+"""Tool calling through the OpenAI-compatible server, driven by the official openai client:
+SmolLM2 and Gemma 3 (real models) make calls whose arguments validate against their tools'
+schemas with tool_choice "required" and a named function, streamed calls assemble with the
+client's helper, a two-turn tool conversation reuses the cache; bad tool input is a 400
+naming the field before any token, and the server goes on."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from test_server import BAD_BODIES, Server, msgs
+from tinymodels import load
+
+from goinfer import KVCache, hub
+from goinfer.model import Model
+
+
+@pytest.fixture(scope="module")
+def srv(tiny):
+    with Server(load(tiny("llama", 3)[1])) as s:
+        yield s
+
+
+# ============================================================================ bad input
+
+
+def test_bad_tools_get_400_before_any_token_and_the_server_goes_on(srv):
+    tool_bodies = [b for b, p in BAD_BODIES if "tool" in json.dumps(b)]
+    assert len(tool_bodies) >= 7
+    c = srv.client()
+    n0 = srv.engine.n_finished
+    for body in tool_bodies:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", **body)
+        assert e.value.body["param"]
+        assert srv.engine.n_finished == n0  # nothing was generated
+        ok = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=2)
+        assert ok.choices[0].finish_reason in ("stop", "length")
+        n0 = srv.engine.n_finished
+
+
+# ============================================================================ tools, real models
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 0}, "b": {"type": "number"}},
+            "required": ["a", "b"], "additionalProperties": False}}},
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = msgs("What is the weather in Paris? Use the tools.", system="You are a helpful assistant.")
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def real_srv(request):
+    m = Model.load(str(hub.resolve(request.param, progress=False)), threads=1, progress=False)
+    with Server(m, KVCache(m, max_tokens=4096)) as s:
+        yield s
+
+
+def _valid_calls(calls, only=None):
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id
+        assert only is None or c.function.name == only
+        jsonschema.validate(json.loads(c.function.arguments), TOOL_SCHEMAS[c.function.name])
+
+
+QUESTIONS = {"required": ASK, "add": msgs("What is 2 plus 3? Use the tools.",
+                                          system="You are a helpful assistant.")}
+
+
+def _choice(choice):
+    return choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", "add"])
+def test_real_models_call_tools_with_valid_arguments(real_srv, choice):
+    """tool_choice "required" and a named function are constrained from the first token:
+    even a 135M model returns a call whose arguments validate against the tool's schema."""
+    r = real_srv.client().chat.completions.create(
+        model="tiny", messages=QUESTIONS[choice], tools=TOOLS, tool_choice=_choice(choice),
+        max_tokens=80, parallel_tool_calls=False, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) == 1 and ch.message.content is None
+    _valid_calls(ch.message.tool_calls, None if choice == "required" else choice)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", "add"])
+def test_real_models_sampled_tool_calls(real_srv, choice):
+    """Sampled (temperature 1): every call that ends validates; a value that runs on (a
+    sampled number may get digit after digit) ends with finish_reason "length", never as a
+    call claimed complete."""
+    done = 0
+    for seed in range(4):
+        r = real_srv.client().chat.completions.create(
+            model="tiny", messages=QUESTIONS[choice], tools=TOOLS, tool_choice=_choice(choice),
+            max_tokens=60, temperature=1.0, seed=seed, parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.message.tool_calls, ch  # the first token already belongs to a call
+        if ch.finish_reason == "length":  # cut short: the client can tell
+            continue
+        assert ch.finish_reason == "tool_calls", ch
+        _valid_calls(ch.message.tool_calls, None if choice == "required" else choice)
+        done += 1
+    assert done >= 2
+
+
+@pytest.mark.slow
+def test_real_models_stream_tool_calls_the_client_assembles(real_srv):
+    """The official client's stream helper assembles the streamed delta.tool_calls into the
+    same calls as the non-streamed reply (greedy: the same tokens)."""
+    c = real_srv.client()
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
+              temperature=0, parallel_tool_calls=False)
+    whole = c.chat.completions.create(**kw).choices[0]
+    with c.chat.completions.stream(**kw) as stream:
+        deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
+    got = [(t.function.name, t.function.arguments) for t in final.message.tool_calls]
+    assert got == [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert len(deltas) > 1  # the arguments came in pieces
+    _valid_calls(final.message.tool_calls)
+
+
+@pytest.mark.slow
+def test_real_models_two_turn_tool_conversation(real_srv):
+    """Call, tool result back through the template, then an answer; the second request
+    reuses the first one's prompt from the cache."""
+    c = real_srv.client()
+    messages = list(ASK)
+    r1 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                   tool_choice="required", max_tokens=80, temperature=0,
+                                   parallel_tool_calls=False)
+    m1 = r1.choices[0].message
+    _valid_calls(m1.tool_calls)
+    messages.append(m1.model_dump(exclude_none=True))
+    for t in m1.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": t.id,
+                         "content": json.dumps({"temperature_c": 18, "sky": "sunny"})})
+    r2 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                   tool_choice="none", max_tokens=24, temperature=0)
+    ch = r2.choices[0]
+    assert ch.finish_reason in ("stop", "length") and not ch.message.tool_calls
+    assert ch.message.content and ch.message.content.strip()
+    assert r2.usage.prompt_tokens > r1.usage.prompt_tokens
+    bs = real_srv.cache.block_size
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - bs
