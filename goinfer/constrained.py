@@ -448,6 +448,7 @@ class Constraint:
         """Consume ``token`` -> "more" (go on), "end" (taken, and the generation ends here: the
         grammar is complete and allows nothing more, or failed; ``reason`` says which), or
         "rejected" (not taken: a dead end, the token must not be output)."""
+        self.close()  # a mask still being computed reads the matcher: let it finish first
         m = self.matcher
         if not m.consume_token(int(token)):
             self.reason = ("grammar dead end: the sampled token does not continue the output "
@@ -462,8 +463,8 @@ class Constraint:
         return "more"
 
     def close(self) -> None:
-        """Wait for a mask still being computed (the matcher is not shared, so this is only
-        about not leaving work behind)."""
+        """Wait for a mask still being computed and drop it (the matcher must not change under
+        it, and no work is left behind)."""
         fut, self._pending = self._pending, None
         if fut is not None:
             fut.result()

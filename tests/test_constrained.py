@@ -529,7 +529,6 @@ def test_benchmark_smoke():
 
     root = Path(__file__).resolve().parent.parent
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "constrained.py"), "--smoke"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "schema-sync" in r.stdout and "mask alone" in r.stdout
