@@ -408,6 +408,51 @@ def test_drafting_requests_equal_plain_lone_requests(model, kv_tokens):
         assert preempted > 0
 
 
+def test_continuous_batch_across_512_equals_lone_requests(tiny):
+    """The default mode in the server's continuous batch: prompts just below and above 512,
+    prefilled in chunks of 48 next to other requests' decode and verify steps, decoding across
+    512 (rows there run the fast kernel), with and without drafting: every result equals the
+    request alone in a fresh session without drafting, bit for bit (the same tokens and
+    logprobs)."""
+    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=1024)
+    rng = np.random.default_rng(7)
+    rep = [5, 9, 5, 9, 65, 66, 65, 66]
+    prompts = [(rep * 80)[:n] + rng.integers(0, 256, 4).tolist() for n in (470, 500, 505, 540)]
+    bodies = [{"temperature": 0, "logit_bias": {"65": 6.0, "66": 6.0}},
+              {"temperature": 0.8, "seed": 3, "logit_bias": {"65": 6.0, "66": 6.0}},
+              {"temperature": 0, "draft": None},
+              {"temperature": 0.9, "seed": 8, "top_k": 5}]
+    with Server(m, KVCache(m, max_tokens=4096), max_batch=8, prefill_chunk=48,
+                draft="prompt_lookup", draft_tokens=6) as s:
+        s.engine.pause()
+        results = [None] * len(bodies)
+
+        def run(i):
+            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
+                                                        max_tokens=40, return_tokens=True)).json()
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(120)
+        assert s.engine.peak_batch >= 3
+    accepted = 0
+    for body, p, r in zip(bodies, prompts, results):
+        kw = {k: v for k, v in body.items() if not k.startswith("draft")}
+        if "logit_bias" in kw:
+            kw["logit_bias"] = {int(k): v for k, v in kw["logit_bias"].items()}
+        ref = lone(m, prompt=p, max_tokens=40, logprobs=True, top_logprobs=1, **kw)
+        assert r["tokens"] == ref.tokens and r["choices"][0]["text"] == ref.text
+        # the sampled tokens' logprobs, float32 bits through JSON: the logits rows are identical
+        got = r["choices"][0]["logprobs"]["token_logprobs"]
+        assert got == [e["logprob"] for e in ref.logprobs["content"]]
+        accepted += r["timings"]["draft_n_accepted"]
+    assert accepted > 0
+
+
 def test_draft_fields_are_checked(srv):
     for body, param in (({"draft": "medusa"}, "draft"), ({"draft_tokens": 0}, "draft_tokens"),
                         ({"draft_tokens": "8"}, "draft_tokens")):
