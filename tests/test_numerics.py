@@ -201,6 +201,33 @@ def test_batch_composition_hypothesis(models, exact, data, seed, threads):
             assert np.array_equal(lg, ref[i][pos[i] - 1]), (i, pos[i])
 
 
+@pytest.mark.parametrize("kv_dtype", ["f32", "q8_0"])
+def test_batching_per_kv_dtype(tmp_path, kv_dtype):
+    """The properties above run on the default f16 cache; the other storage types keep them
+    too (a value is rounded once when written): teacher-forced logits == prefill in two calls
+    crossing 512 == decode steps across 512 (2 threads, the graph) == a continuous batch with
+    another sequence, bit for bit, in the default mode (head_dim 32: q8_0's block)."""
+    hf = tinymodels.hf_model("llama", 20, num_attention_heads=4, num_key_value_heads=2,
+                             hidden_size=128, max_position_embeddings=CTX)
+    path = tinymodels.write_gguf(hf, "llama", tmp_path / "hd32.gguf")
+    m = Model(GGUFFile(path), threads=2, context_length=CTX, progress=False, kv_dtype=kv_dtype)
+    ids, other = ids_(600, 11), ids_(300, 12)
+    ref = m.logits(ids)
+    assert np.array_equal(prefill_chunks(m, ids, [450]), ref[-1])
+    s = session(m, 600)
+    assert np.array_equal(s.prefill(ids[:490]), ref[489])
+    for p in range(490, 540):
+        assert np.array_equal(s.decode(ids[p]), ref[p]), p
+    cache = KVCache(m, max_tokens=1200)
+    a, b = m.session(cache), m.session(cache)
+    a.prefill(ids[:500])
+    b.prefill(other[:200])
+    for p in range(500, 530):
+        la, _ = forward_sessions([(a, [ids[p]]), (b, other[p - 300:p - 298])])
+        assert np.array_equal(la, ref[p]), p
+    assert cache.dtype == kv_dtype
+
+
 # ============================================================================ which kernel runs
 
 
