@@ -65,7 +65,11 @@ def _stats(r, file=None) -> None:
     t = r.timings
     print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
           f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
-          f"{t.decode_tok_s:.1f} tok/s | finish: {r.finish_reason}]", file=file)
+          f"{t.decode_tok_s:.1f} tok/s{_drafts(t)} | finish: {r.finish_reason}]", file=file)
+
+
+def _drafts(t) -> str:
+    return f" (drafts: {t.draft_accepted} of {t.draft_tokens} accepted)" if t.draft_tokens else ""
 
 
 def _stream(session, method, arg, sampling) -> object:

@@ -95,6 +95,19 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
         assert split["qk"]["seconds"] > 0 and split["av"]["seconds"] > 0
 
 
+def test_cli_draft_gives_the_same_text(tiny, capsys):
+    """--draft prompt_lookup: the same output as without, and the drafts are reported."""
+    path = str(tiny("llama")[1])
+    args = ["run", path, "ab ab ab ab ab ab ab", "--max-tokens", "48", "--threads", "1",
+            "--temperature", "0"]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    assert main(args + ["--draft", "prompt_lookup", "--draft-tokens", "4"]) == 0
+    spec = capsys.readouterr()
+    assert spec.out == plain.out and plain.out
+    assert "drafts:" in spec.err and "drafts:" not in plain.err
+
+
 def test_exact_flag_and_its_old_name():
     from goinfer.cli import build_parser
     from goinfer.server.cli import add_arguments
