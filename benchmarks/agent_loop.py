@@ -22,6 +22,7 @@ tokens.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import tempfile
@@ -194,6 +195,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.smoke:
         args.turns, args.reply_tokens, args.no_llama_cpp = 2, 4, True
+    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is None:
+        args.no_llama_cpp = True
+        print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+    elif args.no_llama_cpp:
+        print("llama.cpp: skipped (--smoke / --no-llama-cpp)", flush=True)
     long = args.transcript == "long"
     if long and args.turns == 12:
         args.turns = 24  # as many as fit --max-context

@@ -25,6 +25,7 @@ token to the last).  Medians over repeats, per task; speed-up = with drafting / 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -106,6 +107,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.smoke:
         args.tasks, args.max_tokens, args.repeats, args.no_llama_cpp = 1, 24, 1, True
+    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is None:
+        args.no_llama_cpp = True
+        print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+    elif args.no_llama_cpp:
+        print("llama.cpp: skipped (--smoke / --no-llama-cpp)", flush=True)
 
     import goinfer
     from goinfer import hub

@@ -39,7 +39,8 @@ def test_speculative_smoke(tiny_path, capsys):
     res = _script("speculative").main([tiny_path, "--smoke", "--threads", "1"])
     row = res["tasks"][0]
     assert row["goinfer_identical"] and row["goinfer + draft"]["tokens"] > 0
-    assert "speed-up goinfer" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "speed-up goinfer" in out and "llama.cpp: skipped" in out
 
 
 @pytest.mark.parametrize("transcript", ["default", "long"])
@@ -49,4 +50,5 @@ def test_agent_loop_smoke(tiny_path, transcript, capsys):
     g = res["engines"]["goinfer (reuse)"]
     assert len(g) == 2 and g[1]["cached_tokens"] > 0  # the second turn reused the first
     assert res["save_load"]["cached_after_load"] > 0
-    assert "TTFT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "llama.cpp: skipped" in out
