@@ -344,9 +344,18 @@ class Session:
             raise ContextLengthError(
                 f"prompt of {len(self._tokens) + len(ids)} tokens exceeds the context length "
                 f"{self.model.n_ctx} of {self.model.name}")
+        n0 = len(self._tokens)
+        state = self._rec.copy() if self._rec is not None and n0 else None
         reused = self._extend_from_cache(ids, len(ids) - 1)
         rest = ids[reused:]
-        logits = self._feed(rest)
+        try:
+            logits = self._feed(rest)
+        except BaseException:  # e.g. CacheFullError: give the reused blocks back
+            if len(self._tokens) > n0:
+                self._cut(n0)
+                if self._rec is not None:
+                    self._rec.load(state) if state is not None else self._rec.clear()
+            raise
         self._mark()
         self.cache.count_hits(reused, len(rest))
         return logits[-1], reused

@@ -238,6 +238,33 @@ def test_hybrid_truncate_fork_and_batching(models):
     assert c.generate(ids[:100], max_tokens=0).cached_tokens == 64
 
 
+def test_hybrid_cache_full_after_reuse_restores_state(models):
+    """prefill() that takes cached blocks (and loads their recurrent state), then cannot get
+    a new block: the session gives the blocks back and gets its own state back."""
+    from goinfer import CacheFullError
+
+    m = models("qwen35")
+    cache = KVCache(m, max_tokens=64, block_size=16, snapshot_every=1)  # 4 blocks
+    shared = ids_(40, 16)
+    a = m.session(cache)
+    a.prefill(shared)  # 3 blocks, the first 2 hashed, with state snapshots
+    c = m.session(cache)
+    c.prefill(ids_(5, 17))  # the last block
+    b = m.session(cache)
+    with pytest.raises(CacheFullError):
+        b.prefill(shared[:32] + [1, 2])
+    assert b.n_tokens == 0
+    f = a.fork()
+    f.truncate(16)
+    with pytest.raises(CacheFullError):
+        f.prefill(shared[16:32] + [1, 2])
+    assert f.tokens == shared[:16]
+    c.reset()  # room again; these prefills reuse nothing, so they run on each one's own state
+    assert np.array_equal(b.prefill([3, 4, 5]), m.logits([3, 4, 5])[-1])
+    b.reset()
+    assert np.array_equal(f.prefill([3, 4, 5]), m.logits(shared[:16] + [3, 4, 5])[-1])
+
+
 def test_hybrid_save_and_load(models, tmp_path):
     m = models("qwen35")
     ids = ids_(160, 6)

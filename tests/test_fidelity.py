@@ -85,14 +85,40 @@ def test_perplexity_fast_windows_run_fast(model):
     assert abs(math.log(fast.perplexity / exact.perplexity)) < 1e-3
 
 
-def test_compare_identical_and_fast_vs_exact(path):
+def _compare_reference(ma, mb, ids, ctx, stride):
+    """compare's numbers by their definitions, from Model.logits of each window."""
+    rows_a, rows_b, tgt, pos = [], [], [], []
+    for b, e, s in fidelity.windows(len(ids), ctx, stride):
+        la, lb = ma.logits(ids[b:e]), mb.logits(ids[b:e])  # (e - b, vocab)
+        rows_a.append(la[s - 1 - b:e - 1 - b])
+        rows_b.append(lb[s - 1 - b:e - 1 - b])
+        tgt.extend(ids[s:e])
+        pos.extend(range(s - 1, e - 1))
+    x, y = np.concatenate(rows_a).astype(np.float64), np.concatenate(rows_b).astype(np.float64)
+    cos = (x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
+    rows = np.arange(len(tgt))
+
+    def nll(z):
+        m = z.max(1)
+        return np.log(np.exp(z - m[:, None]).sum(1)) + m - z[rows, tgt]
+
+    return dict(n_scored=len(tgt), top1_agreement=float((x.argmax(1) == y.argmax(1)).mean()),
+                cosine_mean=float(cos.mean()), cosine_min=float(cos.min()),
+                worst_position=pos[int(cos.argmin())], nll_a=float(nll(x).mean()),
+                nll_b=float(nll(y).mean()))
+
+
+def test_compare_matches_definition_fast_vs_exact(path):
     ids = fidelity.read_ids(Model(GGUFFile(path), progress=False), _write(TEXT))[:800]
     a = Model(GGUFFile(path), threads=2, progress=False)
-    same = fidelity.compare(a, a, ids, 300, 150, progress=False)
-    assert same.top1_agreement == 1.0 and same.nll_diff_mean == 0.0
-    assert same.cosine_min > 1 - 1e-12 and same.n_scored == len(ids) - 1
     b = Model(GGUFFile(path), threads=1, exact=True, progress=False)
     r = fidelity.compare(b, a, ids, 600, 300, progress=False)
+    want = _compare_reference(b, a, ids.tolist(), 600, 300)
+    assert (r.n_scored, r.worst_position) == (want["n_scored"], want["worst_position"])
+    assert r.n_scored == len(ids) - 1 and r.top1_agreement == want["top1_agreement"]
+    for k in ("cosine_mean", "cosine_min", "nll_a", "nll_b"):
+        assert abs(getattr(r, k) - want[k]) <= 1e-12 * max(1.0, abs(want[k])), k
+    assert abs(r.nll_diff_mean - (want["nll_b"] - want["nll_a"])) <= 1e-12
     assert r.cosine_min < 1.0  # the fast windows differ
     assert r.cosine_min > 0.9999 and r.top1_agreement >= 0.99 and abs(r.nll_diff_mean) < 1e-3
     assert abs(r.nll_a - math.log(fidelity.perplexity(b, ids, 600, 300, progress=False)

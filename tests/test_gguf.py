@@ -1,9 +1,12 @@
 """GGUF reading and conversion: small files built here (gguf.GGUFWriter or by hand)."""
 from __future__ import annotations
 
+import hashlib
 import random
+import re
 import shutil
 import struct
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -325,12 +328,27 @@ def test_empty_arrays_and_hand_built_metadata(tmpfile):
 # ============================================================================ fingerprint
 
 
+def fingerprint_by_definition(path) -> str:
+    """GGUFFile.fingerprint as documented: sha256 of a tag, the file size, the header (bytes
+    before the tensor data, located by gguf-py's reader) and 256 slices of 4 KiB spread
+    evenly over the tensor data."""
+    raw = Path(path).read_bytes()
+    off = gguf.GGUFReader(path).data_offset
+    h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0" + len(raw).to_bytes(8, "little") + raw[:off])
+    step = max(1, (len(raw) - off) // 256)
+    for o in range(off, len(raw), step):
+        h.update(raw[o:o + 4096])
+    return h.hexdigest()
+
+
 def test_fingerprint(tmp_path):
     rng = np.random.default_rng(9)
     raw = random_blocks(T.Q4_0, 16, 64, rng)
     p1 = write_gguf(tmp_path / "a.gguf", {"w": (raw, T.Q4_0)}, {"k.v": (1, gguf.GGUFValueType.UINT32)})
     fp = GGUFFile(p1).fingerprint
-    assert len(fp) == 64 and int(fp, 16) >= 0
+    assert re.fullmatch("[0-9a-f]{64}", fp) and fp == fingerprint_by_definition(p1)
+    big = write_gguf(tmp_path / "big.gguf", {"w": (random_blocks(T.Q8_0, 4096, 256, rng), T.Q8_0)}, {})
+    assert GGUFFile(big).fingerprint == fingerprint_by_definition(big)  # 1.1 MB: data sampled
     assert GGUFFile(p1).fingerprint == fp  # stable across opens
     p2 = str(tmp_path / "copy.gguf")
     shutil.copy(p1, p2)

@@ -397,3 +397,24 @@ def test_bound_ops_equal_the_kernels(many_shares):
         MM.bind_get_rows(emb, ids.astype(np.int32), out)
     with pytest.raises(IndexError):
         MM.bind_get_rows(emb, np.array([10], np.int64), out[:1])
+
+
+def test_bind_without_out_is_refused():
+    """A bound op points into its out buffer, so it must be given (a kernel called with
+    out=None allocates one; a bound op would point into an array freed at once)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    pos = np.arange(3, dtype=np.int32)
+    cos = sin = np.ones((8, 8), np.float32)
+    for name, bind in [("rmsnorm", lambda: OPS.bind_rmsnorm(x, w, 1e-5, None)),
+                       ("swiglu", lambda: OPS.bind_swiglu(x, x, None)),
+                       ("gelu_tanh_mul", lambda: OPS.bind_gelu_tanh_mul(x, x, None)),
+                       ("add", lambda: OPS.bind_add(x, x, None)),
+                       ("add_bias", lambda: OPS.bind_add_bias(x, w, None)),
+                       ("copy2d", lambda: OPS.bind_copy2d(x, None)),
+                       ("scale", lambda: OPS.bind_scale(x, 2.0, None)),
+                       ("gather_rows", lambda: OPS.bind_gather_rows(x, np.zeros(1, np.int32), None)),
+                       ("rope", lambda: OPS.bind_rope(x, pos, cos, sin, False, None))]:
+        with pytest.raises(ValueError, match=f"bound {name} needs out"):
+            bind()

@@ -4,7 +4,9 @@ The AMX path is an accelerator of the avx512 variant's int GEMM (M >= 16 rows) a
 the same bits as the VNNI microkernels (docs/design/kernels.md "AMX prefill GEMM").  Each
 check computes one product with AMX on and off, 1 and 2 threads, and against
 `emulate_matmul` (the contract's float32 sequence replayed in NumPy).  Skipped only when the
-CPU/OS/build lacks AMX.
+CPU/OS/build lacks AMX.  bind_matmul / bind_quantize_act (graph replay into row ranges of
+larger buffers) are tested in test_kernels_matmul.py on every variant, AMX included when
+present.
 """
 from __future__ import annotations
 
@@ -107,17 +109,6 @@ def test_amx_extreme_int_sums():
         on, off = both(qa, w, 2)
         assert np.array_equal(on, off)
         assert np.array_equal(on, emulate_matmul(ref.quantize_act(x), w))
-
-
-@needs_amx
-def test_amx_row_offset_and_out_stride():
-    """bind_matmul into a wider output / qact rows: same bits as AMX off."""
-    rng = np.random.default_rng(5)
-    w = make_weight(rng, "q4_0", 40, 192)
-    x = make_x(rng, 70, 192)
-    qa = K.quantize_act(x)
-    on, off = both(qa, w, 2)
-    assert np.array_equal(on, off)
 
 
 def test_set_amx_reports_and_errors():

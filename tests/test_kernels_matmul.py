@@ -13,6 +13,7 @@ Three levels of checks, on every ISA variant the CPU supports and with 1, 2 and 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 
 import numpy as np
@@ -336,6 +337,105 @@ def test_get_rows(kind):
         out = np.empty((50, Kd), np.float32)
         assert K.get_rows(w, ids, out) is out and np.array_equal(out, want)
         assert K.get_rows(w, []).shape == (0, Kd)
+
+
+# ============================================================================ bind (graph replay)
+# bind_quantize_act / bind_matmul record their arguments for goinfer/graph.py, which binds
+# row ranges of persistent buffers sized for the largest batch (QAct.rows, out[:M]) and
+# replays the ops after writing new inputs into the same buffers.  Every ISA variant of this
+# machine, and the AMX GEMM (avx512 variant) where the CPU has it.
+
+GRAPH = importlib.import_module("goinfer._kernels.graph")
+MODES = [(v, False) for v in VARIANTS]
+if _config.amx_supported() and "avx512-vnni" in VARIANTS:
+    MODES.append(("avx512-vnni", True))
+
+
+@contextlib.contextmanager
+def mode(name, amx):
+    with variant(name):
+        old = _config.set_amx(amx) if _config.amx_supported() else None
+        try:
+            assert _config.amx_in_use() == amx
+            yield
+        finally:
+            if old is not None:
+                _config.set_amx(old)
+
+
+def qact_buffer(M, Kd):
+    """A QAct of M rows filled with marker values (to see what a kernel wrote)."""
+    b = QAct.empty(M, Kd)
+    b.qa[...], b.da[...], b.asum[...], b.sa[...] = 77, -1.5, 12345, 2.5
+    return b
+
+
+def qact_rows(b: QAct, r0, r1) -> QAct:
+    return QAct(b.qa[r0:r1], b.da[r0:r1], b.asum[r0:r1], b.sa[r0:r1])
+
+
+@pytest.mark.parametrize("name, amx", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("nt", [1, 2])
+def test_bind_quantize_act_and_matmul(name, amx, kind, nt):
+    """Bound into rows [3, 3 + M) of larger buffers, run by a Graph: the contract's bits,
+    nothing outside those rows written; replayed after new inputs are written in place: the
+    new product."""
+    rng = np.random.default_rng(len(kind) * 10 + nt)
+    M, n_out, Kd = 37, 50, 192  # M >= 16: the AMX GEMM's size
+    w = make_weight(rng, kind, n_out, Kd)
+    xbuf = np.full((M + 6, Kd), np.nan, np.float32)
+    out = np.full((M + 6, n_out), np.nan, np.float32)
+    x, y = xbuf[3:3 + M], out[3:3 + M]
+    with mode(name, amx):
+        if kind in INT_KINDS:
+            qbuf = qact_buffer(M + 6, Kd)
+            q = qact_rows(qbuf, 3, 3 + M)
+            ops = [K.bind_quantize_act(x, q, nthreads=nt), K.bind_matmul(q, w, y, nthreads=nt)]
+        else:
+            ops = [K.bind_matmul(x, w, y, nthreads=nt)]
+        assert ops[-1].nshares == nt
+        g = GRAPH.Graph(ops, nt)
+        for step in range(2):
+            x[...] = make_x(rng, M, Kd)
+            g.run()
+            if kind in INT_KINDS:
+                xq = ref.quantize_act(x)
+                assert_qact_equal(q, xq)
+                assert_qact_equal(qact_rows(qbuf, 0, 3), qact_buffer(3, Kd))
+                assert_qact_equal(qact_rows(qbuf, 3 + M, M + 6), qact_buffer(3, Kd))
+                want = emulate_matmul(xq, w)
+            else:
+                want = emulate_matmul(x, w)
+            assert np.array_equal(y, want), (name, amx, kind, nt, step)
+            assert np.isnan(out[:3]).all() and np.isnan(out[3 + M:]).all()
+
+
+def test_bind_checks_its_arguments():
+    """out must be given (the op keeps a pointer to it); non-contiguous rows, wrong shapes
+    and types are refused as by the kernels."""
+    rng = np.random.default_rng(8)
+    w = make_weight(rng, "q8_0", 20, 64)
+    x = make_x(rng, 4, 64)
+    q = QAct.empty(4, 64)
+    with pytest.raises(ValueError, match="needs out"):
+        K.bind_quantize_act(x, None)
+    with pytest.raises(ValueError, match="needs out"):
+        K.bind_matmul(q, w, None)
+    with pytest.raises(ValueError, match="needs out"):
+        K.bind_get_rows(w, np.zeros(3, np.int64), None)
+    wide = np.empty((4, 40), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        K.bind_matmul(q, w, wide[:, :20])  # a column slice of a wider output
+    with pytest.raises(ValueError, match="C-contiguous"):
+        strided = QAct(np.zeros((8, 64), np.int8)[::2], q.da, q.asum, q.sa)  # every other row
+        K.bind_matmul(strided, w, np.empty((4, 20), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        K.bind_matmul(q, w, np.empty((5, 20), np.float32))
+    with pytest.raises(ValueError, match="rows"):
+        K.bind_quantize_act(x, QAct.empty(5, 64))
+    with pytest.raises(TypeError):
+        K.bind_matmul(x, w, np.empty((4, 20), np.float32))  # int weights take a QAct
 
 
 # ============================================================================ errors

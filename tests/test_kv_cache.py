@@ -6,6 +6,7 @@ import pytest
 
 from goinfer import CacheFileError, KVCache
 from goinfer.gguf import GGUFFile
+from goinfer.kv_cache import EXACT, block_hash, root_hash
 from goinfer.model import Model
 
 
@@ -29,16 +30,41 @@ def test_budget_in_bytes_and_tokens(model):
         KVCache(model, block_size=0)
 
 
+def chain(ids, block_size):
+    """Chain hashes of the full blocks of ids (exact mode, no salt)."""
+    h, out = root_hash(None), []
+    for i in range(len(ids) // block_size):
+        h = block_hash(h, ids[i * block_size:(i + 1) * block_size], EXACT)
+        out.append(h)
+    return out
+
+
+def cached(cache, h) -> bool:
+    """Is a block with chain hash h in the cache?  (Looks it up and gives it back.)"""
+    b = cache.lookup(h)
+    if b is not None:
+        cache.release([b])
+    return b is not None
+
+
 def test_released_blocks_stay_cached_then_evict_lru_tail_first(model):
-    c = KVCache(model, max_tokens=64, block_size=16)  # 4 blocks
-    a = model.session(c)
-    a.prefill(ids_(33, 1))  # 2 full blocks hashed + 1 partial
+    c = KVCache(model, max_tokens=96, block_size=16)  # 6 blocks
+    A, B = ids_(33, 1), ids_(33, 2)
+    a, b = model.session(c), model.session(c)
+    a.prefill(A)  # 2 full blocks hashed + 1 partial
+    b.prefill(B)
     a.reset()
     st = c.stats()
-    assert st.blocks_cached == 2 and st.blocks_free == 2 and st.blocks_used == 0
-    b = model.session(c)
-    b.prefill(ids_(60, 2))  # needs 4 blocks: uses 2 free, then evicts the cached tail first
-    assert c.stats().evictions == 2
+    assert st.blocks_cached == 2 and st.blocks_free == 1 and st.blocks_used == 3
+    b.reset()  # LRU, least recent first: A2 A1 B2 B1 (each chain released tail first)
+    assert c.stats().blocks_cached == 4 and c.stats().blocks_free == 2
+    r = model.session(c).generate(A[:32] + [7], max_tokens=0)  # reuse A: now B2 B1 A2 A1
+    assert r.cached_tokens == 32
+    d = model.session(c)
+    d.prefill(ids_(65, 3))  # 5 blocks: the 2 free ones, then evicts B2, B1, A2 in that order
+    assert c.stats().evictions == 3
+    (a1, a2), (b1, b2) = chain(A, 16), chain(B, 16)
+    assert [cached(c, h) for h in (a1, a2, b1, b2)] == [True, False, False, False]
 
 
 def test_save_load_roundtrip_is_exact(model, tmp_path):
@@ -48,15 +74,23 @@ def test_save_load_roundtrip_is_exact(model, tmp_path):
     s.prefill(ids)
     n_saved = c.save(tmp_path / "kv.bin")
     assert n_saved == 4
+    before = model.session(c).prefill(ids + [5, 6])  # reads the 4 blocks from c
     c2 = KVCache.load(model, tmp_path / "kv.bin")
     s2 = model.session(c2)
-    r = s2.generate(ids + [5, 6], max_tokens=3)
-    assert r.cached_tokens == 64
-    cold = model.session(KVCache(model, max_tokens=256)).generate(ids + [5, 6], max_tokens=3)
-    assert r.tokens == cold.tokens
+    after = s2.prefill(ids + [5, 6])
+    assert c2.stats().hit_tokens == 64 and c2.stats().miss_tokens == 8  # read from the file
+    assert np.array_equal(after, before)
+    assert np.array_equal(after, model.session(KVCache(model, max_tokens=256)).prefill(ids + [5, 6]))
+    for h in chain(ids, 16):  # the K/V of every block, bit for bit
+        b, b2 = c.lookup(h), c2.lookup(h)
+        assert np.array_equal(c.k[:, b], c2.k[:, b2]) and np.array_equal(c.v[:, b], c2.v[:, b2])
+        c.release([b])
+        c2.release([b2])
     c3 = KVCache(model, max_tokens=256, block_size=16)
     assert c3.load(tmp_path / "kv.bin") == 4
     assert c3.load(tmp_path / "kv.bin") == 0  # already there
+    assert np.array_equal(model.session(c3).prefill(ids + [5, 6]), before)
+    assert c3.stats().hit_tokens == 64
 
 
 def test_bad_cache_files_raise_and_leave_cache_as_it_was(model, tiny, tmp_path):

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import tinymodels
 import tinymoe
+import torch
 from tinymodels import close, load
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -304,19 +305,35 @@ def test_logits_match_transformers(tiny_moe, arch, kernels):
         close(m.logits(ids), tinymodels.hf_logits(hf, ids))
 
 
-# derandomized: a routing near-tie (two experts' logits within float32 noise at the top-k
-# boundary) would swap an expert between transformers and us; fixed examples keep CI stable
-@settings(max_examples=6, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(tinymoe.MOE_ARCHS), n_expert=st.sampled_from([4, 6, 16]),
-       data=st.data(), seed=st.integers(0, 1000), n=st.integers(1, 40))
+ROUTING_MARGIN = 1e-4  # router logits closer than this at the top-k boundary: a near tie
+
+
+def routing_margin(hf, ids, k) -> float:
+    """Smallest gap, over tokens and MoE layers, between the k-th and (k+1)-th largest router
+    logit in transformers.  Both sides compute them in float32 with different summation
+    orders (measured: ours within 3e-6 of transformers' on these models, logits up to ~5);
+    a gap below ROUTING_MARGIN could pick another expert on one side only."""
+    with torch.no_grad():
+        out = hf(torch.tensor([list(ids)], dtype=torch.long), output_router_logits=True)
+    gaps = [float((t[:, k - 1] - t[:, k]).min()) for rl in out.router_logits
+            if rl.shape[-1] > k for t in [torch.topk(rl.float(), k + 1, dim=-1).values]]
+    return min(gaps, default=np.inf)
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arch=st.sampled_from(tinymoe.MOE_ARCHS), n_expert=st.sampled_from([2, 4, 6, 8, 16]),
+       data=st.data(), seed=st.integers(0, 10**6), n=st.integers(1, 40))
 def test_random_configs_match_transformers(tmp_path_factory, arch, n_expert, data, seed, n):
-    k = data.draw(st.integers(1, min(n_expert, 5)))
+    """Random MoE configurations (architecture, experts, experts per token, weights, prompt)
+    against transformers; examples whose routing has a near tie are rejected (see
+    routing_margin), not shrunk away by a fixed example list."""
+    k = data.draw(st.integers(1, min(n_expert, 5)), label="top_k")
     hf = tinymoe.hf_moe(arch, seed, n_expert=n_expert, top_k=k)
+    ids = np.random.default_rng(seed).integers(0, 320, n).tolist()
+    assume(routing_margin(hf, ids, k) >= ROUTING_MARGIN)
     path = tinymoe.write_moe_gguf(hf, arch, tmp_path_factory.mktemp("moe") / "m.gguf")
     m = load(path)
     assert (m.config.n_expert, m.config.n_expert_used) == (n_expert, k)
-    ids = np.random.default_rng(seed).integers(0, 320, n).tolist()
     close(m.logits(ids), tinymodels.hf_logits(hf, ids))
 
 

@@ -361,7 +361,8 @@ def test_smollm2_goldens(smollm2, goldens, name):
     last-position logit cosine 0.99997 on both prompts and both paths; teacher-forced top-1
     agreement 0.973 (long, fast), 0.966 (long, exact), 0.977 (short).  Required: cosine
     >= 0.999, the same last argmax, agreement >= 0.93.  The fast rows' own distance from
-    exact is checked directly as well (cosine >= 0.999).
+    exact is checked directly as well: last-position cosine >= 0.9995, as README.md and
+    docs/design/kernels.md promise for SmolLM2 (measured 0.99998 on this 1000-token prompt).
     """
     ids = goldens[f"{name}_ids"].tolist()
     ref_last = goldens[f"{name}_last_logits"].astype(np.float32)
@@ -382,7 +383,7 @@ def test_smollm2_goldens(smollm2, goldens, name):
                       progress=False)
         e = exact.logits(ids)
         assert np.array_equal(e[:FAST_FROM], all_logits[:FAST_FROM])
-        assert cosine(last, e[-1]) >= 0.999, cosine(last, e[-1])
+        assert cosine(last, e[-1]) >= 0.9995, cosine(last, e[-1])
         assert float((e.argmax(1) == ref_top1).mean()) >= 0.93
 
 

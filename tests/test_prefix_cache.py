@@ -1,8 +1,12 @@
 """Prefix reuse under random conversation trees: every result equals a cold recomputation bit
-for bit (exact mode), evictions under a small budget included, and no block leaks."""
+for bit (exact mode), generated tokens equal greedy decoding of Model.logits, the tokens
+reused from the cache are the ones expected (while nothing was evicted), a full cache raises
+CacheFullError without changing the session, evictions under a small budget included, and
+no block leaks."""
 from __future__ import annotations
 
 import gc
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -20,45 +24,121 @@ def model(tiny):
                  context_length=256)
 
 
-def cold(model, ids):
-    """Logits of the last token of ids computed from scratch in a private cache."""
-    s = model.session(KVCache(model, max_tokens=len(ids) + 8, block_size=8))
-    return s.prefill(ids)
+def tokens(lo=1, hi=40):
+    """Token lists of a length drawn evenly from lo..hi (not Hypothesis' short-list bias)."""
+    return st.integers(lo, hi).flatmap(lambda n: st.lists(st.integers(0, 255), min_size=n, max_size=n))
 
 
-tokens = st.lists(st.integers(0, 255), min_size=1, max_size=40)
+OPS = ["new", "chat", "append", "decode", "fork", "reset", "truncate"]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
-@given(data=st.data(), block_size=st.sampled_from([4, 8, 16]), budget=st.integers(12, 40))
-def test_random_conversation_trees(model, data, block_size, budget):
-    cache = KVCache(model, max_tokens=budget * block_size, block_size=block_size)
+def branch(data, contexts, room, label):
+    """A prompt branching off an earlier one (a shared prefix) plus new tokens, <= room long."""
+    base = data.draw(st.sampled_from(contexts), label=f"{label} base")
+    hi = min(len(base), room - 1)
+    cut = data.draw(st.just(hi) | st.integers(0, hi), label=f"{label} cut")  # often all of it
+    return base[:cut] + data.draw(tokens(1, min(40, room - cut)), label=f"{label} suffix")
+
+
+@pytest.mark.parametrize("budget", ["tight", "ample"])
+def test_random_conversation_trees(model, budget):
+    """Random conversation trees (the property below) on a cache with room for the first
+    prompt and 4..40 tokens more ("tight": evictions and a full cache are common), or with
+    room for everything ("ample": nothing is evicted, so the tokens reused are known exactly),
+    and what the examples covered."""
+    seen = Counter()
+    conversation_trees(model, seen, budget)
+    if budget == "tight":
+        assert seen["checked"] >= 0.5 * seen["steps"], seen
+        assert seen["examples with evictions"] >= 1 and seen["examples with CacheFullError"] >= 1, seen
+    else:
+        assert seen["checked"] + seen["ContextLengthError"] == seen["steps"], seen  # never full
+        assert seen["exact reuse checks"] >= seen["steps"] // 4, seen
+        assert seen["reused >= 2 blocks"] >= 1, seen
+
+
+def lcp(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def reusable(histories, ids, limit, bs) -> int:
+    """Tokens of ids[:limit] a cache that has evicted nothing can serve: the longest
+    whole-block prefix shared with a history some session held (its full blocks were hashed)."""
+    return max((min(lcp(h, ids), limit) // bs * bs for h in histories), default=0)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def conversation_trees(model, seen, budget, data):
+    """Every step either computes logits that equal a cold recomputation (Model.logits of the
+    whole history, bit for bit), or raises CacheFullError / ContextLengthError and leaves the
+    session as it was (a whole-context call: holding a prefix of its prompt); generated
+    tokens equal greedy decoding of Model.logits.  The first step always fits."""
+    first = data.draw(tokens(8, 40), label="first prompt")
+    tight = budget == "tight"
+    # ample: blocks of 4 or 8, so that prompts share several whole blocks
+    block_size = data.draw(st.sampled_from([4, 8, 16] if tight else [4, 8]), label="block_size")
+    spare = data.draw(st.integers(4, 40), label="spare") if tight else 1000
+    cache = KVCache(model, max_tokens=len(first) + spare, block_size=block_size)
+    n_ctx = model.n_ctx
     sessions = []
     contexts = [[]]  # prompts seen so far: new prompts branch off them (shared prefixes)
-    checked = 0
-    for _ in range(data.draw(st.integers(4, 14), label="steps")):
-        op = data.draw(st.sampled_from(["new", "chat", "append", "decode", "fork", "reset", "truncate"]))
-        f = None
+    n_steps = data.draw(st.integers(4, 14), label="steps")
+    checked = full = too_long = 0
+    f = None
+    histories = []  # every token history a session held at the end of a step
+    for step in range(n_steps):
+        histories.extend(x.tokens for x in sessions)
+        op = "new" if step == 0 else data.draw(st.sampled_from(OPS), label="op")
         if op == "new" or not sessions:
-            sessions.append(model.session(cache))
-            continue
-        s = data.draw(st.sampled_from(sessions), label="session")
+            s = model.session(cache)
+            sessions.append(s)
+        else:
+            s = data.draw(st.sampled_from(sessions), label="session")
         before = s.tokens
+        ref_tokens = None  # chat: the generated tokens, checked against Model.logits
+        st0 = cache.stats()
+        exact_reuse = st0.evictions == 0  # else only lower bounds on what is reused
         try:
-            if op == "chat":  # whole-context call branching off an earlier prompt
-                base = data.draw(st.sampled_from(contexts), label="base")
-                cut = data.draw(st.integers(0, len(base)), label="cut")
-                ids = base[:cut] + data.draw(tokens, label="suffix")
-                r = s.generate(ids, max_tokens=data.draw(st.integers(0, 3)))
-                assert r.cached_tokens <= len(ids) - 1
-                contexts.append(ids + r.tokens)
-                if r.tokens:
-                    assert r.tokens[0] == int(np.argmax(cold(model, ids)))
-                got, want_ids = (s.decode(5), s.tokens) if s.n_tokens < 200 else (None, None)
+            if op == "new":
+                ids = first if step == 0 else branch(data, contexts, n_ctx, "prompt")
+                contexts.append(ids)
+                got, want_ids = s.prefill(ids), ids
+                if exact_reuse:  # whole cached blocks
+                    hit = reusable(histories, ids, len(ids) - 1, block_size)
+                    assert cache.stats().hit_tokens - st0.hit_tokens == hit
+                    seen["exact reuse checks"] += 1
+                    seen["reused >= 2 blocks"] += hit >= 2 * block_size
+            elif op == "chat":  # whole-context call branching off an earlier prompt
+                k = data.draw(st.integers(0, 3), label="max_tokens")
+                ids = branch(data, contexts, n_ctx - k - 1, "chat")
+                r = s.generate(ids, max_tokens=k)
+                ids = ids + r.tokens  # (for the CacheFullError check, if decode(5) raises)
+                prompt = ids[:len(ids) - len(r.tokens)]
+                limit = len(prompt) - 1
+                own = min(lcp(before, prompt), limit)  # its own history: always reused
+                assert own <= r.cached_tokens <= limit
+                if exact_reuse:
+                    from_cache = reusable(histories, prompt, limit, block_size)
+                    assert r.cached_tokens == max(own, from_cache)
+                    seen["exact reuse checks"] += 1
+                    seen["reused >= 2 blocks"] += from_cache >= 2 * block_size
+                contexts.append(ids)
+                # the session holds the prompt and the generated tokens, except the last one
+                # when it stopped on length (that one is fed by the next call)
+                held = len(ids) - (r.finish_reason == "length" and k > 0)
+                assert s.tokens == ids[:held]
+                ref_tokens, k_asked, p0 = r.tokens, k, limit
+                got, want_ids = s.decode(5), ids[:held] + [5]
             elif op == "append":
-                extra = data.draw(tokens, label="extra")
+                extra = data.draw(tokens(), label="extra")
                 got, want_ids = s.prefill(extra), before + extra
+                n0 = len(before)
+                if exact_reuse and n0 % block_size == 0:  # whole cached blocks after its own
+                    hit = reusable(histories, want_ids, len(want_ids) - 1, block_size) - n0
+                    assert cache.stats().hit_tokens - st0.hit_tokens == max(0, hit)
+                    seen["exact reuse checks"] += 1
+                    seen["reused >= 2 blocks"] += hit >= 2 * block_size
             elif op == "decode":
                 t = data.draw(st.integers(0, 255))
                 got, want_ids = s.decode(t), before + [t]
@@ -69,26 +149,42 @@ def test_random_conversation_trees(model, data, block_size, budget):
                 got, want_ids = f.decode(t), before + [t]
                 assert s.tokens == before  # the original is untouched by the fork's write
                 s = f
-            elif op == "reset":
-                s.reset()
-                got = None
             else:
-                n = data.draw(st.integers(0, len(before)))
-                s.truncate(n)
-                got = None
-                if n:
-                    t = data.draw(st.integers(0, 255))
-                    got, want_ids = s.decode(t), before[:n] + [t]
+                n = 0 if op == "reset" else data.draw(st.integers(0, len(before)), label="keep")
+                if op == "reset":
+                    s.reset()
+                else:
+                    s.truncate(n)
+                assert s.tokens == before[:n]
+                before = before[:n]  # the decode below is what may fail
+                t = data.draw(st.integers(0, 255))
+                got, want_ids = s.decode(t), before + [t]
         except CacheFullError:
-            # only the session's own spare blocks may have changed; its tokens never
-            assert s.tokens[: len(before)] == before[: len(s.tokens)] or s.n_tokens == 0
+            # a whole-context call holds a prefix of its prompt (its own history cut to what it
+            # shares with the prompt, or blocks from the cache; with the reply if decode(5)
+            # raised): a retry resumes from there; every other call leaves the tokens exactly
+            # as they were
+            toks = s.tokens
+            assert toks == ids[:len(toks)] if op == "chat" else toks == before, op
+            full += 1
+            max(sessions, key=lambda x: x.n_tokens).reset()  # the agent frees room
             continue
         except ContextLengthError:
+            assert s.tokens == before, op
+            too_long += 1
             continue
-        if got is not None and want_ids is not None:
-            assert s.tokens == want_ids
-            assert np.array_equal(got, cold(model, want_ids)), op
-            checked += 1
+        assert s.tokens == want_ids
+        ref = model.logits(want_ids)  # (len, vocab), computed from scratch in a private cache
+        assert np.array_equal(got, ref[-1]), op
+        if ref_tokens is not None:  # greedy: each token is the argmax given the ones before
+            assert ref_tokens == [int(np.argmax(ref[p0 + j])) for j in range(len(ref_tokens))]
+            if len(ref_tokens) < k_asked:  # stopped early: on a stop token
+                assert int(np.argmax(ref[p0 + len(ref_tokens)])) in model.tokenizer.stop_ids
+        checked += 1
+    assert checked + full + too_long == n_steps and checked >= 1
+    seen.update({"steps": n_steps, "checked": checked, "ContextLengthError": too_long,
+                 "examples with evictions": cache.stats().evictions > 0,
+                 "examples with CacheFullError": full > 0})
     st_ = cache.stats()
     assert st_.blocks_used + st_.blocks_cached + st_.blocks_free == st_.blocks_total
     sessions.clear()
@@ -97,6 +193,19 @@ def test_random_conversation_trees(model, data, block_size, budget):
     st_ = cache.stats()
     assert st_.blocks_used == 0, st_
     assert st_.blocks_free + st_.blocks_cached == st_.blocks_total
+
+
+def test_whole_context_call_takes_a_longer_cached_prefix(model):
+    """A session whose own history shares 20 tokens (not a block boundary) with the prompt
+    takes the 32 tokens (2 blocks) another session left in the cache."""
+    cache = KVCache(model, max_tokens=512, block_size=16)
+    x = list(range(40, 90))
+    model.session(cache).prefill(x[:40])  # blocks x[0:16], x[16:32] hashed
+    c = model.session(cache)
+    c.prefill(x[:20] + [1, 2, 3])
+    r = c.generate(x[:45], max_tokens=0)
+    assert r.cached_tokens == 32
+    assert np.array_equal(c.decode(7), model.logits(x[:45] + [7])[-1])
 
 
 def test_cache_salt_isolates_tenants(model):

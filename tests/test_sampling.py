@@ -39,12 +39,73 @@ def test_min_p_filters_relative_to_best():
     assert {s.sample(z) for _ in range(200)} == {0, 1}
 
 
-def test_sampling_frequencies_follow_temperature():
-    z = np.log(np.array([0.6, 0.3, 0.1]))
-    s = Sampler(SamplingParams(temperature=1.0, seed=7), 3)
-    n = 20000
-    freq = np.bincount([s.sample(z) for _ in range(n)], minlength=3) / n
-    assert np.allclose(freq, [0.6, 0.3, 0.1], atol=0.02)
+# ============================================================================ distributions
+# The draw distribution of each setting, computed directly from the chain's definition (the
+# llama.cpp order: top-k, then top-p and min-p on the temperature-1 softmax of what top-k
+# kept, then softmax(z / T) over the survivors), against the observed frequencies of a
+# seeded sampler: tokens outside the kept set are never drawn, and a chi-square test (p-value
+# 1e-6) on the kept ones.  A sampler that returns the argmax, ignores top-k / top-p / min-p
+# or applies the temperature before the cuts fails.
+
+PROBS = np.array([0.30, 0.22, 0.16, 0.12, 0.09, 0.06, 0.03, 0.02])
+PERM = np.array([5, 2, 7, 0, 3, 6, 1, 4])  # token PERM[i] has probability PROBS[i]
+Z = np.empty(8)
+Z[PERM] = np.log(PROBS)
+
+
+def expected_distribution(z, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """(vocab,) float64 probability of drawing each token."""
+    z = np.asarray(z, np.float64)
+    ranked = sorted(range(len(z)), key=lambda i: (-z[i], i))
+    if top_k:
+        ranked = ranked[:top_k]
+    p1 = np.exp(z[ranked] - np.logaddexp.reduce(z[ranked]))  # temperature 1, over the kept
+    keep = len(ranked)
+    if top_p < 1.0:  # the shortest prefix whose mass reaches top_p
+        keep = min(keep, next(j + 1 for j in range(len(p1)) if p1[: j + 1].sum() >= top_p))
+    if min_p > 0.0:
+        keep = min(keep, max(1, sum(1 for q in p1 if q >= min_p * p1[0])))
+    kept = ranked[:keep]
+    out = np.zeros(len(z))
+    out[kept] = np.exp(z[kept] / temperature - np.logaddexp.reduce(z[kept] / temperature))
+    return out
+
+
+def chi2_critical(df, z=4.753):
+    """Upper critical value of chi-square(df) at p = 1e-6 (Wilson-Hilferty; z = Phi^-1(1 - 1e-6))."""
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+CASES = [  # (temperature, top_k, top_p, min_p): kept tokens of PROBS in the comment
+    (1.0, 0, 1.0, 0.0),  # all 8
+    (0.5, 0, 1.0, 0.0),
+    (2.0, 0, 1.0, 0.0),
+    (1.5, 3, 1.0, 0.0),  # 3
+    (3.0, 0, 0.6, 0.0),  # 3 (0.30 + 0.22 + 0.16 >= 0.6); at T=3 first it would keep 5
+    (0.8, 0, 1.0, 0.35),  # 4 (p >= 0.105)
+    (1.2, 6, 0.82, 0.2),  # 4: top-k 6 renormalises (p / 0.95), so top-p stops at 4, not 5
+]
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", CASES)
+def test_sampling_distribution(temperature, top_k, top_p, min_p):
+    want = expected_distribution(Z, temperature, top_k, top_p, min_p)
+    s = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               seed=11), 8)
+    n = 4000
+    counts = np.bincount([s.sample(Z) for _ in range(n)], minlength=8)
+    kept = want > 0
+    assert (counts[~kept] == 0).all(), (counts, want)
+    stat = float(((counts[kept] - n * want[kept]) ** 2 / (n * want[kept])).sum())
+    assert stat < chi2_critical(max(1, kept.sum() - 1)), (stat, counts / n, want)
+
+
+def test_expected_distribution_cases():
+    """The reference itself, on the cases above: which tokens survive each cut."""
+    kept = [int((expected_distribution(Z, *c) > 0).sum()) for c in CASES]
+    assert kept == [8, 8, 8, 3, 3, 4, 4]
+    assert np.allclose(expected_distribution(Z, 1.0)[PERM], PROBS)
+    assert expected_distribution(Z, 1.0, top_k=1)[PERM[0]] == 1.0
 
 
 def test_penalties():

@@ -156,12 +156,18 @@ def test_chat_equals_session_chat(srv, model, i):
     assert r.choices[0].finish_reason == ref.finish_reason
     assert r.usage.prompt_tokens == ref.prompt_tokens
     assert r.usage.completion_tokens == ref.completion_tokens
-    assert r.usage.prompt_tokens_details.cached_tokens >= 0
     t = d["timings"]
     assert set(t) == {"prompt_n", "cache_n", "prompt_ms", "prompt_per_second", "predicted_n",
                       "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"}
     assert t["draft_n"] == t["draft_n_accepted"] == 0  # drafting is off by default
     assert t["prompt_n"] + t["cache_n"] == ref.prompt_tokens and t["predicted_n"] == len(ref.tokens)
+    # cached tokens: whole blocks (a fresh session per request), at most all but the last
+    # prompt token; the same prompt again gets all its whole blocks from the cache
+    bs = srv.cache.block_size
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert cached == t["cache_n"] and cached % bs == 0 and cached <= ref.prompt_tokens - 1
+    again = srv.client().chat.completions.create(model="tiny", messages=m, max_tokens=1, **extra(body))
+    assert again.usage.prompt_tokens_details.cached_tokens == (ref.prompt_tokens - 1) // bs * bs
 
 
 def test_completions_equal_session_generate(srv, model):
@@ -191,7 +197,8 @@ def test_stream_shape_and_content(srv, model):
     assert len(ends) == 1 and ends[0].choices[0].finish_reason == ref.finish_reason
     last = chunks[-1]
     assert last.choices == [] and last.usage.completion_tokens == ref.completion_tokens
-    assert last.usage.prompt_tokens_details.cached_tokens is not None
+    cached = last.usage.prompt_tokens_details.cached_tokens  # whole blocks, not the last token
+    assert cached % srv.cache.block_size == 0 and 0 <= cached <= last.usage.prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
     # raw: ends with [DONE]; no usage chunk without include_usage
     raw = srv.post("/v1/chat/completions", {"messages": m, "max_tokens": 5, "stream": True,

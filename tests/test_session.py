@@ -160,6 +160,34 @@ def test_cache_full_leaves_session_intact(model):
     assert np.array_equal(a.decode(1), cold_logits(model, ids_(40, 12) + [1]))
 
 
+def test_cache_full_after_reusing_cached_blocks_leaves_session_intact(model):
+    """prefill() that first takes cached blocks, then cannot get a new one: the session gives
+    them back (a retry must not append the reused tokens twice)."""
+    cache = KVCache(model, max_tokens=64, block_size=16)  # 4 blocks
+    shared = ids_(40, 16)
+    a = model.session(cache)
+    a.prefill(shared)  # 3 blocks, the first 2 hashed
+    model.session(cache).prefill(ids_(5, 17))  # (garbage collected at once: its block is free)
+    c = model.session(cache)
+    c.prefill(ids_(5, 17))  # the last block
+    before = cache.stats()
+    b = model.session(cache)
+    with pytest.raises(CacheFullError):
+        b.prefill(shared[:32] + [1, 2])  # reuses a's 2 hashed blocks, then needs a new one
+    assert b.n_tokens == 0 and cache.stats() == before
+    f = a.fork()
+    f.truncate(16)
+    with pytest.raises(CacheFullError):
+        f.prefill(shared[16:32] + [1, 2])  # reuses a's second block, then needs a new one
+    assert f.tokens == shared[:16]
+    c.reset()  # room again: the retries compute the right history
+    assert np.array_equal(b.prefill(shared[:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
+    assert b.tokens == shared[:32] + [1, 2]
+    b.reset()
+    assert np.array_equal(f.prefill(shared[16:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
+    assert f.tokens == shared[:32] + [1, 2]
+
+
 # ============================================================================ generation
 
 
@@ -180,24 +208,87 @@ def test_generate_options(model):
         s.generate(p, top_p=0)
 
 
+def greedy_reference(model, prompt, n, bias):
+    """n greedy tokens by the definition: argmax of Model.logits of the growing sequence plus
+    the bias (ties to the lower id), stopping at a stop token."""
+    add = np.zeros(model.vocab_size)
+    for t, v in bias.items():
+        add[t] += v
+    ids, out = list(prompt), []
+    for _ in range(n):
+        t = int(np.argmax(model.logits(ids)[-1].astype(np.float64) + add))
+        if t in model.tokenizer.stop_ids:
+            break
+        out.append(t)
+        ids.append(t)
+    return out
+
+
 def test_logit_bias_forces_token(model):
     r = model.session().generate(ids_(5), max_tokens=4, logit_bias={65: 100.0})
     assert r.tokens == [65] * 4
 
 
+def test_logit_bias_shifts_greedy_choice(model):
+    """A bias that bans the unbiased first choice and lifts the fifth just past the second:
+    the fifth is chosen, and every later step is the argmax of the logits plus that bias."""
+    p = ids_(8, 15)
+    lg = model.logits(p)[-1].astype(np.float64)
+    order = np.argsort(-lg, kind="stable")
+    lift = float(lg[order[1]] - lg[order[4]]) + 0.05
+    assert lift > 0.2  # so that half the bias, or none, would not make the fifth win
+    bias = {int(order[0]): -np.inf, int(order[4]): lift}
+    r = model.session().generate(p, max_tokens=6, logit_bias=bias)
+    assert r.tokens[0] == int(order[4])
+    assert r.tokens == greedy_reference(model, p, 6, bias)
+    plain = model.session().generate(p, max_tokens=6)
+    assert plain.tokens == greedy_reference(model, p, 6, {}) and plain.tokens[0] == int(order[0])
+
+
+THE = 258  # the tiny vocabulary's token " the" (4 characters)
+
+
+@pytest.mark.parametrize("stops", [
+    ["the"],  # starts inside the first token
+    ["e t"],  # ends in the second token
+    ["he the t"],  # spans three tokens, from inside the first
+    ["e the the"],  # starts inside the first token, ends with the third
+    [" the the the"],  # whole tokens, at offset 0
+    ["zzz", "the t", "e th"],  # the earliest match wins, whatever the list order
+    ["zzz"],  # never matches: the whole text, finish_reason "length"
+])
+def test_stop_strings_anywhere(model, stops):
+    """Output steered to " the the the ..." (6 tokens); each stop string cuts the text at
+    its first occurrence (computed here with str.find), streamed or not."""
+    s = model.session()
+    p = ids_(8, 15)
+    full_text = " the" * 6
+    hits = [full_text.find(x) for x in stops if x in full_text]
+    cut = min(hits) if hits else len(full_text)
+    want = full_text[:cut]
+    r = s.generate(p, max_tokens=6, logit_bias={THE: 100.0}, stop=stops)
+    assert r.text == want
+    assert r.finish_reason == ("stop" if hits else "length")
+    if hits:  # generation ends with the token that completed the earliest stop string
+        end = min(full_text.find(x) + len(x) for x in stops if x in full_text)
+        assert r.tokens == [THE] * -(-end // 4)
+    pieces = list(s.generate(p, max_tokens=6, logit_bias={THE: 100.0}, stop=stops, stream=True))
+    assert "".join(x for x in pieces[:-1]) == want and pieces[-1].text == want
+    assert all(isinstance(x, str) and x for x in pieces[:-1])
+
+
 def test_stream_and_stop_strings(model):
     s = model.session()
     p = ids_(8, 15)
-    bias = {ord(c): 50.0 + i for i, c in enumerate("abc")}  # steer to known text
     full = s.generate(p, max_tokens=12, logit_bias={65: 100.0})
     assert full.text == "A" * 12
     pieces = list(s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stream=True))
     assert pieces[-1].text == "".join(pieces[:-1]) == full.text
+    assert len(pieces) > 2  # streamed in several pieces, not at the end
     r = s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stop=["AAA"])
     assert r.text == "" and r.finish_reason == "stop"
     streamed = list(s.generate(p, max_tokens=12, logit_bias={65: 100.0}, stop=["AAA"], stream=True))
     assert "".join(x for x in streamed if isinstance(x, str)) == ""
-    assert bias
 
 
 def test_decode_batch_equals_single_decodes(model):

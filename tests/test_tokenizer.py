@@ -1,7 +1,9 @@
 """Tokenizer and chat-template tests.
 
 Token ids are checked against llama.cpp's (goldens in tests/data, made by
-tests/tools/make_tokenizer_goldens.py); chat templates against transformers' apply_chat_template.
+tests/tools/make_tokenizer_goldens.py, and llama.cpp's own tokenizer test cases on its
+vocabularies, tests/data/llama_cpp_vocab); chat templates against transformers'
+apply_chat_template.
 SmolLM2's tokenizer metadata ships in tests/data, so its goldens run everywhere; Gemma 3's need
 the model file, pulled through goinfer.hub (see `_need_model`).
 """
@@ -14,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import llama_cpp_vocab
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -138,6 +141,41 @@ def test_shipped_smollm2_metadata_matches_the_gguf():
     assert (
         md["tokenizer.chat_template"] == (DATA / "chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja").read_text()
     )
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp's own tokenizer tests: its vocabularies, texts and expected ids
+# --------------------------------------------------------------------------------------------
+# The corpus goldens above all use SmolLM2's vocabulary, which has no multi-digit tokens, so
+# several pre-tokenizers give the same ids there.  llama.cpp's test-tokenizer-0 cases (the
+# texts and ids of models/ggml-vocab-NAME.gguf.inp/.out) run on the real vocabularies
+# (tests/data/llama_cpp_vocab, reduced to what the texts can reach: tests/llama_cpp_vocab.py):
+# Llama 3's digit triples and ignore_merges, Qwen2's single digits, GPT-2, StarCoder, and
+# two SentencePiece vocabularies.
+
+
+@pytest.mark.parametrize("name", llama_cpp_vocab.NAMES)
+def test_llama_cpp_vocab_cases(name):
+    md, cases = llama_cpp_vocab.load(name)
+    tok = Tokenizer.from_metadata(md)
+    assert len(cases) >= 40 and sum(len(ids) for _, ids in cases) >= 300
+    bad = []
+    for text, want in cases:
+        got = tok.encode(text, add_special=False, parse_special=False)
+        if got != want:
+            bad.append(f"{text[:30]!r}: {_first_difference(tok, got, want)}")
+        assert tok.decode(want) == text
+    assert not bad, f"{len(bad)} of {len(cases)} texts differ:\n" + "\n".join(bad[:5])
+
+
+def test_llama_cpp_vocab_source():
+    """The reduced vocabularies name the llama.cpp files they came from."""
+    import gzip as gz
+
+    for name in llama_cpp_vocab.NAMES:
+        with gz.open(llama_cpp_vocab.DIR / f"{name}.vocab.json.gz", "rt", encoding="utf-8") as f:
+            src = json.load(f)["source"]
+        assert src["file"] == f"models/ggml-vocab-{name}.gguf" and len(src["sha256"]) == 64
 
 
 # --------------------------------------------------------------------------------------------

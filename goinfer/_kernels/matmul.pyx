@@ -438,6 +438,8 @@ def get_rows(w, ids, out=None, *, nthreads=1):
 
 
 def bind_quantize_act(x, out, *, nthreads=1):
+    if out is None:  # (the Op points into out: it must outlive it)
+        raise ValueError("a bound quantize_act needs out")
     cdef int nt = _threads(nthreads)
     cdef Op op = Op("quantize_act", (x, out))
     cdef qz_args *r = <qz_args *>op.alloc(sizeof(qz_args))
@@ -448,6 +450,8 @@ def bind_quantize_act(x, out, *, nthreads=1):
 
 
 def bind_matmul(x_or_qact, w, out, *, nthreads=1):
+    if out is None:  # (the Op points into out: it must outlive it)
+        raise ValueError("a bound matmul needs out")
     cdef int nt = _threads(nthreads)
     cdef Op op = Op("matmul", (x_or_qact, w, out))
     cdef mm_args *r = <mm_args *>op.alloc(sizeof(mm_args))
@@ -458,6 +462,8 @@ def bind_matmul(x_or_qact, w, out, *, nthreads=1):
 
 
 def bind_get_rows(w, ids, out, *, nthreads=1):
+    if out is None:  # (the Op points into out: it must outlive it)
+        raise ValueError("a bound get_rows needs out")
     cdef int nt = _threads(nthreads)
     cdef Op op = Op("get_rows", (w, ids, out))
     cdef gr_args *r = <gr_args *>op.alloc(sizeof(gr_args))

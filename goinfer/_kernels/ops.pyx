@@ -154,6 +154,8 @@ cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
 
 
 cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
+    if refs[len(refs) - 1] is None:  # out (the Op points into it: it must outlive it)
+        raise ValueError(f"a bound {name} needs out")
     cdef Op op = Op(name, refs)
     rec[0] = op.alloc(size)
     op.op.run = fn
