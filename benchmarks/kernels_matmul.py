@@ -1,15 +1,17 @@
-"""Benchmark of the matmul kernels on SmolLM2-135M shapes.
+"""Benchmark of the matmul kernels on SmolLM2-135M shapes (or the 1B / 8B shapes of --set).
 
     PYTHONPATH=. python benchmarks/kernels_matmul.py [--threads 1 2] [--variant avx512-vnni]
                                                      [--M 1 16 64 512] [--kinds q4_0 q8_0]
+    PYTHONPATH=. python benchmarks/kernels_matmul.py --set llama-1b --M 512 2048 --kinds q4_0
 
 For every (shape, kind, M, threads) it prints the median time of one matmul call (the
 activation already quantized), and
   GEMV (M = 1): GB/s of weight bytes streamed (qs + scales).  "hot" re-reads one weight
                 (it stays in L2 for the small shapes); "cold" cycles through enough copies
                 that every call reads its weight from DRAM / far L3, as a decode step does.
-  GEMM (M > 1): int8 GOP/s = 2*M*N*K / time.  One core's VNNI peak is 64 MACs (128 ops)
-                per cycle: ~128 * GHz GOP/s.
+  GEMM (M > 1): int8 GOP/s = 2*M*N*K / time, and "peak": that rate over the variant's int8
+                peak x threads used (peak_ops_per_cycle: AVX-512 VNNI 2 x 64 MACs, AVX2 2 x 32
+                MACs per cycle and core) at the nominal clock.
 quantize_act is timed separately (it is shared by all the matmuls that read one activation).
 Column thr: requested threads, "2>1" when the work is too small and the kernel uses fewer.
 Times are medians of 7 samples; on a shared machine 2-thread rows suffer most from noise.
@@ -36,21 +38,45 @@ SHAPES = [
     ("ffn down 1536->576", 1536, 576, ("q4_0", "q4_1", "q8_0")),
     ("lm head  576->49152", 576, 49152, ("q8_0",)),
 ]
+# The prefill matmuls of Llama 3.2 1B and Llama 3.1 8B (fused q/k/v and gate/up, as goinfer runs them)
+SETS = {
+    "smollm2": SHAPES,
+    "llama-1b": [
+        ("qkv    2048->3072", 2048, 3072, ("q4_0", "q4_1", "q8_0")),
+        ("o      2048->2048", 2048, 2048, ("q4_0", "q4_1", "q8_0")),
+        ("gate/up 2048->16384", 2048, 16384, ("q4_0", "q4_1", "q8_0")),
+        ("down   8192->2048", 8192, 2048, ("q4_0", "q4_1", "q8_0")),
+    ],
+    "llama-8b": [
+        ("qkv    4096->6144", 4096, 6144, ("q4_0", "q4_1", "q8_0")),
+        ("o      4096->4096", 4096, 4096, ("q4_0", "q4_1", "q8_0")),
+        ("gate/up 4096->28672", 4096, 28672, ("q4_0", "q4_1", "q8_0")),
+        ("down   14336->4096", 14336, 4096, ("q4_0", "q4_1", "q8_0")),
+    ],
+}
 
 
-def median_time(fn, min_time=0.15, reps=7):
+def peak_ops_per_cycle(variant: str) -> int:
+    """int8 operations (2 per multiply-add) one core can issue per cycle with the variant's
+    dot-product instruction: AVX-512 VNNI 2 vpdpbusd x 64 MACs (Sapphire Rapids, Zen 4),
+    AVX2 2 vpmaddubsw x 32 MACs (the widening vpaddw / vpmaddwd come on top), portable 0
+    (no peak stated)."""
+    return {"avx512": 256, "avx2": 128}.get(variant.split("-")[0], 0)
+
+
+def median_time(fn, min_time=0.15, reps=7, clock=time.perf_counter):
     """Median over `reps` samples of the time per call; each sample loops >= min_time/reps."""
     fn()
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    once = max(time.perf_counter() - t0, 1e-7)
+    once = max(clock() - t0, 1e-7)
     inner = max(1, int(min_time / reps / once))
     samples = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
-        samples.append((time.perf_counter() - t0) / inner)
+        samples.append((clock() - t0) / inner)
     return float(np.median(samples))
 
 
@@ -71,6 +97,10 @@ def main(argv=None):
     ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
     ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0"])
     ap.add_argument("--variant", default=None)
+    ap.add_argument("--set", default="smollm2", choices=sorted(SETS), help="which model's shapes")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="cpu: CPU seconds of the process divided by the threads used (a shared, "
+                         "loaded machine: the rate per core while running, not what a user sees)")
     ap.add_argument("--shapes", type=int, nargs="+", default=None, help="indices into SHAPES")
     ap.add_argument("--cold-mb", type=float, default=256.0, help="bytes of weight copies for cold GEMV")
     ap.add_argument("--min-time", type=float, default=0.15)
@@ -78,15 +108,16 @@ def main(argv=None):
     if args.variant:
         _config.set_variant(args.variant)
     ghz = cpu_ghz()
+    peak = peak_ops_per_cycle(_config.variant()) * ghz
     print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, cpu ~{ghz:.2f} GHz (nominal): "
-          f"VNNI peak per core ~{128 * ghz:.0f} GOP/s at 1 vpdpbusd/cycle, ~{256 * ghz:.0f} at 2/cycle "
-          f"(Sapphire Rapids issues 2)")
+          f"int8 peak per core ~{peak:.0f} GOP/s ({peak_ops_per_cycle(_config.variant())} ops/cycle)")
     rng = np.random.default_rng(0)
     hdr = (f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "
-           f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s}")
+           f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s} {'peak':>5s}")
     print(hdr)
     print("-" * len(hdr))
-    shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
+    SHAPES_ = SETS[args.set]
+    shapes = [SHAPES_[i] for i in args.shapes] if args.shapes else SHAPES_
     for name, n_in, n_out, kinds in shapes:
         W = rng.standard_normal((n_out, n_in)).astype(np.float32)
         for kind in kinds:
@@ -101,7 +132,10 @@ def main(argv=None):
                 for nt in args.threads:
                     used = K._threads_used(w, M, nt)
                     thr = f"{nt}" if used == nt else f"{nt}>{used}"
-                    t = median_time(lambda: K.matmul(xq, w, out, nthreads=nt), args.min_time)
+                    clock = time.perf_counter
+                    if args.clock == "cpu":
+                        clock = lambda used=used: time.process_time() / used  # noqa: E731
+                    t = median_time(lambda: K.matmul(xq, w, out, nthreads=nt), args.min_time, clock=clock)
                     gops = 2.0 * M * n_out * n_in / t / 1e9
                     if M == 1:
                         if copies is None:
@@ -119,8 +153,9 @@ def main(argv=None):
                         print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
                               f"{w.nbytes / t / 1e9:8.1f} {tc * 1e6:9.1f} {w.nbytes / tc / 1e9:9.1f} {gops:7.1f}")
                     else:
+                        frac = f"{100 * gops / (peak * used):4.0f}%" if peak > 0 else ""
                         print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
-                              f"{'':8s} {'':9s} {'':9s} {gops:7.1f}")
+                              f"{'':8s} {'':9s} {'':9s} {gops:7.1f} {frac:>5s}")
             copies = None
     # activation quantization
     for M, n_in in [(1, 576), (512, 576), (512, 1536)]:

@@ -14,8 +14,9 @@ goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s.
 
 Prefill: `goinfer.profile` times the matmul kernels of one cold prefill; int8 operations =
 2 x (weight elements of every matmul) x tokens (the LM head runs for the last position only).
-Peak: one core issues up to 2 VPDPBUSD (64 int8 MACs each) per cycle on Sapphire Rapids,
-256 ops/cycle x the nominal clock x threads; the best GEMM rate of the kernel itself is in
+Peak: the running variant's int8 ops per cycle (kernels_matmul.peak_ops_per_cycle:
+AVX-512 VNNI 2 VPDPBUSD x 64 MACs, AVX2 2 VPMADDUBSW x 32 MACs) x the nominal clock x
+threads; the best GEMM rate of the kernel itself is in
 benchmarks/kernels_matmul.py.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from datetime import date
 
 import numpy as np
-from kernels_matmul import cpu_ghz  # benchmarks/ is on sys.path when run as a script
+from kernels_matmul import cpu_ghz, peak_ops_per_cycle  # benchmarks/ is on sys.path when run as a script
 
 GIB = 2**30
 
@@ -89,12 +90,14 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import goinfer
     from goinfer import bench, profile
+    from goinfer._kernels import _config
 
     bw = bandwidth()
     print(f"memory read bandwidth: one core {bw['one_core_GBs']:.1f} GB/s, "
           f"two cores {bw['two_cores_GBs']:.1f} GB/s")
     model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
-    res = {"model": str(model.path), "threads": a.threads, "date": date.today().isoformat(),
+    res = {"model": str(model.path), "threads": a.threads, "variant": _config.variant(),
+           "date": date.today().isoformat(),
            "load_avg_start": os.getloadavg(), "bandwidth": bw, "decode": [], "prefill": []}
     bw_threads = bw["one_core_GBs"] if a.threads == 1 else bw["two_cores_GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
@@ -108,7 +111,8 @@ def main(argv=None):
               f"{b['weights'] / 1e6:.1f}, KV {b['kv'] / 1e6:.1f}) x {tok_s:.1f} tok/s = "
               f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the measured bandwidth")
     ghz = cpu_ghz()
-    peak = 256 * ghz * a.threads
+    ops = peak_ops_per_cycle(_config.variant())      # the running variant's int8 ops per cycle
+    peak = ops * ghz * a.threads
     for n in (int(c) for c in a.prefill.split(",")):
         p = profile.run(model, n, decode_tokens=1)["prefill"]
         mm = p["matmul"]["seconds"]
@@ -118,7 +122,7 @@ def main(argv=None):
         res["prefill"].append(row)
         print(f"prefill {n}: {p['tok_s']:.0f} tok/s, matmul {100 * p['matmul']['share']:.0f}% of "
               f"the time at {gops:.0f} int8 GOP/s = {100 * gops / peak:.0f}% of the "
-              f"{peak:.0f} GOP/s peak ({a.threads} x 256 ops/cycle x {ghz:.2f} GHz)")
+              f"{peak:.0f} GOP/s peak of {_config.variant()} ({a.threads} x {ops} ops/cycle x {ghz:.2f} GHz)")
     res["load_avg_end"] = os.getloadavg()
     if a.json:
         with open(a.json, "w") as f:

@@ -252,7 +252,8 @@ def test_quantize_act_property(M, G, data):
 # ============================================================================ matmul
 
 # (M, n_out, K): n_out not multiples of 16, M around the microkernel tile sizes
-# (AVX-512 GEMM tiles 12 rows, AVX2 4, float 12 / 6; GEMV 4 row blocks at a time).
+# (AVX-512 GEMM tiles 12 rows, AVX2 4 (tiles of 2..4 rows), float 12 / 6; GEMV 4 row blocks at
+# a time).
 SHAPES = [
     (1, 1, 32), (1, 40, 64), (1, 65, 96), (1, 200, 576), (2, 17, 64), (3, 33, 128),
     (4, 16, 32), (5, 100, 96), (6, 48, 64), (11, 31, 160), (12, 64, 64), (13, 129, 96),
@@ -280,6 +281,17 @@ def test_matmul_int_cache_blocking():
     """Enough row blocks that the GEMM walks several L2 chunks of the weight."""
     rng = np.random.default_rng(7)
     check_matmul(make_x(rng, 14, 2048), make_weight(rng, "q4_1", 600, 2048), check_rows=False)
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+@pytest.mark.parametrize("M", [7, 33])
+def test_matmul_int_k_blocks(kind, M):
+    """The AVX2 GEMM's blocking: K blocks of 64 groups (130 groups: 64 + 64 + 2, the
+    accumulators carried through `out`), chunks of row blocks (18 row blocks, the last one 5
+    columns wide), activation tiles of 3 and 4 rows; M = 7: q4 nibbles unpacked in registers,
+    M = 33 (9 tiles): unpacked once per chunk and K block.  Contract bits, GEMV rows."""
+    rng = np.random.default_rng(11 + M)
+    check_matmul(make_x(rng, M, 4160), make_weight(rng, kind, 277, 4160, raw=True), check_rows=True)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -315,6 +327,18 @@ def test_matmul_empty_batch():
     assert K.matmul(K.quantize_act(np.zeros((0, 64), np.float32)), w).shape == (0, 20)
     wf = make_weight(rng, "f16", 20, 64)
     assert K.matmul(np.zeros((0, 64), np.float32), wf).shape == (0, 20)
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+def test_matmul_int_empty_k(kind):
+    """K = 0 (no groups): every output is the empty sum 0, GEMM and GEMV, every variant."""
+    w = quantize_weight(np.zeros((20, 0), np.float32), kind)
+    for v in VARIANTS:
+        with variant(v):
+            for M in (1, 5):
+                out = np.full((M, 20), np.nan, np.float32)
+                K.matmul(K.quantize_act(np.zeros((M, 0), np.float32)), w, out, nthreads=2)
+                assert np.array_equal(out, np.zeros((M, 20), np.float32)), (v, M)
 
 
 # ============================================================================ get_rows

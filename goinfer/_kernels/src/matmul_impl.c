@@ -17,6 +17,7 @@
  *   float  (n_rb, K, 16)
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "matmul.h"
@@ -480,6 +481,198 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
 }
 
+/* ---------------------------------------------------------------- AVX2 GEMM microkernel
+ *
+ * q4_0 / q4_1 / q8_0 prefill (qgemm2, driven by gemm2 below): one row block (16 output rows,
+ * two ymm halves) x MR activation rows over one block of groups [g0, g1).  The operands are
+ * prepared once and reused:
+ *   - the activation rows of a tile are packed into a panel, group by group (pack_panel: the
+ *     MR rows' 32 qa bytes, then their 8*asum, da and sa), read by every row block of a chunk,
+ *     so the kernel walks one pointer with constant offsets;
+ *   - with at least UNP_MIN_TILES activation tiles, q4 weights are unpacked once per chunk and
+ *     K block (unpack_q4: one nibble per byte), read by every tile, so the kernel does no
+ *     unpacking (fewer tiles unpack in registers, UNP = 0; q8_0 is read as it is).
+ * The int16 pair sums of the 2 x MR output vectors stay in registers for one group; the float
+ * accumulators live in a small buffer in L1 (one load + fma + store per output vector and
+ * group), so the 16 ymm registers go to the integer work: each weight vector is multiplied by
+ * MR broadcast activations, each broadcast by 2 weight vectors.  Per 8 outputs and group: 8
+ * vpmaddubsw + 8 vpaddw (q4) or 8 x (sign, maddubs, madd, add) (q8), then the contract's fold:
+ * madd (int16 pairs -> int32), [q4_0: - 8*asum], cvt, d*da, fma [q4_1: fma(mn, sa)], the same
+ * float sequence as qtile's in group order, so the bits are the same (GEMM == GEMV, any
+ * tiling, any K blocking: a K block continues the accumulators the previous one stored).
+ *
+ * Bounds (vpmaddubsw saturates an int16 pair sum, vpaddw wraps): q4: a pair is at most
+ * 2*15*127 = 3810 and a lane sums 8 pairs (k and k+16 of 4 lines), <= 30480 < 32767;
+ * q8 (sign trick |q| x qa*sign(q)): a pair is at most 2*128*127 = 32512, widened at once.
+ */
+#ifndef QG2_MR
+#define QG2_MR 4         /* AVX2 GEMM: activation rows per microkernel */
+#endif
+#ifndef KB_GROUPS
+#define KB_GROUPS 64     /* AVX2 GEMM: groups per K block (panel 12 KB, unpacked row block 32 KB) */
+#endif
+/* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
+   keeps the accumulation order written (no reassociation into trees of temporaries, which
+   spill with 16 registers).  No instruction is emitted. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32, da (mr,), sa (mr,) f32 */
+#define PANEL_STRIDE(mr) ((mr) * 48)
+
+/* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */
+static void pack_panel(const gi_qact *a, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
+    const int64_t K = a->K, G = K / GI_GROUP;
+    for (int i = 0; i < mr; i++) {
+        const int8_t *qa = a->qa + (m + i) * K;
+        const int32_t *as = a->asum + (m + i) * G;
+        const float *da = a->da + (m + i) * G, *sa = a->sa + (m + i) * G;
+        for (int64_t g = g0; g < g1; g++) {
+            uint8_t *p = panel + (g - g0) * PANEL_STRIDE(mr);
+            _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
+            int32_t cb = 8 * as[g];
+            memcpy(p + mr * 32 + i * 4, &cb, 4);
+            memcpy(p + mr * 36 + i * 4, da + g, 4);
+            memcpy(p + mr * 40 + i * 4, sa + g, 4);
+        }
+    }
+}
+
+/* A q4 row block unpacked by unpack_q4: per group and line c, 64 bytes of low nibbles (16 rows
+   x 4 k) then 64 bytes of high nibbles, one per byte: (groups, 4, 2, 16, 4). */
+#define UNP_GROUP_BYTES 512
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q4 weight -> dst, row block after row block. */
+static void unpack_q4(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 256;
+        for (int64_t j = 0; j < (g1 - g0) * 4; j++, dst += 128) {          /* 64-byte lines */
+            for (int h = 0; h < 2; h++) {
+                __m256i l = _mm256_loadu_si256((const __m256i *)(src + j * 64 + h * 32));
+                _mm256_store_si256((__m256i *)(dst + h * 32), _mm256_and_si256(l, nib));
+                _mm256_store_si256((__m256i *)(dst + 64 + h * 32), _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+            }
+        }
+    }
+}
+
+/* The 8 outputs (m, n0 .. n0+7) stored so far (0 beyond n_out), as store_unit wrote them. */
+GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, int64_t m, int64_t n0) {
+    int64_t cnt = cols_left(w, n0);
+    const float *o = out + m * ldo + n0;
+    if (cnt >= 8) return _mm256_loadu_ps(o);
+    if (cnt <= 0) return _mm256_setzero_ps();
+    __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(o, msk);
+}
+
+/* Row block rb x activation rows [m, m+MR), groups [g0, g1): panel (and uq, UNP) hold exactly
+   those groups.  The accumulators start at 0 (g0 == 0), else at what out holds.  UNP = 0: q4
+   nibbles are unpacked in registers from the weight itself (a single activation tile, where
+   unpacking into uq first would not be reused). */
+GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weight *w, const uint8_t *uq,
+                      const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
+    const int64_t G = w->n_in / GI_GROUP;
+    const int NL = LINES(KIND);
+    const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
+    const uint16_t *wd = w->d + (rb * G + g0) * 16;                           /* (groups, 16) */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++)
+            _mm256_store_ps(accm[r][i], g0 == 0 ? _mm256_setzero_ps() : load_unit(w, out, ldo, m + i, rb * 16 + r * 8));
+
+    for (int64_t g = 0; g < g1 - g0; g++) {
+        const uint8_t *pg = panel + g * PANEL_STRIDE(MR);
+        const int8_t *ag = (const int8_t *)pg;                                /* (MR, 32) */
+        const int32_t *cb = (const int32_t *)(pg + MR * 32);
+        const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8: int32 sums */
+        if (KIND != GI_Q8_0) {
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const __m256i nib = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+                for (int hi = 0; hi < 2; hi++) {              /* low nibbles: k = c*4+j; high: 16+c*4+j */
+                    __m256i v0, v1;
+                    if (UNP) {
+                        v0 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64));
+                        v1 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64 + 32));
+                    } else {
+                        v0 = _mm256_loadu_si256((const __m256i *)(lg + c * 64));
+                        v1 = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + 32));
+                        if (hi) {
+                            v0 = _mm256_srli_epi16(v0, 4);
+                            v1 = _mm256_srli_epi16(v1, 4);
+                        }
+                        v0 = _mm256_and_si256(v0, nib);
+                        v1 = _mm256_and_si256(v1, nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + c * 4));
+                        const __m256i p0 = _mm256_maddubs_epi16(v0, b), p1 = _mm256_maddubs_epi16(v1, b);
+                        s[0][i] = c + hi == 0 ? p0 : _mm256_add_epi16(s[0][i], p0);
+                        s[1][i] = c + hi == 0 ? p1 : _mm256_add_epi16(s[1][i], p1);
+                        PIN(s[0][i]);
+                        PIN(s[1][i]);
+                    }
+                }
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(s[r][i], ones);
+        } else {
+            const uint8_t *lg = wq + g * NL * 64;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i q[2], aq[2];
+#pragma GCC unroll 2
+                for (int r = 0; r < 2; r++) {
+                    q[r] = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + r * 32));
+                    aq[r] = _mm256_abs_epi8(q[r]);
+                }
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + c * 4));
+#pragma GCC unroll 2
+                    for (int r = 0; r < 2; r++) {
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r])), ones);
+                        s[r][i] = c == 0 ? p : _mm256_add_epi32(s[r][i], p);
+                        PIN(s[r][i]);
+                    }
+                }
+            }
+        }
+        /* ---- fold: the contract's fmaf sequence */
+#pragma GCC unroll 2
+        for (int r = 0; r < 2; r++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + r * 8)));
+            __m256 mv = _mm256_setzero_ps();
+            if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256i t = s[r][i];
+                if (KIND == GI_Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
+                __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
+                                             _mm256_load_ps(accm[r][i]));
+                if (KIND == GI_Q4_1) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
+                _mm256_store_ps(accm[r][i], acc);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, rb * 16 + r * 8, _mm256_load_ps(accm[r][i]));
+}
+
 #endif
 
 
@@ -674,6 +867,90 @@ GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
         }                                                                                       \
     } while (0)
 
+#if defined(GI_VARIANT_AVX2)
+/* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over MR activation rows */
+typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
+                      float *, int64_t);
+#define Q2_DEF(K, UNP, MR) static void q2_##K##_##UNP##_##MR(const gi_weight *w, const uint8_t *uq, \
+    const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
+    qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
+#define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
+#if QG2_MR > MAXMR
+#error "QG2_MR exceeds the register array bounds"
+#endif
+/* [unpacked][kind][rows - 1] */
+static const q2_fn q2_tab[2][GI_Q8_0 + 1][QG2_MR] = {
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}},
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)}}};
+
+/* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
+   as needed and kept for the thread's life: at most ~530 KB. */
+static __thread uint8_t *t_scratch;
+static __thread size_t t_scratch_cap;
+
+static uint8_t *scratch_buffer(size_t n) {
+    if (n > t_scratch_cap) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        uint8_t *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(t_scratch);
+        t_scratch = p;
+        t_scratch_cap = cap;
+    }
+    return t_scratch;
+}
+#ifndef UNP_MIN_TILES
+#define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
+#endif
+#ifndef UNP_CHUNK
+#define UNP_CHUNK (512 * 1024)     /* AVX2 q4 GEMM: unpacked weight bytes per chunk (in L2) */
+#endif
+
+/* The q4_0 / q4_1 / q8_0 GEMM of AVX2, blocked for the caches:
+     for each chunk of row blocks (~UNP_CHUNK unpacked bytes per K block, in L2):
+       for each K block of KB_GROUPS groups:
+         unpack the chunk's q4 weights of the block once
+         for each tile of <= QG2_MR activation rows (nearly equal tiles):
+           pack its panel of the block once (L1), then run every row block of the chunk.
+   An output element is computed by one microkernel call per K block, in group order, the
+   accumulators carried through out between K blocks (the tail row block's missing columns are
+   neither stored nor loaded), so its bits do not depend on the blocking.  Returns 0 (nothing
+   done) if the scratch cannot be allocated. */
+static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, int64_t rb0, int64_t rb1,
+                 float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t G = w->n_in / GI_GROUP, M = m1 - m0, nt = (M + QG2_MR - 1) / QG2_MR;
+    const int unp = kind != GI_Q8_0 && nt >= UNP_MIN_TILES;
+    const int64_t kb = G < KB_GROUPS ? G : KB_GROUPS;
+    if (kb == 0) return 0;                               /* K = 0: the general path writes zeros */
+    /* row blocks per chunk: the q4 unpacked bytes of one K block, or q8_0's bytes, ~UNP_CHUNK */
+    int64_t chunk = UNP_CHUNK / (kb * (unp ? UNP_GROUP_BYTES : LINES(kind) * 64 + 32));
+    chunk = chunk < 1 ? 1 : chunk;
+    const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
+    uint8_t *panel = scratch_buffer(panel_bytes + (unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0));
+    if (!panel) return 0;
+    uint8_t *uq = panel + panel_bytes;
+    for (int64_t c0 = rb0; c0 < rb1; c0 += chunk) {
+        const int64_t c1 = min64(c0 + chunk, rb1);
+        for (int64_t g0 = 0; g0 < G; g0 += kb) {
+            const int64_t g1 = min64(g0 + kb, G);
+            if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
+                pack_panel(a, ma, (int)mr, g0, g1, panel);
+                for (int64_t rb = c0; rb < c1; rb++)
+                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
+                                              out, ldo);
+            }
+        }
+    }
+    return 1;
+}
+#endif
+
 static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
                          int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
     const int kind = w->kind;
@@ -693,6 +970,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     }
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
+#if defined(GI_VARIANT_AVX2)
+    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
+#endif
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
     GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
 #undef QCALL
@@ -844,6 +1124,11 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
 
 /* ============================================================================ table */
 
+#if defined(GI_VARIANT_AVX2)
+#define MR_Q QG2_MR
+#else
+#define MR_Q QG_MR
+#endif
 const gi_matmul_ops GI(gi_matmul_ops) = {
-    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), QG_MR, FG_MR,
+    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR,
 };
