@@ -4,7 +4,7 @@ first token takes.  goinfer with prefix reuse, goinfer cold, and llama-cpp-pytho
 
     python benchmarks/agent_loop.py [MODEL.gguf] [--turns 12] [--reply-tokens 30] [--json out.json]
     python benchmarks/agent_loop.py gemma3-270m --transcript long [--max-context 12288]
-    python benchmarks/agent_loop.py TINY.gguf --smoke            (the test suite's run)
+    python benchmarks/agent_loop.py [TINY.gguf] --smoke  # tiny model, 2 short turns (the test suite)
 
 The transcript is scripted so every engine sees the same messages: a system prompt with tool
 definitions (about 1,500 tokens), then per turn a tool result or file excerpt of 150-400 tokens
@@ -207,6 +207,11 @@ def main(argv=None):
     import goinfer
     from goinfer import hub
 
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke and args.model is None:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
     path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
     model = goinfer.Model.load(path, threads=args.threads, progress=False)
     system, turns = transcript(args.turns, long=long, short=args.smoke)
@@ -276,6 +281,7 @@ def main(argv=None):
     print(table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
+    tmp.cleanup()
     return res
 
 

@@ -14,6 +14,8 @@ llama.cpp load this file instead of MODEL (e.g. the original quantized file when
 re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reported by file name;
 --kv-dtype: goinfer's KV cache storage types, the first as "goinfer", the others as
 "goinfer kv=TYPE" (the same weights).
+--smoke: the tiny shape (benchmarks/shapes.py), one short window (the test suite); llama.cpp
+is skipped (with a message) when llama-cpp-python is not installed.
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ def cosine_rows(a, b):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--text", action="append", required=True)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--text", action="append", default=None)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--positions", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
@@ -45,8 +47,26 @@ def main(argv=None):
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
     ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
     ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one short window (the test suite)")
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     args = ap.parse_args(argv)
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name, "Q8_0"))
+        args.text = [str(Path(__file__).resolve().parent / "data" / "agreement_mix.txt")]
+        args.window, args.positions = 32, 40
+    if not args.model or not args.text:
+        ap.error("a model and --text are needed (or --smoke)")
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+            args.no_llama_cpp = True
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -135,6 +155,7 @@ def main(argv=None):
     print(json.dumps(res, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

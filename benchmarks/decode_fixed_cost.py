@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/decode_fixed_cost.py tiny             # 30-layer tiny llama
     PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 2048
     PYTHONPATH=. python benchmarks/decode_fixed_cost.py smollm2 --ctx 64 --busy 2
+    PYTHONPATH=. python benchmarks/decode_fixed_cost.py --smoke          # the test suite's run
 
 Instruction counts (load-independent): write the tiny model once, then count N steps under
 callgrind with and without the graph; (I(36) - I(4)) / 32 is the cost of one step:
@@ -87,14 +88,23 @@ def main() -> None:
         steps(a.path, bool(a.graph), a.n)
         return
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", choices=["tiny", "smollm2"])
+    ap.add_argument("model", nargs="?", choices=["tiny", "smollm2"], default="tiny")
     ap.add_argument("--ctx", type=int, nargs="+", default=[64])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes to run meanwhile")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the 2-layer tiny shape of benchmarks/shapes.py, one short run (the test suite)")
     a = ap.parse_args()
-    path = tiny_model_path() if a.model == "tiny" else hub.resolve("smollm2-135m", progress=False)
+    tmp = tempfile.TemporaryDirectory()
+    if a.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        path = smoke_model(tmp.name)
+        a.ctx, a.threads, a.tokens, a.reps, a.busy = [64], [1], 4, 1, 0
+    else:
+        path = tiny_model_path() if a.model == "tiny" else hub.resolve("smollm2-135m", progress=False)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
     try:
         for ctx in a.ctx:

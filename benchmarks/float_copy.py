@@ -10,6 +10,7 @@ weight conversions and int8 activations cost in agreement (see benchmarks/agreem
     the converted weights, so the conversion's cost is seen without int8 activations.
     --types limits this to tensors of those GGUF types (the others keep their original values),
     to see one conversion at a time.
+--smoke: both copies of the tiny shape (benchmarks/shapes.py), loaded back (the test suite).
 """
 from __future__ import annotations
 
@@ -21,30 +22,60 @@ import numpy as np
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    ap.add_argument("--values", choices=["original", "native"], required=True)
+    ap.add_argument("src", nargs="?")
+    ap.add_argument("dst", nargs="?")
+    ap.add_argument("--values", choices=["original", "native"])
     ap.add_argument("--types", default="", help="with --values native: only these GGUF types")
+    ap.add_argument("--smoke", action="store_true", help="copy the tiny shape both ways (the test suite)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        return smoke()
+    if not (args.src and args.dst and args.values):
+        ap.error("SRC, DST and --values are needed (or --smoke)")
+    copy(args.src, args.dst, args.values, args.types)
 
+
+def smoke():
+    import tempfile
+    from pathlib import Path
+
+    from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    with tempfile.TemporaryDirectory() as d:
+        src = smoke_model(d)
+        ids = [5, 6, 7, 8, 9]
+        ref = Model(GGUFFile(src), threads=1, progress=False, layout_cache=False).logits(ids)
+        for values in ("original", "native"):
+            dst = Path(d) / f"f32-{values}.gguf"
+            copy(str(src), str(dst), values, "")
+            m = Model(GGUFFile(dst), threads=1, progress=False, layout_cache=False)
+            lg = m.logits(ids)
+            cos = float((lg * ref).sum() / np.linalg.norm(lg) / np.linalg.norm(ref))
+            print(f"smoke: {values} float32 copy loads; logit cosine with the Q4_0 file {cos:.4f}")
+
+
+def copy(src_path: str, dst_path: str, values: str, types_arg: str) -> None:
     from goinfer import _reference
     from goinfer.gguf import GGUFFile
 
-    src = GGUFFile(args.src)
-    reader = gguf.GGUFReader(args.src)
+    src = GGUFFile(src_path)
+    reader = gguf.GGUFReader(src_path)
     arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(args.dst, arch)
+    w = gguf.GGUFWriter(dst_path, arch)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    types = {x.strip().upper() for x in args.types.split(",") if x.strip()}
+    types = {x.strip().upper() for x in types_arg.split(",") if x.strip()}
     for t in reader.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))  # NumPy order
         convert = not types or t.tensor_type.name in types
-        if args.values == "native" and len(shape) == 2 and convert:
+        if values == "native" and len(shape) == 2 and convert:
             vals = _reference.dequantize(src.load_weight(t.name))
         else:
             vals = gguf.quants.dequantize(t.data, t.tensor_type)

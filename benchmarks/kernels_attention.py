@@ -5,6 +5,7 @@
         [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256]
     PYTHONPATH=. python benchmarks/kernels_attention.py --decode [--lengths 4096] \
         [--threads 1 2] [--shapes 9x3x64x30 4x1x256x18] [--kv-dtypes f32 f16 q8_0]
+    PYTHONPATH=. python benchmarks/kernels_attention.py --smoke   # all three tables, tiny (the test suite)
 
 --decode: one decode step's attention (T = 1) over every layer of a model's cache
 (HxKVxHDxLAYERS: SmolLM2-135M 9x3x64x30, Gemma 3 270M 4x1x256x18 without its sliding
@@ -48,11 +49,14 @@ def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD, dtype="f32"):
     return k_cache, v_cache, block_table
 
 
-def bench(fn, min_time=0.4, max_reps=200):
+MIN_TIME = 0.4
+
+
+def bench(fn, min_time=None, max_reps=200):
     """(median, min) wall-clock seconds of repeated calls"""
     fn()  # warm up
     times = []
-    t_end = time.perf_counter() + min_time
+    t_end = time.perf_counter() + (MIN_TIME if min_time is None else min_time)
     while len(times) < 5 or (time.perf_counter() < t_end and len(times) < max_reps):
         t0 = time.perf_counter()
         fn()
@@ -139,7 +143,16 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--decode", action="store_true", help="decode attention over all layers")
     ap.add_argument("--kv-dtypes", nargs="+", default=["f32", "f16", "q8_0"])
+    ap.add_argument("--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)")
     args = ap.parse_args(argv)
+    global MIN_TIME
+    cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
+             ("prefill", 512), ("prefill", 2048)]
+    if args.smoke:
+        args.threads, args.lengths, args.shapes, args.reps = [1], [64], ["9x3x64"], 1
+        cases, MIN_TIME = [("decode", 64), ("prefill", 64)], 0.0
+        fast_vs_exact(args)
+        decode(argparse.Namespace(**{**vars(args), "shapes": ["9x3x64x2"]}))
     if args.variant:
         _config.set_variant(args.variant)
     if args.fast:
@@ -152,8 +165,6 @@ def main(argv=None):
         return decode(args)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(HD)
-    cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
-             ("prefill", 512), ("prefill", 2048)]
     print(f"variant {_config.variant()}, H={H} n_kv={N_KV} hd={HD} bs={BS}")
     print(f"{'case':<16}{'threads':>8}{'median ms':>11}{'GFLOP/s':>9}{'min ms':>9}{'GFLOP/s':>9}")
     for kind, n in cases:

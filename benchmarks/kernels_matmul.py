@@ -15,6 +15,7 @@ activation already quantized), and
 quantize_act is timed separately (it is shared by all the matmuls that read one activation).
 Column thr: requested threads, "2>1" when the work is too small and the kernel uses fewer.
 Times are medians of 7 samples; on a shared machine 2-thread rows suffer most from noise.
+--smoke: one shape, M 1 and 16, one thread, minimal timing (the test suite).
 """
 from __future__ import annotations
 
@@ -104,7 +105,11 @@ def main(argv=None):
     ap.add_argument("--shapes", type=int, nargs="+", default=None, help="indices into SHAPES")
     ap.add_argument("--cold-mb", type=float, default=256.0, help="bytes of weight copies for cold GEMV")
     ap.add_argument("--min-time", type=float, default=0.15)
+    ap.add_argument("--smoke", action="store_true", help="one shape, minimal timing (the test suite)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.threads, args.M, args.shapes, args.kinds = [1], [1, 16], [1], ["q4_0", "q8_0"]
+        args.cold_mb, args.min_time = 1.0, 0.001
     if args.variant:
         _config.set_variant(args.variant)
     ghz = cpu_ghz()

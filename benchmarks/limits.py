@@ -3,6 +3,7 @@ bandwidth, prefill matmul operations per second against the int8 dot-product pea
 
     python benchmarks/limits.py [MODEL] [--threads 2] [--contexts 64,2048] [--prefill 512,2048]
         [--json out.json]
+    python benchmarks/limits.py --smoke     # tiny model, small buffers (the test suite)
 
 Memory bandwidth: a read-only sweep of a 1 GiB float32 buffer (numpy max: one core, AVX-512
 compares, the fastest of numpy's reductions here — sum, dot and integer sums read slower),
@@ -87,12 +88,22 @@ def main(argv=None):
     ap.add_argument("--contexts", default="64,2048")
     ap.add_argument("--prefill", default="512,2048")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, small buffers (the test suite)")
     a = ap.parse_args(argv)
+    import tempfile
+
     import goinfer
     from goinfer import bench, profile
     from goinfer._kernels import _config
 
-    bw = bandwidth()
+    tmp = tempfile.TemporaryDirectory()
+    n_bytes, reps = GIB, 5
+    if a.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        a.model, a.contexts, a.prefill = str(smoke_model(tmp.name)), "64", "64"
+        n_bytes, reps = 16 << 20, 1
+    bw = bandwidth(n_bytes, reps)
     print(f"memory read bandwidth: one core {bw['one_core_GBs']:.1f} GB/s, "
           f"two cores {bw['two_cores_GBs']:.1f} GB/s")
     model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
@@ -102,7 +113,8 @@ def main(argv=None):
     bw_threads = bw["one_core_GBs"] if a.threads == 1 else bw["two_cores_GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
-        tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 32, 3))
+        tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 4 if a.smoke else 32,
+                                                          1 if a.smoke else 3))
         gbs = b["total"] * tok_s / 1e9
         row = {"context": ctx, "bytes_per_token": b, "tok_s": tok_s, "GBs": gbs,
                "fraction_of_bandwidth": gbs / bw_threads}
@@ -127,6 +139,7 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

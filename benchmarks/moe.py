@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/moe.py [--threads 1 2] [--sizes 512 2048] [--repeats 3]
                                           [--decode 64] [--model PATH_TO_Q4_1_GGUF]
+    PYTHONPATH=. python benchmarks/moe.py --smoke     # the tiny shape upcycled (the test suite)
 
 The MoE model is made by tools/upcycle_moe.py from the SmolLM2-135M-Instruct Q4_1 GGUF (every
 FFN -> 4 copies behind a random router, top-2, renormalized weights: the same function as the
@@ -99,7 +100,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode", type=int, default=64, help="decode steps to time")
     ap.add_argument("--model", default=None, help="dense SmolLM2 Q4_1 GGUF (default: the hub's)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny shape, one short run (the test suite)")
     a = ap.parse_args(argv)
+    smoke_dir = tempfile.TemporaryDirectory()
+    if a.smoke:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from shapes import smoke_model
+
+        a.model = str(smoke_model(smoke_dir.name, "Q4_1"))
+        a.threads, a.sizes, a.repeats, a.decode = [1], [64], 1, 2
     dense_path = Path(a.model) if a.model else hub.resolve("smollm2-135m", progress=False)
     load0 = load_avg()
     print(f"# MoE benchmark  {datetime.datetime.now().isoformat(timespec='minutes')}")
@@ -142,6 +151,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
+    smoke_dir.cleanup()
     return 0
 
 

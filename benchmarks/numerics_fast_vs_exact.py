@@ -21,6 +21,8 @@ attention alone, or compare two exact types with --exact-only.
 relative perturbation of 2^-24 (about half an ulp of float32) per element: how far a W4A8
 model moves for a perturbation far smaller than fast attention's, the floor against which
 the fast path's top-1 agreement is read.
+
+--smoke: the tiny shape (benchmarks/shapes.py), one 520-token prompt, both modes (the test suite).
 """
 from __future__ import annotations
 
@@ -48,11 +50,22 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--noise-floor", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one prompt (the test suite)")
     ap.add_argument("--kv-dtype", default="f16", help="the fast model's KV cache type")
     ap.add_argument("--exact-kv-dtype", default="f32", help="the exact model's KV cache type")
     ap.add_argument("--exact-only", action="store_true",
                     help="the second model is exact too (compare two KV cache types)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        import tempfile
+
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        with tempfile.TemporaryDirectory() as d:
+            args.model, args.lengths, args.reps, args.smoke = str(smoke_model(d)), [520], 1, False
+            main_rows = main([args.model, "--lengths", "520", "--reps", "1", "--text", args.text])
+            noise_floor(args)
+        return main_rows
     if args.noise_floor:
         return noise_floor(args)
     fast = Model.load(args.model, threads=args.threads, progress=False, kv_dtype=args.kv_dtype)
@@ -97,6 +110,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+    return res
 
 
 class _NoisyAttention:

@@ -6,7 +6,10 @@ alternating runs; medians and ratios; JSON out.  Optionally transformers (float3
         [--kv-dtype f16[,q8_0,f32]] [--transformers] [--json out.json]
 
 Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
-`pip install '.[bench]'`, never a CI dependency).  Every prefill is cold (a fresh KV state);
+`pip install '.[bench]'`, never a CI dependency; without it only goinfer runs and the table
+says the peer was skipped).  MODEL can be any GGUF, e.g. the shapes of real 1B-8B models that
+benchmarks/shapes.py writes.  --smoke: the tiny shape, one short run of each row (the test
+suite's check that the script runs).  Every prefill is cold (a fresh KV state);
 decode is greedy from a random prompt of the given length.  Prompts are seeded random ids of
 ordinary tokens, identical for both engines.  --kv-dtype: goinfer's KV cache storage type(s),
 one goinfer engine each (llama.cpp keeps its default f16 cache); ratios are against llama.cpp's
@@ -53,6 +56,11 @@ class GoinferEngine:
 
     def decode(self, ids, n) -> float:
         return self.bench.decode_seconds(self.model, ids, n)
+
+    def weights(self) -> list[str]:
+        """Native weight kinds and the GGUF types they came from (conversions included)."""
+        return sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                       for w in self.model.impl.weights()})
 
 
 class LlamaCppEngine:
@@ -127,7 +135,7 @@ def alternate(engines, fn, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-lengths", default="512,2048")
     ap.add_argument("--decode-prompts", default="64,2048")
@@ -139,11 +147,28 @@ def main(argv=None):
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one short run (the test suite)")
     args = ap.parse_args(argv)
-
-    import llama_cpp
+    import tempfile
 
     import goinfer
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
+        args.prompt_lengths, args.decode_prompts = "64", "16"
+        args.decode_tokens, args.repeats, args.flash_attn = 2, 1, "off"
+    if not args.model:
+        ap.error("a model path is needed (or --smoke)")
+    llama_cpp = None
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp
+        except ImportError:
+            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
 
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
@@ -154,14 +179,16 @@ def main(argv=None):
         engines.append(GoinferEngine(args.model, args.threads, exact=True, kv_dtype=kvs[0],
                                      tag=len(kvs) > 1))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
-    engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
+    if llama_cpp is not None:
+        engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
     vocab = engines[0].model.vocab_size
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),
            "threads": args.threads, "repeats": args.repeats, "machine": machine(),
-           "llama_cpp_python": llama_cpp.__version__, "goinfer": goinfer.config(),
-           "prefill": [], "decode": []}
+           "llama_cpp_python": llama_cpp.__version__ if llama_cpp is not None else "skipped (not installed)",
+           "goinfer": goinfer.config(), "goinfer_load": engines[0].model.load_info.source,
+           "goinfer_weights": engines[0].weights(), "prefill": [], "decode": []}
     for n in lengths:
         ids = _ids(vocab, n, seed=n)
         for e in engines:  # warm-up
@@ -186,6 +213,7 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(text)
     print(table(res))
+    tmp.cleanup()
     return res
 
 
@@ -193,7 +221,9 @@ def table(res) -> str:
     """One line per row: every engine's tok/s, and each goinfer engine's ratio to llama.cpp's
     best engine of the row."""
     lines = [f"{res['model']}, {res['threads']} threads, {res['machine']['cpu']}, {res['date']}, "
-             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}"]
+             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}; "
+             f"llama-cpp-python {res['llama_cpp_python']}; goinfer weights: "
+             f"{', '.join(res['goinfer_weights'])}"]
     for kind, key, fmt in (("prefill", "prefill", ".0f"), ("decode after", "decode", ".1f")):
         for r in res[key]:
             ts = r["tok_s"]

@@ -8,6 +8,8 @@ The text is tokenized by goinfer's tokenizer (no BOS, special-token strings as p
 both engines read the same ids (llama.cpp's own tokenization of the text is compared and
 reported).  Each window is a fresh context: ``Llama(path, n_ctx=ctx, logits_all=True)``,
 ``reset()``, ``eval(window)``, ``scores`` -> -log softmax in float64 at the scored targets.
+--smoke: the tiny shape (benchmarks/shapes.py), a few hundred tokens (the test suite); without
+llama-cpp-python only goinfer's side (tokenization, windows) runs and the peer is skipped.
 """
 from __future__ import annotations
 
@@ -26,20 +28,39 @@ from goinfer.tokenizer import Tokenizer
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("file")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("file", nargs="?")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--stride", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--skip-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, a few windows (the test suite)")
     args = ap.parse_args(argv)
-    import llama_cpp
+    import tempfile
+    from pathlib import Path
 
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
+        args.file = str(Path(__file__).resolve().parent / "data" / "agreement_mix.txt")
+        args.ctx, args.max_tokens = 128, 300
+    if not (args.model and args.file):
+        ap.error("MODEL and FILE are needed (or --smoke)")
     text = open(args.file, encoding="utf-8").read()
     tok = Tokenizer.from_metadata(GGUFFile(args.model).metadata)
     ids = np.asarray(tok.encode(text, add_special=False, parse_special=False), np.int32)
+    try:
+        import llama_cpp
+    except ImportError:
+        n_win = len(list(windows(len(ids[args.skip_tokens:][:args.max_tokens]), args.ctx,
+                                 args.stride or args.ctx // 2)))
+        print(f"goinfer side: {len(ids)} tokens, {n_win} windows; llama.cpp: skipped "
+              "(llama-cpp-python is not installed)")
+        return None
     llm = llama_cpp.Llama(args.model, n_ctx=args.ctx, logits_all=True, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     theirs = llm.tokenize(text.encode(), add_bos=False, special=False)
@@ -70,6 +91,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+    tmp.cleanup()
+    return res
 
 
 if __name__ == "__main__":

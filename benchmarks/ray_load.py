@@ -27,9 +27,12 @@ from pathlib import Path
 
 # a local Ray instance keeps its control plane on loopback (Ray's own switch, read at import)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Serve's proxy must answer its readiness check in 5 s by default (3 misses: killed, and
+# serve.start fails): too short on a busy 2-core machine (read when ray.serve is imported)
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# benchmarks/ for server_load and shapes; goinfer: the installed one (or PYTHONPATH's), never the
+# source tree (no compiled .so in CI)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from server_load import QUESTIONS, SYSTEM, pct, stop_ids  # noqa: E402

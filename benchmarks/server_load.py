@@ -9,7 +9,8 @@ plus a question of its own, greedy, end-of-turn banned so every reply is --max-t
 Both servers run at once and the modes alternate, which goes first swapping level by level
 (the machine is shared: its load drifts).  Per level: aggregate completion tok/s (all tokens / wall time), and p50 / p99
 of time to first token and of request latency, measured by the client.  Prints a Markdown
-table and writes JSON with every request's numbers.
+table and writes JSON with every request's numbers.  --smoke: the tiny shape
+(benchmarks/shapes.py), one client, one short request per mode (the test suite).
 """
 from __future__ import annotations
 
@@ -25,8 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# goinfer: the installed one (or PYTHONPATH's), never the source tree (no compiled .so in CI)
 
 from goinfer.server.cli import Client, free_port  # noqa: E402
 
@@ -49,8 +49,7 @@ def start_server(model: str, max_batch: int, threads: int | None, extra: list[st
            "--max-batch", str(max_batch), "--log-level", "warning"] + extra
     if threads:
         cmd += ["--threads", str(threads)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -125,7 +124,16 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="--max-batch of the batched server")
     ap.add_argument("--json", default=None)
     ap.add_argument("server_args", nargs="*", help="extra `goinfer serve` arguments (after --)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one request (the test suite)")
     args = ap.parse_args()
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
+        args.levels, args.requests, args.max_tokens, args.threads = "1", 1, 2, 1
     levels = [int(x) for x in args.levels.split(",")]
     ban = stop_ids(args.model)
     modes = {"batched": args.batch, "one at a time": 1}
@@ -175,6 +183,7 @@ def main() -> int:
           f"{load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f}; `{meta['command']}`")
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    tmp.cleanup()
     return 0
 
 

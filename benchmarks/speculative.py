@@ -3,7 +3,7 @@
     PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/speculative.py [MODEL] [--tasks 4]
         [--max-tokens 256] [--draft-tokens 16] [--repeats 3] [--threads 2] [--no-llama-cpp]
         [--json out.json]
-    PYTHONPATH=. python benchmarks/speculative.py TINY.gguf --smoke     (the test suite's run)
+    PYTHONPATH=. python benchmarks/speculative.py [TINY.gguf] --smoke   (the test suite's run)
 
 The task: the agent was shown a file and must return it edited.  Each task takes the first
 ~40 lines of one Python source file of tests/data/tokenizer_corpus.txt (CPython's standard
@@ -31,6 +31,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import date
@@ -116,6 +117,11 @@ def main(argv=None) -> dict:
     import goinfer
     from goinfer import hub
 
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke and args.model is None:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        args.model = str(smoke_model(tmp.name))
     path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
     model = goinfer.Model.load(path, threads=args.threads, progress=False)
     k = args.draft_tokens
@@ -170,6 +176,7 @@ def main(argv=None) -> dict:
     if not all(r["goinfer_identical"] for r in res["tasks"]):
         print("ERROR: drafting changed goinfer's output", file=sys.stderr)
         raise SystemExit(1)
+    tmp.cleanup()
     return res
 
 

@@ -10,7 +10,8 @@ goinfer sets at import (goinfer/_threads.py), `passive` is OMP_WAIT_POLICY=passi
 GOMP_SPINCOUNT=N.  Load: `none`, or one busy-looping process at nice 19 (`nice19`) or at
 nice 0 (`nice0`) competing for a core, the way a build or an indexer competes on a user's
 machine.  Measured: prefill of 512 tokens (ms) and decode after 64 tokens (ms/token), medians
-of --repeats; settings alternate within each load.
+of --repeats; settings alternate within each load.  --smoke: the tiny shape
+(benchmarks/shapes.py), goinfer's setting, no added load, one repeat (the test suite).
 """
 from __future__ import annotations
 
@@ -72,8 +73,17 @@ def main(argv=None):
     ap.add_argument("--settings", default="default,goinfer,passive,spin100,spin1000,spin10000")
     ap.add_argument("--load", default="none,nice19,nice0")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one run (the test suite)")
     a = ap.parse_args(argv)
     from goinfer import hub
+
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory()
+    if a.smoke:
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        a.model, a.settings, a.load, a.repeats = str(smoke_model(tmp.name)), "goinfer", "none", 1
 
     path = str(hub.resolve(a.model, progress=False))
     settings = a.settings.split(",")
@@ -104,6 +114,7 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

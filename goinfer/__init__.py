@@ -20,6 +20,7 @@ from goinfer.errors import (  # noqa: E402
     DownloadError,
     GoinferError,
     GrammarError,
+    InsufficientMemoryError,
     ModelFormatError,
     ModelNotFoundError,
     RequestError,
@@ -80,5 +81,5 @@ __all__ = [
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",
-    "GrammarError", "ToolError",
+    "GrammarError", "ToolError", "InsufficientMemoryError",
 ]

@@ -88,10 +88,13 @@ def _stream(session, method, arg, sampling) -> object:
 
 
 def cmd_pull(args) -> int:
-    from goinfer import hub
+    from goinfer import hub, layout
 
     path = hub.pull(args.name, force=args.force)
     print(path)
+    if layout.enabled_by_env() and not args.no_layout:
+        # the native layout the kernels read, so that the first Model.load maps it (goinfer/layout.py)
+        print(layout.prepare(path, progress=True))
     return 0
 
 
@@ -241,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pull", help="download a registered model into GOINFER_HOME")
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="download again even if present")
+    p.add_argument("--no-layout", action="store_true",
+                   help="do not build the layout cache (the converted weights) now")
     p.set_defaults(fn=cmd_pull)
 
     p = sub.add_parser("list", help="registered models and whether they are pulled")

@@ -55,6 +55,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -198,6 +199,13 @@ class Grammar:
     param: str  # the request field it came from
     view: TokenView
     _proto: object  # llguidance.LLMatcher in its initial state (deep-copied per generation)
+    # where the grammar may end, the end of the output takes the probability of every token
+    # the grammar forbids there (tool calls: a model that would go on with anything but
+    # another call ends its reply; see Constraint.fold_end) ...
+    end_takes_forbidden: bool = False
+    # ... once calls_begun(tokens, text) of the output so far is true (None: from the start;
+    # tool_choice "auto": from the call marker on, never in the free text before it)
+    calls_begun: Callable[[list[int], str], bool] | None = None
 
     def start(self, n_logits: int | None = None) -> "Constraint":
         return Constraint(self, n_logits)
@@ -400,6 +408,7 @@ class Constraint:
         self._stops = self.view.stop_ids[self.view.stop_ids < self.n_logits]
         self._stop_set = frozenset(int(t) for t in self._stops)
         self._pending = None
+        self._begun = False  # calls_begun seen true (it stays so)
         self.prefetch()
 
     def prefetch(self) -> None:
@@ -436,6 +445,36 @@ class Constraint:
         m = self.matcher
         err = m.get_error().strip().splitlines()
         return f"llguidance: {m.stop_reason()}" + (f": {_short(err[0])}" if err else "")
+
+    def fold_end(self, logits: np.ndarray, mask: np.ndarray, tokens=(), text: str = ""
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, mask) to sample from.  Where the output may end (``accepting``) under a
+        grammar with ``end_takes_forbidden`` (and once ``calls_begun(tokens, text)`` of the
+        output so far): the most likely stop token gets the log of the summed probability
+        (at temperature 1) of the stop tokens and of every token the mask forbids, the other
+        stop tokens are masked.  Tool calls: after a call the grammar allows another call or
+        the end; a model that would go on with prose (which the grammar forbids) ends its
+        reply instead of being pushed into a call it did not want.  Anywhere else (or
+        without it): (logits, mask) unchanged."""
+        stops = self._stops
+        g = self.grammar
+        if not (self.accepting and g.end_takes_forbidden and len(stops)):
+            return logits, mask
+        if not self._begun:
+            self._begun = g.calls_begun is None or bool(g.calls_begun(tokens, text))
+            if not self._begun:
+                return logits, mask
+        z = np.array(logits, dtype=np.float64)  # (n_logits,)
+        best = int(stops[np.argmax(z[stops])])
+        out = ~mask
+        out[stops] = True
+        zo = z[out]
+        top = float(zo.max())
+        z[best] = top + float(np.log(np.exp(zo - top).sum()))
+        m = mask.copy()
+        m[stops] = False
+        m[best] = True
+        return z, m
 
     def ends(self, token: int) -> bool:
         """Does ``token`` (just sampled under the last mask) end the output, complete?"""

@@ -61,6 +61,16 @@ class GrammarError(RequestError):
     the grammar engine cannot enforce, a grammar or regex that does not parse."""
 
 
+class InsufficientMemoryError(GoinferError, MemoryError):
+    """A model (or a cache) needs more memory than the machine has available; raised before
+    anything large is allocated.  ``needed`` and ``available`` are the byte counts."""
+
+    def __init__(self, message: str, needed: int = 0, available: int = 0):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
 class ToolError(RequestError):
     """Bad ``tools``, ``tool_choice`` or ``parallel_tool_calls`` (or tools together with a
     response_format the reply cannot also follow); ``param`` names the field."""

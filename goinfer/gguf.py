@@ -75,6 +75,21 @@ _SCALAR_NP = {
 # ============================================================================ safe, fast reader
 
 
+def _load_string_array():
+    """The compiled string-array reader (goinfer/_kernels/gguf_text.pyx), or None (a
+    big-endian host, or kernels not built: the Python loop below does the same, slower)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        from goinfer._kernels.gguf_text import string_array
+    except ImportError:
+        return None
+    return string_array
+
+
+_string_array = _load_string_array()
+
+
 class _Short(Exception):
     """A read ran past the end of the file (converted to ModelFormatError by GGUFFile)."""
 
@@ -137,7 +152,15 @@ class _Reader(GGUFReader):
         if n * elem_min > size - offs:
             raise ModelFormatError(f"metadata array at offset {orig_offs} claims {n} elements "
                                    f"of {itype.name}, more than the {size - offs} bytes left")
-        if itype == GGUFValueType.STRING:
+        if itype == GGUFValueType.STRING and _string_array is not None:
+            try:
+                holder, offs = _string_array(self._plain, offs, n)
+            except EOFError as e:
+                raise _Short(str(e)) from None
+            except UnicodeDecodeError:
+                raise ModelFormatError(f"a string of the array at offset {orig_offs} is not valid "
+                                       "UTF-8") from None
+        elif itype == GGUFValueType.STRING:
             holder = np.empty(n, dtype=object)
             mv = self._mv
             for i in range(n):
@@ -228,6 +251,10 @@ class ConversionSummary:
 
     def as_dicts(self) -> list[dict]:
         return [dict(vars(r)) for r in self.rows]
+
+    @classmethod
+    def from_dicts(cls, rows: list[dict]) -> "ConversionSummary":
+        return cls([ConversionRow(**r) for r in rows])
 
     def __str__(self) -> str:
         if not self.rows:
@@ -522,9 +549,12 @@ class GGUFFile:
             h.update(data[: self.data_offset].tobytes())
             n_data = len(data) - self.data_offset
             if n_data > 0:
+                # the samples are read, not touched through the mapping: a page fault there maps
+                # the kernel's whole readahead window (~1 MB per sample, 256 MB in all)
                 step = max(1, n_data // 256)
-                for off in range(self.data_offset, len(data), step):
-                    h.update(data[off:off + 4096].tobytes())
+                with open(self.path, "rb") as fh:
+                    for off in range(self.data_offset, len(data), step):
+                        h.update(os.pread(fh.fileno(), min(4096, len(data) - off), off))
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 
@@ -671,11 +701,44 @@ class GGUFFile:
             return pack_q4("q4_1", q.reshape(R, K), d16, m16)
         raise AssertionError(tname)
 
+    def native_bytes(self) -> int:
+        """Bytes of every tensor in the native kind goinfer loads it as (matrices and stacked
+        experts: NATIVE_TARGET's kind, rows padded to row blocks of 16; vectors: float32), from
+        the tensor infos alone, before anything is loaded.  What the model's weights occupy in
+        memory, memory-mapped from the layout cache or not (goinfer/memory.py)."""
+        total = 0
+        for tname, shape in self._infos.values():
+            n_el = int(np.prod(shape, dtype=np.int64))
+            if len(shape) < 2 or tname not in NATIVE_TARGET:
+                total += 4 * n_el
+                continue
+            n_in, n_out = shape[-1], shape[-2]
+            n_mat = n_el // (n_in * n_out)
+            kind = NATIVE_TARGET[tname][0]
+            padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
+            per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                   "q8_0": 34 / 32}[kind]
+            total += int(n_mat * padded * per)
+        return total
+
     def conversion_summary(self) -> ConversionSummary:
         """Which GGUF types became which kinds (counts, bytes) over the loads done so far."""
         return self._summary
 
     # ------------------------------------------------------------------ lifetime
+
+    def release_pages(self) -> None:
+        """Drop the file's pages this process has touched from its resident memory (they stay in
+        the page cache; a later read faults them back in).  After a layout build, so that the
+        build's peak is not the GGUF plus the layout."""
+        import mmap
+
+        mm = getattr(getattr(self._reader, "_mmap", None), "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass
 
     def close(self) -> None:
         """Drop the reader (the mapping goes when no loaded view references it).  Metadata

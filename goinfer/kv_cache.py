@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
+from goinfer.memory import default_max_tokens
 from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
@@ -174,7 +175,10 @@ class KVCache:
 
     ``KVCache(model, max_tokens=8192, block_size=16, dtype=None)``, or ``max_bytes=`` for a
     memory budget.  dtype: "f16", "f32" or "q8_0" (None: the model's ``kv_dtype``, "f16" by
-    default).  Arrays per layer (see docs/design/kernels.md, ``kv_shapes``):
+    default).  The default max_tokens holds 2 x the model's context length, or as many tokens
+    as fit in half of the memory available when it is created if that is fewer
+    (memory.default_max_tokens); pages are touched only as blocks fill, so an unused capacity
+    costs address space, not memory.  Arrays per layer (see docs/design/kernels.md, ``kv_shapes``):
       k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float16 / float32
       v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
     (q8_0: int8 with head_dim/16 more rows holding the float16 scales).
@@ -203,8 +207,8 @@ class KVCache:
         if max_bytes is not None:
             n_blocks = int(max_bytes) // self.bytes_per_block
         else:
-            if max_tokens is None:
-                max_tokens = 2 * cfg.context_length
+            if max_tokens is None:  # 2 x context, within half the memory available now
+                max_tokens = default_max_tokens(cfg.context_length, self.bytes_per_block // block_size)
             n_blocks = -(-int(max_tokens) // block_size)
         if n_blocks < 1:
             raise ValueError("the KV cache budget is smaller than one block "

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from goinfer import hub
+from goinfer import hub, layout, memory
 from goinfer._threads import resolve_threads
 from goinfer.errors import ContextLengthError, UnsupportedArchitectureError
-from goinfer.gguf import GGUFFile
+from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
@@ -40,8 +40,12 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact: bool = False,
                  context_length: int | None = None, progress: bool = True, graph: bool | None = None,
-                 exact_prefill: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 _reference_kernels: bool = False):
+                 exact_prefill: bool | None = None, layout_cache: bool | None = None,
+                 kv_dtype: str = DEFAULT_KV_DTYPE, _reference_kernels: bool = False):
+        """exact: float64 attention at every position (exact_prefill: its old name).
+        layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
+        the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0).
+        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         arch = gguf.arch
         family = family_for(gguf)
         if family is None:
@@ -62,21 +66,30 @@ class Model:
             if context_length < 1:
                 raise ValueError(f"context_length must be positive, got {context_length}")
             self.config.context_length = int(context_length)
+        # the weights must fit in memory (mapped or not) before anything large is read
+        memory.check_fits(gguf.native_bytes(), f"{self.name} (its weights in goinfer's layout)")
         self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
         self.chat_template = gguf.get("tokenizer.chat_template") or builtin_template(arch)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
+        weights, self.load_info = layout.load(gguf, family, self.config, enabled=layout_cache,
+                                              progress=progress, name=self.name)
+        if weights is not None:  # mapped from the layout cache
+            self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
+            del weights
+        else:  # converted from the GGUF into process memory
+            bar = None
+            if progress:
+                from tqdm.auto import tqdm
 
-            bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}", unit="layer",
-                       leave=False, disable=None)
-        try:
-            self.impl = family(gguf, self.config, self.kernels, self.threads,
-                               progress=bar.update if bar is not None else None)
-        finally:
-            if bar is not None:
-                bar.close()
-        self.conversions = gguf.conversion_summary()
+                bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}", unit="layer",
+                           leave=False, disable=None)
+            try:
+                self.impl = family(gguf, self.config, self.kernels, self.threads,
+                                   progress=bar.update if bar is not None else None)
+            finally:
+                if bar is not None:
+                    bar.close()
+        self.conversions = (ConversionSummary.from_dicts(self.load_info.conversions)
+                            if self.load_info.source == "layout" else gguf.conversion_summary())
         self.load_seconds = time.perf_counter() - t0
         self._lock = threading.RLock()
         self._cache: KVCache | None = None
@@ -89,17 +102,21 @@ class Model:
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
              exact: bool = False, *, context_length: int | None = None,
              progress: bool = True, graph: bool | None = None,
-             exact_prefill: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
+             exact_prefill: bool | None = None, layout_cache: bool | None = None,
+             kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
         """Load a registered model (pulled on first use) or a local .gguf file.
 
         exact: float64 attention at every position (default: the fast float32 kernel for rows
         at positions >= 512, FAST_FROM); exact_prefill is its old name.
         graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0).
+        layout_cache: map the weights from their cached native layout (default: on unless
+        GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
-        return cls(GGUFFile(path), threads=threads, exact=exact, exact_prefill=exact_prefill,
-                   context_length=context_length, progress=progress, graph=graph,
-                   kv_dtype=kv_dtype)
+        with GGUFFile(path) as g:
+            return cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
+                       context_length=context_length, progress=progress, graph=graph,
+                       layout_cache=layout_cache, kv_dtype=kv_dtype)
 
     # ------------------------------------------------------------------ text
 

@@ -573,7 +573,10 @@ class Generation:
             if mask is None:  # dead end: stop, and say so
                 self.finish_reason, self.done, self.reason = "stop", True, c.reason
                 return ""
-        t = self.sampler.sample(logits, mask)
+        z = logits  # logprobs are of the raw logits; the sampler may see the end folded in
+        if c is not None:
+            z, mask = c.fold_end(logits, mask, self.tokens, self.text)
+        t = self.sampler.sample(z, mask)
         if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True
             self.reason = ("grammar dead end: logit_bias bans every token the grammar allows"

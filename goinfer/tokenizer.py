@@ -340,15 +340,22 @@ class Tokenizer:
         if not merges:
             raise TokenizerError("a 'gpt2' (byte-level BPE) vocabulary needs tokenizer.ggml.merges")
         vocab = {t: i for i, t in enumerate(tokens)}
-        pairs = []
-        for m in merges:
-            a, sep, b = str(m).partition(" ")
-            if not sep:
-                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-            if a in vocab and b in vocab and (a + b) in vocab:
-                pairs.append((a, b))
-        try:
+        try:  # fast path: every merge is "a b" with a, b and ab in the vocabulary (BPE checks)
+            pairs = [tuple(m.split(" ", 1)) for m in merges]
             bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
+        except Exception:  # a malformed merge, or one naming unknown tokens: check one by one
+            bpe = None
+        if bpe is None:
+            pairs = []
+            for m in merges:
+                a, sep, b = str(m).partition(" ")
+                if not sep:
+                    raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+                if a in vocab and b in vocab and (a + b) in vocab:
+                    pairs.append((a, b))
+        try:
+            if bpe is None:
+                bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
             hf = _HFTokenizer(bpe)
             steps = [_pre.Split(Regex(r), behavior="isolated") for r in regexes]
             steps.append(_pre.ByteLevel(add_prefix_space=False, use_regex=False))

@@ -33,6 +33,7 @@ Formats (a call as the model writes it; chosen from the chat template):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import re
@@ -434,7 +435,9 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str 
         close = _marker(tokenizer, fmt.close)
         rules.append(f'first: "\\n" body "\\n" {close}')  # laid out as templates write it
         first = "first"
-        after = f' ("\\n" {_marker(tokenizer, fmt.open)} first)*' if many else ""
+        # more calls, each after a line break; a line break may also end the reply, so the
+        # model decides between another call and the end after it (see ToolChat.compiled)
+        after = f' ("\\n" {_marker(tokenizer, fmt.open)} first)* "\\n"?' if many else ""
     open_ = _marker(tokenizer, fmt.open)
     if forced:
         start = f"{open_} {first}{after}"
@@ -489,7 +492,7 @@ def _call_schema(tools, args_key: str, *, array: bool = False, many: bool = True
     defs, alts = {}, []
     for i, t in enumerate(tools):
         key = f"goinfer_tool_{i}"
-        defs[key] = _rebase(t.parameters, f"#/$defs/{key}")
+        defs[key] = _rebase(_bounded(t.parameters), f"#/$defs/{key}")
         props = {"name": {"const": t.name}, args_key: {"$ref": f"#/$defs/{key}"}}
         if with_id:
             props["id"] = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}
@@ -508,6 +511,51 @@ def _call_schema(tools, args_key: str, *, array: bool = False, many: bool = True
 
 
 _VALUE_KEYS = {"const", "enum", "default", "examples"}  # hold JSON values, not schemas
+
+# Numbers in call arguments: JSON schema cannot bound how many digits a number has and
+# llguidance's number lexeme is unbounded, so a sampled number could take digit after digit
+# until max_tokens.  Each number and integer schema of the arguments gets, where it has none of
+# its own, the bounds +-(2**53 - 1) (the integers a double holds exactly, I-JSON's
+# interoperable range: at most 16 digits) and, for numbers, multipleOf 1e-10 (at most 10
+# decimals).  llguidance writes bounded numbers without an exponent.  So a number in a call
+# is at most 28 characters; a value beyond 2**53 - 1 in magnitude, or with more than 10
+# decimals, cannot be written (a schema's own bounds and step replace ours).
+MAX_SAFE_INT = 2**53 - 1
+NUMBER_STEP = 1e-10
+_NUMERIC = ("number", "integer")
+
+
+def _bound_numbers(schema):
+    """Copy of an arguments schema with every number / integer schema bounded (above)."""
+    if isinstance(schema, list):
+        return [_bound_numbers(x) for x in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: (copy.deepcopy(v) if k in _VALUE_KEYS else _bound_numbers(v))
+           for k, v in schema.items()}
+    ty = out.get("type")
+    types = [ty] if isinstance(ty, str) else ty if isinstance(ty, list) else []
+    if any(t in _NUMERIC for t in types if isinstance(t, str)):
+        lo = [v for k in ("minimum", "exclusiveMinimum") if _is_num(v := out.get(k))]
+        hi = [v for k in ("maximum", "exclusiveMaximum") if _is_num(v := out.get(k))]
+        if not lo and not (hi and min(hi) <= -MAX_SAFE_INT):
+            out["minimum"] = -MAX_SAFE_INT
+        if not hi and not (lo and max(lo) >= MAX_SAFE_INT):
+            out["maximum"] = MAX_SAFE_INT
+        if "number" in types and "multipleOf" not in out:
+            out["multipleOf"] = NUMBER_STEP
+    return out
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bounded(params: dict) -> dict:
+    """The arguments schema with its numbers bounded, or as it is when the bounded schema does
+    not compile (a schema whose own bounds or multipleOf llguidance cannot combine with ours)."""
+    b = _bound_numbers(params)
+    return b if b == params or not _schema_error(json.dumps(b, sort_keys=True)) else params
 
 
 def _rebase(schema, base: str):
@@ -538,6 +586,8 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    # streamed with logprobs: the entries of the tokens taken since the last item sent
+    logprobs: list[dict] | None = field(default=None, compare=False, repr=False)
 
     def as_openai(self) -> dict:
         if self.id is None:
@@ -991,6 +1041,7 @@ class ToolChat:
     fmt: ToolFormat
     prompt: str
     grammar: str | None
+    tokenizer: object = field(default=None, repr=False)  # the model's (compiles the grammar)
 
     @property
     def parses(self) -> bool:
@@ -1009,12 +1060,31 @@ class ToolChat:
         if self.grammar is None:
             return response_format, grammar
         if not theirs:
-            return None, self.grammar
+            return None, self.compiled()
         if self.spec is not None and self.spec.choice == "none":
             return response_format, grammar
         raise ToolError("tools with a response_format or grammar need tool_choice 'none' "
                         "(goinfer cannot hold one reply to both)",
                         "grammar" if grammar is not None else "response_format")
+
+    def compiled(self):
+        """The tools' grammar compiled for the model (constrained.Grammar; GrammarError).
+        Where calls are made, the end of the reply takes the probability of every token the
+        grammar forbids where it may end (``end_takes_forbidden``): after a complete call
+        the grammar allows only another call or the end, and a model that would rather go on
+        with prose, which is not allowed after a call, ends its reply (finish_reason
+        "tool_calls") instead of being pushed into calls it did not mean, over and over until
+        max_tokens.  With tool_choice "auto" only from the call marker on: in the free text
+        before it the grammar forbids little (control tokens, bytes that would not be valid
+        UTF-8), and a model's prose must not end because of those.  With tool_choice "none"
+        nothing is folded: the reply is plain text."""
+        from goinfer.constrained import compile_request
+
+        g = compile_request(self.tokenizer, grammar=self.grammar)
+        if not self.parses:
+            return g
+        return dataclasses.replace(g, end_takes_forbidden=True,
+                                   calls_begun=_calls_begun(self.spec, self.fmt, self.tokenizer))
 
     def finish(self, result, parser: CallParser | None = None):
         """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
@@ -1032,17 +1102,52 @@ class ToolChat:
 
     def stream(self, items):
         """Stream items of a generation (text pieces, then the result) -> content pieces and
-        ToolCallDelta pieces, then the finished result."""
+        ToolCallDelta pieces, then the finished result.  With logprobs (the pieces are
+        session.Piece): each item carries the entries of the tokens taken since the last item
+        (text the parser holds back waits for the next one; what is left at the end comes in
+        an empty Piece), so the items' entries add up to the result's list."""
         if not self.parses:
             yield from items
             return
+        from goinfer.session import Piece
+
         parser = self.parser()
+        carry: list[dict] | None = None  # None: no logprobs asked for
+
+        def tag(out):
+            nonlocal carry
+            for x in out:
+                if carry is not None:
+                    lps, carry = carry, []
+                    if isinstance(x, str):
+                        x = Piece(x, lps)
+                    else:
+                        x.logprobs = lps
+                yield x
+
         for item in items:
             if isinstance(item, str):
-                yield from parser.push(item)
+                if isinstance(item, Piece):
+                    carry = (carry or []) + item.logprobs
+                yield from tag(parser.push(str(item)))
             else:
-                yield from parser.finish()
+                yield from tag(parser.finish())
+                if carry:
+                    yield Piece("", carry)
                 yield self.finish(item, parser)
+
+
+def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
+    """(tokens, text) -> has the reply opened a call?  None: it does from its first token."""
+    if spec.forced:
+        return None
+    sid = _special(tokenizer, fmt.open)
+    brace = fmt.name == "llama3"  # a Llama 3 reply that opens with "{" is a call
+
+    def begun(tokens, text: str) -> bool:
+        return (brace and text.startswith("{")) or (
+            sid in tokens if sid is not None else fmt.open in text)
+    return begun
 
 
 def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None
@@ -1053,4 +1158,4 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
     fmt = tool_format(model)
     msgs, template_tools = chat_inputs(messages, fmt, spec)
     prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools)
-    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer))
+    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer), model.tokenizer)

@@ -1,12 +1,22 @@
 """Shared fixtures: tiny random models (built once per test session) and the real SmolLM2."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Layout caches of the models the tests load (goinfer/layout.py) go to a directory of this run:
+# every model loaded twice runs from its cache the second time, and nothing is left behind.
+_LAYOUTS = tempfile.mkdtemp(prefix="goinfer-test-layouts-")
+os.environ.setdefault("GOINFER_LAYOUT_DIR", _LAYOUTS)
+atexit.register(shutil.rmtree, _LAYOUTS, True)
 
 import tinymodels  # noqa: E402
 

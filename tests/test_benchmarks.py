@@ -1,19 +1,131 @@
-"""Smoke runs of benchmark scripts (tiny shapes / a tiny model): they run end to end, print
-their table and check what they claim (speed is measured by the lead, never asserted here)."""
+"""Every script in benchmarks/ runs: its --smoke mode (the tiny shape of benchmarks/shapes.py,
+one short iteration) in a fresh process, started as `python benchmarks/x.py`.  Scripts that
+compare with llama.cpp must still run their goinfer side without llama-cpp-python and say the
+peer was skipped.
+
+goinfer must be the one the environment provides (the installed package in CI, whose source
+tree has no compiled .so; PYTHONPATH's in development), never the source tree put on sys.path by
+the script: each run sees goinfer only through a link in a fresh directory, and an import hook
+(sitecustomize, inherited by the script's child processes) fails any import of goinfer that
+would come from elsewhere."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+import goinfer
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
+# scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
+PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py"}
+HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+
+GUARD = '''\
+import importlib.machinery, os, sys
+_SITE = os.environ["GOINFER_TEST_SITE"]
+
+
+class _OnlyThisGoinfer:
+    """fails an import of goinfer that sys.path would resolve outside GOINFER_TEST_SITE"""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "goinfer":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+        origin = getattr(spec, "origin", None) or ""
+        if not origin.startswith(_SITE + os.sep):
+            raise ImportError(f"goinfer would be imported from {origin}, not the environment's "
+                              f"package (sys.path: {sys.path})")
+        return None
+
+
+sys.meta_path.insert(0, _OnlyThisGoinfer())
+'''
+
+
+def test_every_script_is_covered():
+    """A new benchmark script is run here automatically; this pins that the list is not empty
+    and that each script offers --smoke."""
+    assert len(SCRIPTS) >= 15
+    for name in SCRIPTS:
+        assert "--smoke" in (BENCH / name).read_text(), f"{name} has no --smoke mode"
+
+
+def _env(tmp_path: Path) -> dict:
+    """PYTHONPATH: a directory holding only a link to the goinfer package this test imports,
+    and the import guard; inherited entries that hold a goinfer package are dropped."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "goinfer").symlink_to(Path(goinfer.__file__).resolve().parent)
+    (site / "sitecustomize.py").write_text(GUARD)
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not (Path(p) / "goinfer").is_dir()]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site)] + keep), OMP_NUM_THREADS="1",
+                GOINFER_TEST_SITE=str(site), GOINFER_LAYOUT_DIR=str(tmp_path / "layouts"))
+
+
+def test_guard_catches_the_source_tree(tmp_path):
+    """The guard fails a script that puts the repository root on sys.path before importing
+    goinfer (what CI's non-editable install cannot survive)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _env(tmp_path)
+    good = tmp_path / "good.py"
+    good.write_text("import goinfer\nprint(goinfer.__file__)\n")
+    out = subprocess.run([sys.executable, str(good)], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(tmp_path / "site")), out.stdout
+    bad = tmp_path / "bad.py"
+    bad.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport goinfer\n")
+    out = subprocess.run([sys.executable, str(bad)], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "not the environment's package" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_smoke(name, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run([sys.executable, str(BENCH / name), "--smoke"], cwd=work,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{name} --smoke failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    assert out.stdout.strip(), f"{name} --smoke printed nothing"
+    if name in PEERS and not HAVE_LLAMA_CPP:
+        assert "skipped" in out.stdout, f"{name} did not say that llama.cpp was skipped"
+    assert sorted(p.name for p in work.iterdir()) == [], \
+        f"{name} --smoke left files in the working directory"
+
+
+def test_kernels_attention_decode_table(capsys):
+    """kernels_attention --decode prints one row per storage type and thread count."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import kernels_attention
+    finally:
+        sys.path.remove(str(BENCH))
+
+    kernels_attention.main(["--decode", "--lengths", "600", "--shapes", "4x2x64x2",
+                            "--threads", "1", "2", "--reps", "1"])
+    out = capsys.readouterr().out
+    for dt in ("f32", "f16", "q8_0"):
+        assert re.search(rf"^4x2x64x2\s+600\s+{dt}\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.M), out
+
+
+# ============================================================================ what scripts check
+# (in this process, on a tiny model with a long context: the numbers each script reports)
 
 
 def _script(name):
-    """benchmarks/<name>.py imported as a module (in this process: the goinfer the tests use)"""
+    """benchmarks/<name>.py imported as a module (the goinfer these tests use)"""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -26,15 +138,7 @@ def tiny_path(tiny):
     return str(tiny("llama", 3, max_position_embeddings=4096)[1])
 
 
-def test_kernels_attention_decode_smoke(capsys):
-    _script("kernels_attention").main(["--decode", "--lengths", "600", "--shapes", "4x2x64x2",
-                                       "--threads", "1", "2", "--reps", "1"])
-    out = capsys.readouterr().out
-    for dt in ("f32", "f16", "q8_0"):
-        assert re.search(rf"^4x2x64x2\s+600\s+{dt}\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.M), out
-
-
-def test_speculative_smoke(tiny_path, capsys):
+def test_speculative_same_text_with_drafts(tiny_path, capsys):
     """goinfer with and without drafting on the copy task: the same text, drafts made."""
     res = _script("speculative").main([tiny_path, "--smoke", "--threads", "1"])
     row = res["tasks"][0]
@@ -44,7 +148,7 @@ def test_speculative_smoke(tiny_path, capsys):
 
 
 @pytest.mark.parametrize("transcript", ["default", "long"])
-def test_agent_loop_smoke(tiny_path, transcript, capsys):
+def test_agent_loop_turns_reuse_the_prefix(tiny_path, transcript, capsys):
     res = _script("agent_loop").main([tiny_path, "--smoke", "--threads", "1",
                                       "--transcript", transcript])
     g = res["engines"]["goinfer (reuse)"]

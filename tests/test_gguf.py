@@ -325,6 +325,39 @@ def test_empty_arrays_and_hand_built_metadata(tmpfile):
     assert g.tensor_names == []
 
 
+def test_string_arrays_compiled_and_python_agree(tmp_path, monkeypatch):
+    """The compiled string-array reader (goinfer/_kernels/gguf_text.pyx) and the Python loop it
+    replaces read the same strings and reject the same files (truncated at every offset of the
+    array, invalid UTF-8) with the same error types."""
+    import goinfer.gguf as gg
+
+    assert gg._string_array is not None  # the compiled reader is in use
+    strs = ["a", "", "ü", "<0x0A>", "Ġthe", "\u2581x", "☃" * 7]
+    arr = _s(b"k.strs") + struct.pack("<IIQ", 9, 8, len(strs)) + b"".join(_s(x.encode()) for x in strs)
+    bad = _s(b"k.bad") + struct.pack("<IIQ", 9, 8, 2) + _s(b"ok") + _s(b"\xc3\x28")
+    ti = [tinfo("w", [32, 2], 0, 0)]
+    data = np.zeros(64, "<f4").tobytes()
+    full = build([arr], ti, data)
+    start = full.index(b"k.strs")
+    p = tmp_path / "s.gguf"
+
+    def outcome(content, compiled):
+        p.write_bytes(content)
+        monkeypatch.setattr(gg, "_string_array", real if compiled else None)
+        try:
+            return GGUFFile(p).get("k.strs", "absent")
+        except Exception as e:  # noqa: BLE001 - the error type is the outcome
+            return type(e)
+
+    real = gg._string_array
+    assert outcome(full, True) == outcome(full, False) == strs
+    for cut in range(start, start + len(arr)):
+        a, b = outcome(full[:cut], True), outcome(full[:cut], False)
+        assert a == b and a is ModelFormatError, cut
+    bad_file = build([bad], ti, data)
+    assert outcome(bad_file, True) is outcome(bad_file, False) is ModelFormatError
+
+
 # ============================================================================ fingerprint
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from test_server import BAD_BODIES, Server, msgs
@@ -39,6 +40,85 @@ def test_bad_tools_get_400_before_any_token_and_the_server_goes_on(srv):
         ok = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=2)
         assert ok.choices[0].finish_reason in ("stop", "length")
         n0 = srv.engine.n_finished
+
+
+# ============================================================================ logprobs with tools
+
+TINY_TOOLS = [{"type": "function", "function": {"name": "set_level", "parameters": {
+    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9},
+                                     "on": {"type": "boolean"}},
+    "required": ["level", "on"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def long_srv(tiny):
+    """A tiny model with room for the built-in tool prompt (~740 tokens of bytes)."""
+    m = load(tiny("llama", 5, max_position_embeddings=4096)[1])
+    with Server(m, KVCache(m, max_tokens=4096)) as s:
+        yield s
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
+    """stream + logprobs + tools: the chunks (content and tool_calls deltas alike) carry the
+    logprobs entries of their tokens; all of them together are the non-streamed reply's list,
+    one per completion token, and the calls are the same."""
+    c = long_srv.client()
+    kw = dict(model="tiny", messages=msgs("Set level 3."), tools=TINY_TOOLS, tool_choice=choice,
+              max_tokens=100, temperature=0, logprobs=True, top_logprobs=2,
+              parallel_tool_calls=False,
+              stream_options={"include_usage": True})
+    whole = c.chat.completions.create(**{k: v for k, v in kw.items() if k != "stream_options"})
+    ch = whole.choices[0]
+    full = [e.model_dump() for e in ch.logprobs.content]
+    assert len(full) == whole.usage.completion_tokens  # the stop token is not counted
+    chunks = list(c.chat.completions.create(stream=True, **kw))
+    streamed = [e.model_dump() for x in chunks if x.choices and x.choices[0].logprobs
+                for e in x.choices[0].logprobs.content]
+    # the same tokens; values within 1e-5: the second request reuses the first one's cached
+    # prompt, and a long cold prefill takes the fast path (Model.use_fast), a short one not
+    assert [e["token"] for e in streamed] == [e["token"] for e in full]
+    assert [[t["token"] for t in e["top_logprobs"]] for e in streamed] == \
+        [[t["token"] for t in e["top_logprobs"]] for e in full]
+    assert np.allclose([e["logprob"] for e in streamed], [e["logprob"] for e in full],
+                       atol=1e-5, rtol=0)
+    calls = [x for x in chunks if x.choices and x.choices[0].delta.tool_calls]
+    if choice == "required":
+        assert ch.finish_reason == "tool_calls" and calls
+        assert any(x.choices[0].logprobs for x in calls)  # the calls' tokens come with them
+    final = chunks[-2].choices[0]
+    assert final.finish_reason == ch.finish_reason
+
+
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_tool_round_trip_reuses_the_prompt_and_the_reply(long_srv):
+    """Turn 2 sends turn 1's messages, its call and the tool's result: the cache serves turn
+    1's prompt and its reply's tokens, up to the first token where the reply (as sampled)
+    differs from the tokenizer's own split of the re-rendered call, in whole cache blocks
+    (usage.prompt_tokens_details.cached_tokens)."""
+    from goinfer.tools import prepare_chat
+
+    c, m = long_srv.client(), long_srv.model
+    messages = msgs("Set level 3.")
+    kw = dict(model="tiny", tools=TINY_TOOLS, temperature=0, extra_body={"return_tokens": True})
+    r1 = c.chat.completions.create(messages=messages, tool_choice="required", max_tokens=100,
+                                   parallel_tool_calls=False, **kw)
+    assert r1.choices[0].finish_reason == "tool_calls"
+    m1 = r1.choices[0].message
+    messages = messages + [m1.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": t.id, "content": "done"} for t in m1.tool_calls]
+    r2 = c.chat.completions.create(messages=messages, tool_choice="none", max_tokens=3, **kw)
+    turn1 = m.tokenize_chat(prepare_chat(m, messages[:1], TINY_TOOLS).prompt) + r1.tokens
+    turn2 = m.tokenize_chat(prepare_chat(m, messages, TINY_TOOLS).prompt)
+    assert len(turn1) == r1.usage.prompt_tokens + r1.usage.completion_tokens
+    assert len(turn2) == r2.usage.prompt_tokens
+    reused = _common(turn1, turn2)
+    assert reused > r1.usage.prompt_tokens + r1.usage.completion_tokens // 2  # most of the reply
+    bs = long_srv.cache.block_size  # the server shares whole cache blocks
+    assert r2.usage.prompt_tokens_details.cached_tokens == reused - reused % bs
 
 
 # ============================================================================ tools, real models

@@ -612,6 +612,29 @@ def test_chat_stream_gives_the_same_calls(tiny_model):
     assert result.tokens == whole.tokens and result.finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice):
+    """Session.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
+    deltas carry the entries of their tokens; together they are the result's list."""
+    from goinfer.session import Piece
+
+    s = tiny_model.session()
+    kw = dict(tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0, seed=4,
+              parallel_tool_calls=False, logprobs=True, top_logprobs=1)
+    items = list(s.chat(ASK, stream=True, **kw))
+    result = items.pop()
+    got = [e for x in items for e in (x.logprobs or [])]
+    assert got == result.logprobs["content"] and len(got) == len(result.tokens)
+    assert all(isinstance(x, Piece) for x in items if isinstance(x, str))
+    deltas = [x for x in items if isinstance(x, T.ToolCallDelta)]
+    if choice == "required":
+        assert deltas and any(d.logprobs for d in deltas)
+    whole = s.chat(ASK, **kw)  # not streamed: the same tokens (its prompt comes from the
+    assert whole.tokens == result.tokens  # cache, hence logprobs equal to ~1e-7, not bits)
+    assert np.allclose([e["logprob"] for e in whole.logprobs["content"]],
+                       [e["logprob"] for e in got], atol=1e-5, rtol=0)
+
+
 def test_chat_tool_choice_none_and_auto(tiny_model):
     s = tiny_model.session()
     r = s.chat(ASK, tools=BOUNDED, tool_choice="none", max_tokens=40, temperature=1.0, seed=1)
@@ -657,3 +680,229 @@ def test_tools_benchmark_smoke():
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["tokens"] == 16 and out["format"] == "generic" and out["plain_tok_s"] > 0
+
+
+def test_tool_defaults_benchmark_smoke():
+    """benchmarks/tool_defaults.py (how replies end under OpenAI's defaults, through the openai
+    client and a live server) runs end to end on a tiny model, on the installed package."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "tool_defaults.py"), "--smoke"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (out,) = json.loads(r.stdout.strip().splitlines()[-1]).values()
+    for choice in ("required", "auto"):  # 3 questions x (greedy + 1 seed)
+        assert sum(out[choice]["replies"].values()) == 6
+        assert sum(out[choice]["calls_per_reply"].values()) == 6
+
+
+# ============================================================================ the end after calls
+# Scripted logits (no forward pass): the "model" writes one call token by token, then would go
+# on with prose, which the grammar forbids after a call.  Folding the forbidden tokens into the
+# end (Constraint.fold_end) ends the reply with that one call; without it the sampler is pushed
+# into another call, and another, until max_tokens.
+
+TOGGLE = [BOUNDED[1]]
+ONE_CALL = '<tool_call>\n{"name": "toggle", "arguments": {"on": true}}\n</tool_call>'
+
+
+def _scripted(model, script, after):
+    """logits(step) (vocab,) f32: +12 on the script's next token, then `after` (id -> logit)."""
+    def logits(step):
+        z = np.zeros(model.vocab_size, dtype=np.float32)
+        if step < len(script):
+            z[script[step]] = 12.0
+        else:
+            for t, v in after.items():
+                z[t] = v
+        return z
+    return logits
+
+
+def _drive(model, tc, logits, temperature=0.0, seed=None, max_tokens=160, grammar=None):
+    """One generation of the tools' grammar fed `logits(step)` -> (finished result, logits fed)."""
+    from types import SimpleNamespace
+
+    from goinfer.sampling import SamplingParams
+    from goinfer.session import Generation
+
+    g = tc.compiled() if grammar is None else grammar
+    gen = Generation(model, [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), [],
+                     grammar=g, logprobs=(True, 2))
+    fed = []
+    while not gen.done:
+        fed.append(logits(gen.n_steps))
+        gen.push(fed[-1])
+    gen.finish()
+    r = SimpleNamespace(text=gen.text, tokens=gen.tokens, finish_reason=gen.finish_reason,
+                        logprobs=gen.logprobs, content=None, tool_calls=None)
+    return tc.finish(r), fed
+
+
+def _after_call(tok, prose=20.0):
+    """After the call: prose ("D") most likely, then a line break, then the opening "<"."""
+    return {tok.encode("D")[0]: prose, tok.encode("\n")[0]: 5.0, tok.encode("<")[0]: 4.0}
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 0), (1.0, 1)])
+def test_prose_after_a_call_ends_the_reply(tiny_model, temperature, seed):
+    tok = tiny_model.tokenizer
+    script = tok.encode(ONE_CALL, parse_special=True)
+    logits = _scripted(tiny_model, script, _after_call(tok))
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "required")  # parallel calls allowed
+    r, _ = _drive(tiny_model, tc, logits, temperature, seed)
+    assert r.finish_reason == "tool_calls" and r.text == ONE_CALL
+    assert [c["function"]["arguments"] for c in r.tool_calls] == ['{"on": true}']
+    # the same with tool_choice "auto" (the grammar is lazy until the marker)
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "auto")
+    r, _ = _drive(tiny_model, tc, logits, temperature, seed)
+    assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1
+    # without the fold the grammar pushes the prose into more calls, until max_tokens
+    import dataclasses
+
+    plain = dataclasses.replace(tc.compiled(), end_takes_forbidden=False)
+    r, _ = _drive(tiny_model, tc, logits, temperature, seed, grammar=plain)
+    assert r.finish_reason == "length" and r.text.count("<tool_call>") > 1
+
+
+def test_a_line_break_after_a_call_still_allows_the_next(tiny_model):
+    """Where the model wants another call more than anything else, it makes it: the fold only
+    moves the probability of what the grammar forbids."""
+    tok = tiny_model.tokenizer
+    two = ONE_CALL + "\n" + ONE_CALL.replace("true", "false")
+    script = tok.encode(two, parse_special=True)
+    logits = _scripted(tiny_model, script, _after_call(tok))
+    r, _ = _drive(tiny_model, T.prepare_chat(tiny_model, ASK, TOGGLE, "required"), logits)
+    assert r.finish_reason == "tool_calls" and r.text == two
+    assert [c["function"]["arguments"] for c in r.tool_calls] == ['{"on": true}',
+                                                                  '{"on": false}']
+
+
+def test_free_text_before_a_call_is_not_ended_by_the_fold(tiny_model):
+    """tool_choice "auto": before the call marker the grammar forbids little (bytes that would
+    not be valid UTF-8 here, control tokens); prose must not end because the model puts its
+    mass there.  Once a call has been made, the end takes it (the test above)."""
+    tok = tiny_model.tokenizer
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "auto")
+    c = tc.compiled().start(tiny_model.vocab_size)
+    mask, stops = c.mask(), set(tok.stop_ids)
+    c.close()
+    assert c.accepting
+    banned = [t for t in np.flatnonzero(~mask) if t not in stops]
+    assert banned
+    after = {int(t): 10.0 for t in banned} | {tok.encode("H")[0]: 5.0}
+    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, [], after), max_tokens=8)
+    assert r.text == "H" * 8 and r.finish_reason == "length" and r.tool_calls is None
+    # with a call marker in the reply, the same logits end it after the call
+    script = tok.encode("Hi " + ONE_CALL, parse_special=True)
+    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, script, after))
+    assert r.finish_reason == "tool_calls" and r.text == "Hi " + ONE_CALL
+
+
+def _log_softmax(z):
+    z = np.asarray(z, dtype=np.float64)
+    return z - z.max() - np.log(np.exp(z - z.max()).sum())
+
+
+def test_folded_end_logprobs_are_of_the_raw_logits_and_seeded_runs_repeat(tiny_model):
+    """A line break sampled where the end was folded: its logprob is the log-softmax of the
+    logits the model gave (NumPy reference), not of the folded ones; a seed repeats the run."""
+    tok = tiny_model.tokenizer
+    nl = tok.encode("\n")[0]
+    script = tok.encode(ONE_CALL, parse_special=True)
+    after = {**_after_call(tok, prose=8.0), nl: 9.0}  # the line break wins the fold
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "required")
+    r, fed = _drive(tiny_model, tc, _scripted(tiny_model, script, after), max_tokens=90)
+    assert r.tokens[len(script)] == nl  # sampled at the folded step
+    for i, t in enumerate(r.tokens):
+        ref = _log_softmax(fed[i])
+        assert abs(r.logprobs[i]["logprob"] - ref[t]) < 1e-9
+        top = np.argsort(-ref, kind="stable")[:2]
+        assert [e["logprob"] for e in r.logprobs[i]["top_logprobs"]] == pytest.approx(ref[top],
+                                                                                     abs=1e-9)
+    runs = [_drive(tiny_model, tc, _scripted(tiny_model, script, _after_call(tok, 3.0)), 1.0,
+                   seed)[0] for seed in (5, 5, 6)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].logprobs == runs[1].logprobs
+
+
+def test_fold_end_arithmetic(tiny_model):
+    """Where the grammar may end: the best stop token carries log(sum exp) of the stop tokens
+    and of every forbidden token; the other stops are masked; allowed tokens keep their
+    logits.  Elsewhere, and for grammars without the flag, nothing changes."""
+    tok = tiny_model.tokenizer
+    tc = T.prepare_chat(tiny_model, ASK, TOGGLE, "required")
+    c = tc.compiled().start(tiny_model.vocab_size)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=tiny_model.vocab_size).astype(np.float32)
+    mask = c.mask()
+    assert not c.accepting and c.fold_end(z, mask)[0] is z  # before the call: no end to fold
+    for t in tok.encode(ONE_CALL, parse_special=True):
+        assert c.advance(t) == "more"
+        c.prefetch()
+        mask = c.mask()
+    assert c.accepting
+    stops = sorted(t for t in tok.stop_ids if t < tiny_model.vocab_size)
+    zf, mf = c.fold_end(z, mask)
+    best = max(stops, key=lambda t: z[t])
+    gone = [t for t in range(len(z)) if not mask[t] or t in stops]
+    zz = np.asarray(z, dtype=np.float64)
+    assert zf[best] == pytest.approx(np.log(np.exp(zz[gone]).sum()), rel=1e-12)
+    assert mf[best] and not any(mf[t] for t in stops if t != best)
+    keep = [t for t in range(len(z)) if mask[t] and t not in stops]
+    assert keep and np.array_equal(zf[keep], zz[keep]) and np.array_equal(mf[keep], mask[keep])
+    assert mask.sum() < len(z) - 100  # prose is forbidden here
+    # tool_choice "none" and response formats: no fold
+    none = T.prepare_chat(tiny_model, ASK, TOGGLE, "none").compiled()
+    assert not none.end_takes_forbidden and tc.compiled().end_takes_forbidden
+
+
+# ============================================================================ number bounds
+
+
+def test_numbers_in_calls_are_bounded():
+    p = {"type": "object", "properties": {
+        "x": {"type": "number"}, "n": {"type": ["integer", "null"]},
+        "own": {"type": "integer", "minimum": 0, "maximum": 9},
+        "lo": {"type": "number", "exclusiveMinimum": 1.5, "multipleOf": 0.5},
+        "xs": {"type": "array", "items": {"type": "number"}},
+        "c": {"const": {"type": "number"}}}}
+    b = T._bounded(p)
+    P, M = b["properties"], T.MAX_SAFE_INT
+    assert P["x"] == {"type": "number", "minimum": -M, "maximum": M, "multipleOf": 1e-10}
+    assert P["n"] == {"type": ["integer", "null"], "minimum": -M, "maximum": M}
+    assert P["own"] == p["properties"]["own"]  # bounded already: unchanged
+    assert P["lo"] == dict(p["properties"]["lo"], maximum=M)  # its own lower bound and step
+    assert P["xs"]["items"]["maximum"] == M
+    assert P["c"] == p["properties"]["c"]  # a value, not a schema
+    assert p["properties"]["x"] == {"type": "number"}  # the tool's own schema is not touched
+    own = {"type": "object", "properties": {"v": {"type": "number", "minimum": -1, "maximum": 1,
+                                                  "multipleOf": 0.25}}}
+    assert T._bounded(own) == own
+
+
+NUMBERS = [{"type": "function", "function": {"name": "put", "parameters": {
+    "type": "object", "properties": {"x": {"type": "number"}, "n": {"type": "integer"},
+                                     "k": {"type": "integer", "minimum": 3, "maximum": 7}},
+    "required": ["x", "n", "k"], "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("temperature,seed", [(1.0, 0), (1.0, 1), (1.0, 2)])
+def test_a_model_that_loves_digits_still_ends_its_call(tiny_model, temperature, seed):
+    """Digits most likely everywhere: an unbounded number would take digit after digit until
+    max_tokens; bounded, every number ends, within +-(2**53 - 1), at most 10 decimals, and a
+    schema's own bounds hold."""
+    tok = tiny_model.tokenizer
+    digits = {tok.encode(d)[0]: 9.0 for d in "0123456789"}
+    tc = T.prepare_chat(tiny_model, ASK, NUMBERS, "required", parallel_tool_calls=False)
+    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, [], digits), temperature, seed,
+                  max_tokens=200)
+    assert r.finish_reason == "tool_calls", r.text
+    (call,) = r.tool_calls
+    raw = call["function"]["arguments"]
+    args = json.loads(raw)
+    jsonschema.validate(args, NUMBERS[0]["function"]["parameters"])
+    assert abs(args["x"]) <= T.MAX_SAFE_INT and abs(args["n"]) <= T.MAX_SAFE_INT
+    frac = raw.split('"x": ')[1].split(",")[0].partition(".")[2]
+    assert len(frac) <= 10 and "e" not in raw.lower()

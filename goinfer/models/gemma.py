@@ -100,10 +100,11 @@ class Gemma3Family(llama.LlamaFamily):
     read_config = staticmethod(read_config)
     ffn_act = "gelu_tanh_mul"
 
-    def __init__(self, g, cfg: Gemma3Config, kernels, threads: int, progress=None):
+    def __init__(self, g, cfg: Gemma3Config, kernels, threads: int, progress=None,
+                 weights: dict | None = None):
         if not g.has_tensor("blk.0.attn_q_norm.weight"):
             raise ModelFormatError(f"{g.path}: gemma3 file without QK-norm tensors")
-        super().__init__(g, cfg, kernels, threads, progress)
+        super().__init__(g, cfg, kernels, threads, progress, weights)
         # Global layers: rope.freq_base with the file's (linear) scaling; local layers: base 10k.
         self.rope_local = RopeCache(cfg.n_rot, cfg.rope_base_local, cfg.context_length)
         self.attn_scale = cfg.attn_scale  # no attention softcap: Gemma 3 has none (Gemma 2 had)

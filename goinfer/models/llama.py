@@ -171,29 +171,52 @@ class LlamaFamily:
     read_config = staticmethod(read_config)
     ffn_act = "swiglu"  # the kernel combining gate and up (gelu_tanh_mul for GeGLU families)
 
-    def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None):
+    def __init__(self, g, cfg: ModelConfig, kernels, threads: int, progress=None,
+                 weights: dict | None = None):
+        """weights: the dict load_weights returns (memory-mapped from the layout cache,
+        goinfer/layout.py); None loads them from the GGUF g."""
         self.cfg = cfg
         self.K = kernels
         self.threads = threads
-        D = cfg.d_model
-        self.tok_embd = g.load_weight("token_embd.weight")
-        _check_shape("token_embd.weight", self.tok_embd, cfg.vocab_size, D)
-        self.layers = []
-        for i in range(cfg.n_layers):
-            self.layers.append(self.load_layer(g, i))
-            if progress is not None:
-                progress(1)
-        self.out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
-        if cfg.tied_embeddings:
-            self.lm_head = self.tok_embd
-        else:
-            self.lm_head = g.load_weight("output.weight")
-            _check_shape("output.weight", self.lm_head, cfg.vocab_size, D)
-        freq_factors = g.load_f32("rope_freqs.weight") if g.has_tensor("rope_freqs.weight") else None
-        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, freq_factors, cfg.rope_scale)
+        if weights is None:
+            weights = self.load_weights(g, progress)
+        self.tok_embd = weights["tok_embd"]
+        self.layers = weights["layers"]
+        self.out_norm = weights["out_norm"]
+        self.lm_head = self.tok_embd if weights["lm_head"] is None else weights["lm_head"]
+        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, weights["rope_freqs"],
+                              cfg.rope_scale)
         self.attn_scale: float | None = None  # None: 1/sqrt(head_dim)
         self.attn_softcap = 0.0
         self.scratch = Scratch()
+
+    def load_weights(self, g, progress=None, keep=None) -> dict:
+        """Every weight of the model from the GGUF g, as a dict of plain containers (QWeight,
+        float32 arrays, the family's layer dataclasses, lists, None): tok_embd, layers, out_norm,
+        lm_head (None when tied to tok_embd), rope_freqs (or None).  keep(obj) is called on each
+        layer (and the other top-level weights) as soon as it is loaded and returns what to keep
+        in its place (the layout cache writes it out and keeps a reference).  Reads self.cfg
+        only (the layout cache calls it before the rest of __init__ has run)."""
+        cfg = self.cfg
+        keep = keep or (lambda obj: obj)
+        D = cfg.d_model
+        tok_embd = g.load_weight("token_embd.weight")
+        _check_shape("token_embd.weight", tok_embd, cfg.vocab_size, D)
+        tok_embd = keep(tok_embd)
+        layers = []
+        for i in range(cfg.n_layers):
+            layers.append(keep(self.load_layer(g, i)))
+            if progress is not None:
+                progress(1)
+        out_norm = _check_vec("output_norm.weight", g.load_f32("output_norm.weight"), D)
+        lm_head = None
+        if not cfg.tied_embeddings:
+            lm_head = g.load_weight("output.weight")
+            _check_shape("output.weight", lm_head, cfg.vocab_size, D)
+            lm_head = keep(lm_head)
+        rope_freqs = g.load_f32("rope_freqs.weight") if g.has_tensor("rope_freqs.weight") else None
+        return dict(tok_embd=tok_embd, layers=layers, out_norm=out_norm, lm_head=lm_head,
+                    rope_freqs=rope_freqs)
 
     def load_layer(self, g, i: int) -> LayerWeights:
         return load_layer(g, self.cfg, i)

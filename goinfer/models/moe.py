@@ -241,8 +241,9 @@ class MoEFamily(llama.LlamaFamily):
     def load_layer(self, g, i: int) -> MoELayerWeights:
         return load_layer(g, self.cfg, i)
 
-    def __init__(self, g, cfg: MoEConfig, kernels, threads: int, progress=None):
-        super().__init__(g, cfg, kernels, threads, progress)
+    def __init__(self, g, cfg: MoEConfig, kernels, threads: int, progress=None,
+                 weights: dict | None = None):
+        super().__init__(g, cfg, kernels, threads, progress, weights)
         self.expert_major = True
         # weights that sum to 1 mathematically: the fold divides by their float32 sum
         self.renorm = (cfg.routing == "topk_softmax" or cfg.norm_topk) and cfg.expert_weights_scale == 1.0

@@ -255,17 +255,23 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         get = None
         sent = 0  # characters of completion text sent (the legacy logprobs' text_offset)
         parser = tc.parser() if tc is not None and tc.parses else None
+        # with tools: logprobs entries of text the parser has taken but not sent yet (a marker
+        # held back, whitespace between calls); they go with the next chunk, content or
+        # tool_calls delta, so the chunks' entries add up to the non-streamed list
+        carry: list[dict] = []
 
-        def pieces(items, logprobs=None):
-            """Parsed items -> chunks: content (with this text's logprobs, on its first
-            content chunk) and tool_calls deltas."""
+        def pieces(items):
+            """Parsed items -> chunks: content and tool_calls deltas, each with the logprobs
+            entries carried so far."""
+            nonlocal carry
             for x in items:
+                lps, carry = carry or None, []
                 if isinstance(x, str):
                     yield sse(shaper.chunk(text=x, include_usage=req.include_usage,
-                                           logprobs=logprobs))
-                    logprobs = None
+                                           logprobs=lps))
                 else:
-                    yield sse(shaper.chunk(tool_call=x, include_usage=req.include_usage))
+                    yield sse(shaper.chunk(tool_call=x, include_usage=req.include_usage,
+                                           logprobs=lps))
 
         try:
             yield sse(shaper.chunk(role=True, text="", include_usage=req.include_usage))
@@ -282,7 +288,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                                                logprobs=ev.logprobs, offset=sent))
                         sent += len(ev.text)
                     else:
-                        for chunk in pieces(parser.push(ev.text), ev.logprobs):
+                        carry += ev.logprobs or []
+                        for chunk in pieces(parser.push(ev.text)):
                             yield chunk
                 elif ev.kind == "done":
                     finished = True
@@ -291,7 +298,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                             yield chunk
                         tc.finish(ev.result, parser)
                     end = shaper.chunk(finish=ev.result.finish_reason,
-                                       include_usage=req.include_usage)
+                                       include_usage=req.include_usage, logprobs=carry or None)
                     if req.kind == "chat":
                         end["choices"][0]["delta"] = {}
                     if ev.result.reason is not None:

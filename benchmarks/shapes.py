@@ -1,0 +1,468 @@
+"""GGUF files with the exact tensor shapes and metadata of real models and random weights: what
+people run (1B-8B, Q4_K_M mostly), measured without downloading them.  Speed and memory do not
+depend on the weights' values.
+
+    python benchmarks/shapes.py --list
+    python benchmarks/shapes.py llama-3.2-1b --type Q4_0 [--out /tmp/shapes]
+    python benchmarks/shapes.py llama-3.1-8b --type Q4_K_M      # needs llama-cpp-python
+    python benchmarks/shapes.py tiny --type Q8_0 --pure --smoke  # the test suite's smoke run
+
+How the weights are made:
+
+* ``--pure``: every matrix is written directly in ``--type`` (Q8_0 / Q4_0 / Q4_1 / F16 / F32)
+  from random codes: uniform int8 (or 4-bit) codes and float16 scales giving values of standard
+  deviation ~0.02 (a trained model's initializer range); norms are ones, biases N(0, 0.02).
+* otherwise (the default): a pure Q8_0 file is written first, then llama.cpp's own quantizer
+  (``llama_cpp.llama_model_quantize``, as ``llama-quantize`` runs it) turns it into ``--type``:
+  the same mix of tensor types a downloaded file has (Q4_K_M: Q4_K with Q6_K for half of
+  attn_v / ffn_down and for the output; Q4_0: Q4_0 with a Q6_K output).  Needs llama-cpp-python
+  (the benchmark environment, /tmp/peers-venv).
+
+Tokenizer: the model family's own vocabulary from llama.cpp's ``models/ggml-vocab-*.gguf``
+(found in the llama-cpp-python sdist, ``--vocab-dir``), padded with ``[PADn]`` tokens up to the
+model's embedding rows as llama.cpp's converter does; for a family without such a file the
+closest one is used and the GGUF's ``general.description`` says so.  ``--vocab bytes`` writes
+a 256-token byte-level vocabulary padded to the model's size (no file needed: the smoke run).
+Files go to ``--out`` (default /tmp/shapes), never into the repository; an 8B Q4_0 file is ~4.7 GB.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SIGMA = 0.02  # standard deviation of the random weights
+
+# ============================================================================ the shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    hf: str  # the model whose config this is
+    arch: str  # GGUF general.architecture
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int  # dense FFN, or one expert's FFN for MoE
+    vocab: int  # embedding rows
+    context: int
+    rope_base: float
+    norm_eps: float
+    tied: bool
+    vocab_file: str  # llama.cpp models/ggml-vocab-<this>.gguf
+    qkv_bias: bool = False
+    rope_llama3: tuple | None = None  # (factor, low_freq_factor, high_freq_factor, original context)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    qk_norm_full: bool = False  # OLMoE: one RMSNorm over all q (k) heads
+    template: str = ""  # chat template file in llama.cpp's models/templates
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, NumPy-order shape, role) of every tensor, in llama.cpp's order.  role: "matrix"
+        (quantized), "norm" (F32 ones), "bias" (F32), "router" (F32, as llama-quantize keeps it),
+        "rope" (F32 frequency factors)."""
+        D, hd, F = self.d_model, self.head_dim, self.d_ff
+        nq, nkv = self.n_heads * hd, self.n_kv_heads * hd
+        out = [("token_embd.weight", (self.vocab, D), "matrix")]
+        if self.rope_llama3:
+            out.append(("rope_freqs.weight", (hd // 2,), "rope"))
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            out += [(p + "attn_norm.weight", (D,), "norm"),
+                    (p + "attn_q.weight", (nq, D), "matrix"),
+                    (p + "attn_k.weight", (nkv, D), "matrix"),
+                    (p + "attn_v.weight", (nkv, D), "matrix"),
+                    (p + "attn_output.weight", (D, nq), "matrix")]
+            if self.qkv_bias:
+                out += [(p + "attn_q.bias", (nq,), "bias"), (p + "attn_k.bias", (nkv,), "bias"),
+                        (p + "attn_v.bias", (nkv,), "bias")]
+            if self.qk_norm_full:
+                out += [(p + "attn_q_norm.weight", (nq,), "norm"), (p + "attn_k_norm.weight", (nkv,), "norm")]
+            out.append((p + "ffn_norm.weight", (D,), "norm"))
+            if self.n_expert:
+                E = self.n_expert
+                out += [(p + "ffn_gate_inp.weight", (E, D), "router"),
+                        (p + "ffn_gate_exps.weight", (E, F, D), "matrix"),
+                        (p + "ffn_up_exps.weight", (E, F, D), "matrix"),
+                        (p + "ffn_down_exps.weight", (E, D, F), "matrix")]
+            else:
+                out += [(p + "ffn_gate.weight", (F, D), "matrix"), (p + "ffn_up.weight", (F, D), "matrix"),
+                        (p + "ffn_down.weight", (D, F), "matrix")]
+        out.append(("output_norm.weight", (D,), "norm"))
+        if not self.tied:
+            out.append(("output.weight", (self.vocab, D), "matrix"))
+        return out
+
+    def n_params(self) -> int:
+        return sum(int(np.prod(s)) for _, s, _ in self.tensors())
+
+
+_L3 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
+_L32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
+SHAPES = {s.name: s for s in [
+    # Llama 3.2 / 3.1: config.json of meta-llama/Llama-3.2-1B, -3B, Llama-3.1-8B (rope_scaling llama3)
+    Shape("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256,
+          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L32),
+    Shape("llama-3.2-3b", "meta-llama/Llama-3.2-3B", "llama", 3072, 28, 24, 8, 128, 8192, 128256,
+          131072, 500000.0, 1e-5, True, "llama-bpe", rope_llama3=(32.0, 1.0, 4.0, 8192), template=_L32),
+    Shape("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256,
+          131072, 500000.0, 1e-5, False, "llama-bpe", rope_llama3=(8.0, 1.0, 4.0, 8192), template=_L3),
+    # Qwen2.5: QKV bias, tied embeddings below 7B, vocab 151936 (152064 at 7B), rope 1e6
+    Shape("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", "qwen2", 1536, 28, 12, 2, 128, 8960, 151936,
+          32768, 1000000.0, 1e-6, True, "qwen2", qkv_bias=True, template="Qwen-Qwen2.5-7B-Instruct.jinja"),
+    Shape("qwen2.5-3b", "Qwen/Qwen2.5-3B", "qwen2", 2048, 36, 16, 2, 128, 11008, 151936,
+          32768, 1000000.0, 1e-6, True, "qwen2", qkv_bias=True, template="Qwen-Qwen2.5-7B-Instruct.jinja"),
+    Shape("qwen2.5-7b", "Qwen/Qwen2.5-7B", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064,
+          32768, 1000000.0, 1e-6, False, "qwen2", qkv_bias=True, template="Qwen-Qwen2.5-7B-Instruct.jinja"),
+    # Mistral 7B v0.1 (llama.cpp's converter writes arch "llama"; SentencePiece vocab of 32000)
+    Shape("mistral-7b", "mistralai/Mistral-7B-v0.1", "llama", 4096, 32, 32, 8, 128, 14336, 32000,
+          32768, 10000.0, 1e-5, False, "llama-spm",
+          template="mistralai-Mistral-Nemo-Instruct-2407.jinja"),  # (no v0.1 template in llama.cpp's set)
+    # OLMoE-1B-7B-0924: 64 experts of width 1024, top 8, no shared expert, QK-norm over all heads;
+    # GPT-NeoX-20B's vocabulary (its real tokens, padded rows trimmed to 50304), ChatML stand-in
+    Shape("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", "olmoe", 2048, 16, 16, 16, 128, 1024, 50304,
+          4096, 10000.0, 1e-5, False, "gpt-neox", n_expert=64, n_expert_used=8, qk_norm_full=True,
+          template="chatml"),
+    # the smoke run's model: seconds to write, runs anywhere
+    Shape("tiny", "(none: the smoke runs' model)", "llama", 64, 2, 4, 2, 16, 128, 512, 4096,
+          10000.0, 1e-5, False, "bytes", template="chatml"),
+]}
+
+FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+          "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
+PURE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+
+# ============================================================================ tokenizer
+
+
+def vocab_dirs(extra: str | None, out: Path | None = None) -> list[str]:
+    """Where to look for ggml-vocab-*.gguf (and templates/): --vocab-dir, <out>/vocab, the
+    llama-cpp-python sdist of the benchmark environment."""
+    dirs = [extra] if extra else []
+    if out is not None:
+        dirs.append(str(Path(out) / "vocab"))
+    dirs += sorted(glob.glob("/tmp/peers-build/sdist/*/vendor/llama.cpp/models"))
+    return dirs
+
+
+def read_vocab(name: str, dirs: list[str]) -> tuple[dict, str]:
+    """tokenizer.* metadata of llama.cpp's ggml-vocab-<name>.gguf -> (fields, where from)."""
+    from gguf import GGUFReader
+
+    for d in dirs:
+        p = Path(d) / f"ggml-vocab-{name}.gguf"
+        if p.is_file():
+            r = GGUFReader(str(p))
+            out = {}
+            for key, f in r.fields.items():
+                if key.startswith("tokenizer."):
+                    out[key] = f.contents()
+            return out, str(p)
+    raise FileNotFoundError(f"ggml-vocab-{name}.gguf not found in {dirs or '(no directory)'}; "
+                            "pass --vocab-dir (llama.cpp's models/ directory) or --vocab bytes")
+
+
+def bytes_vocab() -> dict:
+    """A byte-level BPE vocabulary: the 256 byte tokens, a few merges, <s> and </s>."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+    toks = [chars[b] for b in range(256)] + [a + b for a, b in merges] + ["<s>", "</s>"]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+            "tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": [1] * 261 + [3, 3],
+            "tokenizer.ggml.merges": [f"{a} {b}" for a, b in merges],
+            "tokenizer.ggml.bos_token_id": 261, "tokenizer.ggml.eos_token_id": 262}
+
+
+def pad_vocab(tok: dict, n: int) -> tuple[dict, int]:
+    """Pad the token list to n entries with [PADi] (type UNUSED, score 0) -> (fields, pads);
+    a list longer than n loses trailing [PADi] tokens only (gpt-neox's is padded to 50432)."""
+    toks = list(tok["tokenizer.ggml.tokens"])
+    tok = dict(tok)
+    if len(toks) > n:
+        if not all(t.startswith("[PAD") for t in toks[n:]):
+            raise ValueError(f"the vocabulary has {len(toks)} tokens, more than the model's {n} rows")
+        toks = toks[:n]
+        for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            if key in tok:
+                tok[key] = list(tok[key])[:n]
+    pads = n - len(toks)
+    tok["tokenizer.ggml.tokens"] = toks + [f"[PAD{i}]" for i in range(len(toks), n)]
+    tok["tokenizer.ggml.token_type"] = list(tok["tokenizer.ggml.token_type"]) + [5] * pads
+    if "tokenizer.ggml.scores" in tok:
+        tok["tokenizer.ggml.scores"] = list(tok["tokenizer.ggml.scores"]) + [0.0] * pads
+    return tok, pads
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_template(shape: Shape, dirs: list[str]) -> str | None:
+    if shape.template == "chatml":
+        return CHATML
+    for d in dirs:
+        p = Path(d) / "templates" / shape.template
+        if shape.template and p.is_file():
+            return p.read_text()
+    return None
+
+
+# ============================================================================ random tensors
+
+
+def llama3_rope_factors(shape: Shape) -> np.ndarray:
+    """Meta's llama3 RoPE frequency factors (what llama.cpp's converter writes as rope_freqs)."""
+    factor, low, high, old = shape.rope_llama3
+    dim = shape.head_dim
+    freqs = 1.0 / (shape.rope_base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def random_blocks(qtype: str, n_el: int, rng: np.random.Generator) -> np.ndarray:
+    """n_el random values of a quantized/float type as the file's raw bytes (uint8)."""
+    if qtype == "F32":
+        return (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
+    if qtype == "F16":
+        return (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).astype(np.float16).view(np.uint8)
+    nb = n_el // 32
+    if qtype == "Q8_0":  # d, 32 int8 codes in -127..127 (std 73.3)
+        b = np.empty((nb, 34), np.uint8)
+        d = (SIGMA / 73.3 * rng.uniform(0.75, 1.25, nb)).astype(np.float16)
+        b[:, :2] = d.view(np.uint8).reshape(nb, 2)
+        b[:, 2:] = rng.integers(-127, 128, (nb, 32), dtype=np.int8).view(np.uint8)
+        return b.reshape(-1)
+    if qtype in ("Q4_0", "Q4_1"):  # d [, m], 16 bytes of nibbles (codes 0..15, std 4.6)
+        head = 2 if qtype == "Q4_0" else 4
+        b = np.empty((nb, head + 16), np.uint8)
+        d = (SIGMA / 4.6 * rng.uniform(0.75, 1.25, nb)).astype(np.float16)
+        b[:, :2] = d.view(np.uint8).reshape(nb, 2)
+        if qtype == "Q4_1":  # m = -7.5 d: values centred on 0
+            b[:, 2:4] = (-7.5 * d.astype(np.float32)).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        b[:, head:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+        return b.reshape(-1)
+    raise ValueError(f"cannot write {qtype} directly (pure types: {', '.join(PURE_TYPES)})")
+
+
+def write_gguf(shape: Shape, qtype: str, path: Path, tok: dict, description: str,
+               template: str | None, seed: int = 0, log=print) -> Path:
+    """Stream a GGUF of `shape` with every matrix in qtype (pure) to path (via a temp name)."""
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    rng = np.random.default_rng(seed)
+    tmp = path.with_name(path.name + ".partial")
+    w = gguf.GGUFWriter(str(tmp), shape.arch)
+    a = shape.arch
+    w.add_name(f"{shape.name} (random weights)")
+    w.add_description(description)
+    w.add_file_type(FTYPES[qtype])
+    w.add_quantization_version(2)
+    w.add_uint32(f"{a}.context_length", shape.context)
+    w.add_uint32(f"{a}.embedding_length", shape.d_model)
+    w.add_uint32(f"{a}.block_count", shape.n_layers)
+    w.add_uint32(f"{a}.feed_forward_length", shape.d_ff)
+    w.add_uint32(f"{a}.attention.head_count", shape.n_heads)
+    w.add_uint32(f"{a}.attention.head_count_kv", shape.n_kv_heads)
+    w.add_float32(f"{a}.rope.freq_base", shape.rope_base)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.norm_eps)
+    w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    w.add_uint32(f"{a}.vocab_size", shape.vocab)
+    if shape.head_dim * shape.n_heads != shape.d_model:
+        w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
+    if shape.n_expert:
+        w.add_uint32(f"{a}.expert_count", shape.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", shape.n_expert_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", shape.d_ff)
+    for key, val in tok.items():
+        if isinstance(val, str):
+            w.add_string(key, val)
+        elif isinstance(val, (list, tuple)):
+            w.add_array(key, list(val))
+        elif isinstance(val, bool):
+            w.add_bool(key, val)
+        elif isinstance(val, float):
+            w.add_float32(key, val)
+        else:
+            w.add_uint32(key, int(val))
+    if template:
+        w.add_string("tokenizer.chat_template", template)
+    qt = GGMLQuantizationType[qtype]
+    plan = []
+    for name, shp, role in shape.tensors():
+        n_el = int(np.prod(shp))
+        if role == "matrix":
+            bs, ts = GGML_QUANT_SIZES[qt]
+            plan.append((name, shp, role, qt, n_el // bs * ts))
+        else:
+            plan.append((name, shp, role, GGMLQuantizationType.F32, 4 * n_el))
+    for name, shp, _role, t, nbytes in plan:
+        w.add_tensor_info(name, shp, np.dtype(np.float32), nbytes, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    t0, done, total = time.perf_counter(), 0, sum(p[4] for p in plan)
+    for name, shp, role, t, nbytes in plan:
+        n_el = int(np.prod(shp))
+        if role == "matrix":
+            data = random_blocks(qtype, n_el, rng)
+        elif role == "norm":
+            data = np.ones(n_el, np.float32).view(np.uint8)
+        elif role == "rope":
+            data = llama3_rope_factors(shape).view(np.uint8)
+        elif role == "router":
+            data = (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
+        else:  # bias
+            data = (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
+        assert data.nbytes == nbytes, (name, data.nbytes, nbytes)
+        w.write_tensor_data(data)
+        done += nbytes
+        if log and done % (1 << 30) < nbytes:
+            log(f"  {done / 1e9:.1f} / {total / 1e9:.1f} GB written ({time.perf_counter() - t0:.0f} s)")
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def llama_quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
+    """llama.cpp's quantizer (llama_model_quantize), as llama-quantize runs it."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[qtype]
+    params.nthread = threads
+    params.allow_requantize = True  # the source is Q8_0 (random values: nothing to lose)
+    tmp = dst.with_name(dst.name + ".partial")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {qtype}) failed with {rc}")
+    os.replace(tmp, dst)
+
+
+# ============================================================================ driver
+
+
+def smoke_model(out, qtype: str = "Q4_0") -> Path:
+    """The tiny shape (2 layers, d_model 64, byte-level vocabulary, ChatML template), pure qtype:
+    what every benchmark's --smoke run loads (written in milliseconds, no download).  Its layout
+    cache goes next to it (GOINFER_LAYOUT_DIR, unless set), not into GOINFER_HOME."""
+    os.environ.setdefault("GOINFER_LAYOUT_DIR", str(Path(out) / "layouts"))
+    return make(SHAPES["tiny"], qtype, Path(out), pure=True, vocab="bytes", log=None)
+
+
+
+def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None = None,
+         vocab_dir: str | None = None, threads: int = 2, force: bool = False, log=print) -> Path:
+    """Write (or reuse) out/<shape>-<qtype>[-pure].gguf; returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{shape.name}-{qtype}{'-pure' if pure and qtype not in ('Q8_0', 'F16', 'F32') else ''}.gguf"
+    log = log or (lambda *a: None)
+    if path.exists() and not force:
+        log(f"{path} exists (--force rewrites it)")
+        return path
+    dirs = vocab_dirs(vocab_dir, out)
+    vname = vocab or shape.vocab_file
+    if vname == "bytes":
+        tok, where = bytes_vocab(), "a 256-token byte-level vocabulary"
+    else:
+        tok, where = read_vocab(vname, dirs)
+        where = f"llama.cpp's ggml-vocab-{vname}.gguf"
+    n_real = len(tok["tokenizer.ggml.tokens"])
+    tok, pads = pad_vocab(tok, shape.vocab)
+    if vname == "gpt-neox" and tok.get("tokenizer.ggml.pre") not in ("gpt-2", "gpt2"):
+        tok["tokenizer.ggml.pre"] = "gpt-2"  # OLMoE's (GPT-NeoX) words split like GPT-2's
+    template = chat_template(shape, dirs) or tok.pop("tokenizer.chat_template", None)
+    tok.pop("tokenizer.chat_template", None)
+    desc = (f"Random weights with the tensor shapes and metadata of {shape.hf}. Tokenizer: {where}"
+            f" ({n_real} tokens{f', padded with {pads} [PAD] tokens' if pads else ''}). "
+            f"Chat template: {shape.template if template else 'none (goinfer built-in / ChatML)'}.")
+    log(f"{shape.name}: {shape.n_params() / 1e9:.2f} B parameters; {desc}")
+    t0 = time.perf_counter()
+    if pure or qtype in ("Q8_0", "F16", "F32"):
+        write_gguf(shape, qtype, path, tok, desc, template, log=log)
+    else:
+        src = out / f"{shape.name}-Q8_0.gguf"
+        made_src = not src.exists()
+        if made_src:
+            write_gguf(shape, "Q8_0", src, tok, desc, template, log=log)
+        log(f"quantizing {src.name} -> {qtype} with llama.cpp ({threads} threads)")
+        llama_quantize(src, path, qtype, threads)
+    log(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shapes", nargs="*", help=f"shape names: {', '.join(SHAPES)}")
+    ap.add_argument("--type", default="Q4_0", help="Q4_0, Q8_0, Q4_K_M, ... (llama.cpp ftypes)")
+    ap.add_argument("--pure", action="store_true",
+                    help=f"write every matrix directly in --type ({', '.join(PURE_TYPES)}), no llama.cpp")
+    ap.add_argument("--out", default="/tmp/shapes")
+    ap.add_argument("--vocab", default=None, help="ggml-vocab-<name>.gguf to use, or 'bytes'")
+    ap.add_argument("--vocab-dir", default=None, help="llama.cpp's models/ directory")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="rewrite existing files")
+    ap.add_argument("--list", action="store_true", help="the known shapes")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the test suite's run: the tiny shape, pure, byte vocabulary, loaded by goinfer")
+    args = ap.parse_args(argv)
+    if args.list or not (args.shapes or args.smoke):
+        print(f"{'name':<14} {'params':>7} {'arch':<6} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
+              f"{'vocab':>7}  model")
+        for s in SHAPES.values():
+            moe = f" x{s.n_expert} top{s.n_expert_used}" if s.n_expert else ""
+            print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<6} {s.d_model:>5} {s.n_layers:>3} "
+                  f"{s.n_heads:>3}/{s.n_kv_heads:<2} {s.head_dim:>4} {s.d_ff:>6}{moe} {s.vocab:>7}  {s.hf}")
+        return 0
+    if args.smoke:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            p = make(SHAPES["tiny"], "Q8_0", Path(d), pure=True, vocab="bytes")
+            p4 = smoke_model(d)
+            from goinfer.gguf import GGUFFile
+            from goinfer.model import Model
+
+            for f in (p, p4):
+                m = Model(GGUFFile(f), threads=1, progress=False, layout_cache=False)
+                lg = m.logits([1, 2, 3, 4])
+                assert lg.shape == (4, 512) and np.isfinite(lg).all()
+                print(f"smoke: {f.name} loads in goinfer ({m.config.describe()}), logits finite")
+        return 0
+    for name in args.shapes:
+        if name not in SHAPES:
+            ap.error(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+        make(SHAPES[name], args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
+             vocab_dir=args.vocab_dir, threads=args.threads, force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,583 @@
+"""The layout cache: a model's weights in goinfer's native layout, written once, memory-mapped on
+every later load.
+
+    weights, info = load(gguf, family, config, progress=True)   # what Model does
+    path = prepare("model.gguf")                                # `goinfer pull`: build + verify
+    verify(path)                                                # full check, raises LayoutError
+
+Converting a GGUF's tensors to the kernels' layout (goinfer/quant.py, goinfer/gguf.py) reads and
+rewrites every weight: seconds per GB.  The first load of a model writes the result to
+``$GOINFER_HOME/layouts/<fingerprint>-<variant>.layout`` (``GOINFER_LAYOUT_DIR`` overrides the
+directory, ``GOINFER_LAYOUT_CACHE=0`` turns the cache off); later loads map that file read-only
+(MAP_SHARED | MAP_POPULATE), so a load costs about what mapping the file costs, and every process
+that loads the model shares the same physical pages.
+
+The file is keyed by the GGUF's fingerprint (header, size and sampled data: gguf.py) and the
+kernel variant in its name; its header also carries LAYOUT_VERSION and the family name, and a
+header that does not match them (another goinfer version, a hand-copied file) is stale.
+
+File format (little-endian):
+
+    [0, 64)            preamble: MAGIC, u32 FORMAT
+    [4096, H)          arrays, each at a multiple of 64 bytes
+    [H, H + n)         header: JSON (arrays table, weights tree, conversions, key fields)
+    [end - 72, end)    footer: MAGIC, u32 FORMAT, u64 H, u64 n, sha256 of the header (32 bytes)
+
+What is verified when:
+
+* every load: preamble and footer, the header's sha256, the key fields (fingerprint, variant,
+  layout version, family), that the file has exactly the size the header says and that every
+  array lies inside it;
+* every load, cheaply: the file's (size, mtime, inode, device) against the stamp
+  ``<file>.ok`` written right after the file was built or last verified.  If they differ (the
+  file was modified, replaced or copied since), the load also checks every array's crc32
+  against the header (reads the whole file, once) and rewrites the stamp;
+* at build, and by ``goinfer pull`` / ``verify()``: every array's crc32.
+
+A stale or corrupt file is never used: it is rebuilt from the GGUF, with a warning.  Writing
+goes to a temporary file in the same directory, fsynced and renamed into place; if it fails
+(a full disk, a read-only directory), the temporary file is removed, a warning says why, and
+the model loads from the GGUF into process memory as if the cache were off.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+import time
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from goinfer.errors import GoinferError
+
+LAYOUT_VERSION = 1  # bump whenever the native layout or the weights tree of a family changes
+MAGIC = b"GOINFER-LAYOUT\0\0"  # 16 bytes
+FORMAT = 1
+_FOOTER = struct.Struct("<16sIQQ32s")  # magic, format, header offset, header length, sha256
+_FOOTER_SIZE = 72  # _FOOTER (68 bytes) padded to 8
+_DATA0 = 4096
+_ALIGN = 64
+_CHUNK = 1 << 24  # bytes per crc32 / write step
+_DTYPES = {"|u1", "|i1", "<f2", "<f4", "<u2", "<i4", "<i8", "<f8"}
+
+
+class LayoutError(GoinferError):
+    """A layout cache file is stale or corrupt (internal: the load rebuilds it with a warning)."""
+
+
+class LayoutWarning(UserWarning):
+    """The layout cache was rebuilt, or could not be written (the model still loads)."""
+
+
+class _WriteFailed(Exception):
+    """Writing the cache failed (a full disk, a read-only directory): load without it."""
+
+
+# ============================================================================ where and whether
+
+
+def enabled_by_env() -> bool:
+    """GOINFER_LAYOUT_CACHE=0 turns the layout cache off (default on)."""
+    return os.environ.get("GOINFER_LAYOUT_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir() -> Path:
+    """$GOINFER_LAYOUT_DIR, default $GOINFER_HOME/layouts."""
+    d = os.environ.get("GOINFER_LAYOUT_DIR")
+    if d:
+        return Path(d).expanduser()
+    from goinfer.hub import goinfer_home
+
+    return goinfer_home() / "layouts"
+
+
+def kernel_variant() -> str:
+    from goinfer._kernels import _config
+
+    return str(_config.variant())
+
+
+def cache_path(fingerprint: str, variant: str | None = None) -> Path:
+    return cache_dir() / f"{fingerprint[:32]}-{variant or kernel_variant()}.layout"
+
+
+def _cacheable_families():
+    from goinfer.models.gemma import Gemma3Family
+    from goinfer.models.llama import LlamaFamily
+    from goinfer.models.moe import MoEFamily
+    from goinfer.models.smollm3 import SmolLM3Family
+
+    # exact classes: a family is cached only once all its weights come from load_weights(),
+    # and load_weights() needs nothing of the instance but cfg (see _loader)
+    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family)
+
+
+def _loader(family, cfg):
+    """An instance of family with only .cfg set: enough to call load_weights() before the
+    family's own __init__ runs (which then receives the weights)."""
+    obj = object.__new__(family)
+    obj.cfg = cfg
+    return obj
+
+
+def _classes() -> dict:
+    from goinfer.models.gemma import Gemma3LayerWeights
+    from goinfer.models.llama import LayerWeights
+    from goinfer.models.moe import FFNWeights, MoELayerWeights, MoEWeights
+    from goinfer.quant import QWeight
+
+    return {c.__name__: c for c in (QWeight, LayerWeights, MoELayerWeights, Gemma3LayerWeights,
+                                    FFNWeights, MoEWeights)}
+
+
+# ============================================================================ writing
+
+
+class _Ref:
+    """An array already written to the file (index into its table)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+class _Writer:
+    """Writes arrays to a temporary file next to dest; finish() adds header and footer,
+    commit() renames it into place.  Every OSError becomes _WriteFailed."""
+
+    def __init__(self, dest: Path):
+        self.dest = dest
+        self.table: list[list] = []  # [offset, nbytes, dtype, shape, crc32]
+        self._classes = _classes()
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+            self.tmp = Path(tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o644 & ~umask)  # readable like any cache file (mkstemp makes 0600)
+            self.f = os.fdopen(fd, "wb")
+            self.f.write(MAGIC + struct.pack("<I", FORMAT))
+            self.f.write(b"\0" * (_DATA0 - self.f.tell()))
+            self.pos = _DATA0
+        except OSError as e:
+            self.discard()
+            raise _WriteFailed(e) from e
+
+    def _write(self, b) -> None:
+        try:
+            self.f.write(b)
+        except OSError as e:
+            raise _WriteFailed(e) from e
+        self.pos += len(b)
+
+    def put(self, a: np.ndarray) -> int:
+        """Write one array (C order, little-endian) -> its index in the table."""
+        a = np.ascontiguousarray(a)
+        if a.dtype.str not in _DTYPES:
+            raise TypeError(f"layout cache: unsupported array dtype {a.dtype}")
+        pad = -self.pos % _ALIGN
+        if pad:
+            self._write(b"\0" * pad)
+        off = self.pos
+        flat = a.reshape(-1).view(np.uint8)
+        crc = 0
+        for i in range(0, flat.size, _CHUNK):
+            chunk = flat[i:i + _CHUNK]
+            crc = zlib.crc32(chunk, crc)
+            self._write(memoryview(chunk))
+        self.table.append([off, int(a.nbytes), a.dtype.str, list(a.shape), crc])
+        return len(self.table) - 1
+
+    def spill(self, obj):
+        """Write every array of obj (a QWeight, a layer, a list...) and put references to them
+        in their place (in place where obj is mutable); returns obj.  The caller drops the
+        arrays, so memory holds about one layer at a time during a build."""
+        if isinstance(obj, np.ndarray):
+            return _Ref(self.put(obj))
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                obj[i] = self.spill(v)
+            return obj
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                obj[k] = self.spill(v)
+            return obj
+        if type(obj).__name__ in self._classes and dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                setattr(obj, f.name, self.spill(getattr(obj, f.name)))
+            return obj
+        return obj
+
+    def encode(self, obj):
+        """The weights tree as JSON-able data (arrays not yet written are written now)."""
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, (int, np.integer)):
+            return int(obj)
+        if isinstance(obj, (float, np.floating)):
+            return float(obj)
+        if isinstance(obj, _Ref):
+            return {"a": obj.i}
+        if isinstance(obj, np.ndarray):
+            return {"a": self.put(obj)}
+        if isinstance(obj, (list, tuple)):
+            return {"l": [self.encode(v) for v in obj]}
+        if isinstance(obj, dict):
+            return {"d": {str(k): self.encode(v) for k, v in obj.items()}}
+        name = type(obj).__name__
+        if name in self._classes and dataclasses.is_dataclass(obj):
+            return {"c": name, "f": {f.name: self.encode(getattr(obj, f.name))
+                                     for f in dataclasses.fields(obj) if f.init}}
+        raise TypeError(f"layout cache: cannot store a {name}")
+
+    def finish(self, header: dict) -> None:
+        header["arrays"] = self.table
+        pad = -self.pos % _ALIGN
+        if pad:
+            self._write(b"\0" * pad)
+        h_off = self.pos
+        # the header states the file's final size, which depends on the header's own length
+        header["file_size"] = 0
+        while True:  # a fixed point within a few steps (the size's digits settle)
+            hb = json.dumps(header, separators=(",", ":")).encode()
+            size = h_off + len(hb) + (-(h_off + len(hb)) % 8) + _FOOTER_SIZE
+            if header["file_size"] == size:
+                break
+            header["file_size"] = size
+        self._write(hb)
+        self._write(b"\0" * (-(h_off + len(hb)) % 8))
+        foot = _FOOTER.pack(MAGIC, FORMAT, h_off, len(hb), hashlib.sha256(hb).digest())
+        self._write(foot + b"\0" * (_FOOTER_SIZE - len(foot)))
+        if self.pos != header["file_size"]:
+            raise AssertionError("layout cache: header size did not converge")
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+        except OSError as e:
+            raise _WriteFailed(e) from e
+
+    def commit(self) -> None:
+        try:
+            os.replace(self.tmp, self.dest)
+        except OSError as e:
+            raise _WriteFailed(e) from e
+        self.tmp = None
+
+    def discard(self) -> None:
+        f = getattr(self, "f", None)
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+        tmp = getattr(self, "tmp", None)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self.tmp = None
+
+
+# ============================================================================ reading
+
+
+@dataclass
+class Layout:
+    """A mapped layout file: its header and read-only views of its arrays."""
+
+    path: Path
+    header: dict
+    mm: mmap.mmap
+
+    def array(self, i: int) -> np.ndarray:
+        off, nbytes, dt, shape, _ = self.header["arrays"][i]
+        dtype = np.dtype(dt)
+        return np.frombuffer(self.mm, dtype=dtype, count=nbytes // dtype.itemsize,
+                             offset=off).reshape(shape)
+
+    def weights(self):
+        return _decode(self.header["tree"], self, _classes())
+
+
+def _decode(node, lay: Layout, classes: dict):
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if not isinstance(node, dict) or len(node) not in (1, 2):
+        raise LayoutError(f"{lay.path}: malformed weights tree")
+    if "a" in node:
+        i = node["a"]
+        if not isinstance(i, int) or not 0 <= i < len(lay.header["arrays"]):
+            raise LayoutError(f"{lay.path}: array index {i!r} out of range")
+        return lay.array(i)
+    if "l" in node:
+        return [_decode(v, lay, classes) for v in node["l"]]
+    if "d" in node:
+        return {k: _decode(v, lay, classes) for k, v in node["d"].items()}
+    if "c" in node:
+        cls = classes.get(node["c"])
+        if cls is None:
+            raise LayoutError(f"{lay.path}: unknown class {node['c']!r} in the weights tree")
+        try:
+            return cls(**{k: _decode(v, lay, classes) for k, v in node["f"].items()})
+        except TypeError as e:
+            raise LayoutError(f"{lay.path}: fields of {node['c']} do not match ({e})") from None
+    raise LayoutError(f"{lay.path}: malformed weights tree node {sorted(node)}")
+
+
+def _read_header(path: Path, fh) -> dict:
+    """Preamble, footer, header checksum and array bounds; raises LayoutError."""
+    size = os.fstat(fh.fileno()).st_size
+    if size < _DATA0 + _FOOTER_SIZE:
+        raise LayoutError(f"{path}: {size} bytes, too short for a layout file")
+    head = fh.read(len(MAGIC) + 4)
+    fh.seek(size - _FOOTER_SIZE)
+    foot = fh.read(_FOOTER_SIZE)
+    if head != MAGIC + struct.pack("<I", FORMAT):
+        raise LayoutError(f"{path}: not a goinfer layout file of format {FORMAT}")
+    magic, fmt, h_off, h_len, digest = _FOOTER.unpack_from(foot)
+    if magic != MAGIC or fmt != FORMAT or h_off < _DATA0 or h_off + h_len > size - _FOOTER_SIZE:
+        raise LayoutError(f"{path}: bad footer (truncated or corrupt file)")
+    fh.seek(h_off)
+    hb = fh.read(h_len)
+    if hashlib.sha256(hb).digest() != digest:
+        raise LayoutError(f"{path}: header checksum mismatch (corrupt file)")
+    try:
+        header = json.loads(hb)
+        arrays = header["arrays"]
+        if header["file_size"] != size:
+            raise LayoutError(f"{path}: {size} bytes, the header says {header['file_size']}")
+        for off, nbytes, dt, shape, _crc in arrays:
+            if dt not in _DTYPES:
+                raise LayoutError(f"{path}: unsupported dtype {dt!r}")
+            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            if n != nbytes or off % _ALIGN or off < _DATA0 or off + nbytes > h_off:
+                raise LayoutError(f"{path}: array at {off} ({nbytes} bytes) out of bounds")
+    except (ValueError, KeyError, TypeError) as e:
+        raise LayoutError(f"{path}: malformed header ({e})") from None
+    return header
+
+
+def _check_key(path: Path, header: dict, expect: dict) -> None:
+    for k, v in expect.items():
+        if header.get(k) != v:
+            raise LayoutError(f"{path}: stale ({k} is {header.get(k)!r}, this load needs {v!r})")
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".ok")
+
+
+def _stamp_of(st: os.stat_result) -> dict:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+
+
+def _write_stamp(path: Path, st: os.stat_result) -> None:
+    sp = _stamp_path(path)
+    with contextlib.suppress(OSError):  # no stamp: the next load verifies in full again
+        fd, tmp = tempfile.mkstemp(prefix=sp.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, os.stat(path).st_mode & 0o666)
+            with os.fdopen(fd, "w") as f:
+                json.dump(_stamp_of(st), f)
+            os.replace(tmp, sp)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def _stamp_ok(path: Path, st: os.stat_result) -> bool:
+    try:
+        return json.loads(_stamp_path(path).read_text()) == _stamp_of(st)
+    except (OSError, ValueError):
+        return False
+
+
+def _check_arrays(lay: Layout) -> None:
+    """crc32 of every array against the header (reads the whole file)."""
+    for i, (off, nbytes, _dt, _shape, crc) in enumerate(lay.header["arrays"]):
+        got = 0
+        for p in range(off, off + nbytes, _CHUNK):
+            got = zlib.crc32(memoryview(lay.mm)[p:min(p + _CHUNK, off + nbytes)], got)
+        if got != crc:
+            raise LayoutError(f"{lay.path}: array {i} (at byte {off}) fails its checksum (corrupt file)")
+
+
+def open_layout(path: Path, expect: dict, *, full_check: bool = False, populate: bool = True) -> Layout:
+    """Map a layout file read-only after the checks of every load (see the module docstring);
+    raises LayoutError if it is stale or corrupt, FileNotFoundError if it is not there."""
+    with open(path, "rb") as fh:
+        header = _read_header(path, fh)
+        _check_key(path, header, expect)
+        st = os.fstat(fh.fileno())
+        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+        mm = mmap.mmap(fh.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+    lay = Layout(path, header, mm)
+    if full_check or not _stamp_ok(path, st):
+        _check_arrays(lay)
+        _write_stamp(path, st)
+    return lay
+
+
+def verify(path) -> dict:
+    """Full check of a layout file (footer, header, every array's crc32); returns its header.
+    Raises LayoutError if it is corrupt."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        header = _read_header(path, fh)
+        mm = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    try:
+        _check_arrays(Layout(path, header, mm))
+    finally:
+        mm.close()
+    return header
+
+
+# ============================================================================ loading a model's weights
+
+
+@dataclass
+class LoadInfo:
+    """How a model's weights were loaded."""
+
+    source: str  # "layout" (mapped cache), "built" (cache written now), "gguf" (no cache)
+    path: Path | None = None  # the layout file, when one is mapped
+    reason: str = ""  # why not from the cache, when not
+    conversions: list | None = None  # ConversionSummary rows of the build (from the header)
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    """Exclusive flock on <path>.lock while a layout is checked or built (another process
+    loading the same model waits, then maps what the first one built)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path.with_name(path.name + ".lock"), "a+b")
+    except OSError:
+        yield  # read-only directory: no lock (the build will fail to write and fall back)
+        return
+    with fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _bar(progress: bool, total: int, desc: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="layer", leave=False, disable=None)
+
+
+def _expect(g, family, variant: str) -> dict:
+    return {"format": "goinfer-layout", "layout_version": LAYOUT_VERSION,
+            "fingerprint": g.fingerprint, "variant": variant, "family": family.__name__}
+
+
+def _from_gguf(g, family, cfg, progress: bool, name: str, keep):
+    bar = _bar(progress, cfg.n_layers, f"loading {name} (first load: writing its layout cache)")
+    try:
+        return _loader(family, cfg).load_weights(g, bar.update if bar is not None else None, keep)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
+    """Load from the GGUF while writing the layout file; returns the mapped Layout."""
+    w = _Writer(path)
+    try:
+        weights = _from_gguf(g, family, cfg, progress, name, keep=w.spill)
+        header = dict(expect)
+        header["tree"] = w.encode(weights)
+        del weights
+        if hasattr(g, "release_pages"):
+            g.release_pages()  # the GGUF's pages were read once; the layout replaces them
+        from goinfer import __version__
+
+        header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      gguf={"path": str(g.path), "size": g.file_size},
+                      conversions=g.conversion_summary().as_dicts())
+        w.finish(header)
+        w.commit()
+    finally:
+        w.discard()
+    return open_layout(path, expect)
+
+
+def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, name: str = ""):
+    """The weights dict of family.load_weights for the GGUF g, mapped from its layout cache
+    (built first if it is missing, stale or corrupt), or None when the family should load
+    itself from the GGUF (cache off, a family that is not cached, writing failed).
+    Returns (weights or None, LoadInfo)."""
+    name = name or Path(g.path).stem
+    if enabled is None:
+        enabled = enabled_by_env()
+    if not enabled:
+        return None, LoadInfo("gguf", reason="layout cache off")
+    if family not in _cacheable_families():
+        return None, LoadInfo("gguf", reason=f"{family.__name__} is not cached")
+    variant = kernel_variant()
+    path = cache_path(g.fingerprint, variant)
+    expect = _expect(g, family, variant)
+    with _lock(path):
+        try:
+            lay = open_layout(path, expect)
+            return lay.weights(), LoadInfo("layout", path, conversions=lay.header.get("conversions"))
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # not built yet
+        except (LayoutError, OSError, ValueError) as e:
+            warnings.warn(f"goinfer: rebuilding the layout cache of {name}: {e}", LayoutWarning,
+                          stacklevel=3)
+        try:
+            lay = _build(g, family, cfg, path, expect, progress, name)
+            return lay.weights(), LoadInfo("built", path, conversions=lay.header.get("conversions"))
+        except _WriteFailed as e:
+            err = e.__cause__ or e
+            warnings.warn(f"goinfer: could not write the layout cache of {name} to {path.parent} "
+                          f"({err}); loading from the GGUF (the next load will try again)",
+                          LayoutWarning, stacklevel=3)
+            g.conversion_summary().rows.clear()  # the failed build's partial counts
+            return None, LoadInfo("gguf", reason=f"write failed: {err}")
+
+
+def prepare(path, *, progress: bool = True) -> Path:
+    """Build (or fully verify) the layout cache of a GGUF file: what `goinfer pull` runs.
+    Returns the layout file's path."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.models import ARCHITECTURES, family_for
+
+    with GGUFFile(path) as g:
+        family = family_for(g)
+        if family is None:
+            from goinfer.errors import UnsupportedArchitectureError
+
+            raise UnsupportedArchitectureError(
+                f"{g.path}: architecture {g.arch!r} is not supported; supported: "
+                f"{', '.join(sorted(ARCHITECTURES))}")
+        cfg = family.read_config(g)
+        _weights, info = load(g, family, cfg, enabled=True, progress=progress)
+        del _weights
+        if info.path is None:
+            raise LayoutError(f"{path}: no layout cache ({info.reason})")
+        if info.source == "layout":
+            verify(info.path)
+        _write_stamp(info.path, os.stat(info.path))
+        return info.path

@@ -1,0 +1,128 @@
+"""How much memory the machine has left, and the check that a model fits before it is loaded.
+
+    available_bytes()                 # MemAvailable, capped by the cgroup's limit
+    check_fits(needed, "what")        # InsufficientMemoryError naming both numbers
+
+What "needed" means for a model (docs/design/gguf.md, "Memory"): the bytes of its weights in
+goinfer's native layout, which must stay resident for the model to run at any useful speed,
+whether they are memory-mapped from the layout cache (shared, file-backed pages: not
+"allocated", but evicted and re-read from disk on every token if they do not fit) or held in
+process memory (no layout cache).  The KV cache is not counted: it is sized at its creation
+(goinfer/kv_cache.py, bounded by half of what is available then) and its pages are touched only
+as tokens fill them.
+"""
+from __future__ import annotations
+
+import os
+
+from goinfer.errors import InsufficientMemoryError
+
+_UNLIMITED = 1 << 60  # cgroup limits at or above this mean "no limit"
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            s = f.read().strip()
+    except OSError:
+        return None
+    if s == "max":
+        return _UNLIMITED
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+def _stat_value(path: str, keys: tuple[str, ...]) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k in keys:
+                    return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_available() -> int | None:
+    """Bytes the cgroup may still use (limit - usage + its inactive file cache), or None."""
+    for limit_f, usage_f, stat_f, keys in (
+            ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
+             "/sys/fs/cgroup/memory.stat", ("inactive_file",)),
+            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+             "/sys/fs/cgroup/memory/memory.stat", ("total_inactive_file", "inactive_file"))):
+        limit, usage = _read_int(limit_f), _read_int(usage_f)
+        if limit is None or usage is None:
+            continue
+        if limit >= _UNLIMITED:
+            return None
+        return max(0, limit - usage + _stat_value(stat_f, keys))
+    return None
+
+
+def available_bytes() -> int | None:
+    """Memory a new allocation can get without swapping: the kernel's MemAvailable (free memory
+    plus reclaimable page cache), capped by the cgroup's remaining allowance.  None if unknown
+    (no /proc/meminfo: not Linux)."""
+    avail = _meminfo().get("MemAvailable")
+    cg = _cgroup_available()
+    if avail is None:
+        return cg
+    return avail if cg is None else min(avail, cg)
+
+
+def total_bytes() -> int | None:
+    return _meminfo().get("MemTotal")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def check_fits(needed: int, what: str) -> None:
+    """Raise InsufficientMemoryError if needed bytes exceed what is available.
+
+    Pages of a memory-mapped file already in the page cache (a layout another process is using)
+    count as available: MemAvailable includes reclaimable page cache.  GOINFER_SKIP_MEMORY_CHECK=1
+    turns the check off (e.g. to run a model from a memory-mapped file that does not fit,
+    re-reading it from disk per token)."""
+    if os.environ.get("GOINFER_SKIP_MEMORY_CHECK", "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    avail = available_bytes()
+    if avail is None or needed <= avail:
+        return
+    total = total_bytes()
+    tot = f" of {_gb(total)} total" if total else ""
+    raise InsufficientMemoryError(
+        f"{what} needs {_gb(needed)} ({needed} bytes) of memory; {_gb(avail)} ({avail} bytes) "
+        f"are available{tot}. Close other programs, use a smaller or more quantized model, or set "
+        "GOINFER_SKIP_MEMORY_CHECK=1 to try anyway (a memory-mapped model that does not fit is "
+        "re-read from disk at every token)", needed, avail)
+
+
+def default_max_tokens(context_length: int, bytes_per_token: int) -> int:
+    """Tokens a KV cache holds by default: 2 x context_length (room for the context and for
+    cached prefixes of other conversations), or as many as fit in half of the memory
+    available now if that is fewer (a 128k-context model must not reserve 2 x 131072 tokens;
+    at least one token).  Its pages are touched only as blocks fill (np.zeros is lazily mapped)."""
+    want = 2 * int(context_length)
+    avail = available_bytes()
+    if avail is None or bytes_per_token <= 0:
+        return want
+    return max(1, min(want, (avail // 2) // int(bytes_per_token)))

@@ -1,0 +1,345 @@
+"""The layout cache (goinfer/layout.py): built on the first load, memory-mapped after, the same
+bits as loading from the GGUF, rebuilt when stale or corrupt, never left half-written; the
+memory check before a load (goinfer/memory.py) and the KV cache's default size."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import tinymodels
+from goinfer import layout, memory
+from goinfer.errors import InsufficientMemoryError
+from goinfer.gguf import GGUFFile
+from goinfer.kv_cache import KVCache
+from goinfer.model import Model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def layouts(tmp_path, monkeypatch):
+    """A fresh layout cache directory for this test."""
+    d = tmp_path / "layouts"
+    monkeypatch.setenv("GOINFER_LAYOUT_DIR", str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def q4_path(tmp_path_factory):
+    """A tiny llama with Q4_0 layers (tied embeddings, F32 embedding table)."""
+    model = tinymodels.hf_model("llama", 21, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("layout") / "tiny-q4.gguf"
+    return tinymodels.write_gguf(model, "llama", path, qtype=gguf.GGMLQuantizationType.Q4_0)
+
+
+def _load(path, **kw):
+    return Model(GGUFFile(path), threads=1, progress=False, **kw)
+
+
+IDS = np.random.default_rng(7).integers(0, 320, 40).tolist()
+
+
+def _arrays(m):
+    """Every weight array of a loaded model, in a fixed order."""
+    out = []
+    for w in m.impl.weights():
+        out += [a for a in (w.qs, w.d, w.m) if a is not None]
+    out += [L.attn_norm for L in m.impl.layers] + [m.impl.out_norm]
+    return out
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+# ============================================================================ build, map, same bits
+
+
+@pytest.mark.parametrize("which", ["q4", "llama-f32", "qwen2-f32"])
+def test_cached_load_is_mapped_and_bit_identical(which, q4_path, tiny, layouts):
+    path = q4_path if which == "q4" else tiny(which.split("-")[0], 4)[1]
+    plain = _load(path, layout_cache=False)
+    assert plain.load_info.source == "gguf"
+    built = _load(path)
+    assert built.load_info.source == "built" and built.load_info.path.exists()
+    mapped = _load(path)
+    assert mapped.load_info.source == "layout"
+    for m in (built, mapped):  # both run on read-only views of the mapped file
+        for a in _arrays(m):
+            assert not a.flags.writeable
+    for a, b in zip(_arrays(plain), _arrays(mapped), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    ref = plain.logits(IDS)
+    assert np.array_equal(built.logits(IDS), ref)
+    assert np.array_equal(mapped.logits(IDS), ref)
+    assert [vars(r) for r in mapped.conversions.rows] == [vars(r) for r in plain.conversions.rows]
+
+
+def test_moe_and_gemma_families_are_cached(tmp_path, layouts):
+    import tinygemma
+    import tinymoe
+
+    _, moe_path = tinymoe.build_moe("qwen2moe", tmp_path, seed=3)
+    gm = tinygemma.hf_model(seed=2)
+    gemma_path = tinygemma.write_gguf(gm, tmp_path / "tiny-gemma.gguf")
+    for path in (moe_path, gemma_path):
+        ref = _load(path, layout_cache=False).logits(IDS[:24])
+        assert _load(path).load_info.source == "built"
+        m = _load(path)
+        assert m.load_info.source == "layout"
+        assert np.array_equal(m.logits(IDS[:24]), ref)
+
+
+def test_layout_holds_exactly_the_native_bytes(q4_path, layouts):
+    """GGUFFile.native_bytes (from tensor infos, before loading: what the memory check uses) is
+    the byte count of the arrays the model runs on."""
+    m = _load(q4_path)
+    header = layout.verify(m.load_info.path)
+    assert sum(a[1] for a in header["arrays"]) == GGUFFile(q4_path).native_bytes()
+    assert sum(a.nbytes for a in _arrays(m)) <= GGUFFile(q4_path).native_bytes()
+
+
+def test_pages_are_shared_between_processes(q4_path, layouts):
+    m = _load(q4_path)
+    lp = str(m.load_info.path)
+    code = ("import sys; from goinfer.gguf import GGUFFile; from goinfer.model import Model; "
+            "m = Model(GGUFFile(sys.argv[1]), threads=1, progress=False); "
+            "assert m.load_info.source == 'layout'; print('ready', flush=True); sys.stdin.read()")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-c", code, str(q4_path)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        shared = rss = 0
+        inside = False
+        for line in open("/proc/self/smaps"):
+            if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's first line
+                inside = line.rstrip().endswith(lp)
+            elif inside and line.startswith("Shared_Clean:"):
+                shared += int(line.split()[1]) * 1024
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+        size = os.path.getsize(lp)
+        assert rss >= 0.9 * size  # mapped and populated ...
+        assert shared >= 0.9 * size  # ... and the same physical pages as the other process'
+    finally:
+        p.communicate("", timeout=60)
+    assert p.returncode == 0
+
+
+def test_prepare_builds_and_verifies(q4_path, layouts):
+    lp = layout.prepare(q4_path, progress=False)
+    assert lp.exists() and layout.verify(lp)["fingerprint"] == GGUFFile(q4_path).fingerprint
+    assert layout.prepare(q4_path, progress=False) == lp  # already there: verified, same file
+    assert _load(q4_path).load_info.source == "layout"
+
+
+def test_goinfer_pull_builds_the_layout(q4_path, layouts, monkeypatch, capsys):
+    from goinfer import cli, hub
+
+    monkeypatch.setattr(hub, "pull", lambda name, force=False: Path(q4_path))
+    assert cli.main(["pull", "some-model"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out[0] == str(q4_path) and Path(out[1]) == layout.cache_path(GGUFFile(q4_path).fingerprint)
+    layout.verify(out[1])
+    assert _load(q4_path).load_info.source == "layout"
+
+
+# ============================================================================ stale, corrupt
+
+
+def _rebuilt(path, match: str):
+    with pytest.warns(layout.LayoutWarning, match=match):
+        m = _load(path)
+    assert m.load_info.source == "built"
+    return m
+
+
+def _flip(p: Path, offset: int) -> None:
+    with open(p, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_corrupt_data_is_detected_and_rebuilt(q4_path, layouts):
+    ref = _load(q4_path, layout_cache=False).logits(IDS)
+    lp = _load(q4_path).load_info.path
+    header = layout.verify(lp)
+    off, nbytes = header["arrays"][len(header["arrays"]) // 2][:2]
+    _flip(lp, off + nbytes // 2)  # a weight byte: the file's mtime moves, the stamp no longer matches
+    with pytest.raises(layout.LayoutError, match="checksum"):
+        layout.verify(lp)
+    m = _rebuilt(q4_path, "fails its checksum")
+    assert np.array_equal(m.logits(IDS), ref)
+    layout.verify(lp)  # the rebuilt file is whole
+
+
+@pytest.mark.parametrize("damage", ["header", "truncate", "garbage", "empty"])
+def test_damaged_file_is_rebuilt(damage, q4_path, layouts):
+    ref = _load(q4_path, layout_cache=False).logits(IDS)
+    lp = _load(q4_path).load_info.path
+    size = lp.stat().st_size
+    if damage == "header":
+        foot = lp.read_bytes()[-72:]
+        h_off = int.from_bytes(foot[20:28], "little")
+        _flip(lp, h_off + 10)
+        match = "header checksum"
+    elif damage == "truncate":
+        os.truncate(lp, size - 4096)
+        match = "footer|bytes"
+    elif damage == "garbage":
+        lp.write_bytes(os.urandom(size))
+        match = "not a goinfer layout"
+    else:
+        lp.write_bytes(b"")
+        match = "too short"
+    m = _rebuilt(q4_path, match)
+    assert np.array_equal(m.logits(IDS), ref)
+
+
+def test_stale_layout_version_is_rebuilt(q4_path, layouts, monkeypatch):
+    lp = _load(q4_path).load_info.path
+    monkeypatch.setattr(layout, "LAYOUT_VERSION", layout.LAYOUT_VERSION + 1)
+    _rebuilt(q4_path, "stale")
+    assert layout.verify(lp)["layout_version"] == layout.LAYOUT_VERSION
+
+
+def test_copied_file_is_checked_in_full_once(q4_path, layouts):
+    """A file whose stamp does not match (copied, touched) is checked array by array, then
+    restamped: the next load trusts it again."""
+    lp = _load(q4_path).load_info.path
+    stamp = lp.with_name(lp.name + ".ok")
+    os.utime(lp, ns=(1, 1))
+    assert not layout._stamp_ok(lp, lp.stat())
+    calls = []
+    real = layout._check_arrays
+    layout._check_arrays = lambda lay: (calls.append(1), real(lay))
+    try:
+        assert _load(q4_path).load_info.source == "layout"
+        assert _load(q4_path).load_info.source == "layout"
+    finally:
+        layout._check_arrays = real
+    assert calls == [1] and json.loads(stamp.read_text())["mtime_ns"] == 1
+
+
+def test_another_models_layout_under_the_name_is_stale(q4_path, tiny, layouts):
+    """A file whose header names another GGUF (e.g. copied by hand under this name) is stale."""
+    other = tiny("llama", 4)[1]
+    lo = _load(other).load_info.path
+    lp = layout.cache_path(GGUFFile(q4_path).fingerprint)
+    lp.write_bytes(lo.read_bytes())
+    _rebuilt(q4_path, "stale.*fingerprint")
+
+
+# ============================================================================ writing fails
+
+
+class _FullDisk:
+    """A file object whose writes fail with ENOSPC once `budget` bytes are written."""
+
+    def __init__(self, f, budget: int):
+        self.f, self.left = f, budget
+
+    def write(self, b):
+        self.left -= len(b)
+        if self.left < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def _enospc_after(monkeypatch, budget: int):
+    real = os.fdopen
+    monkeypatch.setattr(layout.os, "fdopen", lambda *a, **k: _FullDisk(real(*a, **k), budget))
+
+
+@pytest.mark.parametrize("budget", [0, 20_000, 10**9])
+def test_full_disk_loads_from_gguf_and_leaves_nothing(budget, q4_path, layouts, monkeypatch):
+    """A write that fails (ENOSPC at the start, in the middle, or at fsync) leaves no partial
+    file and no stamp; the model loads from the GGUF with a warning and the same bits."""
+    ref = _load(q4_path, layout_cache=False).logits(IDS)
+    with pytest.MonkeyPatch.context() as mp:
+        if budget < 10**9:
+            _enospc_after(mp, budget)
+        else:
+            def fsync(fd):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            mp.setattr(layout.os, "fsync", fsync)
+        with pytest.warns(layout.LayoutWarning, match="No space left"):
+            m = _load(q4_path)
+    assert m.load_info.source == "gguf" and "write failed" in m.load_info.reason
+    assert [f for f in _files(layouts) if not f.endswith(".lock")] == []
+    assert np.array_equal(m.logits(IDS), ref)
+    assert sum(r.count for r in m.conversions.rows) == sum(r.count for r in
+                                                          _load(q4_path, layout_cache=False).conversions.rows)
+    assert _load(q4_path).load_info.source == "built"  # space again: the next load builds it
+
+
+def test_unwritable_directory_loads_from_gguf(q4_path, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("GOINFER_LAYOUT_DIR", str(blocker / "layouts"))
+    with pytest.warns(layout.LayoutWarning, match="could not write"):
+        m = _load(q4_path)
+    assert m.load_info.source == "gguf"
+
+
+def test_cache_off(q4_path, layouts, monkeypatch):
+    monkeypatch.setenv("GOINFER_LAYOUT_CACHE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _load(q4_path).load_info.source == "gguf"
+    assert _files(layouts) == []
+
+
+# ============================================================================ memory
+
+
+def test_model_too_large_fails_before_loading(q4_path, layouts, monkeypatch):
+    need = GGUFFile(q4_path).native_bytes()
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - 1)
+    loaded = []
+    real = GGUFFile.load_weight
+    monkeypatch.setattr(GGUFFile, "load_weight", lambda self, n: (loaded.append(n), real(self, n))[1])
+    with pytest.raises(InsufficientMemoryError) as e:
+        _load(q4_path)
+    assert e.value.needed == need and e.value.available == need - 1
+    assert str(need) in str(e.value) and str(need - 1) in str(e.value)
+    assert loaded == [] and _files(layouts) == []  # nothing read, nothing written
+    monkeypatch.setattr(memory, "available_bytes", lambda: need)
+    assert _load(q4_path).load_info.source == "built"
+    monkeypatch.setenv("GOINFER_SKIP_MEMORY_CHECK", "1")
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1)
+    assert _load(q4_path).load_info.source == "layout"
+
+
+def test_available_bytes_reads_the_machine():
+    avail, total = memory.available_bytes(), memory.total_bytes()
+    assert avail is not None and total is not None and 0 < avail <= total
+
+
+def test_kv_cache_default_is_bounded_by_memory(tiny, monkeypatch):
+    """2 x context by default, but never more than half of the memory available: a 128k-context
+    model does not reserve 2 x 131072 tokens."""
+    m = _load(tiny("llama", 3)[1], layout_cache=False, context_length=131072)
+    per_token = KVCache(m, max_tokens=16).bytes_per_block // 16
+    monkeypatch.setattr(memory, "available_bytes", lambda: None)
+    assert KVCache(m).max_tokens == 2 * 131072
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000 * per_token)
+    c = KVCache(m)
+    assert c.max_tokens == 512  # 500 tokens, rounded up to whole blocks of 16
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10**15)
+    assert KVCache(m).max_tokens == 2 * 131072
