@@ -1,4 +1,5 @@
-"""Benchmark of the matmul kernels on SmolLM2-135M shapes (or the 1B / 8B shapes of --set).
+"""Benchmark of the matmul kernels on SmolLM2-135M shapes (or the 1B / 8B shapes of --set; and
+one gpt-oss-20b expert shape).
 
     PYTHONPATH=. python benchmarks/kernels_matmul.py [--threads 1 2] [--variant avx512-vnni]
                                                      [--M 1 16 64 512] [--kinds q4_0 q8_0]
@@ -38,6 +39,7 @@ SHAPES = [
     ("ffn up   576->1536", 576, 1536, ("q4_0", "q4_1", "q8_0")),
     ("ffn down 1536->576", 1536, 576, ("q4_0", "q4_1", "q8_0")),
     ("lm head  576->49152", 576, 49152, ("q8_0",)),
+    ("gpt-oss expert 2880", 2880, 2880, ("q4_0", "q8_0", "mxfp4")),  # gpt-oss-20b gate/up/down
 ]
 # The prefill matmuls of Llama 3.2 1B and Llama 3.1 8B (fused q/k/v and gate/up, as goinfer runs them)
 SETS = {
@@ -96,7 +98,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
-    ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0"])
+    ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4"])
     ap.add_argument("--variant", default=None)
     ap.add_argument("--set", default="smollm2", choices=sorted(SETS), help="which model's shapes")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],

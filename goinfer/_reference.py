@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from goinfer.quant import GROUP, ROWS, QAct, QWeight
+from goinfer.quant import GROUP, INT_KINDS, MXFP4_VALUES, ROWS, QAct, QWeight, e8m0_half
 
 # ============================================================================ weights
 
@@ -33,8 +33,8 @@ def dequantize(w: QWeight) -> np.ndarray:
         dense = vals.transpose(0, 2, 1).reshape(n_rb * ROWS, w.n_in)
         return np.ascontiguousarray(dense[: w.n_out])
     G = w.n_in // GROUP
-    d = w.d.astype(np.float32)  # (n_rb, G, 16)
-    if w.kind in ("q4_0", "q4_1"):
+    d = e8m0_half(w.d) if w.kind == "mxfp4" else w.d.astype(np.float32)  # (n_rb, G, 16)
+    if w.kind in ("q4_0", "q4_1", "mxfp4"):
         qs = w.qs.reshape(n_rb, G, 4, ROWS, 4)
         lo = qs & 0x0F  # k = c*4 + j
         hi = qs >> 4  # k = 16 + c*4 + j
@@ -44,6 +44,8 @@ def dequantize(w: QWeight) -> np.ndarray:
         q = np.concatenate([lo, hi], axis=3).astype(np.float32)
         if w.kind == "q4_0":
             vals = (q - 8.0) * d[..., None]
+        elif w.kind == "mxfp4":
+            vals = MXFP4_VALUES[q.astype(np.int64)].astype(np.float32) * d[..., None]
         else:
             vals = q * d[..., None] + w.m.astype(np.float32)[..., None]
     elif w.kind == "q8_0":
@@ -100,11 +102,11 @@ def dequantize_act(a: QAct) -> np.ndarray:
 def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
     """out (M, n_out) = x (M, K) @ W.T.
 
-    Integer weight kinds (q4_0, q4_1, q8_0) take a QAct (the activation quantized once by
-    quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
+    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4) take a QAct (the activation quantized once
+    by quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
     """
     wd = dequantize(w).astype(np.float64)
-    if w.kind in ("q4_0", "q4_1", "q8_0"):
+    if w.kind in INT_KINDS:
         if not isinstance(x, QAct):
             raise TypeError("integer weights multiply a QAct; call quantize_act first")
         xd = dequantize_act(x).astype(np.float64)
@@ -150,6 +152,22 @@ def swiglu(gate, up, out=None, *, nthreads: int = 1):
     """out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).  float64 here; kernel float32."""
     g = np.asarray(gate, dtype=np.float64)
     res = (g / (1.0 + np.exp(-g)) * np.asarray(up, dtype=np.float64)).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, out=None, *, nthreads: int = 1):
+    """gpt-oss's clamped SwiGLU: x = min(gate, limit), y = clamp(up, -limit, limit),
+    out = x * sigmoid(alpha x) * (y + 1).  float64 here (alpha, limit as float32); kernel float32."""
+    a, lim = float(np.float32(alpha)), float(np.float32(limit))
+    g = np.asarray(gate, dtype=np.float64)
+    u = np.asarray(up, dtype=np.float64)
+    x = np.where(g > lim, lim, g)
+    y = np.where(u > lim, lim, np.where(u < -lim, -lim, u))
+    with np.errstate(over="ignore"):
+        res = (x / (1.0 + np.exp(-a * x)) * (y + 1.0)).astype(np.float32)
     if out is not None:
         out[...] = res
         return out
@@ -307,11 +325,14 @@ def gather_kv(k_cache, v_cache, block_table, n: int):
 
 
 def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int = 0,
-              softcap: float = 0.0, out=None, *, nthreads: int = 1):
+              softcap: float = 0.0, out=None, *, nthreads: int = 1, sinks=None):
     """Causal attention of queries q (T, H, hd) at absolute positions q_pos (T,) over the
     sequence's cached keys (block_table (n_blocks_seq,) int32), grouped-query: query head h
     reads kv head h // (H / n_kv).  Query t sees keys at positions p with
     lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if window > 0 else 0.
+    sinks (H,): a logit per query head in the softmax's denominator only (gpt-oss's attention
+    sinks; -inf: none): weights exp(s_j - mx) / (sum_j exp(s_j - mx) + exp(sink - mx)),
+    mx = max(max_j s_j, sink).
     float64 here (the exact kernel accumulates in float64 in key order).  This is also the
     reference of the compiled ``attention_fast`` (float32, tiled), which tests compare with it
     by cosine similarity rather than bits."""
@@ -333,8 +354,10 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int
             s = (kh @ q[t, h].astype(np.float64)) * scale
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
-            e = np.exp(s - s.max())
-            res[t, h] = (e @ vh) / e.sum()
+            sink = -np.inf if sinks is None else float(sinks[h])
+            mx = max(float(s.max()), sink)
+            e = np.exp(s - mx)
+            res[t, h] = (e @ vh) / (e.sum() + np.exp(sink - mx))
     if out is not None:
         out[...] = res
         return out

@@ -26,7 +26,8 @@ from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_q4, pack_q8
+from goinfer.quant import (GROUP, MXFP4_VALUES, ROWS, QWeight, e8m0_half, pack_float, pack_mxfp4, pack_q4,
+                           pack_q8)
 
 __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET"]
 
@@ -44,6 +45,7 @@ NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "Q4_0": ("q4_0", "repack"),
     "Q4_1": ("q4_1", "repack"),
     "Q8_0": ("q8_0", "repack"),
+    "MXFP4": ("mxfp4", "repack"),
     "Q5_0": ("q8_0", "exact"),
     "Q4_K": ("q4_1", "scale-f16"),
     "Q5_1": ("q8_0", "requantize"),
@@ -340,6 +342,11 @@ def _f32_q8_0(b):
     return b[..., 2:34].view(np.int8).astype(np.float32) * d
 
 
+def _f32_mxfp4(b):  # e8m0 byte, then 16 bytes of 4-bit codes (low nibble j, high j+16)
+    d = e8m0_half(b[..., 0])[..., None]
+    return MXFP4_VALUES[_nibbles32(b[..., 1:17]).astype(np.int64)].astype(np.float32) * d
+
+
 def _f32_q2_k(b):
     # scales (0:16), qs (16:80), d (80:82), dmin (82:84); element e uses scale byte e // 16
     s = b[..., 0:16]
@@ -407,7 +414,7 @@ def _f32_q8_k(b):
 
 _F32_DECODERS = {
     "Q4_0": _f32_q4_0, "Q4_1": _f32_q4_1, "Q5_0": _f32_q5_0, "Q5_1": _f32_q5_1,
-    "Q8_0": _f32_q8_0, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
+    "Q8_0": _f32_q8_0, "MXFP4": _f32_mxfp4, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
     "Q5_K": _f32_q5_k, "Q6_K": _f32_q6_k, "Q8_K": _f32_q8_k,
 }
 _PLAIN_DTYPES = {
@@ -661,9 +668,9 @@ class GGUFFile:
         n_rb = (n_out + ROWS - 1) // ROWS
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
         nb = n_in // bs
-        c_int = 4 if kind in ("q4_0", "q4_1") else 8
+        c_int = 4 if kind in ("q4_0", "q4_1", "mxfp4") else 8
         qs = np.empty((n_rb, G, c_int, ROWS, 4), np.uint8 if c_int == 4 else np.int8)
-        d = np.empty((n_rb, G, ROWS), np.float16)
+        d = np.empty((n_rb, G, ROWS), np.uint8 if kind == "mxfp4" else np.float16)
         m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
         step = max(ROWS, _CHUNK_ELEMS // n_in // ROWS * ROWS)
         for r0 in range(0, n_out, step):
@@ -691,6 +698,8 @@ class GGUFFile:
             return pack_q8(q.reshape(R, K), _f16(b, 0))
         if tname == "Q4_0":
             return pack_q4("q4_0", _nibbles32(b[..., 2:18]).reshape(R, K), _f16(b, 0))
+        if tname == "MXFP4":  # e8m0 byte, 16 bytes of codes: the same codes and exponents
+            return pack_mxfp4(_nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
         if tname == "Q4_1":
             return pack_q4("q4_1", _nibbles32(b[..., 4:20]).reshape(R, K), _f16(b, 0), _f16(b, 2))
         if tname == "Q4_K":  # per sub-block of 32: d' = f16(d*sc), m' = f16(-dmin*mn)
@@ -717,7 +726,7 @@ class GGUFFile:
             kind = NATIVE_TARGET[tname][0]
             padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
             per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                   "q8_0": 34 / 32}[kind]
+                   "q8_0": 34 / 32, "mxfp4": 17 / 32}[kind]
             total += int(n_mat * padded * per)
         return total
 

@@ -30,6 +30,15 @@ sequence, and a shape with several rows is captured when its key comes a second 
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
 NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
+
+Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the linear layers'
+kernels update in place.  A plan binds those kernels to slots of its own pointer tables
+(``state_slot``, ssm.pyx) and writes the current sequences' state addresses there before each
+step, so one plan serves any sequences of the batch size; a step that must copy a state
+snapshot (a block boundary every ``snapshot_every`` blocks) runs the Python path.  Only decode
+steps (one row per sequence) are replayed for them: a hybrid model never drafts (its state,
+advanced in place over a draft's rows, cannot be cut back to the accepted ones), so it has no
+verify steps, and any other step with several rows runs the Python path.
 """
 from __future__ import annotations
 
@@ -42,10 +51,12 @@ import numpy as np
 from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
 from goinfer.models.llama import LlamaFamily
+from goinfer.models.qwen35 import Qwen35Family
 from goinfer.models.smollm3 import SmolLM3Family
+from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
@@ -72,7 +83,8 @@ class CaptureError(RuntimeError):
 
 
 def _bind_modules():
-    m = {n: importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention")}
+    m = {n: importlib.import_module(f"goinfer._kernels.{n}")
+         for n in ("matmul", "ops", "attention", "ssm")}
     return {
         "quantize_act": m["matmul"].bind_quantize_act, "matmul": m["matmul"].bind_matmul,
         "get_rows": m["matmul"].bind_get_rows, "rmsnorm": m["ops"].bind_rmsnorm,
@@ -82,6 +94,8 @@ def _bind_modules():
         "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
         "attention_fast": m["attention"].bind_attention_fast,
+        "ssm_conv": m["ssm"].bind_ssm_conv, "gated_delta": m["ssm"].bind_gated_delta,
+        "sigmoid_mul": m["ssm"].bind_sigmoid_mul,
     }, m["attention"]
 
 
@@ -188,6 +202,12 @@ class DecodePlan:
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (T, vocab)
         self.rows = np.arange(T, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
+        # hybrid models: the state each sequence's linear-layer ops read, by address
+        self.spec = getattr(impl, "state_spec", None)
+        if self.spec is not None:
+            n_lin = self.spec.n_lin
+            self.conv_slots = np.zeros(B * n_lin, np.uint64)  # (B * n_lin,) conv state addresses
+            self.ssm_slots = np.zeros(B * n_lin, np.uint64)  # (B * n_lin,) ssm state addresses
         self._kernels = kernels
         self._graph = None
         self.attn_key = None
@@ -196,13 +216,22 @@ class DecodePlan:
     # ------------------------------------------------------------------ per step
 
     def load(self, batch: Batch) -> None:
-        """Copy a batch's inputs into the plan's buffers."""
+        """Copy a batch's inputs into the plan's buffers (hybrid: the addresses of the
+        sequences' states into the slot tables; GraphRunner.decode checked their shapes)."""
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
         self.slots[:] = batch.slots
         for i, seg in enumerate(batch.segments):
             need = int(batch.positions[seg.stop - 1]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
+        if self.spec is not None:
+            n_lin = self.spec.n_lin
+            for i, seg in enumerate(batch.segments):
+                st = seg.rec.state
+                c0, cs = st.conv.ctypes.data, st.conv.strides[0]
+                s0, ss = st.ssm.ctypes.data, st.ssm.strides[0]
+                self.conv_slots[i * n_lin:(i + 1) * n_lin] = [c0 + li * cs for li in range(n_lin)]
+                self.ssm_slots[i * n_lin:(i + 1) * n_lin] = [s0 + li * ss for li in range(n_lin)]
 
     def fits(self, batch: Batch, cache, attn_key: tuple) -> bool:
         """Can this plan run the batch (whose attention_key is attn_key) as captured?"""
@@ -214,7 +243,7 @@ class DecodePlan:
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
         self._graph.run()
-        L = self.impl.cfg.n_layers
+        L = getattr(self.impl.cfg, "n_kv_layers", self.impl.cfg.n_layers)  # attention layers
         # the Python path counts each attention call and its rows
         exact = [k for n, k, _ in self.attn_key if k]
         fast = [n - k for n, k, _ in self.attn_key if n > k]
@@ -238,6 +267,15 @@ class DecodePlan:
                               default=self.max_pos + 1)
         st = self.starts
         segs = [Segment(st[i], st[i + 1], self.tables[i]) for i in range(B)]
+        slot_of = {}  # address of a capture state view -> (slot table, index)
+        if self.spec is not None:  # stand-in states: the ops read the real ones through slots
+            n_lin = self.spec.n_lin
+            for i, seg in enumerate(segs):
+                state = RecurrentState.zeros(self.spec)
+                seg.rec = SeqRecurrent(state)
+                for li in range(n_lin):
+                    slot_of[state.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
+                    slot_of[state.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
         batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
         self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
@@ -253,13 +291,22 @@ class DecodePlan:
                                          fast=name == "attention_fast")
                    for name, a, kw in rec.calls if name in ATTENTION] + [8])
         self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
-        ops = []
-        for name, a, kw in rec.calls:
+        ops, calls = [], []
+        for call in rec.calls:
+            name, a, kw = call
             if name in ATTENTION:
                 kw = dict(kw, scratch=self.scratch, max_pos=self.max_pos)
-            ops.append(binders[name](*a, **kw))
-        place_barriers(ops, rec.calls)
-        self.calls = [c[0] for c in rec.calls]
+            elif name in ("ssm_conv", "gated_delta"):
+                state = a[2] if name == "ssm_conv" else a[4]
+                if state.ctypes.data not in slot_of:
+                    raise CaptureError(f"{name} on a state the plan does not know")
+                kw = dict(kw, state_slot=slot_of[state.ctypes.data])
+            op = binders[name](*a, **kw)
+            for o in (op if isinstance(op, list) else [op]):  # gated_delta: two ops
+                ops.append(o)
+                calls.append(call)
+        place_barriers(ops, calls)
+        self.calls = [c[0] for c in calls]
         # no op with several shares: run on the calling thread, no parallel region at all
         threads = self.threads if any(op.nshares > 1 for op in ops) else 1
         self._graph = Graph(ops, threads)
@@ -274,6 +321,17 @@ class DecodePlan:
 
 
 # ============================================================================ per model
+
+
+def _replayable_state(rec, spec) -> bool:
+    """A sequence's recurrent state can be read by a plan's slots: the spec's shapes, float32,
+    C-contiguous, writeable, and no snapshot to take in this step."""
+    if rec is None or len(rec.snap_rows):
+        return False
+    st = rec.state
+    return all(a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
+               and a.flags.writeable for a, shape in ((st.conv, spec.conv_shape),
+                                                      (st.ssm, spec.ssm_shape)))
 
 
 class GraphRunner:
@@ -306,6 +364,10 @@ class GraphRunner:
             bt = seg.block_table
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
+        spec = getattr(m.impl, "state_spec", None)
+        if spec is not None and not all(seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec)
+                                        for seg in batch.segments):
+            return None  # hybrid: decode steps only; a snapshot is due (or an odd state)
         plans = self._plans.setdefault(cache, {})
         key = attention_key(m.impl, batch)
         plan = plans.pop(key, None)

@@ -7,9 +7,15 @@ docs/design/kernels.md).  Rows are grouped in row blocks of ROWS=16 output rows
     q4_0  value = d * (nib - 8)        qs uint8 (n_rb, G, 4, 16, 4), d float16 (n_rb, G, 16)
     q4_1  value = d * nib + m          qs uint8 (n_rb, G, 4, 16, 4), d, m float16 (n_rb, G, 16)
     q8_0  value = d * q                qs int8  (n_rb, G, 8, 16, 4), d float16 (n_rb, G, 16)
+    mxfp4 value = KV[code] * 2^(e-128) qs uint8 (n_rb, G, 4, 16, 4), d uint8 (n_rb, G, 16): e
     f32 / f16 / bf16                   qs (n_rb, K, 16) float32 / float16 / uint16 (bf16 bits)
 
-q4 byte [rb, g, c, r, j] holds row rb*16+r: low nibble k = g*32 + c*4 + j, high nibble
+mxfp4 is the OCP microscaling FP4 of GGUF type MXFP4 (gpt-oss): 4-bit e2m1 codes (sign bit 3)
+with one e8m0 power-of-two scale per 32 values.  KV = MXFP4_VALUES is twice the e2m1 value, an
+integer in -12..12, and the scale is halved to match (ggml's convention), so the int8 matmul
+path multiplies the codes' integers exactly; ``d`` holds the e8m0 bytes, not float16.
+
+q4 / mxfp4 byte [rb, g, c, r, j] holds row rb*16+r: low nibble k = g*32 + c*4 + j, high nibble
 k = g*32 + 16 + c*4 + j.  q8 byte [rb, g, c, r, j] holds row rb*16+r, k = g*32 + c*4 + j.
 So one 64-byte line (fixed rb, g, c) is 16 rows x 4 consecutive k: one int8 dot-product
 lane per output row.
@@ -22,9 +28,21 @@ import numpy as np
 
 GROUP = 32
 ROWS = 16
-INT_KINDS = ("q4_0", "q4_1", "q8_0")
+INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4")
 FLOAT_KINDS = ("f32", "f16", "bf16")
 KINDS = INT_KINDS + FLOAT_KINDS
+
+
+# twice the e2m1 value of each 4-bit code (ggml's kvalues_mxfp4)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """e8m0 exponent bytes -> 2^(e-128) as float32, exact for every byte (ggml's
+    GGML_E8M0_TO_FP32_HALF: e < 2 gives a subnormal, 255 gives 2^127)."""
+    e = np.asarray(e, np.uint8).astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23)).astype(np.uint32)
+    return bits.view(np.float32)
 
 
 # ============================================================================ containers
@@ -111,6 +129,14 @@ def pack_q4(kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None
     return QWeight(kind, n_out, K, qs, dd, mm, source_type)
 
 
+def pack_mxfp4(codes: np.ndarray, e: np.ndarray, source_type: str = "") -> QWeight:
+    """codes (n_out, K) uint8 0..15 (e2m1, sign in bit 3), e (n_out, G) uint8 e8m0 -> QWeight mxfp4."""
+    w = pack_q4("q4_0", codes, np.zeros(np.shape(e), np.float16), None, source_type)
+    n_rb, G = w.n_rb, w.n_in // GROUP
+    ee = np.ascontiguousarray(_pad_rows(np.asarray(e, np.uint8), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    return QWeight("mxfp4", w.n_out, w.n_in, w.qs, ee, None, source_type)
+
+
 def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
     """q (n_out, K) int8, d (n_out, G) float16 -> QWeight q8_0."""
     n_out, K = q.shape
@@ -181,6 +207,14 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
             inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
         q = np.clip(np.rint(wg * inv[..., None]), -127, 127).astype(np.int8)
         return pack_q8(q.reshape(n_out, K), d.astype(np.float16), source_type)
+    if kind == "mxfp4":  # gguf-py's rule: e = floor(log2 amax) - 2 + 127, nearest value
+        amax = np.abs(wg).max(axis=2)
+        with np.errstate(divide="ignore"):
+            e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0)
+        e = np.clip(e, 0, 255).astype(np.uint8)
+        vals = e8m0_half(e)[..., None, None] * MXFP4_VALUES.astype(np.float32)  # (n_out, G, 1, 16)
+        codes = np.abs(vals - wg[..., None]).argmin(axis=3).astype(np.uint8)
+        return pack_mxfp4(codes.reshape(n_out, K), e, source_type)
     raise ValueError(f"unknown weight kind {kind!r}; known: {', '.join(KINDS)}")
 
 

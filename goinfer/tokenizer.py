@@ -1,6 +1,6 @@
 """Tokenizer built from GGUF metadata, matching llama.cpp's token ids.
 
-Two tokenizer families are supported, as named by ``tokenizer.ggml.model``:
+Three tokenizer families are supported, as named by ``tokenizer.ggml.model``:
 
 * ``gpt2``  -- byte-level BPE (SmolLM2, Llama 3, Qwen2, Mistral tekken ...).  The merges
   come from ``tokenizer.ggml.merges``; the pre-tokenizer (how text is cut into words before
@@ -10,6 +10,10 @@ Two tokenizer families are supported, as named by ``tokenizer.ggml.model``:
   concatenation is a token with the highest score.  We express that as an ordinary BPE merge
   table (every split of every token into two tokens, ranked by the token's score), so the
   `tokenizers` library does the actual merging.
+* ``gemma4`` -- SentencePiece-style BPE with merges (Gemma 4): spaces become ``▁``, the text is
+  cut only at runs of newlines (a run that is itself a token is that token), the merges run
+  over raw UTF-8 characters, and characters left without a token fall back to ``<0xXX>`` byte
+  tokens; BOS is always added (llama.cpp's reading of these files).
 
 Special tokens (control, user-defined) are cut out of the text first, exactly the way llama.cpp
 does it (longest token text first, leftmost occurrence first); only the plain-text pieces between
@@ -19,6 +23,7 @@ them go through the BPE model.
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -74,6 +79,7 @@ _END_OF_TURN_TEXTS = frozenset(
 _FORCED_CONTROL_TEXTS = _END_OF_TURN_TEXTS | {"</s>", "<eos>", "<|tool_response>", "<|flush|>", "<|calls|>"}
 
 _SPACE_MARK = "\u2581"  # '▁', SentencePiece's visible space
+_NEWLINE_RUNS = re.compile(r"[^\n]+|\n+")  # gemma4's word split
 
 # --------------------------------------------------------------------------------------------
 # Pre-tokenizer regexes for byte-level BPE, by tokenizer.ggml.pre
@@ -94,6 +100,12 @@ _RE_QWEN2 = (
 _RE_QWEN35 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# o200k (gpt-oss; llama.cpp's "gpt-4o"): case-aware words with optional contractions, 1-3 digits
+_RE_O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _RE_TEKKEN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -121,6 +133,7 @@ _BPE_PRE: dict[str, tuple[list[str], bool, bool]] = {
     "deepseek-r1-qwen": ([_RE_QWEN2], False, False),
     "qwen35": ([_RE_QWEN35], False, False),
     "tekken": ([_RE_TEKKEN], True, True),
+    "gpt-4o": ([_RE_O200K], False, False),
 }
 
 # --------------------------------------------------------------------------------------------
@@ -259,6 +272,12 @@ class Tokenizer:
             self._spm = False
             self._add_space_prefix = bool(add_space_prefix) if add_space_prefix is not None else False
             self._hf = self._build_byte_level(tokens, merges, regexes, ignore_merges)
+        elif model == "gemma4":
+            default_bos = True
+            add_bos = True  # llama.cpp forces it for these vocabularies
+            self._spm = True  # decoding: "▁" is a space, <0xXX> a byte
+            self._add_space_prefix = False
+            self._hf = self._build_gemma4(tokens, merges)
         elif model == "llama":
             default_bos = True
             self._spm = True
@@ -363,6 +382,25 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises plain Exceptions on bad input
             raise TokenizerError(f"cannot build the BPE tokenizer: {e}") from e
         return hf
+
+    @staticmethod
+    def _build_gemma4(tokens: list[str], merges: Sequence[str] | None) -> _HFTokenizer:
+        if not merges:
+            raise TokenizerError("a 'gemma4' vocabulary needs tokenizer.ggml.merges")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = []
+        for m in merges:
+            m = str(m)
+            k = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
+            if k < 0:
+                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+            a, b = m[:k], m[k + 1:]
+            if a in vocab and b in vocab and (a + b) in vocab:
+                pairs.append((a, b))
+        try:
+            return _HFTokenizer(_models.BPE(vocab=vocab, merges=pairs, byte_fallback=True))
+        except Exception as e:
+            raise TokenizerError(f"cannot build the gemma4 tokenizer: {e}") from e
 
     @staticmethod
     def _build_spm(tokens: list[str], scores: list[float], unk_id: int | None) -> _HFTokenizer:
@@ -470,7 +508,9 @@ class Tokenizer:
             out.append(self._bos)
         if text:
             pieces = self._partition(text, parse_special)
-            if self._spm:
+            if self._model_name == "gemma4":
+                out.extend(self._encode_gemma4(pieces))
+            elif self._spm:
                 out.extend(self._encode_spm(pieces))
             else:
                 out.extend(self._encode_bpe(pieces))
@@ -488,6 +528,8 @@ class Tokenizer:
         if not text:
             return []
         pieces = self._partition(text, False)
+        if self._model_name == "gemma4":
+            return self._encode_gemma4(pieces)
         return self._encode_spm(pieces, prefix_space=False) if self._spm else self._encode_bpe(pieces)
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
@@ -543,6 +585,28 @@ class Tokenizer:
         for p in pieces:
             if isinstance(p, int):
                 out.append(p)
+            else:
+                out.extend(next(encs).ids)
+        return out
+
+    def _encode_gemma4(self, pieces: list[str | int]) -> list[int]:
+        # words: runs of newlines and runs of anything else, spaces as "▁"; a newline run that
+        # is a token is taken whole, every other word goes through the BPE merges
+        items: list[int | str] = []
+        for p in pieces:
+            if isinstance(p, int):
+                items.append(p)
+                continue
+            for m in _NEWLINE_RUNS.finditer(p.replace(" ", _SPACE_MARK)):
+                w = m.group()
+                tid = self._ids.get(w) if w[0] == "\n" else None
+                items.append(tid if tid is not None else w)
+        texts = [w for w in items if isinstance(w, str)]
+        encs = iter(self._hf.encode_batch(texts, add_special_tokens=False)) if texts else iter(())
+        out: list[int] = []
+        for w in items:
+            if isinstance(w, int):
+                out.append(w)
             else:
                 out.extend(next(encs).ids)
         return out

@@ -48,8 +48,9 @@ import numpy as np
 LLAMA_CPP_PYTHON = "0.3.36"
 _SDIST_ROOT = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
 # members of the sdist kept in the cache (prefixes under vendor/llama.cpp/)
-_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/",
-         "models/ggml-vocab-qwen35.gguf", "models/ggml-vocab-llama-bpe.gguf")
+VOCABS = ("qwen35", "llama-bpe", "gemma-4")  # llama.cpp's tokenizer test vocabularies kept
+_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/") + tuple(
+    f"models/ggml-vocab-{v}.gguf" for v in VOCABS)  # .gguf, .gguf.inp, .gguf.out
 _PEERS = Path(f"/tmp/peers-build/sdist/llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp")
 
 
@@ -76,8 +77,9 @@ def _locked(path: Path):
 
 
 def _complete(d: Path) -> bool:
-    return (d / "convert_hf_to_gguf.py").is_file() and (d / "conversion").is_dir() and (
-        d / "gguf-py" / "gguf").is_dir()
+    return ((d / "convert_hf_to_gguf.py").is_file() and (d / "conversion").is_dir()
+            and (d / "gguf-py" / "gguf").is_dir()
+            and all((d / "models" / f"ggml-vocab-{v}.gguf.out").is_file() for v in VOCABS))
 
 
 def converter_dir() -> Path:
@@ -95,6 +97,8 @@ def converter_dir() -> Path:
         return _PEERS
     with _locked(fixtures_home() / ".converter.lock"):
         if not _complete(cached):
+            if cached.exists():  # an older cache without some of the files kept now
+                shutil.rmtree(cached)
             _download(cached)
     return cached
 
@@ -169,11 +173,20 @@ def _byte_chars() -> list[str]:
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("o", "n"), ("e", "r")]
 
 
+# o200k's split regex (gpt-oss's tokenizer.json; llama.cpp's pre-tokenizer "gpt-4o")
+O200K_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 def write_tokenizer(d: Path, specials: list[str], bos: str | None, eos: str, pad: str | None,
-                    chat_template: str | None, vocab_size: int) -> None:
+                    chat_template: str | None, vocab_size: int, regex: str | None = None) -> None:
     """A byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json) in d: 256 byte
-    tokens, MERGES, the special tokens, <unusedN> fillers up to vocab_size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    tokens, MERGES, the special tokens, <unusedN> fillers up to vocab_size.  regex: the split
+    regex of the pre-tokenizer (None: GPT-2's, ByteLevel's own)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate(_byte_chars())}
     for a, b in MERGES:
@@ -185,7 +198,12 @@ def write_tokenizer(d: Path, specials: list[str], bos: str | None, eos: str, pad
     for i in range(n_fill):
         vocab[f"<unused{i}>"] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if regex is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
     d.mkdir(parents=True, exist_ok=True)
@@ -222,6 +240,23 @@ def _qwen35_config(**over):
     return Qwen3_5TextConfig(**kw)
 
 
+def _qwen35moe_config(**over):
+    from transformers import Qwen3_5MoeTextConfig
+
+    kw = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+              moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=6,
+              num_experts_per_tok=3, max_position_embeddings=2048, rms_norm_eps=1e-6,
+              tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                               "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                               "mrope_interleaved": True},
+              bos_token_id=None, eos_token_id=258 + len(MERGES), pad_token_id=None)
+    kw.update(over)
+    return Qwen3_5MoeTextConfig(**kw)
+
+
 def _smollm3_config(**over):
     from transformers import SmolLM3Config
 
@@ -234,17 +269,45 @@ def _smollm3_config(**over):
     return SmolLM3Config(**kw)
 
 
+GPT_OSS_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>",
+                    "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+
+
+def _gpt_oss_config(**over):
+    from transformers import GptOssConfig
+
+    kw = dict(vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+              num_experts_per_tok=2, sliding_window=8, max_position_embeddings=4096,
+              rms_norm_eps=1e-5, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                               "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                               "original_max_position_embeddings": 4096},
+              bos_token_id=256 + len(MERGES), eos_token_id=263 + len(MERGES), pad_token_id=None)
+    kw.update(over)
+    return GptOssConfig(**kw)
+
+
 # family -> (config maker, model class name, pre-tokenizer, specials, bos, eos, template, flags)
 FAMILIES = {
     "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
                "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
+    "qwen35moe": (_qwen35moe_config, "Qwen3_5MoeForCausalLM", "qwen35", QWEN_SPECIALS, None,
+                  "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
     "smollm3": (_smollm3_config, "SmolLM3ForCausalLM", "llama-bpe", SMOLLM3_SPECIALS,
                 "<|begin_of_text|>", "<|im_end|>", "HuggingFaceTB-SmolLM3-3B", ()),
+    "gpt-oss": (_gpt_oss_config, "GptOssForCausalLM", "gpt-4o", GPT_OSS_SPECIALS,
+                "<|startoftext|>", "<|return|>", "openai-gpt-oss-120b", ()),
 }
+REGEX = {"gpt-oss": O200K_REGEX}  # split regex of the tokenizer (others: GPT-2's)
 
 
-def hf_model(family: str, seed: int = 0, **over):
-    """A float32 eager transformers model of the family with widened random weights."""
+def hf_model(family: str, seed: int = 0, sinks: bool = True, **over):
+    """A float32 eager transformers model of the family with widened random weights.
+
+    gpt-oss: the experts' weights are exact MXFP4 values (random 4-bit codes, exponents near
+    2^-4), so the checkpoint can also be written in gpt-oss's MXFP4 form (``mxfp4_experts``);
+    sinks=False sets every attention sink to -inf (a softmax without sinks)."""
     import torch
     import transformers
 
@@ -262,12 +325,66 @@ def hf_model(family: str, seed: int = 0, **over):
             elif name.endswith("dt_bias"):
                 p.normal_(0.0, 0.5)
             elif "norm" in name:
-                centered = family == "qwen35" and not name.endswith("linear_attn.norm.weight")
+                centered = family.startswith("qwen35") and not name.endswith("linear_attn.norm.weight")
                 p.copy_((0.0 if centered else 1.0) + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.3)
+        if family == "gpt-oss":
+            g = np.random.default_rng(seed + 1000)
+            for layer in model.model.layers:
+                ex = layer.mlp.experts
+                for pname in ("gate_up_proj", "down_proj"):
+                    p = getattr(ex, pname)  # (E, K, N_out): x @ p
+                    E, K, N = p.shape
+                    codes = g.integers(0, 16, (E, N, K)).astype(np.uint8)
+                    e = g.integers(122, 125, (E, N, K // 32)).astype(np.uint8)
+                    vals = mxfp4_values(codes, e)  # (E, N, K)
+                    p.copy_(torch.from_numpy(vals.transpose(0, 2, 1).copy()))
+                    ex._mxfp4 = getattr(ex, "_mxfp4", {})
+                    ex._mxfp4[pname] = (codes, e)
+                if not sinks:
+                    layer.self_attn.sinks.fill_(float("-inf"))
     model.config._attn_implementation = "eager"
     return model
+
+
+KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float64)
+
+
+def mxfp4_values(codes: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """4-bit codes (..., K) and e8m0 exponents (..., K/32) -> float32 values KV[code]/2 * 2^(e-127)
+    (computed here independently of goinfer: the OCP e2m1 table times a power of two)."""
+    scale = np.ldexp(0.5, e.astype(np.int64) - 127)  # (..., K/32)
+    return (KV_MXFP4[codes] * np.repeat(scale, 32, axis=-1)).astype(np.float32)
+
+
+def mxfp4_checkpoint(model, src: Path, dst: Path) -> None:
+    """dst = src (a saved gpt-oss float checkpoint) with every expert matrix in gpt-oss's own
+    MXFP4 form, as OpenAI ships it: <name>_blocks (E, N, K/32, 16) uint8 (two codes a byte:
+    element 2j low nibble, 2j+1 high) and <name>_scales (E, N, K/32) uint8 (e8m0), and
+    quantization_config.quant_method = "mxfp4" (what makes llama.cpp's converter write MXFP4)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, dst / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    for i, layer in enumerate(model.model.layers):
+        for pname, (codes, e) in layer.mlp.experts._mxfp4.items():
+            name = f"model.layers.{i}.mlp.experts.{pname}"
+            del tensors[name]
+            E, N, K = codes.shape
+            pairs = codes.reshape(E, N, K // 32, 16, 2)
+            tensors[name + "_blocks"] = torch.from_numpy(pairs[..., 0] | (pairs[..., 1] << 4))
+            tensors[name + "_scales"] = torch.from_numpy(e)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _key(family, seed, over) -> str:
@@ -277,23 +394,38 @@ def _key(family, seed, over) -> str:
     return h.hexdigest()[:16]
 
 
-def build(family: str, seed: int = 0, outtype: str = "f32", **over):
-    """(transformers model, GGUF path) of a tiny random model, cached across test sessions."""
+def build(family: str, seed: int = 0, outtype: str = "f32", sinks: bool = True,
+          mxfp4: bool = True, **over):
+    """(transformers model, GGUF path) of a tiny random model, cached across test sessions.
+
+    gpt-oss: the converter reads the experts in MXFP4 (as OpenAI's checkpoints hold them), so
+    the GGUF has MXFP4 expert tensors; transformers runs the same values in float32.
+    mxfp4=False: the float checkpoint is converted as is (F32 experts)."""
     from transformers import AutoModelForCausalLM
 
     make_cfg, cls, pre, specials, bos, eos, tmpl, flags = FAMILIES[family]
-    d = fixtures_home() / f"{family}-{_key(family, seed, dict(over, outtype=outtype))}"
+    key = dict(over, outtype=outtype)
+    if not sinks:
+        key["sinks"] = False
+    if not mxfp4:
+        key["mxfp4"] = False
+    d = fixtures_home() / f"{family}-{_key(family, seed, key)}"
     gguf_path = d / "model.gguf"
     if not gguf_path.is_file():
         with _locked(fixtures_home() / f".{d.name}.lock"):
             if not gguf_path.is_file():
                 tmp = Path(tempfile.mkdtemp(prefix=d.name + ".", dir=d.parent))
                 try:
-                    model = hf_model(family, seed, **over)
+                    model = hf_model(family, seed, sinks=sinks, **over)
                     model.save_pretrained(tmp / "hf", safe_serialization=True)
                     write_tokenizer(tmp / "hf", specials, bos, eos, None, template(tmpl),
-                                    model.config.vocab_size)
-                    convert(tmp / "hf", tmp / "model.gguf", pre, "--outtype", outtype, *flags)
+                                    model.config.vocab_size, REGEX.get(family))
+                    src = tmp / "hf"
+                    if family == "gpt-oss" and mxfp4:
+                        src = tmp / "hf-mxfp4"
+                        mxfp4_checkpoint(model, tmp / "hf", src)
+                    convert(src, tmp / "model.gguf", pre, "--outtype", outtype, *flags)
+                    shutil.rmtree(tmp / "hf-mxfp4", ignore_errors=True)
                     if d.exists():
                         shutil.rmtree(d)
                     os.replace(tmp, d)

@@ -1,4 +1,4 @@
-"""SmolLM3 (models/smollm3.py) and Qwen3.5 dense (models/qwen35.py): tiny random-weight models
+"""SmolLM3 (models/smollm3.py), Qwen3.5 dense and MoE (models/qwen35.py): tiny random-weight models
 written by llama.cpp's own converter (tests/hfconvert.py) against transformers float32 on the
 same ids, and the numerics contract on them (tests/test_numerics.py's identities): prefill ==
 token-by-token decode == chunked prefill == 2 threads, bit for bit; on the hybrid Qwen3.5 also
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tinymodels import close, load
 
 from goinfer import KVCache
-from goinfer.errors import CacheFileError, UnsupportedArchitectureError
+from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.session import forward_sessions
 
 LLAMA_CPP_DISTANCE = 2.0e-3  # max |logit diff| llama.cpp reaches on tiny Qwen3.5 (issue 16)
@@ -43,14 +43,21 @@ def qwen35():
 
 
 @pytest.fixture(scope="module")
-def models(qwen35, smollm3):
+def qwen35moe():
+    """qwen35's mixers (3 Gated DeltaNet + 1 attention) with an MoE FFN in every layer: 6
+    experts (ffn 32), top 3 renormalized, a shared expert (ffn 48) behind a sigmoid gate."""
+    return hfconvert.build("qwen35moe")
+
+
+@pytest.fixture(scope="module")
+def models(qwen35, smollm3, qwen35moe):
     made = {}
 
     def get(name, threads=1, exact=False):
         key = (name, threads, exact)
         if key not in made:
-            made[key] = load({"qwen35": qwen35, "smollm3": smollm3}[name][1], threads=threads,
-                             exact_prefill=exact)
+            fx = {"qwen35": qwen35, "smollm3": smollm3, "qwen35moe": qwen35moe}[name]
+            made[key] = load(fx[1], threads=threads, exact_prefill=exact)
         return made[key]
 
     return get
@@ -70,7 +77,7 @@ def agree(ours, ref):
 # ============================================================================ against transformers
 
 
-@pytest.mark.parametrize("family", ["smollm3", "qwen35"])
+@pytest.mark.parametrize("family", ["smollm3", "qwen35", "qwen35moe"])
 @pytest.mark.parametrize("kernels", ["compiled", "reference"])
 def test_logits_match_transformers(family, kernels, request):
     hf, path = request.getfixturevalue(family)
@@ -100,6 +107,19 @@ def test_qwen35_variants_match_transformers(variant):
     for n in (3, 50):
         ids = ids_(n, 9 + n)
         agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+
+
+def test_qwen35moe_config_and_experts(models):
+    m = models("qwen35moe")
+    cfg = m.config
+    assert cfg.arch == "qwen35moe" and cfg.recurrent == (True, True, True, False)
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.d_ff_expert, cfg.d_ff_shared) == (6, 3, 32, 48)
+    assert cfg.routing == "softmax_topk" and cfg.norm_topk and m.impl.renorm
+    assert all(L.moe is not None and L.moe.shared is not None for L in m.impl.layers)
+    assert "6 experts" in cfg.describe() and "Gated DeltaNet" in cfg.describe()
+    m.impl.stats.reset()
+    m.logits(ids_(9, 1))
+    assert m.impl.stats.expert_rows == 4 * 9 * 3  # every layer routes every row to 3 experts
 
 
 def test_qwen35_config_and_cache_layers(models):
@@ -154,7 +174,8 @@ def prefill_chunks(m, ids, cuts, cache_tokens=1024):
 
 
 @SETTINGS
-@given(data=st.data(), family=st.sampled_from(["smollm3", "qwen35"]), seed=st.integers(0, 10**6))
+@given(data=st.data(), family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]),
+       seed=st.integers(0, 10**6))
 def test_batching_threads_hypothesis(models, data, family, seed):
     """exact_prefill, lengths across one PREFILL_CHUNK: one prefill == decode steps (the last up
     to 40 tokens) == a random chunking == 2 threads."""
@@ -174,12 +195,13 @@ def test_batching_threads_hypothesis(models, data, family, seed):
 
 
 @SETTINGS
-@given(data=st.data(), seed=st.integers(0, 10**6), every=st.sampled_from([1, 4]))
-def test_hybrid_prefix_reuse_hypothesis(models, data, seed, every):
+@given(data=st.data(), seed=st.integers(0, 10**6), every=st.sampled_from([1, 4]),
+       family=st.sampled_from(["qwen35", "qwen35moe"]))
+def test_hybrid_prefix_reuse_hypothesis(models, data, seed, every, family):
     """A second session reuses the first one's blocks up to the latest state snapshot (every
     `every` blocks) inside their common prefix, prefills the rest, and gets a cold prefill's
     bits."""
-    m = models("qwen35", 2)
+    m = models(family, 2)
     n = data.draw(st.integers(2, 300), label="n")
     shared = data.draw(st.integers(1, n), label="shared")
     ids = ids_(n, seed)
@@ -344,7 +366,7 @@ def test_unsupported_features_get_typed_errors(qwen35, tmp_path):
     with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'yarn'"):
         load(rewrite(path, tmp_path / "y.gguf",
                      add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)]))
-    with pytest.raises(UnsupportedArchitectureError, match="qwen35moe"):
+    with pytest.raises(ModelFormatError, match="mixture of experts"):  # a dense file claiming MoE
         load(rewrite(path, tmp_path / "moe.gguf", arch="qwen35moe"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -356,4 +378,68 @@ def test_converter_cache_layout():
     d = hfconvert.converter_dir()
     assert (d / "convert_hf_to_gguf.py").is_file() and (d / "LICENSE").is_file()
     assert "MIT" in (d / "LICENSE").read_text()
-    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["qwen35", "smollm3"]
+    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["gpt-oss", "qwen35", "qwen35moe",
+                                                                  "smollm3"]
+
+
+# ============================================================================ graph replay (hybrid)
+
+
+@pytest.fixture
+def many_shares():
+    """Work thresholds at 0: every kernel splits its work over all threads."""
+    import importlib
+
+    mods = [importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention", "ssm")]
+    old = (mods[0]._set_min_ns_per_thread(0), mods[1]._set_grain(0), mods[2]._set_grain(0),
+           mods[3]._set_grain(0))
+    yield
+    mods[0]._set_min_ns_per_thread(old[0])
+    mods[1]._set_grain(old[1])
+    mods[2]._set_grain(old[2])
+    mods[3]._set_grain(old[3])
+
+
+def _decode_run(m, prompts, steps, fork_at=None):
+    """Batched greedy decode of len(prompts) hybrid sessions (block size 4: a state snapshot
+    every 16 tokens); fork_at: fork session 0 at that step and alternate the two afterwards.
+    -> logits of every step (steps, B, vocab)."""
+    from goinfer.session import decode_batch
+
+    cache = KVCache(m, max_tokens=1024, block_size=4)
+    ss = [m.session(cache) for _ in prompts]
+    last = [s.prefill(p) for s, p in zip(ss, prompts)]
+    out, other = [], None
+    for step in range(steps):
+        if step == fork_at:
+            other = ss[0].fork()
+        if other is not None and step % 2:  # the fork takes session 0's seat every other step
+            ss[0], other = other, ss[0]
+        toks = [int(np.argmax(lg)) for lg in last]
+        last = decode_batch(ss, toks) if len(ss) > 1 else [ss[0].decode(toks[0])]
+        out.append(np.stack(last))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hybrid_decode_graph_replay_is_exact(qwen35, many_shares, threads):
+    """Qwen3.5 decode steps replayed as one graph (the linear layers read each sequence's
+    state through the plan's slot tables) give the Python path's bits: 3 sequences of
+    different lengths, steps across snapshot boundaries (those run the Python path), and one
+    plan serving a session and its fork in turn."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    _, path = qwen35
+    prompts = [ids_(n, 40 + n) for n in (5, 13, 2)]
+    ref = _decode_run(Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts, 30)
+    m = Model(GGUFFile(path), threads=threads, progress=False)
+    assert m.graph is not None
+    got = _decode_run(m, prompts, 30)
+    assert np.array_equal(got, ref)
+    assert 20 <= m.graph.replays < 30  # snapshot steps fell back to the Python path
+    ref1 = _decode_run(Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts[:1], 24,
+                       fork_at=6)
+    m1 = Model(GGUFFile(path), threads=threads, progress=False)
+    assert np.array_equal(_decode_run(m1, prompts[:1], 24, fork_at=6), ref1)
+    assert m1.graph.captures == 1 and m1.graph.replays >= 18  # one plan, two sessions' states

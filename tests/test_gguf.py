@@ -26,7 +26,8 @@ F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
-QUANT_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
+QUANT_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+               T.Q8_K]
 
 
 def random_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator,
@@ -38,6 +39,8 @@ def random_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator,
     if qtype == T.Q8_K:
         d = (rng.uniform(scale_lo, scale_hi, size=(n_out, nb)) * rng.choice([-1, 1], (n_out, nb)))
         b[..., 0:4] = d.astype("<f4")[..., None].view(np.uint8)
+    if qtype == T.MXFP4:  # e8m0 exponents: 2^-28 .. 2^12 (0..3 and 255 in test_mxfp4_extremes)
+        b[..., 0] = rng.integers(100, 140, size=(n_out, nb))
     for off in F16_FIELDS.get(qtype, []):
         d = rng.uniform(scale_lo, scale_hi, size=(n_out, nb)) * rng.choice([-1, 1], (n_out, nb))
         b[..., off : off + 2] = d.astype("<f2")[..., None].view(np.uint8)
@@ -209,6 +212,58 @@ def test_q5_0_is_exact_q8_0(tmp_path):
     d_src = raw.reshape(16, 2, 22)[..., 0:2].copy().view("<f2")[..., 0]  # (16, 2)
     np.testing.assert_array_equal(w.d[0].T, d_src)
     assert w.qs.min() >= -16 and w.qs.max() <= 15
+
+
+def test_mxfp4_extremes_and_quantizer(tmp_path):
+    """Every e8m0 byte (0, 1: subnormal scales; 255: 2^127, ggml's reading, not NaN) and every
+    code decode exactly as gguf-py does; gguf-py's own quantizer output loads unchanged, and
+    goinfer's quantize_weight("mxfp4") picks the same codes and exponents."""
+    from gguf.quants import quantize as gguf_quantize
+
+    from goinfer.quant import quantize_weight
+
+    rng = np.random.default_rng(11)
+    raw = rng.integers(0, 256, size=(16, 16, 17), dtype=np.uint8)  # 16 rows x 16 blocks
+    raw[:, :, 0] = np.arange(256, dtype=np.uint8).reshape(16, 16)  # every exponent once
+    raw = raw.reshape(16, 16 * 17)
+    g = GGUFFile(write_gguf(tmp_path / "x.gguf", {"w": (raw, T.MXFP4)}))
+    with np.errstate(over="ignore"):  # 12 * 2^127 is inf in float32, for gguf-py too
+        want = reference(T.MXFP4, raw, 16, 512)
+        np.testing.assert_array_equal(dequantize(g.load_weight("w")), want)
+        np.testing.assert_array_equal(g.load_f32("w"), want)
+    x = (rng.standard_normal((37, 256)) * np.exp(rng.uniform(-8, 8, (37, 1)))).astype(np.float32)
+    x[0, :32] = 0.0
+    q = gguf_quantize(x, T.MXFP4)
+    g2 = GGUFFile(write_gguf(tmp_path / "q.gguf", {"w": (q, T.MXFP4)}))
+    w2 = g2.load_weight("w")
+    np.testing.assert_array_equal(dequantize(w2), ref_dequantize(q, T.MXFP4).reshape(37, 256))
+    mine = quantize_weight(x, "mxfp4")
+    np.testing.assert_array_equal(mine.qs, w2.qs)
+    np.testing.assert_array_equal(mine.d, w2.d)
+
+
+def test_mxfp4_matmul_against_gguf_dequantization(tmp_path):
+    """matmul on an MXFP4 tensor loaded from a GGUF == float64 product with gguf-py's
+    dequantized weights, within the int8 activation rounding (1 and 2 threads, GEMV and GEMM)."""
+    import goinfer._kernels as K
+    from goinfer import _reference as ref
+
+    rng = np.random.default_rng(12)
+    n_out, n_in = 45, 256
+    raw = random_blocks(T.MXFP4, n_out, n_in, rng)
+    w = GGUFFile(write_gguf(tmp_path / "m.gguf", {"w": (raw, T.MXFP4)})).load_weight("w")
+    wd = reference(T.MXFP4, raw, n_out, n_in).astype(np.float64)
+    for M in (1, 5, 30):
+        x = rng.standard_normal((M, n_in)).astype(np.float32)
+        xq = K.quantize_act(x)
+        xd = ref.dequantize_act(xq).astype(np.float64)
+        want = xd @ wd.T  # the exact product of the quantized activation and gguf's weights
+        outs = [K.matmul(xq, w, nthreads=nt) for nt in (1, 2)]
+        assert np.array_equal(outs[0], outs[1])
+        bound = (n_in // 32 + 8) * 2.0**-24 * (np.abs(xd) @ np.abs(wd).T)
+        assert np.all(np.abs(outs[0] - want) <= bound)
+        if M > 1:
+            assert np.array_equal(K.matmul(K.quantize_act(x[2:3]), w)[0], outs[0][2])
 
 
 def test_non_finite_scales_are_data(tmp_path):

@@ -319,18 +319,22 @@ def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from([0, 5, 16, 33]),
-       st.sampled_from([(6, 3), (8, 2), (12, 1), (4, 4)]), st.sampled_from([1, 2, 3]))
-def test_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads):
-    """Any subset of a batch's queries, in any order, with any thread count: same rows."""
+       st.sampled_from([(6, 3), (8, 2), (12, 1), (4, 4)]), st.sampled_from([1, 2, 3]),
+       st.booleans())
+def test_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, with_sinks):
+    """Any subset of a batch's queries, in any order, with any thread count: same rows
+    (with attention sinks too)."""
     H, n_kv = heads
     rng = np.random.default_rng(seed)
     T = 40
     seq = Seq(rng, 120, n_kv, 64, 16)
     q = rng.standard_normal((T, H, 64)).astype(np.float32)
     q_pos = np.sort(rng.integers(0, 120, T)).astype(np.int32)
-    full = attention(q, *seq.args(), q_pos, 0.125, window)
+    sinks = (rng.standard_normal(H) * 3).astype(np.float32) if with_sinks else None
+    full = attention(q, *seq.args(), q_pos, 0.125, window, sinks=sinks)
     idx = rng.permutation(T)[:n_sub]
-    sub = attention(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads)
+    sub = attention(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads,
+                    sinks=sinks)
     assert np.array_equal(sub, full[idx])
 
 
@@ -485,6 +489,8 @@ def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_
     rng = np.random.default_rng(seed)
     H = group * n_kv
     vs = 10.0**v_scale
+    if dtype == "f16":  # values f16 can hold (max 65504): 10^4 * (3 + 5 sigma) would overflow
+        vs = min(vs, 10.0**3.5)
     seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=10.0**qk_scale, dtype=dtype,
               vscale=vs, voffset=v_offset * vs)
     q = (rng.standard_normal((n_new, H, hd)) * 10.0**qk_scale).astype(np.float32)
@@ -522,20 +528,24 @@ def test_fast_long_window_softcap(window, softcap):
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 100), st.sampled_from([0, 5, 70]),
-       st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]), st.sampled_from([1, 2, 3]))
-def test_fast_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads):
+       st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]), st.sampled_from([1, 2, 3]),
+       st.booleans())
+def test_fast_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, with_sinks):
     """The fast kernel is not exact, but it is deterministic per row: any subset of a call's
     queries, in any order, with any thread count gives the same bits (tiles are aligned to
-    absolute key positions; a row's no-op tiles are exact no-ops)."""
+    absolute key positions; a row's no-op tiles are exact no-ops; a sink is folded once,
+    after every chunk)."""
     H, n_kv = heads
     rng = np.random.default_rng(seed)
     T = 100
     seq = Seq(rng, 700, n_kv, 64, 16, fill=np.nan)
     q = rng.standard_normal((T, H, 64)).astype(np.float32)
     q_pos = np.sort(rng.integers(0, 700, T)).astype(np.int32)
-    full = attention_fast(q, *seq.args(), q_pos, 0.125, window)
+    sinks = (rng.standard_normal(H) * 3).astype(np.float32) if with_sinks else None
+    full = attention_fast(q, *seq.args(), q_pos, 0.125, window, sinks=sinks)
     idx = rng.permutation(T)[:n_sub]
-    sub = attention_fast(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads)
+    sub = attention_fast(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads,
+                         sinks=sinks)
     assert np.array_equal(sub, full[idx])
 
 
@@ -741,3 +751,127 @@ def test_phase_timers_measure_without_changing_results(variant, kernel):
     assert set(phases) == {"qk", "softmax", "av"} and all(v > 0 for v in phases.values()), phases
     kernel(q, *seq.args(), q_pos, 0.125, nthreads=2)
     assert sum(attention_phase_seconds().values()) == 0.0
+
+
+# ============================================================================ attention sinks
+#
+# sinks (H,): a logit per query head that joins the softmax's denominator only (gpt-oss).
+# Exact kernel: mx = max(max_j s_j, sink), l = sum_j e_j + trunc29(exp(sink - mx)); fast
+# kernel: the sink folded last as one more chunk (m = sink log2 e, l = 1, o = 0).  -inf: none.
+
+
+def _sinks(rng, H, kind):
+    if kind == "none":
+        return np.full(H, -np.inf, np.float32)
+    s = (rng.standard_normal(H) * 3.0).astype(np.float32)
+    if kind == "big":  # sinks that take most of the weight
+        s += 40.0
+    if kind == "mixed":
+        s[::3] = -np.inf
+    return s
+
+
+@pytest.mark.parametrize("kind", ["random", "big", "mixed"])
+@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start, dtype",
+                         [c for c in CASES_DT if c[0] in (1, 7, 21, 40) or c[1] == 32])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_attention_sinks_match_reference(variant, kind, T, H, n_kv, hd, bs, window, softcap,
+                                         start, dtype, nthreads):
+    rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start + len(kind))
+    seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, dtype=dtype)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(start, start + T, dtype=np.int32)
+    sinks = _sinks(rng, H, kind)
+    scale = 1.0 / np.sqrt(hd)
+    got = attention(q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads, sinks=sinks)
+    ref = R.attention(q, *seq.args(), q_pos, scale, window, softcap, sinks=sinks)
+    _check(got, ref, seq.v)
+    fast = attention_fast(q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads,
+                          sinks=sinks)
+    if kind == "big":  # outputs near 0: cosine says nothing; absolute distance does
+        assert np.abs(fast - ref).max() <= 1e-5 * np.abs(seq.v).max()
+    else:
+        _check_fast(fast, ref)
+    plain = R.attention(q, *seq.args(), q_pos, scale, window, softcap)
+    if kind != "mixed":  # the sinks really changed every row
+        assert (np.abs(ref - plain).max(axis=-1) > 0).all()
+
+
+def test_sinks_minus_inf_are_no_sinks(variant):
+    """All -inf: bit for bit the kernel without sinks (exact and fast, split decode too)."""
+    rng = np.random.default_rng(31)
+    seq = Seq(rng, 1300, 2, 64, 16, fill=np.nan)
+    q = rng.standard_normal((50, 6, 64)).astype(np.float32)
+    pos = np.arange(1250, 1300, dtype=np.int32)
+    none = np.full(6, -np.inf, np.float32)
+    for kernel in (attention, attention_fast):
+        for nt in (1, 2):
+            assert np.array_equal(kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt, sinks=none),
+                                  kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt))
+            assert np.array_equal(kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt, sinks=none),
+                                  kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt))
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_sinks_prefill_equals_decode(variant, dtype):
+    """With sinks: prefill == single-query steps (exact, bit for bit); the fast kernel's split
+    decode step == its prefill rows (around the 512-key chunk boundaries); 1/2/3 threads."""
+    rng = np.random.default_rng(41)
+    n, H, n_kv, hd = 1100, 6, 2, 64
+    seq = Seq(rng, n, n_kv, hd, 16, fill=np.nan, dtype=dtype)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    pos = np.arange(n, dtype=np.int32)
+    assert _att._fast_plan(q[:1], *seq.args(), pos[-1:], nthreads=2)["kchunks"] > 1
+    sinks = _sinks(rng, H, "random")
+    full = attention(q[:60], *seq.args(), pos[:60], 0.125, 8, nthreads=2, sinks=sinks)
+    for t in range(60):
+        one = attention(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:t // 16 + 1],
+                        pos[t:t + 1], 0.125, 8, nthreads=1 + t % 2, sinks=sinks)
+        assert np.array_equal(one[0], full[t]), t
+    ffull = attention_fast(q, *seq.args(), pos, 0.125, nthreads=2, sinks=sinks)
+    for p in (511, 512, 1023, 1024, 1099):
+        for nt in (1, 2, 3):
+            one = attention_fast(q[p:p + 1], *seq.args(), pos[p:p + 1], 0.125, nthreads=nt,
+                                 sinks=sinks)
+            assert np.array_equal(one[0], ffull[p]), (p, nt)
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_bound_attention_with_sinks(dtype):
+    """bind_attention / bind_attention_fast carry the sinks: each graph run (the fast one's
+    decode keys split by chunk over the shares) equals the call, as the position moves."""
+    from goinfer._kernels.graph import Graph
+
+    rng = np.random.default_rng(51)
+    n, H = 1300, 6
+    seq = Seq(rng, n, 2, 64, 16, fill=np.nan, dtype=dtype)
+    q = rng.standard_normal((n, H, 64)).astype(np.float32)
+    sinks = _sinks(rng, H, "random")
+    for fast, bind, kernel in ((False, _att.bind_attention, attention),
+                               (True, _att.bind_attention_fast, attention_fast)):
+        qb, pos, out = q[850:851].copy(), np.array([850], np.int32), np.empty((1, H, 64), np.float32)
+        per = _att.attention_scratch(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
+                                     max_pos=n - 1, fast=fast, sinks=sinks)
+        op = bind(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
+                  scratch=np.zeros((2, per), np.float64), max_pos=n - 1, sinks=sinks)
+        g = Graph([op], 2)
+        for p in (850, 1299, 3, 1024, 600):
+            qb[:] = q[p]
+            pos[0] = p
+            g.run()
+            assert np.array_equal(out, kernel(q[p:p + 1], *seq.args(), pos, 0.125, sinks=sinks)), p
+            assert not np.array_equal(out, kernel(q[p:p + 1], *seq.args(), pos, 0.125)), p
+
+
+def test_sinks_errors():
+    rng = np.random.default_rng(61)
+    seq = Seq(rng, 40, 2, 64, 16)
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    pos = np.arange(37, 40, dtype=np.int32)
+    for kernel in (attention, attention_fast):
+        for bad, exc in ((np.zeros(3, np.float32), ValueError), (np.zeros(4, np.float64), TypeError),
+                         (np.array([0, np.nan, 0, 0], np.float32), ValueError),
+                         (np.array([0, np.inf, 0, 0], np.float32), ValueError),
+                         (np.zeros((4, 1), np.float32), ValueError)):
+            with pytest.raises(exc):
+                kernel(q, *seq.args(), pos, 0.125, sinks=bad)

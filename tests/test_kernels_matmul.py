@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, QAct, QWeight, pack_q4, pack_q8, quantize_weight)
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, MXFP4_VALUES, QAct, QWeight, e8m0_half, pack_mxfp4,
+                           pack_q4, pack_q8, quantize_weight)
 from goinfer._kernels import _config
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
@@ -71,7 +72,8 @@ def fmaf(a, b, c):
 
 
 def unpack_int(w: QWeight):
-    """QWeight of an int kind -> q (n_out, K) int64 (nibbles or int8), d, m (n_out, G) float32."""
+    """QWeight of an int kind -> q (n_out, K) int64 (nibbles, int8, or mxfp4's integer values
+    MXFP4_VALUES[code]), d, m (n_out, G) float32 (mxfp4: d = 2^(e-128))."""
     n_rb, G = w.qs.shape[:2]
     if w.kind == "q8_0":
         q = w.qs.view(np.int8).reshape(n_rb, G, 8, 16, 4).transpose(0, 3, 1, 2, 4)
@@ -79,7 +81,10 @@ def unpack_int(w: QWeight):
     else:
         b = w.qs.reshape(n_rb, G, 4, 16, 4).transpose(0, 3, 1, 2, 4).reshape(n_rb * 16, G, 16)
         q = np.concatenate([b & 15, b >> 4], axis=2).reshape(n_rb * 16, G * 32)
-    d = w.d.transpose(0, 2, 1).reshape(n_rb * 16, G).astype(np.float32)
+        if w.kind == "mxfp4":
+            q = MXFP4_VALUES[q.astype(np.int64)]
+    d = w.d.transpose(0, 2, 1).reshape(n_rb * 16, G)
+    d = e8m0_half(d) if w.kind == "mxfp4" else d.astype(np.float32)
     m = None if w.m is None else w.m.transpose(0, 2, 1).reshape(n_rb * 16, G).astype(np.float32)
     n = w.n_out
     return q[:n].astype(np.int64), d[:n], (None if m is None else m[:n])
@@ -118,11 +123,13 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     roundings of the same size per term: d*da, sa = da*asum, and the reference's own float32
     dequantization of x (qa*da) and of q4_1 weights (q*d + m); plus the final rounding of the
     reference to float32.  So |err| <= (n + 8) * u * S, and a tiny absolute slack for
-    underflowed (subnormal) terms."""
+    underflowed (subnormal) terms: a subnormal d*da is off by up to 2^-150 absolute, which the
+    exact integer sum (|isum| <= 32*128*127) multiplies."""
     wd = ref.dequantize(w).astype(np.float64)
     S = np.abs(xd) @ np.abs(wd).T
     n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind == "q4_1" else 1)
-    return (n + 8) * U * S + (n + 8) * 2.0**-149
+    isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 128 * 127
+    return (n + 8) * U * S + (n + 8) * isum_max * 2.0**-149
 
 
 def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
@@ -133,6 +140,10 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
             W[rng.integers(n_out), :GROUP] = 0
         return quantize_weight(W, kind)
     G = n_in // GROUP
+    if kind == "mxfp4":  # exponents around 2^(log2 scale), a few at the extremes
+        e = np.clip(np.rint(np.log2(scale)) + 128 + rng.integers(-20, 20, (n_out, G)), 0, 255)
+        e.flat[:3] = [0, 1, 2][: e.size]
+        return pack_mxfp4(rng.integers(0, 16, (n_out, n_in)).astype(np.uint8), e.astype(np.uint8))
     d = (rng.uniform(-1, 1, (n_out, G)) * scale).astype(np.float16)
     if kind == "q8_0":
         return pack_q8(rng.integers(-128, 128, (n_out, n_in)).astype(np.int8), d)

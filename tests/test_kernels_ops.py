@@ -151,6 +151,65 @@ def test_gated_accuracy_wide_range(variant, fn, ref):
     assert np.isfinite(fn(g[None], u[None])).all()
 
 
+# gpt-oss's clamped SwiGLU (alpha, limit as gpt-oss has them)
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+
+
+def _oai(g, u, out=None, *, nthreads=1):
+    return ops.swiglu_oai(g, u, OAI_ALPHA, OAI_LIMIT, out, nthreads=nthreads)
+
+
+def _oai64(g, u):
+    a, lim = float(np.float32(OAI_ALPHA)), float(np.float32(OAI_LIMIT))
+    x = np.minimum(g.astype(np.float64), lim)
+    y = np.clip(u.astype(np.float64), -lim, lim)
+    return x / (1.0 + np.exp(-a * x)) * (y + 1.0)
+
+
+def _check_oai(got, g, u):
+    """<= 4 ulp of the formula's float32 roundings + the rounding of the exp argument
+    alpha*x (moves the output by |x (y+1)| s(1-s) alpha |x| 2^-24 <= alpha x^2 |y+1| 2^-26)."""
+    ref = _oai64(g, u)
+    x = np.minimum(g.astype(np.float64), np.float32(OAI_LIMIT))
+    y = np.clip(u.astype(np.float64), -OAI_LIMIT, OAI_LIMIT)
+    ulp = np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64)
+    bound = 4 * ulp + OAI_ALPHA * x * x * np.abs(y + 1) * 2.0**-26
+    err = np.abs(got.astype(np.float64) - ref)
+    bad = err > bound
+    assert not bad.any(), (g[bad][:5], u[bad][:5], got[bad][:5], ref[bad][:5])
+
+
+@pytest.mark.parametrize("M, F", [(1, 1), (3, 17), (4, 1536), (2, 40000)])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_swiglu_oai_accuracy(variant, M, F, nthreads):
+    rng = np.random.default_rng(M * 5 + F)
+    g = _rand(rng, (M, F), 6.0)  # both sides of the clamp
+    u = _rand(rng, (M, F), 6.0)
+    with np.errstate(over="ignore"):
+        _check_oai(_oai(g, u, nthreads=nthreads), g, u)
+        np.testing.assert_allclose(_oai(g, u), R.swiglu_oai(g, u, OAI_ALPHA, OAI_LIMIT),
+                                   rtol=2e-6, atol=1e-6)
+
+
+def test_swiglu_oai_edges(variant):
+    """Clamp bounds, huge and tiny gates, NaN passes through (as torch.clamp), limit 0."""
+    g = np.array([7.0, 7.5, -7.5, 1e30, -1e30, -100.0, 0.0, -0.0, np.nan, 1.0, 3.0], np.float32)
+    u = np.array([7.0, -9.0, 9.0, 1.0, 1.0, 2.0, 5.0, 5.0, 1.0, np.nan, -1.0], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = _oai(g[None], u[None])[0]
+        ref = R.swiglu_oai(g, u, OAI_ALPHA, OAI_LIMIT)
+        fin = np.isfinite(ref)
+        _check_oai(got[fin], g[fin], u[fin])
+    assert np.isnan(got[8]) and np.isnan(got[9]) and np.isnan(ref[8]) and np.isnan(ref[9])
+    assert got[10] == 0.0 and got[4] == 0.0  # (y + 1) = 0; sigmoid underflow
+    z = ops.swiglu_oai(g[None, :8], u[None, :8], 1.0, 0.0)[0]  # limit 0: x <= 0, y = 0
+    np.testing.assert_allclose(z, R.swiglu_oai(g[:8], u[:8], 1.0, 0.0), rtol=2e-6, atol=1e-37)
+    with pytest.raises(ValueError):
+        ops.swiglu_oai(g[None], u[None], 1.0, -1.0)
+    with pytest.raises(ValueError):
+        ops.swiglu_oai(g[None], u[None], float("nan"), 7.0)
+
+
 def test_gated_matches_reference(variant):
     rng = np.random.default_rng(11)
     g = _rand(rng, (7, 300), 3.0)
@@ -160,7 +219,7 @@ def test_gated_matches_reference(variant):
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("fn", [ops.swiglu, ops.gelu_tanh_mul, ops.add])
+@pytest.mark.parametrize("fn", [ops.swiglu, ops.gelu_tanh_mul, ops.add, _oai])
 def test_elementwise_independent_of_position(fn):
     """The same element gives the same bits alone, at any column, in any M, with a strided
     layout, with 1 or 2 threads, on every variant."""

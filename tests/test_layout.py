@@ -22,7 +22,6 @@ from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import KVCache
 from goinfer.model import Model
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture()
@@ -114,9 +113,9 @@ def test_pages_are_shared_between_processes(q4_path, layouts):
     code = ("import sys; from goinfer.gguf import GGUFFile; from goinfer.model import Model; "
             "m = Model(GGUFFile(sys.argv[1]), threads=1, progress=False); "
             "assert m.load_info.source == 'layout'; print('ready', flush=True); sys.stdin.read()")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the child imports goinfer as this process does (never the source tree: CI installs it)
     p = subprocess.Popen([sys.executable, "-c", code, str(q4_path)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, env=env, text=True)
+                         stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
         shared = rss = 0

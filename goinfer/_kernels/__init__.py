@@ -15,7 +15,7 @@ if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
 from goinfer._kernels.matmul import quantize_act, matmul, get_rows
 
-from goinfer._kernels.ops import (rmsnorm, swiglu, gelu_tanh_mul, rope, add, add_bias, copy2d,
+from goinfer._kernels.ops import (rmsnorm, swiglu, swiglu_oai, gelu_tanh_mul, rope, add, add_bias, copy2d,
                                   scale, gather_rows)
 from goinfer._kernels.moe import moe_route, moe_group, moe_fold
 from goinfer._kernels.ssm import ssm_conv, gated_delta, sigmoid_mul

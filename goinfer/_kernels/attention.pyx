@@ -54,6 +54,7 @@ cdef extern from "attention.h" nogil:
         double scale
         double softcap
         int64_t window
+        const float *sinks
         int64_t tq, nh, nparts, n_items, scratch_doubles
         int split_ok
         int64_t max_pos, kchunks, shared_bytes
@@ -310,11 +311,23 @@ def reset_attention_counters():
     _exact_calls = _exact_queries = _fast_calls = _fast_queries = 0
 
 
+cdef object _sinks(object sinks, int64_t H):
+    """None, or a C-contiguous float32 (H,) array of finite values or -inf (checked)."""
+    if sinks is None:
+        return None
+    cdef cnp.ndarray sa = _carray(sinks, "sinks", cnp.NPY_FLOAT32, "float32", 1)
+    if _dim(sa, 0) != H:
+        raise ValueError(f"sinks must have shape ({H},), one per query head, got {np.shape(sa)}")
+    if np.isnan(sa).any() or (sa == np.inf).any():
+        raise ValueError("sinks must be finite or -inf (no sink)")
+    return sa
+
+
 cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
                      object block_table, object q_pos, object scale, object window,
-                     object softcap, object out, int64_t *pmax_out):
+                     object softcap, object out, int64_t *pmax_out, object sinks=None):
     """Check the arguments of attention / attention_fast and fill a (and *pmax_out, the
-    largest query position); returns out."""
+    largest query position); returns out.  The caller keeps `sinks` alive while a is used."""
     cdef cnp.ndarray kc, vc
     cdef int dt
     cdef int64_t hd, bs
@@ -338,6 +351,8 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
         raise ValueError(f"softcap must be >= 0 (0: off), got {softcap!r}")
     if not isinstance(window, (int, np.integer)) or window < 0:
         raise ValueError(f"window must be an int >= 0 (0: off), got {window!r}")
+    sk = _sinks(sinks, H)
+    a.sinks = <const float *>cnp.PyArray_DATA(<cnp.ndarray>sk) if sk is not None else NULL
     if out is None:
         out = np.empty((T, H, hd), dtype=np.float32)
     cdef cnp.ndarray oa = _carray(out, "out", cnp.NPY_FLOAT32, "float32", 3, True)
@@ -428,18 +443,19 @@ cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t p
 
 
 def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0, out=None,
-              *, nthreads=1):
+              *, nthreads=1, sinks=None):
     """Causal exact attention of q (T, H, hd) float32 at positions q_pos (T,) int32 over the
     sequence's cached keys (block_table (n,) int32).  Query head h reads kv head h // (H/n_kv).
     Query t sees keys p with lo <= p <= q_pos[t], lo = max(0, q_pos[t] - window + 1) if
-    window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  Keys 0..max(q_pos)
-    must have been written (kv_write).  Returns out (T, H, hd) float32."""
+    window > 0 else 0.  softcap > 0: s = softcap * tanh(s / softcap).  sinks (H,) float32:
+    a logit per query head that joins the softmax's denominator only (gpt-oss; -inf: none).
+    Keys 0..max(q_pos) must have been written (kv_write).  Returns out (T, H, hd) float32."""
     global _exact_calls, _exact_queries
     cdef int nt = _check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
-                   &pmax)
+                   &pmax, sinks)
     if a.T == 0:
         return out
     _exact_calls += 1
@@ -450,7 +466,7 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
 
 
 def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                   out=None, *, nthreads=1):
+                   out=None, *, nthreads=1, sinks=None):
     """Fast attention: the same arguments and result as attention(), computed in float32 with
     key tiles and an online softmax (flash-style), in parallel over (kv head, query block).
     Not bit-exact: its distance from attention() is a cosine bound (docs/design/kernels.md).
@@ -460,7 +476,7 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
-                   &pmax)
+                   &pmax, sinks)
     if a.T == 0:
         return out
     _fast_calls += 1
@@ -511,13 +527,14 @@ cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
 
 
 def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                      out=None, *, nthreads=1, max_pos, fast=False):
+                      out=None, *, nthreads=1, max_pos, fast=False, sinks=None):
     """Doubles of scratch per thread a bound attention (fast: attention_fast) over these
     arguments needs for any query positions up to max_pos."""
     cdef int nt = _check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
-    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax,
+             sinks)
     if a.T == 0:
         return 0
     # the widest key range: every query at max_pos, no window
@@ -531,15 +548,16 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
 
 cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
                   object block_table, object q_pos, object scale, object window, object softcap,
-                  object out, object nthreads, object scratch, object max_pos):
+                  object out, object nthreads, object scratch, object max_pos, object sinks):
     """bind_attention / bind_attention_fast: the kernel's work items as an Op."""
     cdef int nt = _check_threads(nthreads)
-    cdef Op op = Op(name, (q, k_cache, v_cache, block_table, q_pos, out, scratch))
+    cdef Op op = Op(name, (q, k_cache, v_cache, block_table, q_pos, out, scratch, sinks))
     cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
     cdef int64_t pmax = 0
     if out is None:
         raise ValueError("a bound attention needs out")
-    _prepare(&r.a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax)
+    _prepare(&r.a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax,
+             sinks)
     if r.a.T == 0:
         return op
     if max_pos < pmax or max_pos // r.a.bs >= _dim(<cnp.ndarray>block_table, 0):
@@ -569,21 +587,21 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
 
 
 def bind_attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                   out=None, *, nthreads=1, scratch, max_pos):
+                   out=None, *, nthreads=1, scratch, max_pos, sinks=None):
     """Exact attention as an Op.  scratch: C-contiguous float64 (threads, per): a row per
     thread that may run the graph, per >= attention_scratch(...); the caller keeps
     q_pos <= max_pos and the block table valid for every run."""
     return _bind("attention", False, q, k_cache, v_cache, block_table, q_pos, scale, window,
-                 softcap, out, nthreads, scratch, max_pos)
+                 softcap, out, nthreads, scratch, max_pos, sinks)
 
 
 def bind_attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
-                        out=None, *, nthreads=1, scratch, max_pos):
+                        out=None, *, nthreads=1, scratch, max_pos, sinks=None):
     """attention_fast as an Op, as bind_attention (per >= attention_scratch(..., fast=True)).
     A row's bits are attention_fast's; a decode step's keys are split by chunk over the
     threads (kchunks sized for max_pos), with the same bits."""
     return _bind("attention_fast", True, q, k_cache, v_cache, block_table, q_pos, scale,
-                 window, softcap, out, nthreads, scratch, max_pos)
+                 window, softcap, out, nthreads, scratch, max_pos, sinks)
 
 
 def count_exact(int64_t calls, int64_t queries):

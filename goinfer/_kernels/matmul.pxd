@@ -1,6 +1,6 @@
 # cython: language_level=3
 """C API of the matmul kernels (src/matmul.h)."""
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 
 cdef extern from "gi.h" nogil:
     enum:
@@ -12,6 +12,7 @@ cdef extern from "matmul.h" nogil:
         GI_Q4_0
         GI_Q4_1
         GI_Q8_0
+        GI_MXFP4
         GI_F32
         GI_F16
         GI_BF16
@@ -22,6 +23,7 @@ cdef extern from "matmul.h" nogil:
         const void *qs
         const uint16_t *d
         const uint16_t *m
+        const uint8_t *e
 
     ctypedef struct gi_qact:
         const int8_t *qa

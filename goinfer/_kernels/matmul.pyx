@@ -8,7 +8,7 @@ one thread and its bits do not depend on the split.
 """
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 
 from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
 from goinfer._kernels.graph cimport Op
@@ -21,12 +21,12 @@ cnp.import_array()
 
 # kind name -> (C kind, qs numpy type, qs dtype name)
 _KIND = {
-    "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0,
+    "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0, "mxfp4": GI_MXFP4,
     "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
 }
 _QS_TYPE = {
     GI_Q4_0: (cnp.NPY_UINT8, "uint8"), GI_Q4_1: (cnp.NPY_UINT8, "uint8"),
-    GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_F32: (cnp.NPY_FLOAT32, "float32"),
+    GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_MXFP4: (cnp.NPY_UINT8, "uint8"), GI_F32: (cnp.NPY_FLOAT32, "float32"),
     GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
 }
 
@@ -113,6 +113,7 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.n_rb = n_rb
     cw.d = NULL
     cw.m = NULL
+    cw.e = NULL
     if kind >= GI_F32:
         cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS)
         return 0
@@ -120,6 +121,9 @@ cdef int _weight(object w, gi_weight *cw) except -1:
         raise ValueError(f"{w.kind} weights need n_in divisible by {GI_GROUP}, got {n_in}")
     G = n_in // GI_GROUP
     cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, GI_ROWS, 4)
+    if kind == GI_MXFP4:  # e8m0 exponents in w.d
+        cw.e = <const uint8_t *>_array(w.d, "w.d", cnp.NPY_UINT8, "uint8 (e8m0)", 3, n_rb, G, GI_ROWS)
+        return 0
     cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
     if kind == GI_Q4_1:
         cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
@@ -135,6 +139,8 @@ cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
         return w.n_rb * w.n_in * GI_ROWS * 2
     if w.kind == GI_Q8_0:
         return w.n_rb * G * (512 + 32)
+    if w.kind == GI_MXFP4:
+        return w.n_rb * G * (256 + 16)
     return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
 
 
@@ -409,7 +415,7 @@ def quantize_act(x, out=None, *, nthreads=1):
 def matmul(x_or_qact, w, out=None, *, nthreads=1):
     """out (M, n_out) float32 = x (M, K) @ W.T.
 
-    Integer weights (q4_0, q4_1, q8_0) take a QAct from quantize_act; float weights (f32,
+    Integer weights (q4_0, q4_1, q8_0, mxfp4) take a QAct from quantize_act; float weights (f32,
     f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
     """
     cdef int nt = _threads(nthreads)

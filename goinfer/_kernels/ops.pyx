@@ -37,6 +37,9 @@ cdef extern from "ops.h" nogil:
         void (*rope)(const float *x, float *out, const int32_t *pos, const double *cos_t,
                      const double *sin_t, int64_t t0, int64_t t1, int64_t H, int64_t hd,
                      int64_t half, int neox) noexcept nogil
+        void (*swiglu_oai)(const float *g, int64_t gs, const float *u, int64_t us, float *out,
+                           int64_t os, int64_t m0, int64_t m1, int64_t c0, int64_t c1,
+                           float alpha, float limit) noexcept nogil
         void (*exp_f32)(const float *x, float *y, int64_t n) noexcept nogil
     const gi_ops_ops gi_ops_ops_portable
     const gi_ops_ops gi_ops_ops_avx2
@@ -232,6 +235,7 @@ def bind_rmsnorm(x, w, eps, out, *, nthreads=1):
 cdef int _KIND_SWIGLU = 0
 cdef int _KIND_GELU = 1
 cdef int _KIND_ADD = 2
+cdef int _KIND_SWIGLU_OAI = 3
 
 cdef struct bin_args:
     const gi_ops_ops *ops
@@ -243,13 +247,21 @@ cdef struct bin_args:
     int64_t bs
     float *o
     int64_t os, M, N, n
+    float p0, p1  # swiglu_oai: alpha, limit
 
 
-cdef inline void _binary_call(const gi_ops_ops *ops, int kind, const float *a, int64_t as_,
-                              const float *b, int64_t bs, float *o, int64_t os, int64_t m0,
-                              int64_t m1, int64_t c0, int64_t c1) noexcept nogil:
+cdef inline void _binary_call(const bin_args *r, int64_t m0, int64_t m1, int64_t c0,
+                              int64_t c1) noexcept nogil:
+    cdef const gi_ops_ops *ops = r.ops
+    cdef int kind = r.kind
+    cdef const float *a = r.a
+    cdef const float *b = r.b
+    cdef float *o = r.o
+    cdef int64_t as_ = r.as_, bs = r.bs, os = r.os
     if kind == _KIND_SWIGLU:
         ops.swiglu(a, as_, b, bs, o, os, m0, m1, c0, c1)
+    elif kind == _KIND_SWIGLU_OAI:
+        ops.swiglu_oai(a, as_, b, bs, o, os, m0, m1, c0, c1, r.p0, r.p1)
     elif kind == _KIND_GELU:
         ops.gelu_tanh_mul(a, as_, b, bs, o, os, m0, m1, c0, c1)
     else:
@@ -260,19 +272,19 @@ cdef void _binary_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const bin_args *r = <const bin_args *>args
     cdef int64_t M = r.M, N = r.N, n = r.n, c0, c1
     if r.split == 0:
-        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os, 0, M, 0, N)
+        _binary_call(r, 0, M, 0, N)
     elif r.split == 1:
-        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os,
-                     M * i // n, M * (i + 1) // n, 0, N)
+        _binary_call(r, M * i // n, M * (i + 1) // n, 0, N)
     else:
         c0 = (N * i // n) & ~(<int64_t>15)
         c1 = N if i == n - 1 else (N * (i + 1) // n) & ~(<int64_t>15)
-        _binary_call(r.ops, r.kind, r.a, r.as_, r.b, r.bs, r.o, r.os, 0, M, c0, c1)
+        _binary_call(r, 0, M, c0, c1)
 
 
 cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object out, int nt,
-                            str an, str bn, bint bias):
-    """bias: b is one row (N,) added to every row of a (row stride 0)."""
+                            str an, str bn, bint bias, float p0=0.0, float p1=0.0):
+    """bias: b is one row (N,) added to every row of a (row stride 0).  p0, p1: the kernel's
+    scalar parameters (swiglu_oai: alpha, limit)."""
     cdef _Rows ar = _rows(a, an, False)
     cdef _Rows br = _rows(b, bn, False)
     if bias:
@@ -287,6 +299,8 @@ cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object ou
     cdef _Rows orow = _out_rows(out, a)
     r.ops = _table()
     r.kind = kind
+    r.p0 = p0
+    r.p1 = p1
     r.a = ar.p
     r.as_ = ar.stride
     r.b = br.p
@@ -307,20 +321,20 @@ cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object ou
 
 
 cdef object _binary(int kind, object a, object b, object out, object nthreads, str an, str bn,
-                    bint bias=False):
+                    bint bias=False, float p0=0.0, float p1=0.0):
     cdef int nt = _check_threads(nthreads)
     cdef bin_args r
-    out = _binary_prepare(&r, kind, a, b, out, nt, an, bn, bias)
+    out = _binary_prepare(&r, kind, a, b, out, nt, an, bn, bias, p0, p1)
     _run_shares(_binary_share, &r, r.n)
     return out
 
 
 cdef Op _bind_binary(str name, int kind, object a, object b, object out, object nthreads,
-                     str an, str bn, bint bias=False):
+                     str an, str bn, bint bias=False, float p0=0.0, float p1=0.0):
     cdef int nt = _check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound(name, (a, b, out), _binary_share, sizeof(bin_args), &rec)
-    _binary_prepare(<bin_args *>rec, kind, a, b, out, nt, an, bn, bias)
+    _binary_prepare(<bin_args *>rec, kind, a, b, out, nt, an, bn, bias, p0, p1)
     op.op.nshares = (<bin_args *>rec).n
     return op
 
@@ -330,6 +344,21 @@ def swiglu(gate, up, out=None, *, nthreads=1):
     exp (one operation sequence per element).  gate/up may be strided column halves of one
     (M, 2F) buffer (rows strided, last axis contiguous)."""
     return _binary(_KIND_SWIGLU, gate, up, out, nthreads, "gate", "up")
+
+
+def _oai_params(alpha, limit):
+    a, lim = float(alpha), float(limit)
+    if not (np.isfinite(a) and np.isfinite(lim) and lim >= 0):
+        raise ValueError(f"swiglu_oai needs a finite alpha and limit >= 0, got {alpha!r}, {limit!r}")
+    return a, lim
+
+
+def swiglu_oai(gate, up, alpha, limit, out=None, *, nthreads=1):
+    """gpt-oss's clamped SwiGLU: x = min(gate, limit), y = clamp(up, -limit, limit),
+    out = (x / (1 + exp(-(alpha x)))) * (y + 1), in float32 with the kernel's exp (alpha and
+    limit rounded to float32).  Layouts as swiglu."""
+    a, lim = _oai_params(alpha, limit)
+    return _binary(_KIND_SWIGLU_OAI, gate, up, out, nthreads, "gate", "up", False, a, lim)
 
 
 def gelu_tanh_mul(gate, up, out=None, *, nthreads=1):
@@ -351,6 +380,12 @@ def add_bias(x, b, out=None, *, nthreads=1):
 
 def bind_swiglu(gate, up, out, *, nthreads=1):
     return _bind_binary("swiglu", _KIND_SWIGLU, gate, up, out, nthreads, "gate", "up")
+
+
+def bind_swiglu_oai(gate, up, alpha, limit, out, *, nthreads=1):
+    a, lim = _oai_params(alpha, limit)
+    return _bind_binary("swiglu_oai", _KIND_SWIGLU_OAI, gate, up, out, nthreads, "gate", "up",
+                        False, a, lim)
 
 
 def bind_gelu_tanh_mul(gate, up, out, *, nthreads=1):

@@ -5,7 +5,7 @@ is the one place that picks the family of a file (a llama file with experts is M
 """
 from __future__ import annotations
 
-from goinfer.models import gemma, llama, moe, qwen35, smollm3
+from goinfer.models import gemma, gptoss, llama, moe, qwen35, smollm3
 
 ARCHITECTURES = {
     "llama": llama.LlamaFamily,
@@ -18,6 +18,8 @@ ARCHITECTURES = {
     "gemma3": gemma.Gemma3Family,
     "smollm3": smollm3.SmolLM3Family,
     "qwen35": qwen35.Qwen35Family,
+    "qwen35moe": qwen35.Qwen35MoEFamily,
+    "gpt-oss": gptoss.GptOssFamily,
 }
 
 

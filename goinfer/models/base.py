@@ -2,6 +2,7 @@
 RoPE tables, and the activation helper that quantizes a layer input once for all its matmuls."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -9,6 +10,43 @@ import numpy as np
 from goinfer.quant import INT_KINDS, QAct, QWeight
 
 # ============================================================================ config
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling (transformers' ``rope_type: yarn``; GGUF ``rope.scaling.*``)."""
+
+    factor: float
+    orig_ctx: int  # rope.scaling.original_context_length
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 0.0  # 0: the paper's 0.1 ln(factor) + 1
+    truncate: bool = True  # floor/ceil the correction range (gpt-oss: False)
+
+    @property
+    def mscale(self) -> float:
+        if self.attn_factor:
+            return float(self.attn_factor)
+        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0
+
+    def inv_freq(self, n_rot: int, base: float) -> np.ndarray:
+        """(n_rot/2,) float64: per dimension pair a blend of the interpolated (1/(factor
+        base^(2i/n))) and the original (1/base^(2i/n)) frequency, by a linear ramp over the
+        correction range [low, high] of dimension pairs (transformers' _compute_yarn_parameters,
+        in float64)."""
+        def corr(n_rotations):
+            return n_rot * math.log(self.orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = corr(self.beta_fast), corr(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, n_rot - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(n_rot // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+        pos_freqs = base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        extrapolate = 1.0 - ramp  # weight of the original frequency
+        return (1.0 / (self.factor * pos_freqs)) * ramp + (1.0 / pos_freqs) * extrapolate
 
 
 @dataclass
@@ -27,6 +65,7 @@ class ModelConfig:
     rope_dim: int = 0  # rotated dims per head (0: head_dim)
     rope_neox: bool = False  # pairs (i, i + n/2) instead of (2i, 2i+1)
     rope_scale: float = 1.0  # linear position scaling
+    rope_yarn: Yarn | None = None  # YaRN scaling (families that allow it)
     qkv_bias: bool = False
     qk_norm: bool = False
     tied_embeddings: bool = False
@@ -69,31 +108,40 @@ class Batch:
 # ============================================================================ RoPE
 
 
-def rope_tables(n_rot: int, base: float, n_pos: int, freq_factors=None, scale: float = 1.0):
-    """cos, sin (n_pos, n_rot/2) float64: angle = (pos / scale) * base**(-2i/n_rot) / factor_i."""
+def rope_tables(n_rot: int, base: float, n_pos: int, freq_factors=None, scale: float = 1.0,
+                yarn: Yarn | None = None):
+    """cos, sin (n_pos, n_rot/2) float64: angle = (pos / scale) * base**(-2i/n_rot) / factor_i.
+    With YaRN the frequencies are yarn.inv_freq and cos, sin are multiplied by yarn.mscale
+    (so rotated q and k carry it, as transformers applies attention_scaling)."""
     i = np.arange(n_rot // 2, dtype=np.float64)
-    inv_freq = base ** (-2.0 * i / n_rot)
+    inv_freq = base ** (-2.0 * i / n_rot) if yarn is None else yarn.inv_freq(n_rot, base)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     pos = np.arange(n_pos, dtype=np.float64) / scale
     ang = pos[:, None] * inv_freq[None, :]
-    return np.ascontiguousarray(np.cos(ang)), np.ascontiguousarray(np.sin(ang))
+    cos, sin = np.cos(ang), np.sin(ang)
+    if yarn is not None and yarn.mscale != 1.0:
+        cos, sin = cos * yarn.mscale, sin * yarn.mscale
+    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
 
 
 class RopeCache:
     """RoPE tables grown on demand (doubling) up to the context length."""
 
-    def __init__(self, n_rot: int, base: float, max_pos: int, freq_factors=None, scale: float = 1.0):
+    def __init__(self, n_rot: int, base: float, max_pos: int, freq_factors=None, scale: float = 1.0,
+                 yarn: Yarn | None = None):
         self.args = (n_rot, base)
         self.freq_factors = freq_factors
         self.scale = scale
+        self.yarn = yarn
         self.max_pos = max_pos
         self.cos = self.sin = np.zeros((0, n_rot // 2))
 
     def tables(self, n_pos: int):
         if n_pos > self.cos.shape[0]:
             n = min(self.max_pos, max(n_pos, 2 * self.cos.shape[0], 1024))
-            self.cos, self.sin = rope_tables(*self.args, max(n, n_pos), self.freq_factors, self.scale)
+            self.cos, self.sin = rope_tables(*self.args, max(n, n_pos), self.freq_factors,
+                                             self.scale, self.yarn)
         return self.cos, self.sin
 
 

@@ -41,18 +41,19 @@ class Gemma3Config(ModelConfig):
                 f"{self.n_layers - n_local} global")
 
 
-def _swa_layers(g, n_layers: int, window: int) -> tuple:
+def swa_layers(g, n_layers: int, window: int, default_pattern: int = SWA_PATTERN) -> tuple:
     """Which layers attend through the sliding window.
 
     ``attention.sliding_window_pattern`` as an array: True = sliding window, one per layer; as
     an integer n: layer i is local when i % n < n - 1 (0: every layer local), llama.cpp's
-    reading.  Absent: n = 6, as llama.cpp assumes for gemma3 (the converter writes no pattern)
-    and as every Gemma 3 config has it.  No sliding_window in the file: every layer global."""
+    reading.  Absent: n = default_pattern (6, as llama.cpp assumes for gemma3: the converter
+    writes no pattern, and every Gemma 3 config has it).  No sliding_window in the file: every
+    layer global."""
     if window <= 0:
         return (False,) * n_layers
     pat = g.arch_get("attention.sliding_window_pattern")
     if pat is None:
-        pat = SWA_PATTERN
+        pat = default_pattern
     if isinstance(pat, (np.ndarray, list, tuple)):
         pat = [bool(v) for v in np.asarray(pat).ravel()]
         if len(pat) != n_layers:
@@ -69,7 +70,7 @@ def read_config(g) -> Gemma3Config:
     fields["rope_neox"] = True
     fields["qk_norm"] = True
     n = base.n_layers
-    swa = _swa_layers(g, n, base.sliding_window)
+    swa = swa_layers(g, n, base.sliding_window)
     scale = g.arch_get("attention.scale")
     if scale is None:
         # Gemma 3 scales q.k by query_pre_attn_scalar**-0.5, which GGUF does not carry: it is

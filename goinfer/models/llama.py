@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
-from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch
+from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch, Yarn
 from goinfer.quant import QWeight, concat_rows
 
 NEOX_ARCHS = {"qwen2", "qwen3"}
@@ -38,7 +38,17 @@ def _scalar_int(g, suffix, v):
     return int(v)
 
 
-def read_config(g) -> ModelConfig:
+def _d_ff(g) -> int:
+    """feed_forward_length; an all-MoE file (qwen35moe) may carry only the experts' width."""
+    v = g.arch_get("feed_forward_length")
+    if v is None and g.arch_get("expert_feed_forward_length") is not None:
+        return _scalar_int(g, "expert_feed_forward_length", g.arch_get("expert_feed_forward_length"))
+    return _scalar_int(g, "feed_forward_length", _req(g, "feed_forward_length"))
+
+
+def read_config(g, allow_yarn: bool = False) -> ModelConfig:
+    """The config every llama-like family shares.  allow_yarn: the caller runs YaRN RoPE
+    scaling (ModelConfig.rope_yarn); otherwise a YaRN file is an UnsupportedArchitectureError."""
     arch = g.arch
     d_model = int(_req(g, "embedding_length"))
     n_heads = _scalar_int(g, "attention.head_count", _req(g, "attention.head_count"))
@@ -55,8 +65,19 @@ def read_config(g) -> ModelConfig:
         vocab = len(toks) if toks is not None else g.tensor_info("token_embd.weight")[1][0]
     scaling = g.arch_get("rope.scaling.type", "none")
     rope_scale = 1.0
+    yarn = None
     if scaling == "linear":
         rope_scale = float(g.arch_get("rope.scaling.factor", 1.0))
+    elif scaling == "yarn" and allow_yarn:
+        orig = g.arch_get("rope.scaling.original_context_length")
+        factor = g.arch_get("rope.scaling.factor")
+        if orig is None or factor is None:
+            raise ModelFormatError(f"{g.path}: YaRN RoPE scaling without rope.scaling.factor "
+                                   "and rope.scaling.original_context_length")
+        yarn = Yarn(float(factor), int(orig),
+                    float(g.arch_get("rope.scaling.yarn_beta_fast", 32.0) or 32.0),
+                    float(g.arch_get("rope.scaling.yarn_beta_slow", 1.0) or 1.0),
+                    float(g.arch_get("rope.scaling.yarn_attn_factor", 0.0) or 0.0))
     elif scaling not in ("none", None):
         raise UnsupportedArchitectureError(f"{g.path}: RoPE scaling {scaling!r} is not supported yet")
     return ModelConfig(
@@ -66,7 +87,7 @@ def read_config(g) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        d_ff=_scalar_int(g, "feed_forward_length", _req(g, "feed_forward_length")),
+        d_ff=_d_ff(g),
         vocab_size=int(vocab),
         context_length=int(g.arch_get("context_length", 4096)),
         norm_eps=float(g.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
@@ -74,6 +95,7 @@ def read_config(g) -> ModelConfig:
         rope_dim=int(g.arch_get("rope.dimension_count", head_dim)),
         rope_neox=arch in NEOX_ARCHS,
         rope_scale=rope_scale,
+        rope_yarn=yarn,
         qkv_bias=g.has_tensor("blk.0.attn_q.bias"),
         qk_norm=g.has_tensor("blk.0.attn_q_norm.weight"),
         tied_embeddings=not g.has_tensor("output.weight"),
@@ -185,7 +207,7 @@ class LlamaFamily:
         self.out_norm = weights["out_norm"]
         self.lm_head = self.tok_embd if weights["lm_head"] is None else weights["lm_head"]
         self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, weights["rope_freqs"],
-                              cfg.rope_scale)
+                              cfg.rope_scale, cfg.rope_yarn)
         self.attn_scale: float | None = None  # None: 1/sqrt(head_dim)
         self.attn_softcap = 0.0
         self.scratch = Scratch()
@@ -309,12 +331,14 @@ class LlamaFamily:
         return q, k, v
 
     def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
-               scale: float | None = None):
+               scale: float | None = None, sinks=None):
         """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  A row at a
         position below batch.fast_from runs the exact kernel, a row at or above it the float32
-        tiled one (a segment crossing it is two calls; its positions ascend)."""
+        tiled one (a segment crossing it is two calls; its positions ascend).  sinks (H,)
+        float32: attention sink logits (gpt-oss), given to either kernel."""
         if scale is None:
             scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
+        extra = {} if sinks is None else {"sinks": sinks}
         ff = batch.fast_from
         for seg in batch.segments:
             pos = batch.positions[seg.start:seg.stop]
@@ -323,8 +347,12 @@ class LlamaFamily:
                 if b > a:
                     kernel = self.K.attention_fast if fast else self.K.attention
                     kernel(q[a:b], kc, vc, seg.block_table, batch.positions[a:b], scale, window,
-                           softcap, out=out[a:b], nthreads=self.threads)
+                           softcap, out=out[a:b], nthreads=self.threads, **extra)
         return out
+
+    def layer_sinks(self, li: int, L: LayerWeights):
+        """Layer li's attention sink logits (H,) float32, or None (no sinks: all but gpt-oss)."""
+        return None
 
     def attention_block(self, li: int, L: LayerWeights, h, batch: Batch, kc, vc, out) -> None:
         """Normed input h (T, D) -> attention output projected to out (T, D); writes K/V."""
@@ -341,7 +369,8 @@ class LlamaFamily:
             K.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         K.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
-                          self.layer_window(li), self.attn_softcap, self.attn_scale)
+                          self.layer_window(li), self.attn_softcap, self.attn_scale,
+                          self.layer_sinks(li, L))
         nq = cfg.n_heads * cfg.head_dim
         self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 

@@ -35,10 +35,12 @@ from goinfer.quant import QAct, QWeight, concat_rows, pack_float
 #   mixtral (llama): top-k of the logits, softmax over the chosen k
 #   qwen2moe / qwen3moe / olmoe: softmax over all experts, then top-k
 ROUTING = {"llama": "topk_softmax", "mistral": "topk_softmax", "qwen2moe": "softmax_topk",
-           "qwen3moe": "softmax_topk", "olmoe": "softmax_topk"}
+           "qwen3moe": "softmax_topk", "olmoe": "softmax_topk", "gpt-oss": "topk_softmax",
+           "qwen35moe": "softmax_topk"}
 # Renormalize the chosen softmax weights to sum 1 (qwen3's norm_topk_prob), unless the file
 # says otherwise in {arch}.expert_weights_norm.  (topk_softmax sums to 1 by construction.)
-NORM_TOPK = {"llama": True, "mistral": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False}
+NORM_TOPK = {"llama": True, "mistral": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False,
+             "gpt-oss": False, "qwen35moe": True}
 NEOX_ARCHS = {"qwen2moe", "qwen3moe", "olmoe"}
 _SOFTMAX_GATING = 1  # gguf ExpertGatingFuncType.SOFTMAX
 
@@ -72,8 +74,8 @@ def _first_moe_layer(g, n_layers: int) -> int:
     raise ModelFormatError(f"{g.path}: {g.arch} file has no expert router (blk.N.ffn_gate_inp.weight)")
 
 
-def read_config(g) -> MoEConfig:
-    base = llama.read_config(g)
+def read_config(g, allow_yarn: bool = False) -> MoEConfig:
+    base = llama.read_config(g, allow_yarn)
     arch = g.arch
     cfg = MoEConfig(**{f.name: getattr(base, f.name) for f in fields(base)})
     E = int(g.arch_get("expert_count", 0) or 0)
@@ -125,9 +127,15 @@ class FFNWeights:
     w_up: QWeight | None
     w_down: QWeight  # (D, F)
     nbytes: int = 0  # bytes of all its weights (set at construction)
+    b_gate: np.ndarray | None = None  # (F,) f32 biases (gpt-oss), added after each matmul
+    b_up: np.ndarray | None = None  # (F,)
+    b_down: np.ndarray | None = None  # (D,)
+    b_gate_up: np.ndarray | None = None  # (2F,) [b_gate; b_up] when gate/up are fused
 
     def __post_init__(self):
         self.nbytes = sum(w.nbytes for w in self.weights())
+        if self.w_gate_up is not None and self.b_gate is not None and self.b_gate_up is None:
+            self.b_gate_up = np.concatenate([self.b_gate, self.b_up])
 
     def weights(self):
         return [w for w in (self.w_gate_up, self.w_gate, self.w_up, self.w_down) if w is not None]
@@ -139,6 +147,7 @@ class MoEWeights:
     experts: list[FFNWeights]
     shared: FFNWeights | None = None
     shared_gate: QWeight | None = None  # (1, D) float32
+    router_bias: np.ndarray | None = None  # (E,) f32 (gpt-oss)
 
     def weights(self):
         ws = [self.router] + [w for x in self.experts for w in x.weights()]
@@ -159,14 +168,44 @@ class MoELayerWeights(llama.LayerWeights):
         return super().weights() + (self.moe.weights() if self.moe is not None else [])
 
 
-def _ffn(name: str, gate: QWeight, up: QWeight, down: QWeight, F: int, D: int) -> FFNWeights:
+def _ffn(name: str, gate: QWeight, up: QWeight, down: QWeight, F: int, D: int,
+         biases=None) -> FFNWeights:
+    """biases: (b_gate (F,), b_up (F,), b_down (D,)) or None."""
     llama._check_shape(name + " gate", gate, F, D)
     llama._check_shape(name + " up", up, F, D)
     llama._check_shape(name + " down", down, D, F)
     gu = concat_rows([gate, up])
     if gu is not None:
         gate = up = None
-    return FFNWeights(gu, gate, up, down)
+    b = dict(zip(("b_gate", "b_up", "b_down"), biases)) if biases is not None else {}
+    return FFNWeights(gu, gate, up, down, **b)
+
+
+def load_moe(g, cfg: MoEConfig, i: int) -> MoEWeights:
+    """Layer i's router, experts and shared expert (llama.cpp's tensor names)."""
+    p = f"blk.{i}."
+    D, E = cfg.d_model, cfg.n_expert
+    router = g.load_weight(p + "ffn_gate_inp.weight")
+    llama._check_shape(p + "ffn_gate_inp.weight", router, E, D)
+    gates, ups, downs = (g.load_experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    if not len(gates) == len(ups) == len(downs) == E:
+        raise ModelFormatError(f"{g.path}: layer {i} has {len(gates)}/{len(ups)}/{len(downs)} "
+                               f"gate/up/down experts, expected {E}")
+    experts = []
+    for e in range(E):
+        experts.append(_ffn(f"{p}expert {e}", gates[e], ups[e], downs[e], cfg.d_ff_expert, D))
+        gates[e] = ups[e] = None  # drop the unfused copies as we go
+    moe = MoEWeights(router, experts)
+    if g.has_tensor(p + "ffn_gate_shexp.weight"):
+        Fs = cfg.d_ff_shared
+        moe.shared = _ffn(p + "shared expert", *(g.load_weight(p + f"ffn_{n}_shexp.weight")
+                                                 for n in ("gate", "up", "down")), Fs, D)
+        gate_vec = g.load_f32(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+        if gate_vec.shape != (D,):
+            raise ModelFormatError(f"{g.path}: {p}ffn_gate_inp_shexp.weight has "
+                                   f"{gate_vec.size} values, expected {D}")
+        moe.shared_gate = pack_float("f32", np.ascontiguousarray(gate_vec[None, :], np.float32))
+    return moe
 
 
 def load_layer(g, cfg: MoEConfig, i: int) -> MoELayerWeights:
@@ -177,29 +216,9 @@ def load_layer(g, cfg: MoEConfig, i: int) -> MoELayerWeights:
         L = MoELayerWeights(**{f.name: getattr(dense, f.name) for f in fields(dense)})
     else:
         attn = llama.load_attention(g, cfg, i)
-        router = g.load_weight(p + "ffn_gate_inp.weight")
-        llama._check_shape(p + "ffn_gate_inp.weight", router, E, D)
-        gates, ups, downs = (g.load_experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-        if not len(gates) == len(ups) == len(downs) == E:
-            raise ModelFormatError(f"{g.path}: layer {i} has {len(gates)}/{len(ups)}/{len(downs)} "
-                                   f"gate/up/down experts, expected {E}")
-        experts = []
-        for e in range(E):
-            experts.append(_ffn(f"{p}expert {e}", gates[e], ups[e], downs[e], cfg.d_ff_expert, D))
-            gates[e] = ups[e] = None  # drop the unfused copies as we go
-        moe = MoEWeights(router, experts)
-        if g.has_tensor(p + "ffn_gate_shexp.weight"):
-            Fs = cfg.d_ff_shared
-            moe.shared = _ffn(p + "shared expert", *(g.load_weight(p + f"ffn_{n}_shexp.weight")
-                                                     for n in ("gate", "up", "down")), Fs, D)
-            gate_vec = g.load_f32(p + "ffn_gate_inp_shexp.weight").reshape(-1)
-            if gate_vec.shape != (D,):
-                raise ModelFormatError(f"{g.path}: {p}ffn_gate_inp_shexp.weight has "
-                                       f"{gate_vec.size} values, expected {D}")
-            moe.shared_gate = pack_float("f32", np.ascontiguousarray(gate_vec[None, :], np.float32))
         L = MoELayerWeights(**attn, ffn_norm=llama._check_vec(
             p + "ffn_norm.weight", g.load_f32(p + "ffn_norm.weight"), D),
-            w_gate_up=None, w_gate=None, w_up=None, w_down=None, moe=moe)
+            w_gate_up=None, w_gate=None, w_up=None, w_down=None, moe=load_moe(g, cfg, i))
     if cfg.qk_norm_full:
         L.q_norm_full = llama._check_vec(p + "attn_q_norm.weight", g.load_f32(p + "attn_q_norm.weight"),
                                          cfg.n_heads * cfg.head_dim)
@@ -279,6 +298,8 @@ class MoEFamily(llama.LlamaFamily):
         E, k = cfg.n_expert, cfg.n_expert_used
         a = Act(K, h, self._qact("moe_h", T, D), nt)
         logits = self._mm(a, M.router, S.get("moe_logits", T, E))  # (T, E)
+        if M.router_bias is not None:
+            K.add_bias(logits, M.router_bias, out=logits, nthreads=nt)
         ids, w = K.moe_route(logits, k, cfg.routing, cfg.norm_topk, cfg.expert_weights_scale,
                              ids=S.get("moe_ids", T, k, dtype=np.int32), weights=S.get("moe_w", T, k),
                              nthreads=nt)
@@ -326,6 +347,10 @@ class MoEFamily(llama.LlamaFamily):
         pos[:] = np.arange(n, dtype=np.int32)
         return y, pos
 
+    def expert_act(self, gate, up, out):
+        """The experts' gated activation: gate, up (n, F) -> out (n, F)."""
+        return self.K.swiglu(gate, up, out=out, nthreads=self.threads)
+
     def _swiglu_ffn(self, src, groups, n: int, F: int, tag: str, y, count: bool = True):
         """SwiGLU feed-forwards over n output rows.  groups: (i0, i1, ffn[, o0]) runs ffn on
         input rows [i0, i1) of src (a QAct or float rows) into output rows [o0, o0 + i1 - i0)
@@ -346,14 +371,21 @@ class MoEFamily(llama.LlamaFamily):
             x = _rows(src, i0, i1)
             if fused:
                 K.matmul(x, X.w_gate_up, out=gu[o0:o1], nthreads=nt)
+                if X.b_gate_up is not None:
+                    K.add_bias(gu[o0:o1], X.b_gate_up, out=gu[o0:o1], nthreads=nt)
             else:
                 K.matmul(x, X.w_gate, out=gate[o0:o1], nthreads=nt)
                 K.matmul(x, X.w_up, out=up[o0:o1], nthreads=nt)
-        f = K.swiglu(gate, up, out=S.get(tag + "_f", n, F), nthreads=nt)  # (n, F)
+                if X.b_gate is not None:
+                    K.add_bias(gate[o0:o1], X.b_gate, out=gate[o0:o1], nthreads=nt)
+                    K.add_bias(up[o0:o1], X.b_up, out=up[o0:o1], nthreads=nt)
+        f = self.expert_act(gate, up, S.get(tag + "_f", n, F))  # (n, F)
         af = Act(K, f, self._qact(tag + "_f", n, F), nt)
         fsrc = af.for_weight(groups[0][2].w_down)
         for o0, o1, X in outs:
             K.matmul(_rows(fsrc, o0, o1), X.w_down, out=y[o0:o1], nthreads=nt)
+            if X.b_down is not None:
+                K.add_bias(y[o0:o1], X.b_down, out=y[o0:o1], nthreads=nt)
         if count:
             self.stats.expert_runs += len(outs)
             self.stats.expert_rows += n

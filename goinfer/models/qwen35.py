@@ -1,7 +1,9 @@
-"""Qwen3.5 dense (GGUF arch ``qwen35``): a hybrid of Gated DeltaNet linear-attention layers and
-gated full-attention layers (3 linear per full one in every published size).
+"""Qwen3.5 (GGUF arch ``qwen35``, dense, and ``qwen35moe``): a hybrid of Gated DeltaNet
+linear-attention layers and gated full-attention layers (3 linear per full one in every
+published size).  qwen35moe replaces every layer's SwiGLU FFN by models/moe.py's: softmax over
+all experts, the top k renormalized, plus a shared expert behind a sigmoid gate.
 
-Per layer (llama.cpp's converter layout; docs/design/qwen35.md):
+Per layer (llama.cpp's converter layout; docs/design/families.md):
   h = RMSNorm(x, attn_norm)
   linear layer:  [qkv | z] = h [attn_qkv; attn_gate]     [b | a] = h [ssm_beta; ssm_alpha]
                  c = silu(causal_conv(qkv; ssm_conv1d, K taps, conv state))
@@ -29,12 +31,12 @@ linear layers' state travels with the sequence (goinfer/recurrent.py).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
-from goinfer.models import llama
+from goinfer.models import llama, moe
 from goinfer.models.base import Act, Batch, ModelConfig
 from goinfer.quant import QWeight, concat_rows
 from goinfer.recurrent import StateSpec
@@ -69,9 +71,15 @@ class Qwen35Config(ModelConfig):
                 f"{self.n_v_heads_lin} v heads x {self.d_state}) + {self.n_layers - n_lin} attention")
 
 
-def read_config(g) -> Qwen35Config:
+@dataclass
+class Qwen35MoEConfig(Qwen35Config, moe.MoEConfig):
+    """qwen35moe: the hybrid config plus the MoE fields (describe() names both)."""
+
+
+def read_config(g, experts: bool = False) -> Qwen35Config:
+    """experts: the qwen35moe reading (a Qwen35MoEConfig)."""
     n_mtp = int(g.arch_get("nextn_predict_layers", 0) or 0)
-    base = llama.read_config(g)
+    base = moe.read_config(g) if experts else llama.read_config(g)
     fields = dict(vars(base))
     n_layers = base.n_layers - n_mtp
     if n_layers < 1:
@@ -82,8 +90,9 @@ def read_config(g) -> Qwen35Config:
     fields["n_layers"] = n_layers
     fields["rope_neox"] = True
     fields["qk_norm"] = True
-    if g.arch_get("expert_count"):
-        raise UnsupportedArchitectureError(f"{g.path}: {g.arch} with experts is not supported yet")
+    if g.arch_get("expert_count") and not experts:
+        raise UnsupportedArchitectureError(f"{g.path}: {g.arch} with experts (expert_count) is not "
+                                           "a dense Qwen3.5; Qwen3.5 MoE files are arch qwen35moe")
     rec = g.arch_get("attention.recurrent_layers")
     if rec is not None:
         rec = tuple(bool(v) for v in np.asarray(rec).ravel())
@@ -103,8 +112,9 @@ def read_config(g) -> Qwen35Config:
         raise ModelFormatError(f"{g.path}: {g.arch}.ssm.* keys do not describe the linear "
                                f"attention (state_size {d_state}, group_count {Hk}, "
                                f"time_step_rank {Hv}, inner_size {inner}, conv_kernel {K})")
-    return Qwen35Config(**fields, recurrent=rec, conv_kernel=K, n_k_heads_lin=Hk,
-                        n_v_heads_lin=Hv, d_state=d_state, n_mtp=n_mtp)
+    cls = Qwen35MoEConfig if experts else Qwen35Config
+    return cls(**fields, recurrent=rec, conv_kernel=K, n_k_heads_lin=Hk,
+               n_v_heads_lin=Hv, d_state=d_state, n_mtp=n_mtp)
 
 
 # ============================================================================ weights
@@ -143,6 +153,16 @@ class Qwen35LayerWeights(llama.LayerWeights):
         return super().weights() + (self.lin.weights() if self.lin is not None else [])
 
 
+@dataclass
+class Qwen35MoELayerWeights(Qwen35LayerWeights):
+    """A qwen35moe layer: the FFN fields are None, ``moe`` holds the experts."""
+
+    moe: moe.MoEWeights | None = None
+
+    def weights(self):
+        return super().weights() + (self.moe.weights() if self.moe is not None else [])
+
+
 def _load_linear(g, cfg: Qwen35Config, i: int) -> LinearWeights:
     p = f"blk.{i}."
     D, Hk, Hv, d, K = cfg.d_model, cfg.n_k_heads_lin, cfg.n_v_heads_lin, cfg.d_state, cfg.conv_kernel
@@ -177,9 +197,10 @@ class Qwen35Family(llama.LlamaFamily):
 
     read_config = staticmethod(read_config)
 
-    def __init__(self, g, cfg: Qwen35Config, kernels, threads: int, progress=None):
+    def __init__(self, g, cfg: Qwen35Config, kernels, threads: int, progress=None,
+                 weights: dict | None = None):
         self._n_lin = self._n_kv = 0
-        super().__init__(g, cfg, kernels, threads, progress)
+        super().__init__(g, cfg, kernels, threads, progress, weights)
         self.state_spec = cfg.state_spec
 
     def load_layer(self, g, i: int) -> Qwen35LayerWeights:
@@ -193,19 +214,21 @@ class Qwen35Family(llama.LlamaFamily):
                         wqkv=None, wq=None, wk=None, wv=None, bqkv=None, q_norm=None, k_norm=None, wo=None)
             lin, lin_index, kv_index = _load_linear(g, cfg, i), self._n_lin, -1
             self._n_lin += 1
-        F = cfg.d_ff
+        norm = llama._check_vec(p + "post_attention_norm.weight", g.load_f32(p + "post_attention_norm.weight"), D)
+        return Qwen35LayerWeights(**attn, ffn_norm=norm, **self._load_ffn(g, i), lin=lin,
+                                  lin_index=lin_index, kv_index=kv_index)
+
+    def _load_ffn(self, g, i: int) -> dict:
+        """The FFN fields of layer i: a SwiGLU feed-forward."""
+        cfg, p, D, F = self.cfg, f"blk.{i}.", self.cfg.d_model, self.cfg.d_ff
         w_gate, w_up = g.load_weight(p + "ffn_gate.weight"), g.load_weight(p + "ffn_up.weight")
         llama._check_shape(p + "ffn_gate.weight", w_gate, F, D)
         llama._check_shape(p + "ffn_up.weight", w_up, F, D)
         w_gate_up = concat_rows([w_gate, w_up])
         w_down = g.load_weight(p + "ffn_down.weight")
         llama._check_shape(p + "ffn_down.weight", w_down, D, F)
-        norm = llama._check_vec(p + "post_attention_norm.weight", g.load_f32(p + "post_attention_norm.weight"), D)
-        return Qwen35LayerWeights(
-            **attn, ffn_norm=norm, w_gate_up=w_gate_up,
-            w_gate=None if w_gate_up is not None else w_gate,
-            w_up=None if w_gate_up is not None else w_up, w_down=w_down,
-            lin=lin, lin_index=lin_index, kv_index=kv_index)
+        return dict(w_gate_up=w_gate_up, w_gate=None if w_gate_up is not None else w_gate,
+                    w_up=None if w_gate_up is not None else w_up, w_down=w_down)
 
     def _load_gated_attention(self, g, i: int) -> dict:
         """The attention fields; attn_q has 2 * head_dim rows per head: query, then gate."""
@@ -321,3 +344,21 @@ class Qwen35Family(llama.LlamaFamily):
                   nthreads=nt)
         y = K.swiglu(z, normed, out=S.get("lin_y", T, VD), nthreads=nt)  # silu(z) * normed
         self._mm(Act(K, y, S.qact(T, VD), nt), W.w_out, out)
+
+
+class Qwen35MoEFamily(Qwen35Family, moe.MoEFamily):
+    """Qwen3.5 MoE: Qwen35Family's mixers, MoEFamily's feed-forward (router, expert-major
+    GEMMs, shared expert, fold) in every layer."""
+
+    read_config = staticmethod(lambda g: read_config(g, experts=True))
+
+    def load_layer(self, g, i: int) -> Qwen35MoELayerWeights:
+        L = super().load_layer(g, i)
+        return Qwen35MoELayerWeights(**{f.name: getattr(L, f.name) for f in fields(L)},
+                                     moe=moe.load_moe(g, self.cfg, i))
+
+    def _load_ffn(self, g, i: int) -> dict:
+        if not g.has_tensor(f"blk.{i}.ffn_gate_inp.weight"):
+            raise ModelFormatError(f"{g.path}: qwen35moe layer {i} has no expert router "
+                                   f"(blk.{i}.ffn_gate_inp.weight)")
+        return dict(w_gate_up=None, w_gate=None, w_up=None, w_down=None)

@@ -33,6 +33,9 @@ typedef struct {
     double scale;
     double softcap;              /* <= 0: off */
     int64_t window;              /* <= 0: off; else keys p > q_pos - window */
+    const float *sinks;          /* (H,) a sink logit per query head (gpt-oss), or NULL: it
+                                    joins the softmax's denominator only (not scaled or
+                                    soft-capped; -inf: no sink) */
     /* ---- plan, filled by plan() */
     int64_t tq;                  /* queries per tile */
     int64_t nh;                  /* query heads (of one kv group) per item */

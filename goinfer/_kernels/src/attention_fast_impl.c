@@ -15,6 +15,8 @@
  * are folded in chunk order into (M, L, O): the first copied, then
  *   M' = max(M, m),  a = M == M' ? 1 : 2^(M - M'),  b = m == M' ? 1 : 2^(m - M'),
  *   L  = L a + l b,  O = O a + o b;     out = O / L.
+ * A row with a sink logit (sinks[h], gpt-oss) folds it last as one more chunk with m = sink *
+ * log2 e (float), l = 1, o = 0: M' = max(M, m), L = L a + b, O = O a (no sink: nothing).
  * So a long row's keys can be split over threads by chunk (decode: few rows, many keys) with
  * the same bits as one thread running every chunk: the fold order is fixed by position.
  *
@@ -97,6 +99,7 @@ typedef struct {
     float M[FA_RMAX], L[FA_RMAX];               /* the folded chunks */
     int nf[FA_RMAX];         /* chunks folded */
     int act[FA_RMAX];        /* row has keys in the current tile */
+    float sink[FA_RMAX];     /* row's sink logit in log2 units (-inf: none) */
 } fa_ctx;
 
 /* ============================================================================ QK */
@@ -648,9 +651,22 @@ static void fa_fold(int64_t hd, fa_ctx *x, int r, float m, float l, const float 
 /* out = O / L + 0: adding +0 turns a -0 into +0 and changes nothing else.  The sign of a
  * zero in o is the one thing the other rows of an item can change (a key outside the row's
  * range adds 0 * v, and -0 + +0 = +0), so this makes the bits the row's own. */
-static void fa_finish(int64_t hd, const fa_ctx *x) {
+static void fa_finish(int64_t hd, fa_ctx *x) {
     const vf zero = vf_zero();
     for (int r = 0; r < x->R; r++) {
+        const float s = x->sink[r];
+        if (s != -INFINITY) { /* the sink as a last chunk: m = s, l = 1, o = 0 */
+            float *O = x->O + r * hd;
+            const float M = x->M[r], Mn = s > M ? s : M;
+            const float ca = M == Mn ? 1.0f : fa_exp2_1(M - Mn);
+            const float cb = s == Mn ? 1.0f : fa_exp2_1(s - Mn);
+            x->M[r] = Mn;
+            x->L[r] = x->L[r] * ca + cb;
+            const vf av = vf_set1(ca);
+            int64_t d = 0;
+            for (; d + VF_N <= hd; d += VF_N) vf_store(O + d, vf_mul(vf_load(O + d), av));
+            if (d < hd) vf_store_n(O + d, vf_mul(vf_load_n(O + d, (int)(hd - d)), av), (int)(hd - d));
+        }
         const vf lv = vf_set1(x->L[r]);
         const float *o = x->O + r * hd;
         int64_t d = 0;
@@ -710,6 +726,7 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
             x.orow[r] = a->out + (t * a->H + h) * hd;
             x.nf[r] = 0;
             x.qrow[r] = a->q + (t * a->H + h) * hd;
+            x.sink[r] = a->sinks ? (float)((double)a->sinks[h] * FA_LOG2E) : -INFINITY;
         }
     }
 

@@ -3,12 +3,13 @@
  * For query row (t, h) at position p over keys j = lo..p of kv head h / G (G = H / n_kv):
  *   s_j = scale * sum_d (double)q[d] * (double)k_j[d]          (d in order; product exact)
  *   s_j = softcap * tanh(s_j / softcap)                         (if softcap > 0)
- *   mx  = max_j s_j
+ *   mx  = max(max_j s_j, sink)                                  (sink = sinks[h], or -inf)
  *   e_j = trunc29(exp(s_j - mx))                                (own polynomial exp, then
  *         the significand cut to 29 bits: e_j * v (24-bit float) is then exact in double)
- *   l   = sum_j e_j                 in key order, from 0.0
+ *   l   = sum_j e_j                 in key order, from 0.0; then l += trunc29(exp(sink - mx))
  *   o_d = sum_j e_j * (double)v_j[d] in key order, from 0.0
  *   out = float(o_d / l)
+ * (without a sink the added weight is exactly 0 and l is unchanged)
  * Every product that is accumulated is exact in double, so the explicit FMA of the AVX
  * variants and the mul+add of the portable build give the same bits: all three variants
  * agree bit for bit.  The weights are flushed to 0 for s_j - mx < -600 (e_j < 2^-865), which
@@ -101,6 +102,8 @@ typedef struct {
     double *qd;                      /* (R, hd) queries in double */
     double *o;                       /* (R, hd) AV accumulators */
     double *sc;                      /* (R, ss) scores, then weights */
+    double sink[GI_ATTN_RMAX];       /* row's sink logit (-inf: none) */
+    double esink[GI_ATTN_RMAX];      /* its weight trunc29(exp(sink - mx)), added to l */
 } item_ctx;
 
 /* ============================================================================ QK */
@@ -238,10 +241,11 @@ GI_INLINE void qk_rows(const int RB, const int DT, const gi_attn_args *a, const 
 
 /* ============================================================================ softmax weights */
 
-/* row r: mx = max of its scores, then e = trunc29(exp(s - mx)) in place over [lo, hi] */
-static void softmax_row(double *srow, int64_t lo, int64_t hi) {
+/* row r: mx = max of its scores and its sink, then e = trunc29(exp(s - mx)) in place over
+   [lo, hi]; returns the sink's weight trunc29(exp(sink - mx)) (0 for sink = -inf) */
+static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink) {
     const int64_t end = hi + 1;
-    vd mv = vd_set1(-INFINITY);
+    vd mv = vd_set1(sink);
     int64_t i = lo;
     for (; i + VD_N <= end; i += VD_N) mv = vd_max(mv, vd_load(srow + i));
     double mx = vd_hmax(mv);
@@ -253,6 +257,7 @@ static void softmax_row(double *srow, int64_t lo, int64_t hi) {
         int n = (int)(end - i);
         vd_store_n(srow + i, attn_weight(vd_sub(vd_load_n(srow + i, n), m)), n);
     }
+    return vd_lane0(attn_weight(vd_set1(sink - mx)));
 }
 
 /* ============================================================================ AV */
@@ -353,7 +358,7 @@ GI_INLINE void av_rows(const int RB, const int DV, const int DT, const gi_attn_a
             av_block(RB, DV, 0, DT, c, vb, vn, vrb, jb, j0, j1, hd, d0, clo, chi, l);
     }
     for (int r = 0; r < RB; r++) {
-        const vd lv = vd_set1(l[r]);
+        const vd lv = vd_set1(l[r] + c->esink[r]);
         for (int64_t d = 0; d < hd; d += VD_N)
             vd_storeps(c->orow[r] + d, vd_div(vd_load(c->o + r * hd + d), lv));
     }
@@ -462,6 +467,7 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
             c.lo[r] = lo;
             c.hi[r] = p;
             c.orow[r] = a->out + (t * a->H + c.kvh * G + h0 + hj) * hd;
+            c.sink[r] = a->sinks ? (double)a->sinks[c.kvh * G + h0 + hj] : -INFINITY;
         }
     }
     c.b0 = kmin / bs;
@@ -490,7 +496,7 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     qk_dispatch(a, &c);
     if (timing) ns1 = gi_attn_now_ns();
-    for (int r = 0; r < c.R; r++) softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r]);
+    for (int r = 0; r < c.R; r++) c.esink[r] = softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r], c.sink[r]);
     if (timing) ns2 = gi_attn_now_ns();
     av_dispatch(a, &c);
     if (timing) {

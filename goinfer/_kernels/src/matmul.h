@@ -1,4 +1,4 @@
-/* Matrix-multiply kernels: activation quantization, int (q4_0/q4_1/q8_0) and float
+/* Matrix-multiply kernels: activation quantization, int (q4_0/q4_1/q8_0/mxfp4) and float
  * (f32/f16/bf16) matmul, embedding row lookup.  See docs/design/kernels.md for the layouts
  * and the exact per-element contracts; every variant computes the same bits.
  *
@@ -11,17 +11,19 @@
 #include "gi.h"
 
 /* Weight kinds, in the order of goinfer.quant.KINDS. */
-enum { GI_Q4_0 = 0, GI_Q4_1 = 1, GI_Q8_0 = 2, GI_F32 = 3, GI_F16 = 4, GI_BF16 = 5, GI_N_KINDS = 6 };
+enum { GI_Q4_0 = 0, GI_Q4_1 = 1, GI_Q8_0 = 2, GI_MXFP4 = 3, GI_F32 = 4, GI_F16 = 5, GI_BF16 = 6,
+       GI_N_KINDS = 7 };
 
 /* A repacked weight (a view of goinfer.quant.QWeight's arrays; nothing is owned). */
 typedef struct gi_weight {
-    int kind;              /* GI_Q4_0 .. GI_BF16 */
+    int kind;              /* GI_Q4_0 .. GI_BF16; kind < GI_F32: an int kind */
     int64_t n_out, n_in;   /* logical shape (n_out, n_in) */
     int64_t n_rb;          /* row blocks of 16 rows: ceil(n_out / 16) */
-    const void *qs;        /* q4: uint8 (n_rb, G, 4, 16, 4); q8: int8 (n_rb, G, 8, 16, 4);
+    const void *qs;        /* q4, mxfp4: uint8 (n_rb, G, 4, 16, 4); q8: int8 (n_rb, G, 8, 16, 4);
                               float kinds: (n_rb, K, 16) float32 / float16 bits / bf16 bits */
-    const uint16_t *d;     /* int kinds: float16 bits (n_rb, G, 16) */
+    const uint16_t *d;     /* q4_0, q4_1, q8_0: float16 bits (n_rb, G, 16); else NULL */
     const uint16_t *m;     /* q4_1: float16 bits (n_rb, G, 16); else NULL */
+    const uint8_t *e;      /* mxfp4: e8m0 exponents (n_rb, G, 16), scale 2^(e-128); else NULL */
 } gi_weight;
 
 /* Quantized activation rows (a view of goinfer.quant.QAct; rows are contiguous). */

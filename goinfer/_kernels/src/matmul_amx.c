@@ -173,7 +173,7 @@ int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_
                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
     const int kind = w->kind;
     const int64_t K = w->n_in, G = K / GI_GROUP, M16 = (m1 - m0) / 16 * 16;
-    if (kind > GI_Q8_0 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;
+    if (kind > GI_Q8_0 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
     int8_t *bq = 0;                                               /* q4: (G, 8, 16, 4) */
     int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */
     if (kind != GI_Q8_0) {

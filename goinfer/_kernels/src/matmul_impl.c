@@ -3,7 +3,8 @@
  * Contracts (docs/design/kernels.md), per output element (m, n):
  *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g (minus 8*asum for
  *                q4_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc); q4_1 also
- *                acc = fmaf(mn[n,g], sa[m,g], acc)
+ *                acc = fmaf(mn[n,g], sa[m,g], acc).  mxfp4: the group's int values are
+ *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly
  *   float kinds: acc = 0; for k in order: acc = fmaf(w[n,k], x[m,k], acc)
  * Every variant performs exactly this float operation sequence (vectorized across the 16
  * rows of a row block), so the variants, the GEMV and GEMM paths, any tiling and any thread
@@ -13,6 +14,7 @@
  *   q4 qs  (n_rb, G, 4, 16, 4) uint8: line c of group g holds rows 0..15 x k = c*4+j (low
  *          nibble) and k = 16+c*4+j (high nibble)
  *   q8 qs  (n_rb, G, 8, 16, 4) int8:  line c holds rows 0..15 x k = c*4+j
+ *   mxfp4  qs as q4 (4-bit codes), e (n_rb, G, 16) uint8 e8m0 exponents
  *   d, m   (n_rb, G, 16) float16
  *   float  (n_rb, K, 16)
  */
@@ -56,6 +58,18 @@ GI_INLINE float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* MXFP4: the value of code c is KV[c] * 2^(e-128); KV is twice the e2m1 value (exact ints). */
+static const int8_t KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* e8m0 exponent -> 2^(e-128) as float32, exact for every e (e < 2: a subnormal); ggml's
+   GGML_E8M0_TO_FP32_HALF, so e = 255 is 2^127, not NaN. */
+GI_INLINE float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 GI_INLINE int32_t load_i32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -74,8 +88,9 @@ GI_INLINE int quant_one(float v, float inv) {
     return (int)rintf(r);
 }
 
-/* 64-byte lines per group, and bytes per row block, of an int kind. */
+/* 64-byte lines per group of an int kind; scale (and min) bytes per group and row block. */
 #define LINES(kind) ((kind) == GI_Q8_0 ? 8 : 4)
+#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : 32)
 
 /* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
 GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
@@ -218,18 +233,30 @@ GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m
     else if (cnt > 0) _mm512_mask_storeu_ps(o, (__mmask16)((1u << cnt) - 1u), v);
 }
 
+/* 16 e8m0 exponents -> 2^(e-128) (e8m0_half, vectorized: the same bits) */
+GI_INLINE __m512 e8m0_half16(const uint8_t *p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1)), small, big));
+}
+
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
                      const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
     const int NL = LINES(KIND);
     const int64_t rbs = G * NL * 64;                              /* bytes per row block */
     const uint8_t *wq = (const uint8_t *)w->qs + u * rbs;         /* (RB, G, NL, 16, 4) */
-    const uint16_t *wd = w->d + u * G * 16;                       /* (RB, G, 16) */
+    const uint16_t *wd = KIND == GI_MXFP4 ? 0 : w->d + u * G * 16; /* (RB, G, 16) */
+    const uint8_t *we = KIND == GI_MXFP4 ? w->e + u * G * 16 : 0; /* (RB, G, 16) */
     const uint16_t *wm = KIND == GI_Q4_1 ? w->m + u * G * 16 : 0; /* (RB, G, 16) */
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    /* mxfp4: code -> KV + 12 (0..24, unsigned for vpdpbusd), corrected by -12*asum */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                             12, 11, 10, 9, 8, 6, 4, 0));
     __m512 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -237,9 +264,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
 
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
-        /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0) or
-           -128*asum (q8_0) of row m+i, group g0+gg.  It is the initial value of the int32
-           accumulators (a load-only broadcast), so no subtraction is needed afterwards. */
+        /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0),
+           -128*asum (q8_0) or -12*asum (mxfp4) of row m+i, group g0+gg.  It is the initial
+           value of the int32 accumulators (a load-only broadcast), so no subtraction is
+           needed afterwards. */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
         int32_t cb[MAXMR][16];
         if (KIND != GI_Q4_1) {
@@ -247,7 +275,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
                 __m512i v = _mm512_maskz_loadu_epi32(gm, as + i * G + g0);
-                v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
+                if (KIND == GI_MXFP4)
+                    v = _mm512_mullo_epi32(v, _mm512_set1_epi32(-12));
+                else
+                    v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
                 _mm512_storeu_si512(cb[i], v);
             }
         }
@@ -271,7 +302,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #pragma GCC unroll 8
                     for (int c = 0; c < NL; c++)
                         _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    if (KIND == GI_MXFP4)
+                        _mm_prefetch((const char *)(we + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    else
+                        _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
                     if (KIND == GI_Q4_1)
                         _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
                 }
@@ -285,6 +319,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
                         lo[r] = _mm512_and_si512(l, nib);
                         hi[r] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+                        if (KIND == GI_MXFP4) {
+                            lo[r] = _mm512_shuffle_epi8(lut, lo[r]);
+                            hi[r] = _mm512_shuffle_epi8(lut, hi[r]);
+                        }
                     }
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++) {
@@ -316,7 +354,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m512 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
-                dv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
+                dv[r] = KIND == GI_MXFP4 ? e8m0_half16(we + r * G * 16 + g * 16)
+                                         : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
                 if (KIND == GI_Q4_1)
                     mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
             }
@@ -358,6 +397,14 @@ GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m
     }
 }
 
+/* 8 e8m0 exponents -> 2^(e-128) (e8m0_half, vectorized: the same bits) */
+GI_INLINE __m256 e8m0_half8(const uint8_t *p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(small, big, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
+}
+
 /* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
    (rows 8h..8h+7), and d[.., 8h..8h+7]. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
@@ -367,17 +414,22 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int64_t rbs = G * NL * 64;                      /* bytes per row block */
     const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
     const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
+    const uint8_t *we[MAXRB];                                   /* mxfp4: (G, [8]) per unit */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         int64_t rb = (u + r) >> 1, h = (u + r) & 1;
         wq[r] = (const uint8_t *)w->qs + rb * rbs + h * 32;
-        wd[r] = w->d + rb * G * 16 + h * 8;
+        wd[r] = KIND == GI_MXFP4 ? 0 : w->d + rb * G * 16 + h * 8;
         wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
+        we[r] = KIND == GI_MXFP4 ? w->e + rb * G * 16 + h * 8 : 0;
     }
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
+    const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                                   12, 11, 10, 9, 8, 6, 4, 0));
     __m256 acc[MAXRB][MAXMR];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -389,15 +441,50 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
            the broadcasts below are plain loads */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
         int32_t cb[MAXMR][16];
-        if (KIND == GI_Q4_0)
+        if (KIND == GI_Q4_0 || KIND == GI_MXFP4)
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++)
-                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * 8;
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * (KIND == GI_Q4_0 ? 8 : 12);
         for (int gg = 0; gg < gn; gg++) {
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
-            if (KIND != GI_Q8_0) {
+            if (KIND == GI_MXFP4) {
+                /* codes looked up as KV + 12 (0..24, unsigned) against int8 activations, the
+                   -12*asum correction below.  An int16 lane of one maddubs sums 2 products
+                   <= 24*127 (no saturation); the low and the high nibbles accumulate apart over
+                   the 4 lines (each <= 4*6096 = 24384: no wrap) and meet in int32. */
+                __m256i sl[MAXRB][MAXMR], sh[MAXRB][MAXMR];
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) sl[r][i] = sh[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
+                        lo[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(l, nib));
+                        hi[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            sl[r][i] = _mm256_add_epi16(sl[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            sh[r][i] = _mm256_add_epi16(sh[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        }
+                    }
+                }
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++)
+                        is[r][i] = _mm256_add_epi32(_mm256_madd_epi16(sl[r][i], ones), _mm256_madd_epi16(sh[r][i], ones));
+            } else if (KIND != GI_Q8_0) {
                 /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
                    no saturation in maddubs, no wrap in add_epi16 */
                 __m256i s16[MAXRB][MAXMR];
@@ -457,17 +544,18 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m256 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
-                dv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
+                dv[r] = KIND == GI_MXFP4 ? e8m0_half8(we[r] + g * 16)
+                                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
                 if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
             }
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
                 __m256 dai = _mm256_set1_ps(da[i * G + g]);
                 __m256i corr = _mm256_setzero_si256();
-                if (KIND == GI_Q4_0) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+                if (KIND == GI_Q4_0 || KIND == GI_MXFP4) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
-                    __m256i s = KIND == GI_Q4_0 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    __m256i s = KIND == GI_Q4_0 || KIND == GI_MXFP4 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
                     acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
                     if (KIND == GI_Q4_1)
                         acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
@@ -805,12 +893,14 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
     int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
 #define FG_PTR(K, RB, MR) fg_##K##_##RB##_##MR,
 
-/* kinds 0..2 = q4_0, q4_1, q8_0; 3..5 = f32, f16, bf16 */
-SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1)
-SEQ(QG_MR)(QG_DEF, 0, 1) SEQ(QG_MR)(QG_DEF, 1, 1) SEQ(QG_MR)(QG_DEF, 2, 1)
-SEQ(FV_RB)(FV_DEF, 3, 1) SEQ(FV_RB)(FV_DEF, 4, 1) SEQ(FV_RB)(FV_DEF, 5, 1)
-SEQ(FG_MR)(FG_DEF, 3, 1) SEQ(FG_MR)(FG_DEF, 4, 1) SEQ(FG_MR)(FG_DEF, 5, 1)
-SEQ(FG_MR)(FG_DEF, 3, 2) SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2)
+/* kinds 0..3 = q4_0, q4_1, q8_0, mxfp4; 4..6 = f32, f16, bf16 (matmul.h) */
+_Static_assert(GI_MXFP4 == 3 && GI_F32 == 4 && GI_BF16 == 6,
+               "the instantiation lists below assume the kind numbers of matmul.h");
+SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
+SEQ(QG_MR)(QG_DEF, 0, 1) SEQ(QG_MR)(QG_DEF, 1, 1) SEQ(QG_MR)(QG_DEF, 2, 1) SEQ(QG_MR)(QG_DEF, 3, 1)
+SEQ(FV_RB)(FV_DEF, 4, 1) SEQ(FV_RB)(FV_DEF, 5, 1) SEQ(FV_RB)(FV_DEF, 6, 1)
+SEQ(FG_MR)(FG_DEF, 4, 1) SEQ(FG_MR)(FG_DEF, 5, 1) SEQ(FG_MR)(FG_DEF, 6, 1)
+SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2)
 
 #if QG_RB != 1 || FG_RB != 2
 #error "instantiation lists above assume QG_RB == 1 and FG_RB == 2"
@@ -819,16 +909,18 @@ SEQ(FG_MR)(FG_DEF, 3, 2) SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2)
 #error "microkernel sizes exceed the register array bounds"
 #endif
 
-static const qtile_fn qv_tab[3][QV_RB] = {
-    {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)}};
-static const qtile_fn qg_tab[3][QG_RB][QG_MR] = {
-    {{SEQ(QG_MR)(QG_PTR, 0, 1)}}, {{SEQ(QG_MR)(QG_PTR, 1, 1)}}, {{SEQ(QG_MR)(QG_PTR, 2, 1)}}};
+static const qtile_fn qv_tab[4][QV_RB] = {
+    {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)},
+    {SEQ(QV_RB)(QV_PTR, 3, 1)}};
+static const qtile_fn qg_tab[4][QG_RB][QG_MR] = {
+    {{SEQ(QG_MR)(QG_PTR, 0, 1)}}, {{SEQ(QG_MR)(QG_PTR, 1, 1)}}, {{SEQ(QG_MR)(QG_PTR, 2, 1)}},
+    {{SEQ(QG_MR)(QG_PTR, 3, 1)}}};
 static const ftile_fn fv_tab[3][FV_RB] = {
-    {SEQ(FV_RB)(FV_PTR, 3, 1)}, {SEQ(FV_RB)(FV_PTR, 4, 1)}, {SEQ(FV_RB)(FV_PTR, 5, 1)}};
+    {SEQ(FV_RB)(FV_PTR, 4, 1)}, {SEQ(FV_RB)(FV_PTR, 5, 1)}, {SEQ(FV_RB)(FV_PTR, 6, 1)}};
 static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
-    {{SEQ(FG_MR)(FG_PTR, 3, 1)}, {SEQ(FG_MR)(FG_PTR, 3, 2)}},
     {{SEQ(FG_MR)(FG_PTR, 4, 1)}, {SEQ(FG_MR)(FG_PTR, 4, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}}};
+    {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 6, 1)}, {SEQ(FG_MR)(FG_PTR, 6, 2)}}};
 
 #define UPB (GI_ROWS / UNIT)       /* units per row block */
 #ifndef L2_CHUNK
@@ -969,7 +1061,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
         if (m0 >= m1) return;
     }
 #endif
-    const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + 32 * (kind == GI_Q4_1 ? 2 : 1)) / UPB;
+    const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
     if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
 #endif
@@ -1009,8 +1101,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     const int NL = LINES(kind);
     for (int64_t rb = rb0; rb < rb1; rb++) {
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;   /* (G, NL, 16, 4) */
-        const uint16_t *wd = w->d + rb * G * 16;                         /* (G, 16) */
+        const uint16_t *wd = kind == GI_MXFP4 ? 0 : w->d + rb * G * 16;  /* (G, 16) */
         const uint16_t *wm = kind == GI_Q4_1 ? w->m + rb * G * 16 : 0;
+        const uint8_t *we = kind == GI_MXFP4 ? w->e + rb * G * 16 : 0;   /* (G, 16) */
         const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
         for (int64_t m = m0; m < m1; m++) {
             float acc[GI_ROWS] = {0};
@@ -1018,7 +1111,14 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const int8_t *ag = a->qa + m * K + g * GI_GROUP;      /* (32,) */
                 const uint8_t *lg = wq + g * NL * 64;
                 int32_t is[GI_ROWS] = {0};
-                if (kind != GI_Q8_0) {
+                if (kind == GI_MXFP4) {
+                    for (int c = 0; c < 4; c++)
+                        for (int r = 0; r < GI_ROWS; r++)
+                            for (int j = 0; j < 4; j++) {
+                                int b = lg[c * 64 + r * 4 + j];
+                                is[r] += KV_MXFP4[b & 15] * ag[c * 4 + j] + KV_MXFP4[b >> 4] * ag[16 + c * 4 + j];
+                            }
+                } else if (kind != GI_Q8_0) {
                     for (int c = 0; c < 4; c++)
                         for (int r = 0; r < GI_ROWS; r++)
                             for (int j = 0; j < 4; j++) {
@@ -1034,7 +1134,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const float dam = a->da[m * G + g];
                 const int32_t corr = kind == GI_Q4_0 ? 8 * a->asum[m * G + g] : 0;
                 for (int r = 0; r < GI_ROWS; r++) {
-                    float dd = f16_to_f32(wd[g * 16 + r]) * dam;
+                    float dd = (kind == GI_MXFP4 ? e8m0_half(we[g * 16 + r]) : f16_to_f32(wd[g * 16 + r])) * dam;
                     acc[r] = fmaf((float)(is[r] - corr), dd, acc[r]);
                     if (kind == GI_Q4_1) acc[r] = fmaf(f16_to_f32(wm[g * 16 + r]), a->sa[m * G + g], acc[r]);
                 }
@@ -1074,7 +1174,7 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
 /* ============================================================================ get_rows (all variants: plain C) */
 
 /* Dequantized value = the reference's float32 expression: q4_0 (nib-8)*d, q4_1 nib*d + m
-   (two roundings), q8_0 q*d, floats converted exactly. */
+   (two roundings), q8_0 q*d, mxfp4 KV[code]*2^(e-128) (exact), floats converted exactly. */
 static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out) {
     const int64_t K = w->n_in;
     const int kind = w->kind;
@@ -1094,10 +1194,18 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
         const int NL = LINES(kind);
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;     /* (G, NL, 16, 4) */
         for (int64_t g = 0; g < G; g++) {
-            const float d = f16_to_f32(w->d[(rb * G + g) * GI_ROWS + r]);
+            const float d = kind == GI_MXFP4 ? e8m0_half(w->e[(rb * G + g) * GI_ROWS + r])
+                                             : f16_to_f32(w->d[(rb * G + g) * GI_ROWS + r]);
             float *og = o + g * GI_GROUP;
             const uint8_t *lg = wq + g * NL * 64 + r * 4;
-            if (kind == GI_Q8_0) {
+            if (kind == GI_MXFP4) {
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++) {
+                        int b = lg[c * 64 + j];
+                        og[c * 4 + j] = (float)KV_MXFP4[b & 15] * d;
+                        og[16 + c * 4 + j] = (float)KV_MXFP4[b >> 4] * d;
+                    }
+            } else if (kind == GI_Q8_0) {
                 for (int c = 0; c < 8; c++)
                     for (int j = 0; j < 4; j++) og[c * 4 + j] = (float)(int8_t)lg[c * 64 + j] * d;
             } else if (kind == GI_Q4_0) {

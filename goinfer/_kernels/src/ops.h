@@ -29,6 +29,11 @@ typedef struct {
     void (*rope)(const float *x, float *out, const int32_t *pos, const double *cos_t,
                  const double *sin_t, int64_t t0, int64_t t1, int64_t H, int64_t hd,
                  int64_t half, int neox);
+    /* same ranges: gpt-oss's clamped SwiGLU, x = min(g, limit), y = clamp(u, -limit, limit),
+     * out = (x / (1 + exp(-(alpha * x)))) * (y + 1) */
+    void (*swiglu_oai)(const float *g, int64_t gs, const float *u, int64_t us, float *out,
+                       int64_t os, int64_t m0, int64_t m1, int64_t c0, int64_t c1, float alpha,
+                       float limit);
     /* test hook: y[i] = gi_vf_exp(x[i]) (the float32 exp used by swiglu / gelu_tanh_mul) */
     void (*exp_f32)(const float *x, float *y, int64_t n);
 } gi_ops_ops;

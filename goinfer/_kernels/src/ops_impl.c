@@ -114,6 +114,34 @@ GI_INLINE vf add_v(vf a, vf b) { return vf_add(a, b); }
         }                                                                                   \
     }
 
+/* gpt-oss: x = min(g, limit), y = clamp(u, -limit, limit), (x / (1 + exp(-(alpha x)))) (y + 1).
+   The clamps are ordered selects, so a NaN gate or up passes through them and the result is
+   NaN (as torch.clamp keeps NaN), in every variant. */
+GI_INLINE vf swiglu_oai_v(vf g, vf u, vf alpha, vf lim, vf nlim) {
+    vf x = vf_sel_gt(g, lim, lim, g);
+    vf y = vf_sel_gt(u, lim, lim, u);
+    y = vf_sel_lt(y, nlim, nlim, y);
+    vf e = gi_vf_exp(vf_sub(vf_set1(0.0f), vf_mul(alpha, x)));
+    return vf_mul(vf_div(x, vf_add(vf_set1(1.0f), e)), vf_add(y, vf_set1(1.0f)));
+}
+
+static void GI(swiglu_oai)(const float *a, int64_t as, const float *b, int64_t bs, float *out,
+                           int64_t os, int64_t m0, int64_t m1, int64_t c0, int64_t c1,
+                           float alpha, float limit) {
+    const vf av = vf_set1(alpha), lv = vf_set1(limit), nv = vf_set1(-limit);
+    for (int64_t m = m0; m < m1; m++) {
+        const float *ar = a + m * as, *br = b + m * bs;
+        float *orow = out + m * os;
+        int64_t i = c0;
+        for (; i + VF_N <= c1; i += VF_N)
+            vf_store(orow + i, swiglu_oai_v(vf_load(ar + i), vf_load(br + i), av, lv, nv));
+        if (i < c1) {
+            int n = (int)(c1 - i);
+            vf_store_n(orow + i, swiglu_oai_v(vf_load_n(ar + i, n), vf_load_n(br + i, n), av, lv, nv), n);
+        }
+    }
+}
+
 GI_BINARY_KERNEL(swiglu, swiglu_v)
 GI_BINARY_KERNEL(gelu_tanh_mul, gelu_v)
 GI_BINARY_KERNEL(add, add_v)
@@ -202,5 +230,5 @@ static void GI(exp_f32)(const float *x, float *y, int64_t n) {
 /* ============================================================================ table */
 
 const gi_ops_ops GI(gi_ops_ops) = {
-    GI(rmsnorm), GI(swiglu), GI(gelu_tanh_mul), GI(add), GI(rope), GI(exp_f32),
+    GI(rmsnorm), GI(swiglu), GI(gelu_tanh_mul), GI(add), GI(rope), GI(swiglu_oai), GI(exp_f32),
 };
