@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from goinfer import logprobs as _lp
-from goinfer.errors import ContextLengthError
+from goinfer.errors import CacheFullError, ContextLengthError
 from goinfer.kv_cache import KVCache, block_hash, root_hash
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.sampling import Sampler, SamplingParams
@@ -505,8 +505,14 @@ class Session:
         spec = Speculation(ids, draft_tokens) if draft_tokens and self._rec is None else None
         while not gen.done:
             if gen.n_steps > 0:
-                logits = (self.decode(gen.tokens[-1]) if spec is None
-                          else spec.next_logits(self, gen))
+                try:
+                    logits = (self.decode(gen.tokens[-1]) if spec is None
+                              else spec.next_logits(self, gen))
+                except CacheFullError:
+                    # the reply is lost with the error: hold the prompt only (a prefix of what
+                    # this call was asked to hold), its blocks kept for a retry, the rest freed
+                    self.truncate(len(ids))
+                    raise
             piece = gen.push(logits)
             if piece or gen.has_logprobs():
                 yield gen.piece(piece)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from goinfer.errors import RequestError
+from goinfer.errors import CacheFullError, RequestError
 
 PROMPT_LOOKUP = "prompt_lookup"
 DRAFTS = (PROMPT_LOOKUP,)
@@ -153,5 +153,10 @@ class Speculation:
         if len(fed) == 1:
             return session.decode(fed[0])
         base = session.n_tokens
-        self.verified(fed, session.extend(fed), base)
+        try:
+            rows = session.extend(fed)
+        except CacheFullError:  # no room for the draft (nothing was appended): plain decoding
+            gen.drafted -= len(fed) - 1
+            return session.decode(fed[0])
+        self.verified(fed, rows, base)
         return self.take(gen)

@@ -57,6 +57,28 @@ def test_random_conversation_trees(model, budget):
         assert seen["reused >= 2 blocks"] >= 1, seen
 
 
+def test_cache_full_during_a_reply_keeps_the_prompt(model):
+    """A decode step of generate finds the cache full: the reply is lost with the
+    CacheFullError and the session holds exactly its prompt (a prefix of what it was asked to
+    hold, ready for a retry), with or without drafting; no block is leaked; once room is made
+    the retry reuses the prompt and gives the reference reply.  (Found by
+    test_random_conversation_trees[tight]: the session kept the prompt + a sampled token.)"""
+    ids = [0] * 11
+    for draft in (None, "prompt_lookup"):
+        cache = KVCache(model, max_tokens=16, block_size=4)  # 4 blocks
+        a, b = model.session(cache), model.session(cache)
+        a.prefill([0] * 9)
+        b.prefill([0])  # every block is held: a's 4th block (positions 12..15) cannot be had
+        with pytest.raises(CacheFullError):
+            a.generate(ids, max_tokens=3, draft=draft)  # decodes position 12
+        assert a.tokens == ids
+        assert cache.stats().blocks_used == len(a._blocks) + len(b._blocks) == 4
+    b.reset()
+    r = a.generate(ids, max_tokens=3)
+    ref = model.session(KVCache(model, max_tokens=64)).generate(ids, max_tokens=3)
+    assert r.tokens == ref.tokens and r.cached_tokens == len(ids) - 1
+
+
 def lcp(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 

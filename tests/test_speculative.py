@@ -188,6 +188,31 @@ def test_chat_takes_draft(models):
     assert a.text == b.text and b.timings.draft_tokens > 0
 
 
+def test_draft_without_room_falls_back_to_a_decode_step(models):
+    """A draft that needs a block the cache cannot give does not fail the step plain decoding
+    would take: the token alone is decoded (the same logits as a decode step), nothing of the
+    draft is counted or held, no block is leaked."""
+    from goinfer.sampling import SamplingParams
+    from goinfer.session import Generation
+    from goinfer.speculative import Speculation
+
+    m = models()
+    A = list(range(100, 112))
+    ids = A + [7] + A[:3]  # 16 tokens: 2 blocks of 8
+    cache = KVCache(m, max_tokens=24, block_size=8)  # 3 blocks: the next token fits, no more
+    s = m.session(cache)
+    gen = Generation(m, ids, 40, SamplingParams(logit_bias={A[3]: 100.0}), [])
+    gen.push(s.prefill(ids))
+    assert gen.tokens == [A[3]]
+    assert len(prompt_lookup(np.asarray(ids + [A[3]]), 16)) > 24 - 17  # a draft past the cache
+    got = Speculation(ids, 16).next_logits(s, gen)
+    ref = m.session(KVCache(m, max_tokens=64))
+    ref.prefill(ids)
+    assert np.array_equal(got, ref.decode(A[3]))
+    assert s.tokens == ids + [A[3]] and gen.drafted == 0
+    assert cache.stats().blocks_used == len(s._blocks) == 3
+
+
 def test_bad_draft_arguments(models):
     s = models().session()
     for kw, param in ((dict(draft="medusa"), "draft"), (dict(draft="prompt_lookup",
