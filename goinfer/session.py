@@ -424,7 +424,11 @@ class Session:
         the context and verified in one forward call (goinfer/speculative.py); the output is
         identical to draft=None's (tokens, text, logprobs), only faster when the reply copies
         from its context; result.timings.draft_tokens / draft_accepted say how much was
-        proposed / accepted.  Hybrid models (recurrent state) decode without drafting.
+        proposed / accepted.  Hybrid models (recurrent state) decode without drafting (a state
+        advanced over a draft's rows cannot be cut back to the accepted ones).
+
+        CacheFullError: while the prompt is seated the session holds a prefix of it, while
+        decoding the whole prompt (the reply is lost with the error); a retry resumes there.
 
         Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
         split UTF-8 character) whose last item is the GenerationResult.  With logprobs the
