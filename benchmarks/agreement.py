@@ -41,7 +41,7 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--positions", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--exact-prefill", action="store_true")
+    ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
@@ -76,7 +76,7 @@ def main(argv=None):
     path = Path(args.model).resolve()
     ref_path = Path(args.reference).resolve() if args.reference else path
     kvs = [k for k in args.kv_dtype.split(",") if k]
-    gm = goinfer.Model.load(str(path), threads=args.threads, exact_prefill=args.exact_prefill,
+    gm = goinfer.Model.load(str(path), threads=args.threads, exact=args.exact,
                             progress=False, kv_dtype=kvs[0])
     engines = {"goinfer": gm}
     for kv in kvs[1:]:
@@ -84,7 +84,7 @@ def main(argv=None):
         engines[f"goinfer kv={kv}"].kv_dtype = kv
     for extra in args.also:
         engines[f"goinfer:{Path(extra).name}"] = goinfer.Model.load(
-            str(Path(extra).resolve()), threads=args.threads, exact_prefill=args.exact_prefill,
+            str(Path(extra).resolve()), threads=args.threads, exact=args.exact,
             progress=False)
     text = "\n\n".join(Path(t).read_text() for t in args.text)
     ids = gm.tokenize(text)

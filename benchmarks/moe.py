@@ -118,8 +118,8 @@ def main(argv=None) -> int:
         text = (ROOT / "tests" / "data" / "agreement_text.txt").read_text()
         rows = []
         for nt in a.threads:
-            dense = Model.load(str(dense_path), threads=nt, exact_prefill=True, progress=False)
-            moe = Model.load(str(moe_path), threads=nt, exact_prefill=True, progress=False,
+            dense = Model.load(str(dense_path), threads=nt, exact=True, progress=False)
+            moe = Model.load(str(moe_path), threads=nt, exact=True, progress=False,
                              context_length=max(a.sizes) + 64)
             base = dense.tokenize(text)
             for n in a.sizes:

@@ -5,7 +5,7 @@
         [--kv-dtype f16] [--exact-kv-dtype f32]
 
 For each length n: the first n tokens of the text (goinfer's tokenizer, no BOS) as one prompt.
-  cosine   of the last position's logits, fast (default) vs exact_prefill=True
+  cosine   of the last position's logits, default mode (fast from position 512) vs exact=True
   top-1    teacher-forced agreement of the two over every position of the prompt, with the
            mean and minimum logit cosine and the mean NLL difference (goinfer.fidelity.compare,
            one window of n tokens)
@@ -69,9 +69,9 @@ def main(argv=None):
     if args.noise_floor:
         return noise_floor(args)
     fast = Model.load(args.model, threads=args.threads, progress=False, kv_dtype=args.kv_dtype)
-    fast.exact_prefill = args.exact_only
-    exact = copy.copy(fast)  # the same weights, exact_prefill=True
-    exact.exact_prefill = True
+    fast.exact = args.exact_only
+    exact = copy.copy(fast)  # the same weights, exact=True
+    exact.exact = True
     exact.kv_dtype = args.exact_kv_dtype
     ids_all = fidelity.read_ids(fast, args.text)
     load0 = os.getloadavg()
@@ -130,8 +130,8 @@ class _NoisyAttention:
 
 
 def noise_floor(args):
-    exact = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
-    noisy = Model.load(args.model, threads=args.threads, exact_prefill=True, progress=False)
+    exact = Model.load(args.model, threads=args.threads, exact=True, progress=False)
+    noisy = Model.load(args.model, threads=args.threads, exact=True, progress=False)
     noisy.impl.K = _NoisyAttention(noisy.impl.K)
     ids_all = fidelity.read_ids(exact, args.text)
     for n in args.lengths:

@@ -41,15 +41,15 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
 class GoinferEngine:
     name = "goinfer"
 
-    def __init__(self, path, threads, exact_prefill=False, kv_dtype="f16", tag=False):
+    def __init__(self, path, threads, exact=False, kv_dtype="f16", tag=False):
         import goinfer
         from goinfer import bench
 
         self.bench = bench
-        self.model = goinfer.Model.load(path, threads=threads, exact_prefill=exact_prefill,
-                                        progress=False, kv_dtype=kv_dtype)
+        self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False,
+                                        kv_dtype=kv_dtype)
         self.label = ("goinfer" + (f" {kv_dtype}" if tag else "")
-                      + (" (exact prefill)" if exact_prefill else ""))
+                      + (" (exact)" if exact else ""))
 
     def prefill(self, ids) -> float:
         return self.bench.prefill_seconds(self.model, ids)
@@ -142,7 +142,8 @@ def main(argv=None):
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
-    ap.add_argument("--exact-prefill", action="store_true", help="also run goinfer with exact prefill")
+    ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                    help="also run goinfer with exact=True (float64 attention everywhere)")
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
@@ -174,8 +175,8 @@ def main(argv=None):
     n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
     kvs = [k for k in args.kv_dtype.split(",") if k]
     engines = [GoinferEngine(args.model, args.threads, kv_dtype=k, tag=len(kvs) > 1) for k in kvs]
-    if args.exact_prefill:
-        engines.append(GoinferEngine(args.model, args.threads, exact_prefill=True, kv_dtype=kvs[0],
+    if args.exact:
+        engines.append(GoinferEngine(args.model, args.threads, exact=True, kv_dtype=kvs[0],
                                      tag=len(kvs) > 1))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
     if llama_cpp is not None:

@@ -74,8 +74,7 @@ def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tok
         "model": model.name, "path": str(model.path), "arch": model.config.arch,
         "weights": sorted({f"{w.kind}" + (f" (from {w.source_type})" if w.source_type else "")
                            for w in model.impl.weights()}),
-        "threads": model.threads, "exact_prefill": model.exact_prefill,
-        "kv_dtype": model.kv_dtype,
+        "threads": model.threads, "exact": model.exact, "kv_dtype": model.kv_dtype,
         "machine": _cpu_name(), "date": date.today().isoformat(), "repeats": repeats,
         "goinfer": config(), "prefill": [], "decode": [],
     }

@@ -10,8 +10,7 @@ from goinfer.errors import GoinferError
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a registered model name (see `goinfer list`) or a path to a .gguf")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long prefills too (off: fast path above 512 tokens)")
+    _exact_arg(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
     _kv_dtype_arg(p)
 
@@ -23,6 +22,12 @@ def _kv_dtype_arg(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage: f16 (default, half of f32), f32, q8_0 (~a quarter)")
 
 
+def _exact_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                   help="float64 attention at every position (default: the fast float32 kernel "
+                   "for positions >= 512; --exact-prefill is the old name)")
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -32,19 +37,27 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
+    from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
+
+    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
+                   help="speculative drafting (the same output; faster when the reply copies "
+                   "from the prompt)")
+    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
+                   help=f"the most tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
 
 
 def _load(args):
     from goinfer.model import Model
 
-    return Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    return Model.load(args.model, threads=args.threads, exact=args.exact,
                       context_length=args.ctx, kv_dtype=args.kv_dtype)
 
 
 def _sampling(args) -> dict:
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                seed=args.seed, stop=args.stop)
+                seed=args.seed, stop=args.stop,
+                draft=None if args.draft == "none" else args.draft, draft_tokens=args.draft_tokens)
 
 
 def _stats(r, file=None) -> None:
@@ -52,7 +65,11 @@ def _stats(r, file=None) -> None:
     t = r.timings
     print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
           f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
-          f"{t.decode_tok_s:.1f} tok/s | finish: {r.finish_reason}]", file=file)
+          f"{t.decode_tok_s:.1f} tok/s{_drafts(t)} | finish: {r.finish_reason}]", file=file)
+
+
+def _drafts(t) -> str:
+    return f" (drafts: {t.draft_accepted} of {t.draft_tokens} accepted)" if t.draft_tokens else ""
 
 
 def _stream(session, method, arg, sampling) -> object:
@@ -144,7 +161,7 @@ def cmd_perplexity(args) -> int:
     from goinfer import fidelity
     from goinfer.model import Model
 
-    model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    model = Model.load(args.model, threads=args.threads, exact=args.exact,
                        context_length=args.model_ctx, kv_dtype=args.kv_dtype)
     ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.perplexity(model, ids, args.ctx, args.stride)
@@ -267,8 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a registered model name or a path to a .gguf")
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long windows too (off: fast path from 512 tokens)")
+    _exact_arg(p)
     _kv_dtype_arg(p)
     _fidelity_args(p)
     p.set_defaults(fn=cmd_perplexity)
@@ -276,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="teacher-forced agreement of two settings over a text")
     p.add_argument("model", help="the model for settings without model=")
     p.add_argument("file", help="a UTF-8 text file")
-    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact_prefill, "
-                   "threads, kv_dtype), e.g. exact_prefill=true or kv_dtype=f32")
-    p.add_argument("--b", required=True, help="settings B, e.g. exact_prefill=false")
+    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact, "
+                   "threads, kv_dtype), e.g. exact=true or kv_dtype=f32")
+    p.add_argument("--b", required=True, help="settings B, e.g. exact=false")
     _fidelity_args(p)
     p.set_defaults(fn=cmd_compare)
 

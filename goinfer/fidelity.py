@@ -1,21 +1,21 @@
 """Fidelity tools: perplexity over a text, and a teacher-forced comparison of two settings.
 
-    goinfer perplexity MODEL FILE [--ctx N] [--stride S] [--exact-prefill] [--threads T]
+    goinfer perplexity MODEL FILE [--ctx N] [--stride S] [--exact] [--threads T]
     goinfer compare MODEL --a SETTINGS --b SETTINGS FILE [--ctx N] [--stride S]
 
 Windows (the same for both tools, and for the llama.cpp measurement in
 benchmarks/perplexity_llamacpp.py): the text's token ids (no BOS, special-token strings
 read as plain text) are cut into windows [b, e) of at most ctx tokens, b = 0, stride,
 2*stride, ... while the previous window did not reach the end.  Each window is one fresh
-prefill of e - b tokens at positions 0.. (so the fast-attention floor applies to e - b, as
-for a Session.prefill call) and scores the tokens t in [max(b + 1, previous e), e): every
+prefill of e - b tokens at positions 0.. (so in the default mode rows at window positions
+>= 512 run the fast attention, as for a Session) and scores the tokens t in [max(b + 1, previous e), e): every
 token after the first is scored exactly once, by the first window that holds it with some
 context (with stride == ctx the windows do not overlap and the first token of each window
 is not scored).  NLL is -log softmax(logits)[target] in float64.
 
 SETTINGS: comma-separated key=value pairs; keys: model (a name or path; default: MODEL),
-exact_prefill (true/false), threads (int).  E.g. ``--a exact_prefill=true --b
-exact_prefill=false`` or ``--a model=q4_1.gguf --b model=q8_0.gguf``.
+exact (true/false; exact_prefill is its old name), threads (int).  E.g. ``--a exact=true
+--b exact=false`` or ``--a model=q4_1.gguf --b model=q8_0.gguf``.
 """
 from __future__ import annotations
 
@@ -77,13 +77,12 @@ class _Runner:
         every scored token of window [b, e) from s on, as one prefill call of e - b tokens
         (run in PREFILL_CHUNK pieces, like Model.forward)."""
         m = self.model
-        fast = m.use_fast(e - b)
         first = s - 1 - b  # window row of the first scored prediction
         rec = (SeqRecurrent(m.new_state()),) if m.hybrid else ()  # a fresh window's state
         for c0 in range(0, e - b, PREFILL_CHUNK):
             c1 = min(e - b, c0 + PREFILL_CHUNK)
             want = "all" if c1 > first else "none"
-            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0:b + c1], c0, want, fast) + rec])[0]
+            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0:b + c1], c0, want) + rec])[0]
             if lg is None:
                 continue
             lo, hi = max(c0, first), min(c1, e - b - 1)
@@ -103,7 +102,7 @@ def _progress(total: int, desc: str, show: bool):
 @dataclass
 class PerplexityResult:
     model: str
-    exact_prefill: bool
+    exact: bool
     threads: int
     ctx: int
     stride: int
@@ -121,7 +120,7 @@ class PerplexityResult:
     def summary(self) -> str:
         return (f"{self.model}: perplexity {self.perplexity:.4f} (mean NLL {self.nll:.5f}) over "
                 f"{self.n_scored} tokens, {self.n_windows} windows of {self.ctx} (stride "
-                f"{self.stride}), exact_prefill={self.exact_prefill}, threads={self.threads}, "
+                f"{self.stride}), exact={self.exact}, threads={self.threads}, "
                 f"{self.tokens_per_second:.1f} tok/s")
 
 
@@ -146,7 +145,7 @@ def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
     finally:
         bar.close()
     dt = time.perf_counter() - t0
-    return PerplexityResult(model=model.name, exact_prefill=model.exact_prefill,
+    return PerplexityResult(model=model.name, exact=model.exact,
                             threads=model.threads, ctx=ctx, stride=stride, n_tokens=len(ids),
                             n_windows=len(wins), n_scored=n, nll=total / n,
                             perplexity=math.exp(total / n), seconds=dt,
@@ -155,24 +154,26 @@ def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
 
 # ============================================================================ compare
 
-SETTING_KEYS = ("model", "exact_prefill", "threads", "kv_dtype")
+SETTING_KEYS = ("model", "exact", "threads", "kv_dtype")
+SETTING_ALIASES = {"exact_prefill": "exact"}
 
 
 def parse_settings(text: str) -> dict:
-    """'exact_prefill=true,threads=2' -> {'exact_prefill': True, 'threads': 2}"""
+    """'exact=true,threads=2' -> {'exact': True, 'threads': 2} (exact_prefill: exact)"""
     out: dict = {}
     for part in (p.strip() for p in (text or "").split(",")):
         if not part:
             continue
         key, sep, val = part.partition("=")
         key = key.strip().replace("-", "_")
+        key = SETTING_ALIASES.get(key, key)
         if not sep or key not in SETTING_KEYS:
             raise ValueError(f"bad setting {part!r}: expected key=value with key in "
                              f"{', '.join(SETTING_KEYS)}")
         val = val.strip()
-        if key == "exact_prefill":
+        if key == "exact":
             if val.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(f"exact_prefill must be true or false, got {val!r}")
+                raise ValueError(f"exact must be true or false, got {val!r}")
             out[key] = val.lower() in ("true", "1", "yes")
         elif key == "kv_dtype":
             from goinfer.kv_cache import check_kv_dtype
@@ -189,23 +190,23 @@ def parse_settings(text: str) -> dict:
 
 
 def load_pair(default_model: str, a: dict, b: dict, **load_kw):
-    """Models for two settings; when only exact_prefill / kv_dtype differ the weights are
-    loaded once (a shallow copy of the Model with its own flags)."""
+    """Models for two settings; when only exact / kv_dtype differ the weights are loaded once
+    (a shallow copy of the Model with its own flags)."""
     from goinfer.kv_cache import DEFAULT_KV_DTYPE
     from goinfer.model import Model
 
     def full(s):
-        return (s.get("model", default_model), s.get("threads"), s.get("exact_prefill", False),
+        return (s.get("model", default_model), s.get("threads"), s.get("exact", False),
                 s.get("kv_dtype", DEFAULT_KV_DTYPE))
 
     (pa, ta, ea, ka), (pb, tb, eb, kb) = full(a), full(b)
-    ma = Model.load(pa, threads=ta, exact_prefill=ea, kv_dtype=ka, **load_kw)
+    ma = Model.load(pa, threads=ta, exact=ea, kv_dtype=ka, **load_kw)
     if (pa, ta) == (pb, tb):
         mb = copy.copy(ma)
-        mb.exact_prefill = eb
+        mb.exact = eb
         mb.kv_dtype = kb
     else:
-        mb = Model.load(pb, threads=tb, exact_prefill=eb, kv_dtype=kb, **load_kw)
+        mb = Model.load(pb, threads=tb, exact=eb, kv_dtype=kb, **load_kw)
     return ma, mb
 
 

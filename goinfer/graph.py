@@ -1,4 +1,5 @@
-"""Graph replay of decode steps: record a forward step's kernel calls once, replay them in C.
+"""Graph replay of decode and verify steps: record a forward step's kernel calls once, replay
+them in C.
 
 A decode step of B sequences (one token each) calls ~18 kernels per layer.  Called from
 Python each costs argument checks and, when it runs on several threads, an OpenMP fork/join;
@@ -17,8 +18,14 @@ cache (a plan keeps every array it points into alive: when the model's scratch i
 a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
 one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
 rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
-variant, a position past the RoPE tables it was captured with, or an attention crossing the
-size at which the Python kernel switches from one thread to several.
+variant, a position past the RoPE tables it was captured with, an attention crossing the size
+at which the Python kernel switches from one thread to several, or a sequence crossing the
+position from which its rows run the fast attention kernel (``Batch.fast_from``: a plan binds
+the exact or the fast kernel per sequence, as the Python path would call it).
+
+A verify step of speculative decoding (goinfer/speculative.py: a sequence's last token and
+its draft, logits of every row) is replayed the same way: a plan's shape is the rows of each
+sequence, and a shape with several rows is captured when its key comes a second time.
 
 Only the families whose forward is known to route every array operation through kernels are
 captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
@@ -28,7 +35,10 @@ Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the li
 kernels update in place.  A plan binds those kernels to slots of its own pointer tables
 (``state_slot``, ssm.pyx) and writes the current sequences' state addresses there before each
 step, so one plan serves any sequences of the batch size; a step that must copy a state
-snapshot (a block boundary every ``snapshot_every`` blocks) runs the Python path.
+snapshot (a block boundary every ``snapshot_every`` blocks) runs the Python path.  Only decode
+steps (one row per sequence) are replayed for them: a hybrid model never drafts (its state,
+advanced in place over a draft's rows, cannot be cut back to the accepted ones), so it has no
+verify steps, and any other step with several rows runs the Python path.
 """
 from __future__ import annotations
 
@@ -47,7 +57,8 @@ from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
 CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family)
-MAX_PLANS_PER_CACHE = 16  # plans kept per KV cache (least recently used dropped)
+MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
+MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
 
 def enabled_by_env() -> bool:
@@ -82,6 +93,7 @@ def _bind_modules():
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
         "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
+        "attention_fast": m["attention"].bind_attention_fast,
         "ssm_conv": m["ssm"].bind_ssm_conv, "gated_delta": m["ssm"].bind_gated_delta,
         "sigmoid_mul": m["ssm"].bind_sigmoid_mul,
     }, m["attention"]
@@ -118,9 +130,13 @@ class _Recorder:
 # ============================================================================ barriers
 
 
+ATTENTION = ("attention", "attention_fast")
+
+
 def _same_attention_group(prev, cur) -> bool:
-    """Two attention calls of one layer: rows of the same q and out buffers, the same cache
-    views (LlamaFamily.attend passes one k/v cache view per layer to every segment)."""
+    """Two attention calls (either kernel) of one layer: rows of the same q and out buffers,
+    the same cache views (LlamaFamily.attend passes one k/v cache view per layer to every
+    segment)."""
     (_, pa, pk), (_, ca, ck) = prev, cur
     qb, ob = pa[0].base, pk["out"].base
     return (qb is not None and ob is not None and qb is ca[0].base and ob is ck["out"].base
@@ -135,7 +151,7 @@ def place_barriers(ops, calls) -> None:
     behind a barrier) and write disjoint rows of out and the running thread's scratch row."""
     prev_call = None
     for i, (op, call) in enumerate(zip(ops, calls)):
-        grouped = (prev_call is not None and call[0] == "attention" and prev_call[0] == "attention"
+        grouped = (prev_call is not None and call[0] in ATTENTION and prev_call[0] in ATTENTION
                    and _same_attention_group(prev_call, call))
         op.barrier = not (i == 0 or grouped)
         if op.nshares > 0:
@@ -145,23 +161,33 @@ def place_barriers(ops, calls) -> None:
 # ============================================================================ a plan
 
 
-def attention_key(impl, positions) -> tuple:
-    """Per sequence of a decode batch: does its attention run on several threads?  The rule
-    of the Python kernel (attention.pyx _run_items), which a plan reproduces."""
-    if impl.threads <= 1:
-        return ()
+def attention_key(impl, batch: Batch) -> tuple:
+    """Per sequence of a batch: (its rows, how many of them run the exact kernel (the rest run
+    the fast one), whether each of its one or two attention calls runs on several threads).
+    The rules of the Python path (LlamaFamily.attend, attention.pyx _run_items), which a plan
+    reproduces."""
+    ff = batch.fast_from
     grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
     hw = impl.cfg.n_heads * impl.cfg.head_dim
-    return tuple(hw * (int(p) + 1) >= grain for p in positions)
-
+    key = []
+    for seg in batch.segments:
+        pos = batch.positions[seg.start:seg.stop]
+        k = len(pos) if ff is None else int(np.searchsorted(pos, ff))
+        threaded = () if impl.threads <= 1 else tuple(
+            len(p) * hw * (int(p[-1]) + 1) >= grain for p in (pos[:k], pos[k:]) if len(p))
+        key.append((len(pos), k, threaded))
+    return tuple(key)
 
 
 class DecodePlan:
-    """The decode step of B sequences (one token each) over one KVCache, captured once."""
+    """One step of B sequences over one KVCache, captured once: a decode step (one token
+    each) or a verify step (a token and its draft: a few tokens, logits of every row).
+    shape: rows per sequence."""
 
-    def __init__(self, impl, kernels, cache, B: int, n_ctx: int):
+    def __init__(self, impl, kernels, cache, shape: tuple[int, ...], n_ctx: int):
         cfg = impl.cfg
-        self.impl, self.B, self.threads = impl, B, impl.threads
+        B, T = len(shape), sum(shape)
+        self.impl, self.B, self.T, self.shape, self.threads = impl, B, T, shape, impl.threads
         self.k, self.v = cache.k, cache.v
         bs = cache.block_size
         self.block_size = bs
@@ -169,12 +195,13 @@ class DecodePlan:
         self.max_pos = min(n_ctx, self.max_blocks * bs) - 1
         self.variant = kernels._config.variant()
         # ---- the plan's own input and output buffers (the graph points into them)
-        self.tokens = np.zeros(B, np.int64)  # (B,)
-        self.positions = np.zeros(B, np.int32)  # (B,)
-        self.slots = np.zeros(B, np.int64)  # (B,)
+        self.tokens = np.zeros(T, np.int64)  # (T,)
+        self.positions = np.zeros(T, np.int32)  # (T,)
+        self.slots = np.zeros(T, np.int64)  # (T,)
         self.tables = np.zeros((B, self.max_blocks), np.int32)  # (B, max_blocks)
-        self.logits = np.zeros((B, cfg.vocab_size), np.float32)  # (B, vocab)
-        self.rows = np.arange(B, dtype=np.int64)
+        self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (T, vocab)
+        self.rows = np.arange(T, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
         # hybrid models: the state each sequence's linear-layer ops read, by address
         self.spec = getattr(impl, "state_spec", None)
         if self.spec is not None:
@@ -189,13 +216,13 @@ class DecodePlan:
     # ------------------------------------------------------------------ per step
 
     def load(self, batch: Batch) -> None:
-        """Copy a decode batch's inputs into the plan's buffers (hybrid: the addresses of the
+        """Copy a batch's inputs into the plan's buffers (hybrid: the addresses of the
         sequences' states into the slot tables; GraphRunner.decode checked their shapes)."""
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
         self.slots[:] = batch.slots
         for i, seg in enumerate(batch.segments):
-            need = int(batch.positions[i]) // self.block_size + 1
+            need = int(batch.positions[seg.stop - 1]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
         if self.spec is not None:
             n_lin = self.spec.n_lin
@@ -214,37 +241,43 @@ class DecodePlan:
                 and pmax <= self.max_pos and attn_key == self.attn_key)
 
     def run(self) -> np.ndarray:
-        """One step over the loaded inputs -> logits (B, vocab), a fresh array."""
+        """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
         self._graph.run()
-        n = getattr(self.impl.cfg, "n_kv_layers", self.impl.cfg.n_layers) * self.B
-        self._attn_mod.count_exact(n, n)  # the Python path counts each attention call
+        L = getattr(self.impl.cfg, "n_kv_layers", self.impl.cfg.n_layers)  # attention layers
+        # the Python path counts each attention call and its rows
+        exact = [k for n, k, _ in self.attn_key if k]
+        fast = [n - k for n, k, _ in self.attn_key if n > k]
+        self._attn_mod.count_exact(L * len(exact), L * sum(exact))
+        self._attn_mod.count_fast(L * len(fast), L * sum(fast))
         return self.logits.copy()
 
     # ------------------------------------------------------------------ capture
 
-    def capture(self) -> None:
-        """Record the family's forward over the loaded inputs and bind every call."""
+    def capture(self, fast_from: int | None) -> None:
+        """Record the family's forward over the loaded inputs and bind every call (rows at
+        positions >= fast_from run the fast attention kernel)."""
         impl, cfg, B = self.impl, self.impl.cfg, self.B
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
-        self.attn_key = attention_key(impl, self.positions)
         # RoPE tables: grown now for the largest position seen, never during the capture
         ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))
                  if r is not None}
         n_pos = int(self.positions.max()) + 1
         self.rope_limit = min((r.tables(n_pos)[0].shape[0] for r in ropes.values()),
                               default=self.max_pos + 1)
-        segs = [Segment(i, i + 1, self.tables[i]) for i in range(B)]
+        st = self.starts
+        segs = [Segment(st[i], st[i + 1], self.tables[i]) for i in range(B)]
         slot_of = {}  # address of a capture state view -> (slot table, index)
         if self.spec is not None:  # stand-in states: the ops read the real ones through slots
             n_lin = self.spec.n_lin
             for i, seg in enumerate(segs):
-                st = RecurrentState.zeros(self.spec)
-                seg.rec = SeqRecurrent(st)
+                state = RecurrentState.zeros(self.spec)
+                seg.rec = SeqRecurrent(state)
                 for li in range(n_lin):
-                    slot_of[st.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
-                    slot_of[st.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
-        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows)
+                    slot_of[state.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
+                    slot_of[state.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
+        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
+        self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
         old = impl.K
         impl.K = rec
@@ -254,13 +287,14 @@ class DecodePlan:
             impl.K = old
         # one scratch serves every attention of the graph: a row per thread
         att = importlib.import_module("goinfer._kernels.attention")
-        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos)
-                   for name, a, kw in rec.calls if name == "attention"] + [8])
+        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos,
+                                         fast=name == "attention_fast")
+                   for name, a, kw in rec.calls if name in ATTENTION] + [8])
         self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
         ops, calls = [], []
         for call in rec.calls:
             name, a, kw = call
-            if name == "attention":
+            if name in ATTENTION:
                 kw = dict(kw, scratch=self.scratch, max_pos=self.max_pos)
             elif name in ("ssm_conv", "gated_delta"):
                 state = a[2] if name == "ssm_conv" else a[4]
@@ -301,46 +335,57 @@ def _replayable_state(rec, spec) -> bool:
 
 
 class GraphRunner:
-    """The decode plans of one model: per KV cache (weakly held), batch size and attention
-    threading (attention_key)."""
+    """The plans of one model: per KV cache (weakly held) and attention_key (each sequence's
+    rows, attention kernels and threading).  A decode step's plan is captured at once; a step
+    with several rows in a sequence (a verify step) is captured the second time its key
+    comes, so a shape that does not recur never costs a capture."""
 
     def __init__(self, model):
         self.model = model
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.captures = 0  # plans built (tests: invalidation)
         self.replays = 0  # steps run by a plan
         self.disabled = False  # a capture failed: this model stays on the Python path
 
     @staticmethod
-    def is_decode(batch: Batch) -> bool:
-        """One token per sequence, logits for each, exact attention."""
-        return (all(seg.stop - seg.start == 1 and not seg.fast for seg in batch.segments)
-                and len(batch.logit_rows) == len(batch.segments))
+    def replayable(batch: Batch) -> bool:
+        """Logits for every row, at most MAX_ROWS rows per sequence (decode and verify steps;
+        prefill chunks want the last row only)."""
+        return (len(batch.logit_rows) == len(batch.tokens)
+                and all(seg.stop - seg.start <= MAX_ROWS for seg in batch.segments))
 
     def decode(self, cache, batch: Batch):
-        """Logits (B, vocab) of a decode batch by a plan, or None (use the Python path)."""
+        """Logits (T, vocab) of a replayable batch by a plan, or None (use the Python path)."""
         m = self.model
         if self.disabled or m.impl.K is not m.kernels:  # (supported() was checked at load)
             return None
-        B = len(batch.segments)
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
             bt = seg.block_table
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
         spec = getattr(m.impl, "state_spec", None)
-        if spec is not None and not all(_replayable_state(seg.rec, spec) for seg in batch.segments):
-            return None  # a snapshot is due (or an odd state): the Python path
+        if spec is not None and not all(seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec)
+                                        for seg in batch.segments):
+            return None  # hybrid: decode steps only; a snapshot is due (or an odd state)
         plans = self._plans.setdefault(cache, {})
-        attn_key = attention_key(m.impl, batch.positions)
-        key = (B, attn_key)
+        key = attention_key(m.impl, batch)
         plan = plans.pop(key, None)
-        if plan is None or not plan.fits(batch, cache, attn_key):
-            plan = DecodePlan(m.impl, m.kernels, cache, B, m.n_ctx)
+        if plan is None or not plan.fits(batch, cache, key):
+            if any(n > 1 for n, _, _ in key):  # a verify step: capture when it recurs
+                seen = self._seen.setdefault(cache, {})
+                if len(seen) > 4 * MAX_PLANS_PER_CACHE:
+                    seen.clear()
+                seen[key] = seen.get(key, 0) + 1
+                if seen[key] < 2:
+                    return None
+            shape = tuple(seg.stop - seg.start for seg in batch.segments)
+            plan = DecodePlan(m.impl, m.kernels, cache, shape, m.n_ctx)
             if int(batch.positions.max()) > plan.max_pos:
                 return None
             plan.load(batch)
             try:
-                plan.capture()
+                plan.capture(batch.fast_from)
             except CaptureError:
                 self.disabled = True
                 return None

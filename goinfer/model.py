@@ -15,13 +15,13 @@ from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, KVCache, check_kv_dtype
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
 
-FAST_PREFILL_MIN = 512  # fast attention only for a prefill suffix of at least this many tokens
+FAST_FROM = 512  # default mode: rows at absolute positions >= this run the fast attention
 PREFILL_CHUNK = 512  # rows per forward call during prefill (bounds scratch memory)
 
 
@@ -38,11 +38,12 @@ def _kernels(use_reference: bool):
 class Model:
     """A loaded model.  ``Model.load("smollm2-135m")`` or ``Model.load("path/to/file.gguf")``."""
 
-    def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact_prefill: bool = False,
+    def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact: bool = False,
                  context_length: int | None = None, progress: bool = True, graph: bool | None = None,
-                 layout_cache: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 _reference_kernels: bool = False):
-        """layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
+                 exact_prefill: bool | None = None, layout_cache: bool | None = None,
+                 kv_dtype: str = DEFAULT_KV_DTYPE, _reference_kernels: bool = False):
+        """exact: float64 attention at every position (exact_prefill: its old name).
+        layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
         the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0).
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         arch = gguf.arch
@@ -55,7 +56,7 @@ class Model:
         self.name = self.path.stem
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(threads)
-        self.exact_prefill = bool(exact_prefill)
+        self.exact = bool(exact if exact_prefill is None else exact or exact_prefill)
         self.kv_dtype = kv_dtype  # storage type of the KV caches made for this model
         self.kernels = _kernels(_reference_kernels)
         t0 = time.perf_counter()
@@ -99,19 +100,23 @@ class Model:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
-             exact_prefill: bool = False, *, context_length: int | None = None,
+             exact: bool = False, *, context_length: int | None = None,
              progress: bool = True, graph: bool | None = None,
-             layout_cache: bool | None = None, kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
+             exact_prefill: bool | None = None, layout_cache: bool | None = None,
+             kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
         """Load a registered model (pulled on first use) or a local .gguf file.
 
+        exact: float64 attention at every position (default: the fast float32 kernel for rows
+        at positions >= 512, FAST_FROM); exact_prefill is its old name.
         graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0).
         layout_cache: map the weights from their cached native layout (default: on unless
         GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
         with GGUFFile(path) as g:
-            return cls(g, threads=threads, exact_prefill=exact_prefill, context_length=context_length,
-                       progress=progress, graph=graph, layout_cache=layout_cache, kv_dtype=kv_dtype)
+            return cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
+                       context_length=context_length, progress=progress, graph=graph,
+                       layout_cache=layout_cache, kv_dtype=kv_dtype)
 
     # ------------------------------------------------------------------ text
 
@@ -169,15 +174,36 @@ class Model:
 
     # ------------------------------------------------------------------ forward
 
-    def use_fast(self, n_suffix: int) -> bool:
-        """Does a prefill of n_suffix new tokens run the fast attention path?
+    # ------------------------------------------------------------------ numerics mode
 
-        The 512-token floor applies to the suffix of one prefill call (the tokens it computes,
-        after any reused cached prefix), never to the PREFILL_CHUNK pieces forward() runs it
-        in: every chunk of a fast call is fast, a short last chunk included.  Decode steps and
-        calls with exact_prefill=True always run the exact kernel."""
-        return (not self.exact_prefill) and n_suffix >= FAST_PREFILL_MIN and hasattr(
-            self.kernels, "attention_fast")
+    @property
+    def exact_prefill(self) -> bool:
+        """The old name of ``exact``."""
+        return self.exact
+
+    @exact_prefill.setter
+    def exact_prefill(self, value: bool) -> None:
+        self.exact = bool(value)
+
+    @property
+    def fast_from(self) -> int | None:
+        """The first absolute position whose attention runs the fast kernel, or None (exact at
+        every position: exact=True, or kernels without attention_fast).  Which kernel a row
+        runs depends on its position and this mode only, never on how the tokens are batched."""
+        if self.exact or not hasattr(self.kernels, "attention_fast"):
+            return None
+        return FAST_FROM
+
+    def mode_at(self, pos: int) -> str:
+        """The numerics mode of the KV at absolute position pos: "fast" if a row at or before
+        pos ran the fast kernel (pos >= fast_from), else "exact" (the same bits in both
+        modes).  The prefix cache keys a block by the mode of its last position."""
+        ff = self.fast_from
+        return FAST if ff is not None and pos >= ff else EXACT
+
+    @property
+    def numerics_mode(self) -> str:
+        return EXACT if self.exact else FAST
 
     @property
     def hybrid(self) -> bool:
@@ -191,12 +217,12 @@ class Model:
         return RecurrentState.zeros(self.impl.state_spec)
 
     def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
-                all_logits: bool = False, fast: bool = False, state: RecurrentState | None = None,
+                all_logits: bool = False, state: RecurrentState | None = None,
                 snapshots: dict | None = None) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
         Returns logits of the last position (1, vocab), or of every position (T, vocab).
-        Long inputs run in chunks of PREFILL_CHUNK rows (the exact path gives the same bits).
+        Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts).
         Hybrid models: ``state`` is the sequence's recurrent state after its first pos0 tokens,
         updated in place (None: a fresh one, only at pos0 = 0); ``snapshots`` {n: None} is
         filled with copies of the state after the first n tokens, pos0 < n <= pos0 + T."""
@@ -214,7 +240,7 @@ class Model:
         for c0 in range(0, T, PREFILL_CHUNK):
             c1 = min(T, c0 + PREFILL_CHUNK)
             want = "all" if all_logits else ("last" if c1 == T else "none")
-            seq = (block_table, tokens[c0:c1], pos0 + c0, want, fast)
+            seq = (block_table, tokens[c0:c1], pos0 + c0, want)
             ns = [n for n in want_snaps if pos0 + c0 < n <= pos0 + c1]
             rec = None
             if state is not None:
@@ -231,17 +257,18 @@ class Model:
     def forward_batch(self, cache: KVCache, seqs) -> list:
         """One forward step over several sequences sharing a KV cache (continuous batching).
 
-        seqs: (block_table, tokens, pos0, want, fast[, rec]) per sequence, want in "all" |
-        "last" | "none"; rec (recurrent.SeqRecurrent) is required by hybrid models.  Returns
-        per sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's rows give the
-        same bits as running it alone (rows are independent in every matmul; attention reads
-        only the sequence's own blocks, the recurrence only its own state)."""
+        seqs: (block_table, tokens, pos0, want[, rec]) per sequence, want in "all" | "last" |
+        "none"; rec (recurrent.SeqRecurrent) is required by hybrid models.  Returns per
+        sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's rows give the same bits
+        as running it alone (rows are independent in every matmul; attention reads only the
+        sequence's own blocks, and its kernel is chosen by the row's position; the recurrence
+        reads only the sequence's own state)."""
         bs = cache.block_size
         toks, poss, slots, segs, rows, where = [], [], [], [], [], []
         r0 = 0
         for item in seqs:
-            bt, tokens, pos0, want, fast = item[:5]
-            rec = item[5] if len(item) > 5 else None
+            bt, tokens, pos0, want = item[:4]
+            rec = item[4] if len(item) > 4 else None
             if self.hybrid and rec is None:
                 raise ValueError(f"{self.name} is a hybrid model: every sequence of a forward "
                                  "batch needs its recurrent state")
@@ -260,7 +287,7 @@ class Model:
             toks.append(tokens)
             poss.append(pos)
             slots.append(bt[pos // bs].astype(np.int64) * bs + pos % bs)
-            segs.append(Segment(r0, r0 + T, bt, fast, rec))
+            segs.append(Segment(r0, r0 + T, bt, rec))
             n_rows = sum(len(r) for r in rows)
             if want == "all":
                 rows.append(np.arange(r0, r0 + T, dtype=np.int64))
@@ -272,17 +299,18 @@ class Model:
                 where.append(None)
             r0 += T
         batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
-                      np.concatenate(rows) if rows else np.zeros(0, np.int64))
+                      np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from)
         with self._lock:
             logits = None
-            if self.graph is not None and GraphRunner.is_decode(batch):
-                logits = self.graph.decode(cache, batch)  # None: not replayable
+            if self.graph is not None and GraphRunner.replayable(batch):
+                logits = self.graph.decode(cache, batch)  # None: not replayed
             if logits is None:
                 logits = self.impl.forward(batch, cache.k, cache.v)
         return [None if w is None else logits[w[0]:w[1]] for w in where]
 
     def logits(self, ids) -> np.ndarray:
-        """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced, exact."""
+        """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced (the
+        same bits as a session's prefill or decode steps of ids)."""
         ids = list(ids)
         if not ids:
             raise ValueError("logits() needs at least one token")
@@ -292,11 +320,7 @@ class Model:
         bs = 16
         cache = KVCache(self, max_tokens=len(ids), block_size=bs)
         bt = np.array([cache.allocate() for _ in range(cache.n_blocks)], dtype=np.int32)
-        return self.forward(cache, bt, ids, 0, all_logits=True, fast=self.use_fast(len(ids)))
-
-    @property
-    def numerics_mode(self) -> str:
-        return EXACT if self.exact_prefill else "fast"
+        return self.forward(cache, bt, ids, 0, all_logits=True)
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, {self.config.describe()}, threads={self.threads})"

@@ -90,7 +90,7 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
     s = model.session(cache)
     model.session(KVCache(model, max_tokens=80)).prefill(ids[:64])  # warm-up
     res = {"model": model.name, "threads": model.threads, "prompt_tokens": prompt_tokens,
-           "decode_tokens": decode_tokens, "fast_prefill": model.use_fast(prompt_tokens),
+           "decode_tokens": decode_tokens, "fast_from": model.fast_from,
            "kv_dtype": cache.dtype, "kv_bytes_per_token": cache.bytes_per_token}
     proxy = _TimedKernels(model.kernels)
     old = _swap(model, proxy)
@@ -117,8 +117,9 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
 
 
 def table(res: dict) -> str:
-    lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens "
-             f"({'fast' if res['fast_prefill'] else 'exact'} attention), {res['decode_tokens']} "
+    ff = res["fast_from"]
+    attn = "exact attention" if ff is None else f"fast attention from position {ff}"
+    lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens ({attn}), {res['decode_tokens']} "
              f"decode steps, {res['threads']} threads, KV cache {res['kv_dtype']} "
              f"({res['kv_bytes_per_token']} bytes/token)", "",
              "| phase | total ms | tok/s | matmul | attention | moe | other |", "|---|---|---|---|---|---|---|"]

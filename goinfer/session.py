@@ -17,10 +17,11 @@ from typing import Iterator
 import numpy as np
 
 from goinfer import logprobs as _lp
-from goinfer.errors import ContextLengthError
-from goinfer.kv_cache import EXACT, FAST, KVCache, block_hash, root_hash
+from goinfer.errors import CacheFullError, ContextLengthError
+from goinfer.kv_cache import KVCache, block_hash, root_hash
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.sampling import Sampler, SamplingParams
+from goinfer.speculative import DEFAULT_DRAFT_TOKENS, Speculation, check_draft
 from goinfer.tokenizer import StreamDecoder
 
 # ============================================================================ results
@@ -34,6 +35,8 @@ class Timings:
     decode_tok_s: float = 0.0  # decode steps per second
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    draft_tokens: int = 0  # tokens proposed by speculative drafting (draft=...)
+    draft_accepted: int = 0  # of those, tokens the sampler drew too (emitted without a step)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -94,7 +97,6 @@ class Session:
         self._tokens: list[int] = []
         self._blocks: list[int] = []  # block table
         self._hashes: list[bytes] = []  # chain hash of each full block
-        self._block_fast: list[bool] = []  # did fast attention compute any KV of this block?
         # hybrid models (goinfer/recurrent.py): the live recurrent state (after all of
         # self._tokens) and own copies of it at earlier token counts (prompt ends)
         self._rec: RecurrentState | None = model.new_state() if model.hybrid else None
@@ -120,7 +122,6 @@ class Session:
         self.cache.release(self._blocks)
         self._blocks.clear()
         self._hashes.clear()
-        self._block_fast.clear()
         self._tokens.clear()
         if self._rec is not None:
             self._rec.clear()
@@ -138,7 +139,7 @@ class Session:
             p = self._state_point(n)
             self._rewind(p)
             if p < n:
-                self._feed(gap[p:], self.model.use_fast(n - p))
+                self._feed(gap[p:])
             return
         self._cut(n)
 
@@ -149,7 +150,6 @@ class Session:
         if keep < len(self._blocks):
             self.cache.release(self._blocks[keep:])
             del self._blocks[keep:]
-            del self._block_fast[keep:]
         del self._hashes[n // bs:]
         del self._tokens[n:]
 
@@ -159,7 +159,6 @@ class Session:
         self.cache.retain(self._blocks)
         other._blocks.extend(self._blocks)
         other._hashes.extend(self._hashes)
-        other._block_fast.extend(self._block_fast)
         other._tokens.extend(self._tokens)
         if self._rec is not None:
             other._rec.load(self._rec)
@@ -171,9 +170,10 @@ class Session:
     def _parent_hash(self) -> bytes:
         return self._hashes[-1] if self._hashes else root_hash(self.cache_salt)
 
-    def _modes(self) -> tuple[str, ...]:
-        """Modes of cached blocks this session may reuse: exact always; fast unless exact_prefill."""
-        return (EXACT,) if self.model.exact_prefill else (EXACT, FAST)
+    def _block_mode(self, bi: int) -> str:
+        """The numerics mode block bi is keyed by: that of its last position (Model.mode_at), so
+        blocks below the fast floor are shared by both modes."""
+        return self.model.mode_at((bi + 1) * self.cache.block_size - 1)
 
     def _reserve(self, n_new: int) -> None:
         """Make room for n_new more tokens: copy a shared or hashed partial block, allocate more.
@@ -200,18 +200,13 @@ class Session:
             old, self._blocks[bi] = self._blocks[bi], fresh.pop(0)
             self.cache.release([old])
         self._blocks.extend(fresh)
-        self._block_fast.extend([False] * len(fresh))
 
-    def _commit(self, ids: list[int], fast: bool) -> None:
+    def _commit(self, ids: list[int]) -> None:
         """ids were just computed into the blocks: append them and hash every newly full block."""
         bs = self.cache.block_size
-        n0 = len(self._tokens)
         self._tokens.extend(ids)
-        for bi in range(n0 // bs, -(-len(self._tokens) // bs)):
-            if fast:
-                self._block_fast[bi] = True
         for bi in range(len(self._hashes), len(self._tokens) // bs):
-            mode = FAST if self._block_fast[bi] else EXACT
+            mode = self._block_mode(bi)
             parent, toks = self._parent_hash(), self._tokens[bi * bs:(bi + 1) * bs]
             h = block_hash(parent, toks, mode, self.cache_salt)
             self._hashes.append(h)
@@ -225,17 +220,13 @@ class Session:
         i = 0
         while i + bs <= limit:
             chunk = ids[i:i + bs]
-            parent = self._parent_hash()
-            for mode in self._modes():
-                h = block_hash(parent, chunk, mode, self.cache_salt)
-                b = self.cache.lookup(h)
-                if b is not None:
-                    break
-            else:
+            h = block_hash(self._parent_hash(), chunk, self._block_mode(len(self._blocks)),
+                           self.cache_salt)
+            b = self.cache.lookup(h)
+            if b is None:
                 break
             self._blocks.append(b)
             self._hashes.append(h)
-            self._block_fast.append(mode == FAST)
             self._tokens.extend(chunk)
             i += bs
         if self._rec is not None and i:
@@ -302,14 +293,11 @@ class Session:
         bs, store = self.cache.block_size, self.cache.states
         parent, best, i = root_hash(self.cache_salt), 0, 0
         while i + bs <= limit:
-            for mode in self._modes():
-                h = block_hash(parent, ids[i:i + bs], mode, self.cache_salt)
-                b = self.cache.lookup(h)
-                if b is not None:
-                    self.cache.release([b])
-                    break
-            else:
+            h = block_hash(parent, ids[i:i + bs], self._block_mode(i // bs), self.cache_salt)
+            b = self.cache.lookup(h)
+            if b is None:
                 break
+            self.cache.release([b])
             parent, i = h, i + bs
             if h in store:
                 best = i
@@ -328,15 +316,15 @@ class Session:
             if st is not None:
                 self.cache.states.put(self._hashes[n // bs - 1], st)
 
-    def _feed(self, ids: list[int], fast: bool) -> np.ndarray:
+    def _feed(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
         """Compute ids at the end of the session (reserve, forward, commit) -> logits (T', V)."""
         self._reserve(len(ids))
         snaps = None
         if self._rec is not None:
             snaps = {n: None for n in self._due_snapshots(len(ids))}
-        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens), fast=fast,
-                                    state=self._rec, snapshots=snaps)
-        self._commit(ids, fast)
+        logits = self.model.forward(self.cache, self.block_table, ids, len(self._tokens),
+                                    all_logits=all_logits, state=self._rec, snapshots=snaps)
+        self._commit(ids)
         if snaps:
             self._keep_snapshots(snaps)
         return logits
@@ -361,7 +349,7 @@ class Session:
         reused = self._extend_from_cache(ids, len(ids) - 1)
         rest = ids[reused:]
         try:
-            logits = self._feed(rest, self.model.use_fast(len(rest)))
+            logits = self._feed(rest)
         except BaseException:  # e.g. CacheFullError: give the reused blocks back
             if len(self._tokens) > n0:
                 self._cut(n0)
@@ -374,7 +362,15 @@ class Session:
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token -> logits of it, (vocab,)."""
-        return self._feed([int(token)], False)[-1]
+        return self._feed([int(token)])[-1]
+
+    def extend(self, ids) -> np.ndarray:
+        """Append ids (no cache lookup) -> the logits of every one, (len(ids), vocab): one
+        forward call, each row the bits of a decode step (speculative verification)."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("extend needs at least one token")
+        return self._feed(ids, all_logits=True)
 
     def _seat(self, ids: list[int]) -> int:
         """Reuse the longest prefix of ids held by this session or by the cache; prefill the rest
@@ -399,7 +395,6 @@ class Session:
                 self.truncate(0)
                 self._blocks.extend(probe._blocks)
                 self._hashes.extend(probe._hashes)
-                self._block_fast.extend(probe._block_fast)
                 self._tokens.extend(probe._tokens)
                 self.cache.retain(probe._blocks)
                 probe.reset()
@@ -415,7 +410,8 @@ class Session:
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logit_bias=None,
                  seed: int | None = None, stop=None, stream: bool = False, *,
                  repeat_last_n: int = 64, add_special: bool = True, response_format=None,
-                 grammar=None, logprobs: bool = False, top_logprobs: int = 0):
+                 grammar=None, logprobs: bool = False, top_logprobs: int = 0,
+                 draft: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         """Generate a continuation of the whole prompt (text or token ids).
 
         response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema",
@@ -423,6 +419,16 @@ class Session:
         or {"regex": ...}.  The output is constrained token by token (goinfer/constrained.py);
         bad input raises GrammarError before anything is generated.  logprobs /
         top_logprobs (0..20): result.logprobs in OpenAI's shape.
+
+        draft="prompt_lookup": speculative decoding, up to draft_tokens tokens proposed from
+        the context and verified in one forward call (goinfer/speculative.py); the output is
+        identical to draft=None's (tokens, text, logprobs), only faster when the reply copies
+        from its context; result.timings.draft_tokens / draft_accepted say how much was
+        proposed / accepted.  Hybrid models (recurrent state) decode without drafting (a state
+        advanced over a draft's rows cannot be cut back to the accepted ones).
+
+        CacheFullError: while the prompt is seated the session holds a prefix of it, while
+        decoding the whole prompt (the reply is lost with the error); a retry resumes there.
 
         Returns a GenerationResult, or with stream=True an iterator of text pieces (never a
         split UTF-8 character) whose last item is the GenerationResult.  With logprobs the
@@ -436,6 +442,7 @@ class Session:
                                 presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
         stops = _stop_list(stop)
+        k = check_draft(draft, draft_tokens)
         if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         if not ids:
@@ -445,7 +452,7 @@ class Session:
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
                 f"length {self.model.n_ctx} of {self.model.name}")
         extra = dict(grammar=constraint_of(self.model, response_format, grammar),
-                     logprobs=_lp.check_request(logprobs, top_logprobs))
+                     logprobs=_lp.check_request(logprobs, top_logprobs), draft_tokens=k)
         gen = self._generate(ids, int(max_tokens), params, stops, **extra)
         if stream:
             return gen
@@ -475,9 +482,9 @@ class Session:
                             **kwargs)
         return tc.stream(out) if stream else tc.finish(out)
 
-    def _start(self, ids: list[int]) -> tuple[list[int], int, bool]:
+    def _start(self, ids: list[int]) -> tuple[list[int], int]:
         """Seat ids for a whole-context generation: reuse the longest prefix held here or in the
-        cache.  Returns (rest to prefill, cached token count, fast attention for the rest)."""
+        cache.  Returns (rest to prefill, cached token count)."""
         if len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens exceeds the context length "
@@ -486,24 +493,35 @@ class Session:
         more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
         rest = ids[reused + more:]
         self.cache.count_hits(reused + more, len(rest))  # own history counts as a hit too
-        return rest, reused + more, self.model.use_fast(len(rest))
+        return rest, reused + more
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: list[str], grammar=None, logprobs=(False, 0)) -> Iterator:
+                  stops: list[str], grammar=None, logprobs=(False, 0),
+                  draft_tokens: int = 0) -> Iterator:
         t0 = time.perf_counter()
-        rest, cached, fast = self._start(ids)
+        rest, cached = self._start(ids)
         # made before the prefill: a grammar's first mask is computed while the prompt runs
         gen = Generation(self.model, ids, max_tokens, params, stops, grammar=grammar,
                          logprobs=logprobs)
-        logits = self._feed(rest, fast)[-1]
+        logits = self._feed(rest)[-1]
         self._mark()
         t1 = time.perf_counter()
+        spec = Speculation(ids, draft_tokens) if draft_tokens and self._rec is None else None
         while not gen.done:
             if gen.n_steps > 0:
-                logits = self.decode(gen.tokens[-1])
+                try:
+                    logits = (self.decode(gen.tokens[-1]) if spec is None
+                              else spec.next_logits(self, gen))
+                except CacheFullError:
+                    # the reply is lost with the error: hold the prompt only (a prefix of what
+                    # this call was asked to hold), its blocks kept for a retry, the rest freed
+                    self.truncate(len(ids))
+                    raise
             piece = gen.push(logits)
             if piece or gen.has_logprobs():
                 yield gen.piece(piece)
+        if spec is not None:
+            spec.settle(self)  # hold what plain decoding would: no draft past the last step
         piece = gen.finish()
         if piece or gen.has_logprobs():
             yield gen.piece(piece)
@@ -546,6 +564,8 @@ class Generation:
         self.finish_reason = "length"
         self.hold = max((len(x) for x in stops), default=1) - 1  # a stop string may be forming
         self.n_steps = 0  # logits pushed
+        self.drafted = 0  # speculative draft tokens proposed / accepted (goinfer/speculative.py)
+        self.accepted = 0
         self.done = max_tokens <= 0
         self._cut_by_string = False
         # a compiled constrained.Grammar -> this generation's Constraint (first mask starts now)
@@ -666,7 +686,8 @@ class Generation:
             prefill_tok_s=prefilled / (t1 - t0) if t1 > t0 else 0.0,
             decode_ms=(t2 - t1) * 1e3,
             decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
-            prefill_tokens=prefilled, decode_tokens=n_decode)
+            prefill_tokens=prefilled, decode_tokens=n_decode, draft_tokens=self.drafted,
+            draft_accepted=self.accepted)
         return GenerationResult(text=self.text, tokens=list(self.tokens),
                                 finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
                                 cached_tokens=cached, completion_tokens=len(self.tokens),
@@ -704,26 +725,30 @@ def constraint_of(model, response_format=None, grammar=None):
 def forward_sessions(items) -> list[np.ndarray]:
     """One forward step over several sessions of one model and KVCache, run as one batch.
 
-    items: (session, tokens, fast) per session; each session appends its tokens (a prefill
-    chunk, or one token to decode).  Returns the logits of each session's last token, (vocab,).
-    Each session's logits and KV are bit-identical to running it alone (exact numerics).
+    items: (session, tokens) or (session, tokens, "all") per session; each session appends its
+    tokens (a prefill chunk, one token to decode, or a token and its draft to verify).  Returns
+    per session the logits of its last token, (vocab,), or with "all" of every token, (T,
+    vocab).  Each session's logits and KV are bit-identical to running it alone (in either
+    numerics mode: a row's kernel depends on its position only).
     Blocks are reserved first: on CacheFullError earlier sessions may keep spare blocks, but no
     token is appended anywhere."""
     if not items:
         return []
+    items = [(it[0], [int(t) for t in it[1]], it[2] if len(it) > 2 else "last") for it in items]
     cache, model = items[0][0].cache, items[0][0].model
     if any(s.cache is not cache or s.model is not model for s, _, _ in items):
         raise ValueError("forward_sessions needs sessions of one model sharing one KVCache")
     if len({id(s) for s, _, _ in items}) != len(items):
         raise ValueError("a session appears twice in the batch")
-    items = [(s, [int(t) for t in toks], bool(fast)) for s, toks, fast in items]
-    for s, toks, _ in items:
+    for s, toks, want in items:
         if not toks:
             raise ValueError("every session in a batch needs at least one token")
+        if want not in ("last", "all"):
+            raise ValueError(f"want must be 'last' or 'all', got {want!r}")
         s._reserve(len(toks))
     seqs, snaps = [], []
-    for s, toks, fast in items:
-        seq = (s.block_table, toks, s.n_tokens, "last", fast)
+    for s, toks, want in items:
+        seq = (s.block_table, toks, s.n_tokens, want)
         if s._rec is not None:
             due = s._due_snapshots(len(toks))
             rec = SeqRecurrent.with_snapshots(s._rec, [n - 1 - s.n_tokens for n in due])
@@ -733,11 +758,11 @@ def forward_sessions(items) -> list[np.ndarray]:
             snaps.append(None)
         seqs.append(seq)
     logits = model.forward_batch(cache, seqs)
-    for (s, toks, fast), sn in zip(items, snaps):
-        s._commit(toks, fast)
+    for (s, toks, _), sn in zip(items, snaps):
+        s._commit(toks)
         if sn is not None and sn[0]:
             s._keep_snapshots(dict(zip(sn[0], sn[1].snapshots())))
-    return [lg[-1] for lg in logits]
+    return [lg if want == "all" else lg[-1] for lg, (_, _, want) in zip(logits, items)]
 
 
 def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarray]:
@@ -745,7 +770,7 @@ def decode_batch(sessions: list["Session"], tokens: list[int]) -> list[np.ndarra
     Each session's logits are bit-identical to its own decode(token)."""
     if len(sessions) != len(tokens):
         raise ValueError("decode_batch needs one token per session")
-    return forward_sessions([(s, [t], False) for s, t in zip(sessions, tokens)])
+    return forward_sessions([(s, [t]) for s, t in zip(sessions, tokens)])
 
 
 # ============================================================================ helpers

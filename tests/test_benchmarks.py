@@ -118,3 +118,41 @@ def test_kernels_attention_decode_table(capsys):
     out = capsys.readouterr().out
     for dt in ("f32", "f16", "q8_0"):
         assert re.search(rf"^4x2x64x2\s+600\s+{dt}\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.M), out
+
+
+# ============================================================================ what scripts check
+# (in this process, on a tiny model with a long context: the numbers each script reports)
+
+
+def _script(name):
+    """benchmarks/<name>.py imported as a module (the goinfer these tests use)"""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny):
+    return str(tiny("llama", 3, max_position_embeddings=4096)[1])
+
+
+def test_speculative_same_text_with_drafts(tiny_path, capsys):
+    """goinfer with and without drafting on the copy task: the same text, drafts made."""
+    res = _script("speculative").main([tiny_path, "--smoke", "--threads", "1"])
+    row = res["tasks"][0]
+    assert row["goinfer_identical"] and row["goinfer + draft"]["tokens"] > 0
+    out = capsys.readouterr().out
+    assert "speed-up goinfer" in out and "llama.cpp: skipped" in out
+
+
+@pytest.mark.parametrize("transcript", ["default", "long"])
+def test_agent_loop_turns_reuse_the_prefix(tiny_path, transcript, capsys):
+    res = _script("agent_loop").main([tiny_path, "--smoke", "--threads", "1",
+                                      "--transcript", transcript])
+    g = res["engines"]["goinfer (reuse)"]
+    assert len(g) == 2 and g[1]["cached_tokens"] > 0  # the second turn reused the first
+    assert res["save_load"]["cached_after_load"] > 0
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "llama.cpp: skipped" in out

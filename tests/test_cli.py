@@ -95,6 +95,35 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
         assert split["qk"]["seconds"] > 0 and split["av"]["seconds"] > 0
 
 
+def test_cli_draft_gives_the_same_text(tiny, capsys):
+    """--draft prompt_lookup: the same output as without, and the drafts are reported."""
+    path = str(tiny("llama")[1])
+    args = ["run", path, "ab ab ab ab ab ab ab", "--max-tokens", "48", "--threads", "1",
+            "--temperature", "0"]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    assert main(args + ["--draft", "prompt_lookup", "--draft-tokens", "4"]) == 0
+    spec = capsys.readouterr()
+    assert spec.out == plain.out and plain.out
+    assert "drafts:" in spec.err and "drafts:" not in plain.err
+
+
+def test_exact_flag_and_its_old_name():
+    from goinfer.cli import build_parser
+    from goinfer.server.cli import add_arguments
+
+    for cmd in ("run", "chat", "bench", "profile", "perplexity"):
+        extra = ["f.txt"] if cmd == "perplexity" else (["hi"] if cmd == "run" else [])
+        for flag in ("--exact", "--exact-prefill"):
+            assert build_parser().parse_args([cmd, "m", *extra, flag]).exact is True
+        assert build_parser().parse_args([cmd, "m", *extra]).exact is False
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["m", "--exact-prefill"]).exact and not p.parse_args(["m"]).exact
+
+
 def test_cli_reports_typed_errors(tmp_path, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")

@@ -253,7 +253,7 @@ def test_hybrid_truncate_fork_and_batching(models):
     a, b = m.session(cache), m.session(cache)
     a.prefill(ids[:60])
     b.prefill(ids[:30])
-    la, lb = forward_sessions([(a, ids[60:75], False), (b, [ids[30]], False)])
+    la, lb = forward_sessions([(a, ids[60:75]), (b, [ids[30]])])
     assert np.array_equal(la, ref[74]) and np.array_equal(lb, ref[30])
     assert len(cache.states) == 1  # the snapshot at 64 was taken inside a's batched step
     c = m.session(cache)

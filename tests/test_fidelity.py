@@ -72,13 +72,12 @@ def test_perplexity_matches_definition(model, ctx, stride):
 
 
 def test_perplexity_fast_windows_run_fast(model):
-    """windows of >= 512 tokens are one prefill call each: the fast kernel runs, unless the
-    model is exact_prefill"""
+    """rows at window positions >= 512 run the fast kernel, unless the model is exact"""
     ids = fidelity.read_ids(model, _write(TEXT))[:800]
     reset_attention_counters()
     fast = fidelity.perplexity(model, ids, 600, 300, progress=False)
     assert attention_counters()["fast_calls"] > 0
-    exact_model = Model(GGUFFile(model.path), threads=2, exact_prefill=True, progress=False)
+    exact_model = Model(GGUFFile(model.path), threads=2, exact=True, progress=False)
     reset_attention_counters()
     exact = fidelity.perplexity(exact_model, ids, 600, 300, progress=False)
     assert attention_counters()["fast_calls"] == 0
@@ -112,7 +111,7 @@ def _compare_reference(ma, mb, ids, ctx, stride):
 def test_compare_matches_definition_fast_vs_exact(path):
     ids = fidelity.read_ids(Model(GGUFFile(path), progress=False), _write(TEXT))[:800]
     a = Model(GGUFFile(path), threads=2, progress=False)
-    b = Model(GGUFFile(path), threads=1, exact_prefill=True, progress=False)
+    b = Model(GGUFFile(path), threads=1, exact=True, progress=False)
     r = fidelity.compare(b, a, ids, 600, 300, progress=False)
     want = _compare_reference(b, a, ids.tolist(), 600, 300)
     assert (r.n_scored, r.worst_position) == (want["n_scored"], want["worst_position"])
@@ -127,18 +126,18 @@ def test_compare_matches_definition_fast_vs_exact(path):
 
 
 def test_parse_settings():
-    assert fidelity.parse_settings("exact_prefill=true, threads=2") == {
-        "exact_prefill": True, "threads": 2}
+    assert fidelity.parse_settings("exact=true, threads=2") == {"exact": True, "threads": 2}
+    assert fidelity.parse_settings("exact_prefill=true") == {"exact": True}  # the old name
     assert fidelity.parse_settings("model=a.gguf,exact-prefill=0") == {
-        "model": "a.gguf", "exact_prefill": False}
-    for bad in ("speed=3", "exact_prefill=maybe", "threads=x", "model"):
+        "model": "a.gguf", "exact": False}
+    for bad in ("speed=3", "exact=maybe", "threads=x", "model"):
         with pytest.raises(ValueError):
             fidelity.parse_settings(bad)
 
 
 def test_load_pair_shares_weights(path):
-    a, b = fidelity.load_pair(str(path), {"exact_prefill": True}, {}, progress=False)
-    assert a.impl is b.impl and a.exact_prefill and not b.exact_prefill
+    a, b = fidelity.load_pair(str(path), {"exact": True}, {}, progress=False)
+    assert a.impl is b.impl and a.exact and not b.exact
 
 
 def test_cli(path, tmp_path, capsys):
@@ -154,7 +153,7 @@ def test_cli(path, tmp_path, capsys):
     assert ids.tolist() == fidelity.read_ids(m, f)[7:307].tolist()
     ref = fidelity.perplexity(m, ids, 128, progress=False)
     assert d["perplexity"] == ref.perplexity
-    assert cli.main(["compare", str(path), "--a", "exact_prefill=true,threads=1", "--b",
+    assert cli.main(["compare", str(path), "--a", "exact=true,threads=1", "--b",
                      "exact_prefill=false,threads=1", f, "--ctx", "128", "--max-tokens", "300"]) == 0
     assert "top-1 agreement 1.0000" in capsys.readouterr().out
     assert cli.main(["compare", str(path), "--a", "nope=1", "--b", "", f]) == 2

@@ -272,14 +272,15 @@ def test_real_chat_replies_coherently(gemma3, gold):
 
 @pytest.mark.slow
 def test_real_long_prompt_exact_paths_agree(gemma3, gold):
-    """Past the 512-token window: one forward each (a 690/700-token one runs as 512-row chunks),
-    two prefills, and token-by-token decode give the same bits."""
+    """Past the 512-token window and the 512 fast floor (default mode): one forward each (a
+    690/700-token one runs as 512-row chunks), two prefills, and token-by-token decode give
+    the same bits."""
     ids = gold["ids"][:700]
 
     def one_forward(n):  # logits of position n-1 after a single forward over ids[:n]
         cache = KVCache(gemma3, max_tokens=704)
         bt = np.array([cache.allocate() for _ in range(cache.n_blocks)], dtype=np.int32)
-        return gemma3.forward(cache, bt, ids[:n], 0, fast=False)[-1]
+        return gemma3.forward(cache, bt, ids[:n], 0)[-1]
 
     s = gemma3.session(KVCache(gemma3, max_tokens=704))
     assert np.array_equal(s.prefill(ids[:300]), one_forward(300))

@@ -106,6 +106,55 @@ def test_quantized_weights_bit_identical(tiny_dir, qtype, many_shares):
     assert_replayed_same(path, 2)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_fast_attention_decode_above_512(tiny, gemma_path, family, threads, many_shares):
+    """Decode steps at positions >= 512 run attention_fast inside the replayed graph (a plan
+    per kernel assignment; one sequence crosses 512, one stays below, one above): the Python
+    path's bits, and the counters see the fast rows (Gemma: local layers with a window)."""
+    path = tiny("llama")[1] if family == "llama" else gemma_path
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 250, n).tolist() for n in (509, 300, 530)]
+    ref = run_decode(load(path, 1, graph=False, context_length=1024), prompts, 6,
+                     block_size=16, max_tokens=2048)
+    m = load(path, threads, context_length=1024)
+    ATT.reset_attention_counters()
+    got = run_decode(m, prompts, 6, block_size=16, max_tokens=2048)
+    assert np.array_equal(got, ref)
+    assert m.graph.replays == 6 and m.graph.captures == 2  # before / after the first crosses
+    L = m.config.n_layers
+    c = ATT.attention_counters()
+    assert c["fast_queries"] == L * (18 + 3 + 6)  # 530-token prefill's rows 512..529 + decode
+    assert c["exact_queries"] == L * (509 + 300 + 512 + 3 + 6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_verify_steps_replayed(tiny, gemma_path, family, threads, many_shares):
+    """Verify steps of speculative decoding (a token and its draft: several rows, logits of
+    every row) are replayed once their shape recurs: the Python path's bits, rows crossing
+    512 included (the exact and the fast kernel in one sequence), and the counters (Gemma:
+    sliding-window layers too)."""
+    path = tiny("llama", max_position_embeddings=1024)[1] if family == "llama" else gemma_path
+
+    def steps(m):
+        s = m.session(KVCache(m, max_tokens=1024, block_size=16))
+        s.prefill([t % 250 for t in range(480)])
+        ATT.reset_attention_counters()
+        out = [s.extend([(7 * i + j) % 250 for j in range(T)])
+               for i, T in enumerate([3, 5, 3, 5, 3, 5, 3, 5, 3, 5])]  # positions 480..519
+        return out, ATT.attention_counters()
+
+    ref, ref_counts = steps(load(path, 1, graph=False, context_length=1024))
+    m = load(path, threads, context_length=1024)
+    got, counts = steps(m)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)
+    assert counts == ref_counts
+    assert counts["fast_queries"] == m.config.n_layers * 8  # rows 512..519
+    assert m.graph.replays >= 4 and m.graph.captures >= 2
+
+
 @pytest.mark.parametrize("B", [1, 2, 3, 4])
 def test_batch_sizes_match_decoding_alone(tiny, B, many_shares):
     """A batched replayed step gives each sequence the bits of its own Python decode."""

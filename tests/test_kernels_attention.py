@@ -562,6 +562,56 @@ def test_fast_prefill_chunks_equal_one_call(variant):
     assert np.array_equal(one, np.concatenate(parts))
 
 
+@pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
+    (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
+    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 90, 0.0), (4, 2, 256, 16, 0, 0.0)])
+def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, softcap):
+    """The default mode's contract rests on this: a fast prefill of T queries == T
+    single-query calls with growing context and the block table a decode step sees, bit for
+    bit, with 1 and 2 threads (queries crossing several 64-key tiles)."""
+    rng = np.random.default_rng(H + hd + bs + window + 1)
+    T, start = 150, 530
+    seq = Seq(rng, start + T, n_kv, hd, bs, fill=np.nan)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    q_pos = np.arange(start, start + T, dtype=np.int32)
+    full = attention_fast(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=1)
+    assert np.array_equal(full, attention_fast(q, *seq.args(), q_pos, 0.1, window, softcap,
+                                               nthreads=2))
+    for t in range(0, T, 7):
+        nb = (start + t) // bs + 1
+        one = attention_fast(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:nb],
+                             q_pos[t:t + 1], 0.1, window, softcap, nthreads=1 + t % 2)
+        assert np.array_equal(one[0], full[t]), t
+
+
+def test_fast_zero_sign_is_the_rows_own(variant):
+    """A row whose accumulator ends at -0 (its rescale c underflowed to 0, then its own
+    values are -0) must not turn +0 because another row of the item read keys past it
+    (0 * v = +0 for v > 0, and -0 + +0 = +0): the output's bits are the row's own."""
+    n_kv, hd, bs = 1, 64, 16
+    k_cache = np.zeros((8, n_kv, hd, bs), np.float32)
+    v_cache = np.zeros((8, n_kv, bs, hd), np.float32)
+    bt = np.arange(8, dtype=np.int32)
+    n = 128
+    k = np.zeros((n, n_kv, hd), np.float32)
+    v = np.zeros((n, n_kv, hd), np.float32)
+    k[:64, 0, 0] = 1.0  # tile 0: low scores, v[:, 0] = -1
+    k[64:, 0, 0] = 200.0  # tile 1: scores so much higher that c = 2^(m - m') is 0
+    v[:64, 0, :] = -1.0
+    v[64:101, 0, :] = -0.0  # the row at 100 sees only -0 in tile 1
+    v[101:, 0, :] = 1.0  # keys past it: +1
+    slots = np.arange(n, dtype=np.int64)
+    kv_write(k_cache, v_cache, k, v, slots)
+    q = np.zeros((2, 1, hd), np.float32)
+    q[:, 0, 0] = 1.0
+    q_pos = np.array([100, 127], np.int32)
+    both = attention_fast(q, k_cache, v_cache, bt, q_pos, 1.0)
+    alone = attention_fast(q[:1], k_cache, v_cache, bt, q_pos[:1], 1.0)
+    assert np.array_equal(both[0], alone[0])
+    assert np.array_equal(np.signbit(both[0]), np.signbit(alone[0]))  # array_equal: -0 == +0
+    assert not np.signbit(alone[0]).any()
+
+
 def test_fast_out_argument_and_errors():
     rng = np.random.default_rng(4)
     seq = Seq(rng, 50, 2, 64, 16)

@@ -31,7 +31,7 @@ from goinfer import _reference as R
 from goinfer._kernels import _config, attention_counters, moe as moe_kernels, reset_attention_counters
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.gguf import GGUFFile
-from goinfer.model import FAST_PREFILL_MIN, PREFILL_CHUNK, Model
+from goinfer.model import FAST_FROM, PREFILL_CHUNK, Model
 from goinfer.models import family_for, llama
 from goinfer.models.moe import MoEFamily
 
@@ -415,7 +415,7 @@ def test_expert_major_prefill_equals_token_by_token(tiny_moe, arch):
     ids = np.random.default_rng(11).integers(0, 320, n).tolist()
     runs = []
     for threads in (1, 2):
-        m = load(path, threads=threads, exact_prefill=True)
+        m = load(path, threads=threads, exact=True)
         assert m.config.n_expert_used == k
         m.impl.stats.reset()
         prefill = m.logits(ids)  # (n, vocab), expert-major, in chunks of PREFILL_CHUNK
@@ -431,33 +431,39 @@ def test_expert_major_prefill_equals_token_by_token(tiny_moe, arch):
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
 def test_fast_attention_runs_on_moe_models(tiny_moe, arch):
-    """The fast attention path applies to MoE models as to dense ones: a prefill of >= 512
-    tokens runs attention_fast in every layer (counters), decode steps stay exact, and the
-    logits stay close to exact_prefill's (the tolerance of tests/test_numerics.py)."""
+    """The fast attention applies to MoE models as to dense ones: rows at positions >= 512
+    run attention_fast in every layer (counters), decode steps there too, the same bits as
+    the prefill, and the logits stay close to exact=True's (the tolerance of
+    tests/test_numerics.py)."""
     _, path = tiny_moe(arch, 8, qtype=Q4_0)
-    n = FAST_PREFILL_MIN + 40
+    n = FAST_FROM + 40
     ids = np.random.default_rng(12).integers(0, 320, n).tolist()
-    fast_model, exact_model = load(path, threads=2), load(path, threads=2, exact_prefill=True)
+    fast_model, exact_model = load(path, threads=2), load(path, threads=2, exact=True)
     L = fast_model.config.n_layers
     reset_attention_counters()
     s = fast_model.session(KVCache(fast_model, max_tokens=n + 16))
     fast = s.prefill(ids)
-    fast_calls = attention_counters()["fast_calls"]
-    assert fast_calls == L * -(-n // PREFILL_CHUNK)  # every layer of every chunk ran fast
-    s.decode(int(np.argmax(fast)))
-    assert attention_counters()["fast_calls"] == fast_calls  # decode stayed exact
+    c = attention_counters()
+    assert (c["exact_queries"], c["fast_queries"]) == (L * FAST_FROM, L * 40)
+    nxt = int(np.argmax(fast))
+    step = s.decode(nxt)
+    assert attention_counters()["fast_queries"] == L * 41  # the decode step ran fast
+    assert np.array_equal(step, fast_model.logits(ids + [nxt])[-1])
     reset_attention_counters()
-    exact = exact_model.session(KVCache(exact_model, max_tokens=n + 16)).prefill(ids)
+    exact = exact_model.logits(ids)
     assert attention_counters()["fast_calls"] == 0
-    assert not np.array_equal(fast, exact)  # a different kernel really ran
-    cos = float(np.dot(fast, exact) / np.linalg.norm(fast) / np.linalg.norm(exact))
-    assert cos > 0.9999, cos
+    every = fast_model.logits(ids)
+    assert np.array_equal(every[-1], fast)
+    assert np.array_equal(every[:FAST_FROM], exact[:FAST_FROM])  # exact rows: the same bits
+    assert not np.array_equal(every[FAST_FROM:], exact[FAST_FROM:])  # another kernel ran
+    cos = (every * exact).sum(1) / np.linalg.norm(every, axis=1) / np.linalg.norm(exact, axis=1)
+    assert float(cos.min()) > 0.9999, float(cos.min())
 
 
 def test_float_experts_exact_too(tiny_moe):
     """F32 experts (float matmul path, gathered float rows): expert-major == token-major."""
     _, path = tiny_moe("qwen2moe", 2, top_k=3)
-    m = load(path, threads=2, exact_prefill=True)
+    m = load(path, threads=2, exact=True)
     ids = np.random.default_rng(5).integers(0, 320, 150).tolist()
     a = m.logits(ids)
     m.impl.expert_major = False

@@ -20,7 +20,7 @@ from goinfer.model import Model
 
 @pytest.fixture(scope="module")
 def model(tiny):
-    return Model(GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact_prefill=True,
+    return Model(GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact=True,
                  context_length=256)
 
 
@@ -55,6 +55,28 @@ def test_random_conversation_trees(model, budget):
         assert seen["checked"] + seen["ContextLengthError"] == seen["steps"], seen  # never full
         assert seen["exact reuse checks"] >= seen["steps"] // 4, seen
         assert seen["reused >= 2 blocks"] >= 1, seen
+
+
+def test_cache_full_during_a_reply_keeps_the_prompt(model):
+    """A decode step of generate finds the cache full: the reply is lost with the
+    CacheFullError and the session holds exactly its prompt (a prefix of what it was asked to
+    hold, ready for a retry), with or without drafting; no block is leaked; once room is made
+    the retry reuses the prompt and gives the reference reply.  (Found by
+    test_random_conversation_trees[tight]: the session kept the prompt + a sampled token.)"""
+    ids = [0] * 11
+    for draft in (None, "prompt_lookup"):
+        cache = KVCache(model, max_tokens=16, block_size=4)  # 4 blocks
+        a, b = model.session(cache), model.session(cache)
+        a.prefill([0] * 9)
+        b.prefill([0])  # every block is held: a's 4th block (positions 12..15) cannot be had
+        with pytest.raises(CacheFullError):
+            a.generate(ids, max_tokens=3, draft=draft)  # decodes position 12
+        assert a.tokens == ids
+        assert cache.stats().blocks_used == len(a._blocks) + len(b._blocks) == 4
+    b.reset()
+    r = a.generate(ids, max_tokens=3)
+    ref = model.session(KVCache(model, max_tokens=64)).generate(ids, max_tokens=3)
+    assert r.tokens == ref.tokens and r.cached_tokens == len(ids) - 1
 
 
 def lcp(a, b) -> int:
@@ -233,16 +255,22 @@ def test_stats_count_hits_and_misses(model):
 
 
 def test_exact_mode_never_reuses_fast_blocks(model, tiny):
-    """A block computed by fast attention is tagged in its hash: an exact-mode model never
-    finds it; a fast-mode model of the same file does."""
+    """A block is keyed by the kernel its rows used: a block tagged fast (rows at positions
+    >= 512 in the default mode) is never found by an exact-mode model, and is found by a
+    default-mode model of the same file at a position where it runs fast."""
     from goinfer.kv_cache import FAST, block_hash, root_hash
 
-    cache = KVCache(model, max_tokens=512, block_size=8)
-    toks = list(range(8))
-    b = cache.allocate()
-    cache.commit(b, block_hash(root_hash(None), toks, FAST), root_hash(None), toks, FAST)
-    cache.release([b])
-    assert model.session(cache)._extend_from_cache(toks + [1], 8) == 0
     fast_model = Model(GGUFFile(tiny("qwen2", 11)[1]), threads=1, progress=False,
-                       exact_prefill=False, context_length=256)
-    assert fast_model.session(cache)._extend_from_cache(toks + [1], 8) == 8
+                       context_length=1024)
+    cache = KVCache(model, max_tokens=1024, block_size=256)
+    toks = list(range(256))
+    chain = [root_hash(None)]
+    for i in range(3):  # blocks 0, 1 (positions < 512): exact; block 2: fast
+        mode = fast_model.mode_at(256 * (i + 1) - 1)
+        b = cache.allocate()
+        chain.append(block_hash(chain[-1], toks, mode))
+        cache.commit(b, chain[-1], chain[-2], toks, mode)
+        cache.release([b])
+    assert mode == FAST
+    assert model.session(cache)._extend_from_cache(toks * 3 + [1], 768) == 512
+    assert fast_model.session(cache)._extend_from_cache(toks * 3 + [1], 768) == 768

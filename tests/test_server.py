@@ -158,7 +158,8 @@ def test_chat_equals_session_chat(srv, model, i):
     assert r.usage.completion_tokens == ref.completion_tokens
     t = d["timings"]
     assert set(t) == {"prompt_n", "cache_n", "prompt_ms", "prompt_per_second", "predicted_n",
-                      "predicted_ms", "predicted_per_second"}
+                      "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"}
+    assert t["draft_n"] == t["draft_n_accepted"] == 0  # drafting is off by default
     assert t["prompt_n"] + t["cache_n"] == ref.prompt_tokens and t["predicted_n"] == len(ref.tokens)
     # cached tokens: whole blocks (a fresh session per request), at most all but the last
     # prompt token; the same prompt again gets all its whole blocks from the cache
@@ -290,9 +291,9 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
     """A long prompt prefilled in chunks between decode steps; a short request sent with it
     finishes before the long one's first token; pings keep the stream alive; the long result
     equals Session.generate."""
-    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, exact_prefill=True,
-              context_length=2048)
-    long_ids = np.random.default_rng(0).integers(0, 256, 1300).tolist()  # > FAST_PREFILL_MIN
+    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=2048)
+    # default mode: rows >= 512 run the fast kernel, whatever the chunks of 128
+    long_ids = np.random.default_rng(0).integers(0, 256, 1300).tolist()
     with Server(m, KVCache(m, max_tokens=4096), prefill_chunk=128, ping_interval=0.02) as s:
         order = []  # (prompt length, event kind) in the order the engine sent them
         send = s.engine._send
@@ -359,6 +360,114 @@ def test_full_kv_cache_waits_and_preempts_exactly(model):
     for i, r in enumerate(results):
         ref = lone(model, prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i)
         assert r.model_dump()["tokens"] == ref.tokens
+
+
+@pytest.mark.parametrize("kv_tokens", [2048, 240])
+def test_drafting_requests_equal_plain_lone_requests(model, kv_tokens):
+    """Speculative drafting in the engine (the server's default here; one request turns it
+    off, one sets its own draft_tokens): verify rows batch with prompt chunks and other
+    requests' decodes (and, with a small cache, with preemption); every result equals the
+    same request alone WITHOUT drafting, and the timings report the drafts."""
+    rep = [5, 9, 5, 9, 5, 9, 65, 66, 65, 66]  # a repetitive prompt: lookups find matches
+    bodies = [
+        {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}},
+        {"temperature": 0.8, "seed": 4, "logit_bias": {"65": 6.0, "66": 6.0}},
+        {"temperature": 0.9, "seed": 2, "top_k": 5, "presence_penalty": 0.5,
+         "logit_bias": {"65": 6.0, "66": 6.0}, "draft_tokens": 3},
+        {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}, "draft": None},
+        {"temperature": 0.7, "seed": 9, "stop": "BA", "logit_bias": {"65": 5.0, "66": 5.0}},
+    ]
+    prompts = [rep * (2 + i) + [i] for i in range(len(bodies))]
+    cache = KVCache(model, max_tokens=kv_tokens, block_size=16)
+    with Server(model, cache, max_batch=8, prefill_chunk=32, draft="prompt_lookup",
+                draft_tokens=6) as s:
+        s.engine.pause()
+        results = [None] * len(bodies)
+
+        def run(i):
+            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i],
+                                                        max_tokens=50, return_tokens=True)).json()
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(60)
+        assert cache.stats().blocks_used == 0
+        preempted = s.engine.n_preempted
+    accepted = 0
+    for body, p, r in zip(bodies, prompts, results):
+        kw = {k: v for k, v in body.items() if not k.startswith("draft")}
+        if "logit_bias" in kw:
+            kw["logit_bias"] = {int(k): v for k, v in kw["logit_bias"].items()}
+        ref = lone(model, prompt=p, max_tokens=50, **kw)
+        assert r["tokens"] == ref.tokens and r["choices"][0]["text"] == ref.text
+        assert r["choices"][0]["finish_reason"] == ref.finish_reason
+        tm = r["timings"]
+        assert 0 <= tm["draft_n_accepted"] <= tm["draft_n"]
+        if body.get("draft", "on") is None:
+            assert tm["draft_n"] == 0
+        accepted += tm["draft_n_accepted"]
+    assert accepted >= 20  # drafting really ran
+    if kv_tokens < 2048:
+        assert preempted > 0
+
+
+def test_continuous_batch_across_512_equals_lone_requests(tiny):
+    """The default mode in the server's continuous batch: prompts just below and above 512,
+    prefilled in chunks of 48 next to other requests' decode and verify steps, decoding across
+    512 (rows there run the fast kernel), with and without drafting: every result equals the
+    request alone in a fresh session without drafting, bit for bit (the same tokens and
+    logprobs)."""
+    m = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=1024)
+    rng = np.random.default_rng(7)
+    rep = [5, 9, 5, 9, 65, 66, 65, 66]
+    prompts = [(rep * 80)[:n] + rng.integers(0, 256, 4).tolist() for n in (470, 500, 505, 540)]
+    bodies = [{"temperature": 0, "logit_bias": {"65": 6.0, "66": 6.0}},
+              {"temperature": 0.8, "seed": 3, "logit_bias": {"65": 6.0, "66": 6.0}},
+              {"temperature": 0, "draft": None},
+              {"temperature": 0.9, "seed": 8, "top_k": 5}]
+    with Server(m, KVCache(m, max_tokens=4096), max_batch=8, prefill_chunk=48,
+                draft="prompt_lookup", draft_tokens=6) as s:
+        s.engine.pause()
+        results = [None] * len(bodies)
+
+        def run(i):
+            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
+                                                        max_tokens=40, return_tokens=True)).json()
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(120)
+        assert s.engine.peak_batch >= 3
+    accepted = 0
+    for body, p, r in zip(bodies, prompts, results):
+        kw = {k: v for k, v in body.items() if not k.startswith("draft")}
+        if "logit_bias" in kw:
+            kw["logit_bias"] = {int(k): v for k, v in kw["logit_bias"].items()}
+        ref = lone(m, prompt=p, max_tokens=40, logprobs=True, top_logprobs=1, **kw)
+        assert r["tokens"] == ref.tokens and r["choices"][0]["text"] == ref.text
+        # the sampled tokens' logprobs, float32 bits through JSON: the logits rows are identical
+        got = r["choices"][0]["logprobs"]["token_logprobs"]
+        assert got == [e["logprob"] for e in ref.logprobs["content"]]
+        accepted += r["timings"]["draft_n_accepted"]
+    assert accepted > 0
+
+
+def test_draft_fields_are_checked(srv):
+    for body, param in (({"draft": "medusa"}, "draft"), ({"draft_tokens": 0}, "draft_tokens"),
+                        ({"draft_tokens": "8"}, "draft_tokens")):
+        r = srv.post("/v1/completions", dict(body, prompt=[1, 2], max_tokens=2))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = srv.post("/v1/completions", {"prompt": [1, 2, 1, 2, 1, 2], "max_tokens": 4,
+                                     "draft": "prompt_lookup", "draft_tokens": 2})
+    assert r.status_code == 200 and "draft_n" in r.json()["timings"]
 
 
 def test_cache_salt_separates_prefix_reuse(srv):

@@ -283,3 +283,68 @@ def test_preempted_constrained_requests_equal_alone(tiny_model):
         ref = lone(tiny_model, prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
                    grammar=grammars[i])
         assert r.model_dump()["tokens"] == ref.tokens
+
+
+def test_drafting_constrained_batched_equals_alone_without_drafting(tiny_model):
+    """Speculative drafting in the engine with response_format (json_schema) and logprobs:
+    constrained and unconstrained requests, greedy and sampled, streamed and not, verify rows
+    batched together; each equals the request alone WITHOUT drafting (tokens, finish reason,
+    logprobs), and drafts are accepted in constrained requests too (non-vacuity)."""
+    schema = {"type": "object", "required": ["a", "b"], "additionalProperties": False,
+              "properties": {"a": {"type": "string", "maxLength": 20},
+                             "b": {"type": "array", "items": {"type": "integer"},
+                                   "maxItems": 8}}}
+    copy = 'Copy this: {"a": "abab", "b": [1, 2, 1, 2]} ' * 4  # lookups find matches
+    bias = {"97": 3.0, "98": 3.0, "49": 2.0, "44": 2.0}  # a, b, 1, ","
+    jobs = []
+    for i in range(6):
+        body = {"temperature": 0} if i % 2 == 0 else {"temperature": 0.9, "seed": i}
+        body.update(logit_bias=bias, logprobs=True, top_logprobs=2)
+        if i != 5:
+            body["response_format"] = rf(schema, name=f"s{i}")
+        jobs.append((msgs(copy + f"item {i}"), body, 50, i == 3))
+    with Server(tiny_model, max_batch=8, prefill_chunk=64, draft="prompt_lookup",
+                draft_tokens=6) as s:
+        s.engine.pause()
+        results = [None] * len(jobs)
+
+        def run(i):
+            m, body, n, stream = jobs[i]
+            req = dict(body, messages=m, max_tokens=n, return_tokens=True)
+            if stream:
+                ev = sse_events(s.post("/v1/chat/completions", dict(req, stream=True)).text)
+                ch = [e["choices"][0] for e in ev if isinstance(e, dict) and e.get("choices")]
+                results[i] = {"text": "".join(c["delta"].get("content") or "" for c in ch),
+                              "logprobs": [x for c in ch if c.get("logprobs")
+                                           for x in c["logprobs"]["content"]]}
+            else:
+                results[i] = s.post("/v1/chat/completions", req).json()
+
+        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in ths:
+            t.start()
+        s.wait(lambda: s.engine.queue_depth == len(jobs), "all requests queued")
+        s.engine.resume()
+        for t in ths:
+            t.join(120)
+        assert s.engine.peak_batch >= 4
+        assert s.cache.stats().blocks_used == 0
+    accepted_constrained = 0
+    for (m, body, n, stream), r in zip(jobs, results):
+        kw = {k: v for k, v in body.items() if k not in ("response_format", "logit_bias")}
+        ref = lone(tiny_model, chat=m, max_tokens=n, response_format=body.get("response_format"),
+                   logit_bias={int(k): v for k, v in bias.items()}, **kw)
+        assert ref.timings.draft_tokens == 0
+        if stream:
+            assert r["text"] == ref.text
+            assert r["logprobs"] == ref.logprobs["content"]
+            continue
+        assert r["tokens"] == ref.tokens
+        assert r["choices"][0]["message"]["content"] == ref.text
+        assert r["choices"][0]["finish_reason"] == ref.finish_reason
+        assert r["choices"][0]["logprobs"]["content"] == ref.logprobs["content"]
+        tm = r["timings"]
+        assert 0 <= tm["draft_n_accepted"] <= tm["draft_n"]
+        if "response_format" in body:
+            accepted_constrained += tm["draft_n_accepted"]
+    assert accepted_constrained > 0  # drafting really ran on constrained requests

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import hfconvert
+import numpy as np
 import pytest
 from test_server import SETTINGS, Server, extra, lone, msgs
 
@@ -93,3 +94,25 @@ def test_hybrid_preemption_is_exact(hybrid):
     for i, r in enumerate(results):
         ref = lone(model, prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i)
         assert r.model_dump()["tokens"] == ref.tokens
+
+
+def test_hybrid_models_do_not_draft(hybrid):
+    """A hybrid model never drafts: its recurrent state, advanced in place over a draft's rows,
+    cannot be cut back to the accepted ones.  A request asking for prompt_lookup on a prompt
+    whose lookups find drafts gets plain decoding's result and timings saying drafted 0, in
+    Session.generate and in the server."""
+    from goinfer.speculative import prompt_lookup
+
+    model = hybrid
+    rep = [5, 9, 5, 9, 5, 9, 65, 66, 65, 66] * 4
+    assert len(prompt_lookup(np.asarray(rep), 6)) > 0  # a non-hybrid model would draft here
+    kw = dict(max_tokens=20, temperature=0.0, logit_bias={65: 6.0, 66: 6.0})
+    ref = lone(model, prompt=rep, **kw)
+    r = model.session(KVCache(model, max_tokens=256)).generate(rep, draft="prompt_lookup",
+                                                               draft_tokens=6, **kw)
+    assert r.tokens == ref.tokens and r.timings.draft_tokens == 0
+    with Server(model, draft="prompt_lookup", draft_tokens=6) as s:
+        out = s.post("/v1/completions", dict(prompt=rep, max_tokens=20, temperature=0,
+                                             logit_bias={"65": 6.0, "66": 6.0},
+                                             return_tokens=True)).json()
+    assert out["tokens"] == ref.tokens and out["timings"]["draft_n"] == 0

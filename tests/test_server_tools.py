@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import numpy as np
 import openai
 import pytest
 from test_server import BAD_BODIES, Server, msgs
@@ -75,13 +74,9 @@ def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
     chunks = list(c.chat.completions.create(stream=True, **kw))
     streamed = [e.model_dump() for x in chunks if x.choices and x.choices[0].logprobs
                 for e in x.choices[0].logprobs.content]
-    # the same tokens; values within 1e-5: the second request reuses the first one's cached
-    # prompt, and a long cold prefill takes the fast path (Model.use_fast), a short one not
-    assert [e["token"] for e in streamed] == [e["token"] for e in full]
-    assert [[t["token"] for t in e["top_logprobs"]] for e in streamed] == \
-        [[t["token"] for t in e["top_logprobs"]] for e in full]
-    assert np.allclose([e["logprob"] for e in streamed], [e["logprob"] for e in full],
-                       atol=1e-5, rtol=0)
+    # the same entries, bit for bit: the second request reuses the first one's cached prompt,
+    # and a row's attention kernel depends on its position only (not on the cold prefill's size)
+    assert streamed == full
     calls = [x for x in chunks if x.choices and x.choices[0].delta.tool_calls]
     if choice == "required":
         assert ch.finish_reason == "tool_calls" and calls

@@ -43,7 +43,7 @@ def test_top1_agreement_with_transformers(smollm2, hf_smollm2):
     assert float(np.median(cos)) > 0.99
 
 
-def test_exact_prefill_equals_decode_300_tokens(smollm2):
+def test_prefill_equals_decode_300_tokens(smollm2):
     from goinfer import KVCache
 
     ids = smollm2.tokenize(TEXT.read_text())[:300]

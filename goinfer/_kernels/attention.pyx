@@ -611,6 +611,13 @@ def count_exact(int64_t calls, int64_t queries):
     _exact_queries += queries
 
 
+def count_fast(int64_t calls, int64_t queries):
+    """Add graph-replayed fast attention calls / query rows to attention_counters()."""
+    global _fast_calls, _fast_queries
+    _fast_calls += calls
+    _fast_queries += queries
+
+
 # ============================================================================ test hooks
 
 def _variant_used():

@@ -92,7 +92,6 @@ class Segment:
     start: int
     stop: int
     block_table: np.ndarray  # (n_blocks_seq,) int32
-    fast: bool = False  # float32 tiled attention (prefill suffix >= 512 tokens, issue 4)
     rec: object = None  # hybrid models: the sequence's recurrent.SeqRecurrent (state, snapshots)
 
 
@@ -103,6 +102,7 @@ class Batch:
     slots: np.ndarray  # (T,) int64 cache slots: block * block_size + offset
     segments: list[Segment]
     logit_rows: np.ndarray  # (R,) int64 rows that need logits
+    fast_from: int | None = None  # rows at positions >= this run fast attention (None: none)
 
 
 # ============================================================================ RoPE

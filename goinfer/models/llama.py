@@ -332,17 +332,22 @@ class LlamaFamily:
 
     def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
                scale: float | None = None, sinks=None):
-        """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  Segments
-        marked fast (a prefill suffix of >= 512 tokens, Model.use_fast) run the float32 tiled
-        kernel, the others the exact one.  sinks (H,) float32: attention sink logits (gpt-oss)."""
+        """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  A row at a
+        position below batch.fast_from runs the exact kernel, a row at or above it the float32
+        tiled one (a segment crossing it is two calls; its positions ascend).  sinks (H,)
+        float32: attention sink logits (gpt-oss), given to either kernel."""
         if scale is None:
             scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
         extra = {} if sinks is None else {"sinks": sinks}
+        ff = batch.fast_from
         for seg in batch.segments:
-            r = slice(seg.start, seg.stop)
-            kernel = self.K.attention_fast if seg.fast else self.K.attention
-            kernel(q[r], kc, vc, seg.block_table, batch.positions[r], scale, window, softcap,
-                   out=out[r], nthreads=self.threads, **extra)
+            pos = batch.positions[seg.start:seg.stop]
+            split = seg.start + (len(pos) if ff is None else int(np.searchsorted(pos, ff)))
+            for a, b, fast in ((seg.start, split, False), (split, seg.stop, True)):
+                if b > a:
+                    kernel = self.K.attention_fast if fast else self.K.attention
+                    kernel(q[a:b], kc, vc, seg.block_table, batch.positions[a:b], scale, window,
+                           softcap, out=out[a:b], nthreads=self.threads, **extra)
         return out
 
     def layer_sinks(self, li: int, L: LayerWeights):

@@ -53,6 +53,7 @@ from goinfer.server.scheduler import (
     QueueFullError,
 )
 from goinfer.tools import ToolChat, prepare_chat
+from goinfer.speculative import DEFAULT_DRAFT_TOKENS, PROMPT_LOOKUP, check_draft
 
 log = logging.getLogger("goinfer.server")
 
@@ -66,7 +67,11 @@ PING_INTERVAL_S = 5.0
 def create_app(model, cache: KVCache | None = None, *, model_id: str | None = None,
                api_key: str | None = None, max_batch: int = 8, max_queue: int = 64,
                prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_body_bytes: int = MAX_BODY_BYTES,
-               ping_interval: float = PING_INTERVAL_S) -> FastAPI:
+               ping_interval: float = PING_INTERVAL_S, draft: str | None = None,
+               draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> FastAPI:
+    """draft / draft_tokens: the default speculative drafting of requests (a request's own
+    "draft" / "draft_tokens" fields override it); the output is the same either way."""
+    draft_tokens = check_draft(draft or PROMPT_LOOKUP, draft_tokens)
     cache = cache if cache is not None else KVCache(model)
     engine = Engine(model, cache, max_batch=max_batch, max_queue=max_queue,
                     prefill_chunk=prefill_chunk)
@@ -88,6 +93,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     st.max_body = max_body_bytes
     st.ping = ping_interval
     st.counts = metrics.RequestCounts()
+    st.draft, st.draft_tokens = draft is not None, draft_tokens
     st.started = int(time.time())
 
     # ------------------------------------------------------------------ errors
@@ -213,8 +219,10 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
             params = SamplingParams(**req.sampling)
         except ValueError as e:
             raise bad(str(e)) from None
+        on = st.draft if req.draft is None else req.draft
         return Job(ids=ids, max_tokens=max_tokens, params=params, stops=req.stops,
-                   on_event=lambda ev: None, cache_salt=req.cache_salt)
+                   on_event=lambda ev: None, cache_salt=req.cache_salt,
+                   draft_tokens=(req.draft_tokens or st.draft_tokens) if on else 0)
 
     async def _collect(request, job, events, req, shaper, path, tc=None):
         """Wait for the whole result; cancel the job if the client goes away first."""

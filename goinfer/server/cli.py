@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
+
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 
 
@@ -36,9 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens prefilled per step between decode steps (default 256)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    p.add_argument("--exact-prefill", action="store_true",
-                   help="bit-exact attention for long prefills too (off: fast path above 512 tokens)")
+    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
+                   help="float64 attention at every position (default: the fast float32 kernel "
+                   "for positions >= 512; --exact-prefill is the old name)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
+                   help="speculative drafting of every request unless it sets 'draft' (the "
+                   "output is the same; faster when replies copy from their context)")
+    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
+                   help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
     from goinfer.cli import _kv_dtype_arg
@@ -104,13 +112,15 @@ def run(args) -> int:
     from goinfer.model import Model
     from goinfer.server.app import create_app
 
-    model = Model.load(args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    model = Model.load(args.model, threads=args.threads, exact=args.exact,
                        context_length=args.ctx, kv_dtype=args.kv_dtype)
     cache = KVCache(model, max_tokens=args.kv_tokens)
     model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)
     app = create_app(model, cache, model_id=model_id, api_key=args.api_key,
                      max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefill_chunk=args.prefill_chunk, max_body_bytes=args.max_body)
+                     prefill_chunk=args.prefill_chunk, max_body_bytes=args.max_body,
+                     draft=None if args.draft == "none" else args.draft,
+                     draft_tokens=args.draft_tokens)
     print(f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
           f"KV cache {cache.max_tokens} tokens, {cache.dtype}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr)

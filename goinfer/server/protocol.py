@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from goinfer import logprobs as lp
 from goinfer.errors import ToolError
 from goinfer.tools import check_tools
+from goinfer.speculative import DRAFTS, MAX_DRAFT_TOKENS
 
 MAX_STOPS = 16
 MAX_STOP_LEN = 1000
@@ -161,6 +162,8 @@ class GenRequest:
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
     prompt: str | list[int] | None = None
+    draft: bool | None = None  # speculative drafting on / off (None: the server's default)
+    draft_tokens: int | None = None  # tokens per draft (None: the server's)
     response_format: dict | None = None  # compiled by the handler (constrained.py)
     grammar: str | dict | None = None  # goinfer's extension: Lark, {"regex": ...}
     logprobs: bool = False
@@ -169,7 +172,8 @@ class GenRequest:
 
 COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
           "stop", "max_tokens", "presence_penalty", "frequency_penalty", "repeat_penalty",
-          "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens", "grammar"}
+          "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens", "grammar",
+          "draft", "draft_tokens"}
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
              "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
              # accepted and ignored: hints that do not change what a local model computes
@@ -222,10 +226,16 @@ def _common(body: dict, kind: str, vocab_size: int) -> GenRequest:
     if g is not None and not isinstance(g, (str, dict)):
         raise bad("'grammar' must be a Lark grammar string or {'regex': ...}", "grammar",
                   "invalid_type")
+    draft = body.get("draft", ...)
+    if draft is not ... and draft not in (None, "none", *DRAFTS):
+        raise bad(f"'draft' must be null, 'none' or one of {list(DRAFTS)}", "draft",
+                  "invalid_value")
     return GenRequest(kind=kind, stream=stream, include_usage=include_usage and stream,
                       max_tokens=max_tokens, sampling=sampling, stops=_stops(body),
                       cache_salt=_string(body, "cache_salt", max_len=1024),
-                      return_tokens=_boolean(body, "return_tokens", False), grammar=g)
+                      return_tokens=_boolean(body, "return_tokens", False), grammar=g,
+                      draft=None if draft is ... else draft in DRAFTS,
+                      draft_tokens=_integer(body, "draft_tokens", 1, MAX_DRAFT_TOKENS, None))
 
 
 def _text_content(content, where: str) -> str | None:
@@ -354,7 +364,8 @@ def timings(result) -> dict:
     return {"prompt_n": t.prefill_tokens, "cache_n": result.cached_tokens,
             "prompt_ms": t.prefill_ms, "prompt_per_second": t.prefill_tok_s,
             "predicted_n": n_pred, "predicted_ms": t.decode_ms,
-            "predicted_per_second": n_pred / t.decode_ms * 1e3 if t.decode_ms > 0 else 0.0}
+            "predicted_per_second": n_pred / t.decode_ms * 1e3 if t.decode_ms > 0 else 0.0,
+            "draft_n": t.draft_tokens, "draft_n_accepted": t.draft_accepted}
 
 
 class Shaper:

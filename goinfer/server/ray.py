@@ -60,7 +60,7 @@ class ReplicaSpec:
     model: str  # a registered name or a .gguf path (each node resolves it)
     model_id: str | None = None  # the id /v1/models reports (default: the name or file stem)
     threads: int | None = None  # kernel threads per replica (default: physical cores)
-    exact_prefill: bool = False
+    exact: bool = False  # float64 attention at every position (--exact)
     ctx: int | None = None
     kv_tokens: int | None = None
     block_size: int = 16  # KV block size: the replica's cache and the router's chain agree on it
@@ -69,6 +69,8 @@ class ReplicaSpec:
     prefill_chunk: int = 256
     max_body: int = 8 << 20
     api_key: str | None = None
+    draft: str | None = None  # speculative drafting default (--draft)
+    draft_tokens: int = 16
 
     def resolved_model_id(self) -> str:
         if self.model_id:
@@ -88,13 +90,14 @@ class GoinferReplica:
         from goinfer.server.app import create_app
 
         self.spec = spec
-        model = Model.load(spec.model, threads=spec.threads, exact_prefill=spec.exact_prefill,
+        model = Model.load(spec.model, threads=spec.threads, exact=spec.exact,
                            context_length=spec.ctx, progress=False)
         cache = KVCache(model, max_tokens=spec.kv_tokens, block_size=spec.block_size)
         self.app = create_app(model, cache, model_id=spec.resolved_model_id(),
                               api_key=spec.api_key, max_batch=spec.max_batch,
                               max_queue=spec.max_queue, prefill_chunk=spec.prefill_chunk,
-                              max_body_bytes=spec.max_body)
+                              max_body_bytes=spec.max_body, draft=spec.draft,
+                              draft_tokens=spec.draft_tokens)
         self.engine = self.app.state.engine
         self.engine.start()  # the app's lifespan is not run: this process owns the engine
         self.id = serve.get_replica_context().replica_id.to_full_id_str()
@@ -513,10 +516,12 @@ def stop(joined: bool = False) -> None:
 def serve_cli(args) -> int:
     """`goinfer serve MODEL --replicas N [--threads-per-replica T] [--ray-address ADDR]`."""
     replicas = args.replicas or 1
-    spec = ReplicaSpec(model=args.model, threads=args.threads, exact_prefill=args.exact_prefill,
+    spec = ReplicaSpec(model=args.model, threads=args.threads, exact=args.exact,
                        ctx=args.ctx, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
                        max_queue=args.max_queue, prefill_chunk=args.prefill_chunk,
-                       max_body=args.max_body, api_key=args.api_key)
+                       max_body=args.max_body, api_key=args.api_key,
+                       draft=None if args.draft == "none" else args.draft,
+                       draft_tokens=args.draft_tokens)
     threads = args.threads_per_replica or args.threads or max(1, (os.cpu_count() or 1) // replicas)
     policy = Policy(args.route, args.route_imbalance)
     joined = bool(args.ray_address)

@@ -15,9 +15,15 @@ computing the next token's mask in a worker thread as soon as it has sampled, so
 every constrained sequence are computed while the step's forward pass runs, and the engine
 thread only waits for them (already done, normally) when it samples.
 
+A request with speculative drafting (``draft_tokens`` > 0, goinfer/speculative.py) feeds its last
+token and a draft of the tokens it will likely sample next as one short piece with logits for
+every row; the engine samples from the rows in order while the draft holds, then cuts the
+session back to the accepted tokens.  Its rows batch with everyone else's and give the bits of
+decode steps, so its output is that of plain decoding.
+
 When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
 are released and it returns to the head of the queue, to be prefilled again later with the
-tokens it generated so far (exact numerics make this invisible in its output).
+tokens it generated so far (batch-invariant numerics make this invisible in its output).
 
 The asyncio side talks to the engine through ``submit`` / ``cancel`` (thread safe) and gets
 events back through the job's ``on_event`` callback, called on the engine thread.
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.sampling import SamplingParams
 from goinfer.session import Generation, GenerationResult, Session, forward_sessions
+from goinfer.speculative import Speculation
 
 log = logging.getLogger("goinfer.server")
 
@@ -73,6 +80,7 @@ class Job:
     cache_salt: str | None = None
     grammar: object | None = None  # a compiled constrained.Grammar
     logprobs: tuple[bool, int] = (False, 0)  # (on, top_logprobs)
+    draft_tokens: int = 0  # speculative drafting: tokens per draft (0: off)
     id: int = field(default_factory=lambda: next(_ids))
     # ---- engine state
     cancelled: bool = False
@@ -80,7 +88,7 @@ class Job:
     gen: Generation | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed before the next sample
     prefilling: bool = False  # pending holds prompt (or, after a preemption, recomputed) tokens
-    fast: bool = False  # fast attention for the pending prompt tokens
+    spec: Speculation | None = None  # drafting state (draft_tokens > 0)
     cached: int = 0  # prompt tokens reused from the cache (first seating)
     prefilled: int = 0  # prompt tokens that had to be computed (first seating)
     preemptions: int = 0
@@ -293,14 +301,16 @@ class Engine:
             job.t_start = time.perf_counter()
         session = self.model.session(self.cache, cache_salt=job.cache_salt)
         try:
-            rest, cached, fast = session._start(ids)
+            rest, cached = session._start(ids)
         except BaseException:
             session.reset()
             raise
-        job.session, job.pending, job.fast, job.prefilling = session, list(rest), fast, True
+        job.session, job.pending, job.prefilling = session, list(rest), True
         if first:
             job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops,
                                  grammar=job.grammar, logprobs=job.logprobs)
+            if job.draft_tokens and not self.model.hybrid:  # (a recurrent state cannot be cut back)
+                job.spec = Speculation(job.ids, job.draft_tokens)
             job.cached, job.prefilled = cached, len(rest)
             self.prompt_tokens += len(ids)
             self.cached_tokens += cached
@@ -317,13 +327,17 @@ class Engine:
     def _plan(self) -> list[tuple[Job, list[int]]]:
         """What each active job feeds this step.  Every decoding job feeds its token; prompts
         share a budget of prefill_chunk tokens, shortest remaining prompt first (a short request
-        arriving during a long prefill starts at once).  A fast-attention prompt is fed only in
-        whole chunks (or its last piece), so its cuts do not depend on the load."""
+        arriving during a long prefill starts at once).  How a prompt is cut does not change
+        its bits (a row's attention kernel depends on its position only)."""
         work = []
         prompts = []
         for job in self._active:
             if job.session is not None and len(job.pending) == 1:
-                work.append((job, job.pending[:1]))
+                if job.spec is not None and not job.prefilling:  # its token and a draft
+                    work.append((job, job.spec.feed(job.gen, job.session.n_tokens,
+                                                    self.model.n_ctx)))
+                else:
+                    work.append((job, job.pending[:1]))
             else:
                 prompts.append(job)
         budget = self.prefill_chunk
@@ -343,10 +357,7 @@ class Engine:
                 if len(job.pending) == 1:  # all but the last prompt token were cached
                     work.append((job, job.pending[:1]))
                     continue
-            want = min(len(job.pending), self.prefill_chunk)
-            take = min(want, budget)
-            if job.fast and take < want:
-                continue
+            take = min(len(job.pending), self.prefill_chunk, budget)
             work.append((job, job.pending[:take]))
             budget -= take
         return work
@@ -373,9 +384,11 @@ class Engine:
         if not work:
             return
         t0 = time.perf_counter()
+        # a decoding job with drafting feeds its token and a draft: logits of every row
+        wants = ["all" if j.spec is not None and not j.prefilling else "last" for j, _ in work]
         try:
-            logits = forward_sessions([(j.session, toks, j.fast and j.prefilling)
-                                       for j, toks in work])
+            logits = forward_sessions([(j.session, toks, want)
+                                       for (j, toks), want in zip(work, wants)])
         except Exception as e:
             for job, _ in work:
                 self._fail(job, e)
@@ -391,7 +404,7 @@ class Engine:
         self._window.append((t1, n_prefill, n_rows - n_prefill))
         while self._window and t1 - self._window[0][0] > RATE_WINDOW_S:
             self._window.popleft()
-        for (job, toks), lg in zip(work, logits):
+        for (job, toks), lg, want in zip(work, logits, wants):
             del job.pending[:len(toks)]
             if job.pending:
                 continue  # more prompt to prefill
@@ -399,7 +412,13 @@ class Engine:
             if job.t_prompt is None:
                 job.t_prompt = t1
             gen = job.gen
-            if not gen.done:
+            if want == "all":  # sample from the rows while the draft holds
+                spec = job.spec
+                spec.verified(toks, lg, job.session.n_tokens - len(toks))
+                while not gen.done and (row := spec.take(gen)) is not None:
+                    self._text(job, gen.push(row))
+                spec.settle(job.session)
+            elif not gen.done:
                 self._text(job, gen.push(lg))
             if gen.done:
                 self._finish(job)
