@@ -56,13 +56,38 @@ class Server:
 
     def post(self, path, body=None, *, content=None, headers=None, timeout=60):
         return httpx.post(self.url + path, json=body, content=content, headers=headers,
-                          timeout=timeout)
+                    timeout=timeout)
 
     def wait(self, cond, what: str, timeout: float = 20.0):
         deadline = time.time() + timeout
         while not cond():
             assert time.time() < deadline, f"timed out waiting for {what}"
             time.sleep(0.005)
+
+    def together(self, run, n: int, timeout: float = 60) -> list:
+        """run(i) for i < n, each in its own thread, all queued in the engine before any is
+        served (so they batch together) -> their results; an exception of a call is raised
+        here, and a call still running after `timeout` fails the test."""
+        self.engine.pause()
+        results, errors = [None] * n, []
+
+        def call(i):
+            try:
+                results[i] = run(i)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        ths = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+        for t in ths:
+            t.start()
+        self.wait(lambda: self.engine.queue_depth == n or bool(errors), f"all {n} requests queued")
+        self.engine.resume()
+        for t in ths:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in ths), "a request did not finish in time"
+        if errors:
+            raise errors[0]
+        return results
 
 
 @pytest.fixture(scope="module")
@@ -262,21 +287,12 @@ def test_concurrent_requests_equal_lone_requests(model):
     long_prompt = " ".join(f"w{i}" for i in range(60))  # several prefill chunks of 64
     jobs.append((msgs(long_prompt), SETTINGS[1], 12))
     with Server(model, max_batch=8, prefill_chunk=64) as s:
-        s.engine.pause()
-        results = [None] * len(jobs)
-
         def run(i):
             m, (body, _), n = jobs[i]
-            results[i] = s.client().chat.completions.create(model="tiny", messages=m,
-                                                            max_tokens=n, **extra(body))
+            return s.client().chat.completions.create(model="tiny", messages=m,
+                                                      max_tokens=n, **extra(body))
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(jobs), "all requests queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(60)
+        results = s.together(run, len(jobs), timeout=60)
         assert s.engine.peak_batch >= 4  # they really ran together
         assert s.cache.stats().blocks_used == 0
     for (m, (_, kw), n), r in zip(jobs, results):
@@ -338,21 +354,12 @@ def test_full_kv_cache_waits_and_preempts_exactly(model):
     cache = KVCache(model, max_tokens=160, block_size=16)  # 10 blocks
     prompts = [[(7 * i + k) % 250 for k in range(20 + i)] for i in range(4)]
     with Server(model, cache, max_batch=4) as s:
-        s.engine.pause()
-        results = [None] * 4
-
         def run(i):
-            results[i] = s.client().completions.create(
+            return s.client().completions.create(
                 model="tiny", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
                 extra_body={"return_tokens": True})
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == 4, "all queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(60)
+        results = s.together(run, 4, timeout=60)
         # a request that can never fit is refused up front
         r = s.post("/v1/completions", {"prompt": [1] * 100, "max_tokens": 100})
         assert r.status_code == 400 and r.json()["error"]["code"] == "kv_cache_too_small"
@@ -381,20 +388,11 @@ def test_drafting_requests_equal_plain_lone_requests(model, kv_tokens):
     cache = KVCache(model, max_tokens=kv_tokens, block_size=16)
     with Server(model, cache, max_batch=8, prefill_chunk=32, draft="prompt_lookup",
                 draft_tokens=6) as s:
-        s.engine.pause()
-        results = [None] * len(bodies)
-
         def run(i):
-            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i],
-                                                        max_tokens=50, return_tokens=True)).json()
+            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i],
+                                                  max_tokens=50, return_tokens=True)).json()
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(60)
+        results = s.together(run, len(bodies), timeout=60)
         assert cache.stats().blocks_used == 0
         preempted = s.engine.n_preempted
     accepted = 0
@@ -431,20 +429,11 @@ def test_continuous_batch_across_512_equals_lone_requests(tiny):
               {"temperature": 0.9, "seed": 8, "top_k": 5}]
     with Server(m, KVCache(m, max_tokens=4096), max_batch=8, prefill_chunk=48,
                 draft="prompt_lookup", draft_tokens=6) as s:
-        s.engine.pause()
-        results = [None] * len(bodies)
-
         def run(i):
-            results[i] = s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
-                                                        max_tokens=40, return_tokens=True)).json()
+            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
+                                                  max_tokens=40, return_tokens=True)).json()
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(bodies), "all queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(120)
+        results = s.together(run, len(bodies), timeout=120)
         assert s.engine.peak_batch >= 3
     accepted = 0
     for body, p, r in zip(bodies, prompts, results):
@@ -731,14 +720,14 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
         def hang_up():
             try:
                 s.post("/v1/completions", {"prompt": "x", "max_tokens": 300,
-                                           "logit_bias": {"65": 100}}, timeout=0.05)
+                                     "logit_bias": {"65": 100}}, timeout=0.05)
             except httpx.TimeoutException:
                 return "cancelled"
 
         def hang_up_stream():
             with httpx.stream("POST", s.url + "/v1/chat/completions", timeout=30, json={
-                    "messages": msgs("y"), "max_tokens": 450, "stream": True,
-                    "logit_bias": {"65": 100}}) as r:
+              "messages": msgs("y"), "max_tokens": 450, "stream": True,
+              "logit_bias": {"65": 100}}) as r:
                 next(r.iter_lines())  # the role chunk; dropping the iterator hangs up
             return "cancelled"
 
@@ -788,7 +777,7 @@ def test_smollm2_chat_over_http(smollm2_path):
     m = msgs("What is the capital of France? Answer in one word.")
     with Server(smollm2, KVCache(smollm2, max_tokens=1024)) as s:
         r = s.client().chat.completions.create(model="tiny", messages=m, max_tokens=8,
-                                               temperature=0, extra_body={"return_tokens": True})
+                                         temperature=0, extra_body={"return_tokens": True})
     ref = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(m, max_tokens=8)
     assert r.model_dump()["tokens"] == ref.tokens
     assert "Paris" in r.choices[0].message.content

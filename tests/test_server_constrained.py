@@ -6,7 +6,6 @@ Session.generate gives alone; bad input is a 400 naming the field, and the serve
 from __future__ import annotations
 
 import json
-import threading
 
 import jsonschema
 import numpy as np
@@ -211,28 +210,18 @@ def test_constrained_batched_with_unconstrained_equals_alone(tiny_model):
             body["response_format"] = rf(schemas[i % 3], name=f"s{i}")
         jobs.append((msgs(f"item {i}"), body, 24 + 5 * i, i % 3 == 1))
     with Server(tiny_model, max_batch=8, prefill_chunk=32) as s:
-        s.engine.pause()
-        results = [None] * len(jobs)
-
         def run(i):
             m, body, n, stream = jobs[i]
             if stream:
                 ev = sse_events(s.post("/v1/chat/completions", dict(
                     body, messages=m, max_tokens=n, stream=True)).text)
-                results[i] = "".join(e["choices"][0]["delta"].get("content") or ""
-                                     for e in ev if isinstance(e, dict) and e.get("choices"))
+                return "".join(e["choices"][0]["delta"].get("content") or ""
+                               for e in ev if isinstance(e, dict) and e.get("choices"))
             else:
-                r = s.client().chat.completions.create(model="x", messages=m, max_tokens=n,
-                                                       **extra(body))
-                results[i] = r
+                return s.client().chat.completions.create(model="x", messages=m, max_tokens=n,
+                                                          **extra(body))
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(jobs), "all requests queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(120)
+        results = s.together(run, len(jobs), timeout=120)
         assert s.engine.peak_batch >= 6  # constrained and unconstrained ran in one batch
         assert s.cache.stats().blocks_used == 0
     n_constrained = 0
@@ -262,21 +251,12 @@ def test_preempted_constrained_requests_equal_alone(tiny_model):
     grammars = [{"regex": "[a-z ]{40,60}\\."}, 'start: WORD{14,20}\nWORD: /[a-z]{2,4} /',
                 {"regex": "[0-9]{3}(,[0-9]{3}){10,12}"}, 'start: "(" /[^()]{40,50}/ ")"']
     with Server(tiny_model, cache, max_batch=4) as s:
-        s.engine.pause()
-        results = [None] * 4
-
         def run(i):
-            results[i] = s.client().completions.create(
+            return s.client().completions.create(
                 model="x", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
                 extra_body={"return_tokens": True, "grammar": grammars[i]})
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == 4, "all queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(60)
+        results = s.together(run, 4, timeout=60)
         assert s.engine.n_preempted > 0  # every request is constrained: one of them was
         assert cache.stats().blocks_used == 0
     for i, r in enumerate(results):
@@ -305,28 +285,19 @@ def test_drafting_constrained_batched_equals_alone_without_drafting(tiny_model):
         jobs.append((msgs(copy + f"item {i}"), body, 50, i == 3))
     with Server(tiny_model, max_batch=8, prefill_chunk=64, draft="prompt_lookup",
                 draft_tokens=6) as s:
-        s.engine.pause()
-        results = [None] * len(jobs)
-
         def run(i):
             m, body, n, stream = jobs[i]
             req = dict(body, messages=m, max_tokens=n, return_tokens=True)
             if stream:
                 ev = sse_events(s.post("/v1/chat/completions", dict(req, stream=True)).text)
                 ch = [e["choices"][0] for e in ev if isinstance(e, dict) and e.get("choices")]
-                results[i] = {"text": "".join(c["delta"].get("content") or "" for c in ch),
-                              "logprobs": [x for c in ch if c.get("logprobs")
-                                           for x in c["logprobs"]["content"]]}
+                return {"text": "".join(c["delta"].get("content") or "" for c in ch),
+                        "logprobs": [x for c in ch if c.get("logprobs")
+                                     for x in c["logprobs"]["content"]]}
             else:
-                results[i] = s.post("/v1/chat/completions", req).json()
+                return s.post("/v1/chat/completions", req).json()
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(jobs), "all requests queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(120)
+        results = s.together(run, len(jobs), timeout=120)
         assert s.engine.peak_batch >= 4
         assert s.cache.stats().blocks_used == 0
     accepted_constrained = 0

@@ -5,7 +5,6 @@ the cache's state snapshots, and preemption (a preempted request's state is rebu
 snapshot or from scratch).  Every result equals the same request alone (exact numerics)."""
 from __future__ import annotations
 
-import threading
 
 import hfconvert
 import numpy as np
@@ -36,21 +35,12 @@ def test_concurrent_hybrid_requests_equal_lone_requests(hybrid):
     jobs.append((msgs(" ".join(f"w{i}" for i in range(50))), SETTINGS[1], 10))  # chunked
     cache = KVCache(model, max_tokens=2048)
     with Server(model, cache, max_batch=8, prefill_chunk=48) as s:
-        s.engine.pause()
-        results = [None] * len(jobs)
-
         def run(i):
             m, (body, _), n = jobs[i]
-            results[i] = s.client().chat.completions.create(model="tiny", messages=m,
-                                                            max_tokens=n, **extra(body))
+            return s.client().chat.completions.create(model="tiny", messages=m,
+                                                      max_tokens=n, **extra(body))
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == len(jobs), "all requests queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(120)
+        results = s.together(run, len(jobs), timeout=120)
         assert s.engine.peak_batch >= 4  # they really ran together
         # a later request with the same system prompt reuses it through a state snapshot
         late = s.client().chat.completions.create(model="tiny", messages=msgs("late?", system),
@@ -74,21 +64,12 @@ def test_hybrid_preemption_is_exact(hybrid):
     cache = KVCache(model, max_tokens=160, block_size=16)  # 10 blocks
     prompts = [[(7 * i + k) % 250 for k in range(20 + 9 * i)] for i in range(4)]
     with Server(model, cache, max_batch=4) as s:
-        s.engine.pause()
-        results = [None] * 4
-
         def run(i):
-            results[i] = s.client().completions.create(
+            return s.client().completions.create(
                 model="tiny", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
                 extra_body={"return_tokens": True})
 
-        ths = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in ths:
-            t.start()
-        s.wait(lambda: s.engine.queue_depth == 4, "all queued")
-        s.engine.resume()
-        for t in ths:
-            t.join(120)
+        results = s.together(run, 4, timeout=120)
         assert s.engine.n_preempted > 0  # the path under test ran
         assert cache.stats().blocks_used == 0
     for i, r in enumerate(results):
