@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import close, load
+from tinymodels import close, load, prefill_chunks
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
@@ -161,16 +161,6 @@ def test_chat_templates_come_from_the_files(models):
 
 
 # ============================================================================ exact paths, bit for bit
-
-
-def prefill_chunks(m, ids, cuts, cache_tokens=1024):
-    s = m.session(KVCache(m, max_tokens=cache_tokens))
-    prev, last = 0, None
-    for c in list(cuts) + [len(ids)]:
-        if c > prev:
-            last = s.prefill(ids[prev:c])
-            prev = c
-    return last
 
 
 @SETTINGS

@@ -25,7 +25,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import close, load
+from tinymodels import close, load, prefill_chunks
 
 from goinfer import KVCache
 from goinfer import _reference as R
@@ -205,16 +205,6 @@ def test_yarn_tables_match_transformers(over):
 
 
 # ============================================================================ exact paths, bit for bit
-
-
-def prefill_chunks(m, ids, cuts):
-    s = m.session(KVCache(m, max_tokens=1024))
-    prev, last = 0, None
-    for c in list(cuts) + [len(ids)]:
-        if c > prev:
-            last = s.prefill(ids[prev:c])
-            prev = c
-    return last
 
 
 @SETTINGS

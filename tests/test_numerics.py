@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinymodels
+from tinymodels import prefill_chunks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,16 +71,6 @@ def ids_(n, seed=0, vocab=256):
 
 def session(model, n, block_size=16):
     return model.session(KVCache(model, max_tokens=n + 64, block_size=block_size))
-
-
-def prefill_chunks(model, ids, cuts):
-    s = session(model, len(ids))
-    prev, last = 0, None
-    for c in list(cuts) + [len(ids)]:
-        if c > prev:
-            last = s.prefill(ids[prev:c])
-            prev = c
-    return last
 
 
 DECODE_MAX = 128  # decode steps per example (time): longer inputs prefill the rest first

@@ -231,3 +231,17 @@ def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         out = model(torch.tensor([list(ids)], dtype=torch.long))
     return out.logits[0].float().numpy()
+
+
+def prefill_chunks(model, ids, cuts, block_size: int = 16) -> np.ndarray:
+    """Prefill ids into a fresh session in pieces cut at `cuts` -> logits of the last token
+    (the bit-identity properties compare this with one call and with decode steps)."""
+    from goinfer import KVCache
+
+    s = model.session(KVCache(model, max_tokens=len(ids) + 64, block_size=block_size))
+    prev, last = 0, None
+    for c in list(cuts) + [len(ids)]:
+        if c > prev:
+            last = s.prefill(ids[prev:c])
+            prev = c
+    return last
