@@ -272,11 +272,12 @@ SHAPES = {s.name: s for s in [
     # the smoke run's model: seconds to write, runs anywhere
     Shape("tiny", "(none: the smoke runs' model)", "llama", 64, 2, 4, 2, 16, 128, 512, 4096,
           10000.0, 1e-5, False, "bytes", template="chatml"),
-    # the smoke runs' Qwen3.5 and gpt-oss: the dims of tests/hfconvert.py's tiny configs
-    Shape("qwen3.5-tiny", "(none: the smoke runs' Qwen3.5)", "qwen35", 64, 4, 4, 2, 32, 96, 320,
+    # the smoke runs' Qwen3.5 and gpt-oss: the dims of tests/hfconvert.py's tiny configs, with
+    # the tiny shape's 512 rows (the benchmarks draw prompt ids from 200 to vocab - 200)
+    Shape("qwen3.5-tiny", "(none: the smoke runs' Qwen3.5)", "qwen35", 64, 4, 4, 2, 32, 96, 512,
           2048, 10000.0, 1e-6, False, "bytes", template="chatml", lin_k_heads=2, lin_v_heads=4,
           lin_head_dim=16, conv_kernel=4, full_every=4, rope_dims=8, rope_sections=(2, 1, 1, 0)),
-    Shape("gpt-oss-tiny", "(none: the smoke runs' gpt-oss)", "gpt-oss", 64, 4, 4, 2, 32, 64, 320,
+    Shape("gpt-oss-tiny", "(none: the smoke runs' gpt-oss)", "gpt-oss", 64, 4, 4, 2, 32, 64, 512,
           4096, 150000.0, 1e-5, False, "bytes", n_expert=4, n_expert_used=2, sliding_window=8,
           yarn=(32.0, 4096, 32.0, 1.0), expert_type="MXFP4", template="chatml"),
 ]}
