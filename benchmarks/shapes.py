@@ -93,10 +93,11 @@ class Shape:
     yarn: tuple | None = None  # (factor, original context, beta_fast, beta_slow)
     expert_type: str = ""  # the experts' GGUF type whatever --type (gpt-oss: MXFP4)
     specials: tuple = ()  # ((id, text), ...) special tokens put over [PAD] rows (CONTROL)
-    token_ids: tuple = ()  # ((tokenizer.ggml.<key>, id), ...) overriding the vocabulary's
+    token_ids: tuple = ()  # ((key, id), ...): tokenizer.ggml.<key> overriding the vocabulary's
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """(name, NumPy-order shape, role) of every tensor, in llama.cpp's order.  role: "matrix"
+        """(name, NumPy-order shape, role) of every tensor (llama.cpp reads them in any order;
+        the llama-style shapes list them in its loader's).  role: "matrix"
         (quantized), "expert" (3-D stacked experts, quantized), "norm" (F32 ones), "bias" (F32),
         "router" (F32, as llama-quantize keeps it), "rope" (F32 frequency factors), "conv"
         (F32), "ssm_a" (F32, negative: -exp(A_log))."""
