@@ -7,6 +7,8 @@ depend on the weights' values.
     python benchmarks/shapes.py llama-3.1-8b --type Q4_K_M      # needs llama-cpp-python
     python benchmarks/shapes.py qwen3.5-4b --type Q4_0 --pure   # hybrid Gated DeltaNet
     python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE     # MXFP4 experts, Q8_0 rest
+    python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE --layers 2   # real width, 2 layers
+    python benchmarks/shapes.py --check /tmp/shapes/FILE.gguf   # both engines load it, same ids
     python benchmarks/shapes.py --smoke                          # the test suite's smoke run
 
 How the weights are made:
@@ -42,7 +44,9 @@ Files go to ``--out`` (default /tmp/shapes), never into the repository; an 8B Q4
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import json
 import math
 import os
 import sys
@@ -653,6 +657,89 @@ def llama_cpp_logits(path, ids, threads: int = 1) -> np.ndarray:
         llm.close()
 
 
+CHECK = r"""
+import json, sys, time
+import numpy as np
+engine, path, threads, prefill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+text = "The capital of France is"
+out = {}
+if engine == "goinfer":
+    import goinfer
+    from goinfer import bench
+    t0 = time.perf_counter()
+    m = goinfer.Model.load(path, threads=threads, progress=False, context_length=4096)
+    out["load_s"], out["source"] = time.perf_counter() - t0, m.load_info.source
+    ids = m.tokenize(text)
+    s = m.session()
+    lg = s.prefill(ids)
+    out["chat_ids"] = len(m.tokenize(m.apply_chat_template([{"role": "user", "content": text}])))
+    def step(t):
+        return s.decode(t)
+else:
+    import llama_cpp
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    out["load_s"], out["source"] = time.perf_counter() - t0, "mmap"
+    def last():  # the last token's logits (eval keeps none without logits_all)
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+    ids = llm.tokenize(text.encode(), add_bos=False)
+    llm.eval(ids)
+    lg = last()
+    r = llm.create_chat_completion([{"role": "user", "content": text}], max_tokens=1, temperature=0.0)
+    out["chat_ids"] = r["usage"]["prompt_tokens"]
+    llm.reset()
+    llm.eval(ids)
+    def step(t):
+        llm.eval([t])
+        return last()
+out["ids"], out["top5"], gen = [int(i) for i in ids], [int(i) for i in np.argsort(-lg)[:5]], []
+for _ in range(8):
+    t = int(np.argmax(lg))
+    gen.append(t)
+    lg = step(t)
+out["generated"], out["finite"] = gen, bool(np.isfinite(lg).all())
+if engine == "goinfer" and prefill:
+    rng = np.random.default_rng(prefill)
+    out["prefill_s"] = bench.prefill_seconds(m, [int(x) for x in rng.integers(200, m.vocab_size - 200, prefill)])
+import resource
+out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+print(json.dumps(out))
+"""
+
+
+def check(path, threads: int = 2, prefill: int = 512) -> dict:
+    """Each engine in a fresh process on a written file: load, the same text's ids and top-5
+    next tokens, 8 greedy tokens, the chat template's prompt length, and (goinfer) one cold
+    prefill of `prefill` random tokens.  llama.cpp is skipped when not installed."""
+    import subprocess
+
+    try:
+        import llama_cpp  # noqa: F401
+        engines = ["goinfer", "llama.cpp"]
+    except ImportError:
+        print("llama.cpp: skipped (llama-cpp-python is not installed)")
+        engines = ["goinfer"]
+    res = {}
+    for e in engines:
+        r = subprocess.run([sys.executable, "-c", CHECK, e, str(path), str(threads), str(prefill)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{e} failed on {path} ({r.returncode}):\n{r.stderr[-3000:]}")
+        res[e] = json.loads(r.stdout.strip().splitlines()[-1])
+        x = res[e]
+        print(f"{Path(path).name} {e}: load {x['load_s']:.1f} s ({x['source']}), ids {x['ids']}, "
+              f"top-5 {x['top5']}, greedy {x['generated']}, chat prompt {x['chat_ids']} tokens, "
+              f"peak RSS {x['peak_rss_gb']:.2f} GB"
+              + (f", prefill {prefill}: {x['prefill_s']:.1f} s" if "prefill_s" in x else ""), flush=True)
+    if len(res) == 2:
+        a, b = res["goinfer"], res["llama.cpp"]
+        print(f"goinfer vs llama.cpp: same ids {a['ids'] == b['ids']}, same top-1 "
+              f"{a['top5'][0] == b['top5'][0]}, top-5 overlap {len(set(a['top5']) & set(b['top5']))}/5, "
+              f"same chat prompt length {a['chat_ids'] == b['chat_ids']}", flush=True)
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shapes", nargs="*", help=f"shape names: {', '.join(SHAPES)}")
@@ -668,7 +755,17 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="the test suite's run: the tiny shapes (llama, Qwen3.5, gpt-oss), pure, byte "
                          "vocabulary, loaded by goinfer (and llama.cpp when installed)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="write only the first N layers (a real-width file that loads in less memory)")
+    ap.add_argument("--check", nargs="+", metavar="FILE",
+                    help="load written files in goinfer and llama.cpp (fresh processes): same ids, "
+                         "same top-5, a few greedy tokens, one goinfer prefill of --check-prefill")
+    ap.add_argument("--check-prefill", type=int, default=512)
     args = ap.parse_args(argv)
+    if args.check:
+        for f in args.check:
+            check(f, args.threads, args.check_prefill)
+        return 0
     if args.list or not (args.shapes or args.smoke):
         print(f"{'name':<14} {'params':>7} {'arch':<6} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
               f"{'vocab':>7}  model")
@@ -689,8 +786,9 @@ def main(argv=None) -> int:
             try:
                 import llama_cpp  # noqa: F401
             except ImportError:
-                print("llama.cpp: skipped (llama-cpp-python is not installed)")
                 llama_cpp = None
+            for f in files[2:]:
+                check(f, threads=1, prefill=64)
             for f in files:
                 lg = goinfer_logits(f, [1, 2, 3, 4])
                 assert np.isfinite(lg).all()
@@ -703,7 +801,10 @@ def main(argv=None) -> int:
     for name in args.shapes:
         if name not in SHAPES:
             ap.error(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
-        make(SHAPES[name], args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
+        shape = SHAPES[name]
+        if args.layers:
+            shape = dataclasses.replace(shape, name=f"{name}-{args.layers}L", n_layers=args.layers)
+        make(shape, args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
              vocab_dir=args.vocab_dir, threads=args.threads, force=args.force)
     return 0
 
