@@ -228,3 +228,15 @@ def test_family_shape_loads_in_llama_cpp(name, qtype, tmp_path):
     path = shapes.make(shapes.SHAPES[name], qtype, tmp_path, pure=True, vocab="bytes", log=None)
     lc = shapes.llama_cpp_logits(path, [1, 2, 3, 4, 5])
     assert lc.shape == (5, shapes.SHAPES[name].vocab) and np.isfinite(lc).all()
+
+
+def test_peers_llama_cpp_only(tmp_path, capsys):
+    """peers.py --no-goinfer runs llama.cpp alone (gpt-oss-20b does not fit both engines in one
+    process on 24 GB); its rows hold llama.cpp's engine only."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    path = str(_script("shapes").smoke_model(tmp_path))
+    res = _script("peers").main([path, "--no-goinfer", "--threads", "1", "--prompt-lengths", "64",
+                                 "--decode-prompts", "16", "--decode-tokens", "2", "--repeats", "1",
+                                 "--flash-attn", "off"])
+    assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
+    assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
