@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
-from goinfer.memory import default_max_tokens
+from goinfer.memory import default_max_tokens, populate_async
 from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
 FAST = "fast"
 _ROOT = b"goinfer-kv-root"
+PREFAULT_TOKENS = 256  # tokens of each layer faulted in at creation, in the background
 
 
 def block_hash(parent: bytes, tokens, mode: str, salt: str | None = None) -> bytes:
@@ -218,6 +219,13 @@ class KVCache:
                                          block_size)
         self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
         self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
+        # fault in the blocks of the first PREFAULT_TOKENS tokens of every layer now, in the
+        # background: blocks are handed out from 0 up, so these are the first prompt's
+        # (goinfer/memory.py, "first touch"); the rest is touched only as it fills
+        nb = min(n_blocks, -(-PREFAULT_TOKENS // block_size))
+        self._populating = populate_async(
+            [(a.ctypes.data + li * a.strides[0], nb * a.strides[1])
+             for a in (self.k, self.v) for li in range(n_layers)], keep_alive=(self.k, self.v))
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
         spec = getattr(getattr(model, "impl", None), "state_spec", None)
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None

@@ -114,9 +114,11 @@ class Model:
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
         with GGUFFile(path) as g:
-            return cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
-                       context_length=context_length, progress=progress, graph=graph,
-                       layout_cache=layout_cache, kv_dtype=kv_dtype)
+            m = cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
+                    context_length=context_length, progress=progress, graph=graph,
+                    layout_cache=layout_cache, kv_dtype=kv_dtype)
+        m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
+        return m
 
     # ------------------------------------------------------------------ text
 
