@@ -767,13 +767,13 @@ def main(argv=None) -> int:
             check(f, args.threads, args.check_prefill)
         return 0
     if args.list or not (args.shapes or args.smoke):
-        print(f"{'name':<14} {'params':>7} {'arch':<6} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
+        print(f"{'name':<14} {'params':>7} {'arch':<7} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
               f"{'vocab':>7}  model")
         for s in SHAPES.values():
             moe = f" x{s.n_expert} top{s.n_expert_used}" if s.n_expert else ""
             if s.arch == "qwen35":
-                moe = f" +{sum(s.recurrent_layers())} DeltaNet"
-            print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<6} {s.d_model:>5} {s.n_layers:>3} "
+                moe = f" +{sum(s.recurrent_layers())}lin"
+            print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<7} {s.d_model:>5} {s.n_layers:>3} "
                   f"{s.n_heads:>3}/{s.n_kv_heads:<2} {s.head_dim:>4} {s.d_ff:>6}{moe} {s.vocab:>7}  {s.hf}")
         return 0
     if args.smoke:
