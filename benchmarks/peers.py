@@ -81,12 +81,18 @@ class LlamaCppEngine:
     def decode(self, ids, n) -> float:
         self.llm.reset()
         self.llm.eval(ids)
-        tok = int(np.argmax(self.llm._scores[-1]))
+        tok = self.next_token()
         t0 = time.perf_counter()
         for _ in range(n):
             self.llm.eval([tok])
-            tok = int(np.argmax(self.llm._scores[-1]))
+            tok = self.next_token()
         return (time.perf_counter() - t0) / n
+
+    def next_token(self) -> int:
+        """Greedy next token from the last evaluated row (Llama keeps no scores without
+        logits_all: read the context's logits, as goinfer's decode loop reads its own)."""
+        row = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(row))
 
 
 class TransformersEngine:
