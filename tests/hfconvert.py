@@ -338,17 +338,19 @@ def write_gemma4_tokenizer(d: Path, chat_template: str | None, vocab_size: int) 
 
 
 def _gemma4_config(**over):
-    """6 layers: sliding, sliding, global, sliding, sliding, global (window 8); sliding heads
-    4 x 16 (2 kv), global heads 4 x 32 with 1 kv head whose keys are also the values
-    (attention_k_eq_v: no v_proj); proportional RoPE (a quarter of the global dims rotate);
-    the last 2 layers reuse the KV of layers 3 (sliding) and 2 (global) and have a
-    double-wide MLP; per-layer embeddings of width 8; final logit softcap 30."""
+    """6 layers: sliding x 3, global, sliding, global (window 8); sliding heads 4 x 16 (2 kv),
+    global heads 4 x 32 with 1 kv head whose keys are also the values (attention_k_eq_v: no
+    v_proj); proportional RoPE (a quarter of the global dims rotate); the last 2 layers reuse
+    the KV of layers 2 (sliding) and 3 (global) and have a double-wide MLP; per-layer
+    embeddings of width 8; final logit softcap 30.  (llama.cpp takes the reused layers at fixed
+    offsets, the own-KV layers' last two must be sliding then global, as in the real models.)"""
     from transformers import Gemma4TextConfig
 
     kw = dict(vocab_size=400, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
               num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
-              layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+              layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention",
+                                                       "full_attention"],
               num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
               vocab_size_per_layer_input=400, final_logit_softcapping=30.0,
               max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
