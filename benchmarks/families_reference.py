@@ -38,6 +38,7 @@ FAMILIES = [
     # goinfer with llama.cpp's truncated YaRN range: what is left between the two engines
     ("gpt-oss, F32 experts, goinfer YaRN truncated", "gpt-oss", dict(mxfp4=False, truncate_yarn=True)),
     ("Gemma 4 dense (PLE, shared KV, k=v)", "gemma4", {}),
+    ("Gemma 4 MoE", "gemma4", dict(gemma4_moe=True)),  # hfconvert.GEMMA4_MOE
 ]
 LENGTHS = (1, 7, 70, 300)
 
@@ -65,6 +66,8 @@ def measure(label, family, opts, lengths, threads, use_llama):
 
     opts = dict(opts)
     truncate_yarn = opts.pop("truncate_yarn", False)
+    if opts.pop("gemma4_moe", False):
+        opts.update(hfconvert.GEMMA4_MOE)
     hf, path = hfconvert.build(family, **opts)
     m = load(path, threads=threads)
     if truncate_yarn:

@@ -363,6 +363,13 @@ def _gemma4_config(**over):
     return Gemma4TextConfig(**kw)
 
 
+# Gemma 4 MoE (as 26B-A4B: no per-layer embeddings, no KV sharing): 4 layers sliding, global,
+# sliding, global; 4 experts (ffn 32), top 2, beside the dense MLP (ffn 96) in every layer
+GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                  num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                  num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0)
+
+
 # family -> (config maker, model class name, pre-tokenizer, specials, bos, eos, template, flags)
 FAMILIES = {
     "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
@@ -409,6 +416,10 @@ def hf_model(family: str, seed: int = 0, sinks: bool = True, **over):
         if family == "gemma4":  # layer_scalar is a buffer (ones at init): make it count
             for layer in model.model.layers:
                 layer.layer_scalar.copy_(0.5 + torch.rand_like(layer.layer_scalar))
+                if layer.enable_moe_block:  # router input scale near 1, positive expert scales
+                    layer.router.scale.copy_(1.0 + 0.2 * torch.randn_like(layer.router.scale))
+                    pes = layer.router.per_expert_scale
+                    pes.copy_(0.5 + torch.rand_like(pes))
         if family == "gpt-oss":
             g = np.random.default_rng(seed + 1000)
             for layer in model.model.layers:

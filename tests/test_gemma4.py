@@ -4,12 +4,14 @@ and kv heads, k = v global layers, proportional RoPE, KV shared by the last 2 la
 double-wide MLP, per-layer embeddings, layer output scales, a final softcap) against
 transformers float32 on the same ids; the numerics contract on it (prefill == decode steps ==
 chunked prefill == 2 threads == continuous batching, prefix reuse, save/load, fork), its chat
-template and tokenizer against transformers', and the typed error of the MoE variant.
+template and tokenizer against transformers'.  The MoE variant (hfconvert.GEMMA4_MOE: routed
+experts beside the dense MLP, router input scale, per-expert scales) likewise, and bad files.
 
 Reference distance: llama.cpp reaches max |logit diff| 1.4e-1 (top-1 99.7%) against
-transformers on this fixture (benchmarks/families_reference.py --family gemma4; its CPU GELU
-reads an fp16 table); goinfer is held to float32 agreement (tinymodels.close: 1e-4 x logit
-scale), far inside it, with identical top-1."""
+transformers on the dense fixture, 9.6e-3 on the MoE one (benchmarks/families_reference.py
+--family gemma4; its CPU GELU rounds its input to float16 and reads a float16 table); goinfer is
+held to float32 agreement (tinymodels.close: 1e-4 x logit scale), far inside it, with
+identical top-1."""
 from __future__ import annotations
 
 import gguf
@@ -22,7 +24,7 @@ from test_families import rewrite
 from tinymodels import close, load, prefill_chunks
 
 from goinfer import KVCache
-from goinfer.errors import CacheFileError, UnsupportedArchitectureError
+from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.session import forward_sessions
 from goinfer.tools import GENERIC, tool_format
 
@@ -35,6 +37,11 @@ SETTINGS = settings(max_examples=6, deadline=None,
 @pytest.fixture(scope="module")
 def gemma4():
     return hfconvert.build("gemma4")
+
+
+@pytest.fixture(scope="module")
+def gemma4moe():
+    return hfconvert.build("gemma4", **hfconvert.GEMMA4_MOE)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +69,10 @@ def agree(ours, ref):
 # ============================================================================ against transformers
 
 
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4moe"])
 @pytest.mark.parametrize("kernels", ["compiled", "reference"])
-def test_logits_match_transformers(gemma4, kernels):
-    hf, path = gemma4
+def test_logits_match_transformers(variant, kernels, request):
+    hf, path = request.getfixturevalue(variant)
     m = load(path, reference=kernels == "reference")
     for n in (1, 7, 70):  # 70: past the window (8) of the sliding layers
         ids = ids_(n, n)
@@ -212,8 +220,40 @@ def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
     assert tool_format(m) is GENERIC
 
 
-def test_moe_variant_gets_a_typed_error(gemma4, tmp_path):
+def test_moe_config_experts_and_identities(gemma4moe):
+    """The MoE file runs every layer's router and experts (counted) beside the dense MLP;
+    expert-major GEMMs == token by token, prefill == decode steps == 2 threads, bit for bit."""
+    _, path = gemma4moe
+    m, m2 = load(path), load(path, threads=2)
+    cfg = m.config
+    assert type(m.impl).__name__ == "Gemma4MoEFamily" and "beside the dense MLP" in cfg.describe()
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.d_ff_expert) == (4, 2, 32)
+    assert all(L.moe is not None and L.w_down is not None for L in m.impl.layers)
+    ids = ids_(300, 11)
+    m.impl.stats.reset()
+    one = m.logits(ids)
+    assert m.impl.stats.expert_rows == 4 * 300 * 2  # every layer routes every row to 2 experts
+    m2.impl.expert_major = False
+    assert np.array_equal(one, m2.logits(ids))
+    s = m.session(KVCache(m, max_tokens=512))
+    s.prefill(ids[:260])
+    for i in range(260, 300):
+        assert np.array_equal(s.decode(ids[i]), one[i])
+
+
+def test_bad_files_get_typed_errors(gemma4, gemma4moe, tmp_path):
     _, path = gemma4
-    with pytest.raises(UnsupportedArchitectureError, match="MoE"):
-        load(rewrite(path, tmp_path / "moe.gguf",
-                     add=[("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32)]))
+    with pytest.raises(ModelFormatError, match="expert_count"):  # experts claimed, none there
+        load(rewrite(path, tmp_path / "e.gguf",
+                     add=[("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32),
+                          ("{arch}.expert_used_count", 2, gguf.GGUFValueType.UINT32)]))
+    with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'yarn'"):
+        load(rewrite(path, tmp_path / "y.gguf",
+                     add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)]))
+    with pytest.raises(ModelFormatError, match="shared-KV layers"):
+        load(rewrite(path, tmp_path / "s.gguf", drop=("gemma4.attention.shared_kv_layers",),
+                     add=[("{arch}.attention.shared_kv_layers", 6, gguf.GGUFValueType.UINT32)]))
+    _, mpath = gemma4moe
+    with pytest.raises(UnsupportedArchitectureError, match="gating function"):
+        load(rewrite(mpath, tmp_path / "g.gguf",
+                     add=[("{arch}.expert_gating_func", 2, gguf.GGUFValueType.UINT32)]))

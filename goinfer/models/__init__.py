@@ -33,4 +33,6 @@ def family_for(g):
     family = ARCHITECTURES.get(g.arch)
     if family is llama.LlamaFamily and moe.has_experts(g):
         return moe.MoEFamily
+    if family is gemma4.Gemma4Family and moe.has_experts(g):
+        return gemma4.Gemma4MoEFamily
     return family

@@ -21,9 +21,16 @@ norms, GeGLU, embeddings scaled by sqrt(d_model), a final logit softcap) with th
     after layer i's FFN residual, ``x += rmsnorm(W_proj_i (gelu(W_gate_i x) * ple[:, i]))``;
   - ``layer_output_scale``: the whole residual stream is multiplied by it after each layer.
 
-The MoE variant (26B-A4B: ``ffn_gate_inp`` router with an input scale, experts beside the dense
-MLP with their own pre/post norms, per-expert output scales) is not implemented: such a file gets
-``UnsupportedArchitectureError`` naming it.
+The MoE variant (26B-A4B, ``Gemma4MoEFamily``): in a layer with a router ``ffn_gate_inp``,
+the dense MLP runs as a shared expert beside the routed experts, each branch with its own norms:
+
+  dense = rmsnorm(MLP(rmsnorm(x, ffn_norm)), post_ffw_norm_1)
+  r     = rmsnorm(x) * ffn_gate_inp.scale / sqrt(D)        (x: the residual after attention)
+  ids, w = top k of softmax(r W_router), renormalized, times ffn_down_exps.scale[ids]
+  moe   = rmsnorm(sum_r w_r GeGLU_expert(rmsnorm(x, pre_ffw_norm_2)), post_ffw_norm_2)
+  x    += rmsnorm(dense + moe, post_ffw_norm)
+with the experts expert-major and the float64 rank-order fold of models/moe.py (no renorm in
+the fold: the per-expert scales make the weights sum to anything).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
-from goinfer.models import gemma, llama
+from goinfer.models import gemma, llama, moe
 from goinfer.models.base import Act, Batch, RopeCache
 from goinfer.quant import QWeight, concat_rows
 
@@ -61,6 +68,23 @@ class Gemma4Config(gemma.Gemma3Config):
         if self.per_layer_dim:
             s += f", per-layer embeddings {self.per_layer_dim}"
         return s
+
+
+@dataclass
+class Gemma4MoEConfig(Gemma4Config):
+    """The fields models/moe.py's expert helpers read."""
+
+    n_expert: int = 0
+    n_expert_used: int = 0  # k
+    d_ff_expert: int = 0
+    d_ff_shared: int = 0  # (the dense MLP is Gemma 4's shared expert, run by the layer itself)
+    routing: str = "softmax_topk"
+    norm_topk: bool = True
+    expert_weights_scale: float = 1.0
+
+    def describe(self) -> str:
+        return (super().describe() + f", {self.n_expert} experts (top {self.n_expert_used}, "
+                f"ffn {self.d_ff_expert}) beside the dense MLP")
 
 
 class _Scalars:
@@ -97,11 +121,6 @@ def read_config(g) -> Gemma4Config:
     if g.has_tensor("blk.0.attn_qkv.weight"):
         raise UnsupportedArchitectureError(f"{g.path}: gemma4 with a fused attn_qkv tensor is not "
                                            "supported yet")
-    moe = [i for i in range(n) if g.has_tensor(f"blk.{i}.ffn_gate_inp.weight")]
-    if moe or int(g.arch_get("expert_count", 0) or 0) > 0:
-        raise UnsupportedArchitectureError(
-            f"{g.path}: the Gemma 4 MoE variant (router ffn_gate_inp, experts beside the dense "
-            "MLP, per-expert scales) is not supported yet; the dense Gemma 4 models are")
     kv = _per_layer(g, "attention.head_count_kv", n, g.arch_get("attention.head_count"))
     ff = _per_layer(g, "feed_forward_length", n)
     hd = int(llama._req(g, "attention.key_length"))
@@ -134,17 +153,96 @@ def read_config(g) -> Gemma4Config:
             raise ModelFormatError(f"{g.path}: {heads} heads is not a multiple of {kv[i]} kv "
                                    f"heads (layer {i})")
     geom = tuple((kv[j], hd_swa if swa[j] else hd) for j in range(n_own))
-    return Gemma4Config(
+    cls, extra = Gemma4Config, {}
+    if moe.has_experts(g) or int(g.arch_get("expert_count", 0) or 0) > 0:
+        cls, extra = Gemma4MoEConfig, _moe_fields(g, n, int(base.d_model))
+    return cls(
         **fields, swa_layers=swa,
         rope_base_local=float(g.arch_get("rope.freq_base_swa", gemma.ROPE_BASE_LOCAL)),
         attn_scale=1.0,  # q and k are RMS-normed; llama.cpp fixes it at 1 for gemma4 too
         final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0),
         head_dim_swa=hd_swa, rope_dim_swa=int(g.arch_get("rope.dimension_count_swa", hd_swa)),
         layer_heads_kv=kv, layer_d_ff=ff, kv_source=tuple(src), n_kv_layers=n_own,
-        kv_layers=geom, per_layer_dim=int(g.arch_get("embedding_length_per_layer_input", 0) or 0))
+        kv_layers=geom, per_layer_dim=int(g.arch_get("embedding_length_per_layer_input", 0) or 0),
+        **extra)
+
+
+def _moe_fields(g, n: int, D: int) -> dict:
+    E = int(g.arch_get("expert_count", 0) or 0)
+    k = int(g.arch_get("expert_used_count", 0) or 0)
+    if E < 1 or not 1 <= k <= E:
+        raise ModelFormatError(f"{g.path}: gemma4 expert_count = {E} and expert_used_count = {k} "
+                               "do not describe a mixture of experts")
+    gating = g.arch_get("expert_gating_func")
+    if gating is not None and int(gating) != 1:  # gguf ExpertGatingFuncType.SOFTMAX
+        raise UnsupportedArchitectureError(f"{g.path}: expert gating function {gating} is not "
+                                           "supported (softmax only)")
+    layers = [i for i in range(n) if g.has_tensor(f"blk.{i}.ffn_gate_inp.weight")]
+    if not layers:
+        raise ModelFormatError(f"{g.path}: gemma4 expert_count {E} but no router tensors")
+    p = f"blk.{layers[0]}."
+    if g.has_tensor(p + "ffn_gate_up_exps.weight"):
+        _, shape = g.tensor_info(p + "ffn_gate_up_exps.weight")
+        F = int(shape[1]) // 2
+    elif g.has_tensor(p + "ffn_gate_exps.weight"):
+        _, shape = g.tensor_info(p + "ffn_gate_exps.weight")
+        F = int(shape[1])
+    else:
+        raise ModelFormatError(f"{g.path}: gemma4 layer {layers[0]} has a router but no experts")
+    if len(shape) != 3 or shape[0] != E or shape[2] != D:
+        raise ModelFormatError(f"{g.path}: {p}ffn_gate*_exps has shape {shape}")
+    meta = g.arch_get("expert_feed_forward_length")
+    if meta is not None and int(np.asarray(meta).ravel()[0]) != F:
+        raise ModelFormatError(f"{g.path}: expert_feed_forward_length {meta} != the experts' {F}")
+    return dict(n_expert=E, n_expert_used=k, d_ff_expert=F)
 
 
 # ============================================================================ weights
+
+
+@dataclass
+class Gemma4MoEWeights:
+    """A Gemma 4 MoE layer's router and experts (the dense MLP stays in the layer)."""
+
+    router: QWeight  # (E, D)
+    router_scale: np.ndarray  # (D,) ffn_gate_inp.scale
+    experts: list  # moe.FFNWeights per expert (gate | up fused when possible)
+    expert_scale: np.ndarray  # (E,) ffn_down_exps.scale: multiplies each expert's weight
+    pre_norm_2: np.ndarray  # (D,) the experts' input norm
+    post_norm_1: np.ndarray  # (D,) the dense MLP's output norm
+    post_norm_2: np.ndarray  # (D,) the experts' output norm
+
+    def weights(self):
+        return [self.router] + [w for x in self.experts for w in x.weights()]
+
+
+def load_moe(g, cfg: Gemma4MoEConfig, i: int) -> Gemma4MoEWeights:
+    p, D, E, F = f"blk.{i}.", cfg.d_model, cfg.n_expert, cfg.d_ff_expert
+    vec = lambda name, n: llama._check_vec(p + name, g.load_f32(p + name), n)  # noqa: E731
+    router = g.load_weight(p + "ffn_gate_inp.weight")
+    llama._check_shape(p + "ffn_gate_inp.weight", router, E, D)
+    downs = g.load_experts(p + "ffn_down_exps.weight")
+    if g.has_tensor(p + "ffn_gate_up_exps.weight"):
+        gus = g.load_experts(p + "ffn_gate_up_exps.weight")
+        if len(gus) != E or len(downs) != E:
+            raise ModelFormatError(f"{g.path}: layer {i} has {len(gus)}/{len(downs)} experts, "
+                                   f"expected {E}")
+        experts = []
+        for e in range(E):
+            llama._check_shape(f"{p}expert {e} gate_up", gus[e], 2 * F, D)
+            llama._check_shape(f"{p}expert {e} down", downs[e], D, F)
+            experts.append(moe.FFNWeights(gus[e], None, None, downs[e]))
+    else:
+        gates, ups = (g.load_experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up"))
+        if not len(gates) == len(ups) == len(downs) == E:
+            raise ModelFormatError(f"{g.path}: layer {i} has {len(gates)}/{len(ups)}/"
+                                   f"{len(downs)} gate/up/down experts, expected {E}")
+        experts = [moe._ffn(f"{p}expert {e}", gates[e], ups[e], downs[e], F, D) for e in range(E)]
+    scale = vec("ffn_down_exps.scale", E) if g.has_tensor(p + "ffn_down_exps.scale") else \
+        np.ones(E, np.float32)
+    return Gemma4MoEWeights(router, vec("ffn_gate_inp.scale", D), experts, scale,
+                            vec("pre_ffw_norm_2.weight", D), vec("post_ffw_norm_1.weight", D),
+                            vec("post_ffw_norm_2.weight", D))
 
 
 @dataclass
@@ -154,9 +252,11 @@ class Gemma4LayerWeights(gemma.Gemma3LayerWeights):
     ple_gate: QWeight | None = None  # (P, D) per-layer input gate
     ple_proj: QWeight | None = None  # (D, P)
     ple_norm: np.ndarray | None = None  # (D,)
+    moe: Gemma4MoEWeights | None = None  # MoE layers: router and experts beside the MLP
 
     def weights(self):
-        return super().weights() + [w for w in (self.ple_gate, self.ple_proj) if w is not None]
+        return (super().weights() + [w for w in (self.ple_gate, self.ple_proj) if w is not None]
+                + (self.moe.weights() if self.moe is not None else []))
 
 
 def load_layer(g, cfg: Gemma4Config, i: int) -> Gemma4LayerWeights:
@@ -201,6 +301,11 @@ def load_layer(g, cfg: Gemma4Config, i: int) -> Gemma4LayerWeights:
         ple["ple_proj"] = g.load_weight(p + "proj.weight")
         llama._check_shape(p + "proj.weight", ple["ple_proj"], D, P)
         ple["ple_norm"] = vec("post_norm.weight", D)
+    if g.has_tensor(p + "ffn_gate_inp.weight"):
+        if not isinstance(cfg, Gemma4MoEConfig):
+            raise ModelFormatError(f"{g.path}: layer {i} has an expert router but the file no "
+                                   "expert_count")
+        ple["moe"] = load_moe(g, cfg, i)
     return Gemma4LayerWeights(
         attn_norm=vec("attn_norm.weight", D), wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=None,
         q_norm=vec("attn_q_norm.weight", hd), k_norm=k_norm, wo=wo,
@@ -276,7 +381,10 @@ class Gemma4Family(gemma.Gemma3Family):
             self.attention_block(li, L, h, batch, k_cache[src], v_cache[src], o)
             K.add(x, o, out=x, nthreads=nt)
             K.rmsnorm(x, L.ffn_norm, cfg.norm_eps, out=h, nthreads=nt)
-            self.ffn_block(li, L, h, o)
+            if L.moe is None:
+                self.ffn_block(li, L, h, o)
+            else:
+                self.moe_block(li, L, x, h, o)
             K.add(x, o, out=x, nthreads=nt)
             if ple is not None:
                 self.per_layer_block(li, L, x, ple, o)
@@ -351,3 +459,41 @@ class Gemma4Family(gemma.Gemma3Family):
                           self.layer_window(li), 0.0, 1.0)
         self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
         K.rmsnorm(out, L.post_attn_norm, cfg.norm_eps, out=out, nthreads=nt)
+
+
+# ============================================================================ MoE
+
+
+class Gemma4MoEFamily(Gemma4Family, moe.MoEFamily):
+    """Gemma 4 with routed experts beside the dense MLP (26B-A4B): Gemma4Family's step, the
+    experts run by models/moe.py's expert-major GEMMs and fold."""
+
+    ffn_act = "gelu_tanh_mul"
+
+    def expert_act(self, gate, up, out):
+        return self.K.gelu_tanh_mul(gate, up, out=out, nthreads=self.threads)
+
+    def moe_block(self, li: int, L: Gemma4LayerWeights, x, h, out) -> None:
+        """x (T, D) the residual after attention, h = rmsnorm(x, ffn_norm) -> out (T, D), the
+        layer's FFN output after post_ffw_norm (module docstring)."""
+        K, cfg, S, nt = self.K, self.cfg, self.scratch, self.threads
+        M, eps = L.moe, cfg.norm_eps
+        T, D = x.shape
+        llama.LlamaFamily.ffn_block(self, li, L, h, out)  # the dense MLP
+        K.rmsnorm(out, M.post_norm_1, eps, out=out, nthreads=nt)
+        r = K.rmsnorm(x, M.router_scale, eps, out=S.get("moe_r", T, D), nthreads=nt)
+        K.scale(r, np.float32(1.0 / np.sqrt(D)), out=r, nthreads=nt)
+        logits = self._mm(Act(K, r, self._qact("moe_r", T, D), nt), M.router,
+                          S.get("moe_logits", T, cfg.n_expert))  # (T, E)
+        ids, w = K.moe_route(logits, cfg.n_expert_used, "softmax_topk", True, 1.0,
+                             ids=S.get("moe_ids", T, cfg.n_expert_used, dtype=np.int32),
+                             weights=S.get("moe_w", T, cfg.n_expert_used), nthreads=nt)
+        np.multiply(w, M.expert_scale[ids], out=w)  # (T, k) float32, per-expert scales
+        h2 = K.rmsnorm(x, M.pre_norm_2, eps, out=S.get("moe_h2", T, D), nthreads=nt)
+        y, pos = self._experts_by_expert(M, h2, ids) if self.expert_major else \
+            self._experts_by_token(M, Act(K, h2, self._qact("moe_h", T, D), nt), ids)
+        o2 = K.moe_fold(y, w, pos, None, None, renorm=False, out=S.get("moe_o2", T, D),
+                        nthreads=nt)
+        K.rmsnorm(o2, M.post_norm_2, eps, out=o2, nthreads=nt)
+        K.add(out, o2, out=out, nthreads=nt)
+        K.rmsnorm(out, L.post_ffn_norm, eps, out=out, nthreads=nt)
