@@ -26,7 +26,7 @@ from tinymodels import close, load, prefill_chunks
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.session import forward_sessions
-from goinfer.tools import GENERIC, tool_format
+from goinfer.tools import GENERIC, prepare_chat, tool_format
 
 LLAMA_CPP_DISTANCE = 1.4e-1  # max |logit diff| llama.cpp reaches on this fixture (1..300 tokens)
 VOCAB = 400
@@ -216,8 +216,31 @@ def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
     assert ids == ht(text, add_special_tokens=False).input_ids and ids.count(m.tokenizer.bos_id) == 1
     assert m.detokenize(ids) == text
     # Gemma 4 writes calls as <|tool_call>call:f{k:<|"|>v<|"|>}<tool_call|>, which goinfer does
-    # not parse: tool requests use the generic format (goinfer's own tool prompt)
+    # not parse: tool requests use the generic format (goinfer's own tool prompt), inside
+    # Gemma's turns
     assert tool_format(m) is GENERIC
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    hist = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    tc = prepare_chat(m, hist, tools=tools, tool_choice="required")
+    assert tc.prompt.startswith("<bos><|turn>system\n") and "get_weather" in tc.prompt
+    assert '<|turn>model\n<tool_call>\n{"name": "get_weather"' in tc.prompt
+    assert "<tool_response>\nsunny\n</tool_response><turn|>" in tc.prompt
+
+
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4moe"])
+def test_layout_cache_gives_the_same_bits(variant, request, tmp_path, monkeypatch):
+    _, path = request.getfixturevalue(variant)
+    monkeypatch.setenv("GOINFER_LAYOUT_DIR", str(tmp_path))
+    ids = ids_(40, 2)
+    want = load(path, layout_cache=False).logits(ids)
+    built = load(path, layout_cache=True)
+    mapped = load(path, layout_cache=True)
+    assert (built.load_info.source, mapped.load_info.source) == ("built", "layout")
+    assert np.array_equal(built.logits(ids), want) and np.array_equal(mapped.logits(ids), want)
 
 
 def test_moe_config_experts_and_identities(gemma4moe):
