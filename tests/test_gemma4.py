@@ -215,12 +215,26 @@ def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
     ids = m.tokenize_chat(text)
     assert ids == ht(text, add_special_tokens=False).input_ids and ids.count(m.tokenizer.bos_id) == 1
     assert m.detokenize(ids) == text
-    # Gemma 4 writes calls as <|tool_call>call:f{k:<|"|>v<|"|>}<tool_call|>, which goinfer does
-    # not parse: tool requests use the generic format (goinfer's own tool prompt), inside
-    # Gemma's turns
+    # tools, a call and its result in Gemma 4's own format, with and without thinking
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city", "parameters": {
+            "type": "object", "required": ["city"], "properties": {
+                "city": {"type": "string", "description": "the city"}, "days": {"type": "integer"},
+                "units": {"type": "string", "enum": ["c", "f"]}}}}}]
+    hist = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+            {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"t": 21}'},
+            {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "and then?"}]
+    for kw in ({}, {"enable_thinking": True}):
+        text = m.apply_chat_template(hist, tools=tools, **kw)
+        assert text == ht.apply_chat_template(hist, tools=tools, tokenize=False,
+                                              add_generation_prompt=True, **kw)
+        assert "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|>" in text
+        assert m.tokenize_chat(text) == ht(text, add_special_tokens=False).input_ids
+    # goinfer does not parse Gemma 4's call format (above) yet: tool requests use the generic
+    # format (goinfer's own tool prompt), inside Gemma's turns
     assert tool_format(m) is GENERIC
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
     hist = [{"role": "user", "content": "weather?"},
             {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
