@@ -197,7 +197,7 @@ def test_fork_batching_and_save_load(models, tmp_path):
     assert other.stats().blocks_cached == 0
 
 
-# ============================================================================ template, tokenizer, bad input
+# ============================================================================ template, bad input
 
 
 def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
@@ -211,7 +211,8 @@ def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
             {"role": "user", "content": "the weather in\n\nParis, \u00e9t\u00e9 \U0001f999?"}]
     text = m.apply_chat_template(msgs)
     assert text == ht.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<bos><|turn>system\n") and text.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+    assert text.startswith("<bos><|turn>system\n")
+    assert text.endswith("<|turn>model\n<|channel>thought\n<channel|>")
     ids = m.tokenize_chat(text)
     assert ids == ht(text, add_special_tokens=False).input_ids and ids.count(m.tokenizer.bos_id) == 1
     assert m.detokenize(ids) == text

@@ -1,4 +1,4 @@
-"""The Gemma 4 family (GGUF arch ``gemma4``): the text part of Gemma 4 (E2B, E4B, 31B dense).
+"""The Gemma 4 family (GGUF arch ``gemma4``): the text part of Gemma 4 (E2B, E4B, 31B; 26B-A4B MoE).
 
 Gemma 3's step (models/gemma.py: sliding/global layers, QK-norm, post-attention and post-FFN
 norms, GeGLU, embeddings scaled by sqrt(d_model), a final logit softcap) with these changes:
@@ -132,10 +132,7 @@ def read_config(g) -> Gemma4Config:
                                           "feed_forward_length": max(ff)}))
     fields = dict(vars(base))
     fields.update(rope_neox=True, qk_norm=True, rope_dim=int(g.arch_get("rope.dimension_count", hd)))
-    window = base.sliding_window
-    swa = gemma.swa_layers(g, n, window)
-    if window <= 0 and any(swa):
-        raise ModelFormatError(f"{g.path}: sliding layers without attention.sliding_window")
+    swa = gemma.swa_layers(g, n, base.sliding_window)  # no window: every layer global
     n_shared = int(g.arch_get("attention.shared_kv_layers", 0) or 0)
     n_own = n - n_shared
     if not 0 < n_own <= n:
