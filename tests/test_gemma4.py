@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_families import rewrite
+from test_families import _decode_run, many_shares, rewrite  # noqa: F401 (a fixture)
 from tinymodels import close, load, prefill_chunks
 
 from goinfer import KVCache
@@ -195,6 +195,24 @@ def test_fork_batching_and_save_load(models, tmp_path):
     with pytest.raises(CacheFileError):
         other.load(path)
     assert other.stats().blocks_cached == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_graph_replay_is_exact(gemma4, many_shares, threads):
+    """Gemma 4 decode steps replayed as one graph (per-layer KV arrays, shared layers, the
+    per-layer embeddings, the softcap kernel) give the Python path's bits: 3 sequences batched,
+    then a session and its fork in turn through one plan."""
+    _, path = gemma4
+    prompts = [ids_(n, 40 + n) for n in (5, 13, 2)]
+    ref = _decode_run(load(path, graph=False), prompts, 20)
+    m = load(path, threads=threads)
+    assert m.graph is not None
+    assert np.array_equal(_decode_run(m, prompts, 20), ref)
+    assert m.graph.replays == 20 and m.graph.captures == 1  # (an unbindable op disables it)
+    ref1 = _decode_run(load(path, graph=False), prompts[:1], 16, fork_at=5)
+    m1 = load(path, threads=threads)
+    assert np.array_equal(_decode_run(m1, prompts[:1], 16, fork_at=5), ref1)
+    assert m1.graph.captures == 1 and m1.graph.replays == 16
 
 
 # ============================================================================ template, bad input

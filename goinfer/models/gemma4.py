@@ -57,6 +57,10 @@ class Gemma4Config(gemma.Gemma3Config):
     kv_layers: tuple = ()  # per cache layer: (n_kv_heads, head_dim) (kv_cache.kv_geometry)
     per_layer_dim: int = 0  # P: width of the per-layer embeddings (0: none)
 
+    @property
+    def n_attn_layers(self) -> int:  # every layer attends (the shared ones over others' KV)
+        return self.n_layers
+
     def layer_head_dim(self, li: int) -> int:
         return self.head_dim_swa if self.swa_layers[li] else self.head_dim
 
