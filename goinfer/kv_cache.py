@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
-from goinfer.memory import default_max_tokens
+from goinfer.memory import default_max_tokens, populate_async
 from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
 FAST = "fast"
 _ROOT = b"goinfer-kv-root"
+PREFAULT_TOKENS = 256  # tokens of each layer faulted in at creation, in the background
 
 
 def block_hash(parent: bytes, tokens, mode: str, salt: str | None = None) -> bytes:
@@ -239,13 +240,22 @@ class KVCache:
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
         if self.layers is None:
-            kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, *geom[0], block_size)
+            nkv_hd = geom[0] if geom else (cfg.n_kv_heads, cfg.head_dim)
+            kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, *nkv_hd, block_size)
             self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
             self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
+            per_layer = [a[li] for a in (self.k, self.v) for li in range(n_layers)]
         else:  # one array per layer: k[l] (n_blocks, n_kv_l, hd_l, bs), v[l] (.., bs, hd_l)
             shapes = [kv_shapes(self.dtype, n_blocks, n_kv, hd, block_size) for n_kv, hd in geom]
             self.k = [np.zeros(ks, npdt) for ks, _, npdt in shapes]
             self.v = [np.zeros(vs, npdt) for _, vs, npdt in shapes]
+            per_layer = self.k + self.v
+        # fault in the blocks of the first PREFAULT_TOKENS tokens of every layer now, in the
+        # background: blocks are handed out from 0 up, so these are the first prompt's
+        # (goinfer/memory.py, "first touch"); the rest is touched only as it fills
+        nb = min(n_blocks, -(-PREFAULT_TOKENS // block_size))
+        self._populating = populate_async(
+            [(a.ctypes.data, nb * a.strides[0]) for a in per_layer], keep_alive=(self.k, self.v))
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
         spec = getattr(getattr(model, "impl", None), "state_spec", None)
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
