@@ -27,8 +27,14 @@ Formats (a call as the model writes it; chosen from the chat template):
   ``<|python_tag|>``; several joined by ``; `` (Llama 3.x templates);
 - mistral: ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]`` (templates with
   [TOOL_CALLS]);
+- harmony: ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
+  ended by ``<|call|>``, one call per reply (gpt-oss; read by channels.ReplyParser with the
+  reply's reasoning and answer);
 - generic: as hermes, taught by the built-in tool prompt (any other template: SmolLM2,
   Gemma 3, ...).
+
+Reasoning (``<think>`` blocks, harmony's analysis channel) is parsed apart from the answer by
+goinfer/channels.py; the grammars here let the reply reason before what they constrain.
 """
 from __future__ import annotations
 
@@ -42,6 +48,15 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from goinfer.channels import (
+    THINK_CLOSE,
+    Channels,
+    Reasoning,
+    ReplyParser,
+    channels_of,
+    think_grammar_prefix,
+    think_text_rule,
+)
 from goinfer.chat_template import _to_dicts, render_chat_template
 from goinfer.constrained import MAX_SAFE_INT, NUMBER_STEP, VALUE_KEYS as _VALUE_KEYS  # noqa: F401
 from goinfer.constrained import bound_numbers as _bounded, schema_error as _schema_error
@@ -50,7 +65,7 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
     "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
-    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "GENERIC",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "HARMONY", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -214,7 +229,7 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # "hermes" | "llama3" | "mistral" | "generic"
+    name: str  # "hermes" | "llama3" | "mistral" | "harmony" | "generic"
     native: bool  # the model's chat template renders tools, calls and results
     open: str  # text that opens calls
     close: str  # text that closes one call ("": the JSON's end closes it)
@@ -232,6 +247,7 @@ _ALNUM = string.ascii_letters + string.digits
 HERMES = ToolFormat("hermes", True, "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", True, "<|python_tag|>", "", "parameters")
 MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS]", "", "arguments")
+HARMONY = ToolFormat("harmony", True, "to=functions.", "<|call|>", "arguments")
 GENERIC = ToolFormat("generic", False, "<tool_call>", "</tool_call>", "arguments")
 
 _PROBE = "goinfer_probe_tool"
@@ -244,6 +260,8 @@ def tool_format(model) -> ToolFormat:
 
 @functools.lru_cache(maxsize=32)
 def _format_of(template: str) -> ToolFormat:
+    if channels_of(template) is not None and channels_of(template).kind == "harmony":
+        return HARMONY  # gpt-oss: its calls are messages of the reply (channels.py)
     if not template or not _renders_tools(template):
         return GENERIC
     if "<function=" in template:  # Qwen3-Coder / Qwen3.5 XML calls: not parsed, use ours
@@ -298,6 +316,10 @@ def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[
     if not isinstance(messages, (list, tuple)):
         raise ChatTemplateError(f"messages must be a list of dicts, got {type(messages).__name__}")
     tools = [t.as_openai() for t in spec.tools] if spec is not None else None
+    if fmt.name == "harmony":  # gpt-oss's template writes every tool's description
+        tools = [dict(t, function=dict(t["function"], description=t["function"].get(
+            "description", ""))) for t in tools] if tools is not None else None
+        return [x for m in messages for x in _harmony_messages(m)], tools
     if fmt.native:
         return [_native_message(m) for m in messages], tools
     out: list[dict] = []
@@ -369,6 +391,25 @@ def _native_message(m):
     return dict(m, tool_calls=calls)
 
 
+def _harmony_messages(m) -> list:
+    """An OpenAI message as gpt-oss's template takes it: reasoning in "thinking", no null
+    content, one call per assistant message (the template renders the first call only)."""
+    m = _native_message(m)
+    if not isinstance(m, Mapping) or m.get("role") != "assistant":
+        return [m]
+    m = {k: v for k, v in m.items() if not (k == "content" and v is None)}
+    reasoning = m.pop("reasoning_content", None)
+    if reasoning:
+        m["thinking"] = reasoning
+    calls = m.get("tool_calls")
+    if not calls:
+        return [m]
+    if m.get("content") and m.get("thinking"):  # the template takes one preamble with a call
+        m["thinking"] = f"{m['thinking']}\n{_text(m.pop('content'))}"
+    first = dict(m, tool_calls=[calls[0]])
+    return [first] + [{"role": "assistant", "tool_calls": [c]} for c in calls[1:]]
+
+
 def _generic_call(call) -> str:
     name, args = _call_fields(call)
     raw = call.get("function", call).get("arguments")
@@ -388,12 +429,52 @@ def _generic_call(call) -> str:
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str | None:
+def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
+                 channels: Channels | None = None) -> str | None:
     """The Lark grammar (llguidance) of a reply under `spec` in format `fmt`, or None when
     nothing is constrained.  `tokenizer` tells which markers are special tokens of the model
-    (written as ``<[id]>``); without it every marker is text."""
+    (written as ``<[id]>``); without it every marker is text.  channels: the reply's reasoning
+    format (channels.py); a think block may come first (must, when the prompt opened one)."""
     if spec is None:
         return None
+    if fmt.name == "harmony":
+        return _harmony_grammar(spec, tokenizer)
+    g = _tool_grammar(spec, fmt, tokenizer)
+    if channels is None or channels.kind != "think":
+        return g
+    head, _, rest = g.partition("\n")
+    assert head.startswith("start: ")
+    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t))
+    rule = think_text_rule(_special(tokenizer, THINK_CLOSE) is not None)
+    return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
+
+
+def _harmony_grammar(spec: ToolSpec, tokenizer) -> str:
+    """gpt-oss: an optional analysis message, then the final answer (tool_choice "auto",
+    "none") or one call (forced, "auto"); its end is a stop token (<|return|>, <|call|>)."""
+    m = functools.partial(_marker, tokenizer)
+    ch, msg = m("<|channel|>"), m("<|message|>")
+    special = _special(tokenizer, "<|end|>") is not None
+    rules = ["TEXT: /(?s:.*)/" if special else _text_without("<|"),
+             f'analysis: {ch} "analysis" {msg} TEXT {m("<|end|>")} {m("<|start|>")} "assistant"',
+             f'final: {ch} "final" {msg} TEXT']
+    tools = spec.callable
+    alts = []
+    for i, t in enumerate(tools):
+        schema = dict(_bounded(t.parameters))
+        schema["x-guidance"] = dict(_JSON_LAYOUT)
+        rules.append(f"args{i}: %json " + json.dumps(schema))
+        alts.append(f'{ch} "commentary to=functions.{t.name} " {m("<|constrain|>")} "json" '
+                    f"{msg} args{i}")
+    if spec.choice == "none" or not alts:
+        start = "analysis? final"
+    else:
+        rules.append("call: " + " | ".join(alts))
+        start = "analysis? call" if spec.forced else "analysis? (final | call)"
+    return f"start: {start}\n" + "\n".join(rules) + "\n"
+
+
+def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
     if spec.choice == "none":
         return _no_calls(fmt, tokenizer)
     tools = spec.callable
@@ -982,14 +1063,29 @@ class ToolChat:
     prompt: str
     grammar: str | None
     tokenizer: object = field(default=None, repr=False)  # the model's (compiles the grammar)
+    # the reply's reasoning format (channels.py; None: all of it is answer)
+    channels: Channels | None = None
 
     @property
     def parses(self) -> bool:
         """Are calls read out of the reply?  (Not without tools, nor with tool_choice none.)"""
         return self.spec is not None and bool(self.spec.callable)
 
-    def parser(self) -> CallParser:
-        return CallParser(self.fmt, self.spec, eager=True)
+    @property
+    def splits(self) -> bool:
+        """Is the reply parsed (calls, or reasoning apart from the answer)?"""
+        return self.parses or self.channels is not None
+
+    def parser(self, eager: bool = True):
+        """The reply's parser: CallParser, or channels.ReplyParser where the reply has
+        reasoning (its answer going on to a CallParser)."""
+        if self.channels is None:
+            return CallParser(self.fmt, self.spec, eager=eager)
+        if self.channels.kind == "harmony":
+            names = {t.name for t in self.spec.callable} if self.spec is not None else set()
+            return ReplyParser(self.channels, names=names, eager=eager, new_id=self.fmt.new_id)
+        calls = CallParser(self.fmt, self.spec, eager=eager) if self.parses else None
+        return ReplyParser(self.channels, calls, eager=eager)
 
     def constraint(self, response_format=None, grammar=None) -> tuple:
         """(response_format, grammar) to generate with: the tools' grammar, or the request's
@@ -997,6 +1093,10 @@ class ToolChat:
         reply cannot be held to a schema and to the call format at once; ToolError)."""
         theirs = grammar is not None or not (
             response_format is None or response_format == {"type": "text"})
+        if theirs and self.channels is not None and self.channels.kind == "think":
+            # the request's own constraint holds the whole reply: no think block is read out
+            # of it (a prompt that opened one gets the constrained text as its answer)
+            self.channels = None
         if self.grammar is None:
             return response_format, grammar
         if not theirs:
@@ -1029,13 +1129,14 @@ class ToolChat:
     def finish(self, result, parser: CallParser | None = None):
         """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
         calls and ended by itself) from the reply text; returns result."""
-        if not self.parses:
+        if not self.splits:
             return result
         if parser is None:
             parser = self.parser()
             parser.push(result.text)
         parser.finish()
         result.content, result.tool_calls = parser.content, parser.tool_calls
+        result.reasoning_content = getattr(parser, "reasoning", None)
         if result.tool_calls and result.finish_reason == "stop":
             result.finish_reason = "tool_calls"
         return result
@@ -1046,7 +1147,7 @@ class ToolChat:
         session.Piece): each item carries the entries of the tokens taken since the last item
         (text the parser holds back waits for the next one; what is left at the end comes in
         an empty Piece), so the items' entries add up to the result's list."""
-        if not self.parses:
+        if not self.splits:
             yield from items
             return
         from goinfer.session import Piece
@@ -1059,7 +1160,10 @@ class ToolChat:
             for x in out:
                 if carry is not None:
                     lps, carry = carry, []
-                    if isinstance(x, str):
+                    if isinstance(x, Reasoning):
+                        x = Reasoning(x)
+                        x.logprobs = lps
+                    elif isinstance(x, str):
                         x = Piece(x, lps)
                     else:
                         x.logprobs = lps
@@ -1090,12 +1194,22 @@ def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
     return begun
 
 
-def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None
-                 ) -> ToolChat:
+def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None,
+                 template_kwargs: Mapping | None = None) -> ToolChat:
     """Check the tool fields (ToolError), render the conversation with the model's chat
-    template (ChatTemplateError) and write the reply's grammar."""
+    template (ChatTemplateError; template_kwargs: more variables for it, e.g.
+    ``enable_thinking=False``) and write the reply's grammar."""
     spec = check_tools(tools, tool_choice, parallel_tool_calls)
     fmt = tool_format(model)
     msgs, template_tools = chat_inputs(messages, fmt, spec)
-    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools)
-    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer), model.tokenizer)
+    kwargs = dict(template_kwargs or {})
+    for k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+        if k in kwargs:
+            raise ChatTemplateError(f"chat_template_kwargs cannot set {k!r}")
+    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools,
+                                       **kwargs)
+    channels = channels_of(getattr(model, "chat_template", None) or "")
+    if channels is not None:
+        channels = channels.opened(prompt)
+    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer, channels),
+                    model.tokenizer, channels)
