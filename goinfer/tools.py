@@ -27,6 +27,9 @@ Formats (a call as the model writes it; chosen from the chat template):
   ``<|python_tag|>``; several joined by ``; `` (Llama 3.x templates);
 - mistral: ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]`` (templates with
   [TOOL_CALLS]);
+- qwen_xml: ``<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n``
+  ``</tool_call>``, one block per call; a string value as it is, any other as JSON (templates
+  with ``<function=``: Qwen3.5, Qwen3-Coder);
 - harmony: ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
   ended by ``<|call|>``, one call per reply (gpt-oss; read by channels.ReplyParser with the
   reply's reasoning and answer);
@@ -65,7 +68,7 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
     "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
-    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "HARMONY", "GENERIC",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "HARMONY", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -229,7 +232,7 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # "hermes" | "llama3" | "mistral" | "harmony" | "generic"
+    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "harmony" | "generic"
     native: bool  # the model's chat template renders tools, calls and results
     open: str  # text that opens calls
     close: str  # text that closes one call ("": the JSON's end closes it)
@@ -247,6 +250,7 @@ _ALNUM = string.ascii_letters + string.digits
 HERMES = ToolFormat("hermes", True, "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", True, "<|python_tag|>", "", "parameters")
 MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS]", "", "arguments")
+QWEN_XML = ToolFormat("qwen_xml", True, "<tool_call>", "</tool_call>", "arguments")
 HARMONY = ToolFormat("harmony", True, "to=functions.", "<|call|>", "arguments")
 GENERIC = ToolFormat("generic", False, "<tool_call>", "</tool_call>", "arguments")
 
@@ -264,8 +268,8 @@ def _format_of(template: str) -> ToolFormat:
         return HARMONY  # gpt-oss: its calls are messages of the reply (channels.py)
     if not template or not _renders_tools(template):
         return GENERIC
-    if "<function=" in template:  # Qwen3-Coder / Qwen3.5 XML calls: not parsed, use ours
-        return GENERIC
+    if "<function=" in template and "<tool_call>" in template:  # Qwen3-Coder / Qwen3.5
+        return QWEN_XML
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:
@@ -320,6 +324,8 @@ def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[
         tools = [dict(t, function=dict(t["function"], description=t["function"].get(
             "description", ""))) for t in tools] if tools is not None else None
         return [x for m in messages for x in _harmony_messages(m)], tools
+    if fmt.name == "qwen_xml":
+        return [_xml_message(m) for m in messages], tools
     if fmt.native:
         return [_native_message(m) for m in messages], tools
     out: list[dict] = []
@@ -388,6 +394,22 @@ def _native_message(m):
         c = dict(c)
         c["function"] = dict(c.get("function", {}), name=name, arguments=args)
         calls.append(c)
+    return dict(m, tool_calls=calls)
+
+
+def _xml_message(m):
+    """Qwen3.5 / Qwen3-Coder: argument values that are not strings as JSON text (the
+    template writes a scalar with |string: Python's True, not the model's true)."""
+    m = _native_message(m)
+    if not isinstance(m, Mapping) or not m.get("tool_calls"):
+        return m
+    calls = []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        if isinstance(args, Mapping):
+            args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                    for k, v in args.items()}
+        calls.append(dict(c, function=dict(c["function"], arguments=args)))
     return dict(m, tool_calls=calls)
 
 
@@ -499,8 +521,11 @@ def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
         rules.append("body: %json " + json.dumps(schema))
         first = "body"
         after = ""
-    else:  # hermes, generic: one <tool_call> block per call
-        rules.append("body: %json " + json.dumps(_call_schema(tools, "arguments")))
+    else:  # hermes, generic, qwen_xml: one <tool_call> block per call
+        if fmt.name == "qwen_xml":
+            rules += _xml_rules(tools)
+        else:
+            rules.append("body: %json " + json.dumps(_call_schema(tools, "arguments")))
         close = _marker(tokenizer, fmt.close)
         rules.append(f'first: "\\n" body "\\n" {close}')  # laid out as templates write it
         first = "first"
@@ -518,6 +543,45 @@ def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
         start = f"TEXT | head {first}{after}"
     rules.insert(0, f"start: {start}")
     return "\n".join(rules) + "\n"
+
+
+def _xml_rules(tools) -> list[str]:
+    """Rules of a qwen_xml call body: one function block, its parameters in the schema's
+    order (the required ones always), each value a JSON value of its schema or, for a
+    string, the text itself (anything without the closing tag)."""
+    rules = [r"XML_TEXT: /(?s:.*)/ & ~/(?s:.*)\n<\/parameter>(?s:.*)/"]
+    fns = []
+    for i, t in enumerate(tools):
+        params = _bounded(t.parameters)
+        defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+        required = set(params.get("required", ()))
+        parts = []
+        for j, (key, sub) in enumerate((params.get("properties") or {}).items()):
+            if _xml_string(sub):  # the text itself: an enum's values, or any text
+                words = sub.get("enum", [sub["const"]] if "const" in sub else None)
+                value = "XML_TEXT" if words is None else "(" + " | ".join(
+                    json.dumps(w) for w in words) + ")"
+            else:
+                schema = dict(sub if isinstance(sub, Mapping) else {}, **defs)
+                schema["x-guidance"] = dict(_JSON_LAYOUT)
+                rules.append(f"v{i}_{j}: %json " + json.dumps(schema))
+                value = f"v{i}_{j}"
+            rules.append(f'p{i}_{j}: {json.dumps(f"<parameter={key}>")} "\\n" {value} '
+                         f'"\\n" "</parameter>" "\\n"')
+            parts.append(f"p{i}_{j}" + ("" if key in required else "?"))
+        fns.append(f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} '
+                   '"</function>"')
+    rules.append("body: " + " | ".join(f"({f})" for f in fns))
+    return rules
+
+
+def _xml_string(schema) -> bool:
+    """Is a qwen_xml parameter written as its text (a string schema; the enum or const, if
+    any, all strings)?  Its other string rules (pattern, lengths) are not held."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "string":
+        return False
+    words = schema.get("enum", [schema["const"]] if "const" in schema else [])
+    return all(isinstance(w, str) for w in words)
 
 
 def _no_calls(fmt: ToolFormat, tokenizer) -> str:
@@ -682,6 +746,7 @@ class _Call:
     args: tuple[int, int | None] | None = None  # span of the arguments value (end None: open)
     id: str | None = None
     end: int | None = None  # index after the closing brace
+    json: str | None = None  # the arguments as JSON text, when not a span of the text (xml)
 
 
 def _scan_call(s: str, i: int, args_keys: tuple[str, ...]) -> _Call:
@@ -765,12 +830,15 @@ class _Region:
     end: int | None = None  # index after the region (None: it may go on)
 
 
-def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool) -> _Region:
+def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool, schemas=None) -> _Region:
     """The calls of the region that starts at s[i] (just after the opening marker; for a
-    llama3 reply that opens with '{', at the brace).  Raises _Bad."""
+    llama3 reply that opens with '{', at the brace).  Raises _Bad.  schemas: {name: the
+    tool's parameters} (qwen_xml reads values by them)."""
     keys = ("parameters", "arguments") if fmt.name == "llama3" else ("arguments", "parameters")
     r = _Region()
     j = _skip_ws(s, i)
+    if fmt.name == "qwen_xml":
+        return _scan_xml(fmt, s, j, final, schemas or {})
     if fmt.name == "mistral":
         if j >= len(s):
             return r
@@ -854,6 +922,7 @@ class CallParser:
     def __init__(self, fmt: ToolFormat, spec: ToolSpec | None, *, eager: bool = True):
         self.fmt = fmt
         self.names = {t.name for t in spec.callable} if spec is not None else set()
+        self.schemas = {t.name: t.parameters for t in spec.callable} if spec is not None else {}
         self.active = bool(self.names)  # tool_choice "none" / no tools: all text is content
         self.eager = eager
         self.text = ""
@@ -968,7 +1037,7 @@ class CallParser:
         """Read the current region; True when it is over (scanning goes on after it)."""
         s = self.text
         try:
-            r = _scan_region(self.fmt, s, self.region, final)
+            r = _scan_region(self.fmt, s, self.region, final, self.schemas)
             for c in r.calls:
                 if c.name is not None and c.name not in self.names:
                     raise _Bad
@@ -1009,7 +1078,10 @@ class CallParser:
                 self.held = ""
             entry = self.sent[n]
             a0, a1 = c.args
-            piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
+            if c.json is not None:  # converted arguments (qwen_xml): whole once read
+                piece = c.json[len(entry["arguments"]):]
+            else:
+                piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
             entry["end"] = len(s) if a1 is None else a1
             if piece:
                 entry["arguments"] += piece
@@ -1039,6 +1111,89 @@ class CallParser:
         self._content(out, self.text[start:end])
         self.i = end
         return True
+
+
+_XML_FN, _XML_PARAM = "<function=", "<parameter="
+_XML_END_PARAM, _XML_END_FN = "</parameter>", "</function>"
+
+
+def _xml_value(text: str, schema) -> object:
+    """A qwen_xml parameter's text -> its value: as it is for a string parameter, else JSON
+    (text that is no JSON stays a string)."""
+    if _xml_string(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _xml_tag(s: str, j: int, tag: str) -> int | None:
+    """s[j:] opens `tag`NAME> -> index of NAME; None: the text ends inside the tag's start;
+    _Bad when it is not the tag."""
+    rest = s[j:j + len(tag)]
+    if rest == tag:
+        return j + len(tag)
+    if tag.startswith(rest):
+        return None
+    raise _Bad
+
+
+def _scan_xml(fmt: ToolFormat, s: str, j: int, final: bool, schemas: dict) -> _Region:
+    """One qwen_xml call after <tool_call>: <function=NAME> <parameter=K>\nV\n</parameter>
+    ... </function> </tool_call>.  The call gets its name at once and its arguments (JSON
+    text, keys in the order written) when </function> is read."""
+    r = _Region()
+    c = _Call()
+    r.calls.append(c)
+    k = _xml_tag(s, j, _XML_FN)
+    if k is None:
+        return r
+    e = s.find(">", k)
+    if e < 0:
+        if "\n" in s[k:] or "<" in s[k:]:
+            raise _Bad
+        return r
+    name = s[k:e]
+    if not name or "\n" in name or "<" in name:
+        raise _Bad
+    c.name = name
+    params = (schemas.get(name) or {}).get("properties") or {}
+    args: dict = {}
+    j = _skip_ws(s, e + 1)
+    while True:
+        if j >= len(s):
+            return r
+        if s.startswith(_XML_END_FN, j):
+            c.json = json.dumps(args, ensure_ascii=False)
+            c.args = (j, j)
+            c.end = j + len(_XML_END_FN)
+            break
+        if _XML_END_FN.startswith(s[j:]) and not final:
+            return r
+        k = _xml_tag(s, j, _XML_PARAM)
+        if k is None:
+            return r
+        e = s.find(">", k)
+        if e < 0:
+            return r
+        key = s[k:e]
+        v0 = e + 1 + (s.startswith("\n", e + 1))
+        close = s.find(_XML_END_PARAM, v0)
+        if close < 0:
+            return r
+        v1 = close - 1 if s.startswith("\n", close - 1) and close - 1 >= v0 else close
+        args[key] = _xml_value(s[v0:v1], params.get(key))
+        j = _skip_ws(s, close + len(_XML_END_PARAM))
+    j = _skip_ws(s, c.end)
+    rest = s[j:j + len(fmt.close)]
+    if rest == fmt.close:
+        r.end = j + len(fmt.close)
+    elif not fmt.close.startswith(rest):
+        raise _Bad
+    elif final:
+        r.end = len(s)
+    return r
 
 
 def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None

@@ -36,7 +36,7 @@ LEVEL = {"type": "function", "function": {"name": "set_level", "parameters": {
 
 
 def spec(*tools, choice="auto"):
-    return T.check_tools(list(tools or [WEATHER]), choice)
+    return T.check_tools(list(tools or [WEATHER, LEVEL]), choice)
 
 
 def chat(fmt, channels, s):
@@ -77,6 +77,18 @@ PARSES = [
     # thinking turned off in the prompt (Qwen3.5 writes an empty block there)
     (T.HERMES, SELF, f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>',
      None, None, [("get_weather", ARGS)]),
+    # Qwen3.5 / Qwen3-Coder XML calls (the layout the template's tool prompt shows): a string
+    # value as written (several lines), any other as JSON; after a think block; two calls
+    (T.QWEN_XML, OPEN, "\nPlan.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nNew York\nState\n</parameter>\n</function>\n</tool_call>", "Plan.",
+     None, [("get_weather", '{"city": "New York\\nState"}')]),
+    (T.QWEN_XML, SELF, "Setting it.\n\n<tool_call>\n<function=set_level>\n<parameter=level>\n3"
+     "\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>", None, "Setting it.",
+     [("set_level", '{"level": 3}'), ("get_weather", '{"city": "42"}')]),
+    # an XML block naming no offered function stays content
+    (T.QWEN_XML, SELF, "<tool_call>\n<function=nope>\n</function>\n</tool_call>", None,
+     "<tool_call>\n<function=nope>\n</function>\n</tool_call>", []),
     # cut short inside the reasoning (max_tokens): all of it is reasoning
     (T.GENERIC, OPEN, "\nStill thinking about", "Still thinking about", "", []),
 ]
@@ -136,6 +148,8 @@ def test_formats_from_the_real_templates():
     for name in ("Qwen3.5-4B", "HuggingFaceTB-SmolLM3-3B", "Qwen-Qwen3-0.6B"):
         assert C.channels_of(hfconvert.template(name)) == C.THINK
     assert C.channels_of(hfconvert.template("Qwen-Qwen2.5-7B-Instruct")) is None
+    for name in ("Qwen3.5-4B", "Qwen3-Coder"):
+        assert T._format_of(hfconvert.template(name)) is T.QWEN_XML
 
 
 # ============================================================================ fixtures
@@ -326,6 +340,13 @@ def test_qwen35_think_block_then_call(qwen_srv):
     assert (reasoning, content) == (thought, None)
     assert [tuple(v) for v in calls.values()] == [(call.function.name, call.function.arguments)]
     assert kinds[0] == "r" and kinds[-1] == "t" and kinds.count("r") == kinds.index("t")
+    # the call goes back through the template as the very text the model wrote (XML format)
+    assert raw.split("</think>", 1)[1].lstrip().startswith("<tool_call>\n<function=set_level>")
+    msgs = kw["messages"] + [ch.message.model_dump(exclude_none=True), {
+        "role": "tool", "tool_call_id": call.id, "content": "done"}]
+    assert raw.split("</think>", 1)[1].strip() in T.prepare_chat(m, msgs, [LEVEL]).prompt
+    r2 = c.chat.completions.create(**dict(kw, messages=msgs, max_tokens=4, tool_choice="none"))
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_qwen35_thinking_off(qwen_srv):
@@ -357,3 +378,33 @@ def test_harmony_stop_tokens(gptoss):
     tok = m.tokenizer
     assert tok.token_to_id("<|end|>") not in tok.stop_ids
     assert {tok.token_to_id("<|return|>"), tok.token_to_id("<|call|>")} <= tok.stop_ids
+
+
+def test_qwen35_xml_history_renders_as_transformers_does(qwen35):
+    """A call in OpenAI's shape (JSON-string arguments) and its result render through
+    Qwen3.5's template as transformers renders the same conversation (arguments as an
+    object), so the call block is the text the grammar lets the model write."""
+    from transformers import AutoTokenizer
+
+    path, m = qwen35
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "set_level", "arguments": '{"level": 3}'}}
+    ours = [{"role": "user", "content": "Set level 3."},
+            {"role": "assistant", "content": None, "reasoning_content": "Easy.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    theirs = [ours[0], {"role": "assistant", "content": "", "reasoning_content": "Easy.",
+                        "tool_calls": [{"type": "function", "function": {
+                            "name": "set_level", "arguments": {"level": 3}}}]}, ours[2]]
+    tok = AutoTokenizer.from_pretrained(path.parent / "hf")
+    want = tok.apply_chat_template(theirs, tools=[LEVEL], tokenize=False,
+                                   add_generation_prompt=True)
+    tc = T.prepare_chat(m, ours, [LEVEL])
+    assert tc.fmt is T.QWEN_XML and tc.prompt == want
+    block = ("<tool_call>\n<function=set_level>\n<parameter=level>\n3\n</parameter>\n"
+             "</function>\n</tool_call>")
+    assert block in tc.prompt
+    p = tc.parser(eager=False)  # the prompt opened a think block
+    p.push("</think>\n\n" + block)
+    p.finish()
+    assert p.tool_calls[0]["function"]["arguments"] == call["function"]["arguments"]
