@@ -250,7 +250,8 @@ def oss_srv(gptoss):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "set_level"}}, "none"])
+                                                 "function": {"name": "set_level"}}, "none",
+                                    "auto"])
 def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
     """gpt-oss, steered into its analysis channel (logit_bias on "a" after <|channel|>, and on
     <|end|> so the analysis is short): reasoning_content is the analysis message of the raw
@@ -268,7 +269,7 @@ def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
     got = HARMONY_SPLIT.search(raw)
     assert got is not None, raw  # the bias put the model in its analysis channel
     assert ch.message.model_extra["reasoning_content"] == got.group(1)
-    if choice == "none":
+    if choice == "none" or (choice == "auto" and "to=functions." not in raw):
         assert ch.finish_reason in ("stop", "length") and not ch.message.tool_calls
         final = raw.split("<|start|>assistant<|channel|>final<|message|>", 1)[1]
         assert ch.message.content == final and "<|" not in final
@@ -408,3 +409,28 @@ def test_qwen35_xml_history_renders_as_transformers_does(qwen35):
     p.push("</think>\n\n" + block)
     p.finish()
     assert p.tool_calls[0]["function"]["arguments"] == call["function"]["arguments"]
+
+
+def test_smollm3_model_opens_its_think_block(tmp_path):
+    """SmolLM3 (its template leaves <think> to the model), Python API: the tools' grammar
+    lets the reply open a think block first; Session.chat gives reasoning_content and the
+    call, and its stream the same as Reasoning pieces, then the call."""
+    _, path = hfconvert.build("smollm3")
+    m = load(path)
+    bias = {tid(m, "<think>"): 10, tid(m, "</think>"): 1}
+    kw = dict(tools=[LEVEL], tool_choice="required", max_tokens=120, temperature=0,
+              logit_bias=bias)
+    msgs = [{"role": "user", "content": "Set level 3."}]
+    r = m.session().chat(msgs, **kw)
+    raw = m.tokenizer.decode(r.tokens)
+    assert raw.startswith("<think>"), raw
+    assert r.reasoning_content == raw[len("<think>"):].split("</think>", 1)[0].strip()
+    assert r.finish_reason == "tool_calls" and r.content is None
+    jsonschema.validate(json.loads(r.tool_calls[0]["function"]["arguments"]),
+                        LEVEL["function"]["parameters"])
+    items = list(m.session().chat(msgs, stream=True, **kw))
+    assert "".join(x for x in items if isinstance(x, C.Reasoning)) == r.reasoning_content
+    deltas = [x for x in items if isinstance(x, T.ToolCallDelta)]
+    assert "".join(d.arguments for d in deltas) == r.tool_calls[0]["function"]["arguments"]
+    assert items[-1].tool_calls[0]["function"] == r.tool_calls[0]["function"]
+    assert r.message()["reasoning_content"] == r.reasoning_content
