@@ -496,6 +496,34 @@ def _harmony_grammar(spec: ToolSpec, tokenizer) -> str:
     return f"start: {start}\n" + "\n".join(rules) + "\n"
 
 
+def _harmony_json(response_format, tokenizer):
+    """gpt-oss with a JSON response_format -> its compiled grammar (constrained.Grammar): an
+    optional analysis message, then the final one holding the JSON (None: a schema that is
+    not an object, kept as the request gave it).  GrammarError naming response_format."""
+    from goinfer.constrained import (
+        JSON_WHITESPACE,
+        _response_format_schema,
+        json_schema_source,
+        request_source,
+        token_view,
+    )
+
+    rf = _response_format_schema(response_format)
+    if rf is None or not isinstance(rf[1], dict):
+        return None
+    json_schema_source(rf[1])  # checked here, so an error names response_format
+    schema = dict(_bounded(rf[1]))
+    schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
+    g = _harmony_grammar(ToolSpec((), "none"), tokenizer)
+    head, _, rest = g.partition("\n")
+    rules = [r for r in rest.splitlines() if not r.startswith("final:")]
+    ch, msg = _marker(tokenizer, "<|channel|>"), _marker(tokenizer, "<|message|>")
+    rules.append(f'final: {ch} "final" {msg} %json ' + json.dumps(schema))
+    lark = head + "\n" + "\n".join(rules) + "\n"
+    _, _, source = request_source(grammar=lark)
+    return token_view(tokenizer).compile(source, "lark", "response_format")
+
+
 def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
     if spec.choice == "none":
         return _no_calls(fmt, tokenizer)
@@ -1248,6 +1276,11 @@ class ToolChat:
         reply cannot be held to a schema and to the call format at once; ToolError)."""
         theirs = grammar is not None or not (
             response_format is None or response_format == {"type": "text"})
+        if theirs and self.fmt.name == "harmony" and grammar is None and (
+                self.spec is None or self.spec.choice == "none"):
+            g = _harmony_json(response_format, self.tokenizer)
+            if g is not None:  # the schema holds the final message, after any analysis
+                return None, g
         if theirs and self.channels is not None and self.channels.kind == "think":
             # the request's own constraint holds the whole reply: no think block is read out
             # of it (a prompt that opened one gets the constrained text as its answer)

@@ -434,3 +434,30 @@ def test_smollm3_model_opens_its_think_block(tmp_path):
     assert "".join(d.arguments for d in deltas) == r.tool_calls[0]["function"]["arguments"]
     assert items[-1].tool_calls[0]["function"] == r.tool_calls[0]["function"]
     assert r.message()["reasoning_content"] == r.reasoning_content
+
+
+def test_gptoss_structured_output_in_the_final_channel(oss_srv):
+    """response_format with gpt-oss: the schema holds the final message (after the analysis
+    message the bias leads into, cut short by the bias on <|end|>); content is the JSON,
+    valid against the schema, no channel markers; a bad schema is still a 400 naming
+    response_format."""
+    srv, m = oss_srv
+    c = srv.client()
+    schema = LEVEL["function"]["parameters"]
+    bias = {str(tid(m, "a")): 10, str(tid(m, "<|end|>")): 14}
+    r = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "A level?"}], max_tokens=120,
+        temperature=0, logit_bias=bias, extra_body={"return_tokens": True},
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    raw = raw_text(m, r.model_extra["tokens"])
+    msg = r.choices[0].message
+    assert HARMONY_SPLIT.search(raw), raw  # an (empty) analysis message, then the final one
+    assert msg.model_extra.get("reasoning_content") == (HARMONY_SPLIT.search(raw).group(1)
+                                                        or None)
+    assert raw.endswith("<|channel|>final<|message|>" + msg.content)
+    jsonschema.validate(json.loads(msg.content), schema)
+    with pytest.raises(Exception) as e:
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                  response_format={"type": "json_schema", "json_schema": {
+                                      "name": "x", "schema": {"type": "nonsense"}}})
+    assert e.value.body["param"] == "response_format"
