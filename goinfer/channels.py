@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Channels", "THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
-           "think_grammar_prefix"]
+           "think_grammar_prefix", "think_text_rule"]
 
 _WS = " \t\n\r"
 
@@ -103,8 +103,10 @@ class ReplyParser:
     tools.CallParser: push / finish, then content, tool_calls and reasoning).
 
     calls: the CallParser the answer goes to (think) or None (no calls read: the answer is
-    content).  Harmony reads its calls itself: names are those of `calls_of` (a set; empty:
-    no calls are read), eager as CallParser's."""
+    content).  Harmony reads its calls itself: `names` are the functions that may be called
+    (empty: no calls are read), `new_id()` makes a call's id, `eager` as CallParser's (a
+    call's id and name as soon as its header is read, then its arguments as they come;
+    eager=False: a call only once its body is a whole JSON object, else content)."""
 
     def __init__(self, channels: Channels, calls=None, *, names: set[str] | None = None,
                  eager: bool = True, new_id=None):
@@ -112,6 +114,10 @@ class ReplyParser:
         self.calls_parser = calls
         self.names = names or set()
         self.eager = eager
+        if new_id is None:
+            from goinfer.tools import HARMONY
+
+            new_id = HARMONY.new_id
         self.new_id = new_id
         self.text = ""
         self.i = 0  # text[:i] is decided

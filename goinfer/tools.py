@@ -473,7 +473,10 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
 
 def _harmony_grammar(spec: ToolSpec, tokenizer) -> str:
     """gpt-oss: an optional analysis message, then the final answer (tool_choice "auto",
-    "none") or one call (forced, "auto"); its end is a stop token (<|return|>, <|call|>)."""
+    "none") or one call (forced, "auto"); its end is a stop token (<|return|>, <|call|>).
+    A call is written `` to=functions.f<|channel|>commentary json<|message|>{...}``, as the
+    template renders calls (harmony also allows the recipient after the channel, which the
+    parser reads too)."""
     m = functools.partial(_marker, tokenizer)
     ch, msg = m("<|channel|>"), m("<|message|>")
     special = _special(tokenizer, "<|end|>") is not None
@@ -486,8 +489,9 @@ def _harmony_grammar(spec: ToolSpec, tokenizer) -> str:
         schema = dict(_bounded(t.parameters))
         schema["x-guidance"] = dict(_JSON_LAYOUT)
         rules.append(f"args{i}: %json " + json.dumps(schema))
-        alts.append(f'{ch} "commentary to=functions.{t.name} " {m("<|constrain|>")} "json" '
-                    f"{msg} args{i}")
+        # the recipient in the header, before the channel: the form gpt-oss's template
+        # writes calls in the history, so the next turn's prompt repeats the reply verbatim
+        alts.append(f'" to=functions.{t.name}" {ch} "commentary json" {msg} args{i}')
     if spec.choice == "none" or not alts:
         start = "analysis? final"
     else:

@@ -168,7 +168,11 @@ def qwen35():
 
 
 def tid(m, text):
-    return m.tokenizer.token_to_id(text)
+    """The id of a special token, or of the one token a text is."""
+    if text.startswith("<"):
+        return m.tokenizer.token_to_id(text)
+    (i,) = m.tokenize(text, False)
+    return i
 
 
 # ============================================================================ history through gpt-oss's template
@@ -253,13 +257,14 @@ def oss_srv(gptoss):
                                                  "function": {"name": "set_level"}}, "none",
                                     "auto"])
 def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
-    """gpt-oss, steered into its analysis channel (logit_bias on "a" after <|channel|>, and on
-    <|end|> so the analysis is short): reasoning_content is the analysis message of the raw
+    """gpt-oss, steered into its analysis channel (logit_bias on <|channel|> and on "a" after
+    it, and on <|end|> so the analysis is short): reasoning_content is the analysis message of the raw
     reply, content the final one (no channel markers), a forced call validates against its
     schema with finish_reason "tool_calls"; the stream sends the same, reasoning first."""
     srv, m = oss_srv
     c = srv.client()
-    bias = {str(tid(m, "a")): 10, str(tid(m, "<|end|>")): 8, str(tid(m, "<|return|>")): 6}
+    bias = {str(tid(m, "<|channel|>")): 10, str(tid(m, "a")): 10, str(tid(m, "<|end|>")): 8,
+            str(tid(m, "<|return|>")): 6}
     kw = dict(model="tiny", messages=[{"role": "user", "content": "Set level 3."}],
               tools=[LEVEL], tool_choice=choice, max_tokens=160, temperature=0,
               logit_bias=bias)
@@ -292,13 +297,14 @@ def test_gptoss_tool_round_trip(oss_srv):
     through gpt-oss's template: the next turn reuses the cached prompt and answers."""
     srv, m = oss_srv
     c = srv.client()
-    bias = {str(tid(m, "c")): 10}  # commentary: straight to the call
+    bias = {str(tid(m, " ")): 10}  # " to=functions...": straight to the call
     msgs = [{"role": "user", "content": "Set level 3."}]
     r = c.chat.completions.create(model="tiny", messages=msgs, tools=[LEVEL],
                                   tool_choice="required", max_tokens=120, temperature=0,
-                                  logit_bias=bias)
+                                  logit_bias=bias, extra_body={"return_tokens": True})
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
+    first = T.prepare_chat(m, msgs, [LEVEL]).prompt
     msgs += [msg.model_dump(exclude_none=True),
              {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "ok"}]
     r2 = c.chat.completions.create(model="tiny", messages=msgs, tools=[LEVEL], tool_choice="none",
@@ -307,6 +313,10 @@ def test_gptoss_tool_round_trip(oss_srv):
     prompt = T.prepare_chat(m, msgs, [LEVEL]).prompt
     assert "<|start|>functions.set_level to=assistant<|channel|>commentary<|message|>\"ok\"" \
         in prompt
+    # the call as the grammar has the model write it is the template's text for it: the next
+    # prompt repeats the first prompt and the reply verbatim (then <|call|>, the stop token)
+    raw = raw_text(m, r.model_extra["tokens"])
+    assert prompt.startswith(first + raw + "<|call|>"), (raw, prompt[len(first):])
     assert r2.usage.prompt_tokens == len(m.tokenize_chat(prompt))
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
     assert "<|" not in (r2.choices[0].message.content or "")
