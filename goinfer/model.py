@@ -16,7 +16,7 @@ from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype, kv_geometry
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
@@ -62,7 +62,8 @@ class Model:
         self.kernels = _kernels(_reference_kernels)
         t0 = time.perf_counter()
         self.config: ModelConfig = family.read_config(gguf)
-        check_kv_dtype(kv_dtype, self.config.head_dim)
+        for _, hd in set(kv_geometry(self.config)):
+            check_kv_dtype(kv_dtype, hd)
         if context_length is not None:
             if context_length < 1:
                 raise ValueError(f"context_length must be positive, got {context_length}")

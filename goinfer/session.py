@@ -59,6 +59,8 @@ class GenerationResult:
     # finish_reason is then "tool_calls" when the reply made calls.  Otherwise content == text.
     content: str | None = None
     tool_calls: list[dict] | None = None
+    # chat with a reasoning model (goinfer/channels.py): its thinking, apart from content
+    reasoning_content: str | None = None
 
     def __post_init__(self) -> None:
         if self.content is None and self.tool_calls is None:
@@ -70,6 +72,8 @@ class GenerationResult:
     def message(self) -> dict:
         """The reply as an assistant message, to append to the conversation."""
         m = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            m["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             m["tool_calls"] = self.tool_calls
         return m
@@ -463,7 +467,8 @@ class Session:
 
     def chat(self, messages, max_tokens: int = 64, *, tools=None, tool_choice=None,
              parallel_tool_calls=None, response_format=None, grammar=None,
-             logprobs: bool = False, top_logprobs: int = 0, stream: bool = False, **kwargs):
+             logprobs: bool = False, top_logprobs: int = 0, stream: bool = False,
+             chat_template_kwargs=None, **kwargs):
         """Apply the model's chat template to the whole conversation and generate the reply
         (response_format, grammar, logprobs, top_logprobs: as generate()).
 
@@ -471,10 +476,16 @@ class Session:
         {"name": ...}}) and parallel_tool_calls as in OpenAI's API (goinfer/tools.py): the
         result's ``tool_calls`` holds the calls, ``content`` the rest of the text, and
         finish_reason is "tool_calls".  With stream=True the iterator gives content strings
-        and ToolCallDelta pieces, then the result.  Bad tool input raises ToolError."""
+        and ToolCallDelta pieces, then the result.  Bad tool input raises ToolError.
+
+        A reasoning model's thinking (``<think>`` blocks, gpt-oss's analysis channel;
+        goinfer/channels.py) goes to ``result.reasoning_content``, streamed as
+        ``channels.Reasoning`` pieces.  chat_template_kwargs: more variables for the chat
+        template (``{"enable_thinking": False}``, gpt-oss's ``reasoning_effort``)."""
         from goinfer.tools import prepare_chat
 
-        tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls)
+        tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls,
+                          chat_template_kwargs)
         ids = self.model.tokenize_chat(tc.prompt)
         response_format, grammar = tc.constraint(response_format, grammar)
         out = self.generate(ids, max_tokens, response_format=response_format, grammar=grammar,

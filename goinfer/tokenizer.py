@@ -293,10 +293,13 @@ class Tokenizer:
 
         self._add_bos = default_bos if add_bos is None else bool(add_bos)
         self._add_eos = bool(add_eos)
-        self._stop_ids = frozenset(
-            {i for i in (eos_id, eot_id, eom_id) if i is not None}
-            | {self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids}
-        )
+        stops = {i for i in (eos_id, eot_id, eom_id) if i is not None} | {
+            self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids}
+        if "<|return|>" in self._ids and "<|call|>" in self._ids and "<|end|>" in self._ids:
+            # harmony (gpt-oss): <|end|> closes one message of a reply (the analysis before the
+            # final answer), <|return|> and <|call|> end the reply (llama.cpp does the same)
+            stops.discard(self._ids["<|end|>"])
+        self._stop_ids = frozenset(stops)
 
         # Tokens cut out of the text before BPE: longest text first (llama.cpp's order).
         special = [

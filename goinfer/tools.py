@@ -27,8 +27,17 @@ Formats (a call as the model writes it; chosen from the chat template):
   ``<|python_tag|>``; several joined by ``; `` (Llama 3.x templates);
 - mistral: ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]`` (templates with
   [TOOL_CALLS]);
+- qwen_xml: ``<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n``
+  ``</tool_call>``, one block per call; a string value as it is, any other as JSON (templates
+  with ``<function=``: Qwen3.5, Qwen3-Coder);
+- harmony: ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
+  ended by ``<|call|>``, one call per reply (gpt-oss; read by channels.ReplyParser with the
+  reply's reasoning and answer);
 - generic: as hermes, taught by the built-in tool prompt (any other template: SmolLM2,
   Gemma 3, ...).
+
+Reasoning (``<think>`` blocks, harmony's analysis channel) is parsed apart from the answer by
+goinfer/channels.py; the grammars here let the reply reason before what they constrain.
 """
 from __future__ import annotations
 
@@ -42,6 +51,15 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from goinfer.channels import (
+    THINK_CLOSE,
+    Channels,
+    Reasoning,
+    ReplyParser,
+    channels_of,
+    think_grammar_prefix,
+    think_text_rule,
+)
 from goinfer.chat_template import _to_dicts, render_chat_template
 from goinfer.constrained import MAX_SAFE_INT, NUMBER_STEP, VALUE_KEYS as _VALUE_KEYS  # noqa: F401
 from goinfer.constrained import bound_numbers as _bounded, schema_error as _schema_error
@@ -50,7 +68,7 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
     "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
-    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "GENERIC",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "HARMONY", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -214,7 +232,7 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # "hermes" | "llama3" | "mistral" | "generic"
+    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "harmony" | "generic"
     native: bool  # the model's chat template renders tools, calls and results
     open: str  # text that opens calls
     close: str  # text that closes one call ("": the JSON's end closes it)
@@ -232,6 +250,8 @@ _ALNUM = string.ascii_letters + string.digits
 HERMES = ToolFormat("hermes", True, "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", True, "<|python_tag|>", "", "parameters")
 MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS]", "", "arguments")
+QWEN_XML = ToolFormat("qwen_xml", True, "<tool_call>", "</tool_call>", "arguments")
+HARMONY = ToolFormat("harmony", True, "to=functions.", "<|call|>", "arguments")
 GENERIC = ToolFormat("generic", False, "<tool_call>", "</tool_call>", "arguments")
 
 _PROBE = "goinfer_probe_tool"
@@ -244,10 +264,12 @@ def tool_format(model) -> ToolFormat:
 
 @functools.lru_cache(maxsize=32)
 def _format_of(template: str) -> ToolFormat:
+    if channels_of(template) is not None and channels_of(template).kind == "harmony":
+        return HARMONY  # gpt-oss: its calls are messages of the reply (channels.py)
     if not template or not _renders_tools(template):
         return GENERIC
-    if "<function=" in template:  # Qwen3-Coder / Qwen3.5 XML calls: not parsed, use ours
-        return GENERIC
+    if "<function=" in template and "<tool_call>" in template:  # Qwen3-Coder / Qwen3.5
+        return QWEN_XML
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:
@@ -298,6 +320,12 @@ def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[
     if not isinstance(messages, (list, tuple)):
         raise ChatTemplateError(f"messages must be a list of dicts, got {type(messages).__name__}")
     tools = [t.as_openai() for t in spec.tools] if spec is not None else None
+    if fmt.name == "harmony":  # gpt-oss's template writes every tool's description
+        tools = [dict(t, function=dict(t["function"], description=t["function"].get(
+            "description", ""))) for t in tools] if tools is not None else None
+        return [x for m in messages for x in _harmony_messages(m)], tools
+    if fmt.name == "qwen_xml":
+        return [_xml_message(m) for m in messages], tools
     if fmt.native:
         return [_native_message(m) for m in messages], tools
     out: list[dict] = []
@@ -369,6 +397,41 @@ def _native_message(m):
     return dict(m, tool_calls=calls)
 
 
+def _xml_message(m):
+    """Qwen3.5 / Qwen3-Coder: argument values that are not strings as JSON text (the
+    template writes a scalar with |string: Python's True, not the model's true)."""
+    m = _native_message(m)
+    if not isinstance(m, Mapping) or not m.get("tool_calls"):
+        return m
+    calls = []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        if isinstance(args, Mapping):
+            args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                    for k, v in args.items()}
+        calls.append(dict(c, function=dict(c["function"], arguments=args)))
+    return dict(m, tool_calls=calls)
+
+
+def _harmony_messages(m) -> list:
+    """An OpenAI message as gpt-oss's template takes it: reasoning in "thinking", no null
+    content, one call per assistant message (the template renders the first call only)."""
+    m = _native_message(m)
+    if not isinstance(m, Mapping) or m.get("role") != "assistant":
+        return [m]
+    m = {k: v for k, v in m.items() if not (k == "content" and v is None)}
+    reasoning = m.pop("reasoning_content", None)
+    if reasoning:
+        m["thinking"] = reasoning
+    calls = m.get("tool_calls")
+    if not calls:
+        return [m]
+    if m.get("content") and m.get("thinking"):  # the template takes one preamble with a call
+        m["thinking"] = f"{m['thinking']}\n{_text(m.pop('content'))}"
+    first = dict(m, tool_calls=[calls[0]])
+    return [first] + [{"role": "assistant", "tool_calls": [c]} for c in calls[1:]]
+
+
 def _generic_call(call) -> str:
     name, args = _call_fields(call)
     raw = call.get("function", call).get("arguments")
@@ -388,12 +451,84 @@ def _generic_call(call) -> str:
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str | None:
+def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
+                 channels: Channels | None = None) -> str | None:
     """The Lark grammar (llguidance) of a reply under `spec` in format `fmt`, or None when
     nothing is constrained.  `tokenizer` tells which markers are special tokens of the model
-    (written as ``<[id]>``); without it every marker is text."""
+    (written as ``<[id]>``); without it every marker is text.  channels: the reply's reasoning
+    format (channels.py); a think block may come first (must, when the prompt opened one)."""
     if spec is None:
         return None
+    if fmt.name == "harmony":
+        return _harmony_grammar(spec, tokenizer)
+    g = _tool_grammar(spec, fmt, tokenizer)
+    if channels is None or channels.kind != "think":
+        return g
+    head, _, rest = g.partition("\n")
+    assert head.startswith("start: ")
+    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t))
+    rule = think_text_rule(_special(tokenizer, THINK_CLOSE) is not None)
+    return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
+
+
+def _harmony_grammar(spec: ToolSpec, tokenizer) -> str:
+    """gpt-oss: an optional analysis message, then the final answer (tool_choice "auto",
+    "none") or one call (forced, "auto"); its end is a stop token (<|return|>, <|call|>).
+    A call is written `` to=functions.f<|channel|>commentary json<|message|>{...}``, as the
+    template renders calls (harmony also allows the recipient after the channel, which the
+    parser reads too)."""
+    m = functools.partial(_marker, tokenizer)
+    ch, msg = m("<|channel|>"), m("<|message|>")
+    special = _special(tokenizer, "<|end|>") is not None
+    rules = ["TEXT: /(?s:.*)/" if special else _text_without("<|"),
+             f'analysis: {ch} "analysis" {msg} TEXT {m("<|end|>")} {m("<|start|>")} "assistant"',
+             f'final: {ch} "final" {msg} TEXT']
+    tools = spec.callable
+    alts = []
+    for i, t in enumerate(tools):
+        schema = dict(_bounded(t.parameters))
+        schema["x-guidance"] = dict(_JSON_LAYOUT)
+        rules.append(f"args{i}: %json " + json.dumps(schema))
+        # the recipient in the header, before the channel: the form gpt-oss's template
+        # writes calls in the history, so the next turn's prompt repeats the reply verbatim
+        alts.append(f'" to=functions.{t.name}" {ch} "commentary json" {msg} args{i}')
+    if spec.choice == "none" or not alts:
+        start = "analysis? final"
+    else:
+        rules.append("call: " + " | ".join(alts))
+        start = "analysis? call" if spec.forced else "analysis? (final | call)"
+    return f"start: {start}\n" + "\n".join(rules) + "\n"
+
+
+def _harmony_json(response_format, tokenizer):
+    """gpt-oss with a JSON response_format -> its compiled grammar (constrained.Grammar): an
+    optional analysis message, then the final one holding the JSON (None: a schema that is
+    not an object, kept as the request gave it).  GrammarError naming response_format."""
+    from goinfer.constrained import (
+        JSON_WHITESPACE,
+        _response_format_schema,
+        json_schema_source,
+        request_source,
+        token_view,
+    )
+
+    rf = _response_format_schema(response_format)
+    if rf is None or not isinstance(rf[1], dict):
+        return None
+    json_schema_source(rf[1])  # checked here, so an error names response_format
+    schema = dict(_bounded(rf[1]))
+    schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
+    g = _harmony_grammar(ToolSpec((), "none"), tokenizer)
+    head, _, rest = g.partition("\n")
+    rules = [r for r in rest.splitlines() if not r.startswith("final:")]
+    ch, msg = _marker(tokenizer, "<|channel|>"), _marker(tokenizer, "<|message|>")
+    rules.append(f'final: {ch} "final" {msg} %json ' + json.dumps(schema))
+    lark = head + "\n" + "\n".join(rules) + "\n"
+    _, _, source = request_source(grammar=lark)
+    return token_view(tokenizer).compile(source, "lark", "response_format")
+
+
+def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
     if spec.choice == "none":
         return _no_calls(fmt, tokenizer)
     tools = spec.callable
@@ -418,8 +553,11 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str 
         rules.append("body: %json " + json.dumps(schema))
         first = "body"
         after = ""
-    else:  # hermes, generic: one <tool_call> block per call
-        rules.append("body: %json " + json.dumps(_call_schema(tools, "arguments")))
+    else:  # hermes, generic, qwen_xml: one <tool_call> block per call
+        if fmt.name == "qwen_xml":
+            rules += _xml_rules(tools)
+        else:
+            rules.append("body: %json " + json.dumps(_call_schema(tools, "arguments")))
         close = _marker(tokenizer, fmt.close)
         rules.append(f'first: "\\n" body "\\n" {close}')  # laid out as templates write it
         first = "first"
@@ -437,6 +575,45 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None) -> str 
         start = f"TEXT | head {first}{after}"
     rules.insert(0, f"start: {start}")
     return "\n".join(rules) + "\n"
+
+
+def _xml_rules(tools) -> list[str]:
+    """Rules of a qwen_xml call body: one function block, its parameters in the schema's
+    order (the required ones always), each value a JSON value of its schema or, for a
+    string, the text itself (anything without the closing tag)."""
+    rules = [r"XML_TEXT: /(?s:.*)/ & ~/(?s:.*)\n<\/parameter>(?s:.*)/"]
+    fns = []
+    for i, t in enumerate(tools):
+        params = _bounded(t.parameters)
+        defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+        required = set(params.get("required", ()))
+        parts = []
+        for j, (key, sub) in enumerate((params.get("properties") or {}).items()):
+            if _xml_string(sub):  # the text itself: an enum's values, or any text
+                words = sub.get("enum", [sub["const"]] if "const" in sub else None)
+                value = "XML_TEXT" if words is None else "(" + " | ".join(
+                    json.dumps(w) for w in words) + ")"
+            else:
+                schema = dict(sub if isinstance(sub, Mapping) else {}, **defs)
+                schema["x-guidance"] = dict(_JSON_LAYOUT)
+                rules.append(f"v{i}_{j}: %json " + json.dumps(schema))
+                value = f"v{i}_{j}"
+            rules.append(f'p{i}_{j}: {json.dumps(f"<parameter={key}>")} "\\n" {value} '
+                         f'"\\n" "</parameter>" "\\n"')
+            parts.append(f"p{i}_{j}" + ("" if key in required else "?"))
+        fns.append(f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} '
+                   '"</function>"')
+    rules.append("body: " + " | ".join(f"({f})" for f in fns))
+    return rules
+
+
+def _xml_string(schema) -> bool:
+    """Is a qwen_xml parameter written as its text (a string schema; the enum or const, if
+    any, all strings)?  Its other string rules (pattern, lengths) are not held."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "string":
+        return False
+    words = schema.get("enum", [schema["const"]] if "const" in schema else [])
+    return all(isinstance(w, str) for w in words)
 
 
 def _no_calls(fmt: ToolFormat, tokenizer) -> str:
@@ -601,6 +778,7 @@ class _Call:
     args: tuple[int, int | None] | None = None  # span of the arguments value (end None: open)
     id: str | None = None
     end: int | None = None  # index after the closing brace
+    json: str | None = None  # the arguments as JSON text, when not a span of the text (xml)
 
 
 def _scan_call(s: str, i: int, args_keys: tuple[str, ...]) -> _Call:
@@ -684,12 +862,15 @@ class _Region:
     end: int | None = None  # index after the region (None: it may go on)
 
 
-def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool) -> _Region:
+def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool, schemas=None) -> _Region:
     """The calls of the region that starts at s[i] (just after the opening marker; for a
-    llama3 reply that opens with '{', at the brace).  Raises _Bad."""
+    llama3 reply that opens with '{', at the brace).  Raises _Bad.  schemas: {name: the
+    tool's parameters} (qwen_xml reads values by them)."""
     keys = ("parameters", "arguments") if fmt.name == "llama3" else ("arguments", "parameters")
     r = _Region()
     j = _skip_ws(s, i)
+    if fmt.name == "qwen_xml":
+        return _scan_xml(fmt, s, j, final, schemas or {})
     if fmt.name == "mistral":
         if j >= len(s):
             return r
@@ -773,6 +954,7 @@ class CallParser:
     def __init__(self, fmt: ToolFormat, spec: ToolSpec | None, *, eager: bool = True):
         self.fmt = fmt
         self.names = {t.name for t in spec.callable} if spec is not None else set()
+        self.schemas = {t.name: t.parameters for t in spec.callable} if spec is not None else {}
         self.active = bool(self.names)  # tool_choice "none" / no tools: all text is content
         self.eager = eager
         self.text = ""
@@ -887,7 +1069,7 @@ class CallParser:
         """Read the current region; True when it is over (scanning goes on after it)."""
         s = self.text
         try:
-            r = _scan_region(self.fmt, s, self.region, final)
+            r = _scan_region(self.fmt, s, self.region, final, self.schemas)
             for c in r.calls:
                 if c.name is not None and c.name not in self.names:
                     raise _Bad
@@ -928,7 +1110,10 @@ class CallParser:
                 self.held = ""
             entry = self.sent[n]
             a0, a1 = c.args
-            piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
+            if c.json is not None:  # converted arguments (qwen_xml): whole once read
+                piece = c.json[len(entry["arguments"]):]
+            else:
+                piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
             entry["end"] = len(s) if a1 is None else a1
             if piece:
                 entry["arguments"] += piece
@@ -960,6 +1145,89 @@ class CallParser:
         return True
 
 
+_XML_FN, _XML_PARAM = "<function=", "<parameter="
+_XML_END_PARAM, _XML_END_FN = "</parameter>", "</function>"
+
+
+def _xml_value(text: str, schema) -> object:
+    """A qwen_xml parameter's text -> its value: as it is for a string parameter, else JSON
+    (text that is no JSON stays a string)."""
+    if _xml_string(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _xml_tag(s: str, j: int, tag: str) -> int | None:
+    """s[j:] opens `tag`NAME> -> index of NAME; None: the text ends inside the tag's start;
+    _Bad when it is not the tag."""
+    rest = s[j:j + len(tag)]
+    if rest == tag:
+        return j + len(tag)
+    if tag.startswith(rest):
+        return None
+    raise _Bad
+
+
+def _scan_xml(fmt: ToolFormat, s: str, j: int, final: bool, schemas: dict) -> _Region:
+    """One qwen_xml call after <tool_call>: <function=NAME> <parameter=K>\nV\n</parameter>
+    ... </function> </tool_call>.  The call gets its name at once and its arguments (JSON
+    text, keys in the order written) when </function> is read."""
+    r = _Region()
+    c = _Call()
+    r.calls.append(c)
+    k = _xml_tag(s, j, _XML_FN)
+    if k is None:
+        return r
+    e = s.find(">", k)
+    if e < 0:
+        if "\n" in s[k:] or "<" in s[k:]:
+            raise _Bad
+        return r
+    name = s[k:e]
+    if not name or "\n" in name or "<" in name:
+        raise _Bad
+    c.name = name
+    params = (schemas.get(name) or {}).get("properties") or {}
+    args: dict = {}
+    j = _skip_ws(s, e + 1)
+    while True:
+        if j >= len(s):
+            return r
+        if s.startswith(_XML_END_FN, j):
+            c.json = json.dumps(args, ensure_ascii=False)
+            c.args = (j, j)
+            c.end = j + len(_XML_END_FN)
+            break
+        if _XML_END_FN.startswith(s[j:]) and not final:
+            return r
+        k = _xml_tag(s, j, _XML_PARAM)
+        if k is None:
+            return r
+        e = s.find(">", k)
+        if e < 0:
+            return r
+        key = s[k:e]
+        v0 = e + 1 + (s.startswith("\n", e + 1))
+        close = s.find(_XML_END_PARAM, v0)
+        if close < 0:
+            return r
+        v1 = close - 1 if s.startswith("\n", close - 1) and close - 1 >= v0 else close
+        args[key] = _xml_value(s[v0:v1], params.get(key))
+        j = _skip_ws(s, close + len(_XML_END_PARAM))
+    j = _skip_ws(s, c.end)
+    rest = s[j:j + len(fmt.close)]
+    if rest == fmt.close:
+        r.end = j + len(fmt.close)
+    elif not fmt.close.startswith(rest):
+        raise _Bad
+    elif final:
+        r.end = len(s)
+    return r
+
+
 def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None
                 ) -> tuple[str | None, list[dict] | None]:
     """A whole reply -> (content, tool_calls in OpenAI's shape or None)."""
@@ -982,14 +1250,29 @@ class ToolChat:
     prompt: str
     grammar: str | None
     tokenizer: object = field(default=None, repr=False)  # the model's (compiles the grammar)
+    # the reply's reasoning format (channels.py; None: all of it is answer)
+    channels: Channels | None = None
 
     @property
     def parses(self) -> bool:
         """Are calls read out of the reply?  (Not without tools, nor with tool_choice none.)"""
         return self.spec is not None and bool(self.spec.callable)
 
-    def parser(self) -> CallParser:
-        return CallParser(self.fmt, self.spec, eager=True)
+    @property
+    def splits(self) -> bool:
+        """Is the reply parsed (calls, or reasoning apart from the answer)?"""
+        return self.parses or self.channels is not None
+
+    def parser(self, eager: bool = True):
+        """The reply's parser: CallParser, or channels.ReplyParser where the reply has
+        reasoning (its answer going on to a CallParser)."""
+        if self.channels is None:
+            return CallParser(self.fmt, self.spec, eager=eager)
+        if self.channels.kind == "harmony":
+            names = {t.name for t in self.spec.callable} if self.spec is not None else set()
+            return ReplyParser(self.channels, names=names, eager=eager, new_id=self.fmt.new_id)
+        calls = CallParser(self.fmt, self.spec, eager=eager) if self.parses else None
+        return ReplyParser(self.channels, calls, eager=eager)
 
     def constraint(self, response_format=None, grammar=None) -> tuple:
         """(response_format, grammar) to generate with: the tools' grammar, or the request's
@@ -997,6 +1280,15 @@ class ToolChat:
         reply cannot be held to a schema and to the call format at once; ToolError)."""
         theirs = grammar is not None or not (
             response_format is None or response_format == {"type": "text"})
+        if theirs and self.fmt.name == "harmony" and grammar is None and (
+                self.spec is None or self.spec.choice == "none"):
+            g = _harmony_json(response_format, self.tokenizer)
+            if g is not None:  # the schema holds the final message, after any analysis
+                return None, g
+        if theirs and self.channels is not None and self.channels.kind == "think":
+            # the request's own constraint holds the whole reply: no think block is read out
+            # of it (a prompt that opened one gets the constrained text as its answer)
+            self.channels = None
         if self.grammar is None:
             return response_format, grammar
         if not theirs:
@@ -1029,13 +1321,14 @@ class ToolChat:
     def finish(self, result, parser: CallParser | None = None):
         """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
         calls and ended by itself) from the reply text; returns result."""
-        if not self.parses:
+        if not self.splits:
             return result
         if parser is None:
             parser = self.parser()
             parser.push(result.text)
         parser.finish()
         result.content, result.tool_calls = parser.content, parser.tool_calls
+        result.reasoning_content = getattr(parser, "reasoning", None)
         if result.tool_calls and result.finish_reason == "stop":
             result.finish_reason = "tool_calls"
         return result
@@ -1046,7 +1339,7 @@ class ToolChat:
         session.Piece): each item carries the entries of the tokens taken since the last item
         (text the parser holds back waits for the next one; what is left at the end comes in
         an empty Piece), so the items' entries add up to the result's list."""
-        if not self.parses:
+        if not self.splits:
             yield from items
             return
         from goinfer.session import Piece
@@ -1059,7 +1352,10 @@ class ToolChat:
             for x in out:
                 if carry is not None:
                     lps, carry = carry, []
-                    if isinstance(x, str):
+                    if isinstance(x, Reasoning):
+                        x = Reasoning(x)
+                        x.logprobs = lps
+                    elif isinstance(x, str):
                         x = Piece(x, lps)
                     else:
                         x.logprobs = lps
@@ -1090,12 +1386,22 @@ def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
     return begun
 
 
-def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None
-                 ) -> ToolChat:
+def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None,
+                 template_kwargs: Mapping | None = None) -> ToolChat:
     """Check the tool fields (ToolError), render the conversation with the model's chat
-    template (ChatTemplateError) and write the reply's grammar."""
+    template (ChatTemplateError; template_kwargs: more variables for it, e.g.
+    ``enable_thinking=False``) and write the reply's grammar."""
     spec = check_tools(tools, tool_choice, parallel_tool_calls)
     fmt = tool_format(model)
     msgs, template_tools = chat_inputs(messages, fmt, spec)
-    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools)
-    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer), model.tokenizer)
+    kwargs = dict(template_kwargs or {})
+    for k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+        if k in kwargs:
+            raise ChatTemplateError(f"chat_template_kwargs cannot set {k!r}")
+    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools,
+                                       **kwargs)
+    channels = channels_of(getattr(model, "chat_template", None) or "")
+    if channels is not None:
+        channels = channels.opened(prompt)
+    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer, channels),
+                    model.tokenizer, channels)

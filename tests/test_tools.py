@@ -155,7 +155,7 @@ def test_format_of_other_templates():
     assert T._format_of("{% broken") is T.GENERIC
     xml = ("{{ tools | tojson }}<tool_call>\n<function=name>\n<parameter=x>\n"
            "{% for m in messages %}{{ m.content }}{% endfor %}")
-    assert T._format_of(xml) is T.GENERIC  # Qwen3-Coder's XML calls
+    assert T._format_of(xml) is T.QWEN_XML  # Qwen3-Coder's XML calls
 
 
 # ============================================================================ rendering

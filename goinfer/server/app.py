@@ -52,6 +52,7 @@ from goinfer.server.scheduler import (
     Job,
     QueueFullError,
 )
+from goinfer.channels import Reasoning
 from goinfer.tools import ToolChat, prepare_chat
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, PROMPT_LOOKUP, check_draft
 
@@ -254,7 +255,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         finished = False
         get = None
         sent = 0  # characters of completion text sent (the legacy logprobs' text_offset)
-        parser = tc.parser() if tc is not None and tc.parses else None
+        parser = tc.parser() if tc is not None and tc.splits else None
         # with tools: logprobs entries of text the parser has taken but not sent yet (a marker
         # held back, whitespace between calls); they go with the next chunk, content or
         # tool_calls delta, so the chunks' entries add up to the non-streamed list
@@ -266,7 +267,10 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
             nonlocal carry
             for x in items:
                 lps, carry = carry or None, []
-                if isinstance(x, str):
+                if isinstance(x, Reasoning):
+                    yield sse(shaper.chunk(reasoning=str(x), include_usage=req.include_usage,
+                                           logprobs=lps))
+                elif isinstance(x, str):
                     yield sse(shaper.chunk(text=x, include_usage=req.include_usage,
                                            logprobs=lps))
                 else:
@@ -358,7 +362,7 @@ def _chat_ids(model, req: GenRequest) -> tuple[list[int], ToolChat]:
     """The prompt's token ids (BOS once, as Session.chat) and the request's tool side."""
     try:
         tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
-                          req.parallel_tool_calls)
+                          req.parallel_tool_calls, req.template_kwargs)
     except ToolError as e:
         raise bad(str(e), e.param, "invalid_value") from None
     except ChatTemplateError as e:

@@ -168,6 +168,7 @@ class GenRequest:
     grammar: str | dict | None = None  # goinfer's extension: Lark, {"regex": ...}
     logprobs: bool = False
     top_logprobs: int = 0
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (+ effort)
 
 
 COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -176,6 +177,7 @@ COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", 
           "draft", "draft_tokens"}
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
              "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
+             "chat_template_kwargs",
              # accepted and ignored: hints that do not change what a local model computes
              "reasoning_effort", "verbosity", "modalities", "prompt_cache_key",
              "safety_identifier"}
@@ -293,11 +295,39 @@ def parse_chat(body: dict, vocab_size: int) -> GenRequest:
     if rf is not None and not isinstance(rf, dict):
         raise bad("'response_format' must be an object", "response_format", "invalid_type")
     req.response_format = rf  # its contents are checked when it is compiled
+    req.template_kwargs = _template_kwargs(body)
     req.logprobs = _boolean(body, "logprobs", False)
     req.top_logprobs = _integer(body, "top_logprobs", 0, lp.MAX_TOP_LOGPROBS, 0)
     if req.top_logprobs and not req.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     return req
+
+
+RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+EFFORTS = ("low", "medium", "high")
+
+
+def _template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs (vLLM's and llama.cpp's field: variables for the chat template,
+    e.g. {"enable_thinking": false}) and reasoning_effort (gpt-oss's template reads it)."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        kw = {}
+    if not isinstance(kw, dict):
+        raise bad("'chat_template_kwargs' must be an object", "chat_template_kwargs",
+                  "invalid_type")
+    bad_keys = sorted(k for k in kw if k in RESERVED_TEMPLATE_VARS or not k.isidentifier())
+    if bad_keys:
+        raise bad(f"'chat_template_kwargs' cannot set {bad_keys}", "chat_template_kwargs",
+                  "invalid_value")
+    kw = dict(kw)
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise bad(f"'reasoning_effort' must be a string, got {json.dumps(effort)[:40]}",
+                  "reasoning_effort", "invalid_type")
+    if effort in EFFORTS:  # other levels (OpenAI's "minimal", ...): no template knows them
+        kw.setdefault("reasoning_effort", effort)
+    return kw
 
 
 def _check_tool_calls(calls, where: str) -> None:
@@ -395,6 +425,8 @@ class Shaper:
         if self.kind == "chat":
             out = self._head("chat.completion")
             message = {"role": "assistant", "content": result.content}
+            if result.reasoning_content is not None:
+                message["reasoning_content"] = result.reasoning_content
             if result.tool_calls:
                 message["tool_calls"] = result.tool_calls
             out["choices"] = [{"index": 0, "message": message,
@@ -415,7 +447,7 @@ class Shaper:
 
     def chunk(self, *, role: bool = False, text: str | None = None, finish: str | None = None,
               include_usage: bool = False, logprobs: list[dict] | None = None,
-              offset: int = 0, tool_call=None) -> dict:
+              offset: int = 0, tool_call=None, reasoning: str | None = None) -> dict:
         """One stream chunk; logprobs: the entries of the tokens of this chunk's text (offset:
         characters of completion text sent before it, for the legacy text_offset); tool_call:
         a tools.ToolCallDelta."""
@@ -426,6 +458,8 @@ class Shaper:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if tool_call is not None:
                 delta["tool_calls"] = [tool_call.as_openai()]
             out["choices"] = [{"index": 0, "delta": delta,
