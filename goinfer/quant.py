@@ -24,10 +24,12 @@ lane per output row.
 
 q6_k is GGUF's Q6_K as it is (no requantization): 6-bit codes q in 0..63, an int8 scale ``sc``
 per 16 values along k and a float16 ``d`` per 256 (a super-block: 8 groups; n_in % 256 == 0).
-Lines 0..3 of a group hold the low 4 bits of the codes as q4 holds its nibbles; line 4 + s
-(s = 0, 1: k < 16, k >= 16) byte [r, j] holds the top 2 bits of the codes of k = 16s + 4c + j,
-c = 0..3, in its bits 2c, 2c+1.  ``m`` holds the int8 scales: [rb, g, r, s] is the scale of
-row rb*16+r at k = g*32 + 16s .. +15.  6.5625 bits per weight, as in the GGUF.
+Line c = 0..3 of a group, byte [r, j]: bits 0..5 the whole code of k = 4c + j, bits 6..7 the
+top 2 bits of the code of k = 16 + 4c + j; line 4 + p (p = 0, 1), byte [r, j]: the low 4 bits
+of the code of k = 16 + 4(2p) + j (low nibble) and of k = 16 + 4(2p+1) + j (high nibble).  So
+the first 16 codes unpack with one AND and the other 16 with a few shifts and masks.  ``m``
+holds the int8 scales: [rb, g, r, s] is the scale of row rb*16+r at k = g*32 + 16s .. +15.
+6.5625 bits per weight, as in the GGUF.
 """
 from __future__ import annotations
 
@@ -155,11 +157,11 @@ def pack_q6k(q: np.ndarray, sc: np.ndarray, d: np.ndarray, source_type: str = ""
     G = K // GROUP
     n_rb = (n_out + ROWS - 1) // ROWS
     q = _pad_rows(np.asarray(q, dtype=np.uint8), n_rb).reshape(n_rb, ROWS, G, 2, 4, 4)
-    lo = (q & 15).transpose(0, 2, 3, 4, 1, 5)  # (rb, g, s, c, r, j)
-    top = (q >> 4).transpose(0, 2, 3, 4, 1, 5)
-    nib = lo[:, :, 0] | (lo[:, :, 1] << 4)  # (rb, g, c, r, j)
-    hb = (top << (2 * np.arange(4, dtype=np.uint8))[:, None, None]).sum(axis=3, dtype=np.uint8)  # (rb, g, s, r, j)
-    qs = np.ascontiguousarray(np.concatenate([nib, hb], axis=2))
+    q = q.transpose(0, 2, 3, 4, 1, 5)  # (rb, g, s, c, r, j)
+    a, b = q[:, :, 0], q[:, :, 1]  # (rb, g, c, r, j): k = 4c + j, 16 + 4c + j
+    x = a | ((b >> 4) << 6)  # lines 0..3
+    y = (b[:, :, 0::2] & 15) | ((b[:, :, 1::2] & 15) << 4)  # lines 4, 5: c = 2p, 2p + 1
+    qs = np.ascontiguousarray(np.concatenate([x, y], axis=2))
     ss = _pad_rows(np.asarray(sc, np.int8), n_rb).reshape(n_rb, ROWS, G, 2).transpose(0, 2, 1, 3)
     dd = _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, K // QK_K).transpose(0, 2, 1)
     return QWeight("q6_k", n_out, K, qs, np.ascontiguousarray(dd), np.ascontiguousarray(ss), source_type)
@@ -169,9 +171,10 @@ def q6k_codes(w: QWeight):
     """A q6_k QWeight -> q (n_out, K) uint8 0..63, sc (n_out, K/16) int8, d (n_out, K/256) float16."""
     n_rb, G = w.qs.shape[:2]
     qs = w.qs.reshape(n_rb, G, 6, ROWS, 4)
-    nib = np.stack([qs[:, :, :4] & 15, qs[:, :, :4] >> 4], axis=2)  # (rb, g, s, c, r, j)
-    top = (qs[:, :, 4:, None] >> (2 * np.arange(4, dtype=np.uint8))[:, None, None]) & 3  # (rb, g, s, c, r, j)
-    q = (nib | (top << 4)).transpose(0, 4, 1, 2, 3, 5).reshape(n_rb * ROWS, G * GROUP)
+    x, y = qs[:, :, :4], qs[:, :, 4:]  # (rb, g, 4, r, j), (rb, g, 2, r, j)
+    low_b = np.stack([y & 15, y >> 4], axis=3).reshape(x.shape)  # c = 2p + (high nibble)
+    q = np.stack([x & 63, low_b | ((x >> 6) << 4)], axis=2)  # (rb, g, s, c, r, j)
+    q = q.transpose(0, 4, 1, 2, 3, 5).reshape(n_rb * ROWS, G * GROUP)
     sc = w.m.transpose(0, 2, 1, 3).reshape(n_rb * ROWS, G * 2)
     d = w.d.transpose(0, 2, 1).reshape(n_rb * ROWS, G // 8)
     return q[: w.n_out], sc[: w.n_out], d[: w.n_out]

@@ -17,8 +17,9 @@
  *          nibble) and k = 16+c*4+j (high nibble)
  *   q8 qs  (n_rb, G, 8, 16, 4) int8:  line c holds rows 0..15 x k = c*4+j
  *   mxfp4  qs as q4 (4-bit codes), e (n_rb, G, 16) uint8 e8m0 exponents
- *   q6_k   qs (n_rb, G, 6, 16, 4) uint8: lines 0..3 the low 4 bits as q4's nibbles, line 4+s
- *          byte (r, j) the top 2 bits of k = 16s+4c+j in bits 2c..2c+1; d (n_rb, G/8, 16)
+ *   q6_k   qs (n_rb, G, 6, 16, 4) uint8: line c (0..3) byte (r, j): code of k = 4c+j in bits
+ *          0..5, top 2 bits of the code of k = 16+4c+j in bits 6..7; line 4+p: low 4 bits of
+ *          the codes of k = 16+8p+j (low nibble) and 16+8p+4+j (high); d (n_rb, G/8, 16)
  *          float16 per 256 k; sc (n_rb, G, 16, 2) int8 per 16 k
  *   d, m   (n_rb, G, 16) float16
  *   float  (n_rb, K, 16)
@@ -99,9 +100,9 @@ GI_INLINE int quant_one(float v, float inv) {
 
 /* q6_k: code k (0..31) of row r in a group's 6 lines lg (plain C: portable, get_rows) */
 GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
-    const int s = k >> 4, c = (k >> 2) & 3, j = k & 3;
-    const int b = lg[c * 64 + r * 4 + j], top = (lg[(4 + s) * 64 + r * 4 + j] >> (2 * c)) & 3;
-    return (s ? b >> 4 : b & 15) | top << 4;
+    const int c = (k >> 2) & 3, j = k & 3, x = lg[c * 64 + r * 4 + j];
+    if (k < 16) return x & 63;
+    return (lg[(4 + (c >> 1)) * 64 + r * 4 + j] >> (4 * (c & 1)) & 15) | (x >> 6) << 4;
 }
 
 /* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
@@ -434,7 +435,7 @@ GI_INLINE int32_t q6_negsums(const int8_t *ag, int32_t asum) {
    broadcast pair (-sum qa[0..15], -sum qa[16..31]) gives -32*(sc0*lo + sc1*hi) per row. */
 GI_INLINE void q6_group(const int RB, const int MR, const uint8_t *const *wq, const int8_t *const *ws, int64_t g,
                         const int8_t *ag, int64_t K, const int32_t *asg, int64_t G, __m256i is[MAXRB][MAXMR]) {
-    const __m256i nib = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i nib = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3f = _mm256_set1_epi8(0x3F);
     const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
     const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
     __m256i slo[MAXRB], shi[MAXRB], t0[MAXRB], t1[MAXRB], pl[MAXRB][MAXMR], ph[MAXRB][MAXMR];
@@ -461,14 +462,13 @@ GI_INLINE void q6_group(const int RB, const int MR, const uint8_t *const *wq, co
         __m256i lo[MAXRB], hi[MAXRB];
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) {
-            /* the top bits of line c to bits 4..5 (epi16 shifts: the mask drops what crosses bytes) */
-            __m256i a0 = t0[r], a1 = t1[r];
-            if (c == 0) { a0 = _mm256_slli_epi16(a0, 4); a1 = _mm256_slli_epi16(a1, 4); }
-            if (c == 1) { a0 = _mm256_slli_epi16(a0, 2); a1 = _mm256_slli_epi16(a1, 2); }
-            if (c == 3) { a0 = _mm256_srli_epi16(a0, 2); a1 = _mm256_srli_epi16(a1, 2); }
-            const __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + c) * 64));
-            lo[r] = _mm256_or_si256(_mm256_and_si256(l, nib), _mm256_and_si256(a0, m30));
-            hi[r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), nib), _mm256_and_si256(a1, m30));
+            /* k = 4c+j: bits 0..5 of line c; k = 16+4c+j: a nibble of line 4 + c/2, and bits 6..7
+               of line c to bits 4..5 (epi16 shifts: the masks drop what crosses bytes) */
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + c) * 64));
+            const __m256i y = c < 2 ? t0[r] : t1[r];
+            lo[r] = _mm256_and_si256(x, m3f);
+            hi[r] = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, nib),
+                                    _mm256_and_si256(_mm256_srli_epi16(x, 2), m30));
         }
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
@@ -692,11 +692,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
    spill with 16 registers).  No instruction is emitted. */
 #define PIN(v) __asm__("" : "+x"(v))
 
-/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32, da (mr,), sa (mr,) f32 */
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q6_k:
+   q6_negsums), da (mr,), sa (mr,) f32 */
 #define PANEL_STRIDE(mr) ((mr) * 48)
 
 /* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */
-static void pack_panel(const gi_qact *a, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
+static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
     const int64_t K = a->K, G = K / GI_GROUP;
     for (int i = 0; i < mr; i++) {
         const int8_t *qa = a->qa + (m + i) * K;
@@ -705,7 +706,7 @@ static void pack_panel(const gi_qact *a, int64_t m, int mr, int64_t g0, int64_t 
         for (int64_t g = g0; g < g1; g++) {
             uint8_t *p = panel + (g - g0) * PANEL_STRIDE(mr);
             _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
-            int32_t cb = 8 * as[g];
+            int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : 8 * as[g];
             memcpy(p + mr * 32 + i * 4, &cb, 4);
             memcpy(p + mr * 36 + i * 4, da + g, 4);
             memcpy(p + mr * 40 + i * 4, sa + g, 4);
@@ -733,6 +734,33 @@ static void unpack_q4(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, 
     }
 }
 
+/* q6_k lines c of group g (64 bytes at x, the 2 nibble lines at y) -> codes of k = 4c+j
+   (lo) and k = 16+4c+j (hi), one per byte, for the 32 bytes at offset h*32 (rows 8h..8h+7). */
+GI_INLINE void q6_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m256i *hi) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
+    *lo = _mm256_and_si256(x, _mm256_set1_epi8(0x3F));
+    *hi = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, _mm256_set1_epi8(0x0F)),
+                          _mm256_and_si256(_mm256_srli_epi16(x, 2), _mm256_set1_epi8(0x30)));
+}
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q6_k weight -> dst as unpack_q4 lays q4 out
+   (codes 0..63 one per byte: per group and line c, 64 bytes of k = 4c+j, then 64 of 16+4c+j). */
+static void unpack_q6(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 384;
+        for (int64_t g = 0; g < g1 - g0; g++)
+            for (int c = 0; c < 4; c++, dst += 128)
+                for (int h = 0; h < 2; h++) {
+                    __m256i lo, hi;
+                    q6_unpack_line(src + g * 384, c, h, &lo, &hi);
+                    _mm256_store_si256((__m256i *)(dst + h * 32), lo);
+                    _mm256_store_si256((__m256i *)(dst + 64 + h * 32), hi);
+                }
+    }
+}
+
 /* The 8 outputs (m, n0 .. n0+7) stored so far (0 beyond n_out), as store_unit wrote them. */
 GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, int64_t m, int64_t n0) {
     int64_t cnt = cols_left(w, n0);
@@ -752,7 +780,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
     const int64_t G = w->n_in / GI_GROUP;
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
-    const uint16_t *wd = w->d + (rb * G + g0) * 16;                           /* (groups, 16) */
+    const uint16_t *wd = KIND == GI_Q6_K ? w->d + (rb * (G / 8) + g0 / 8) * 16   /* q6_k: (groups/8, 16) */
+                                         : w->d + (rb * G + g0) * 16;            /* (groups, 16) */
     const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
     const __m256i ones = _mm256_set1_epi16(1);
     float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
@@ -767,8 +796,60 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         const int8_t *ag = (const int8_t *)pg;                                /* (MR, 32) */
         const int32_t *cb = (const int32_t *)(pg + MR * 32);
         const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
-        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8: int32 sums */
-        if (KIND != GI_Q8_0) {
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q6_k: int32 sums */
+        if (KIND == GI_Q6_K) {
+            /* as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two lines
+               of one sub-block added in int16, vpmaddwd by the rows' sub-block scales; the sums
+               start at the -32 offset's correction (cb: the panel's q6_negsums) */
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;                /* (16, 2) */
+            const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+            const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+            __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) {
+                const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
+                sv[r][0] = _mm256_shuffle_epi8(v, plo);
+                sv[r][1] = _mm256_shuffle_epi8(v, phi);
+                const __m256i v32 = _mm256_slli_epi16(v, 5);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(v32, _mm256_set1_epi32(cb[i]));
+            }
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+#pragma GCC unroll 2
+                for (int cp = 0; cp < 2; cp++) {                 /* lines c = 2cp, 2cp+1: one sub-block's int16 sums */
+                    __m256i we[2], wo[2];                           /* [half] of lines 2cp, 2cp+1 */
+                    if (UNP) {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            we[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp) * 128 + hi * 64 + r * 32));
+                            wo[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp + 1) * 128 + hi * 64 + r * 32));
+                        }
+                    } else {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            __m256i l0, h0, l1, h1;
+                            q6_unpack_line(lg, 2 * cp, r, &l0, &h0);
+                            q6_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            we[r] = hi ? h0 : l0;
+                            wo[r] = hi ? h1 : l1;
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const __m256i be = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp));
+                        const __m256i bo = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp + 4));
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we[r], be), _mm256_maddubs_epi16(wo[r], bo));
+                            s[r][i] = _mm256_add_epi32(s[r][i], _mm256_madd_epi16(p, sv[r][hi]));
+                            PIN(s[r][i]);
+                        }
+                    }
+                }
+            }
+        } else if (KIND != GI_Q8_0) {
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
             const __m256i nib = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -829,7 +910,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         /* ---- fold: the contract's fmaf sequence */
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++) {
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + r * 8)));
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
             __m256 mv = _mm256_setzero_ps();
             if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
 #pragma GCC unroll 16
@@ -1070,16 +1152,18 @@ typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64
     const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
     qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
 #define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
-SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 1)
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
+SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0)
 #if QG2_MR > MAXMR
 #error "QG2_MR exceeds the register array bounds"
 #endif
 /* [unpacked][kind][rows - 1] */
-static const q2_fn q2_tab[2][GI_Q8_0 + 1][QG2_MR] = {
+static const q2_fn q2_tab[2][GI_Q6_K + 1][QG2_MR] = {
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
-     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}},
-    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)}}};
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)}},
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
+     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}}};
 
 /* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
    as needed and kept for the thread's life: at most ~530 KB. */
@@ -1132,10 +1216,11 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
         const int64_t c1 = min64(c0 + chunk, rb1);
         for (int64_t g0 = 0; g0 < G; g0 += kb) {
             const int64_t g1 = min64(g0 + kb, G);
-            if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
+            else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
-                pack_panel(a, ma, (int)mr, g0, g1, panel);
+                pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
                 for (int64_t rb = c0; rb < c1; rb++)
                     q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
                                               out, ldo);
@@ -1175,7 +1260,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
-    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
+    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0 || kind == GI_Q6_K) &&
+        gemm2(w, a, m0, m1, rb0, rb1, out, ldo))
+        return;
 #endif
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
     GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
