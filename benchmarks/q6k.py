@@ -4,6 +4,8 @@ Q4_K_M files").  Two measurements; the kernel speed is benchmarks/kernels_matmul
     PYTHONPATH=. python benchmarks/q6k.py bytes /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf
     PYTHONPATH=. python benchmarks/q6k.py agreement MODEL.gguf --reference F32-ORIGINAL.gguf \
         --text benchmarks/data/agreement_mix.txt [--ctx 1024] [--max-tokens 3072] [--threads 2]
+    PYTHONPATH=. python benchmarks/q6k.py speed /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf \
+        [--prompt 512] [--decode 32] [--rounds 3] [--threads 2] [--clock wall|cpu]
 
 bytes: per GGUF type, the tensors' bytes in the file, in goinfer's layout with Q6_K as q6_k
     (portable / avx2) and as q8_0 (avx512-vnni, and every variant before), from the tensor
@@ -13,7 +15,11 @@ agreement: teacher-forced top-1 agreement and logit cosine (goinfer.fidelity.com
     against REFERENCE: a float32 copy holding the file's exact values
     (`benchmarks/float_copy.py MODEL.gguf F32-ORIGINAL.gguf --values original`), which goinfer
     runs with float matmuls.  Layout cache off (the two conversions must not share one).
---smoke: both on the tiny shape (the test suite).
+speed: the same file loaded twice (Q6_K as q6_k, Q6_K as q8_0), prefill of --prompt tokens
+    and --decode greedy decode steps, the two loads alternating for --rounds rounds (the
+    machine is shared); per load the median over rounds.  --clock cpu: process CPU seconds
+    divided by the threads (the rate while running on a loaded machine).
+--smoke: all three on the tiny shape (the test suite).
 """
 from __future__ import annotations
 
@@ -114,6 +120,46 @@ def agreement(path, reference, text, ctx: int, max_tokens: int, threads: int | N
     return res
 
 
+# ============================================================================ speed
+
+
+def speed(path, prompt: int, decode: int, rounds: int, threads: int | None, clock: str) -> dict:
+    import time
+
+    from goinfer.model import Model
+
+    models = {}
+    for label in ("q6_k", "q8_0"):
+        with q6k_as_q8_0() if label == "q8_0" else contextlib.nullcontext():
+            models[label] = Model.load(path, threads=threads, layout_cache=False, progress=False)
+    nt = models["q6_k"].threads
+    now = (lambda: time.process_time() / nt) if clock == "cpu" else time.perf_counter
+    vocab = models["q6_k"].vocab_size
+    ids = np.random.default_rng(0).integers(min(100, vocab // 2), min(1000, vocab), prompt).tolist()
+    times: dict[str, list] = {k: [] for k in models}
+    for r in range(rounds):
+        for label, m in models.items():
+            s = m.session()
+            t0 = now()
+            logits = s.prefill(ids)
+            t1 = now()
+            tok = int(logits[-1].argmax())
+            for _ in range(decode):
+                tok = int(s.decode(tok).argmax())
+            t2 = now()
+            times[label].append((t1 - t0, t2 - t1))
+            print(f"round {r} {label}: prefill {prompt / (t1 - t0):.1f} tok/s, decode {decode / (t2 - t1):.1f} tok/s")
+    res = {}
+    print(f"| Q6_K as | prefill {prompt} tok/s | decode {decode} tok/s | rounds |")
+    print("|---|---|---|---|")
+    for label, ts in times.items():
+        p = prompt / float(np.median([t[0] for t in ts]))
+        d = decode / float(np.median([t[1] for t in ts]))
+        res[label] = {"prefill": p, "decode": d}
+        print(f"| {label} | {p:.1f} | {d:.1f} | {rounds} |")
+    return res
+
+
 def smoke():
     import tempfile
     from pathlib import Path
@@ -129,25 +175,32 @@ def smoke():
         text = Path(d) / "t.txt"
         text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
         agreement(str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1)
+        speed(str(src), prompt=8, decode=2, rounds=1, threads=1, clock="cpu")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="?", choices=["bytes", "agreement"])
+    ap.add_argument("what", nargs="?", choices=["bytes", "agreement", "speed"])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--reference", help="agreement: float32 copy with the file's exact values")
     ap.add_argument("--text", default="benchmarks/data/agreement_mix.txt")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=3072)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="both measurements on the tiny shape (the test suite)")
     args = ap.parse_args(argv)
     if args.smoke:
         return smoke()
     if not (args.what and args.model):
-        ap.error("bytes|agreement MODEL (or --smoke)")
+        ap.error("bytes|agreement|speed MODEL (or --smoke)")
     if args.what == "bytes":
         print_bytes(args.model)
+    elif args.what == "speed":
+        speed(args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock)
     else:
         if not args.reference:
             ap.error("agreement needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
