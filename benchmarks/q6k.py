@@ -4,6 +4,8 @@ Q4_K_M files").  Two measurements; the kernel speed is benchmarks/kernels_matmul
     PYTHONPATH=. python benchmarks/q6k.py bytes /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf
     PYTHONPATH=. python benchmarks/q6k.py agreement MODEL.gguf --reference F32-ORIGINAL.gguf \
         --text benchmarks/data/agreement_mix.txt [--ctx 1024] [--max-tokens 3072] [--threads 2]
+    PYTHONPATH=. python benchmarks/q6k.py paired MODEL.gguf --reference F32-ORIGINAL.gguf \
+        --text benchmarks/data/agreement_mix.txt [--ctx 1024] [--windows 3]
     PYTHONPATH=. python benchmarks/q6k.py speed /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf \
         [--prompt 512] [--decode 32] [--rounds 3] [--threads 2] [--clock wall|cpu]
 
@@ -15,6 +17,10 @@ agreement: teacher-forced top-1 agreement and logit cosine (goinfer.fidelity.com
     against REFERENCE: a float32 copy holding the file's exact values
     (`benchmarks/float_copy.py MODEL.gguf F32-ORIGINAL.gguf --values original`), which goinfer
     runs with float matmuls.  Layout cache off (the two conversions must not share one).
+paired: --windows windows of --ctx tokens, each BOS + text (as a prompt is run), through the
+    reference and both loads; per position the relative RMS logit error against the reference,
+    so the two conversions are compared position by position (top-1 over few positions moves
+    with a handful of near ties; this statistic does not).
 speed: the same file loaded twice (Q6_K as q6_k, Q6_K as q8_0), prefill of --prompt tokens
     and --decode greedy decode steps, the two loads alternating for --rounds rounds (the
     machine is shared); per load the median over rounds.  --clock cpu: process CPU seconds
@@ -120,6 +126,43 @@ def agreement(path, reference, text, ctx: int, max_tokens: int, threads: int | N
     return res
 
 
+def paired(path, reference, text, ctx: int, n_windows: int, threads: int | None) -> dict:
+    from goinfer.fidelity import read_ids
+    from goinfer.model import Model
+
+    ref = Model.load(reference, threads=threads, layout_cache=False, progress=False)
+    models = {}
+    for label in ("q6_k", "q8_0"):
+        with q6k_as_q8_0() if label == "q8_0" else contextlib.nullcontext():
+            models[label] = Model.load(path, threads=threads, layout_cache=False, progress=False)
+    bos = ref.tokenize("", add_special=True)  # [BOS] or []
+    ids = read_ids(ref, text, max_tokens=n_windows * ctx)
+    err: dict[str, list] = {k: [] for k in models}
+    agree = dict.fromkeys(models, 0)
+    n = 0
+    for w in range(n_windows):
+        seq = (bos + list(ids[w * ctx:(w + 1) * ctx]))[:ctx]
+        if len(seq) < 2:
+            break
+        lr = ref.logits(seq).astype(np.float64)  # (T, V)
+        for label, m in models.items():
+            lg = m.logits(seq).astype(np.float64)
+            err[label].append(np.sqrt(((lg - lr) ** 2).mean(1) / (lr ** 2).mean(1)))  # (T,)
+            agree[label] += int((lg.argmax(1) == lr.argmax(1)).sum())
+        n += len(seq)
+    e6, e8 = np.concatenate(err["q6_k"]), np.concatenate(err["q8_0"])
+    res = {"positions": n, "top1": {k: v / n for k, v in agree.items()},
+           "median_err": {"q6_k": float(np.median(e6)), "q8_0": float(np.median(e8))},
+           "mean_err": {"q6_k": float(e6.mean()), "q8_0": float(e8.mean())},
+           "q6_k_closer": float((e6 < e8).mean())}
+    print(json.dumps(res))
+    print("| Q6_K loaded as | positions | top-1 vs the file's exact values | median / mean relative logit error | closer than the other at |")
+    print("|---|---|---|---|---|")
+    for k, e, c in (("q6_k", e6, res["q6_k_closer"]), ("q8_0", e8, float((e8 < e6).mean()))):
+        print(f"| {k} | {n} | {100 * res['top1'][k]:.2f}% | {np.median(e):.5f} / {e.mean():.5f} | {100 * c:.1f}% of positions |")
+    return res
+
+
 # ============================================================================ speed
 
 
@@ -135,9 +178,11 @@ def speed(path, prompt: int, decode: int, rounds: int, threads: int | None, cloc
     nt = models["q6_k"].threads
     now = (lambda: time.process_time() / nt) if clock == "cpu" else time.perf_counter
     vocab = models["q6_k"].vocab_size
-    ids = np.random.default_rng(0).integers(min(100, vocab // 2), min(1000, vocab), prompt).tolist()
     times: dict[str, list] = {k: [] for k in models}
     for r in range(rounds):
+        # new tokens every round (a repeated prompt would come from the prefix cache), the
+        # same for both loads
+        ids = np.random.default_rng(r).integers(min(100, vocab // 2), vocab, prompt).tolist()
         for label, m in models.items():
             s = m.session()
             t0 = now()
@@ -175,18 +220,20 @@ def smoke():
         text = Path(d) / "t.txt"
         text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
         agreement(str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1)
+        paired(str(src), str(ref), str(text), ctx=16, n_windows=2, threads=1)
         speed(str(src), prompt=8, decode=2, rounds=1, threads=1, clock="cpu")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="?", choices=["bytes", "agreement", "speed"])
+    ap.add_argument("what", nargs="?", choices=["bytes", "agreement", "paired", "speed"])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--reference", help="agreement: float32 copy with the file's exact values")
     ap.add_argument("--text", default="benchmarks/data/agreement_mix.txt")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=3072)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
@@ -196,9 +243,13 @@ def main(argv=None):
     if args.smoke:
         return smoke()
     if not (args.what and args.model):
-        ap.error("bytes|agreement|speed MODEL (or --smoke)")
+        ap.error("bytes|agreement|paired|speed MODEL (or --smoke)")
     if args.what == "bytes":
         print_bytes(args.model)
+    elif args.what == "paired":
+        if not args.reference:
+            ap.error("paired needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
+        paired(args.model, args.reference, args.text, args.ctx, args.windows, args.threads)
     elif args.what == "speed":
         speed(args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock)
     else:
