@@ -7,6 +7,7 @@ and 300, and the share of positions whose top-1 token agrees; also goinfer vs ll
 
     PYTHONPATH=.:tests /tmp/peers-venv/bin/python benchmarks/families_reference.py
     PYTHONPATH=.:tests python benchmarks/families_reference.py --smoke      # no llama.cpp needed
+    ... families_reference.py --family gemma4                                # one family's rows
 
 The peers venv (/tmp/peers-venv) has llama-cpp-python, torch and transformers; without
 llama_cpp the llama.cpp columns are left empty.  Both engines keep K/V in float32 here.  Prints a markdown table (docs/design/families.md
@@ -36,6 +37,8 @@ FAMILIES = [
     ("gpt-oss, MXFP4 experts", "gpt-oss", {}),
     # goinfer with llama.cpp's truncated YaRN range: what is left between the two engines
     ("gpt-oss, F32 experts, goinfer YaRN truncated", "gpt-oss", dict(mxfp4=False, truncate_yarn=True)),
+    ("Gemma 4 dense (PLE, shared KV, k=v)", "gemma4", {}),
+    ("Gemma 4 MoE", "gemma4", dict(gemma4_moe=True)),  # hfconvert.GEMMA4_MOE
 ]
 LENGTHS = (1, 7, 70, 300)
 
@@ -63,6 +66,8 @@ def measure(label, family, opts, lengths, threads, use_llama):
 
     opts = dict(opts)
     truncate_yarn = opts.pop("truncate_yarn", False)
+    if opts.pop("gemma4_moe", False):
+        opts.update(hfconvert.GEMMA4_MOE)
     hf, path = hfconvert.build(family, **opts)
     m = load(path, threads=threads)
     if truncate_yarn:
@@ -108,6 +113,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="one family, short ids (the test suite's run)")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even if installed")
+    ap.add_argument("--family", help="only the rows of this hfconvert family (e.g. gemma4)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
@@ -119,6 +125,8 @@ def main(argv=None):
             print("llama_cpp not importable: llama.cpp columns skipped", file=sys.stderr)
             use_llama = False
     fams = FAMILIES[1:2] if args.smoke else FAMILIES
+    if args.family:
+        fams = [f for f in fams if f[1] == args.family]
     lengths = (1, 7) if args.smoke else LENGTHS
     t0 = time.perf_counter()
     results = [measure(*f, lengths, args.threads, use_llama) for f in fams]

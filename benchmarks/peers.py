@@ -3,7 +3,7 @@ alternating runs; medians and ratios; JSON out.  Optionally transformers (float3
 
     python benchmarks/peers.py MODEL.gguf [--threads 2] [--prompt-lengths 512,2048]
         [--decode-prompts 64,2048] [--decode-tokens 32] [--repeats 5] [--flash-attn both]
-        [--kv-dtype f16[,q8_0,f32]] [--transformers] [--json out.json]
+        [--kv-dtype f16[,q8_0,f32]] [--transformers] [--json out.json] [--no-llama-cpp | --no-goinfer]
 
 Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
 `pip install '.[bench]'`, never a CI dependency; without it only goinfer runs and the table
@@ -81,12 +81,18 @@ class LlamaCppEngine:
     def decode(self, ids, n) -> float:
         self.llm.reset()
         self.llm.eval(ids)
-        tok = int(np.argmax(self.llm._scores[-1]))
+        tok = self.next_token()
         t0 = time.perf_counter()
         for _ in range(n):
             self.llm.eval([tok])
-            tok = int(np.argmax(self.llm._scores[-1]))
+            tok = self.next_token()
         return (time.perf_counter() - t0) / n
+
+    def next_token(self) -> int:
+        """Greedy next token from the last evaluated row (Llama keeps no scores without
+        logits_all: read the context's logits, as goinfer's decode loop reads its own)."""
+        row = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(row))
 
 
 class TransformersEngine:
@@ -148,6 +154,9 @@ def main(argv=None):
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--no-goinfer", action="store_true",
+                    help="llama.cpp only: models too big for both engines in one process's memory "
+                         "(gpt-oss-20b on 24 GB: run the two sides as separate processes)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one short run (the test suite)")
     args = ap.parse_args(argv)
     import tempfile
@@ -174,21 +183,25 @@ def main(argv=None):
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
     n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
     kvs = [k for k in args.kv_dtype.split(",") if k]
-    engines = [GoinferEngine(args.model, args.threads, kv_dtype=k, tag=len(kvs) > 1) for k in kvs]
-    if args.exact:
+    engines = [] if args.no_goinfer else [GoinferEngine(args.model, args.threads, kv_dtype=k,
+                                                         tag=len(kvs) > 1) for k in kvs]
+    if args.exact and not args.no_goinfer:
         engines.append(GoinferEngine(args.model, args.threads, exact=True, kv_dtype=kvs[0],
                                      tag=len(kvs) > 1))
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
     if llama_cpp is not None:
         engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
-    vocab = engines[0].model.vocab_size
+    if not engines:
+        ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
+    g0 = engines[0] if not args.no_goinfer else None
+    vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),
            "threads": args.threads, "repeats": args.repeats, "machine": machine(),
            "llama_cpp_python": llama_cpp.__version__ if llama_cpp is not None else "skipped (not installed)",
-           "goinfer": goinfer.config(), "goinfer_load": engines[0].model.load_info.source,
-           "goinfer_weights": engines[0].weights(), "prefill": [], "decode": []}
+           "goinfer": goinfer.config(), "goinfer_load": g0.model.load_info.source if g0 else "not run",
+           "goinfer_weights": g0.weights() if g0 else ["not run"], "prefill": [], "decode": []}
     for n in lengths:
         ids = _ids(vocab, n, seed=n)
         for e in engines:  # warm-up

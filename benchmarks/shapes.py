@@ -5,7 +5,11 @@ depend on the weights' values.
     python benchmarks/shapes.py --list
     python benchmarks/shapes.py llama-3.2-1b --type Q4_0 [--out /tmp/shapes]
     python benchmarks/shapes.py llama-3.1-8b --type Q4_K_M      # needs llama-cpp-python
-    python benchmarks/shapes.py tiny --type Q8_0 --pure --smoke  # the test suite's smoke run
+    python benchmarks/shapes.py qwen3.5-4b --type Q4_0 --pure   # hybrid Gated DeltaNet
+    python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE     # MXFP4 experts, Q8_0 rest
+    python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE --layers 2   # real width, 2 layers
+    python benchmarks/shapes.py --check /tmp/shapes/FILE.gguf   # both engines load it, same ids
+    python benchmarks/shapes.py --smoke                          # the test suite's smoke run
 
 How the weights are made:
 
@@ -17,6 +21,18 @@ How the weights are made:
   the same mix of tensor types a downloaded file has (Q4_K_M: Q4_K with Q6_K for half of
   attn_v / ffn_down and for the output; Q4_0: Q4_0 with a Q6_K output).  Needs llama-cpp-python
   (the benchmark environment, /tmp/peers-venv).
+* ``MXFP4_MOE`` (written directly, as ``--pure``): what ``llama-quantize MXFP4_MOE`` and the
+  public gpt-oss GGUFs hold: the 3-D expert tensors in MXFP4 (random 4-bit e2m1 codes, e8m0
+  scales), every other matrix Q8_0, file type 38.  A shape with ``expert_type`` (gpt-oss:
+  MXFP4, as every published gpt-oss GGUF has it) keeps its experts in that type whatever
+  ``--type`` says.
+
+Families: llama-style shapes (llama, qwen2, olmoe), Qwen3.5 dense (``qwen35``: Gated DeltaNet
+linear-attention layers and gated full-attention layers) and gpt-oss (``gpt-oss``: biases,
+sinks, sliding/full layers, YaRN, MXFP4 experts).  Tensor names, shapes, the tensors kept in
+F32 and every ``<arch>.*`` key are those llama.cpp's ``convert_hf_to_gguf.py`` writes for the
+real model (Qwen3.5 as converted with ``--no-mtp``: no MTP head); tests/test_benchmarks.py
+checks this against the converter's own output on the tiny shapes of both families.
 
 Tokenizer: the model family's own vocabulary from llama.cpp's ``models/ggml-vocab-*.gguf``
 (found in the llama-cpp-python sdist, ``--vocab-dir``), padded with ``[PADn]`` tokens up to the
@@ -28,7 +44,9 @@ Files go to ``--out`` (default /tmp/shapes), never into the repository; an 8B Q4
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import json
 import math
 import os
 import sys
@@ -66,11 +84,31 @@ class Shape:
     n_expert_used: int = 0
     qk_norm_full: bool = False  # OLMoE: one RMSNorm over all q (k) heads
     template: str = ""  # chat template file in llama.cpp's models/templates
+    # Qwen3.5 (arch qwen35): Gated DeltaNet layers; every full_every-th layer is full attention
+    lin_k_heads: int = 0  # linear_num_key_heads (ssm.group_count)
+    lin_v_heads: int = 0  # linear_num_value_heads (ssm.time_step_rank)
+    lin_head_dim: int = 0  # linear_key_head_dim = linear_value_head_dim (ssm.state_size)
+    conv_kernel: int = 0  # linear_conv_kernel_dim
+    full_every: int = 0  # full_attention_interval
+    rope_dims: int = 0  # rotary dims (partial_rotary_factor * head_dim); 0: head_dim
+    rope_sections: tuple = ()  # MRoPE sections (rope.dimension_sections, 4 entries)
+    # gpt-oss (arch gpt-oss)
+    sliding_window: int = 0
+    yarn: tuple | None = None  # (factor, original context, beta_fast, beta_slow)
+    expert_type: str = ""  # the experts' GGUF type whatever --type (gpt-oss: MXFP4)
+    specials: tuple = ()  # ((id, text), ...) special tokens put over [PAD] rows (CONTROL)
+    token_ids: tuple = ()  # ((key, id), ...): tokenizer.ggml.<key> overriding the vocabulary's
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """(name, NumPy-order shape, role) of every tensor, in llama.cpp's order.  role: "matrix"
-        (quantized), "norm" (F32 ones), "bias" (F32), "router" (F32, as llama-quantize keeps it),
-        "rope" (F32 frequency factors)."""
+        """(name, NumPy-order shape, role) of every tensor (llama.cpp reads them in any order;
+        the llama-style shapes list them in its loader's).  role: "matrix"
+        (quantized), "expert" (3-D stacked experts, quantized), "norm" (F32 ones), "bias" (F32),
+        "router" (F32, as llama-quantize keeps it), "rope" (F32 frequency factors), "conv"
+        (F32), "ssm_a" (F32, negative: -exp(A_log))."""
+        if self.arch == "qwen35":
+            return _qwen35_tensors(self)
+        if self.arch == "gpt-oss":
+            return _gptoss_tensors(self)
         D, hd, F = self.d_model, self.head_dim, self.d_ff
         nq, nkv = self.n_heads * hd, self.n_kv_heads * hd
         out = [("token_embd.weight", (self.vocab, D), "matrix")]
@@ -92,9 +130,9 @@ class Shape:
             if self.n_expert:
                 E = self.n_expert
                 out += [(p + "ffn_gate_inp.weight", (E, D), "router"),
-                        (p + "ffn_gate_exps.weight", (E, F, D), "matrix"),
-                        (p + "ffn_up_exps.weight", (E, F, D), "matrix"),
-                        (p + "ffn_down_exps.weight", (E, D, F), "matrix")]
+                        (p + "ffn_gate_exps.weight", (E, F, D), "expert"),
+                        (p + "ffn_up_exps.weight", (E, F, D), "expert"),
+                        (p + "ffn_down_exps.weight", (E, D, F), "expert")]
             else:
                 out += [(p + "ffn_gate.weight", (F, D), "matrix"), (p + "ffn_up.weight", (F, D), "matrix"),
                         (p + "ffn_down.weight", (D, F), "matrix")]
@@ -106,7 +144,82 @@ class Shape:
     def n_params(self) -> int:
         return sum(int(np.prod(s)) for _, s, _ in self.tensors())
 
+    def recurrent_layers(self) -> list[bool]:
+        """Qwen3.5: True for a Gated DeltaNet layer (transformers' layer_types default)."""
+        return [(i + 1) % self.full_every != 0 for i in range(self.n_layers)]
 
+
+def _qwen35_tensors(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """Qwen3.5 dense, as convert_hf_to_gguf.py (Qwen3_5TextModel, --no-mtp) names and shapes
+    them: attn_q holds query and gate rows per head (2 hd); linear layers hold the fused
+    attn_qkv (q, k, v channels), attn_gate (z), ssm_beta / ssm_alpha, the F32 conv taps, ssm_a,
+    ssm_dt.bias, the per-head ssm_norm and ssm_out."""
+    D, hd, F, H, KV = s.d_model, s.head_dim, s.d_ff, s.n_heads, s.n_kv_heads
+    Hk, Hv, d, K = s.lin_k_heads, s.lin_v_heads, s.lin_head_dim, s.conv_kernel
+    C = 2 * Hk * d + Hv * d  # conv channels: q, k, v
+    out = [("token_embd.weight", (s.vocab, D), "matrix")]
+    for i, rec in enumerate(s.recurrent_layers()):
+        p = f"blk.{i}."
+        out.append((p + "attn_norm.weight", (D,), "norm"))
+        if rec:
+            out += [(p + "attn_qkv.weight", (C, D), "matrix"),
+                    (p + "attn_gate.weight", (Hv * d, D), "matrix"),
+                    (p + "ssm_beta.weight", (Hv, D), "matrix"),
+                    (p + "ssm_alpha.weight", (Hv, D), "matrix"),
+                    (p + "ssm_conv1d.weight", (C, K), "conv"),
+                    (p + "ssm_a", (Hv,), "ssm_a"),
+                    (p + "ssm_dt.bias", (Hv,), "bias"),
+                    (p + "ssm_norm.weight", (d,), "norm"),
+                    (p + "ssm_out.weight", (D, Hv * d), "matrix")]
+        else:
+            out += [(p + "attn_q.weight", (2 * H * hd, D), "matrix"),
+                    (p + "attn_k.weight", (KV * hd, D), "matrix"),
+                    (p + "attn_v.weight", (KV * hd, D), "matrix"),
+                    (p + "attn_output.weight", (D, H * hd), "matrix"),
+                    (p + "attn_q_norm.weight", (hd,), "norm"),
+                    (p + "attn_k_norm.weight", (hd,), "norm")]
+        out += [(p + "post_attention_norm.weight", (D,), "norm"),
+                (p + "ffn_gate.weight", (F, D), "matrix"), (p + "ffn_up.weight", (F, D), "matrix"),
+                (p + "ffn_down.weight", (D, F), "matrix")]
+    out.append(("output_norm.weight", (D,), "norm"))
+    if not s.tied:
+        out.append(("output.weight", (s.vocab, D), "matrix"))
+    return out
+
+
+def _gptoss_tensors(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """gpt-oss, as convert_hf_to_gguf.py (GptOssModel) names and shapes them: biased q/k/v/o,
+    attn_sinks, post_attention_norm before the MoE, a biased F32 router, stacked experts
+    (gate and up split from gate_up) with per-expert biases."""
+    D, hd, F, H, KV, E = s.d_model, s.head_dim, s.d_ff, s.n_heads, s.n_kv_heads, s.n_expert
+    out = [("token_embd.weight", (s.vocab, D), "matrix")]
+    for i in range(s.n_layers):
+        p = f"blk.{i}."
+        out += [(p + "attn_norm.weight", (D,), "norm"),
+                (p + "attn_q.weight", (H * hd, D), "matrix"), (p + "attn_q.bias", (H * hd,), "bias"),
+                (p + "attn_k.weight", (KV * hd, D), "matrix"), (p + "attn_k.bias", (KV * hd,), "bias"),
+                (p + "attn_v.weight", (KV * hd, D), "matrix"), (p + "attn_v.bias", (KV * hd,), "bias"),
+                (p + "attn_output.weight", (D, H * hd), "matrix"),
+                (p + "attn_output.bias", (D,), "bias"),
+                (p + "attn_sinks.weight", (H,), "bias"),
+                (p + "post_attention_norm.weight", (D,), "norm"),
+                (p + "ffn_gate_inp.weight", (E, D), "router"), (p + "ffn_gate_inp.bias", (E,), "bias"),
+                (p + "ffn_gate_exps.weight", (E, F, D), "expert"),
+                (p + "ffn_gate_exps.bias", (E, F), "bias"),
+                (p + "ffn_up_exps.weight", (E, F, D), "expert"),
+                (p + "ffn_up_exps.bias", (E, F), "bias"),
+                (p + "ffn_down_exps.weight", (E, D, F), "expert"),
+                (p + "ffn_down_exps.bias", (E, D), "bias")]
+    out.append(("output_norm.weight", (D,), "norm"))
+    out.append(("output.weight", (s.vocab, D), "matrix"))
+    return out
+
+
+# o200k_harmony's special tokens (gpt-oss's tokenizer.json), at their ids
+_HARMONY = ((199998, "<|startoftext|>"), (199999, "<|endoftext|>"), (200002, "<|return|>"),
+            (200003, "<|constrain|>"), (200005, "<|channel|>"), (200006, "<|start|>"),
+            (200007, "<|end|>"), (200008, "<|message|>"), (200012, "<|call|>"),
+            (200018, "<|endofprompt|>"))
 _L3 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
 _L32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 SHAPES = {s.name: s for s in [
@@ -133,14 +246,62 @@ SHAPES = {s.name: s for s in [
     Shape("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", "olmoe", 2048, 16, 16, 16, 128, 1024, 50304,
           4096, 10000.0, 1e-5, False, "gpt-neox", n_expert=64, n_expert_used=8, qk_norm_full=True,
           template="chatml"),
+    # Qwen3.5-4B (the dense 4B of Qwen3.5; text model, no MTP head): hidden 2560, 32 layers
+    # (24 Gated DeltaNet + 8 full attention, every 4th), 16 q / 4 kv heads of 256 with an output
+    # gate, linear attention 16 k / 32 v heads of 128, conv 4, FFN 9216, vocab 248320, tied
+    # embeddings, rope_theta 1e7 on 64 of 256 dims (partial_rotary_factor 0.25), MRoPE sections
+    # [11, 11, 10] interleaved, max_position_embeddings 262144.  Source: the text_config of
+    # Qwen/Qwen3.5-4B's config.json as public code pins it (Megatron model args of
+    # radixark/miles and THUDM/slime scripts/models/qwen3.5-4B.sh: no --untie-embeddings, unlike
+    # the 27B; Qwen3.5-4B text-config checks in public fine-tuning code), and transformers
+    # 5.24's Qwen3_5TextConfig for what those leave out (conv 4, head dims 128, interval 4, whose
+    # other defaults are the 9B's); [11, 11, 10] is also llama.cpp's converter default.
+    # Tokenizer: llama.cpp's ggml-vocab-qwen35.gguf (151936 entries) padded to 248320 rows.
+    Shape("qwen3.5-4b", "Qwen/Qwen3.5-4B", "qwen35", 2560, 32, 16, 4, 256, 9216, 248320,
+          262144, 10000000.0, 1e-6, True, "qwen35", template="Qwen3.5-4B.jinja", lin_k_heads=16,
+          lin_v_heads=32, lin_head_dim=128, conv_kernel=4, full_every=4, rope_dims=64,
+          rope_sections=(11, 11, 10, 0)),
+    # gpt-oss-20b: config.json of openai/gpt-oss-20b: hidden 2880, 24 layers alternating
+    # sliding (128, even layers) / full, 64 q / 8 kv heads of 64, 32 experts of width 2880, top 4,
+    # YaRN factor 32 over 4096 (beta_fast 32, beta_slow 1), rope_theta 150000, eps 1e-5,
+    # vocab 201088 (o200k_harmony), untied.  Experts MXFP4 as in every published gpt-oss GGUF.
+    # Tokenizer: llama.cpp ships no o200k vocabulary; the closest is Llama 3's (llama-bpe,
+    # cl100k-derived BPE, 128256 tokens) padded to 201088 rows, with harmony's special tokens at
+    # their o200k_harmony ids and the real file's bos / eos / padding ids.
+    Shape("gpt-oss-20b", "openai/gpt-oss-20b", "gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088,
+          131072, 150000.0, 1e-5, False, "llama-bpe", n_expert=32, n_expert_used=4,
+          sliding_window=128, yarn=(32.0, 4096, 32.0, 1.0), expert_type="MXFP4",
+          template="openai-gpt-oss-120b.jinja", specials=_HARMONY,
+          token_ids=(("bos_token_id", 199998), ("eos_token_id", 200002),
+                     ("padding_token_id", 199999))),
     # the smoke run's model: seconds to write, runs anywhere
     Shape("tiny", "(none: the smoke runs' model)", "llama", 64, 2, 4, 2, 16, 128, 512, 4096,
           10000.0, 1e-5, False, "bytes", template="chatml"),
+    # the smoke runs' Qwen3.5 and gpt-oss: the dims of tests/hfconvert.py's tiny configs, with
+    # the tiny shape's 512 rows (the benchmarks draw prompt ids from 200 to vocab - 200)
+    Shape("qwen3.5-tiny", "(none: the smoke runs' Qwen3.5)", "qwen35", 64, 4, 4, 2, 32, 96, 512,
+          2048, 10000.0, 1e-6, False, "bytes", template="chatml", lin_k_heads=2, lin_v_heads=4,
+          lin_head_dim=16, conv_kernel=4, full_every=4, rope_dims=8, rope_sections=(2, 1, 1, 0)),
+    Shape("gpt-oss-tiny", "(none: the smoke runs' gpt-oss)", "gpt-oss", 64, 4, 4, 2, 32, 64, 512,
+          4096, 150000.0, 1e-5, False, "bytes", n_expert=4, n_expert_used=2, sliding_window=8,
+          yarn=(32.0, 4096, 32.0, 1.0), expert_type="MXFP4", template="chatml"),
 ]}
+SMOKE_SHAPES = ("tiny", "qwen3.5-tiny", "gpt-oss-tiny")
 
 FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
-          "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
-PURE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+          "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
+          "MXFP4_MOE": 38}
+PURE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "MXFP4_MOE")
+DIRECT_TYPES = ("F32", "F16", "Q8_0", "MXFP4_MOE")  # written directly even without --pure
+
+
+def tensor_type(shape: Shape, qtype: str, role: str) -> str:
+    """The GGUF type a tensor of this role gets in a pure qtype file."""
+    if role == "expert":
+        return shape.expert_type or ("MXFP4" if qtype == "MXFP4_MOE" else qtype)
+    if role == "matrix":
+        return "Q8_0" if qtype == "MXFP4_MOE" else qtype
+    return "F32"
 
 # ============================================================================ tokenizer
 
@@ -208,6 +369,20 @@ def pad_vocab(tok: dict, n: int) -> tuple[dict, int]:
     return tok, pads
 
 
+def put_specials(tok: dict, specials, token_ids) -> dict:
+    """Special tokens (id, text) over [PAD] rows (type CONTROL), and tokenizer.ggml.<key> ids."""
+    tok = dict(tok)
+    toks, types = list(tok["tokenizer.ggml.tokens"]), list(tok["tokenizer.ggml.token_type"])
+    for i, text in specials:
+        if not toks[i].startswith("[PAD"):
+            raise ValueError(f"special token {text!r} would replace token {i} {toks[i]!r}")
+        toks[i], types[i] = text, 3
+    tok["tokenizer.ggml.tokens"], tok["tokenizer.ggml.token_type"] = toks, types
+    for key, i in token_ids:
+        tok[f"tokenizer.ggml.{key}"] = i
+    return tok
+
+
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -265,7 +440,78 @@ def random_blocks(qtype: str, n_el: int, rng: np.random.Generator) -> np.ndarray
             b[:, 2:4] = (-7.5 * d.astype(np.float32)).astype(np.float16).view(np.uint8).reshape(nb, 2)
         b[:, head:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
         return b.reshape(-1)
+    if qtype == "MXFP4":  # e8m0 byte e, 16 bytes of e2m1 codes; value KV[code] 2^(e-128), KV std 5.85
+        b = np.empty((nb, 17), np.uint8)
+        b[:, 0] = rng.integers(119, 122, nb, dtype=np.uint8)  # 2^-8.2 x 5.85 ~ 0.02
+        b[:, 1:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+        return b.reshape(-1)
     raise ValueError(f"cannot write {qtype} directly (pure types: {', '.join(PURE_TYPES)})")
+
+
+def arch_metadata(shape: Shape) -> list[tuple[str, object]]:
+    """The <arch>.* keys, in the order and with the values llama.cpp's converter writes them
+    (int: uint32, float: float32, list: array; the converter's own types)."""
+    a, s = shape.arch, shape
+    head = [("context_length", s.context), ("embedding_length", s.d_model)]
+    kv_len = [("attention.key_length", s.head_dim), ("attention.value_length", s.head_dim)]
+    if a == "qwen35":
+        out = [("block_count", s.n_layers)] + head + [
+            ("feed_forward_length", s.d_ff), ("attention.head_count", s.n_heads),
+            ("attention.head_count_kv", s.n_kv_heads),
+            ("rope.dimension_sections", list(s.rope_sections)), ("rope.freq_base", s.rope_base),
+            ("attention.layer_norm_rms_epsilon", s.norm_eps)] + kv_len + [
+            ("ssm.conv_kernel", s.conv_kernel), ("ssm.state_size", s.lin_head_dim),
+            ("ssm.group_count", s.lin_k_heads), ("ssm.time_step_rank", s.lin_v_heads),
+            ("ssm.inner_size", s.lin_v_heads * s.lin_head_dim),
+            ("attention.recurrent_layers", s.recurrent_layers()),
+            ("full_attention_interval", s.full_every), ("rope.dimension_count", s.rope_dims)]
+    elif a == "gpt-oss":
+        factor, orig, fast, slow = s.yarn
+        out = [("block_count", s.n_layers)] + head + [
+            ("feed_forward_length", s.d_ff), ("attention.head_count", s.n_heads),
+            ("attention.head_count_kv", s.n_kv_heads), ("rope.scaling.type", "yarn"),
+            ("rope.scaling.factor", factor), ("rope.scaling.original_context_length", orig),
+            ("rope.scaling.yarn_beta_fast", fast), ("rope.scaling.yarn_beta_slow", slow),
+            ("rope.freq_base", s.rope_base), ("attention.layer_norm_rms_epsilon", s.norm_eps),
+            ("expert_count", s.n_expert), ("expert_used_count", s.n_expert_used)] + kv_len + [
+            ("attention.sliding_window", s.sliding_window),
+            ("expert_feed_forward_length", s.d_ff)]
+    else:  # the llama-style shapes (this script's own key set, which llama.cpp reads)
+        out = head + [("block_count", s.n_layers), ("feed_forward_length", s.d_ff),
+                      ("attention.head_count", s.n_heads), ("attention.head_count_kv", s.n_kv_heads),
+                      ("rope.freq_base", s.rope_base), ("attention.layer_norm_rms_epsilon", s.norm_eps),
+                      ("rope.dimension_count", s.head_dim), ("vocab_size", s.vocab)]
+        if s.head_dim * s.n_heads != s.d_model:
+            out += kv_len
+        if s.n_expert:
+            out += [("expert_count", s.n_expert), ("expert_used_count", s.n_expert_used),
+                    ("expert_feed_forward_length", s.d_ff)]
+    return [(f"{a}.{k}", v) for k, v in out]
+
+
+def _add(w, key: str, val) -> None:
+    if isinstance(val, str):
+        w.add_string(key, val)
+    elif isinstance(val, (list, tuple, np.ndarray)):
+        w.add_array(key, list(val))
+    elif isinstance(val, (bool, np.bool_)):
+        w.add_bool(key, bool(val))
+    elif isinstance(val, float):
+        w.add_float32(key, val)
+    else:
+        w.add_uint32(key, int(val))
+
+
+def random_f32(shape: Shape, name: str, role: str, n_el: int, rng) -> np.ndarray:
+    """The F32 tensors' values (raw bytes)."""
+    if role == "norm":
+        return np.ones(n_el, np.float32).view(np.uint8)
+    if role == "rope":
+        return llama3_rope_factors(shape).view(np.uint8)
+    if role == "ssm_a":  # -exp(A_log), A_log ~ log U(1, 16) as Qwen3.5's init
+        return (-rng.uniform(1.0, 16.0, n_el)).astype(np.float32).view(np.uint8)
+    # router, bias, conv, sinks, dt bias
+    return (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
 
 
 def write_gguf(shape: Shape, qtype: str, path: Path, tok: dict, description: str,
@@ -277,68 +523,35 @@ def write_gguf(shape: Shape, qtype: str, path: Path, tok: dict, description: str
     rng = np.random.default_rng(seed)
     tmp = path.with_name(path.name + ".partial")
     w = gguf.GGUFWriter(str(tmp), shape.arch)
-    a = shape.arch
+    w.add_type("model")
     w.add_name(f"{shape.name} (random weights)")
     w.add_description(description)
+    for key, val in arch_metadata(shape):
+        _add(w, key, val)
     w.add_file_type(FTYPES[qtype])
     w.add_quantization_version(2)
-    w.add_uint32(f"{a}.context_length", shape.context)
-    w.add_uint32(f"{a}.embedding_length", shape.d_model)
-    w.add_uint32(f"{a}.block_count", shape.n_layers)
-    w.add_uint32(f"{a}.feed_forward_length", shape.d_ff)
-    w.add_uint32(f"{a}.attention.head_count", shape.n_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", shape.n_kv_heads)
-    w.add_float32(f"{a}.rope.freq_base", shape.rope_base)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.norm_eps)
-    w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
-    w.add_uint32(f"{a}.vocab_size", shape.vocab)
-    if shape.head_dim * shape.n_heads != shape.d_model:
-        w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
-        w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
-    if shape.n_expert:
-        w.add_uint32(f"{a}.expert_count", shape.n_expert)
-        w.add_uint32(f"{a}.expert_used_count", shape.n_expert_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", shape.d_ff)
     for key, val in tok.items():
-        if isinstance(val, str):
-            w.add_string(key, val)
-        elif isinstance(val, (list, tuple)):
-            w.add_array(key, list(val))
-        elif isinstance(val, bool):
-            w.add_bool(key, val)
-        elif isinstance(val, float):
-            w.add_float32(key, val)
-        else:
-            w.add_uint32(key, int(val))
+        _add(w, key, val)
     if template:
         w.add_string("tokenizer.chat_template", template)
-    qt = GGMLQuantizationType[qtype]
     plan = []
     for name, shp, role in shape.tensors():
         n_el = int(np.prod(shp))
-        if role == "matrix":
-            bs, ts = GGML_QUANT_SIZES[qt]
-            plan.append((name, shp, role, qt, n_el // bs * ts))
-        else:
-            plan.append((name, shp, role, GGMLQuantizationType.F32, 4 * n_el))
+        tname = tensor_type(shape, qtype, role)
+        bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+        plan.append((name, shp, role, tname, n_el // bs * ts))
     for name, shp, _role, t, nbytes in plan:
-        w.add_tensor_info(name, shp, np.dtype(np.float32), nbytes, raw_dtype=t)
+        w.add_tensor_info(name, shp, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType[t])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     t0, done, total = time.perf_counter(), 0, sum(p[4] for p in plan)
     for name, shp, role, t, nbytes in plan:
         n_el = int(np.prod(shp))
-        if role == "matrix":
-            data = random_blocks(qtype, n_el, rng)
-        elif role == "norm":
-            data = np.ones(n_el, np.float32).view(np.uint8)
-        elif role == "rope":
-            data = llama3_rope_factors(shape).view(np.uint8)
-        elif role == "router":
-            data = (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
-        else:  # bias
-            data = (rng.standard_normal(n_el, dtype=np.float32) * SIGMA).view(np.uint8)
+        if t == "F32":
+            data = random_f32(shape, name, role, n_el, rng)
+        else:
+            data = random_blocks(t, n_el, rng)
         assert data.nbytes == nbytes, (name, data.nbytes, nbytes)
         w.write_tensor_data(data)
         done += nbytes
@@ -382,7 +595,7 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
          vocab_dir: str | None = None, threads: int = 2, force: bool = False, log=print) -> Path:
     """Write (or reuse) out/<shape>-<qtype>[-pure].gguf; returns its path."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{shape.name}-{qtype}{'-pure' if pure and qtype not in ('Q8_0', 'F16', 'F32') else ''}.gguf"
+    path = out / f"{shape.name}-{qtype}{'-pure' if pure and qtype not in DIRECT_TYPES else ''}.gguf"
     log = log or (lambda *a: None)
     if path.exists() and not force:
         log(f"{path} exists (--force rewrites it)")
@@ -396,6 +609,10 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
         where = f"llama.cpp's ggml-vocab-{vname}.gguf"
     n_real = len(tok["tokenizer.ggml.tokens"])
     tok, pads = pad_vocab(tok, shape.vocab)
+    if vname != "bytes" and (shape.specials or shape.token_ids):
+        tok = put_specials(tok, shape.specials, shape.token_ids)
+        where += (f" with {shape.hf}'s {len(shape.specials)} special tokens at their ids"
+                  if shape.specials else "")
     if vname == "gpt-neox" and tok.get("tokenizer.ggml.pre") not in ("gpt-2", "gpt2"):
         tok["tokenizer.ggml.pre"] = "gpt-2"  # OLMoE's (GPT-NeoX) words split like GPT-2's
     template = chat_template(shape, dirs) or tok.pop("tokenizer.chat_template", None)
@@ -405,7 +622,7 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
             f"Chat template: {shape.template if template else 'none (goinfer built-in / ChatML)'}.")
     log(f"{shape.name}: {shape.n_params() / 1e9:.2f} B parameters; {desc}")
     t0 = time.perf_counter()
-    if pure or qtype in ("Q8_0", "F16", "F32"):
+    if pure or qtype in DIRECT_TYPES:
         write_gguf(shape, qtype, path, tok, desc, template, log=log)
     else:
         src = out / f"{shape.name}-Q8_0.gguf"
@@ -416,6 +633,111 @@ def make(shape: Shape, qtype: str, out: Path, *, pure: bool, vocab: str | None =
         llama_quantize(src, path, qtype, threads)
     log(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s")
     return path
+
+
+def goinfer_logits(path, ids, threads: int = 1) -> np.ndarray:
+    """goinfer's logits of every position of ids on the file (no layout cache written)."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.model import Model
+
+    m = Model(GGUFFile(path), threads=threads, progress=False, layout_cache=False)
+    return m.logits(ids)
+
+
+def llama_cpp_logits(path, ids, threads: int = 1) -> np.ndarray:
+    """llama.cpp's (llama-cpp-python) logits of every position of ids on the file."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=max(64, len(ids)), n_batch=max(64, len(ids)), n_threads=threads,
+                n_threads_batch=threads, logits_all=True, verbose=False)
+    try:
+        llm.eval(list(ids))
+        return np.array(llm.scores[:len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+CHECK = r"""
+import json, sys, time
+import numpy as np
+engine, path, threads, prefill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+text = "The capital of France is"
+out = {}
+if engine == "goinfer":
+    import goinfer
+    from goinfer import bench
+    t0 = time.perf_counter()
+    m = goinfer.Model.load(path, threads=threads, progress=False, context_length=4096)
+    out["load_s"], out["source"] = time.perf_counter() - t0, m.load_info.source
+    ids = m.tokenize(text)
+    s = m.session()
+    lg = s.prefill(ids)
+    out["chat_ids"] = len(m.tokenize(m.apply_chat_template([{"role": "user", "content": text}])))
+    def step(t):
+        return s.decode(t)
+else:
+    import llama_cpp
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    out["load_s"], out["source"] = time.perf_counter() - t0, "mmap"
+    def last():  # the last token's logits (eval keeps none without logits_all)
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+    ids = llm.tokenize(text.encode(), add_bos=False)
+    llm.eval(ids)
+    lg = last()
+    r = llm.create_chat_completion([{"role": "user", "content": text}], max_tokens=1, temperature=0.0)
+    out["chat_ids"] = r["usage"]["prompt_tokens"]
+    llm.reset()
+    llm.eval(ids)
+    def step(t):
+        llm.eval([t])
+        return last()
+out["ids"], out["top5"], gen = [int(i) for i in ids], [int(i) for i in np.argsort(-lg)[:5]], []
+for _ in range(8):
+    t = int(np.argmax(lg))
+    gen.append(t)
+    lg = step(t)
+out["generated"], out["finite"] = gen, bool(np.isfinite(lg).all())
+if engine == "goinfer" and prefill:
+    rng = np.random.default_rng(prefill)
+    out["prefill_s"] = bench.prefill_seconds(m, [int(x) for x in rng.integers(200, m.vocab_size - 200, prefill)])
+import resource
+out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+print(json.dumps(out))
+"""
+
+
+def check(path, threads: int = 2, prefill: int = 512) -> dict:
+    """Each engine in a fresh process on a written file: load, the same text's ids and top-5
+    next tokens, 8 greedy tokens, the chat template's prompt length, and (goinfer) one cold
+    prefill of `prefill` random tokens.  llama.cpp is skipped when not installed."""
+    import subprocess
+
+    try:
+        import llama_cpp  # noqa: F401
+        engines = ["goinfer", "llama.cpp"]
+    except ImportError:
+        print("llama.cpp: skipped (llama-cpp-python is not installed)")
+        engines = ["goinfer"]
+    res = {}
+    for e in engines:
+        r = subprocess.run([sys.executable, "-c", CHECK, e, str(path), str(threads), str(prefill)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{e} failed on {path} ({r.returncode}):\n{r.stderr[-3000:]}")
+        res[e] = json.loads(r.stdout.strip().splitlines()[-1])
+        x = res[e]
+        print(f"{Path(path).name} {e}: load {x['load_s']:.1f} s ({x['source']}), ids {x['ids']}, "
+              f"top-5 {x['top5']}, greedy {x['generated']}, chat prompt {x['chat_ids']} tokens, "
+              f"peak RSS {x['peak_rss_gb']:.2f} GB"
+              + (f", prefill {prefill}: {x['prefill_s']:.1f} s" if "prefill_s" in x else ""), flush=True)
+    if len(res) == 2:
+        a, b = res["goinfer"], res["llama.cpp"]
+        print(f"goinfer vs llama.cpp: same ids {a['ids'] == b['ids']}, same top-1 "
+              f"{a['top5'][0] == b['top5'][0]}, top-5 overlap {len(set(a['top5']) & set(b['top5']))}/5, "
+              f"same chat prompt length {a['chat_ids'] == b['chat_ids']}", flush=True)
+    return res
 
 
 def main(argv=None) -> int:
@@ -431,35 +753,58 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rewrite existing files")
     ap.add_argument("--list", action="store_true", help="the known shapes")
     ap.add_argument("--smoke", action="store_true",
-                    help="the test suite's run: the tiny shape, pure, byte vocabulary, loaded by goinfer")
+                    help="the test suite's run: the tiny shapes (llama, Qwen3.5, gpt-oss), pure, byte "
+                         "vocabulary, loaded by goinfer (and llama.cpp when installed)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="write only the first N layers (a real-width file that loads in less memory)")
+    ap.add_argument("--check", nargs="+", metavar="FILE",
+                    help="load written files in goinfer and llama.cpp (fresh processes): same ids, "
+                         "same top-5, a few greedy tokens, one goinfer prefill of --check-prefill")
+    ap.add_argument("--check-prefill", type=int, default=512)
     args = ap.parse_args(argv)
+    if args.check:
+        for f in args.check:
+            check(f, args.threads, args.check_prefill)
+        return 0
     if args.list or not (args.shapes or args.smoke):
-        print(f"{'name':<14} {'params':>7} {'arch':<6} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
+        print(f"{'name':<14} {'params':>7} {'arch':<7} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
               f"{'vocab':>7}  model")
         for s in SHAPES.values():
             moe = f" x{s.n_expert} top{s.n_expert_used}" if s.n_expert else ""
-            print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<6} {s.d_model:>5} {s.n_layers:>3} "
+            if s.arch == "qwen35":
+                moe = f" +{sum(s.recurrent_layers())}lin"
+            print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<7} {s.d_model:>5} {s.n_layers:>3} "
                   f"{s.n_heads:>3}/{s.n_kv_heads:<2} {s.head_dim:>4} {s.d_ff:>6}{moe} {s.vocab:>7}  {s.hf}")
         return 0
     if args.smoke:
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
-            p = make(SHAPES["tiny"], "Q8_0", Path(d), pure=True, vocab="bytes")
-            p4 = smoke_model(d)
-            from goinfer.gguf import GGUFFile
-            from goinfer.model import Model
-
-            for f in (p, p4):
-                m = Model(GGUFFile(f), threads=1, progress=False, layout_cache=False)
-                lg = m.logits([1, 2, 3, 4])
-                assert lg.shape == (4, 512) and np.isfinite(lg).all()
-                print(f"smoke: {f.name} loads in goinfer ({m.config.describe()}), logits finite")
+            files = [make(SHAPES["tiny"], "Q8_0", Path(d), pure=True, vocab="bytes"), smoke_model(d),
+                     make(SHAPES["qwen3.5-tiny"], "Q4_0", Path(d), pure=True, vocab="bytes"),
+                     make(SHAPES["gpt-oss-tiny"], "MXFP4_MOE", Path(d), pure=True, vocab="bytes")]
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                llama_cpp = None
+            for f in files[2:]:
+                check(f, threads=1, prefill=64)
+            for f in files:
+                lg = goinfer_logits(f, [1, 2, 3, 4])
+                assert np.isfinite(lg).all()
+                print(f"smoke: {f.name} loads in goinfer, logits {lg.shape} finite")
+                if llama_cpp is not None:
+                    lc = llama_cpp_logits(f, [1, 2, 3, 4])
+                    assert lc.shape == lg.shape and np.isfinite(lc).all()
+                    print(f"smoke: {f.name} loads in llama.cpp, logits {lc.shape} finite")
         return 0
     for name in args.shapes:
         if name not in SHAPES:
             ap.error(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
-        make(SHAPES[name], args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
+        shape = SHAPES[name]
+        if args.layers:
+            shape = dataclasses.replace(shape, name=f"{name}-{args.layers}L", n_layers=args.layers)
+        make(shape, args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
              vocab_dir=args.vocab_dir, threads=args.threads, force=args.force)
     return 0
 

@@ -404,6 +404,18 @@ def scale(x, s, out=None, *, nthreads: int = 1):
     return res
 
 
+def softcap(x, cap, out=None, *, nthreads: int = 1):
+    """out = cap * tanh(x / cap) (Gemma's final logit softcap), in float64, rounded once."""
+    if not float(cap) > 0 or not np.isfinite(cap):
+        raise ValueError(f"softcap cap must be a finite number > 0, got {cap!r}")
+    c = float(np.float32(cap))
+    res = (np.tanh(np.asarray(x, dtype=np.float64) / c) * c).astype(np.float32)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 def gather_rows(x, rows, out=None, *, nthreads: int = 1):
     """out[j] = x[rows[j]] (float32 (R, N)): the rows of a batch that need logits."""
     rows = np.asarray(rows, dtype=np.int64)

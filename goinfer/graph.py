@@ -28,7 +28,7 @@ its draft, logits of every row) is replayed the same way: a plan's shape is the 
 sequence, and a shape with several rows is captured when its key comes a second time.
 
 Only the families whose forward is known to route every array operation through kernels are
-captured (``CAPTURABLE``); everything else (prefill chunks, MoE, a Gemma final softcap, the
+captured (``CAPTURABLE``); everything else (prefill chunks, MoE, the
 NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
 
 Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the linear layers'
@@ -50,13 +50,14 @@ import numpy as np
 
 from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
+from goinfer.models.gemma4 import Gemma4Family
 from goinfer.models.llama import LlamaFamily
 from goinfer.models.qwen35 import Qwen35Family
 from goinfer.models.smollm3 import SmolLM3Family
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
@@ -70,8 +71,6 @@ def supported(impl, kernels) -> bool:
     """Can this family's decode step be captured with these kernels?"""
     if type(impl) not in CAPTURABLE or getattr(kernels, "__name__", "") != "goinfer._kernels":
         return False  # not a vetted family, or the NumPy reference kernels
-    if getattr(impl.cfg, "final_softcap", 0.0) > 0:
-        return False  # NumPy tanh in Gemma's head
     return True
 
 
@@ -91,6 +90,7 @@ def _bind_modules():
         "swiglu": m["ops"].bind_swiglu, "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
         "add": m["ops"].bind_add, "add_bias": m["ops"].bind_add_bias,
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
+        "softcap": m["ops"].bind_softcap,
         "gather_rows": m["ops"].bind_gather_rows,
         "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
         "attention_fast": m["attention"].bind_attention_fast,
@@ -159,6 +159,12 @@ def place_barriers(ops, calls) -> None:
 
 
 # ============================================================================ a plan
+
+
+def attention_layers(cfg) -> int:
+    """Layers that run attention: all of them, a hybrid model's attention layers
+    (``n_kv_layers``), or Gemma 4's (``n_attn_layers``: its KV-sharing layers attend too)."""
+    return getattr(cfg, "n_attn_layers", None) or getattr(cfg, "n_kv_layers", cfg.n_layers)
 
 
 def attention_key(impl, batch: Batch) -> tuple:
@@ -243,7 +249,7 @@ class DecodePlan:
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
         self._graph.run()
-        L = getattr(self.impl.cfg, "n_kv_layers", self.impl.cfg.n_layers)  # attention layers
+        L = attention_layers(self.impl.cfg)
         # the Python path counts each attention call and its rows
         exact = [k for n, k, _ in self.attn_key if k]
         fast = [n - k for n, k, _ in self.attn_key if n > k]

@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
-from goinfer.memory import default_max_tokens
+from goinfer.memory import default_max_tokens, populate_async
 from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
 FAST = "fast"
 _ROOT = b"goinfer-kv-root"
+PREFAULT_TOKENS = 256  # tokens of each layer faulted in at creation, in the background
 
 
 def block_hash(parent: bytes, tokens, mode: str, salt: str | None = None) -> bytes:
@@ -83,6 +84,20 @@ def kv_bytes_per_token(dtype: str, n_layers: int, n_kv: int, hd: int) -> int:
     """Bytes of K and V of one token over every layer."""
     k, _, npdt = kv_shapes(dtype, 1, n_kv, hd, 1)
     return 2 * n_layers * int(np.prod(k)) * np.dtype(npdt).itemsize
+
+
+def kv_geometry(cfg) -> tuple:
+    """(n_kv_heads, head_dim) of every layer that holds KV: ``cfg.kv_layers`` when the family
+    gives one per layer (Gemma 4: sliding and global layers differ), else the config's pair
+    for each of its ``n_kv_layers`` (hybrid models: the attention layers only)."""
+    geom = getattr(cfg, "kv_layers", None)
+    if geom:
+        return tuple((int(a), int(b)) for a, b in geom)
+    return ((cfg.n_kv_heads, cfg.head_dim),) * getattr(cfg, "n_kv_layers", cfg.n_layers)
+
+
+def _geometry_bytes(dtype: str, geom) -> int:
+    return sum(kv_bytes_per_token(dtype, 1, n_kv, hd) for n_kv, hd in geom)
 
 
 # ============================================================================ cache files
@@ -132,9 +147,13 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray]:
                 if header.get("dtype") not in KV_DTYPES:
                     raise ValueError(f"dtype {header.get('dtype')!r}")
                 n = len(header["blocks"])
-                per = int(header["block_size"]) * kv_bytes_per_token(
-                    header["dtype"], int(header["n_layers"]), int(header["n_kv_heads"]),
-                    int(header["head_dim"]))
+                if header.get("layers") is not None:  # per-layer geometry (Gemma 4)
+                    per = int(header["block_size"]) * _geometry_bytes(
+                        header["dtype"], [(int(a), int(b)) for a, b in header["layers"]])
+                else:
+                    per = int(header["block_size"]) * kv_bytes_per_token(
+                        header["dtype"], int(header["n_layers"]), int(header["n_kv_heads"]),
+                        int(header["head_dim"]))
                 nbytes = int(header["payload_bytes"])
             except (ValueError, KeyError, TypeError) as e:
                 raise CacheFileError(f"{path}: corrupt header ({e})") from None
@@ -182,6 +201,8 @@ class KVCache:
       k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float16 / float32
       v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
     (q8_0: int8 with head_dim/16 more rows holding the float16 scales).
+    A model whose layers differ in (n_kv_heads, head_dim) (Gemma 4, ``kv_geometry``) gets a
+    list of per-layer arrays instead: k[l] (n_blocks, n_kv_l, head_dim_l, block_size).
     """
 
     def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
@@ -192,15 +213,19 @@ class KVCache:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
         if dtype is None:
             dtype = getattr(model, "kv_dtype", DEFAULT_KV_DTYPE)
-        self.dtype = check_kv_dtype(dtype, cfg.head_dim)
+        # layers that hold KV: all of them, a hybrid model's attention layers, or the layers
+        # that do not reuse another layer's KV (Gemma 4); each with its (n_kv_heads, head_dim)
+        geom = kv_geometry(cfg)
+        self.dtype = check_kv_dtype(dtype)
+        for hd in sorted({hd for _, hd in geom}):
+            check_kv_dtype(dtype, hd)
         self.model_fingerprint = model.fingerprint
         self.block_size = block_size
-        # layers that hold KV: all of them, or a hybrid model's attention layers
-        self.n_layers = n_layers = getattr(cfg, "n_kv_layers", cfg.n_layers)
+        self.n_layers = n_layers = len(geom)
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.bytes_per_token = kv_bytes_per_token(self.dtype, n_layers, cfg.n_kv_heads,
-                                                  cfg.head_dim)
+        self.layers = None if len(set(geom)) <= 1 else [list(p) for p in geom]  # per-layer
+        self.bytes_per_token = _geometry_bytes(self.dtype, geom)
         self.bytes_per_block = self.bytes_per_token * block_size
         if max_tokens is not None and max_bytes is not None:
             raise ValueError("give max_tokens or max_bytes, not both")
@@ -214,10 +239,23 @@ class KVCache:
             raise ValueError("the KV cache budget is smaller than one block "
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
-        kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, cfg.n_kv_heads, cfg.head_dim,
-                                         block_size)
-        self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
-        self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
+        if self.layers is None:
+            nkv_hd = geom[0] if geom else (cfg.n_kv_heads, cfg.head_dim)
+            kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, *nkv_hd, block_size)
+            self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
+            self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
+            per_layer = [a[li] for a in (self.k, self.v) for li in range(n_layers)]
+        else:  # one array per layer: k[l] (n_blocks, n_kv_l, hd_l, bs), v[l] (.., bs, hd_l)
+            shapes = [kv_shapes(self.dtype, n_blocks, n_kv, hd, block_size) for n_kv, hd in geom]
+            self.k = [np.zeros(ks, npdt) for ks, _, npdt in shapes]
+            self.v = [np.zeros(vs, npdt) for _, vs, npdt in shapes]
+            per_layer = self.k + self.v
+        # fault in the blocks of the first PREFAULT_TOKENS tokens of every layer now, in the
+        # background: blocks are handed out from 0 up, so these are the first prompt's
+        # (goinfer/memory.py, "first touch"); the rest is touched only as it fills
+        nb = min(n_blocks, -(-PREFAULT_TOKENS // block_size))
+        self._populating = populate_async(
+            [(a.ctypes.data, nb * a.strides[0]) for a in per_layer], keep_alive=(self.k, self.v))
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
         spec = getattr(getattr(model, "impl", None), "state_spec", None)
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
@@ -296,8 +334,34 @@ class KVCache:
         since its key scales interleave the tokens' bytes; slots past n_tokens are unwritten
         for the reader either way)."""
         n = self.block_size if n_tokens is None or self.dtype == "q8_0" else n_tokens
-        self.k[:, dst, :, :, :n] = self.k[:, src, :, :, :n]
-        self.v[:, dst, :, :n, :] = self.v[:, src, :, :n, :]
+        if self.layers is None:
+            self.k[:, dst, :, :, :n] = self.k[:, src, :, :, :n]
+            self.v[:, dst, :, :n, :] = self.v[:, src, :, :n, :]
+            return
+        for k, v in zip(self.k, self.v):
+            k[dst, :, :, :n] = k[src, :, :, :n]
+            v[dst, :, :n, :] = v[src, :, :n, :]
+
+    def _block_bytes(self, b: int) -> tuple[bytes, bytes]:
+        """Block b's K and V bytes as saved: every layer's, layer by layer."""
+        if self.layers is None:
+            return (np.ascontiguousarray(self.k[:, b]).tobytes(),
+                    np.ascontiguousarray(self.v[:, b]).tobytes())
+        return (b"".join(np.ascontiguousarray(k[b]).tobytes() for k in self.k),
+                b"".join(np.ascontiguousarray(v[b]).tobytes() for v in self.v))
+
+    def _set_block(self, b: int, kb: np.ndarray, vb: np.ndarray) -> None:
+        """Write block b from its saved K and V bytes (uint8 arrays)."""
+        if self.layers is None:
+            self.k[:, b] = kb.view(self.k.dtype).reshape(self.k.shape[0], *self.k.shape[2:])
+            self.v[:, b] = vb.view(self.v.dtype).reshape(self.v.shape[0], *self.v.shape[2:])
+            return
+        for arrs, src in ((self.k, kb), (self.v, vb)):
+            o = 0
+            for a in arrs:
+                n = a[b].nbytes
+                a[b] = src[o:o + n].view(a.dtype).reshape(a.shape[1:])
+                o += n
 
     # ------------------------------------------------------------------ prefix index
 
@@ -347,6 +411,7 @@ class KVCache:
                 "format": _FORMAT, "fingerprint": self.model_fingerprint,
                 "block_size": self.block_size, "n_layers": self.n_layers,
                 "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
+                "layers": self.layers,
                 "blocks": [{"hash": self._hash_of[b].hex(), "parent": self._meta[b][0].hex(),
                             "mode": self._meta[b][2], "tokens": list(self._meta[b][1])}
                            for b in blocks],
@@ -357,16 +422,15 @@ class KVCache:
                 with os.fdopen(fd, "wb") as f:
                     # payload first into the temp file after a placeholder header: we need its hash
                     for b in blocks:
-                        for arr in (self.k[:, b], self.v[:, b]):
-                            buf = np.ascontiguousarray(arr).tobytes()
+                        for buf in self._block_bytes(b):
                             sha.update(buf)
                     header["payload_sha256"] = sha.hexdigest()
                     header["payload_bytes"] = len(blocks) * self.bytes_per_block
                     hb = json.dumps(header).encode()
                     f.write(_MAGIC + struct.pack("<IQ", _VERSION, len(hb)) + hb)
                     for b in blocks:
-                        f.write(np.ascontiguousarray(self.k[:, b]).tobytes())
-                        f.write(np.ascontiguousarray(self.v[:, b]).tobytes())
+                        for buf in self._block_bytes(b):
+                            f.write(buf)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
@@ -422,7 +486,8 @@ class KVCache:
 
     def _insert(self, header: dict, payload: np.ndarray) -> int:
         want = dict(fingerprint=self.model_fingerprint, block_size=self.block_size,
-                    n_layers=self.n_layers, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+                    n_layers=self.n_layers, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+                    layers=self.layers)
         for k, v in want.items():
             if header.get(k) != v:
                 raise CacheFileError(f"cache file {k} {header.get(k)!r} does not match this cache "
@@ -444,8 +509,7 @@ class KVCache:
                     break  # full of blocks in use: keep what fitted (heads first)
                 b = self.allocate()
                 row = payload[i]
-                self.k[:, b] = row[:nk].view(self.k.dtype).reshape(self.k.shape[0], *self.k.shape[2:])
-                self.v[:, b] = row[nk:].view(self.v.dtype).reshape(self.v.shape[0], *self.v.shape[2:])
+                self._set_block(b, row[:nk], row[nk:])
                 self._ref[b] = 0
                 self._hash_of[b] = h
                 self._block_of[h] = b

@@ -112,13 +112,14 @@ def cache_path(fingerprint: str, variant: str | None = None) -> Path:
 
 def _cacheable_families():
     from goinfer.models.gemma import Gemma3Family
+    from goinfer.models.gemma4 import Gemma4Family, Gemma4MoEFamily
     from goinfer.models.llama import LlamaFamily
     from goinfer.models.moe import MoEFamily
     from goinfer.models.smollm3 import SmolLM3Family
 
     # exact classes: a family is cached only once all its weights come from load_weights(),
     # and load_weights() needs nothing of the instance but cfg (see _loader)
-    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family)
+    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family, Gemma4Family, Gemma4MoEFamily)
 
 
 def _loader(family, cfg):
@@ -131,12 +132,13 @@ def _loader(family, cfg):
 
 def _classes() -> dict:
     from goinfer.models.gemma import Gemma3LayerWeights
+    from goinfer.models.gemma4 import Gemma4LayerWeights, Gemma4MoEWeights
     from goinfer.models.llama import LayerWeights
     from goinfer.models.moe import FFNWeights, MoELayerWeights, MoEWeights
     from goinfer.quant import QWeight
 
     return {c.__name__: c for c in (QWeight, LayerWeights, MoELayerWeights, Gemma3LayerWeights,
-                                    FFNWeights, MoEWeights)}
+                                    FFNWeights, MoEWeights, Gemma4LayerWeights, Gemma4MoEWeights)}
 
 
 # ============================================================================ writing

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype, kv_geometry
 from goinfer.models import ARCHITECTURES, family_for
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
@@ -61,33 +62,38 @@ class Model:
         self.kernels = _kernels(_reference_kernels)
         t0 = time.perf_counter()
         self.config: ModelConfig = family.read_config(gguf)
-        check_kv_dtype(kv_dtype, self.config.head_dim)
+        for _, hd in set(kv_geometry(self.config)):
+            check_kv_dtype(kv_dtype, hd)
         if context_length is not None:
             if context_length < 1:
                 raise ValueError(f"context_length must be positive, got {context_length}")
             self.config.context_length = int(context_length)
         # the weights must fit in memory (mapped or not) before anything large is read
         memory.check_fits(gguf.native_bytes(), f"{self.name} (its weights in goinfer's layout)")
-        self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
         self.chat_template = gguf.get("tokenizer.chat_template") or builtin_template(arch)
-        weights, self.load_info = layout.load(gguf, family, self.config, enabled=layout_cache,
-                                              progress=progress, name=self.name)
-        if weights is not None:  # mapped from the layout cache
-            self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
-            del weights
-        else:  # converted from the GGUF into process memory
-            bar = None
-            if progress:
-                from tqdm.auto import tqdm
+        # the tokenizer (~1 s for a 128k-token vocabulary) is built while the weights map (the
+        # kernel populates the mapping without the GIL) or convert
+        with ThreadPoolExecutor(1, thread_name_prefix="goinfer-tokenizer") as pool:
+            tokenizer = pool.submit(Tokenizer.from_metadata, gguf.metadata)
+            weights, self.load_info = layout.load(gguf, family, self.config, enabled=layout_cache,
+                                                  progress=progress, name=self.name)
+            if weights is not None:  # mapped from the layout cache
+                self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
+                del weights
+            else:  # converted from the GGUF into process memory
+                bar = None
+                if progress:
+                    from tqdm.auto import tqdm
 
-                bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}", unit="layer",
-                           leave=False, disable=None)
-            try:
-                self.impl = family(gguf, self.config, self.kernels, self.threads,
-                                   progress=bar.update if bar is not None else None)
-            finally:
-                if bar is not None:
-                    bar.close()
+                    bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}",
+                               unit="layer", leave=False, disable=None)
+                try:
+                    self.impl = family(gguf, self.config, self.kernels, self.threads,
+                                       progress=bar.update if bar is not None else None)
+                finally:
+                    if bar is not None:
+                        bar.close()
+            self.tokenizer = tokenizer.result()
         self.conversions = (ConversionSummary.from_dicts(self.load_info.conversions)
                             if self.load_info.source == "layout" else gguf.conversion_summary())
         self.load_seconds = time.perf_counter() - t0
@@ -114,9 +120,11 @@ class Model:
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
         path = hub.resolve(name_or_path, progress=progress)
         with GGUFFile(path) as g:
-            return cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
-                       context_length=context_length, progress=progress, graph=graph,
-                       layout_cache=layout_cache, kv_dtype=kv_dtype)
+            m = cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
+                    context_length=context_length, progress=progress, graph=graph,
+                    layout_cache=layout_cache, kv_dtype=kv_dtype)
+        m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
+        return m
 
     # ------------------------------------------------------------------ text
 

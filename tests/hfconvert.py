@@ -288,6 +288,88 @@ def _gpt_oss_config(**over):
     return GptOssConfig(**kw)
 
 
+# Gemma 4: its tokenizer model is "gemma4" (SentencePiece-style BPE with byte fallback), which
+# the converter reads with transformers (LlamaHfVocab), not the byte-level BPE above.
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|tool>", "<tool|>",
+                   "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>',
+                   "<|think|>", "<|channel>", "<channel|>", "<|turn>", "<turn|>"]
+GEMMA4_MERGES = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("▁", "a"),
+                 ("o", "n"), ("e", "r"), ("\n", "\n")]
+
+
+def write_gemma4_tokenizer(d: Path, chat_template: str | None, vocab_size: int) -> None:
+    """A tiny Gemma-4-style tokenizer in d: the family's special tokens first (ids 0..16:
+    pad, eos, bos, unk, ...), 256 <0xXX> byte tokens, "▁" and printable ASCII as single
+    characters, GEMMA4_MERGES, <unusedN> fillers; spaces become "▁", text is split only
+    at newline runs, characters without a token fall back to bytes (as the real one)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(GEMMA4_SPECIALS)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for c in ["\u2581", "\n"] + [chr(i) for i in range(33, 127)]:
+        vocab.setdefault(c, len(vocab))
+    for a, b in GEMMA4_MERGES:
+        vocab.setdefault(a + b, len(vocab))
+    n_fill = vocab_size - len(vocab)
+    if n_fill < 0:
+        raise ValueError(f"vocab_size {vocab_size} < {len(vocab)}")
+    for i in range(n_fill):
+        vocab[f"<unused{i}>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(GEMMA4_MERGES), byte_fallback=True,
+                               unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), behavior="isolated", invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in GEMMA4_SPECIALS])
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    cfg = {"tokenizer_class": "GemmaTokenizerFast", "eos_token": "<eos>", "bos_token": "<bos>",
+           "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": 4096,
+           "add_bos_token": True, "clean_up_tokenization_spaces": False,
+           # control tokens of the real vocabulary (the converter makes the tool/channel
+           # markers user-defined itself)
+           "extra_special_tokens": ["<|tool>", "<tool|>", "<|think|>", "<|turn>", "<turn|>"]}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
+
+def _gemma4_config(**over):
+    """6 layers: sliding x 3, global, sliding, global (window 8); sliding heads 4 x 16 (2 kv),
+    global heads 4 x 32 with 1 kv head whose keys are also the values (attention_k_eq_v: no
+    v_proj); proportional RoPE (a quarter of the global dims rotate); the last 2 layers reuse
+    the KV of layers 2 (sliding) and 3 (global) and have a double-wide MLP; per-layer
+    embeddings of width 8; final logit softcap 30.  (llama.cpp takes the reused layers at fixed
+    offsets, the own-KV layers' last two must be sliding then global, as in the real models.)"""
+    from transformers import Gemma4TextConfig
+
+    kw = dict(vocab_size=400, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+              num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+              layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention",
+                                                       "full_attention"],
+              num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+              vocab_size_per_layer_input=400, final_logit_softcapping=30.0,
+              max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              rope_parameters={
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                  "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                     "rope_theta": 1000000.0}},
+              pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    kw.update(over)
+    return Gemma4TextConfig(**kw)
+
+
+# Gemma 4 MoE (as 26B-A4B: no per-layer embeddings, no KV sharing): 4 layers sliding, global,
+# sliding, global; 4 experts (ffn 32), top 2, beside the dense MLP (ffn 96) in every layer
+GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                  num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                  num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0)
+
+
 # family -> (config maker, model class name, pre-tokenizer, specials, bos, eos, template, flags)
 FAMILIES = {
     "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
@@ -298,6 +380,8 @@ FAMILIES = {
                 "<|begin_of_text|>", "<|im_end|>", "HuggingFaceTB-SmolLM3-3B", ()),
     "gpt-oss": (_gpt_oss_config, "GptOssForCausalLM", "gpt-4o", GPT_OSS_SPECIALS,
                 "<|startoftext|>", "<|return|>", "openai-gpt-oss-120b", ()),
+    "gemma4": (_gemma4_config, "Gemma4ForCausalLM", "gemma4", GEMMA4_SPECIALS, "<bos>", "<eos>",
+               "google-gemma-4-31B-it", ()),
 }
 REGEX = {"gpt-oss": O200K_REGEX}  # split regex of the tokenizer (others: GPT-2's)
 
@@ -329,6 +413,13 @@ def hf_model(family: str, seed: int = 0, sinks: bool = True, **over):
                 p.copy_((0.0 if centered else 1.0) + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.3)
+        if family == "gemma4":  # layer_scalar is a buffer (ones at init): make it count
+            for layer in model.model.layers:
+                layer.layer_scalar.copy_(0.5 + torch.rand_like(layer.layer_scalar))
+                if layer.enable_moe_block:  # router input scale near 1, positive expert scales
+                    layer.router.scale.copy_(1.0 + 0.2 * torch.randn_like(layer.router.scale))
+                    pes = layer.router.per_expert_scale
+                    pes.copy_(0.5 + torch.rand_like(pes))
         if family == "gpt-oss":
             g = np.random.default_rng(seed + 1000)
             for layer in model.model.layers:
@@ -418,8 +509,11 @@ def build(family: str, seed: int = 0, outtype: str = "f32", sinks: bool = True,
                 try:
                     model = hf_model(family, seed, sinks=sinks, **over)
                     model.save_pretrained(tmp / "hf", safe_serialization=True)
-                    write_tokenizer(tmp / "hf", specials, bos, eos, None, template(tmpl),
-                                    model.config.vocab_size, REGEX.get(family))
+                    if family == "gemma4":
+                        write_gemma4_tokenizer(tmp / "hf", template(tmpl), model.config.vocab_size)
+                    else:
+                        write_tokenizer(tmp / "hf", specials, bos, eos, None, template(tmpl),
+                                        model.config.vocab_size, REGEX.get(family))
                     src = tmp / "hf"
                     if family == "gpt-oss" and mxfp4:
                         src = tmp / "hf-mxfp4"

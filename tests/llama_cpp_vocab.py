@@ -15,9 +15,12 @@ NAMES = ["gpt-2", "llama-bpe", "qwen2", "starcoder", "llama-spm", "phi-3"]
 
 
 def read_cases(inp, out) -> list[tuple[str, list[int]]]:
-    """(text, ids) pairs of a .gguf.inp / .gguf.out file pair."""
+    """(text, ids) pairs of a .gguf.inp / .gguf.out file pair (llama.cpp's test-tokenizer-0
+    format: add_special=False, parse_special=False)."""
     texts = Path(inp).read_bytes().decode("utf-8").split(SEP)
     lines = Path(out).read_bytes().decode("utf-8").split("\n")
+    if len(lines) == len(texts) + 1 and lines[-1] == "":  # a final newline (gemma-4's)
+        lines.pop()
     assert len(texts) == len(lines), (inp, len(texts), len(lines))
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
 
@@ -48,3 +51,21 @@ def load(name: str) -> tuple[dict, list[tuple[str, list[int]]]]:
         reduced = json.load(f)
     base = DIR / f"ggml-vocab-{name}.gguf"
     return metadata(reduced), read_cases(f"{base}.inp", f"{base}.out")
+
+
+def first_difference(tok, got: list[int], want: list[int]) -> str:
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    show = lambda ids: [tok.id_to_token(i) for i in ids[max(0, k - 3) : k + 4]]
+    return f"first difference at token {k}: goinfer {show(got)} llama.cpp {show(want)}"
+
+
+def check_cases(tok, cases) -> None:
+    """tok encodes every text to llama.cpp's ids and decodes the ids back to the text."""
+    assert len(cases) >= 40 and sum(len(ids) for _, ids in cases) >= 300
+    bad = []
+    for text, want in cases:
+        got = tok.encode(text, add_special=False, parse_special=False)
+        if got != want:
+            bad.append(f"{text[:30]!r}: {first_difference(tok, got, want)}")
+        assert tok.decode(want) == text, text
+    assert not bad, f"{len(bad)} of {len(cases)} texts differ:\n" + "\n".join(bad[:5])

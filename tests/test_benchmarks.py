@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import goinfer
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
-PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py"}
+PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
+         "shapes.py"}
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
 GUARD = '''\
@@ -156,3 +158,85 @@ def test_agent_loop_turns_reuse_the_prefix(tiny_path, transcript, capsys):
     assert res["save_load"]["cached_after_load"] > 0
     out = capsys.readouterr().out
     assert "TTFT" in out and "llama.cpp: skipped" in out
+
+
+# ============================================================================ shapes.py's families
+# The Qwen3.5 and gpt-oss shapes must be what llama.cpp's converter writes for those models: the
+# tiny shapes of both families against convert_hf_to_gguf.py's output on a transformers model of
+# the same config (tests/hfconvert.py, --outtype q8_0; gpt-oss with MXFP4 experts).
+
+
+def _hf_config(shape) -> dict:
+    """tests/hfconvert.py overrides that give the transformers config of a shapes.py shape."""
+    kw = dict(vocab_size=shape.vocab, hidden_size=shape.d_model, num_hidden_layers=shape.n_layers,
+              num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_kv_heads,
+              head_dim=shape.head_dim, max_position_embeddings=shape.context,
+              rms_norm_eps=shape.norm_eps, tie_word_embeddings=shape.tied)
+    if shape.arch == "qwen35":
+        kw.update(intermediate_size=shape.d_ff, linear_num_key_heads=shape.lin_k_heads,
+                  linear_num_value_heads=shape.lin_v_heads, linear_key_head_dim=shape.lin_head_dim,
+                  linear_value_head_dim=shape.lin_head_dim, linear_conv_kernel_dim=shape.conv_kernel,
+                  rope_parameters={"rope_type": "default", "rope_theta": shape.rope_base,
+                                   "partial_rotary_factor": shape.rope_dims / shape.head_dim,
+                                   "mrope_section": list(shape.rope_sections[:3]),
+                                   "mrope_interleaved": True})
+    else:
+        factor, orig, fast, slow = shape.yarn
+        kw.update(intermediate_size=shape.d_ff, num_local_experts=shape.n_expert,
+                  num_experts_per_tok=shape.n_expert_used, sliding_window=shape.sliding_window,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": shape.rope_base,
+                                   "factor": factor, "beta_fast": fast, "beta_slow": slow,
+                                   "truncate": False, "original_max_position_embeddings": orig})
+    return kw
+
+
+def _layout(path) -> tuple[dict, dict]:
+    """(<arch>.* and general.architecture keys -> (value types, value), tensor -> (shape, type))"""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    keys = {k: (tuple(int(t) for t in f.types), f.contents()) for k, f in r.fields.items()
+            if k.startswith(arch + ".") or k == "general.architecture"}
+    tensors = {t.name: (tuple(int(n) for n in t.shape), t.tensor_type.name) for t in r.tensors}
+    return keys, tensors
+
+
+@pytest.mark.parametrize("name,family,qtype", [("qwen3.5-tiny", "qwen35", "Q8_0"),
+                                               ("gpt-oss-tiny", "gpt-oss", "MXFP4_MOE")])
+def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
+    """Every <arch>.* key (type and value), tensor name, shape and type of the shape's file is
+    what llama.cpp's converter writes for the same config (Q8_0 for what it quantizes, F32 for
+    the rest, MXFP4 gpt-oss experts); and goinfer runs the file."""
+    import hfconvert
+
+    shapes = _script("shapes")
+    shape = shapes.SHAPES[name]
+    _, ref = hfconvert.build(family, outtype="q8_0", **_hf_config(shape))
+    ours = shapes.make(shape, qtype, tmp_path, pure=True, vocab="bytes", log=None)
+    (rk, rt), (ok, ot) = _layout(ref), _layout(ours)
+    assert ok == rk
+    assert ot == rt
+    assert np.isfinite(shapes.goinfer_logits(ours, [1, 2, 3, 4, 5])).all()
+
+
+@pytest.mark.parametrize("name,qtype", [("qwen3.5-tiny", "Q4_0"), ("gpt-oss-tiny", "MXFP4_MOE")])
+def test_family_shape_loads_in_llama_cpp(name, qtype, tmp_path):
+    """llama.cpp (llama-cpp-python, the benchmark environment) loads and runs the shape's file."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    shapes = _script("shapes")
+    path = shapes.make(shapes.SHAPES[name], qtype, tmp_path, pure=True, vocab="bytes", log=None)
+    lc = shapes.llama_cpp_logits(path, [1, 2, 3, 4, 5])
+    assert lc.shape == (5, shapes.SHAPES[name].vocab) and np.isfinite(lc).all()
+
+
+def test_peers_llama_cpp_only(tmp_path, capsys):
+    """peers.py --no-goinfer runs llama.cpp alone (gpt-oss-20b does not fit both engines in one
+    process on 24 GB); its rows hold llama.cpp's engine only."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    path = str(_script("shapes").smoke_model(tmp_path))
+    res = _script("peers").main([path, "--no-goinfer", "--threads", "1", "--prompt-lengths", "64",
+                                 "--decode-prompts", "16", "--decode-tokens", "2", "--repeats", "1",
+                                 "--flash-attn", "off"])
+    assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
+    assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"

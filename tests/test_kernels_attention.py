@@ -234,6 +234,7 @@ CASES = [
     (6, 16, 1, 64, 16, 0, 0.0, 20),  # G = 16 > 12: heads of a group split in items
     (11, 8, 4, 256, 16, 0, 0.0, 5),  # Gemma-like head_dim
     (21, 8, 4, 256, 32, 24, 50.0, 40),  # sliding window + softcap (Gemma 2)
+    (6, 8, 2, 512, 16, 0, 0.0, 30),  # head_dim 512 (Gemma 4's global layers)
     (30, 6, 2, 64, 16, 16, 0.0, 64),  # window == block size
     (12, 6, 3, 64, 32, 1, 0.0, 10),  # window 1: only itself
     (25, 6, 3, 128, 16, 0, 30.0, 0),  # softcap only
@@ -291,7 +292,8 @@ def test_attention_peaked_scores(variant):
 
 @pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
     (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
-    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 9, 0.0), (4, 2, 256, 16, 0, 0.0)])
+    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 9, 0.0), (4, 2, 256, 16, 0, 0.0),
+    (8, 1, 512, 16, 0, 0.0)])
 def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
     """Prefill of T queries == T single-query calls with growing context, bit for bit, with
     1 and 2 threads, on every variant (and the variants agree)."""
@@ -503,7 +505,7 @@ def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_
 
 @pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start", CASES)
 def test_fast_close_to_reference(variant, T, H, n_kv, hd, bs, window, softcap, start):
-    """Every shape of the exact kernel's table (windows, softcaps, head dims 8..256, odd
+    """Every shape of the exact kernel's table (windows, softcaps, head dims 8..512, odd
     block sizes), on every variant, against the float64 NumPy reference."""
     rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start)
     seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, fill=np.nan)
@@ -564,7 +566,8 @@ def test_fast_prefill_chunks_equal_one_call(variant):
 
 @pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
     (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
-    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 90, 0.0), (4, 2, 256, 16, 0, 0.0)])
+    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 90, 0.0), (4, 2, 256, 16, 0, 0.0),
+    (8, 1, 512, 16, 0, 0.0)])
 def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, softcap):
     """The default mode's contract rests on this: a fast prefill of T queries == T
     single-query calls with growing context and the block table a decode step sees, bit for

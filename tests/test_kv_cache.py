@@ -1,12 +1,15 @@
 """KVCache: block accounting, LRU eviction order, save/load with typed errors."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from goinfer import CacheFileError, KVCache
 from goinfer.gguf import GGUFFile
-from goinfer.kv_cache import EXACT, block_hash, root_hash
+from goinfer.kv_cache import EXACT, PREFAULT_TOKENS, block_hash, root_hash
+from goinfer.memory import populate
 from goinfer.model import Model
 
 
@@ -231,3 +234,61 @@ def test_dtype_mismatch_and_version1_files(model32, tmp_path):
                                        + raw[n0 + 12 + hlen:])
     with pytest.raises(CacheFileError):
         KVCache.load(model32, tmp_path / "bad.bin")
+
+
+# ============================================================================ first touch
+
+
+def _resident(addr: int, n: int) -> np.ndarray:
+    """(pages,) bool: which whole pages of [addr, addr + n) are in memory (mincore(2))."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    start, stop = -(-addr // page) * page, (addr + n) // page * page
+    vec = np.zeros(max(0, stop - start) // page, np.uint8)
+    assert libc.mincore(start, stop - start, vec.ctypes.data) == 0, ctypes.get_errno()
+    return (vec & 1).astype(bool)
+
+
+def _kernel_at_least(major, minor):
+    import platform
+    try:
+        v = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return v >= (major, minor)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore / MADV_POPULATE_WRITE: Linux")
+def test_populate_faults_pages_in_and_keeps_their_contents():
+    import mmap
+    buf = mmap.mmap(-1, 16 << 20)  # fresh anonymous pages, 4 KB ones: not resident yet
+    a = np.frombuffer(buf, np.uint8)
+    a[::65536] = 7  # some pages written before
+    before = _resident(a.ctypes.data, a.nbytes)
+    assert before.mean() < 0.5
+    ok = populate([(a.ctypes.data, a.nbytes)])
+    assert ok == _kernel_at_least(5, 14)
+    if ok:
+        assert _resident(a.ctypes.data, a.nbytes).all()
+    assert (a[::65536] == 7).all() and int(a.sum()) == 7 * len(a[::65536])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _kernel_at_least(5, 14),
+                    reason="MADV_POPULATE_WRITE: Linux >= 5.14")
+def test_kv_cache_faults_in_the_first_blocks_of_every_layer(model):
+    """The blocks of the first PREFAULT_TOKENS tokens of each layer are resident once the
+    background thread is done, the rest of the cache is not (it is touched as it fills)."""
+    c = KVCache(model, max_tokens=1 << 17, block_size=16)
+    c._populating.join()
+    nb = -(-PREFAULT_TOKENS // 16)
+    for a in (c.k, c.v):
+        assert a.strides[0] >= 8 << 20  # a layer spans several 2 MB (huge) pages
+        for li in range(c.n_layers):
+            base = a.ctypes.data + li * a.strides[0]
+            assert _resident(base, nb * a.strides[1]).all()
+            # the middle of the layer: past the huge page of the first blocks, before the next
+            assert not _resident(base + (4 << 20), a.strides[0] - (6 << 20)).any()
+    assert not c.k.any() and not c.v.any()

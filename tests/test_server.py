@@ -782,3 +782,25 @@ def test_smollm2_chat_over_http(smollm2_path):
     assert r.model_dump()["tokens"] == ref.tokens
     assert "Paris" in r.choices[0].message.content
 
+
+
+def test_a_draft_that_does_not_fit_is_dropped_before_anyone_is_preempted(model):
+    """A cache of 7 blocks of 16, full after both prompts: A (44 tokens, 3 blocks) drafts 6
+    tokens past its third block on its first decode step, while B (60 tokens, 4 blocks)
+    feeds its last token.  The draft is dropped for that step (A feeds its token alone)
+    instead of preempting B; B then finishes and A drafts on.  Both equal the requests alone."""
+    rep = [5, 9, 65, 66]  # repetitive: the lookup drafts from the first decode step on
+    prompts = [rep * 11, [7, 8, 9, 10] * 15]
+    bodies = [{"max_tokens": 20, "logit_bias": {5: 50.0}}, {"max_tokens": 2}]  # A: 5 next
+    cache = KVCache(model, max_tokens=112, block_size=16)
+    with Server(model, cache, max_batch=2, prefill_chunk=256, draft="prompt_lookup",
+                draft_tokens=6) as s:
+        def run(i):
+            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], temperature=0,
+                                                  return_tokens=True)).json()
+
+        results = s.together(run, 2, timeout=60)
+        assert s.engine.n_preempted == 0
+    for p, b, r in zip(prompts, bodies, results):
+        assert r["tokens"] == lone(model, prompt=p, **b).tokens
+    assert results[0]["timings"]["draft_n"] > 0

@@ -88,12 +88,6 @@ def _tokenizer(name: str) -> Tokenizer:
     return Tokenizer.from_metadata(read_gguf_metadata(_need_model(name)))
 
 
-def _first_difference(tok: Tokenizer, got: list[int], want: list[int]) -> str:
-    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    show = lambda ids: [tok.id_to_token(i) for i in ids[max(0, k - 3) : k + 4]]
-    return f"first difference at token {k}: goinfer {show(got)} llama.cpp {show(want)}"
-
-
 # --------------------------------------------------------------------------------------------
 # Token ids against llama.cpp
 # --------------------------------------------------------------------------------------------
@@ -120,7 +114,7 @@ def test_ids_match_llama_cpp(name, parse_special):
     for i, (doc, want) in enumerate(zip(_docs(), want_all)):
         got = tok.encode(doc, parse_special=parse_special)
         if got != want:
-            bad.append(f"doc {i} ({doc[:30]!r}): {_first_difference(tok, got, want)}")
+            bad.append(f"doc {i} ({doc[:30]!r}): {llama_cpp_vocab.first_difference(tok, got, want)}")
     assert not bad, f"{len(bad)} of {len(want_all)} documents differ:\n" + "\n".join(bad[:5])
 
 
@@ -157,15 +151,7 @@ def test_shipped_smollm2_metadata_matches_the_gguf():
 @pytest.mark.parametrize("name", llama_cpp_vocab.NAMES)
 def test_llama_cpp_vocab_cases(name):
     md, cases = llama_cpp_vocab.load(name)
-    tok = Tokenizer.from_metadata(md)
-    assert len(cases) >= 40 and sum(len(ids) for _, ids in cases) >= 300
-    bad = []
-    for text, want in cases:
-        got = tok.encode(text, add_special=False, parse_special=False)
-        if got != want:
-            bad.append(f"{text[:30]!r}: {_first_difference(tok, got, want)}")
-        assert tok.decode(want) == text
-    assert not bad, f"{len(bad)} of {len(cases)} texts differ:\n" + "\n".join(bad[:5])
+    llama_cpp_vocab.check_cases(Tokenizer.from_metadata(md), cases)
 
 
 def test_llama_cpp_vocab_source():

@@ -8,6 +8,7 @@ qwen35: Qwen3.5's pre-tokenizer; llama-bpe: Llama 3's; gemma-4: the "gemma4" tok
 from __future__ import annotations
 
 import hfconvert
+import llama_cpp_vocab
 import pytest
 
 from goinfer.gguf import GGUFFile
@@ -15,24 +16,14 @@ from goinfer.tokenizer import Tokenizer
 
 
 def cases(name):
-    d = hfconvert.converter_dir() / "models"
-    inp = (d / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
-    out = (d / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    n = min(len(inp), len(out))
-    assert n >= 40
-    return d / f"ggml-vocab-{name}.gguf", [(inp[i], [int(x) for x in out[i].split()]) for i in range(n)]
+    path = hfconvert.converter_dir() / "models" / f"ggml-vocab-{name}.gguf"
+    return path, llama_cpp_vocab.read_cases(f"{path}.inp", f"{path}.out")
 
 
 @pytest.mark.parametrize("name", hfconvert.VOCABS)
 def test_vocab_matches_llama_cpp(name):
     path, tests = cases(name)
-    g = GGUFFile(path)
-    tok = Tokenizer.from_metadata(g.metadata)
-    bad = [(text, tok.encode(text, add_special=False, parse_special=False), want)
-           for text, want in tests if tok.encode(text, add_special=False, parse_special=False) != want]
-    assert not bad, bad[:3]
-    for text, want in tests:  # and back: decoding the ids gives the text
-        assert tok.decode(want) == text, text
+    llama_cpp_vocab.check_cases(Tokenizer.from_metadata(GGUFFile(path).metadata), tests)
 
 
 def test_gemma4_specifics():

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Elementwise and normalization kernels: rmsnorm, swiglu, gelu_tanh_mul, rope, add, and the
-small data-movement kernels of the forward step: add_bias, copy2d, scale, gather_rows.
+small data-movement kernels of the forward step: add_bias, copy2d, scale, softcap, gather_rows.
 
 Same names, signatures and meaning as goinfer._reference (see docs/design/kernels.md for the
 exact contracts).  All float arrays are float32.
@@ -20,6 +20,7 @@ from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
 from goinfer._kernels.graph cimport Op
 from libc.string cimport memcpy
+from libc.math cimport tanhf
 
 cnp.import_array()
 
@@ -400,7 +401,7 @@ def bind_add_bias(x, b, out, *, nthreads=1):
     return _bind_binary("add_bias", _KIND_ADD, x, b, out, nthreads, "x", "b", True)
 
 
-# ============================================================================ copy2d, scale
+# ============================================================================ copy2d, scale, softcap
 # Row-strided (M, N) float32 in and out, split over rows like the elementwise kernels.
 
 cdef struct rowmap_args:
@@ -408,7 +409,7 @@ cdef struct rowmap_args:
     int64_t xs
     float *o
     int64_t os, M, N, n
-    float s  # scale only
+    float s  # scale: the factor; softcap: the cap
 
 
 cdef void _copy_share(const void *args, int64_t i, int tid) noexcept nogil:
@@ -429,6 +430,19 @@ cdef void _scale_share(const void *args, int64_t i, int tid) noexcept nogil:
         orow = r.o + m * r.os
         for c in range(r.N):
             orow[c] = xr[c] * s
+
+
+cdef void _softcap_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const rowmap_args *r = <const rowmap_args *>args
+    cdef int64_t m, c
+    cdef const float *xr
+    cdef float *orow
+    cdef float cap = r.s
+    for m in range(r.M * i // r.n, r.M * (i + 1) // r.n):
+        xr = r.x + m * r.xs
+        orow = r.o + m * r.os
+        for c in range(r.N):
+            orow[c] = tanhf(xr[c] / cap) * cap
 
 
 cdef object _rowmap_prepare(rowmap_args *r, object x, object out, int nt, bint alias_ok):
@@ -476,6 +490,36 @@ def scale(x, s, out=None, *, nthreads=1):
     r.s = <float>float(s)
     _run_shares(_scale_share, &r, r.n)
     return out
+
+
+cdef float _check_cap(object cap) except? -1:
+    cdef double c = float(cap)
+    if not c > 0 or c == float("inf"):
+        raise ValueError(f"softcap cap must be a finite number > 0, got {cap!r}")
+    return <float>c
+
+
+def softcap(x, cap, out=None, *, nthreads=1):
+    """out = float32(tanhf(x / cap) * cap) per element (Gemma's final logit softcap), with
+    libm's tanhf: one code path for every ISA variant and thread count.  out may be x."""
+    cdef int nt = _check_threads(nthreads)
+    cdef float c = _check_cap(cap)
+    cdef rowmap_args r
+    out = _rowmap_prepare(&r, x, out, nt, True)
+    r.s = c
+    _run_shares(_softcap_share, &r, r.n)
+    return out
+
+
+def bind_softcap(x, cap, out, *, nthreads=1):
+    cdef int nt = _check_threads(nthreads)
+    cdef float c = _check_cap(cap)
+    cdef void *rec
+    cdef Op op = _bound("softcap", (x, out), _softcap_share, sizeof(rowmap_args), &rec)
+    _rowmap_prepare(<rowmap_args *>rec, x, out, nt, True)
+    (<rowmap_args *>rec).s = c
+    op.op.nshares = (<rowmap_args *>rec).n
+    return op
 
 
 def bind_copy2d(x, out, *, nthreads=1):

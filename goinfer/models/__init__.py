@@ -5,7 +5,7 @@ is the one place that picks the family of a file (a llama file with experts is M
 """
 from __future__ import annotations
 
-from goinfer.models import gemma, gptoss, llama, moe, qwen35, smollm3
+from goinfer.models import gemma, gemma4, gptoss, llama, moe, qwen35, smollm3
 
 ARCHITECTURES = {
     "llama": llama.LlamaFamily,
@@ -16,6 +16,7 @@ ARCHITECTURES = {
     "qwen3moe": moe.MoEFamily,
     "olmoe": moe.MoEFamily,
     "gemma3": gemma.Gemma3Family,
+    "gemma4": gemma4.Gemma4Family,
     "smollm3": smollm3.SmolLM3Family,
     "qwen35": qwen35.Qwen35Family,
     "qwen35moe": qwen35.Qwen35MoEFamily,
@@ -32,4 +33,6 @@ def family_for(g):
     family = ARCHITECTURES.get(g.arch)
     if family is llama.LlamaFamily and moe.has_experts(g):
         return moe.MoEFamily
+    if family is gemma4.Gemma4Family and moe.has_experts(g):
+        return gemma4.Gemma4MoEFamily
     return family

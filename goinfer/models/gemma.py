@@ -146,9 +146,6 @@ class Gemma3Family(llama.LlamaFamily):
     def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         logits = super().head(x, rows, out)  # (R, vocab)
         cap = self.cfg.final_softcap
-        if cap > 0:  # NumPy (tanh): a model with a final softcap is never captured (graph.py)
-            cap32 = np.float32(cap)
-            np.divide(logits, cap32, out=logits)
-            np.tanh(logits, out=logits)
-            np.multiply(logits, cap32, out=logits)
+        if cap > 0:  # tanh(logits / cap) * cap, per element (a kernel: graph-captured too)
+            self.K.softcap(logits, cap, out=logits, nthreads=self.threads)
         return logits

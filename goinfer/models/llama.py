@@ -375,15 +375,17 @@ class LlamaFamily:
         self._mm(Act(K, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 
     def ffn_block(self, li: int, L: LayerWeights, h, out) -> None:
-        """Normed input h (T, D) -> gated feed-forward output out (T, D)."""
-        K, S, nt, F = self.K, self.scratch, self.threads, self.cfg.d_ff
+        """Normed input h (T, D) -> gated feed-forward output out (T, D).  The width F is the
+        layer's own (w_down's input): Gemma 4's KV-shared layers have a double-wide MLP."""
+        K, S, nt, F = self.K, self.scratch, self.threads, L.w_down.n_in
         T = h.shape[0]
+        sfx = "" if F == self.cfg.d_ff else str(F)  # scratch per width: no regrowth per layer
         a = Act(K, h, S.qact(T, h.shape[1]), nt)
         if L.w_gate_up is not None:
-            gu = self._mm(a, L.w_gate_up, S.get("gu", T, 2 * F))  # (T, 2F): gate | up
+            gu = self._mm(a, L.w_gate_up, S.get("gu" + sfx, T, 2 * F))  # (T, 2F): gate | up
             gate, up = gu[:, :F], gu[:, F:]
         else:
-            gate = self._mm(a, L.w_gate, S.get("gate", T, F))
-            up = self._mm(a, L.w_up, S.get("up", T, F))
-        f = getattr(K, self.ffn_act)(gate, up, out=S.get("f", T, F), nthreads=nt)
+            gate = self._mm(a, L.w_gate, S.get("gate" + sfx, T, F))
+            up = self._mm(a, L.w_up, S.get("up" + sfx, T, F))
+        f = getattr(K, self.ffn_act)(gate, up, out=S.get("f" + sfx, T, F), nthreads=nt)
         self._mm(Act(K, f, S.qact(T, F), nt), L.w_down, out)

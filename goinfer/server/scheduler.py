@@ -363,13 +363,23 @@ class Engine:
         return work
 
     def _reserve(self, work: list[tuple[Job, list[int]]]) -> list[tuple[Job, list[int]]]:
-        """Reserve blocks for the step, preempting the youngest jobs until it fits."""
+        """Reserve blocks for the step: when they do not fit, drop the drafts first (each
+        drafting job feeds its token alone), then preempt the youngest jobs until it fits."""
         while work:
             try:
                 for job, toks in work:
                     job.session._reserve(len(toks))
                 return work
             except CacheFullError as e:
+                drafting = {id(j) for j, t in work
+                            if j.spec is not None and not j.prefilling and len(t) > 1}
+                if drafting:
+                    for job, toks in work:
+                        if id(job) in drafting:
+                            job.gen.drafted -= len(toks) - 1
+                            job.session._cut(job.session.n_tokens)  # blocks held for a draft
+                    work = [(j, t[:1] if id(j) in drafting else t) for j, t in work]
+                    continue
                 holders = [j for j in self._active if j.session is not None]
                 victim = holders[-1]  # the youngest job holding blocks
                 if len(holders) == 1:
