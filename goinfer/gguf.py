@@ -27,9 +27,9 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
 from goinfer.quant import (GROUP, MXFP4_VALUES, ROWS, QWeight, e8m0_half, pack_float, pack_mxfp4, pack_q4,
-                           pack_q8)
+                           pack_q6k, pack_q8)
 
-__all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET"]
+__all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "native_target"]
 
 QK_K = 256  # super-block size of the k-quants
 
@@ -50,11 +50,32 @@ NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "Q4_K": ("q4_1", "scale-f16"),
     "Q5_1": ("q8_0", "requantize"),
     "Q5_K": ("q8_0", "requantize"),
-    "Q6_K": ("q8_0", "requantize"),
+    "Q6_K": ("q6_k", "repack"),
     "Q2_K": ("q8_0", "requantize"),
     "Q3_K": ("q8_0", "requantize"),
     "Q8_K": ("q8_0", "requantize"),
 }
+
+# Per kernel variant, where it differs from NATIVE_TARGET (the layout cache is keyed by the
+# variant, so each variant's cache holds its own choice).  avx512-vnni: no AVX-512 q6_k
+# microkernels (its q6_k runs the AVX2 ones), while its q8_0 GEMM (VNNI, AMX) is full rate, so
+# Q6_K stays requantized to q8_0 there (docs/benchmarks.md, "Q6_K in Q4_K_M files").
+VARIANT_TARGET: dict[str, dict[str, tuple[str, str]]] = {
+    "avx512-vnni": {"Q6_K": ("q8_0", "requantize")},
+}
+
+
+def native_target(tname: str, variant: str | None = None) -> tuple[str, str]:
+    """(native kind, how) a GGUF type loads as with a kernel variant (default: the one in use)."""
+    if variant is None:
+        try:
+            from goinfer._kernels import _config
+        except ImportError:  # kernels not built: the portable choice
+            variant = "portable"
+        else:
+            variant = str(_config.variant())
+    return VARIANT_TARGET.get(variant, {}).get(tname) or NATIVE_TARGET[tname]
+
 
 # Types load_f32 can decode (everything above plus plain numeric storage types).
 _F32_TYPES = set(NATIVE_TARGET) | {"F64", "I8", "I16", "I32", "I64"}
@@ -394,16 +415,22 @@ def _f32_q5_k(b):
     return (dsc * q.astype(np.float32) - dmn).reshape(b.shape[:-1] + (QK_K,))
 
 
-def _f32_q6_k(b):
-    # ql (0:128), qh (128:192), scales int8 (192:208), d (208:210); element e uses scale e // 16
+def _q6k_parts(b: np.ndarray):
+    """Q6_K -> codes (R, nb, 256) uint8 0..63 in element order, int8 scales (R, nb, 16) (element
+    e uses scale e // 16), d (R, nb) float16."""
+    # ql (0:128), qh (128:192), scales int8 (192:208), d (208:210)
     ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 2, 32))  # (h, a, l): bytes 64h + 32a + l
     qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 1, 32))  # (h, ., l)
     nib = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # (R, nb, 2, 4, 32): i = 2*(hi nibble) + a
     top = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): bits 2i
-    q = (nib | (top << 4)).astype(np.float32) - 32.0  # e = 128h + 32i + l
-    sc = b[..., 192:208].view(np.int8).astype(np.float32)  # (R, nb, 16)
-    dl = _f16(b, 208).astype(np.float32)[..., None] * sc
-    q = q.reshape(b.shape[:-1] + (16, 16))
+    q = (nib | (top << 4)).reshape(b.shape[:-1] + (QK_K,))  # e = 128h + 32i + l
+    return q, np.ascontiguousarray(b[..., 192:208]).view(np.int8), _f16(b, 208)
+
+
+def _f32_q6_k(b):
+    q, sc, d = _q6k_parts(b)
+    dl = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # (R, nb, 16)
+    q = q.astype(np.float32).reshape(b.shape[:-1] + (16, 16)) - 32.0
     return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
 
 
@@ -648,7 +675,7 @@ class GGUFFile:
         if tname not in NATIVE_TARGET:
             raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
                                              "which goinfer can neither run nor convert")
-        kind, how = NATIVE_TARGET[tname]
+        kind, how = native_target(tname)
         if kind in ("f32", "f16", "bf16"):
             dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[kind]
             w = pack_float(kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname)
@@ -668,10 +695,14 @@ class GGUFFile:
         n_rb = (n_out + ROWS - 1) // ROWS
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
         nb = n_in // bs
-        c_int = 4 if kind in ("q4_0", "q4_1", "mxfp4") else 8
-        qs = np.empty((n_rb, G, c_int, ROWS, 4), np.uint8 if c_int == 4 else np.int8)
-        d = np.empty((n_rb, G, ROWS), np.uint8 if kind == "mxfp4" else np.float16)
-        m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
+        c_int = {"q4_0": 4, "q4_1": 4, "mxfp4": 4, "q6_k": 6}.get(kind, 8)
+        qs = np.empty((n_rb, G, c_int, ROWS, 4), np.int8 if kind == "q8_0" else np.uint8)
+        if kind == "q6_k":
+            d = np.empty((n_rb, G // 8, ROWS), np.float16)
+            m = np.empty((n_rb, G, ROWS, 2), np.int8)
+        else:
+            d = np.empty((n_rb, G, ROWS), np.uint8 if kind == "mxfp4" else np.float16)
+            m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
         step = max(ROWS, _CHUNK_ELEMS // n_in // ROWS * ROWS)
         for r0 in range(0, n_out, step):
             b = rows[r0 : r0 + step].reshape(-1, nb, ts)  # (R, nb, ts)
@@ -688,7 +719,7 @@ class GGUFFile:
     @staticmethod
     def _convert_chunk(tname, kind, b, R, K, force_requant) -> QWeight:
         G = K // GROUP
-        if force_requant or NATIVE_TARGET[tname][1] == "requantize":
+        if force_requant or kind == "q8_0" and native_target(tname)[1] == "requantize":
             q, d = _requant_q8(_F32_DECODERS[tname](b).reshape(R, K))
             return pack_q8(q, d)
         if tname == "Q8_0":  # d f16, 32 int8
@@ -696,6 +727,9 @@ class GGUFFile:
         if tname == "Q5_0":  # same d; codes 0..31 -> -16..15
             q = (_q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
             return pack_q8(q.reshape(R, K), _f16(b, 0))
+        if tname == "Q6_K":  # the same codes, scales and d
+            q, sc, d = _q6k_parts(b)
+            return pack_q6k(q.reshape(R, K), sc.reshape(R, K // 16), d)
         if tname == "Q4_0":
             return pack_q4("q4_0", _nibbles32(b[..., 2:18]).reshape(R, K), _f16(b, 0))
         if tname == "MXFP4":  # e8m0 byte, 16 bytes of codes: the same codes and exponents
@@ -723,10 +757,10 @@ class GGUFFile:
                 continue
             n_in, n_out = shape[-1], shape[-2]
             n_mat = n_el // (n_in * n_out)
-            kind = NATIVE_TARGET[tname][0]
+            kind = native_target(tname)[0]
             padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
             per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                   "q8_0": 34 / 32, "mxfp4": 17 / 32}[kind]
+                   "q8_0": 34 / 32, "mxfp4": 17 / 32, "q6_k": 210 / 256}[kind]
             total += int(n_mat * padded * per)
         return total
 

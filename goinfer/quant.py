@@ -8,6 +8,8 @@ docs/design/kernels.md).  Rows are grouped in row blocks of ROWS=16 output rows
     q4_1  value = d * nib + m          qs uint8 (n_rb, G, 4, 16, 4), d, m float16 (n_rb, G, 16)
     q8_0  value = d * q                qs int8  (n_rb, G, 8, 16, 4), d float16 (n_rb, G, 16)
     mxfp4 value = KV[code] * 2^(e-128) qs uint8 (n_rb, G, 4, 16, 4), d uint8 (n_rb, G, 16): e
+    q6_k  value = d * sc * (q - 32)    qs uint8 (n_rb, G, 6, 16, 4), d float16 (n_rb, G/8, 16),
+                                       m int8 (n_rb, G, 16, 2): sc
     f32 / f16 / bf16                   qs (n_rb, K, 16) float32 / float16 / uint16 (bf16 bits)
 
 mxfp4 is the OCP microscaling FP4 of GGUF type MXFP4 (gpt-oss): 4-bit e2m1 codes (sign bit 3)
@@ -19,6 +21,15 @@ q4 / mxfp4 byte [rb, g, c, r, j] holds row rb*16+r: low nibble k = g*32 + c*4 + 
 k = g*32 + 16 + c*4 + j.  q8 byte [rb, g, c, r, j] holds row rb*16+r, k = g*32 + c*4 + j.
 So one 64-byte line (fixed rb, g, c) is 16 rows x 4 consecutive k: one int8 dot-product
 lane per output row.
+
+q6_k is GGUF's Q6_K as it is (no requantization): 6-bit codes q in 0..63, an int8 scale ``sc``
+per 16 values along k and a float16 ``d`` per 256 (a super-block: 8 groups; n_in % 256 == 0).
+Line c = 0..3 of a group, byte [r, j]: bits 0..5 the whole code of k = 4c + j, bits 6..7 the
+top 2 bits of the code of k = 16 + 4c + j; line 4 + p (p = 0, 1), byte [r, j]: the low 4 bits
+of the code of k = 16 + 4(2p) + j (low nibble) and of k = 16 + 4(2p+1) + j (high nibble).  So
+the first 16 codes unpack with one AND and the other 16 with a few shifts and masks.  ``m``
+holds the int8 scales: [rb, g, r, s] is the scale of row rb*16+r at k = g*32 + 16s .. +15.
+6.5625 bits per weight, as in the GGUF.
 """
 from __future__ import annotations
 
@@ -28,7 +39,8 @@ import numpy as np
 
 GROUP = 32
 ROWS = 16
-INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4")
+INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k")
+QK_K = 256  # q6_k: values per super-block (one d)
 FLOAT_KINDS = ("f32", "f16", "bf16")
 KINDS = INT_KINDS + FLOAT_KINDS
 
@@ -137,6 +149,37 @@ def pack_mxfp4(codes: np.ndarray, e: np.ndarray, source_type: str = "") -> QWeig
     return QWeight("mxfp4", w.n_out, w.n_in, w.qs, ee, None, source_type)
 
 
+def pack_q6k(q: np.ndarray, sc: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
+    """q (n_out, K) uint8 codes 0..63, sc (n_out, K/16) int8, d (n_out, K/256) float16 -> q6_k."""
+    n_out, K = q.shape
+    if K % QK_K:
+        raise ValueError(f"q6_k weights need n_in divisible by {QK_K}, got {K}")
+    G = K // GROUP
+    n_rb = (n_out + ROWS - 1) // ROWS
+    q = _pad_rows(np.asarray(q, dtype=np.uint8), n_rb).reshape(n_rb, ROWS, G, 2, 4, 4)
+    q = q.transpose(0, 2, 3, 4, 1, 5)  # (rb, g, s, c, r, j)
+    a, b = q[:, :, 0], q[:, :, 1]  # (rb, g, c, r, j): k = 4c + j, 16 + 4c + j
+    x = a | ((b >> 4) << 6)  # lines 0..3
+    y = (b[:, :, 0::2] & 15) | ((b[:, :, 1::2] & 15) << 4)  # lines 4, 5: c = 2p, 2p + 1
+    qs = np.ascontiguousarray(np.concatenate([x, y], axis=2))
+    ss = _pad_rows(np.asarray(sc, np.int8), n_rb).reshape(n_rb, ROWS, G, 2).transpose(0, 2, 1, 3)
+    dd = _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, K // QK_K).transpose(0, 2, 1)
+    return QWeight("q6_k", n_out, K, qs, np.ascontiguousarray(dd), np.ascontiguousarray(ss), source_type)
+
+
+def q6k_codes(w: QWeight):
+    """A q6_k QWeight -> q (n_out, K) uint8 0..63, sc (n_out, K/16) int8, d (n_out, K/256) float16."""
+    n_rb, G = w.qs.shape[:2]
+    qs = w.qs.reshape(n_rb, G, 6, ROWS, 4)
+    x, y = qs[:, :, :4], qs[:, :, 4:]  # (rb, g, 4, r, j), (rb, g, 2, r, j)
+    low_b = np.stack([y & 15, y >> 4], axis=3).reshape(x.shape)  # c = 2p + (high nibble)
+    q = np.stack([x & 63, low_b | ((x >> 6) << 4)], axis=2)  # (rb, g, s, c, r, j)
+    q = q.transpose(0, 4, 1, 2, 3, 5).reshape(n_rb * ROWS, G * GROUP)
+    sc = w.m.transpose(0, 2, 1, 3).reshape(n_rb * ROWS, G * 2)
+    d = w.d.transpose(0, 2, 1).reshape(n_rb * ROWS, G // 8)
+    return q[: w.n_out], sc[: w.n_out], d[: w.n_out]
+
+
 def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
     """q (n_out, K) int8, d (n_out, G) float16 -> QWeight q8_0."""
     n_out, K = q.shape
@@ -215,6 +258,19 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
         vals = e8m0_half(e)[..., None, None] * MXFP4_VALUES.astype(np.float32)  # (n_out, G, 1, 16)
         codes = np.abs(vals - wg[..., None]).argmin(axis=3).astype(np.uint8)
         return pack_mxfp4(codes.reshape(n_out, K), e, source_type)
+    if kind == "q6_k":  # a simple rule (not llama.cpp's search): per 16 s = amax/32, sc = rint(s/d)
+        if K % QK_K:
+            raise ValueError(f"q6_k weights need n_in divisible by {QK_K}, got {K}")
+        w16 = w.reshape(n_out, K // 16, 16)
+        s = np.abs(w16).max(axis=2) / 32.0  # (n_out, K/16)
+        d = (s.reshape(n_out, K // QK_K, 16).max(axis=2) / 127.0).astype(np.float16)  # (n_out, K/256)
+        df = np.repeat(d.astype(np.float32), 16, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(df > 0, np.rint(s / df), 0).clip(-128, 127).astype(np.int8)
+            eff = (df * sc).astype(np.float32)  # the stored scale of each 16
+            q = np.where(eff[..., None] > 0, np.rint(w16 / eff[..., None]) + 32, 32)
+        q = np.clip(q, 0, 63).astype(np.uint8).reshape(n_out, K)
+        return pack_q6k(q, sc, d, source_type)
     raise ValueError(f"unknown weight kind {kind!r}; known: {', '.join(KINDS)}")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import close, load, prefill_chunks
+from tinymodels import assert_one_prefill_is_every_schedule, close, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
@@ -172,16 +172,7 @@ def test_batching_threads_hypothesis(models, data, family, seed):
     n = data.draw(st.integers(1, 560), label="n")
     cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4), label="cuts"))
     ids = ids_(n, seed)
-    m1, m2 = models(family, 1, True), models(family, 2, True)
-    one = prefill_chunks(m1, ids, [])
-    assert np.array_equal(one, prefill_chunks(m2, ids, []))
-    assert np.array_equal(one, prefill_chunks(m2, ids, cuts))
-    s = m1.session(KVCache(m1, max_tokens=1024))
-    k = max(1, n - 40)
-    last = s.prefill(ids[:k])
-    for t in ids[k:]:
-        last = s.decode(t)
-    assert np.array_equal(one, last)
+    assert_one_prefill_is_every_schedule(*(models(family, 1, True), models(family, 2, True)), ids, cuts)
 
 
 @SETTINGS

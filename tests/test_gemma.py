@@ -241,9 +241,9 @@ def test_real_norm_weights_hold_the_plus_one(gemma3, gold):
 @pytest.mark.slow
 def test_real_top1_agreement_with_transformers(gemma3, gold):
     """715 teacher-forced positions (past the 512-token window) of tests/data/agreement_text.txt.
-    goinfer runs the Q4_K/Q6_K tensors as q4_1/q8_0 with int8 activations, transformers float32
-    dequantized weights; llama.cpp (Q4_K/Q6_K with int8 activations) agrees on 97.3% of these
-    positions, goinfer on 97.1% (docs/design/gemma.md).  Every disagreement is a near tie
+    goinfer runs the Q4_K/Q6_K tensors as q4_1/q6_k (q8_0 on avx512-vnni) with int8 activations,
+    transformers float32 dequantized weights; llama.cpp (Q4_K/Q6_K with int8 activations) agrees
+    on 97.3% of these positions, goinfer on 97.1% with Q6_K as q8_0 (docs/design/gemma.md).  Every disagreement is a near tie
     (transformers' top-2 gap < 0.5 logit), so: >= 94% overall, and all positions where
     transformers' choice leads by 1 logit or more."""
     ids = gold["ids"]

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_families import _decode_run, many_shares, rewrite  # noqa: F401 (a fixture)
-from tinymodels import close, load, prefill_chunks
+from tinymodels import assert_one_prefill_is_every_schedule, close, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
@@ -135,16 +135,7 @@ def test_batching_threads_hypothesis(models, exact, data, seed):
     n = data.draw(st.integers(1, 560), label="n")
     cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4), label="cuts"))
     ids = ids_(n, seed)
-    m1, m2 = models(1, exact), models(2, exact)
-    one = prefill_chunks(m1, ids, [])
-    assert np.array_equal(one, prefill_chunks(m2, ids, []))
-    assert np.array_equal(one, prefill_chunks(m2, ids, cuts))
-    s = m1.session(KVCache(m1, max_tokens=1024))
-    k = max(1, n - 40)
-    last = s.prefill(ids[:k])
-    for t in ids[k:]:
-        last = s.decode(t)
-    assert np.array_equal(one, last)
+    assert_one_prefill_is_every_schedule(*(models(1, exact), models(2, exact)), ids, cuts)
 
 
 @SETTINGS

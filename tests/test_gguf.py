@@ -17,7 +17,7 @@ from gguf.quants import dequantize as ref_dequantize
 
 from goinfer._reference import dequantize
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.gguf import NATIVE_TARGET, GGUFFile
+from goinfer.gguf import NATIVE_TARGET, GGUFFile, native_target
 
 # ============================================================================ helpers
 
@@ -135,7 +135,7 @@ def test_load_weight_matches_reference(tmp_path, qtype, shape):
     g = GGUFFile(path)
     assert g.tensor_info("w") == (qtype.name, (n_out, n_in))
     w = g.load_weight("w")
-    kind, how = NATIVE_TARGET[qtype.name]
+    kind, how = native_target(qtype.name)
     assert (w.kind, w.source_type, w.n_out, w.n_in) == (kind, qtype.name, n_out, n_in)
     ref = reference(qtype, raw, n_out, n_in)
     got = dequantize(w)
@@ -324,11 +324,22 @@ def test_conversion_summary(tmp_path):
     rows = {(r["source_type"], r["kind"]): r for r in g.conversion_summary().as_dicts()}
     assert rows[("Q4_K", "q4_1")]["count"] == 2
     assert rows[("Q4_K", "q4_1")]["bytes_in"] == 48 * 144
-    assert rows[("Q6_K", "q8_0")]["how"] == "requantize"
+    kind6, how6 = native_target("Q6_K")  # q6_k as it is; q8_0 on avx512-vnni
+    assert rows[("Q6_K", kind6)]["how"] == how6
     assert rows[("F32", "f32 (dense)")]["bytes_out"] == 1024
     text = str(g.conversion_summary())
     assert "Q4_K" in text and "q4_1" in text and "total" in text
-    assert {r.source_type for r in g.conversion_summary().converted} == {"Q4_K", "Q6_K"}
+    assert {r.source_type for r in g.conversion_summary().converted} == {"Q4_K"} | ({"Q6_K"} if how6 != "repack" else set())
+
+
+def test_native_target_per_variant():
+    """Q6_K loads as q6_k (the file's values) on portable and avx2, as q8_0 on avx512-vnni (no
+    AVX-512 q6_k microkernels; its q8_0 GEMM is full rate); every other type the same everywhere."""
+    assert native_target("Q6_K", "portable") == native_target("Q6_K", "avx2") == ("q6_k", "repack")
+    assert native_target("Q6_K", "avx512-vnni") == ("q8_0", "requantize")
+    for t in NATIVE_TARGET:
+        if t != "Q6_K":
+            assert native_target(t, "avx512-vnni") == native_target(t, "avx2") == NATIVE_TARGET[t]
 
 
 # ============================================================================ metadata
@@ -632,3 +643,27 @@ def test_real_file_loads(smollm2_path):
     g = _open_and_load_all(smollm2_path)
     assert g.conversion_summary().rows
     assert not g.conversion_summary().converted
+
+
+def test_q6_k_requantized_where_the_variant_says(tmp_path, monkeypatch):
+    """A variant whose table says q8_0 (avx512-vnni's choice) loads Q6_K requantized, and
+    native_bytes follows the same choice."""
+    from goinfer import gguf as gguf_mod
+    from goinfer._kernels import _config
+
+    rng = np.random.default_rng(12)
+    raw = random_blocks(T.Q6_K, 37, 512, rng)
+    path = write_gguf(tmp_path / "t.gguf", {"w": (raw, T.Q6_K)})
+    native = GGUFFile(path)
+    w6 = native.load_weight("w")
+    assert w6.kind == "q6_k" and native.native_bytes() == 48 * 512 * 210 // 256
+    monkeypatch.setitem(gguf_mod.VARIANT_TARGET, str(_config.variant()), {"Q6_K": ("q8_0", "requantize")})
+    g = GGUFFile(path)
+    w8 = g.load_weight("w")
+    assert (w8.kind, w8.source_type) == ("q8_0", "Q6_K")
+    assert g.native_bytes() == 48 * 512 * 34 // 32
+    ref = reference(T.Q6_K, raw, 37, 512)
+    amax = np.abs(ref.reshape(37, -1, 32)).max(axis=2).astype(np.float64)
+    tol = np.repeat(amax, 32, axis=1) * (1 / 254 * (1 + 2**-10) + 2**-22)
+    assert np.all(np.abs(dequantize(w8).astype(np.float64) - ref) <= tol)
+    np.testing.assert_array_equal(dequantize(w6), ref)

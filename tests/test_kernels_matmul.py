@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, MXFP4_VALUES, QAct, QWeight, e8m0_half, pack_mxfp4,
-                           pack_q4, pack_q8, quantize_weight)
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight, e8m0_half,
+                           pack_mxfp4, pack_q4, pack_q6k, pack_q8, q6k_codes, quantize_weight)
 from goinfer._kernels import _config
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
@@ -92,6 +92,18 @@ def unpack_int(w: QWeight):
 
 def emulate_matmul(x, w: QWeight) -> np.ndarray:
     """The contract's per-element float32 sequence, replayed exactly."""
+    if w.kind == "q6_k":  # isum = sum_k sc[k/16]*(q-32)*qa; d of the group's super-block
+        q, sc, d = q6k_codes(w)
+        q = q.astype(np.int64) - 32
+        sc = sc.astype(np.int64)
+        qa = x.qa.astype(np.int64)
+        acc = np.zeros((x.qa.shape[0], w.n_out), np.float32)
+        for g in range(w.n_in // GROUP):
+            lo, hi = slice(g * GROUP, g * GROUP + 16), slice(g * GROUP + 16, (g + 1) * GROUP)
+            isum = (qa[:, lo] @ q[:, lo].T) * sc[None, :, 2 * g] + (qa[:, hi] @ q[:, hi].T) * sc[None, :, 2 * g + 1]
+            assert np.abs(isum).max(initial=0) < 2**24  # exact in float32
+            acc = fmaf(isum.astype(np.float32), d[None, :, g // 8].astype(np.float32) * x.da[:, g, None], acc)
+        return acc
     if w.kind in FLOAT_KINDS:
         wd = ref.dequantize(w)  # exact float32 weights (n_out, K)
         acc = np.zeros((x.shape[0], w.n_out), np.float32)
@@ -128,8 +140,13 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     wd = ref.dequantize(w).astype(np.float64)
     S = np.abs(xd) @ np.abs(wd).T
     n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind == "q4_1" else 1)
-    isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 128 * 127
+    isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
     return (n + 8) * U * S + (n + 8) * isum_max * 2.0**-149
+
+
+def kdim(kind, Kd):
+    """Kd for a kind: q6_k needs whole super-blocks of 256 (rounded up)."""
+    return -(-Kd // QK_K) * QK_K if kind == "q6_k" else Kd
 
 
 def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
@@ -140,6 +157,12 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
             W[rng.integers(n_out), :GROUP] = 0
         return quantize_weight(W, kind)
     G = n_in // GROUP
+    if kind == "q6_k":  # codes 0..63, int8 scales incl. -128, a few codes at the extremes
+        q = rng.integers(0, 64, (n_out, n_in)).astype(np.uint8)
+        q.flat[:4] = [0, 63, 0, 63][: q.size]
+        sc = rng.integers(-128, 128, (n_out, n_in // 16)).astype(np.int8)
+        sc.flat[:2] = [-128, 127][: sc.size]
+        return pack_q6k(q, sc, (rng.uniform(-1, 1, (n_out, n_in // QK_K)) * scale).astype(np.float16))
     if kind == "mxfp4":  # exponents around 2^(log2 scale), a few at the extremes
         e = np.clip(np.rint(np.log2(scale)) + 128 + rng.integers(-20, 20, (n_out, G)), 0, 255)
         e.flat[:3] = [0, 1, 2][: e.size]
@@ -277,6 +300,7 @@ BIG_SHAPES = [(9, 41, 2048), (1, 300, 1536), (64, 24, 576)]
 @pytest.mark.parametrize("M,n_out,Kd", SHAPES + BIG_SHAPES)
 def test_matmul_int(kind, M, n_out, Kd):
     rng = np.random.default_rng(hash((kind, M, n_out, Kd)) % 2**32)
+    Kd = kdim(kind, Kd)
     check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, n_out, Kd, raw=M % 2 == 0),
                  check_rows=M <= 40)
 
@@ -302,7 +326,8 @@ def test_matmul_int_k_blocks(kind, M):
     columns wide), activation tiles of 3 and 4 rows; M = 7: q4 nibbles unpacked in registers,
     M = 33 (9 tiles): unpacked once per chunk and K block.  Contract bits, GEMV rows."""
     rng = np.random.default_rng(11 + M)
-    check_matmul(make_x(rng, M, 4160), make_weight(rng, kind, 277, 4160, raw=True), check_rows=True)
+    Kd = kdim(kind, 4160)  # q6_k: 4352 = 136 groups
+    check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, 277, Kd, raw=True), check_rows=True)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -316,7 +341,8 @@ def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     if (kind in FLOAT_KINDS or kind == "mxfp4") and xscale > 1e20:
         xscale = 1e4  # float kinds, mxfp4 (2^(e-128) scales up to 2^127): keep w*x far from overflow
     rng = np.random.default_rng(seed)
-    check_matmul(make_x(rng, M, G * GROUP, xscale), make_weight(rng, kind, n_out, G * GROUP, wscale, raw),
+    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    check_matmul(make_x(rng, M, Kd, xscale), make_weight(rng, kind, n_out, Kd, wscale, raw),
                  check_rows=M <= 8)
 
 
@@ -352,6 +378,39 @@ def test_matmul_int_empty_k(kind):
                 assert np.array_equal(out, np.zeros((M, 20), np.float32)), (v, M)
 
 
+@pytest.mark.parametrize("M", [1, 3, 33])
+def test_matmul_q6k_extremes(M):
+    """q6_k at the int16 bounds of the AVX2 kernel: codes 63 (or 0) against activations of
+    +-127 (two lines of vpmaddubsw pairs sum to 2*2*63*127 = 32004 in int16), scales -128 and
+    127, the -32 offset's sums at +-16*127: the contract's bits, every variant and split."""
+    n_out, Kd = 40, 512
+    x = np.full((M, Kd), 1.0, np.float32)
+    x[:, Kd // 2:] = -1.0
+    x[:, 16:32] = -1.0  # a group whose halves have opposite sums
+    for code, s in [(63, -128), (0, 127), (63, 127), (0, -128)]:
+        q = np.full((n_out, Kd), code, np.uint8)
+        q[1::2, ::3] = 63 - code
+        sc = np.full((n_out, Kd // 16), s, np.int8)
+        sc[::3] = -s - 1
+        w = pack_q6k(q, sc, np.full((n_out, Kd // QK_K), 0.5, np.float16))
+        check_matmul(x, w, check_rows=M < 5)
+
+
+def test_q6k_errors():
+    """q6_k needs whole super-blocks (n_in % 256 == 0) and its int8 scales; clear errors."""
+    rng = np.random.default_rng(9)
+    with pytest.raises(ValueError, match="256"):
+        quantize_weight(rng.standard_normal((16, 96)).astype(np.float32), "q6_k")
+    w = make_weight(rng, "q6_k", 16, 256)
+    xq = K.quantize_act(make_x(rng, 2, 256))
+    bad = QWeight("q6_k", 16, 256, w.qs, w.d, w.m.astype(np.int16))
+    with pytest.raises(TypeError, match="int8"):
+        K.matmul(xq, bad)
+    short = QWeight("q6_k", 16, 224, w.qs[:, :7], w.d, w.m[:, :7])
+    with pytest.raises(ValueError, match="256"):
+        K.matmul(K.quantize_act(make_x(rng, 2, 224)), short)
+
+
 # ============================================================================ get_rows
 
 
@@ -359,6 +418,7 @@ def test_matmul_int_empty_k(kind):
 def test_get_rows(kind):
     rng = np.random.default_rng(len(kind))
     for n_out, Kd, raw in [(1, 32, False), (37, 96, True), (300, 576, False)]:
+        Kd = kdim(kind, Kd)
         w = make_weight(rng, kind, n_out, Kd, raw=raw)
         ids = rng.integers(0, n_out, 50)
         ids[:2] = [0, n_out - 1]
@@ -417,7 +477,7 @@ def test_bind_quantize_act_and_matmul(name, amx, kind, nt):
     nothing outside those rows written; replayed after new inputs are written in place: the
     new product."""
     rng = np.random.default_rng(len(kind) * 10 + nt)
-    M, n_out, Kd = 37, 50, 192  # M >= 16: the AMX GEMM's size
+    M, n_out, Kd = 37, 50, kdim(kind, 192)  # M >= 16: the AMX GEMM's size
     w = make_weight(rng, kind, n_out, Kd)
     xbuf = np.full((M + 6, Kd), np.nan, np.float32)
     out = np.full((M + 6, n_out), np.nan, np.float32)

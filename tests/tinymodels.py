@@ -245,3 +245,19 @@ def prefill_chunks(model, ids, cuts, block_size: int = 16) -> np.ndarray:
             last = s.prefill(ids[prev:c])
             prev = c
     return last
+
+
+def assert_one_prefill_is_every_schedule(m1, m2, ids, cuts) -> None:
+    """m1 (1 thread) and m2 (2 threads) of one model: one prefill == 2 threads == the prefill
+    cut at `cuts` == a prefill then decode steps for the last up to 40 tokens, bit for bit."""
+    from goinfer import KVCache
+
+    one = prefill_chunks(m1, ids, [])
+    assert np.array_equal(one, prefill_chunks(m2, ids, []))
+    assert np.array_equal(one, prefill_chunks(m2, ids, cuts))
+    s = m1.session(KVCache(m1, max_tokens=1024))
+    k = max(1, len(ids) - 40)
+    last = s.prefill(ids[:k])
+    for t in ids[k:]:
+        last = s.decode(t)
+    assert np.array_equal(one, last)

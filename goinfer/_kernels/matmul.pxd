@@ -13,6 +13,7 @@ cdef extern from "matmul.h" nogil:
         GI_Q4_1
         GI_Q8_0
         GI_MXFP4
+        GI_Q6_K
         GI_F32
         GI_F16
         GI_BF16
@@ -24,6 +25,7 @@ cdef extern from "matmul.h" nogil:
         const uint16_t *d
         const uint16_t *m
         const uint8_t *e
+        const int8_t *sc
 
     ctypedef struct gi_qact:
         const int8_t *qa

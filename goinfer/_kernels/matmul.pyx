@@ -21,12 +21,13 @@ cnp.import_array()
 
 # kind name -> (C kind, qs numpy type, qs dtype name)
 _KIND = {
-    "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0, "mxfp4": GI_MXFP4,
+    "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0, "mxfp4": GI_MXFP4, "q6_k": GI_Q6_K,
     "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
 }
 _QS_TYPE = {
     GI_Q4_0: (cnp.NPY_UINT8, "uint8"), GI_Q4_1: (cnp.NPY_UINT8, "uint8"),
-    GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_MXFP4: (cnp.NPY_UINT8, "uint8"), GI_F32: (cnp.NPY_FLOAT32, "float32"),
+    GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_MXFP4: (cnp.NPY_UINT8, "uint8"), GI_Q6_K: (cnp.NPY_UINT8, "uint8"),
+    GI_F32: (cnp.NPY_FLOAT32, "float32"),
     GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
 }
 
@@ -114,12 +115,20 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.d = NULL
     cw.m = NULL
     cw.e = NULL
+    cw.sc = NULL
     if kind >= GI_F32:
         cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS)
         return 0
     if n_in % GI_GROUP:
         raise ValueError(f"{w.kind} weights need n_in divisible by {GI_GROUP}, got {n_in}")
     G = n_in // GI_GROUP
+    if kind == GI_Q6_K:  # d per super-block of 256, int8 scales per 16 in w.m
+        if n_in % 256:
+            raise ValueError(f"q6_k weights need n_in divisible by 256, got {n_in}")
+        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 6, GI_ROWS, 4)
+        cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G // 8, GI_ROWS)
+        cw.sc = <const int8_t *>_array(w.m, "w.m", cnp.NPY_INT8, "int8 (q6_k scales)", 4, n_rb, G, GI_ROWS, 2)
+        return 0
     cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, GI_ROWS, 4)
     if kind == GI_MXFP4:  # e8m0 exponents in w.d
         cw.e = <const uint8_t *>_array(w.d, "w.d", cnp.NPY_UINT8, "uint8 (e8m0)", 3, n_rb, G, GI_ROWS)
@@ -141,6 +150,8 @@ cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
         return w.n_rb * G * (512 + 32)
     if w.kind == GI_MXFP4:
         return w.n_rb * G * (256 + 16)
+    if w.kind == GI_Q6_K:
+        return w.n_rb * G * (384 + 32 + 4)
     return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
 
 

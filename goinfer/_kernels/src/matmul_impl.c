@@ -4,7 +4,9 @@
  *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g (minus 8*asum for
  *                q4_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc); q4_1 also
  *                acc = fmaf(mn[n,g], sa[m,g], acc).  mxfp4: the group's int values are
- *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly
+ *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly.
+ *                q6_k: isum = sum_k sc[n,k/16]*(q-32)*qa, exact int32; the fold's d is the
+ *                super-block's d[n,g/8]
  *   float kinds: acc = 0; for k in order: acc = fmaf(w[n,k], x[m,k], acc)
  * Every variant performs exactly this float operation sequence (vectorized across the 16
  * rows of a row block), so the variants, the GEMV and GEMM paths, any tiling and any thread
@@ -15,6 +17,10 @@
  *          nibble) and k = 16+c*4+j (high nibble)
  *   q8 qs  (n_rb, G, 8, 16, 4) int8:  line c holds rows 0..15 x k = c*4+j
  *   mxfp4  qs as q4 (4-bit codes), e (n_rb, G, 16) uint8 e8m0 exponents
+ *   q6_k   qs (n_rb, G, 6, 16, 4) uint8: line c (0..3) byte (r, j): code of k = 4c+j in bits
+ *          0..5, top 2 bits of the code of k = 16+4c+j in bits 6..7; line 4+p: low 4 bits of
+ *          the codes of k = 16+8p+j (low nibble) and 16+8p+4+j (high); d (n_rb, G/8, 16)
+ *          float16 per 256 k; sc (n_rb, G, 16, 2) int8 per 16 k
  *   d, m   (n_rb, G, 16) float16
  *   float  (n_rb, K, 16)
  */
@@ -89,8 +95,15 @@ GI_INLINE int quant_one(float v, float inv) {
 }
 
 /* 64-byte lines per group of an int kind; scale (and min) bytes per group and row block. */
-#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : 4)
-#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : 32)
+#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : 4)
+#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : (kind) == GI_Q6_K ? 36 : 32)
+
+/* q6_k: code k (0..31) of row r in a group's 6 lines lg (plain C: portable, get_rows) */
+GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
+    const int c = (k >> 2) & 3, j = k & 3, x = lg[c * 64 + r * 4 + j];
+    if (k < 16) return x & 63;
+    return (lg[(4 + (c >> 1)) * 64 + r * 4 + j] >> (4 * (c & 1)) & 15) | (x >> 6) << 4;
+}
 
 /* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
 GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
@@ -405,6 +418,77 @@ GI_INLINE __m256 e8m0_half8(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(small, big, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
 }
 
+/* q6_k: the -32 offset's activation sums of a group, packed for vpmaddwd against the scales
+   (x 32): low int16 = -sum(qa[0..15]), high int16 = -sum(qa[16..31]) (each |sum| <= 2032). */
+GI_INLINE int32_t q6_negsums(const int8_t *ag, int32_t asum) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)ag), _mm_set1_epi8((char)0x80));
+    const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());         /* sums of qa + 128 per 8 bytes */
+    const int32_t lo = _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128, hi = asum - lo;
+    return (int32_t)(((uint32_t)(uint16_t)(-hi) << 16) | (uint16_t)(-lo));
+}
+
+/* q6_k, one group, RB units x MR activation rows: is = exact int32 sum_k sc*(q-32)*qa.
+   Codes 0..63 (unsigned) x int8 activations by vpmaddubsw: a pair is at most 2*63*127 =
+   16002, so two lines (the same sub-block of 16) add in int16 (<= 32004); vpmaddwd against
+   the rows' sub-block scales (each in the 2 int16 lanes of its row) widens and scales them at
+   once.  The offset: vpmaddwd of 32*sc (both sub-blocks of a row in its 2 lanes) with the
+   broadcast pair (-sum qa[0..15], -sum qa[16..31]) gives -32*(sc0*lo + sc1*hi) per row. */
+GI_INLINE void q6_group(const int RB, const int MR, const uint8_t *const *wq, const int8_t *const *ws, int64_t g,
+                        const int8_t *ag, int64_t K, const int32_t *asg, int64_t G, __m256i is[MAXRB][MAXMR]) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3f = _mm256_set1_epi8(0x3F);
+    const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+    const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+    __m256i slo[MAXRB], shi[MAXRB], t0[MAXRB], t1[MAXRB], pl[MAXRB][MAXMR], ph[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) {
+        const __m256i ns = _mm256_set1_epi32(q6_negsums(ag + i * K, asg[i * G]));
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) {
+            const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ws[r] + g * 32)));
+            if (i == 0) {
+                slo[r] = _mm256_shuffle_epi8(v, plo);
+                shi[r] = _mm256_shuffle_epi8(v, phi);
+            }
+            is[r][i] = _mm256_madd_epi16(_mm256_slli_epi16(v, 5), ns);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        t0[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + 4) * 64));
+        t1[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + 5) * 64));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) {
+            /* k = 4c+j: bits 0..5 of line c; k = 16+4c+j: a nibble of line 4 + c/2, and bits 6..7
+               of line c to bits 4..5 (epi16 shifts: the masks drop what crosses bytes) */
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + c) * 64));
+            const __m256i y = c < 2 ? t0[r] : t1[r];
+            lo[r] = _mm256_and_si256(x, m3f);
+            hi[r] = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, nib),
+                                    _mm256_and_si256(_mm256_srli_epi16(x, 2), m30));
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            const __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+            const __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                const __m256i xl = _mm256_maddubs_epi16(lo[r], bl), xh = _mm256_maddubs_epi16(hi[r], bh);
+                if (c & 1) {
+                    is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(_mm256_add_epi16(pl[r][i], xl), slo[r]));
+                    is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(_mm256_add_epi16(ph[r][i], xh), shi[r]));
+                } else {
+                    pl[r][i] = xl;
+                    ph[r][i] = xh;
+                }
+            }
+        }
+    }
+}
+
 /* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
    (rows 8h..8h+7), and d[.., 8h..8h+7]. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
@@ -415,11 +499,13 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
     const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
     const uint8_t *we[MAXRB];                                   /* mxfp4: (G, [8]) per unit */
+    const int8_t *ws[MAXRB];                                    /* q6_k: (G, [8 rows x 2]) per unit */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         int64_t rb = (u + r) >> 1, h = (u + r) & 1;
         wq[r] = (const uint8_t *)w->qs + rb * rbs + h * 32;
-        wd[r] = KIND == GI_MXFP4 ? 0 : w->d + rb * G * 16 + h * 8;
+        wd[r] = KIND == GI_MXFP4 ? 0 : KIND == GI_Q6_K ? w->d + rb * (G / 8) * 16 + h * 8 : w->d + rb * G * 16 + h * 8;
+        ws[r] = KIND == GI_Q6_K ? w->sc + rb * G * 32 + h * 16 : 0;
         wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
         we[r] = KIND == GI_MXFP4 ? w->e + rb * G * 16 + h * 8 : 0;
     }
@@ -449,7 +535,9 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
-            if (KIND == GI_MXFP4) {
+            if (KIND == GI_Q6_K) {
+                q6_group(RB, MR, wq, ws, g, ag, K, as + g, G, is);
+            } else if (KIND == GI_MXFP4) {
                 /* codes looked up as KV + 12 (0..24, unsigned) against int8 activations, the
                    -12*asum correction below.  An int16 lane of one maddubs sums 2 products
                    <= 24*127 (no saturation); the low and the high nibbles accumulate apart over
@@ -545,7 +633,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
                 dv[r] = KIND == GI_MXFP4 ? e8m0_half8(we[r] + g * 16)
-                                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + g * 16)));
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
                 if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
             }
 #pragma GCC unroll 16
@@ -604,11 +692,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
    spill with 16 registers).  No instruction is emitted. */
 #define PIN(v) __asm__("" : "+x"(v))
 
-/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32, da (mr,), sa (mr,) f32 */
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q6_k:
+   q6_negsums), da (mr,), sa (mr,) f32 */
 #define PANEL_STRIDE(mr) ((mr) * 48)
 
 /* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */
-static void pack_panel(const gi_qact *a, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
+static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
     const int64_t K = a->K, G = K / GI_GROUP;
     for (int i = 0; i < mr; i++) {
         const int8_t *qa = a->qa + (m + i) * K;
@@ -617,7 +706,7 @@ static void pack_panel(const gi_qact *a, int64_t m, int mr, int64_t g0, int64_t 
         for (int64_t g = g0; g < g1; g++) {
             uint8_t *p = panel + (g - g0) * PANEL_STRIDE(mr);
             _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
-            int32_t cb = 8 * as[g];
+            int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : 8 * as[g];
             memcpy(p + mr * 32 + i * 4, &cb, 4);
             memcpy(p + mr * 36 + i * 4, da + g, 4);
             memcpy(p + mr * 40 + i * 4, sa + g, 4);
@@ -645,6 +734,33 @@ static void unpack_q4(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, 
     }
 }
 
+/* q6_k lines c of group g (64 bytes at x, the 2 nibble lines at y) -> codes of k = 4c+j
+   (lo) and k = 16+4c+j (hi), one per byte, for the 32 bytes at offset h*32 (rows 8h..8h+7). */
+GI_INLINE void q6_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m256i *hi) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
+    *lo = _mm256_and_si256(x, _mm256_set1_epi8(0x3F));
+    *hi = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, _mm256_set1_epi8(0x0F)),
+                          _mm256_and_si256(_mm256_srli_epi16(x, 2), _mm256_set1_epi8(0x30)));
+}
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q6_k weight -> dst as unpack_q4 lays q4 out
+   (codes 0..63 one per byte: per group and line c, 64 bytes of k = 4c+j, then 64 of 16+4c+j). */
+static void unpack_q6(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 384;
+        for (int64_t g = 0; g < g1 - g0; g++)
+            for (int c = 0; c < 4; c++, dst += 128)
+                for (int h = 0; h < 2; h++) {
+                    __m256i lo, hi;
+                    q6_unpack_line(src + g * 384, c, h, &lo, &hi);
+                    _mm256_store_si256((__m256i *)(dst + h * 32), lo);
+                    _mm256_store_si256((__m256i *)(dst + 64 + h * 32), hi);
+                }
+    }
+}
+
 /* The 8 outputs (m, n0 .. n0+7) stored so far (0 beyond n_out), as store_unit wrote them. */
 GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, int64_t m, int64_t n0) {
     int64_t cnt = cols_left(w, n0);
@@ -664,7 +780,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
     const int64_t G = w->n_in / GI_GROUP;
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
-    const uint16_t *wd = w->d + (rb * G + g0) * 16;                           /* (groups, 16) */
+    const uint16_t *wd = KIND == GI_Q6_K ? w->d + (rb * (G / 8) + g0 / 8) * 16   /* q6_k: (groups/8, 16) */
+                                         : w->d + (rb * G + g0) * 16;            /* (groups, 16) */
     const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
     const __m256i ones = _mm256_set1_epi16(1);
     float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
@@ -679,8 +796,60 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         const int8_t *ag = (const int8_t *)pg;                                /* (MR, 32) */
         const int32_t *cb = (const int32_t *)(pg + MR * 32);
         const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
-        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8: int32 sums */
-        if (KIND != GI_Q8_0) {
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q6_k: int32 sums */
+        if (KIND == GI_Q6_K) {
+            /* as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two lines
+               of one sub-block added in int16, vpmaddwd by the rows' sub-block scales; the sums
+               start at the -32 offset's correction (cb: the panel's q6_negsums) */
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;                /* (16, 2) */
+            const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+            const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+            __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) {
+                const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
+                sv[r][0] = _mm256_shuffle_epi8(v, plo);
+                sv[r][1] = _mm256_shuffle_epi8(v, phi);
+                const __m256i v32 = _mm256_slli_epi16(v, 5);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(v32, _mm256_set1_epi32(cb[i]));
+            }
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+#pragma GCC unroll 2
+                for (int cp = 0; cp < 2; cp++) {                 /* lines c = 2cp, 2cp+1: one sub-block's int16 sums */
+                    __m256i we[2], wo[2];                           /* [half] of lines 2cp, 2cp+1 */
+                    if (UNP) {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            we[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp) * 128 + hi * 64 + r * 32));
+                            wo[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp + 1) * 128 + hi * 64 + r * 32));
+                        }
+                    } else {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            __m256i l0, h0, l1, h1;
+                            q6_unpack_line(lg, 2 * cp, r, &l0, &h0);
+                            q6_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            we[r] = hi ? h0 : l0;
+                            wo[r] = hi ? h1 : l1;
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const __m256i be = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp));
+                        const __m256i bo = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp + 4));
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we[r], be), _mm256_maddubs_epi16(wo[r], bo));
+                            s[r][i] = _mm256_add_epi32(s[r][i], _mm256_madd_epi16(p, sv[r][hi]));
+                            PIN(s[r][i]);
+                        }
+                    }
+                }
+            }
+        } else if (KIND != GI_Q8_0) {
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
             const __m256i nib = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -741,7 +910,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         /* ---- fold: the contract's fmaf sequence */
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++) {
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + r * 8)));
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
             __m256 mv = _mm256_setzero_ps();
             if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
 #pragma GCC unroll 16
@@ -893,14 +1063,21 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
     int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
 #define FG_PTR(K, RB, MR) fg_##K##_##RB##_##MR,
 
-/* kinds 0..3 = q4_0, q4_1, q8_0, mxfp4; 4..6 = f32, f16, bf16 (matmul.h) */
-_Static_assert(GI_MXFP4 == 3 && GI_F32 == 4 && GI_BF16 == 6,
+/* kinds 0..4 = q4_0, q4_1, q8_0, mxfp4, q6_k; 5..7 = f32, f16, bf16 (matmul.h).  q6_k has
+   microkernels on AVX2 only: the avx512 variant hands it to the avx2 table (see matmul_q). */
+_Static_assert(GI_MXFP4 == 3 && GI_Q6_K == 4 && GI_F32 == 5 && GI_BF16 == 7,
                "the instantiation lists below assume the kind numbers of matmul.h");
 SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
 SEQ(QG_MR)(QG_DEF, 0, 1) SEQ(QG_MR)(QG_DEF, 1, 1) SEQ(QG_MR)(QG_DEF, 2, 1) SEQ(QG_MR)(QG_DEF, 3, 1)
-SEQ(FV_RB)(FV_DEF, 4, 1) SEQ(FV_RB)(FV_DEF, 5, 1) SEQ(FV_RB)(FV_DEF, 6, 1)
-SEQ(FG_MR)(FG_DEF, 4, 1) SEQ(FG_MR)(FG_DEF, 5, 1) SEQ(FG_MR)(FG_DEF, 6, 1)
-SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2)
+#if defined(GI_VARIANT_AVX2)
+#define N_QKINDS 5
+SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QG_MR)(QG_DEF, 4, 1)
+#else
+#define N_QKINDS 4
+#endif
+SEQ(FV_RB)(FV_DEF, 5, 1) SEQ(FV_RB)(FV_DEF, 6, 1) SEQ(FV_RB)(FV_DEF, 7, 1)
+SEQ(FG_MR)(FG_DEF, 5, 1) SEQ(FG_MR)(FG_DEF, 6, 1) SEQ(FG_MR)(FG_DEF, 7, 1)
+SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2) SEQ(FG_MR)(FG_DEF, 7, 2)
 
 #if QG_RB != 1 || FG_RB != 2
 #error "instantiation lists above assume QG_RB == 1 and FG_RB == 2"
@@ -909,18 +1086,26 @@ SEQ(FG_MR)(FG_DEF, 4, 2) SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2)
 #error "microkernel sizes exceed the register array bounds"
 #endif
 
-static const qtile_fn qv_tab[4][QV_RB] = {
+static const qtile_fn qv_tab[N_QKINDS][QV_RB] = {
     {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)},
-    {SEQ(QV_RB)(QV_PTR, 3, 1)}};
-static const qtile_fn qg_tab[4][QG_RB][QG_MR] = {
+    {SEQ(QV_RB)(QV_PTR, 3, 1)},
+#if defined(GI_VARIANT_AVX2)
+    {SEQ(QV_RB)(QV_PTR, 4, 1)},
+#endif
+};
+static const qtile_fn qg_tab[N_QKINDS][QG_RB][QG_MR] = {
     {{SEQ(QG_MR)(QG_PTR, 0, 1)}}, {{SEQ(QG_MR)(QG_PTR, 1, 1)}}, {{SEQ(QG_MR)(QG_PTR, 2, 1)}},
-    {{SEQ(QG_MR)(QG_PTR, 3, 1)}}};
+    {{SEQ(QG_MR)(QG_PTR, 3, 1)}},
+#if defined(GI_VARIANT_AVX2)
+    {{SEQ(QG_MR)(QG_PTR, 4, 1)}},
+#endif
+};
 static const ftile_fn fv_tab[3][FV_RB] = {
-    {SEQ(FV_RB)(FV_PTR, 4, 1)}, {SEQ(FV_RB)(FV_PTR, 5, 1)}, {SEQ(FV_RB)(FV_PTR, 6, 1)}};
+    {SEQ(FV_RB)(FV_PTR, 5, 1)}, {SEQ(FV_RB)(FV_PTR, 6, 1)}, {SEQ(FV_RB)(FV_PTR, 7, 1)}};
 static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
-    {{SEQ(FG_MR)(FG_PTR, 4, 1)}, {SEQ(FG_MR)(FG_PTR, 4, 2)}},
     {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 6, 1)}, {SEQ(FG_MR)(FG_PTR, 6, 2)}}};
+    {{SEQ(FG_MR)(FG_PTR, 6, 1)}, {SEQ(FG_MR)(FG_PTR, 6, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 7, 1)}, {SEQ(FG_MR)(FG_PTR, 7, 2)}}};
 
 #define UPB (GI_ROWS / UNIT)       /* units per row block */
 #ifndef L2_CHUNK
@@ -967,16 +1152,18 @@ typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64
     const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
     qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
 #define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
-SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 1)
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
+SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0)
 #if QG2_MR > MAXMR
 #error "QG2_MR exceeds the register array bounds"
 #endif
 /* [unpacked][kind][rows - 1] */
-static const q2_fn q2_tab[2][GI_Q8_0 + 1][QG2_MR] = {
+static const q2_fn q2_tab[2][GI_Q6_K + 1][QG2_MR] = {
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
-     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}},
-    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)}}};
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)}},
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
+     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}}};
 
 /* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
    as needed and kept for the thread's life: at most ~530 KB. */
@@ -1029,10 +1216,11 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
         const int64_t c1 = min64(c0 + chunk, rb1);
         for (int64_t g0 = 0; g0 < G; g0 += kb) {
             const int64_t g1 = min64(g0 + kb, G);
-            if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
+            else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
-                pack_panel(a, ma, (int)mr, g0, g1, panel);
+                pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
                 for (int64_t rb = c0; rb < c1; rb++)
                     q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
                                               out, ldo);
@@ -1048,6 +1236,15 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     const int kind = w->kind;
     const int64_t u0 = rb0 * UPB, u1 = rb1 * UPB;
     if (m1 - m0 <= 0 || u1 <= u0) return;
+#if defined(GI_VARIANT_AVX512)
+    if (kind == GI_Q6_K) {
+        /* no AVX-512 q6_k microkernels (not testable on the AVX2 machine they were written on):
+           the AVX2 ones, which every AVX-512 CPU runs, give the contract's bits.  The layout
+           build of this variant converts Q6_K to q8_0 instead (goinfer/gguf.py). */
+        gi_matmul_ops_avx2.matmul_q(w, a, m0, m1, rb0, rb1, out, ldo);
+        return;
+    }
+#endif
     if (m1 - m0 == 1) {
         /* GEMV (decode): stream the weights once, QV_RB units at a time */
         for (int64_t u = u0; u < u1; u += QV_RB)
@@ -1063,7 +1260,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
-    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
+    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0 || kind == GI_Q6_K) &&
+        gemm2(w, a, m0, m1, rb0, rb1, out, ldo))
+        return;
 #endif
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
     GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
@@ -1101,7 +1300,8 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     const int NL = LINES(kind);
     for (int64_t rb = rb0; rb < rb1; rb++) {
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;   /* (G, NL, 16, 4) */
-        const uint16_t *wd = kind == GI_MXFP4 ? 0 : w->d + rb * G * 16;  /* (G, 16) */
+        const uint16_t *wd = kind == GI_MXFP4 ? 0 : kind == GI_Q6_K ? w->d + rb * (G / 8) * 16
+                                                                    : w->d + rb * G * 16;  /* (G or G/8, 16) */
         const uint16_t *wm = kind == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         const uint8_t *we = kind == GI_MXFP4 ? w->e + rb * G * 16 : 0;   /* (G, 16) */
         const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
@@ -1111,7 +1311,14 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const int8_t *ag = a->qa + m * K + g * GI_GROUP;      /* (32,) */
                 const uint8_t *lg = wq + g * NL * 64;
                 int32_t is[GI_ROWS] = {0};
-                if (kind == GI_MXFP4) {
+                if (kind == GI_Q6_K) {
+                    const int8_t *sg = w->sc + (rb * G + g) * 32;                  /* (16, 2) */
+                    for (int r = 0; r < GI_ROWS; r++) {
+                        int32_t h[2] = {0, 0};
+                        for (int k = 0; k < GI_GROUP; k++) h[k >> 4] += (q6_code(lg, r, k) - 32) * ag[k];
+                        is[r] = sg[2 * r] * h[0] + sg[2 * r + 1] * h[1];
+                    }
+                } else if (kind == GI_MXFP4) {
                     for (int c = 0; c < 4; c++)
                         for (int r = 0; r < GI_ROWS; r++)
                             for (int j = 0; j < 4; j++) {
@@ -1134,7 +1341,8 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const float dam = a->da[m * G + g];
                 const int32_t corr = kind == GI_Q4_0 ? 8 * a->asum[m * G + g] : 0;
                 for (int r = 0; r < GI_ROWS; r++) {
-                    float dd = (kind == GI_MXFP4 ? e8m0_half(we[g * 16 + r]) : f16_to_f32(wd[g * 16 + r])) * dam;
+                    float dd = (kind == GI_MXFP4 ? e8m0_half(we[g * 16 + r])
+                                : f16_to_f32(wd[(kind == GI_Q6_K ? g >> 3 : g) * 16 + r])) * dam;
                     acc[r] = fmaf((float)(is[r] - corr), dd, acc[r]);
                     if (kind == GI_Q4_1) acc[r] = fmaf(f16_to_f32(wm[g * 16 + r]), a->sa[m * G + g], acc[r]);
                 }
@@ -1194,9 +1402,17 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
         const int NL = LINES(kind);
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;     /* (G, NL, 16, 4) */
         for (int64_t g = 0; g < G; g++) {
+            float *og = o + g * GI_GROUP;
+            if (kind == GI_Q6_K) {  /* (d * sc) * (q - 32): both products exact in float32 */
+                const float d = f16_to_f32(w->d[(rb * (G / 8) + g / 8) * GI_ROWS + r]);
+                const int8_t *sg = w->sc + ((rb * G + g) * GI_ROWS + r) * 2;
+                const float d0 = d * (float)sg[0], d1 = d * (float)sg[1];
+                for (int k = 0; k < GI_GROUP; k++)
+                    og[k] = (float)(q6_code(wq + g * NL * 64, (int)r, k) - 32) * (k < 16 ? d0 : d1);
+                continue;
+            }
             const float d = kind == GI_MXFP4 ? e8m0_half(w->e[(rb * G + g) * GI_ROWS + r])
                                              : f16_to_f32(w->d[(rb * G + g) * GI_ROWS + r]);
-            float *og = o + g * GI_GROUP;
             const uint8_t *lg = wq + g * NL * 64 + r * 4;
             if (kind == GI_MXFP4) {
                 for (int c = 0; c < 4; c++)
