@@ -113,13 +113,16 @@ def cache_path(fingerprint: str, variant: str | None = None) -> Path:
 def _cacheable_families():
     from goinfer.models.gemma import Gemma3Family
     from goinfer.models.gemma4 import Gemma4Family, Gemma4MoEFamily
+    from goinfer.models.gptoss import GptOssFamily
     from goinfer.models.llama import LlamaFamily
     from goinfer.models.moe import MoEFamily
+    from goinfer.models.qwen35 import Qwen35Family, Qwen35MoEFamily
     from goinfer.models.smollm3 import SmolLM3Family
 
     # exact classes: a family is cached only once all its weights come from load_weights(),
     # and load_weights() needs nothing of the instance but cfg (see _loader)
-    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family, Gemma4Family, Gemma4MoEFamily)
+    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family, Gemma4Family, Gemma4MoEFamily,
+            Qwen35Family, Qwen35MoEFamily, GptOssFamily)
 
 
 def _loader(family, cfg):
@@ -133,12 +136,18 @@ def _loader(family, cfg):
 def _classes() -> dict:
     from goinfer.models.gemma import Gemma3LayerWeights
     from goinfer.models.gemma4 import Gemma4LayerWeights, Gemma4MoEWeights
+    from goinfer.models.gptoss import GptOssLayerWeights
     from goinfer.models.llama import LayerWeights
     from goinfer.models.moe import FFNWeights, MoELayerWeights, MoEWeights
+    from goinfer.models.qwen35 import LinearWeights, Qwen35LayerWeights, Qwen35MoELayerWeights
     from goinfer.quant import QWeight
 
-    return {c.__name__: c for c in (QWeight, LayerWeights, MoELayerWeights, Gemma3LayerWeights,
-                                    FFNWeights, MoEWeights, Gemma4LayerWeights, Gemma4MoEWeights)}
+    classes = (QWeight, LayerWeights, MoELayerWeights, Gemma3LayerWeights, FFNWeights, MoEWeights,
+               Gemma4LayerWeights, Gemma4MoEWeights, LinearWeights, Qwen35LayerWeights,
+               Qwen35MoELayerWeights, GptOssLayerWeights)
+    by_name = {c.__name__: c for c in classes}
+    assert len(by_name) == len(classes), "layout cache: two weight classes share a name"
+    return by_name
 
 
 # ============================================================================ writing

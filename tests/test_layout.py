@@ -3,6 +3,7 @@ bits as loading from the GGUF, rebuilt when stale or corrupt, never left half-wr
 memory check before a load (goinfer/memory.py) and the KV cache's default size."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -96,6 +97,94 @@ def test_moe_and_gemma_families_are_cached(tmp_path, layouts):
         m = _load(path)
         assert m.load_info.source == "layout"
         assert np.array_equal(m.logits(IDS[:24]), ref)
+
+
+def _tree_arrays(obj, out=None) -> list[np.ndarray]:
+    """Every array reachable from a weights tree (QWeights, layer dataclasses, lists), in order."""
+    out = [] if out is None else out
+    if isinstance(obj, np.ndarray):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tree_arrays(v, out)
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _tree_arrays(getattr(obj, f.name), out)
+    return out
+
+
+def _model_arrays(m) -> list[np.ndarray]:
+    i = m.impl
+    return _tree_arrays([i.tok_embd, i.layers, i.out_norm, i.lm_head])
+
+
+# what each hybrid / sink / MXFP4 family must carry through the cache (a path into layer 0)
+FAMILY_PARTS = {
+    "qwen35": [("lin", "conv_wT"), ("lin", "A"), ("lin", "dt_bias"), ("lin", "norm"),
+               ("lin", "w_out", "qs")],
+    "qwen35moe": [("lin", "conv_wT"), ("lin", "A"), ("moe", "router", "qs"),
+                  ("moe", "shared_gate", "qs")],
+    "gpt-oss": [("sinks",), ("bo",), ("bqkv",), ("moe", "router_bias")],
+}
+
+
+def _part(L, path):
+    for name in path:
+        L = getattr(L, name)
+    return L
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_PARTS))
+def test_hybrid_sink_mxfp4_families_are_cached(family, layouts):
+    """Qwen3.5 dense and MoE (Gated DeltaNet weights: conv taps, A, dt bias, norms) and gpt-oss
+    (sinks, biases, MXFP4 experts): the build and the mapped load run every weight from the
+    file, with the bits and logits of a load without the cache; a corrupt or stale file of
+    these families is rebuilt with a warning."""
+    import hfconvert
+
+    path = hfconvert.build(family)[1]
+    ids = IDS[:24]
+    plain = _load(path, layout_cache=False)
+    assert plain.load_info.source == "gguf"
+    ref = plain.logits(ids)
+    built = _load(path)
+    assert built.load_info.source == "built"
+    mapped = _load(path)
+    assert mapped.load_info.source == "layout" and mapped.load_info.path == built.load_info.path
+    pa, ma = _model_arrays(plain), _model_arrays(mapped)
+    assert len(pa) == len(ma) > 0
+    for a, b in zip(pa, ma, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    for m in (built, mapped):  # every weight is a read-only view of the mapped file
+        assert not any(a.flags.writeable for a in _model_arrays(m))
+    L0 = mapped.impl.layers[0]
+    for part in FAMILY_PARTS[family]:
+        got, want = _part(L0, part), _part(plain.impl.layers[0], part)
+        assert isinstance(got, np.ndarray) and not got.flags.writeable and np.array_equal(got, want)
+    if family == "gpt-oss":
+        assert all(X.w_gate_up.kind == "mxfp4" and X.w_down.kind == "mxfp4"
+                   for L in mapped.impl.layers for X in L.moe.experts)
+    else:
+        assert [L.lin_index for L in mapped.impl.layers] == [L.lin_index for L in plain.impl.layers]
+        assert [L.kv_index for L in mapped.impl.layers] == [L.kv_index for L in plain.impl.layers]
+    assert np.array_equal(built.logits(ids), ref)
+    assert np.array_equal(mapped.logits(ids), ref)
+    assert [vars(r) for r in mapped.conversions.rows] == [vars(r) for r in plain.conversions.rows]
+    # corrupt: one byte of layer 0's family-specific weight
+    lp = mapped.load_info.path
+    del built, mapped
+    header = layout.verify(lp)
+    node = header["tree"]["d"]["layers"]["l"][0]
+    for name in FAMILY_PARTS[family][0]:
+        node = node["f"][name]
+    off, nbytes = header["arrays"][node["a"]][:2]
+    _flip(lp, off + nbytes // 2)
+    assert np.array_equal(_rebuilt(path, "fails its checksum").logits(ids), ref)
+    # stale: another layout version
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(layout, "LAYOUT_VERSION", layout.LAYOUT_VERSION + 1)
+        assert np.array_equal(_rebuilt(path, "stale").logits(ids), ref)
+    assert layout.verify(lp)["layout_version"] == layout.LAYOUT_VERSION + 1
 
 
 def test_layout_holds_exactly_the_native_bytes(q4_path, layouts):

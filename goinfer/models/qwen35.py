@@ -199,21 +199,20 @@ class Qwen35Family(llama.LlamaFamily):
 
     def __init__(self, g, cfg: Qwen35Config, kernels, threads: int, progress=None,
                  weights: dict | None = None):
-        self._n_lin = self._n_kv = 0
         super().__init__(g, cfg, kernels, threads, progress, weights)
         self.state_spec = cfg.state_spec
 
     def load_layer(self, g, i: int) -> Qwen35LayerWeights:
+        """Layer i; reads self.cfg only (the layout cache loads before __init__ runs)."""
         cfg, p, D = self.cfg, f"blk.{i}.", self.cfg.d_model
+        n_lin = sum(cfg.recurrent[:i])  # linear layers before this one
         if not cfg.recurrent[i]:
             attn = self._load_gated_attention(g, i)
-            lin, lin_index, kv_index = None, -1, self._n_kv
-            self._n_kv += 1
+            lin, lin_index, kv_index = None, -1, i - n_lin
         else:
             attn = dict(attn_norm=llama._check_vec(p + "attn_norm.weight", g.load_f32(p + "attn_norm.weight"), D),
                         wqkv=None, wq=None, wk=None, wv=None, bqkv=None, q_norm=None, k_norm=None, wo=None)
-            lin, lin_index, kv_index = _load_linear(g, cfg, i), self._n_lin, -1
-            self._n_lin += 1
+            lin, lin_index, kv_index = _load_linear(g, cfg, i), n_lin, -1
         norm = llama._check_vec(p + "post_attention_norm.weight", g.load_f32(p + "post_attention_norm.weight"), D)
         return Qwen35LayerWeights(**attn, ffn_norm=norm, **self._load_ffn(g, i), lin=lin,
                                   lin_index=lin_index, kv_index=kv_index)
