@@ -199,7 +199,9 @@ def main(argv=None):
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),
            "threads": args.threads, "repeats": args.repeats, "machine": machine(),
-           "llama_cpp_python": llama_cpp.__version__ if llama_cpp is not None else "skipped (not installed)",
+           "llama_cpp_python": (llama_cpp.__version__ if llama_cpp is not None else
+                                "not run (--no-llama-cpp)" if args.no_llama_cpp else
+                                "skipped (not installed)"),
            "goinfer": goinfer.config(), "goinfer_load": g0.model.load_info.source if g0 else "not run",
            "goinfer_weights": g0.weights() if g0 else ["not run"], "prefill": [], "decode": []}
     for n in lengths:
