@@ -30,6 +30,8 @@ Formats (a call as the model writes it; chosen from the chat template):
 - qwen_xml: ``<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n``
   ``</tool_call>``, one block per call; a string value as it is, any other as JSON (templates
   with ``<function=``: Qwen3.5, Qwen3-Coder);
+- gemma4: ``<|tool_call>call:f{key:<|"|>text<|"|>,n:3}<tool_call|>``, one block per call:
+  keys bare, strings between ``<|"|>`` marks, other values as JSON (Gemma 4 templates);
 - harmony: ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
   ended by ``<|call|>``, one call per reply (gpt-oss; read by channels.ReplyParser with the
   reply's reasoning and answer);
@@ -68,7 +70,7 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
     "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
-    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "HARMONY", "GENERIC",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "GEMMA4", "HARMONY", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -232,7 +234,7 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "harmony" | "generic"
+    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "gemma4" | "harmony" | "generic"
     native: bool  # the model's chat template renders tools, calls and results
     open: str  # text that opens calls
     close: str  # text that closes one call ("": the JSON's end closes it)
@@ -251,6 +253,7 @@ HERMES = ToolFormat("hermes", True, "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", True, "<|python_tag|>", "", "parameters")
 MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS]", "", "arguments")
 QWEN_XML = ToolFormat("qwen_xml", True, "<tool_call>", "</tool_call>", "arguments")
+GEMMA4 = ToolFormat("gemma4", True, "<|tool_call>", "<tool_call|>", "arguments")
 HARMONY = ToolFormat("harmony", True, "to=functions.", "<|call|>", "arguments")
 GENERIC = ToolFormat("generic", False, "<tool_call>", "</tool_call>", "arguments")
 
@@ -268,6 +271,8 @@ def _format_of(template: str) -> ToolFormat:
         return HARMONY  # gpt-oss: its calls are messages of the reply (channels.py)
     if not template or not _renders_tools(template):
         return GENERIC
+    if "<|tool_call>call:" in template:  # Gemma 4
+        return GEMMA4
     if "<function=" in template and "<tool_call>" in template:  # Qwen3-Coder / Qwen3.5
         return QWEN_XML
     if "<tool_call>" in template:
@@ -871,6 +876,8 @@ def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool, schemas=None) -> 
     j = _skip_ws(s, i)
     if fmt.name == "qwen_xml":
         return _scan_xml(fmt, s, j, final, schemas or {})
+    if fmt.name == "gemma4":
+        return _scan_gemma(fmt, s, j, final)
     if fmt.name == "mistral":
         if j >= len(s):
             return r
@@ -1110,7 +1117,7 @@ class CallParser:
                 self.held = ""
             entry = self.sent[n]
             a0, a1 = c.args
-            if c.json is not None:  # converted arguments (qwen_xml): whole once read
+            if c.json is not None:  # converted arguments (qwen_xml, gemma4): whole once read
                 piece = c.json[len(entry["arguments"]):]
             else:
                 piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
@@ -1226,6 +1233,126 @@ def _scan_xml(fmt: ToolFormat, s: str, j: int, final: bool, schemas: dict) -> _R
     elif final:
         r.end = len(s)
     return r
+
+
+_G_QUOTE = '<|"|>'  # Gemma 4's string delimiter (a special token of its vocabulary)
+_G_CALL = "call:"
+_G_SCALAR = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null|None")
+_G_WORD = re.compile(r"[^,{}\[\]<\s]*")
+_G_KEY = re.compile(r"[^:{}\[\],<>\s]+")
+
+
+def _gemma_value(s: str, i: int, final: bool) -> tuple[object, int]:
+    """The Gemma 4 value at s[i] -> (value, index after it): <|"|>text<|"|>, {key:value,...}
+    (keys bare or quoted), [value,...], or a JSON scalar.  _Incomplete: the text ends inside
+    it; _Bad: it is no value."""
+    if i >= len(s):
+        raise _Incomplete
+    if s.startswith(_G_QUOTE, i):
+        k = s.find(_G_QUOTE, i + len(_G_QUOTE))
+        if k < 0:
+            raise _Incomplete
+        return s[i + len(_G_QUOTE):k], k + len(_G_QUOTE)
+    if _G_QUOTE.startswith(s[i:]):
+        raise _Incomplete
+    c = s[i]
+    if c in "{[":
+        obj = c == "{"
+        out: dict | list = {} if obj else []
+        j = i + 1
+        if j >= len(s):
+            raise _Incomplete
+        if s[j] == ("}" if obj else "]"):
+            return out, j + 1
+        while True:
+            if obj:
+                if s.startswith(_G_QUOTE, j):
+                    key, j = _gemma_value(s, j, final)
+                else:
+                    m = _G_KEY.match(s, j)
+                    if m is None:
+                        raise _Incomplete if j >= len(s) or _G_QUOTE.startswith(s[j:]) else _Bad
+                    key, j = m.group(), m.end()
+                if j >= len(s):
+                    raise _Incomplete
+                if s[j] != ":":
+                    raise _Bad
+                v, j = _gemma_value(s, j + 1, final)
+                out[key] = v
+            else:
+                v, j = _gemma_value(s, j, final)
+                out.append(v)
+            if j >= len(s):
+                raise _Incomplete
+            if s[j] == ("}" if obj else "]"):
+                return out, j + 1
+            if s[j] != ",":
+                raise _Bad
+            j += 1
+    end = _G_WORD.match(s, i).end()
+    if end >= len(s) and not final:
+        raise _Incomplete  # a number or word may go on
+    word = s[i:end]
+    if not _G_SCALAR.fullmatch(word):
+        raise _Bad
+    return (None if word == "None" else json.loads(word)), end
+
+
+def _scan_gemma(fmt: ToolFormat, s: str, j: int, final: bool) -> _Region:
+    """One Gemma 4 call after <|tool_call>: call:NAME{key:value,...} <tool_call|>.  The call
+    gets its name at its "{" and its arguments (JSON text, keys in the order written) at its
+    "}".  A <|tool_response> right after the close (the model asking for the results) is part
+    of the region."""
+    r = _Region()
+    c = _Call()
+    r.calls.append(c)
+    head = s[j:j + len(_G_CALL)]
+    if head != _G_CALL:
+        if _G_CALL.startswith(head):
+            return r
+        raise _Bad
+    k = j + len(_G_CALL)
+    e = s.find("{", k)
+    if e < 0:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]*", s[k:]):
+            raise _Bad
+        return r
+    name = s[k:e]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise _Bad
+    c.name = name
+    try:
+        args, end = _gemma_value(s, e, final)
+    except _Incomplete:
+        if final:
+            raise _Bad from None
+        return r
+    if not isinstance(args, dict):
+        raise _Bad
+    c.json = json.dumps(args, ensure_ascii=False)
+    c.args = (e, end)
+    c.end = end
+    j = _skip_ws(s, end)
+    rest = s[j:j + len(fmt.close)]
+    if rest == fmt.close:
+        j += len(fmt.close)
+        more = s[j:j + len(_G_RESULTS)]
+        if more == _G_RESULTS:
+            r.end = j + len(_G_RESULTS)
+        elif _G_RESULTS.startswith(more) and more and not final:
+            return r
+        elif not more and not final:
+            return r  # a <|tool_response> may follow
+        else:
+            r.end = j
+    elif not fmt.close.startswith(rest):
+        raise _Bad
+    elif final:
+        r.end = len(s)
+    return r
+
+
+_G_RESULTS = "<|tool_response>"
 
 
 def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None
