@@ -558,6 +558,14 @@ def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
         rules.append("body: %json " + json.dumps(schema))
         first = "body"
         after = ""
+    elif fmt.name == "gemma4":  # one <|tool_call> block per call, no separator
+        rules += _gemma_rules(tools, tokenizer)
+        first = "first"
+        rules.append(f"first: body {_marker(tokenizer, fmt.close)}")
+        # after the calls the model may ask for their results (<|tool_response>, as the
+        # template writes after a call without results), which ends the reply
+        after = (f" ({_marker(tokenizer, fmt.open)} first)*" if many else "") + \
+            f" {_marker(tokenizer, _G_RESULTS)}?"
     else:  # hermes, generic, qwen_xml: one <tool_call> block per call
         if fmt.name == "qwen_xml":
             rules += _xml_rules(tools)
@@ -608,6 +616,56 @@ def _xml_rules(tools) -> list[str]:
             parts.append(f"p{i}_{j}" + ("" if key in required else "?"))
         fns.append(f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} '
                    '"</function>"')
+    rules.append("body: " + " | ".join(f"({f})" for f in fns))
+    return rules
+
+
+def _gemma_rules(tools, tokenizer) -> list[str]:
+    """Rules of a gemma4 call body: call:NAME{key:value,...}, the keys in sorted order (as
+    the template writes them; the required ones always), a string value between <|"|> marks
+    (an enum's words, or any text without the mark), an integer, number or boolean as JSON
+    held to its schema, any other value a Gemma 4 value of any shape (gval)."""
+    q = _marker(tokenizer, _G_QUOTE)
+    text = ("G_TEXT: /(?s:.*)/" if _special(tokenizer, _G_QUOTE) is not None
+            else _text_without(_G_QUOTE).replace("TEXT:", "G_TEXT:", 1))
+    rules = [text, f"gstr: {q} G_TEXT {q}",
+             r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+             r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
+             'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
+             'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
+             'garr: "[" (gval ("," gval)*)? "]"']
+    fns = []
+    for i, t in enumerate(tools):
+        params = _bounded(t.parameters)
+        required = set(params.get("required", ()))
+        props = sorted((params.get("properties") or {}).items())
+        parts = []  # (rule, required)
+        for j, (key, sub) in enumerate(props):
+            sub = sub if isinstance(sub, Mapping) else {}
+            kind = sub.get("type")
+            if _xml_string(sub):
+                words = sub.get("enum", [sub["const"]] if "const" in sub else None)
+                value = "gstr" if words is None else f"{q} (" + " | ".join(
+                    json.dumps(w) for w in words) + f") {q}"
+            elif kind in ("integer", "number", "boolean"):
+                schema = dict(sub)
+                schema["x-guidance"] = dict(_JSON_LAYOUT)
+                rules.append(f"v{i}_{j}: %json " + json.dumps(schema))
+                value = f"v{i}_{j}"
+            else:
+                value = "gval"
+            rules.append(f"p{i}_{j}: {json.dumps(key + ':')} {value}")
+            parts.append((f"p{i}_{j}", key in required))
+        alts = []
+        for k, (rule, req) in enumerate(parts):
+            rest = " ".join(f'("," {r})' + ("" if q_ else "?") for r, q_ in parts[k + 1:])
+            alts.append(f"{rule} {rest}".strip())
+            if req:
+                break  # a required key opens every later alternative's list
+        inner = " | ".join(f"({a})" for a in alts)
+        if inner and not any(req for _, req in parts):
+            inner = f"({inner})?"
+        fns.append(f'{json.dumps("call:" + t.name + "{")} {inner} "}}"'.replace("  ", " "))
     rules.append("body: " + " | ".join(f"({f})" for f in fns))
     return rules
 
