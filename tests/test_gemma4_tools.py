@@ -188,7 +188,8 @@ def srv(gemma4):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "get_weather"}}])
+                                                 "function": {"name": "get_weather"}},
+                                    {"type": "function", "function": {"name": "set_level"}}])
 def test_calls_through_the_server_and_round_trip(srv, choice):
     """A forced call from the random tiny model validates against its schema, reads back from
     the raw reply as transformers reads it, streams the same; its result goes back through
@@ -207,7 +208,7 @@ def test_calls_through_the_server_and_round_trip(srv, choice):
     tools = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, LEVEL)}
     for call in ch.message.tool_calls:
         if not isinstance(choice, str):
-            assert call.function.name == "get_weather"
+            assert call.function.name == choice["function"]["name"]
         jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name])
     assert ours(None, [t.model_dump() for t in ch.message.tool_calls]) == reference(raw)
     _, _, calls, _ = stream_parts(c.chat.completions.create(stream=True, **kw))
