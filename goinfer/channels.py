@@ -23,31 +23,44 @@ except the format's own markers and the whitespace around them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Channels", "THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
+__all__ = ["Channels", "THINK", "GEMMA_THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
            "think_grammar_prefix", "think_text_rule"]
 
 _WS = " \t\n\r"
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
 class Channels:
     kind: str  # "think" | "harmony"
     open: bool = False  # think: the prompt opened the block, the reply starts inside it
+    # think: the block's markers; the opening one in pieces (a special token, then text)
+    open_parts: tuple[str, ...] = (THINK_OPEN,)
+    close_mark: str = THINK_CLOSE
+
+    @property
+    def open_mark(self) -> str:
+        return "".join(self.open_parts)
 
     def opened(self, prompt: str) -> "Channels":
         """This format for a reply to `prompt` (think: does the prompt end inside a block?)."""
         if self.kind != "think":
             return self
         tail = prompt.rstrip(_WS)
-        return Channels("think", tail.endswith(THINK_OPEN))
+        return dataclasses.replace(self, open=tail.endswith(self.open_mark))
 
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK = Channels("think")
+# Gemma 4: <|channel>thought\n...<channel|> (its generation prompt writes an empty one when
+# thinking is off)
+GEMMA_THINK = Channels("think", open_parts=("<|channel>", "thought"), close_mark="<channel|>")
 HARMONY_CHANNELS = Channels("harmony")
 
 
@@ -57,6 +70,8 @@ def channels_of(template: str) -> Channels | None:
         return None
     if "<|channel|>" in template and "<|message|>" in template:
         return HARMONY_CHANNELS
+    if "<|channel>thought" in template and "<channel|>" in template:
+        return GEMMA_THINK
     if THINK_CLOSE in template:
         return THINK
     return None
@@ -70,18 +85,20 @@ def think_grammar_prefix(channels: Channels, marker) -> str:
     """Lark for the reasoning a think reply may start with, before what the grammar asks of
     the answer: the rest of an open block and its close (the prompt opened it), or an
     optional whole block.  marker(text) -> the Lark of a marker (a special token or text)."""
-    close = marker(THINK_CLOSE)
+    close = marker(channels.close_mark)
     body = "THINK_TEXT " + close + ' /[ \\t\\r\\n]*/'
     if channels.open:
         return body
-    return f"({marker(THINK_OPEN)} {body})?"
+    opening = " ".join(marker(p) if p.startswith("<") else json.dumps(p)
+                       for p in channels.open_parts)
+    return f"({opening} {body})?"
 
 
-def think_text_rule(marker_is_special: bool) -> str:
+def think_text_rule(marker_is_special: bool, close: str = THINK_CLOSE) -> str:
     """The THINK_TEXT terminal: any text without the close marker."""
     if marker_is_special:
         return "THINK_TEXT: /(?s:.*)/"  # text never holds a special token
-    return "THINK_TEXT: /(?s:.*)/ & ~/(?s:.*)<\\/think>(?s:.*)/"
+    return f"THINK_TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(close).replace('/', chr(92) + '/')}(?s:.*)/"
 
 
 # ============================================================================ parsing
@@ -219,23 +236,25 @@ class ReplyParser:
                 j = len(s) - len(s[self.i:].lstrip(_WS))
                 if j >= len(s) and not final:
                     return  # only whitespace yet: a block may still open
-                if s.startswith(THINK_OPEN, j):
-                    self.i = j + len(THINK_OPEN)
+                mark = self.channels.open_mark
+                if s.startswith(mark, j):
+                    self.i = j + len(mark)
                     self.state = "inside"
                     continue
-                if not final and THINK_OPEN.startswith(s[j:]):
+                if not final and mark.startswith(s[j:]):
                     return
                 self.state = "after"
                 continue
             if self.state == "inside":
-                k = s.find(THINK_CLOSE, self.i)
+                close = self.channels.close_mark
+                k = s.find(close, self.i)
                 if k >= 0:
                     self._reason(out, s[self.i:k], closing=True)
-                    self.i = k + len(THINK_CLOSE)
+                    self.i = k + len(close)
                     self.state = "after"
                     self.after_block = True
                     continue
-                end = len(s) if final else len(s) - _partial_tail(s[self.i:], (THINK_CLOSE,))
+                end = len(s) if final else len(s) - _partial_tail(s[self.i:], (close,))
                 self._reason(out, s[self.i:end], closing=final)
                 self.i = end
                 return

@@ -54,7 +54,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from goinfer.channels import (
-    THINK_CLOSE,
     Channels,
     Reasoning,
     ReplyParser,
@@ -472,7 +471,8 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
     head, _, rest = g.partition("\n")
     assert head.startswith("start: ")
     prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t))
-    rule = think_text_rule(_special(tokenizer, THINK_CLOSE) is not None)
+    rule = think_text_rule(_special(tokenizer, channels.close_mark) is not None,
+                           channels.close_mark)
     return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
 
 

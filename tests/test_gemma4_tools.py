@@ -25,6 +25,7 @@ from test_server import Server
 from tinymodels import load
 
 from goinfer import KVCache
+from goinfer import channels as C
 from goinfer import tools as T
 
 Q = '<|"|>'
@@ -53,11 +54,16 @@ REPLIES = [
     "<|tool_call>call:note{}<tool_call|>",
     "Just an answer, no call.",
     "\u00e9t\u00e9 \U0001f999 multi\nline",
+    # thinking on: the thought channel first (reasoning_content)
+    f"<|channel>thought\nThe user wants Paris.\n<channel|><|tool_call>call:get_weather{{city:{Q}Paris"
+    f"{Q}}}<tool_call|>",
+    "<|channel>thought\nHmm.<channel|>It is sunny.",
 ]
 
 
-def reference(text: str) -> tuple[str | None, list[tuple[str, dict]]]:
-    """(content, [(name, arguments)]) as transformers' Gemma 4 response parser reads text."""
+def reference(text: str) -> tuple:
+    """(reasoning, content, [(name, arguments)]) as transformers' Gemma 4 response parser
+    reads text."""
     from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
     from transformers.utils.chat_parsing import ResponseParser
 
@@ -66,17 +72,30 @@ def reference(text: str) -> tuple[str | None, list[tuple[str, dict]]]:
     p.feed(text)
     msg, _ = p.finalize()
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
-    return msg.get("content") or None, calls
+    return (msg.get("reasoning_content") or "").strip() or None, msg.get("content") or None, calls
 
 
-def ours(content, calls):
-    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                     for c in calls or []]
+def ours(reasoning, content, calls):
+    return reasoning, content, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                for c in calls or []]
+
+
+def parser():
+    """The reply parser of a Gemma 4 tool request (the thought channel, then calls)."""
+    assert C.channels_of(hfconvert.template("google-gemma-4-31B-it")) == C.GEMMA_THINK
+    return T.ToolChat(SPEC, T.GEMMA4, "", None, None, C.GEMMA_THINK).parser(eager=True)
+
+
+def whole(text: str) -> tuple:
+    p = T.ToolChat(SPEC, T.GEMMA4, "", None, None, C.GEMMA_THINK).parser(eager=False)
+    p.push(text)
+    p.finish()
+    return ours(p.reasoning, p.content, p.tool_calls)
 
 
 def streamed(text: str, cuts) -> tuple:
-    p = T.CallParser(T.GEMMA4, SPEC)
-    pieces, calls = [], {}
+    p = parser()
+    reasoning, pieces, calls = [], [], {}
     bounds = sorted(set(cuts) | {0, len(text)})
     items = []
     for a, b in zip(bounds, bounds[1:]):
@@ -87,18 +106,24 @@ def streamed(text: str, cuts) -> tuple:
             if x.id is not None:
                 calls[x.index] = {"function": {"name": x.name, "arguments": ""}}
             calls[x.index]["function"]["arguments"] += x.arguments
+        elif isinstance(x, C.Reasoning):
+            reasoning.append(x)
         else:
             pieces.append(x)
     content = "".join(pieces) or None
     assert p.content == (None if calls and not content else content)
-    return ours(None if calls and not content else content, [calls[k] for k in sorted(calls)])
+    assert p.reasoning == ("".join(reasoning) or None)
+    return ours(p.reasoning, None if calls and not content else content,
+                [calls[k] for k in sorted(calls)])
 
 
 @pytest.mark.parametrize("text", REPLIES)
 def test_replies_parse_as_transformers_reads_them(text):
     want = reference(text)
-    assert want[1] or "<|tool_call>" not in text  # the reference reads every call written here
-    assert ours(*T.parse_reply(text, T.GEMMA4, SPEC)) == want
+    assert want[2] or "<|tool_call>" not in text  # the reference reads every call written here
+    assert whole(text) == want
+    if "<|channel>" not in text:  # no thought: the call parser alone reads it
+        assert ours(None, *T.parse_reply(text, T.GEMMA4, SPEC)) == want
     for step in (1, 3, len(text)):
         assert streamed(text, range(0, len(text), step)) == want
 
@@ -210,7 +235,7 @@ def test_calls_through_the_server_and_round_trip(srv, choice):
         if not isinstance(choice, str):
             assert call.function.name == choice["function"]["name"]
         jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name])
-    assert ours(None, [t.model_dump() for t in ch.message.tool_calls]) == reference(raw)
+    assert ours(None, None, [t.model_dump() for t in ch.message.tool_calls]) == reference(raw)
     _, _, calls, _ = stream_parts(c.chat.completions.create(stream=True, **kw))
     assert [tuple(v) for v in calls.values()] == [
         (t.function.name, t.function.arguments) for t in ch.message.tool_calls]
