@@ -60,7 +60,7 @@ class Channels:
 THINK = Channels("think")
 # Gemma 4: <|channel>thought\n...<channel|> (its generation prompt writes an empty one when
 # thinking is off)
-GEMMA_THINK = Channels("think", open_parts=("<|channel>", "thought"), close_mark="<channel|>")
+GEMMA_THINK = Channels("think", open_parts=("<|channel>", "thought\n"), close_mark="<channel|>")
 HARMONY_CHANNELS = Channels("harmony")
 
 
@@ -81,12 +81,13 @@ class Reasoning(str):
     """A streamed piece of reasoning (``delta.reasoning_content``)."""
 
 
-def think_grammar_prefix(channels: Channels, marker) -> str:
+def think_grammar_prefix(channels: Channels, marker, close_is_special: bool = True) -> str:
     """Lark for the reasoning a think reply may start with, before what the grammar asks of
     the answer: the rest of an open block and its close (the prompt opened it), or an
-    optional whole block.  marker(text) -> the Lark of a marker (a special token or text)."""
-    close = marker(channels.close_mark)
-    body = "THINK_TEXT " + close + ' /[ \\t\\r\\n]*/'
+    optional whole block.  marker(text) -> the Lark of a marker (a special token or text).
+    A close marker that is text ends the (lazy) think_text rule itself (think_text_rule)."""
+    close = " " + marker(channels.close_mark) if close_is_special else ""
+    body = "think_text" + close + ' /[ \\t\\r\\n]*/'
     if channels.open:
         return body
     opening = " ".join(marker(p) if p.startswith("<") else json.dumps(p)
@@ -95,10 +96,12 @@ def think_grammar_prefix(channels: Channels, marker) -> str:
 
 
 def think_text_rule(marker_is_special: bool, close: str = THINK_CLOSE) -> str:
-    """The THINK_TEXT terminal: any text without the close marker."""
+    """The think_text rule: any text (a special close marker follows it), or the shortest
+    text that ends with the close marker written as text (lazy: a greedy any-text terminal
+    could not end before a marker that is text)."""
     if marker_is_special:
-        return "THINK_TEXT: /(?s:.*)/"  # text never holds a special token
-    return f"THINK_TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(close).replace('/', chr(92) + '/')}(?s:.*)/"
+        return "think_text: /(?s:.*)/"  # text never holds a special token
+    return f"think_text[lazy]: /(?s:.*){re.escape(close).replace('/', chr(92) + '/')}/"
 
 
 # ============================================================================ parsing

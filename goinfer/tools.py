@@ -470,9 +470,9 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
         return g
     head, _, rest = g.partition("\n")
     assert head.startswith("start: ")
-    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t))
-    rule = think_text_rule(_special(tokenizer, channels.close_mark) is not None,
-                           channels.close_mark)
+    special = _special(tokenizer, channels.close_mark) is not None
+    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t), special)
+    rule = think_text_rule(special, channels.close_mark)
     return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
 
 
@@ -626,14 +626,15 @@ def _gemma_rules(tools, tokenizer) -> list[str]:
     (an enum's words, or any text without the mark), an integer, number or boolean as JSON
     held to its schema, any other value a Gemma 4 value of any shape (gval)."""
     q = _marker(tokenizer, _G_QUOTE)
-    text = ("G_TEXT: /(?s:.*)/" if _special(tokenizer, _G_QUOTE) is not None
-            else _text_without(_G_QUOTE).replace("TEXT:", "G_TEXT:", 1))
-    rules = [text, f"gstr: {q} G_TEXT {q}",
-             r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
-             r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
-             'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
-             'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
-             'garr: "[" (gval ("," gval)*)? "]"']
+    if _special(tokenizer, _G_QUOTE) is not None:
+        text = ["G_TEXT: /(?s:.*)/", f"gstr: {q} G_TEXT {q}"]  # text never holds the mark
+    else:  # the shortest text that ends with the mark (lazy: a greedy one could not end)
+        text = [f"g_text[lazy]: /(?s:.*){_regex(_G_QUOTE)}/", f"gstr: {q} g_text"]
+    rules = text + [r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+                    r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
+                    'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
+                    'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
+                    'garr: "[" (gval ("," gval)*)? "]"']
     fns = []
     for i, t in enumerate(tools):
         params = _bounded(t.parameters)

@@ -249,3 +249,25 @@ def test_calls_through_the_server_and_round_trip(srv, choice):
     assert "<|tool_response>response:" in prompt
     assert r2.usage.prompt_tokens == len(m.tokenize_chat(prompt))
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_thinking_on_thought_then_call(srv):
+    """enable_thinking: the grammar lets the reply open its thought channel (steered there by
+    logit_bias on <|channel>; <channel|> closes it) before the forced call; the server's
+    reasoning_content, content and calls are what transformers' parser reads in the raw reply."""
+    s, m = srv
+    c = s.client()
+    bias = {str(tid(m, "<|channel>")): 10, str(tid(m, "<channel|>")): 11,
+            str(tid(m, "<tool_call|>")): 5, str(tid(m, Q)): 3}
+    r = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Level?"}], tools=[WEATHER, LEVEL],
+        tool_choice={"type": "function", "function": {"name": "set_level"}}, max_tokens=80,
+        temperature=0, logit_bias=bias,
+        extra_body={"return_tokens": True, "chat_template_kwargs": {"enable_thinking": True}})
+    ch = r.choices[0]
+    raw = raw_text(m, r.model_extra["tokens"])
+    assert raw.startswith("<|channel>thought\n") and "<channel|><|tool_call>call:" in raw, raw
+    assert ch.finish_reason == "tool_calls", raw
+    got = ours(ch.message.model_extra.get("reasoning_content"), ch.message.content,
+               [t.model_dump() for t in ch.message.tool_calls])
+    assert got == reference(raw) and got[0]  # a thought was written and read
