@@ -8,7 +8,8 @@ Two ways models write it, chosen from the chat template (``channels_of``):
   Some templates open the block in the prompt (Qwen3.5's generation prompt ends with
   ``<think>\\n``): the reply then starts inside it (``Channels.open``); others let the model
   write ``<think>`` itself, at the start of its reply.  The answer goes on to the tool-call
-  parser of the template's format (tools.CallParser).
+  parser of the template's format (tools.CallParser).  Gemma 4 writes the same kind of block
+  with its own markers, ``<|channel>thought\nreasoning<channel|>answer`` (``GEMMA_THINK``).
 - harmony (gpt-oss): a reply is a run of messages ``<|channel|>C<|message|>BODY`` joined by
   ``<|end|><|start|>assistant`` and ended by ``<|return|>`` or ``<|call|>`` (stop tokens: the
   end of the text ends the last one).  Channel ``analysis`` is reasoning, ``final`` (and
