@@ -8,7 +8,8 @@ Two ways models write it, chosen from the chat template (``channels_of``):
   Some templates open the block in the prompt (Qwen3.5's generation prompt ends with
   ``<think>\\n``): the reply then starts inside it (``Channels.open``); others let the model
   write ``<think>`` itself, at the start of its reply.  The answer goes on to the tool-call
-  parser of the template's format (tools.CallParser).
+  parser of the template's format (tools.CallParser).  Gemma 4 writes the same kind of block
+  with its own markers, ``<|channel>thought\nreasoning<channel|>answer`` (``GEMMA_THINK``).
 - harmony (gpt-oss): a reply is a run of messages ``<|channel|>C<|message|>BODY`` joined by
   ``<|end|><|start|>assistant`` and ended by ``<|return|>`` or ``<|call|>`` (stop tokens: the
   end of the text ends the last one).  Channel ``analysis`` is reasoning, ``final`` (and
@@ -23,31 +24,44 @@ except the format's own markers and the whitespace around them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Channels", "THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
+__all__ = ["Channels", "THINK", "GEMMA_THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
            "think_grammar_prefix", "think_text_rule"]
 
 _WS = " \t\n\r"
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
 class Channels:
     kind: str  # "think" | "harmony"
     open: bool = False  # think: the prompt opened the block, the reply starts inside it
+    # think: the block's markers; the opening one in pieces (a special token, then text)
+    open_parts: tuple[str, ...] = (THINK_OPEN,)
+    close_mark: str = THINK_CLOSE
+
+    @property
+    def open_mark(self) -> str:
+        return "".join(self.open_parts)
 
     def opened(self, prompt: str) -> "Channels":
         """This format for a reply to `prompt` (think: does the prompt end inside a block?)."""
         if self.kind != "think":
             return self
         tail = prompt.rstrip(_WS)
-        return Channels("think", tail.endswith(THINK_OPEN))
+        return dataclasses.replace(self, open=tail.endswith(self.open_mark))
 
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK = Channels("think")
+# Gemma 4: <|channel>thought\n...<channel|> (its generation prompt writes an empty one when
+# thinking is off)
+GEMMA_THINK = Channels("think", open_parts=("<|channel>", "thought\n"), close_mark="<channel|>")
 HARMONY_CHANNELS = Channels("harmony")
 
 
@@ -57,6 +71,8 @@ def channels_of(template: str) -> Channels | None:
         return None
     if "<|channel|>" in template and "<|message|>" in template:
         return HARMONY_CHANNELS
+    if "<|channel>thought" in template and "<channel|>" in template:
+        return GEMMA_THINK
     if THINK_CLOSE in template:
         return THINK
     return None
@@ -66,22 +82,27 @@ class Reasoning(str):
     """A streamed piece of reasoning (``delta.reasoning_content``)."""
 
 
-def think_grammar_prefix(channels: Channels, marker) -> str:
+def think_grammar_prefix(channels: Channels, marker, close_is_special: bool = True) -> str:
     """Lark for the reasoning a think reply may start with, before what the grammar asks of
     the answer: the rest of an open block and its close (the prompt opened it), or an
-    optional whole block.  marker(text) -> the Lark of a marker (a special token or text)."""
-    close = marker(THINK_CLOSE)
-    body = "THINK_TEXT " + close + ' /[ \\t\\r\\n]*/'
+    optional whole block.  marker(text) -> the Lark of a marker (a special token or text).
+    A close marker that is text ends the (lazy) think_text rule itself (think_text_rule)."""
+    close = " " + marker(channels.close_mark) if close_is_special else ""
+    body = "think_text" + close + ' /[ \\t\\r\\n]*/'
     if channels.open:
         return body
-    return f"({marker(THINK_OPEN)} {body})?"
+    opening = " ".join(marker(p) if p.startswith("<") else json.dumps(p)
+                       for p in channels.open_parts)
+    return f"({opening} {body})?"
 
 
-def think_text_rule(marker_is_special: bool) -> str:
-    """The THINK_TEXT terminal: any text without the close marker."""
+def think_text_rule(marker_is_special: bool, close: str = THINK_CLOSE) -> str:
+    """The think_text rule: any text (a special close marker follows it), or the shortest
+    text that ends with the close marker written as text (lazy: a greedy any-text terminal
+    could not end before a marker that is text)."""
     if marker_is_special:
-        return "THINK_TEXT: /(?s:.*)/"  # text never holds a special token
-    return "THINK_TEXT: /(?s:.*)/ & ~/(?s:.*)<\\/think>(?s:.*)/"
+        return "think_text: /(?s:.*)/"  # text never holds a special token
+    return f"think_text[lazy]: /(?s:.*){re.escape(close).replace('/', chr(92) + '/')}/"
 
 
 # ============================================================================ parsing
@@ -219,23 +240,25 @@ class ReplyParser:
                 j = len(s) - len(s[self.i:].lstrip(_WS))
                 if j >= len(s) and not final:
                     return  # only whitespace yet: a block may still open
-                if s.startswith(THINK_OPEN, j):
-                    self.i = j + len(THINK_OPEN)
+                mark = self.channels.open_mark
+                if s.startswith(mark, j):
+                    self.i = j + len(mark)
                     self.state = "inside"
                     continue
-                if not final and THINK_OPEN.startswith(s[j:]):
+                if not final and mark.startswith(s[j:]):
                     return
                 self.state = "after"
                 continue
             if self.state == "inside":
-                k = s.find(THINK_CLOSE, self.i)
+                close = self.channels.close_mark
+                k = s.find(close, self.i)
                 if k >= 0:
                     self._reason(out, s[self.i:k], closing=True)
-                    self.i = k + len(THINK_CLOSE)
+                    self.i = k + len(close)
                     self.state = "after"
                     self.after_block = True
                     continue
-                end = len(s) if final else len(s) - _partial_tail(s[self.i:], (THINK_CLOSE,))
+                end = len(s) if final else len(s) - _partial_tail(s[self.i:], (close,))
                 self._reason(out, s[self.i:end], closing=final)
                 self.i = end
                 return

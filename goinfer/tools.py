@@ -30,6 +30,8 @@ Formats (a call as the model writes it; chosen from the chat template):
 - qwen_xml: ``<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n``
   ``</tool_call>``, one block per call; a string value as it is, any other as JSON (templates
   with ``<function=``: Qwen3.5, Qwen3-Coder);
+- gemma4: ``<|tool_call>call:f{key:<|"|>text<|"|>,n:3}<tool_call|>``, one block per call:
+  keys bare, strings between ``<|"|>`` marks, other values as JSON (Gemma 4 templates);
 - harmony: ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
   ended by ``<|call|>``, one call per reply (gpt-oss; read by channels.ReplyParser with the
   reply's reasoning and answer);
@@ -52,7 +54,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from goinfer.channels import (
-    THINK_CLOSE,
     Channels,
     Reasoning,
     ReplyParser,
@@ -68,7 +69,7 @@ from goinfer.errors import ChatTemplateError, TokenizerError, ToolError
 __all__ = [
     "Tool", "ToolSpec", "ToolFormat", "ToolCallDelta", "CallParser", "check_tools",
     "tool_format", "chat_inputs", "tool_prompt", "tool_grammar", "parse_reply", "ToolChat",
-    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "HARMONY", "GENERIC",
+    "prepare_chat", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "GEMMA4", "HARMONY", "GENERIC",
 ]
 
 # ============================================================================ checking
@@ -232,7 +233,7 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "harmony" | "generic"
+    name: str  # "hermes" | "llama3" | "mistral" | "qwen_xml" | "gemma4" | "harmony" | "generic"
     native: bool  # the model's chat template renders tools, calls and results
     open: str  # text that opens calls
     close: str  # text that closes one call ("": the JSON's end closes it)
@@ -251,6 +252,7 @@ HERMES = ToolFormat("hermes", True, "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", True, "<|python_tag|>", "", "parameters")
 MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS]", "", "arguments")
 QWEN_XML = ToolFormat("qwen_xml", True, "<tool_call>", "</tool_call>", "arguments")
+GEMMA4 = ToolFormat("gemma4", True, "<|tool_call>", "<tool_call|>", "arguments")
 HARMONY = ToolFormat("harmony", True, "to=functions.", "<|call|>", "arguments")
 GENERIC = ToolFormat("generic", False, "<tool_call>", "</tool_call>", "arguments")
 
@@ -268,6 +270,8 @@ def _format_of(template: str) -> ToolFormat:
         return HARMONY  # gpt-oss: its calls are messages of the reply (channels.py)
     if not template or not _renders_tools(template):
         return GENERIC
+    if "<|tool_call>call:" in template:  # Gemma 4
+        return GEMMA4
     if "<function=" in template and "<tool_call>" in template:  # Qwen3-Coder / Qwen3.5
         return QWEN_XML
     if "<tool_call>" in template:
@@ -466,8 +470,9 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
         return g
     head, _, rest = g.partition("\n")
     assert head.startswith("start: ")
-    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t))
-    rule = think_text_rule(_special(tokenizer, THINK_CLOSE) is not None)
+    special = _special(tokenizer, channels.close_mark) is not None
+    prefix = think_grammar_prefix(channels, lambda t: _marker(tokenizer, t), special)
+    rule = think_text_rule(special, channels.close_mark)
     return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
 
 
@@ -553,6 +558,14 @@ def _tool_grammar(spec: ToolSpec, fmt: ToolFormat, tokenizer) -> str:
         rules.append("body: %json " + json.dumps(schema))
         first = "body"
         after = ""
+    elif fmt.name == "gemma4":  # one <|tool_call> block per call, no separator
+        rules += _gemma_rules(tools, tokenizer)
+        first = "first"
+        rules.append(f"first: body {_marker(tokenizer, fmt.close)}")
+        # after the calls the model may ask for their results (<|tool_response>, as the
+        # template writes after a call without results), which ends the reply
+        after = (f" ({_marker(tokenizer, fmt.open)} first)*" if many else "") + \
+            f" {_marker(tokenizer, _G_RESULTS)}?"
     else:  # hermes, generic, qwen_xml: one <tool_call> block per call
         if fmt.name == "qwen_xml":
             rules += _xml_rules(tools)
@@ -603,6 +616,57 @@ def _xml_rules(tools) -> list[str]:
             parts.append(f"p{i}_{j}" + ("" if key in required else "?"))
         fns.append(f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} '
                    '"</function>"')
+    rules.append("body: " + " | ".join(f"({f})" for f in fns))
+    return rules
+
+
+def _gemma_rules(tools, tokenizer) -> list[str]:
+    """Rules of a gemma4 call body: call:NAME{key:value,...}, the keys in sorted order (as
+    the template writes them; the required ones always), a string value between <|"|> marks
+    (an enum's words, or any text without the mark), an integer, number or boolean as JSON
+    held to its schema, any other value a Gemma 4 value of any shape (gval)."""
+    q = _marker(tokenizer, _G_QUOTE)
+    if _special(tokenizer, _G_QUOTE) is not None:
+        text = ["G_TEXT: /(?s:.*)/", f"gstr: {q} G_TEXT {q}"]  # text never holds the mark
+    else:  # the shortest text that ends with the mark (lazy: a greedy one could not end)
+        text = [f"g_text[lazy]: /(?s:.*){_regex(_G_QUOTE)}/", f"gstr: {q} g_text"]
+    rules = text + [r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+                    r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
+                    'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
+                    'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
+                    'garr: "[" (gval ("," gval)*)? "]"']
+    fns = []
+    for i, t in enumerate(tools):
+        params = _bounded(t.parameters)
+        required = set(params.get("required", ()))
+        props = sorted((params.get("properties") or {}).items())
+        parts = []  # (rule, required)
+        for j, (key, sub) in enumerate(props):
+            sub = sub if isinstance(sub, Mapping) else {}
+            kind = sub.get("type")
+            if _xml_string(sub):
+                words = sub.get("enum", [sub["const"]] if "const" in sub else None)
+                value = "gstr" if words is None else f"{q} (" + " | ".join(
+                    json.dumps(w) for w in words) + f") {q}"
+            elif kind in ("integer", "number", "boolean"):
+                schema = dict(sub)
+                schema["x-guidance"] = dict(_JSON_LAYOUT)
+                rules.append(f"v{i}_{j}: %json " + json.dumps(schema))
+                value = f"v{i}_{j}"
+            else:
+                value = "gval"
+            rules.append(f"p{i}_{j}: {json.dumps(key + ':')} {value}")
+            parts.append((f"p{i}_{j}", key in required))
+        alts = []
+        for k, (rule, req) in enumerate(parts):
+            rest = " ".join(f'("," {r})' + ("" if q_ else "?") for r, q_ in parts[k + 1:])
+            alts.append(f"{rule} {rest}".strip())
+            if req:
+                break  # a required key opens every later alternative's list
+        inner = " | ".join(f"({a})" for a in alts)
+        if inner and not any(req for _, req in parts):
+            inner = f"({inner})?"
+        fns.append(f'{json.dumps("call:" + t.name + "{")} {inner} "}}"'.replace("  ", " "))
     rules.append("body: " + " | ".join(f"({f})" for f in fns))
     return rules
 
@@ -871,6 +935,8 @@ def _scan_region(fmt: ToolFormat, s: str, i: int, final: bool, schemas=None) -> 
     j = _skip_ws(s, i)
     if fmt.name == "qwen_xml":
         return _scan_xml(fmt, s, j, final, schemas or {})
+    if fmt.name == "gemma4":
+        return _scan_gemma(fmt, s, j, final)
     if fmt.name == "mistral":
         if j >= len(s):
             return r
@@ -1110,7 +1176,7 @@ class CallParser:
                 self.held = ""
             entry = self.sent[n]
             a0, a1 = c.args
-            if c.json is not None:  # converted arguments (qwen_xml): whole once read
+            if c.json is not None:  # converted arguments (qwen_xml, gemma4): whole once read
                 piece = c.json[len(entry["arguments"]):]
             else:
                 piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
@@ -1226,6 +1292,126 @@ def _scan_xml(fmt: ToolFormat, s: str, j: int, final: bool, schemas: dict) -> _R
     elif final:
         r.end = len(s)
     return r
+
+
+_G_QUOTE = '<|"|>'  # Gemma 4's string delimiter (a special token of its vocabulary)
+_G_CALL = "call:"
+_G_SCALAR = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null|None")
+_G_WORD = re.compile(r"[^,{}\[\]<\s]*")
+_G_KEY = re.compile(r"[^:{}\[\],<>\s]+")
+
+
+def _gemma_value(s: str, i: int, final: bool) -> tuple[object, int]:
+    """The Gemma 4 value at s[i] -> (value, index after it): <|"|>text<|"|>, {key:value,...}
+    (keys bare or quoted), [value,...], or a JSON scalar.  _Incomplete: the text ends inside
+    it; _Bad: it is no value."""
+    if i >= len(s):
+        raise _Incomplete
+    if s.startswith(_G_QUOTE, i):
+        k = s.find(_G_QUOTE, i + len(_G_QUOTE))
+        if k < 0:
+            raise _Incomplete
+        return s[i + len(_G_QUOTE):k], k + len(_G_QUOTE)
+    if _G_QUOTE.startswith(s[i:]):
+        raise _Incomplete
+    c = s[i]
+    if c in "{[":
+        obj = c == "{"
+        out: dict | list = {} if obj else []
+        j = i + 1
+        if j >= len(s):
+            raise _Incomplete
+        if s[j] == ("}" if obj else "]"):
+            return out, j + 1
+        while True:
+            if obj:
+                if s.startswith(_G_QUOTE, j):
+                    key, j = _gemma_value(s, j, final)
+                else:
+                    m = _G_KEY.match(s, j)
+                    if m is None:
+                        raise _Incomplete if j >= len(s) or _G_QUOTE.startswith(s[j:]) else _Bad
+                    key, j = m.group(), m.end()
+                if j >= len(s):
+                    raise _Incomplete
+                if s[j] != ":":
+                    raise _Bad
+                v, j = _gemma_value(s, j + 1, final)
+                out[key] = v
+            else:
+                v, j = _gemma_value(s, j, final)
+                out.append(v)
+            if j >= len(s):
+                raise _Incomplete
+            if s[j] == ("}" if obj else "]"):
+                return out, j + 1
+            if s[j] != ",":
+                raise _Bad
+            j += 1
+    end = _G_WORD.match(s, i).end()
+    if end >= len(s) and not final:
+        raise _Incomplete  # a number or word may go on
+    word = s[i:end]
+    if not _G_SCALAR.fullmatch(word):
+        raise _Bad
+    return (None if word == "None" else json.loads(word)), end
+
+
+def _scan_gemma(fmt: ToolFormat, s: str, j: int, final: bool) -> _Region:
+    """One Gemma 4 call after <|tool_call>: call:NAME{key:value,...} <tool_call|>.  The call
+    gets its name at its "{" and its arguments (JSON text, keys in the order written) at its
+    "}".  A <|tool_response> right after the close (the model asking for the results) is part
+    of the region."""
+    r = _Region()
+    c = _Call()
+    r.calls.append(c)
+    head = s[j:j + len(_G_CALL)]
+    if head != _G_CALL:
+        if _G_CALL.startswith(head):
+            return r
+        raise _Bad
+    k = j + len(_G_CALL)
+    e = s.find("{", k)
+    if e < 0:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]*", s[k:]):
+            raise _Bad
+        return r
+    name = s[k:e]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise _Bad
+    c.name = name
+    try:
+        args, end = _gemma_value(s, e, final)
+    except _Incomplete:
+        if final:
+            raise _Bad from None
+        return r
+    if not isinstance(args, dict):
+        raise _Bad
+    c.json = json.dumps(args, ensure_ascii=False)
+    c.args = (e, end)
+    c.end = end
+    j = _skip_ws(s, end)
+    rest = s[j:j + len(fmt.close)]
+    if rest == fmt.close:
+        j += len(fmt.close)
+        more = s[j:j + len(_G_RESULTS)]
+        if more == _G_RESULTS:
+            r.end = j + len(_G_RESULTS)
+        elif _G_RESULTS.startswith(more) and more and not final:
+            return r
+        elif not more and not final:
+            return r  # a <|tool_response> may follow
+        else:
+            r.end = j
+    elif not fmt.close.startswith(rest):
+        raise _Bad
+    elif final:
+        r.end = len(s)
+    return r
+
+
+_G_RESULTS = "<|tool_response>"
 
 
 def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None
