@@ -124,6 +124,28 @@ def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -
     return res
 
 
+def matmul_experts(x, ws, offsets, bias=None, out: np.ndarray | None = None, *,
+                   nthreads: int = 1) -> np.ndarray:
+    """Every expert of a layer: out rows [offsets[e], offsets[e+1]) = those rows of x (a QAct or
+    float32 rows) @ ws[e].T, + bias[e] (E, n_out) in float32 when given."""
+    off = [int(o) for o in np.asarray(offsets)]
+    M = x.qa.shape[0] if isinstance(x, QAct) else np.asarray(x).shape[0]
+    if len(off) != len(ws) + 1 or off[0] != 0 or off[-1] != M or any(a > b for a, b in zip(off, off[1:])):
+        raise ValueError(f"offsets must rise from 0 to M = {M} over {len(ws)} experts, got {off}")
+    res = np.empty((M, ws[0].n_out), np.float32)
+    for e, w in enumerate(ws):
+        m0, m1 = off[e], off[e + 1]
+        if m1 > m0:
+            xe = QAct(x.qa[m0:m1], x.da[m0:m1], x.asum[m0:m1], x.sa[m0:m1]) if isinstance(x, QAct) else x[m0:m1]
+            res[m0:m1] = matmul(xe, w)
+            if bias is not None:
+                res[m0:m1] += np.asarray(bias, np.float32)[e]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 def get_rows(w: QWeight, ids, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
     """Embedding lookup: out (T, n_in) = dequantized rows ids of w."""
     res = dequantize(w)[np.asarray(ids, dtype=np.int64)]

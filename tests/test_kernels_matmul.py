@@ -604,3 +604,129 @@ def test_errors():
         K.get_rows(wq, [[0]])
     with pytest.raises(ValueError):
         K.get_rows(wq, [0], np.zeros((1, 63), np.float32))
+
+
+# ============================================================================ matmul_experts
+# Every expert of a layer in one call: rows [offsets[e], offsets[e+1]) of x times expert e.
+# Each expert's rows must carry the contract's bits (emulate_matmul of those rows alone), +
+# the bias in float32, whatever the split of the work across shares; the NumPy twin
+# (_reference.matmul_experts) within the float64 reference's tolerance.
+
+
+def check_experts(x, ws, offsets, bias=None):
+    kind = ws[0].kind
+    xq = ref.quantize_act(x)
+    xin = xq if kind in INT_KINDS else x
+    want = np.empty((x.shape[0], ws[0].n_out), np.float32)
+    for e, w in enumerate(ws):
+        m0, m1 = offsets[e], offsets[e + 1]
+        if m1 > m0:
+            xe = qact_rows(xq, m0, m1) if kind in INT_KINDS else x[m0:m1]
+            want[m0:m1] = emulate_matmul(xe, w)
+            if bias is not None:
+                want[m0:m1] = want[m0:m1] + bias[e]
+    off = np.asarray(offsets, np.int64)
+    for name, amx in MODES:
+        with mode(name, amx):
+            xk = K.quantize_act(x) if kind in INT_KINDS else x
+            for nt in THREADS:
+                out = K.matmul_experts(xk, ws, off, bias, nthreads=nt)
+                assert out.dtype == np.float32 and out.shape == want.shape
+                assert np.array_equal(out, want), (name, amx, nt)
+    r = ref.matmul_experts(xin, ws, off, bias).astype(np.float64)
+    xd = ref.dequantize_act(xq) if kind in INT_KINDS else x
+    for e, w in enumerate(ws):
+        m0, m1 = offsets[e], offsets[e + 1]
+        tol = tolerance(qact_rows(xq, m0, m1) if kind in INT_KINDS else x[m0:m1], w, xd[m0:m1])
+        if bias is not None:
+            tol = tol + U * np.abs(r[m0:m1]) * 2
+        assert np.all(np.abs(want[m0:m1].astype(np.float64) - r[m0:m1]) <= tol), e
+
+
+def random_offsets(rng, E, M):
+    """Rows split among E experts in order, some experts empty."""
+    cuts = np.sort(rng.integers(0, M + 1, E - 1))
+    return [0] + cuts.tolist() + [M]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("E,M,n_out,Kd", [(1, 1, 16, 64), (4, 4, 50, 128), (8, 8, 33, 256),
+                                          (6, 40, 70, 192), (3, 100, 20, 512)])
+def test_matmul_experts(kind, E, M, n_out, Kd):
+    rng = np.random.default_rng(hash((kind, E, M, n_out)) % 2**32)
+    Kd = kdim(kind, Kd)
+    ws = [make_weight(rng, kind, n_out, Kd, raw=e % 2 == 1) for e in range(E)]
+    # one row per expert (a decode step's top-k), then uneven splits with empty experts
+    check_experts(make_x(rng, M, Kd), ws, list(range(M + 1)) if E == M else random_offsets(rng, E, M))
+    bias = rng.standard_normal((E, n_out)).astype(np.float32)
+    check_experts(make_x(rng, M, Kd), ws, random_offsets(rng, E, M), bias)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(KINDS), E=st.integers(1, 9), M=st.integers(0, 40),
+       n_out=st.integers(1, 70), G=st.integers(1, 4), with_bias=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_matmul_experts_property(kind, E, M, n_out, G, with_bias, seed):
+    """Any number of experts, rows (none too), splits (empty experts anywhere): each expert's
+    rows carry matmul's bits on every variant, AMX on and off, and every thread count."""
+    rng = np.random.default_rng(seed)
+    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    ws = [make_weight(rng, kind, n_out, Kd) for _ in range(E)]
+    bias = rng.standard_normal((E, n_out)).astype(np.float32) if with_bias else None
+    check_experts(make_x(rng, M, Kd), ws, random_offsets(rng, E, M), bias)
+
+
+@pytest.mark.parametrize("name, amx", MODES)
+@pytest.mark.parametrize("nt", [1, 2, 3])
+def test_bind_matmul_experts_reads_offsets_when_run(name, amx, nt):
+    """A bound op follows the offsets written before each run (a decode step's routing), into
+    rows of a larger buffer, writing nothing else."""
+    rng = np.random.default_rng(40 + nt)
+    E, M, n_out, Kd = 6, 20, 40, 256
+    ws = [make_weight(rng, "q4_0", n_out, Kd) for _ in range(E)]
+    bias = rng.standard_normal((E, n_out)).astype(np.float32)
+    q = QAct.empty(M, Kd)
+    off = np.zeros(E + 1, np.int64)
+    out = np.full((M + 4, n_out), np.nan, np.float32)
+    y = out[2:2 + M]
+    with mode(name, amx):
+        g = GRAPH.Graph([K.bind_matmul_experts(q, ws, off, bias, y, nthreads=nt)], nt)
+        for step in range(3):
+            x = make_x(rng, M, Kd)
+            xq = K.quantize_act(x)
+            for a, b in zip((q.qa, q.da, q.asum, q.sa), (xq.qa, xq.da, xq.asum, xq.sa)):
+                a[...] = b
+            off[:] = [0, M] + [M] * (E - 1) if step == 0 else random_offsets(rng, E, M)
+            off[:] = np.sort(off)
+            g.run()
+            assert np.array_equal(y, K.matmul_experts(xq, ws, off, bias)), step
+            assert np.isnan(out[:2]).all() and np.isnan(out[2 + M:]).all()
+
+
+def test_matmul_experts_errors():
+    rng = np.random.default_rng(9)
+    ws = [make_weight(rng, "q4_0", 20, 64) for _ in range(3)]
+    xq = K.quantize_act(make_x(rng, 5, 64))
+    off = np.array([0, 2, 2, 5], np.int64)
+    K.matmul_experts(xq, ws, off)
+    with pytest.raises(ValueError, match="non-empty"):
+        K.matmul_experts(xq, [], off[:1])
+    with pytest.raises(ValueError, match="must match"):
+        K.matmul_experts(xq, ws[:2] + [make_weight(rng, "q8_0", 20, 64)], off)
+    with pytest.raises(ValueError, match="must match"):
+        K.matmul_experts(xq, ws[:2] + [make_weight(rng, "q4_0", 21, 64)], off)
+    for bad in ([0, 2, 1, 5], [1, 2, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6]):
+        with pytest.raises(ValueError, match="offsets"):
+            K.matmul_experts(xq, ws, np.array(bad, np.int64))
+        with pytest.raises(ValueError, match="offsets"):
+            ref.matmul_experts(xq, ws, np.array(bad, np.int64))
+    with pytest.raises(ValueError, match="shape"):
+        K.matmul_experts(xq, ws, off[:3])
+    with pytest.raises(TypeError):
+        K.matmul_experts(xq, ws, off.astype(np.int32))
+    with pytest.raises(ValueError, match="shape"):
+        K.matmul_experts(xq, ws, off, np.zeros((3, 19), np.float32))
+    with pytest.raises(TypeError):
+        K.matmul_experts(make_x(rng, 5, 64), ws, off)  # int weights take a QAct
+    with pytest.raises(ValueError, match="needs out"):
+        K.bind_matmul_experts(xq, ws, off, None, None)

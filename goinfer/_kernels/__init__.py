@@ -13,7 +13,7 @@ from goinfer._kernels import _config  # noqa: E402
 
 if _os.environ.get("GOINFER_KERNEL"):
     _config.set_variant(_os.environ["GOINFER_KERNEL"])
-from goinfer._kernels.matmul import quantize_act, matmul, get_rows
+from goinfer._kernels.matmul import quantize_act, matmul, matmul_experts, get_rows
 
 from goinfer._kernels.ops import (rmsnorm, swiglu, swiglu_oai, gelu_tanh_mul, rope, add, add_bias, copy2d,
                                   scale, softcap, gather_rows)
@@ -23,7 +23,7 @@ from goinfer._kernels.attention import (kv_write, attention, attention_fast,
                                         attention_counters, reset_attention_counters,
                                         attention_phase_timing, attention_phase_seconds)
 
-__all__ = ["quantize_act", "matmul", "get_rows", "rmsnorm", "swiglu", "gelu_tanh_mul", "rope",
+__all__ = ["quantize_act", "matmul", "matmul_experts", "get_rows", "rmsnorm", "swiglu", "gelu_tanh_mul", "rope",
            "add", "add_bias", "copy2d", "scale", "softcap", "gather_rows", "moe_route", "moe_group",
            "moe_fold", "ssm_conv", "gated_delta", "sigmoid_mul", "kv_write", "attention",
            "attention_fast", "attention_counters", "reset_attention_counters",

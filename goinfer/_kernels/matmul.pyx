@@ -9,6 +9,7 @@ one thread and its bits do not depend on the split.
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
+from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
 from goinfer._kernels.graph cimport Op
@@ -325,6 +326,125 @@ cdef void _gr_share(const void *args, int64_t t, int tid) noexcept nogil:
     a.ops.get_rows(&a.w, a.ids, t * a.T // a.n, (t + 1) * a.T // a.n, a.out)
 
 
+# Experts: rows [offsets[e], offsets[e+1]) of the activation times expert e's weight, all
+# experts of a layer in one call.  The (expert, row block) units of the experts that have rows
+# are laid end to end, each costing MX_ROW_COST + its rows (streaming a block of weights vs
+# multiplying one row by it), and share t takes the units starting in [t*C/n, (t+1)*C/n) of the
+# total cost C.  The offsets are read when the share runs (a bound op follows the routing of
+# each step); every output element is still one matmul_q / matmul_f tile's, so its bits are
+# those of matmul on the same rows.
+cdef int64_t MX_ROW_COST = 8
+
+
+cdef struct mx_args:
+    const gi_matmul_ops *ops
+    gi_weight *w            # (E,) experts, same kind and shape (stored after this record)
+    int64_t E, M
+    gi_qact a
+    const float *x
+    const int64_t *offsets  # (E+1,)
+    const float *bias       # (E, n_out) or NULL
+    float *out              # (M, n_out)
+    int64_t n
+    bint is_int
+
+
+cdef inline int64_t _cdiv(int64_t a, int64_t b) noexcept nogil:
+    return (a + b - 1) // b
+
+
+cdef void _mx_share(const void *args, int64_t t, int tid) noexcept nogil:
+    cdef const mx_args *a = <const mx_args *>args
+    cdef const int64_t *off = a.offsets
+    cdef int64_t n_rb = a.w[0].n_rb, N = a.w[0].n_out
+    cdef int64_t e, m0, m1, u, C = 0, base = 0, lo, hi, rb0, rb1, r, c, c1
+    cdef float *o
+    cdef const float *b
+    for e in range(a.E):
+        if off[e + 1] > off[e]:
+            C += n_rb * (MX_ROW_COST + off[e + 1] - off[e])
+    lo = t * C // a.n
+    hi = (t + 1) * C // a.n
+    for e in range(a.E):
+        if base >= hi:
+            break
+        m0 = off[e]
+        m1 = off[e + 1]
+        if m1 <= m0:
+            continue
+        u = MX_ROW_COST + m1 - m0
+        rb0 = _cdiv(lo - base, u) if lo > base else 0
+        rb1 = _min(n_rb, _cdiv(hi - base, u))
+        base += n_rb * u
+        if rb1 <= rb0:
+            continue
+        if a.is_int:
+            a.ops.matmul_q(&a.w[e], &a.a, m0, m1, rb0, rb1, a.out, N)
+        else:
+            a.ops.matmul_f(&a.w[e], a.x, m0, m1, rb0, rb1, a.out, N)
+        if a.bias != NULL:  # out + b, as add_bias computes it
+            c1 = _min(N, rb1 * GI_ROWS)
+            b = a.bias + e * N
+            for r in range(m0, m1):
+                o = a.out + r * N
+                for c in range(rb0 * GI_ROWS, c1):
+                    o[c] = o[c] + b[c]
+
+
+cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets, object bias,
+                        object out, int nt, bint check_offsets):
+    """r.w must point to len(ws) gi_weight records.  check_offsets: also check the offsets'
+    values (a bound op gets them filled later)."""
+    cdef int64_t E = len(ws), e, M = 0
+    for e in range(E):
+        _weight(ws[e], &r.w[e])
+        if e and (r.w[e].kind != r.w[0].kind or r.w[e].n_out != r.w[0].n_out
+                  or r.w[e].n_in != r.w[0].n_in):
+            raise ValueError(f"expert {e} is {ws[e].kind} ({ws[e].n_out}, {ws[e].n_in}), expert 0 "
+                             f"{ws[0].kind} ({ws[0].n_out}, {ws[0].n_in}): experts must match")
+    cdef int64_t N = r.w[0].n_out, K = r.w[0].n_in
+    r.E = E
+    r.is_int = r.w[0].kind < GI_F32
+    r.x = NULL
+    if r.is_int:
+        if not isinstance(x_or_qact, QAct):
+            raise TypeError(f"{ws[0].kind} weights multiply a QAct; call quantize_act first "
+                            f"(got {type(x_or_qact).__name__})")
+        _qact(x_or_qact, &r.a, &M, K, False)
+    else:
+        if isinstance(x_or_qact, QAct):
+            raise TypeError(f"{ws[0].kind} weights multiply float32 x, not a QAct")
+        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
+            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
+        M = x_or_qact.shape[0]
+        r.x = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
+    r.M = M
+    r.offsets = <const int64_t *>_array(offsets, "offsets", cnp.NPY_INT64, "int64", 1, E + 1)
+    if check_offsets:
+        for e in range(E):
+            if not 0 <= r.offsets[e] <= r.offsets[e + 1] <= M:
+                raise ValueError(f"offsets must rise from 0 to M = {M}, got {list(offsets)}")
+        if r.offsets[0] != 0 or r.offsets[E] != M:
+            raise ValueError(f"offsets must rise from 0 to M = {M}, got {list(offsets)}")
+    r.bias = NULL
+    if bias is not None:
+        r.bias = <const float *>_array(bias, "bias", cnp.NPY_FLOAT32, "float32", 2, E, N)
+    if out is None:
+        out = np.empty((M, N), dtype=np.float32)
+    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, N, 0, 0, 0, True)
+    if not r.is_int and M > 0 and <const char *>r.out < <const char *>(r.x + M * K) \
+            and <const char *>r.x < <const char *>(r.out + M * N):
+        raise ValueError("out must not overlap x")
+    r.ops = _ops()
+    # work of the routed rows: at most min(E, M) experts' weights streamed
+    cdef int64_t est_ns = _min(E, M) * _weight_bytes(&r.w[0]) // 12 + M * r.w[0].n_rb * GI_ROWS * K // 150
+    r.n = _min(nt, est_ns // MIN_NS_PER_THREAD) if MIN_NS_PER_THREAD > 0 else nt
+    r.n = _min(r.n, r.w[0].n_rb * _min(E, M)) if M > 0 else 0
+    if r.n < 1 and M > 0:
+        r.n = 1
+    return out
+
+
 cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     if not isinstance(x, cnp.ndarray) or (<cnp.ndarray>x).ndim != 2:
         raise ValueError("x must be a 2-D numpy array (M, K) of float32")
@@ -449,6 +569,33 @@ def get_rows(w, ids, out=None, *, nthreads=1):
     return out
 
 
+def matmul_experts(x_or_qact, ws, offsets, bias=None, out=None, *, nthreads=1):
+    """Every expert of a layer in one call: out (M, n_out) float32, where rows
+    [offsets[e], offsets[e+1]) are those rows of x (or the QAct) times ws[e].T (+ bias[e]).
+
+    ws: E QWeights of one kind and shape; offsets (E+1,) int64 rising from 0 to M (moe_group's);
+    bias (E, n_out) float32 or None.  Each output element has the bits matmul gives it.
+    """
+    cdef int nt = _threads(nthreads)
+    cdef int64_t E = _n_experts(ws)
+    cdef mx_args *r = <mx_args *>malloc(sizeof(mx_args) + E * sizeof(gi_weight))
+    if r == NULL:
+        raise MemoryError()
+    try:
+        r.w = <gi_weight *>(r + 1)
+        out = _mx_prepare(r, x_or_qact, ws, offsets, bias, out, nt, True)
+        _run_shares(_mx_share, r, r.n)
+    finally:
+        free(r)
+    return out
+
+
+cdef int64_t _n_experts(object ws) except -1:
+    if not isinstance(ws, (list, tuple)) or len(ws) == 0:
+        raise ValueError("ws must be a non-empty list of expert QWeights")
+    return len(ws)
+
+
 # ============================================================================ bind (graph replay)
 # The same checks as the functions above; `out` must be given (a persistent buffer).  The
 # Op keeps every argument alive; the caller keeps their contents valid (e.g. ids in range).
@@ -487,4 +634,19 @@ def bind_get_rows(w, ids, out, *, nthreads=1):
     _gr_prepare(r, w, ids, out, nt, True)
     op.op.run = _gr_share
     op.op.nshares = r.n if r.T > 0 else 0
+    return op
+
+
+def bind_matmul_experts(x_or_qact, ws, offsets, bias, out, *, nthreads=1):
+    """offsets are read when the op runs (fill them before each run: moe_group's output)."""
+    if out is None:  # (the Op points into out: it must outlive it)
+        raise ValueError("a bound matmul_experts needs out")
+    cdef int nt = _threads(nthreads)
+    cdef int64_t E = _n_experts(ws)
+    cdef Op op = Op("matmul_experts", (x_or_qact, tuple(ws), offsets, bias, out))
+    cdef mx_args *r = <mx_args *>op.alloc(sizeof(mx_args) + E * sizeof(gi_weight))
+    r.w = <gi_weight *>(r + 1)
+    _mx_prepare(r, x_or_qact, ws, offsets, bias, out, nt, False)
+    op.op.run = _mx_share
+    op.op.nshares = r.n
     return op

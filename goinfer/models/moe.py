@@ -309,15 +309,14 @@ class MoEFamily(llama.LlamaFamily):
             y, pos = self._experts_by_token(M, a, ids)
         shared = logit = None
         if M.shared is not None:
-            x_in = M.shared.w_gate_up or M.shared.w_gate
-            shared = self._swiglu_ffn(a.for_weight(x_in), [(0, T, M.shared)], T, cfg.d_ff_shared,
-                                      "moe_sh", S.get("moe_sh", T, D), count=False)
+            shared = self._shared_expert(M.shared, a, T)
             logit = self._mm(a, M.shared_gate, S.get("moe_sh_logit", T, 1)).reshape(T)
         K.moe_fold(y, w, pos, shared, logit, renorm=self.renorm, out=out, nthreads=nt)
 
-    def _experts_by_expert(self, M: MoEWeights, h, ids):
-        """Expert-major: sort the T*k entries by expert and run each expert once over its
-        rows.  -> y (T*k, D) in sorted order, pos (T*k,) (entry t*k+r -> row of y)."""
+    def _experts_by_expert(self, M, h, ids):
+        """Expert-major: sort the T*k entries by expert and run every expert over its rows,
+        all experts of the layer in one matmul_experts call per projection.
+        -> y (T*k, D) in sorted order, pos (T*k,) (entry t*k+r -> row of y)."""
         K, cfg, S, nt = self.K, self.cfg, self.scratch, self.threads
         T, D = h.shape
         n, E = T * cfg.n_expert_used, cfg.n_expert
@@ -325,69 +324,93 @@ class MoEFamily(llama.LlamaFamily):
                                          offsets=S.get("moe_off", E + 1, dtype=np.int64),
                                          pos=S.get("moe_pos", n, dtype=np.int32), nthreads=nt)
         xg = np.take(h, rows, axis=0, out=S.get("moe_xg", n, D))  # (n, D) gathered input rows
-        ag = Act(K, xg, self._qact("moe_xg", n, D), nt)
-        X0 = M.experts[0]
-        src = ag.for_weight(X0.w_gate_up or X0.w_gate)
-        bounds = offsets.tolist()
-        groups = [(bounds[e], bounds[e + 1], M.experts[e]) for e in range(E) if bounds[e + 1] > bounds[e]]
-        y = self._swiglu_ffn(src, groups, n, cfg.d_ff_expert, "moe_x", S.get("moe_y", n, D))
+        table = expert_table(M)
+
+        def project(name, act, out):
+            ws, bias = table[name]
+            K.matmul_experts(act.for_weight(ws[0]), ws, offsets, bias, out=out, nthreads=nt)
+
+        y = self._swiglu_ffn(Act(K, xg, self._qact("moe_xg", n, D), nt), n, cfg.d_ff_expert,
+                             "gate_up" in table, "moe_x", S.get("moe_y", n, D), project)
+        used = np.flatnonzero(np.diff(offsets))
+        self.stats.expert_runs += len(used)
+        self.stats.expert_rows += n
+        self.stats.expert_bytes += sum(M.experts[e].nbytes for e in used)
         return y, pos
 
-    def _experts_by_token(self, M: MoEWeights, a: Act, ids):
-        """Token-major baseline: every (row t, rank r) entry runs its expert alone (GEMV).
+    def _experts_by_token(self, M, a: Act, ids):
+        """Token-major baseline: every (row t, rank r) entry runs its expert alone (a GEMV per
+        entry and projection, by plain matmul).
         -> y (T*k, D) with entry t*k+r in row t*k+r, pos = identity."""
         cfg, S = self.cfg, self.scratch
         T, k = ids.shape
         n, D = T * k, cfg.d_model
-        X0 = M.experts[0]
-        hq = a.for_weight(X0.w_gate_up or X0.w_gate)  # (T, D) rows of h
-        groups = [(t, t + 1, M.experts[e], t * k + r) for t in range(T) for r, e in enumerate(ids[t].tolist())]
-        y = self._swiglu_ffn(hq, groups, n, cfg.d_ff_expert, "moe_x", S.get("moe_y", n, D))
+        runs = [(t, t + 1, t * k + r, M.experts[e]) for t in range(T) for r, e in enumerate(ids[t].tolist())]
+        y = self._swiglu_ffn(a, n, cfg.d_ff_expert, M.experts[0].w_gate_up is not None, "moe_x",
+                             S.get("moe_y", n, D), self._one_by_one(runs))
+        self.stats.expert_runs += n
+        self.stats.expert_rows += n
+        self.stats.expert_bytes += sum(X.nbytes for *_, X in runs)
         pos = S.get("moe_pos", n, dtype=np.int32)
         pos[:] = np.arange(n, dtype=np.int32)
         return y, pos
+
+    def _shared_expert(self, X: FFNWeights, a: Act, T: int):
+        """The shared expert over the T rows of a -> (T, D)."""
+        return self._swiglu_ffn(a, T, self.cfg.d_ff_shared, X.w_gate_up is not None, "moe_sh",
+                                self.scratch.get("moe_sh", T, self.cfg.d_model),
+                                self._one_by_one([(0, T, 0, X)]))
+
+    def _one_by_one(self, runs):
+        """project() for _swiglu_ffn running FFNs one at a time: a run (i0, i1, o0, ffn) is
+        ffn on input rows [i0, i1) into output rows [o0, o0 + i1 - i0)."""
+        K, nt = self.K, self.threads
+
+        def project(name, act, out):
+            for i0, i1, o0, X in runs:
+                o1 = o0 + i1 - i0
+                w, b = getattr(X, "w_" + name), getattr(X, "b_" + name)
+                x = act.for_weight(w)
+                dst = out[o0:o1]  # the down projection reads the activation's rows o0..o1
+                K.matmul(_rows(x, o0, o1) if name == "down" else _rows(x, i0, i1), w, out=dst, nthreads=nt)
+                if b is not None:
+                    K.add_bias(dst, b, out=dst, nthreads=nt)
+        return project
 
     def expert_act(self, gate, up, out):
         """The experts' gated activation: gate, up (n, F) -> out (n, F)."""
         return self.K.swiglu(gate, up, out=out, nthreads=self.threads)
 
-    def _swiglu_ffn(self, src, groups, n: int, F: int, tag: str, y, count: bool = True):
-        """SwiGLU feed-forwards over n output rows.  groups: (i0, i1, ffn[, o0]) runs ffn on
-        input rows [i0, i1) of src (a QAct or float rows) into output rows [o0, o0 + i1 - i0)
-        (o0 = i0 by default).  Returns y (n, D).  count: add the runs to self.stats."""
+    def _swiglu_ffn(self, a: Act, n: int, F: int, fused: bool, tag: str, y, project):
+        """A gated feed-forward over n output rows: project(name, act, out) runs projection name
+        ("gate_up" when fused, else "gate" and "up"; then "down") over its rows of the Act
+        (the input a, then the activation) into out.  Returns y (n, D)."""
         K, S, nt = self.K, self.scratch, self.threads
-        fused = groups[0][2].w_gate_up is not None
         if fused:
             gu = S.get(tag + "_gu", n, 2 * F)  # (n, 2F): gate | up
             gate, up = gu[:, :F], gu[:, F:]
+            project("gate_up", a, gu)
         else:
             gate, up = S.get(tag + "_gate", n, F), S.get(tag + "_up", n, F)
-        outs = []
-        for grp in groups:
-            i0, i1, X = grp[0], grp[1], grp[2]
-            o0 = grp[3] if len(grp) > 3 else i0
-            o1 = o0 + (i1 - i0)
-            outs.append((o0, o1, X))
-            x = _rows(src, i0, i1)
-            if fused:
-                K.matmul(x, X.w_gate_up, out=gu[o0:o1], nthreads=nt)
-                if X.b_gate_up is not None:
-                    K.add_bias(gu[o0:o1], X.b_gate_up, out=gu[o0:o1], nthreads=nt)
-            else:
-                K.matmul(x, X.w_gate, out=gate[o0:o1], nthreads=nt)
-                K.matmul(x, X.w_up, out=up[o0:o1], nthreads=nt)
-                if X.b_gate is not None:
-                    K.add_bias(gate[o0:o1], X.b_gate, out=gate[o0:o1], nthreads=nt)
-                    K.add_bias(up[o0:o1], X.b_up, out=up[o0:o1], nthreads=nt)
+            project("gate", a, gate)
+            project("up", a, up)
         f = self.expert_act(gate, up, S.get(tag + "_f", n, F))  # (n, F)
-        af = Act(K, f, self._qact(tag + "_f", n, F), nt)
-        fsrc = af.for_weight(groups[0][2].w_down)
-        for o0, o1, X in outs:
-            K.matmul(_rows(fsrc, o0, o1), X.w_down, out=y[o0:o1], nthreads=nt)
-            if X.b_down is not None:
-                K.add_bias(y[o0:o1], X.b_down, out=y[o0:o1], nthreads=nt)
-        if count:
-            self.stats.expert_runs += len(outs)
-            self.stats.expert_rows += n
-            self.stats.expert_bytes += sum(X.nbytes for _, _, X in outs)
+        project("down", Act(K, f, self._qact(tag + "_f", n, F), nt), y)
         return y
+
+
+def expert_table(M) -> dict:
+    """A layer's experts as matmul_experts tables, built on first use and kept on M:
+    {"gate_up" (or "gate" and "up"), "down": (E weights, (E, n_out) float32 biases | None)}."""
+    table = M.__dict__.get("_expert_table")
+    if table is None:
+        X0 = M.experts[0]
+        names = ("gate_up", "down") if X0.w_gate_up is not None else ("gate", "up", "down")
+        table = {}
+        for name in names:
+            ws = [getattr(X, "w_" + name) for X in M.experts]
+            bs = [getattr(X, "b_" + name) for X in M.experts]
+            bias = None if bs[0] is None else np.ascontiguousarray(np.stack(bs), np.float32)
+            table[name] = (ws, bias)
+        M.__dict__["_expert_table"] = table
+    return table
