@@ -28,8 +28,14 @@ its draft, logits of every row) is replayed the same way: a plan's shape is the 
 sequence, and a shape with several rows is captured when its key comes a second time.
 
 Only the families whose forward is known to route every array operation through kernels are
-captured (``CAPTURABLE``); everything else (prefill chunks, MoE, the
-NumPy reference kernels, a profiling proxy in place of the kernels) runs the Python path.
+captured (``CAPTURABLE``); everything else (prefill chunks, the MoE subclasses with steps of
+their own (gpt-oss, Gemma 4, Qwen3.5 MoE), the NumPy reference kernels, a profiling proxy in
+place of the kernels) runs the Python path.
+
+MoE decode steps (MoEFamily: mixtral, qwen2moe, qwen3moe, olmoe): the routing is data, not
+shape.  moe_route, moe_group and the expert matmuls are bound to the same buffers, and the
+bound matmul_experts reads each step's expert offsets when it runs, so one plan serves every
+routing; a replayed step reads only the chosen experts' weights, as the Python path does.
 
 Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the linear layers'
 kernels update in place.  A plan binds those kernels to slots of its own pointer tables
@@ -52,12 +58,13 @@ from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
 from goinfer.models.gemma4 import Gemma4Family
 from goinfer.models.llama import LlamaFamily
+from goinfer.models.moe import MoEFamily
 from goinfer.models.qwen35 import Qwen35Family
 from goinfer.models.smollm3 import SmolLM3Family
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family, MoEFamily)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
@@ -83,11 +90,13 @@ class CaptureError(RuntimeError):
 
 def _bind_modules():
     m = {n: importlib.import_module(f"goinfer._kernels.{n}")
-         for n in ("matmul", "ops", "attention", "ssm")}
+         for n in ("matmul", "ops", "attention", "ssm", "moe")}
     return {
         "quantize_act": m["matmul"].bind_quantize_act, "matmul": m["matmul"].bind_matmul,
+        "matmul_experts": m["matmul"].bind_matmul_experts,
         "get_rows": m["matmul"].bind_get_rows, "rmsnorm": m["ops"].bind_rmsnorm,
-        "swiglu": m["ops"].bind_swiglu, "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
+        "swiglu": m["ops"].bind_swiglu, "swiglu_oai": m["ops"].bind_swiglu_oai,
+        "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
         "add": m["ops"].bind_add, "add_bias": m["ops"].bind_add_bias,
         "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
         "softcap": m["ops"].bind_softcap,
@@ -96,12 +105,22 @@ def _bind_modules():
         "attention_fast": m["attention"].bind_attention_fast,
         "ssm_conv": m["ssm"].bind_ssm_conv, "gated_delta": m["ssm"].bind_gated_delta,
         "sigmoid_mul": m["ssm"].bind_sigmoid_mul,
+        "moe_route": m["moe"].bind_moe_route, "moe_group": m["moe"].bind_moe_group,
+        "moe_fold": m["moe"].bind_moe_fold,
     }, m["attention"]
+
+
+# kernels whose results are several out= buffers (returned as a tuple, in this order)
+OUTS = {"moe_route": ("ids", "weights"), "moe_group": ("rows", "offsets", "pos")}
 
 
 class _Recorder:
     """Stands in for the kernels module during capture: records each call, computes nothing,
-    and returns the call's ``out`` (every call of a captured forward passes one)."""
+    and returns the call's ``out`` (every call of a captured forward passes one; the MoE
+    routing kernels their several out buffers, OUTS).  A family's forward sees ``recording``
+    and skips what only the Python path keeps (counters read from kernel results)."""
+
+    recording = True
 
     def __init__(self, kernels, names):
         self._k = kernels
@@ -120,6 +139,10 @@ class _Recorder:
             calls.append((name, a, kw))
             if name == "kv_write":
                 return None
+            if name in OUTS:
+                if any(kw.get(o) is None for o in OUTS[name]):
+                    raise CaptureError(f"{name} called without {'=, '.join(OUTS[name])}=")
+                return tuple(kw[o] for o in OUTS[name])
             if kw.get("out") is None:
                 raise CaptureError(f"{name} called without out=")
             return kw["out"]

@@ -22,9 +22,9 @@ from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache
 
 FAMILY = {
-    "quantize_act": "matmul", "matmul": "matmul", "get_rows": "matmul",
+    "quantize_act": "matmul", "matmul": "matmul", "matmul_experts": "matmul", "get_rows": "matmul",
     "attention": "attention", "attention_fast": "attention", "kv_write": "attention",
-    "moe_route": "moe", "moe_ffn": "moe",
+    "moe_route": "moe", "moe_group": "moe", "moe_fold": "moe",
 }
 
 

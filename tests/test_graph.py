@@ -277,12 +277,42 @@ def test_disabled_by_argument_and_env(tiny, monkeypatch):
     assert Model(GGUFFile(path), progress=False).graph is not None
 
 
-def test_unsupported_models_use_python_path(tiny, tiny_dir):
+def test_unsupported_models_use_python_path(tiny):
     assert Model(GGUFFile(tiny("llama")[1]), progress=False, _reference_kernels=True).graph is None
+
+
+# ============================================================================ MoE
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("arch,qtype", [("mixtral", None), ("qwen2moe", QT.Q4_0), ("olmoe", QT.Q8_0),
+                                        ("qwen3moe", QT.Q4_0)])
+def test_moe_decode_bit_identical(tiny_dir, arch, qtype, threads, many_shares):
+    """MoE decode steps replayed: routing, grouping, every expert in one matmul_experts per
+    projection, fold (and qwen2moe's shared expert) give the Python path's bits, while the
+    chosen experts change from step to step and sequence to sequence (one plan serves them)."""
     import tinymoe
 
-    _, moe_path = tinymoe.build_moe("qwen2moe", tiny_dir)
-    assert load(moe_path).graph is None
+    _, path = tinymoe.build_moe(arch, tiny_dir, qtype=qtype)
+    m = assert_replayed_same(path, threads, B=3, steps=8)
+    assert m.graph.captures == 1  # (a capture that met an unbindable call replays nothing)
+    # the routing differed between steps: the test covers a plan reading new offsets
+    ref = load(path, 1, graph=False)
+    routes = []
+    orig = ref.impl.K.moe_route
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ref.kernels, name)
+
+        def moe_route(self, *a, **kw):
+            ids, w = orig(*a, **kw)
+            routes.append(ids.copy())
+            return ids, w
+
+    ref.impl.K = Spy()
+    run_decode(ref, prompts_for(3), 8)
+    assert len({r.tobytes() for r in routes if r.shape[0] == 3}) > 1
 
 
 def test_profiling_proxy_runs_python_path(tiny):
@@ -344,8 +374,9 @@ def test_add_bias_copy2d_scale_match_numpy_and_reference():
         assert np.array_equal(out.reshape(5, 32), x)
         s = np.float32(7.3)
         assert np.array_equal(K.scale(x, s, out=np.empty((5, 32), np.float32), nthreads=2), x * s)
-        rows = np.array([4, 0, 2], np.int64)
-        assert np.array_equal(K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows])
+        for dt in (np.int64, np.int32):  # the logit rows of a batch; an MoE layer's routed rows
+            rows = np.array([4, 0, 2], dt)
+            assert np.array_equal(K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows])
     y = buf.copy()
     _kernels.scale(y, 3.0, out=y)  # in place
     assert np.array_equal(y, buf * np.float32(3.0))
@@ -392,8 +423,10 @@ def test_small_kernels_reject_bad_input():
         _kernels.scale(x[:, :4], 2.0, out=x[:, 2:6])  # partial overlap
     with pytest.raises(IndexError):
         _kernels.gather_rows(x, np.array([4], np.int64))
+    with pytest.raises(IndexError):
+        _kernels.gather_rows(x, np.array([-1], np.int32))
     with pytest.raises(TypeError):
-        _kernels.gather_rows(x, np.array([1], np.int32))
+        _kernels.gather_rows(x, np.array([1], np.int16))
 
 
 def test_bound_ops_equal_the_kernels(many_shares):

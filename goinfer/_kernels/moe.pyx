@@ -17,6 +17,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from cython.parallel cimport prange
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
+from goinfer._kernels.graph cimport Op
 from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
@@ -96,20 +97,56 @@ cdef inline int _nth(int nthreads, int64_t work, int64_t units) noexcept nogil:
     return <int>(n if n > 1 else 1)
 
 
+# ============================================================================ argument records
+# Each kernel is: check the arguments and fill a record (_*_prepare), then run shares 0 ..
+# n-1 of it (_*_share), one per OpenMP thread.  The Python functions run the shares at once;
+# the bind_* functions keep the record in an Op for graph replay (graph.pyx), where the
+# routing of each step is read from the same buffers when the op runs.
+
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
+
+
+cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
+    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
+    cdef int64_t i
+    with nogil:
+        if n == 1:
+            fn(args, 0, 0)
+        elif n > 1:
+            for i in prange(n, num_threads=n, schedule='static'):
+                fn(args, i, <int>i)
+
+
+cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
+    cdef Op op = Op(name, refs)
+    rec[0] = op.alloc(size)
+    op.op.run = fn
+    return op
+
+
 # ============================================================================ routing
 
-def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, weights=None,
-              *, nthreads=1):
-    """Router logits (T, E) float32 -> (ids (T, k) int32, weights (T, k) float32).
+cdef struct route_args:
+    const gi_moe_ops *ops
+    const float *logits
+    int64_t T, E
+    int k, mode, norm
+    double scale
+    int32_t *ids
+    float *w
+    double *work  # (n, E): a row per share
+    int64_t n
 
-    mode "softmax_topk" (qwen2moe, qwen3moe, olmoe): softmax over all E in float64, then the
-    k largest probabilities; norm=True divides them by their sum (rank order, float64).
-    mode "topk_softmax" (mixtral): the k largest logits, then softmax over those k (norm is
-    implied).  Ties go to the lower expert index; NaN ranks lowest (in softmax_topk a NaN
-    logit makes its whole row NaN, so the weights are NaN).  The weights are
-    float32(w * scale).  ids[t] lists experts by rank (largest first).  Bit-exact with
-    goinfer._reference.moe_route."""
-    cdef int nt = _check_threads(nthreads)
+
+cdef void _route_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const route_args *r = <const route_args *>args
+    r.ops.route(r.logits, r.E, r.T * i // r.n, r.T * (i + 1) // r.n, r.k, r.mode, r.norm,
+                r.scale, r.ids, r.w, r.work + i * r.E)
+
+
+cdef tuple _route_prepare(route_args *r, object logits, object k, object mode, object norm,
+                          object scale, object ids, object weights, int nt):
+    """-> (ids, weights, work): work is the record's scratch (keep it alive with the record)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     cdef cnp.ndarray la = _arr(logits, "logits", cnp.NPY_FLOAT32, "float32", (None, None))
@@ -123,37 +160,75 @@ def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, w
         weights = np.empty((T, kk), np.float32)
     cdef cnp.ndarray ia = _arr(ids, "ids", cnp.NPY_INT32, "int32", (T, kk), True)
     cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (T, kk), True)
-    cdef int md = MODES[mode]
-    cdef int nm = 1 if norm else 0
-    cdef double sc = float(scale)
-    cdef int n = _nth(nt, T * E * 8, T)
-    cdef cnp.ndarray work = np.empty((n, max(E, 1)), np.float64)
-    cdef const float *lp = <const float *>cnp.PyArray_DATA(la)
-    cdef int32_t *ip = <int32_t *>cnp.PyArray_DATA(ia)
-    cdef float *wp = <float *>cnp.PyArray_DATA(wa)
-    cdef double *kp = <double *>cnp.PyArray_DATA(work)
-    cdef const gi_moe_ops *ops = _table()
-    cdef int64_t i
-    if T == 0:
-        return ids, weights
-    with nogil:
-        if n <= 1:
-            ops.route(lp, E, 0, T, kk, md, nm, sc, ip, wp, kp)
-        else:
-            for i in prange(n, num_threads=n, schedule='static'):
-                ops.route(lp, E, T * i // n, T * (i + 1) // n, kk, md, nm, sc, ip, wp, kp + i * E)
+    r.n = _nth(nt, T * E * 8, T) if T > 0 else 0
+    work = np.empty((max(r.n, 1), max(E, 1)), np.float64)
+    r.ops = _table()
+    r.logits = <const float *>cnp.PyArray_DATA(la)
+    r.T = T
+    r.E = E
+    r.k = kk
+    r.mode = MODES[mode]
+    r.norm = 1 if norm else 0
+    r.scale = float(scale)
+    r.ids = <int32_t *>cnp.PyArray_DATA(ia)
+    r.w = <float *>cnp.PyArray_DATA(wa)
+    r.work = <double *>cnp.PyArray_DATA(<cnp.ndarray>work)
+    return ids, weights, work
+
+
+def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, weights=None,
+              *, nthreads=1):
+    """Router logits (T, E) float32 -> (ids (T, k) int32, weights (T, k) float32).
+
+    mode "softmax_topk" (qwen2moe, qwen3moe, olmoe): softmax over all E in float64, then the
+    k largest probabilities; norm=True divides them by their sum (rank order, float64).
+    mode "topk_softmax" (mixtral): the k largest logits, then softmax over those k (norm is
+    implied).  Ties go to the lower expert index; NaN ranks lowest (in softmax_topk a NaN
+    logit makes its whole row NaN, so the weights are NaN).  The weights are
+    float32(w * scale).  ids[t] lists experts by rank (largest first).  Bit-exact with
+    goinfer._reference.moe_route."""
+    cdef int nt = _check_threads(nthreads)
+    cdef route_args r
+    ids, weights, work = _route_prepare(&r, logits, k, mode, norm, scale, ids, weights, nt)
+    _run_shares(_route_share, &r, r.n)
     return ids, weights
+
+
+def bind_moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None,
+                   weights=None, *, nthreads=1):
+    if ids is None or weights is None:  # (the Op points into them: they must outlive it)
+        raise ValueError("a bound moe_route needs ids and weights")
+    cdef int nt = _check_threads(nthreads)
+    cdef route_args tmp
+    _, _, work = _route_prepare(&tmp, logits, k, mode, norm, scale, ids, weights, nt)
+    cdef void *rec
+    cdef Op op = _bound("moe_route", (logits, ids, weights, work), _route_share,
+                        sizeof(route_args), &rec)
+    (<route_args *>rec)[0] = tmp
+    op.op.nshares = tmp.n
+    return op
 
 
 # ============================================================================ grouping
 
-def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
-    """Sort the T*k routed entries (t, r) by expert (stable: then by t*k + r).
+cdef struct group_args:
+    const int32_t *ids
+    int64_t T, k, E
+    int32_t *rows
+    int32_t *pos
+    int64_t *offsets
+    int64_t *count  # (E,) scratch
+    int rc
 
-    Returns rows (T*k,) int32 (the row t of each sorted entry), offsets (n_expert + 1,) int64
-    (expert e's entries are offsets[e]:offsets[e+1]) and pos (T*k,) int32 (pos[t*k + r] is
-    the sorted index of entry (t, r)).  Serial (cheap next to the expert GEMMs)."""
-    _check_threads(nthreads)
+
+cdef void _group_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef group_args *r = <group_args *>args
+    r.rc = gi_moe_group(r.ids, r.T, <int>r.k, r.E, r.rows, r.pos, r.offsets, r.count)
+
+
+cdef tuple _group_prepare(group_args *r, object ids, object n_expert, object rows,
+                          object offsets, object pos):
+    """-> (rows, offsets, pos, count): count is the record's scratch."""
     cdef cnp.ndarray ia = _arr(ids, "ids", cnp.NPY_INT32, "int32", (None, None))
     cdef int64_t T = ia.shape[0], kk = ia.shape[1], E
     if not isinstance(n_expert, (int, np.integer)) or isinstance(n_expert, bool) or n_expert < 1:
@@ -170,18 +245,121 @@ def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
     cdef cnp.ndarray ra = _arr(rows, "rows", cnp.NPY_INT32, "int32", (T * kk,), True)
     cdef cnp.ndarray oa = _arr(offsets, "offsets", cnp.NPY_INT64, "int64", (E + 1,), True)
     cdef cnp.ndarray pa = _arr(pos, "pos", cnp.NPY_INT32, "int32", (T * kk,), True)
-    cdef cnp.ndarray count = np.empty(E, np.int64)
-    cdef int rc
-    with nogil:
-        rc = gi_moe_group(<const int32_t *>cnp.PyArray_DATA(ia), T, <int>kk, E,
-                          <int32_t *>cnp.PyArray_DATA(ra), <int32_t *>cnp.PyArray_DATA(pa),
-                          <int64_t *>cnp.PyArray_DATA(oa), <int64_t *>cnp.PyArray_DATA(count))
-    if rc != 0:
-        raise ValueError(f"ids must lie in [0, {E}), got [{ia.min()}, {ia.max()}]")
+    count = np.empty(E, np.int64)
+    r.ids = <const int32_t *>cnp.PyArray_DATA(ia)
+    r.T = T
+    r.k = kk
+    r.E = E
+    r.rows = <int32_t *>cnp.PyArray_DATA(ra)
+    r.pos = <int32_t *>cnp.PyArray_DATA(pa)
+    r.offsets = <int64_t *>cnp.PyArray_DATA(oa)
+    r.count = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>count)
+    r.rc = 0
+    return rows, offsets, pos, count
+
+
+def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
+    """Sort the T*k routed entries (t, r) by expert (stable: then by t*k + r).
+
+    Returns rows (T*k,) int32 (the row t of each sorted entry), offsets (n_expert + 1,) int64
+    (expert e's entries are offsets[e]:offsets[e+1]) and pos (T*k,) int32 (pos[t*k + r] is
+    the sorted index of entry (t, r)).  Serial (cheap next to the expert GEMMs)."""
+    _check_threads(nthreads)
+    cdef group_args r
+    rows, offsets, pos, count = _group_prepare(&r, ids, n_expert, rows, offsets, pos)
+    _run_shares(_group_share, &r, 1)
+    if r.rc != 0:
+        raise ValueError(f"ids must lie in [0, {n_expert}), got [{np.min(ids)}, {np.max(ids)}]")
     return rows, offsets, pos
 
 
+def bind_moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
+    """The caller keeps ids inside [0, n_expert) for every run (moe_route's are)."""
+    if rows is None or offsets is None or pos is None:
+        raise ValueError("a bound moe_group needs rows, offsets and pos")
+    _check_threads(nthreads)
+    cdef group_args tmp
+    _, _, _, count = _group_prepare(&tmp, ids, n_expert, rows, offsets, pos)
+    cdef void *rec
+    cdef Op op = _bound("moe_group", (ids, rows, offsets, pos, count), _group_share,
+                        sizeof(group_args), &rec)
+    (<group_args *>rec)[0] = tmp
+    op.op.nshares = 1
+    return op
+
+
 # ============================================================================ fold
+
+cdef struct fold_args:
+    const gi_moe_ops *ops
+    const float *y
+    const float *w
+    const int32_t *pos
+    const float *sh
+    const float *sh_logit
+    float *out
+    int64_t T, D, k, n
+    int renorm, by_rows
+
+
+cdef void _fold_share(const void *args, int64_t i, int tid) noexcept nogil:
+    cdef const fold_args *r = <const fold_args *>args
+    cdef int64_t c0, c1
+    if r.by_rows:
+        r.ops.fold(r.y, r.D, r.w, r.pos, <int>r.k, r.renorm, r.sh, r.D, r.sh_logit,
+                   r.T * i // r.n, r.T * (i + 1) // r.n, 0, r.D, r.out, r.D)
+    else:  # few long rows: split columns (at multiples of 16 floats)
+        c0 = (r.D * i // r.n) & ~(<int64_t>15)
+        c1 = r.D if i == r.n - 1 else (r.D * (i + 1) // r.n) & ~(<int64_t>15)
+        r.ops.fold(r.y, r.D, r.w, r.pos, <int>r.k, r.renorm, r.sh, r.D, r.sh_logit,
+                   0, r.T, c0, c1, r.out, r.D)
+
+
+cdef object _fold_prepare(fold_args *r, object y, object weights, object pos, object shared,
+                          object shared_logit, object renorm, object out, int nt, bint check_pos):
+    cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (None, None))
+    cdef int64_t T = wa.shape[0], kk = wa.shape[1]
+    cdef cnp.ndarray ya = _arr(y, "y", cnp.NPY_FLOAT32, "float32", (None, None))
+    cdef int64_t N = ya.shape[0], D = ya.shape[1]
+    cdef cnp.ndarray pa = _arr(pos, "pos", cnp.NPY_INT32, "int32", (T * kk,))
+    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
+    cdef int64_t i, bad = -1
+    if check_pos:
+        with nogil:
+            for i in range(T * kk):
+                if pp[i] < 0 or pp[i] >= N:
+                    bad = i
+                    break
+        if bad >= 0:
+            raise ValueError(f"pos[{bad}] = {pp[bad]} is outside the {N} rows of y")
+    if (shared is None) != (shared_logit is None):
+        raise ValueError("shared and shared_logit go together")
+    cdef cnp.ndarray sa = None, ga = None
+    r.sh = NULL
+    r.sh_logit = NULL
+    if shared is not None:
+        sa = _arr(shared, "shared", cnp.NPY_FLOAT32, "float32", (T, D))
+        ga = _arr(shared_logit, "shared_logit", cnp.NPY_FLOAT32, "float32", (T,))
+        r.sh = <const float *>cnp.PyArray_DATA(sa)
+        r.sh_logit = <const float *>cnp.PyArray_DATA(ga)
+    if out is None:
+        out = np.empty((T, D), np.float32)
+    cdef cnp.ndarray oa = _arr(out, "out", cnp.NPY_FLOAT32, "float32", (T, D), True)
+    if _overlap(oa, ya) or (sa is not None and _overlap(oa, sa)):
+        raise ValueError("out must not overlap y or shared")
+    r.ops = _table()
+    r.y = <const float *>cnp.PyArray_DATA(ya)
+    r.w = <const float *>cnp.PyArray_DATA(wa)
+    r.pos = pp
+    r.out = <float *>cnp.PyArray_DATA(oa)
+    r.T = T
+    r.D = D
+    r.k = kk
+    r.renorm = 1 if renorm else 0
+    r.n = 0 if T == 0 or D == 0 else _nth(nt, T * D * (kk + 1), nt)
+    r.by_rows = r.n <= 1 or T >= r.n
+    return out
+
 
 def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=None, *,
              nthreads=1):
@@ -196,57 +374,24 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=
         shared:  acc = acc + float32(sigmoid(shared_logit[t])) * shared[t,c]   (qwen2moe)
     Bit-exact with goinfer._reference.moe_fold."""
     cdef int nt = _check_threads(nthreads)
-    cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (None, None))
-    cdef int64_t T = wa.shape[0], kk = wa.shape[1]
-    cdef cnp.ndarray ya = _arr(y, "y", cnp.NPY_FLOAT32, "float32", (None, None))
-    cdef int64_t N = ya.shape[0], D = ya.shape[1]
-    cdef cnp.ndarray pa = _arr(pos, "pos", cnp.NPY_INT32, "int32", (T * kk,))
-    cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
-    cdef int64_t i, bad = -1
-    with nogil:
-        for i in range(T * kk):
-            if pp[i] < 0 or pp[i] >= N:
-                bad = i
-                break
-    if bad >= 0:
-        raise ValueError(f"pos[{bad}] = {pp[bad]} is outside the {N} rows of y")
-    if (shared is None) != (shared_logit is None):
-        raise ValueError("shared and shared_logit go together")
-    cdef cnp.ndarray sa = None, ga = None
-    cdef const float *sp = NULL
-    cdef const float *gp = NULL
-    if shared is not None:
-        sa = _arr(shared, "shared", cnp.NPY_FLOAT32, "float32", (T, D))
-        ga = _arr(shared_logit, "shared_logit", cnp.NPY_FLOAT32, "float32", (T,))
-        sp = <const float *>cnp.PyArray_DATA(sa)
-        gp = <const float *>cnp.PyArray_DATA(ga)
-    if out is None:
-        out = np.empty((T, D), np.float32)
-    cdef cnp.ndarray oa = _arr(out, "out", cnp.NPY_FLOAT32, "float32", (T, D), True)
-    if _overlap(oa, ya) or (sa is not None and _overlap(oa, sa)):
-        raise ValueError("out must not overlap y or shared")
-    if T == 0 or D == 0:
-        return out
-    cdef const gi_moe_ops *ops = _table()
-    cdef const float *yp = <const float *>cnp.PyArray_DATA(ya)
-    cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
-    cdef float *op = <float *>cnp.PyArray_DATA(oa)
-    cdef int n = _nth(nt, T * D * (kk + 1), nt)
-    cdef int rn = 1 if renorm else 0
-    cdef int64_t c0, c1
-    with nogil:
-        if n <= 1:
-            ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, 0, T, 0, D, op, D)
-        elif T >= n:  # split rows
-            for i in prange(n, num_threads=n, schedule='static'):
-                ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, T * i // n, T * (i + 1) // n,
-                         0, D, op, D)
-        else:  # few long rows: split columns (at multiples of 16 floats)
-            for i in prange(n, num_threads=n, schedule='static'):
-                c0 = (D * i // n) & ~(<int64_t>15)
-                c1 = D if i == n - 1 else (D * (i + 1) // n) & ~(<int64_t>15)
-                ops.fold(yp, D, wp, pp, <int>kk, rn, sp, D, gp, 0, T, c0, c1, op, D)
+    cdef fold_args r
+    out = _fold_prepare(&r, y, weights, pos, shared, shared_logit, renorm, out, nt, True)
+    _run_shares(_fold_share, &r, r.n)
     return out
+
+
+def bind_moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=None, *,
+                  nthreads=1):
+    """The caller keeps pos inside the rows of y for every run (moe_group's are)."""
+    if out is None:
+        raise ValueError("a bound moe_fold needs out")
+    cdef int nt = _check_threads(nthreads)
+    cdef void *rec
+    cdef Op op = _bound("moe_fold", (y, weights, pos, shared, shared_logit, out), _fold_share,
+                        sizeof(fold_args), &rec)
+    _fold_prepare(<fold_args *>rec, y, weights, pos, shared, shared_logit, renorm, out, nt, False)
+    op.op.nshares = (<fold_args *>rec).n
+    return op
 
 
 # ============================================================================ test hooks

@@ -546,28 +546,42 @@ def bind_scale(x, s, out, *, nthreads=1):
 cdef struct gather_args:
     const float *x
     int64_t xs
-    const int64_t *rows
+    const int64_t *rows    # int64 rows, or
+    const int32_t *rows32  # int32 rows (moe_group's)
     float *o
     int64_t os, R, N, n
 
 
 cdef void _gather_share(const void *args, int64_t i, int tid) noexcept nogil:
     cdef const gather_args *r = <const gather_args *>args
-    cdef int64_t j
+    cdef int64_t j, src
     for j in range(r.R * i // r.n, r.R * (i + 1) // r.n):
-        memcpy(r.o + j * r.os, r.x + r.rows[j] * r.xs, <size_t>r.N * 4)
+        src = r.rows32[j] if r.rows32 != NULL else r.rows[j]
+        memcpy(r.o + j * r.os, r.x + src * r.xs, <size_t>r.N * 4)
 
 
-cdef object _gather_prepare(gather_args *r, object x, object rows, object out, int nt):
+cdef object _gather_prepare(gather_args *r, object x, object rows, object out, int nt,
+                            bint check_rows=True):
+    """check_rows: also check the rows' values (a bound op's are filled later)."""
     cdef _Rows xr = _rows(x, "x", False)
-    cdef cnp.ndarray ra = _array(rows, "rows", cnp.NPY_INT64, "int64")
+    if not isinstance(rows, np.ndarray) or rows.dtype not in (np.int64, np.int32):
+        raise TypeError(f"rows must be a numpy array of int64 or int32, got "
+                        f"{getattr(rows, 'dtype', type(rows).__name__)}")
+    cdef cnp.ndarray ra = <cnp.ndarray>rows
     if cnp.PyArray_NDIM(ra) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(ra):
         raise ValueError(f"rows must be a contiguous 1-D array, got shape {np.shape(ra)}")
-    cdef int64_t R = ra.shape[0], j
-    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
-    for j in range(R):
-        if rp[j] < 0 or rp[j] >= xr.M:
-            raise IndexError(f"rows[{j}] = {rp[j]} is out of range for {xr.M} rows")
+    cdef int64_t R = ra.shape[0], j, src
+    r.rows = NULL
+    r.rows32 = NULL
+    if ra.dtype == np.int64:
+        r.rows = <const int64_t *>cnp.PyArray_DATA(ra)
+    else:
+        r.rows32 = <const int32_t *>cnp.PyArray_DATA(ra)
+    if check_rows:
+        for j in range(R):
+            src = r.rows32[j] if r.rows32 != NULL else r.rows[j]
+            if src < 0 or src >= xr.M:
+                raise IndexError(f"rows[{j}] = {src} is out of range for {xr.M} rows")
     if out is None:
         out = np.empty((R, xr.N), dtype=np.float32)
     cdef _Rows orow = _rows(out, "out", True)
@@ -580,7 +594,6 @@ cdef object _gather_prepare(gather_args *r, object x, object rows, object out, i
         raise ValueError("out must not overlap x")
     r.x = xr.p
     r.xs = xr.stride
-    r.rows = rp
     r.o = orow.p
     r.os = orow.stride
     r.R = R
@@ -593,8 +606,8 @@ cdef object _gather_prepare(gather_args *r, object x, object rows, object out, i
 
 
 def gather_rows(x, rows, out=None, *, nthreads=1):
-    """out[j] = x[rows[j]] for float32 x (M, N) (rows may be strided) and rows (R,) int64 in
-    [0, M): the positions of a batch that need logits."""
+    """out[j] = x[rows[j]] for float32 x (M, N) (rows may be strided) and rows (R,) int64 or
+    int32 in [0, M): the positions of a batch that need logits, an MoE layer's routed rows."""
     cdef int nt = _check_threads(nthreads)
     cdef gather_args r
     out = _gather_prepare(&r, x, rows, out, nt)
@@ -607,7 +620,7 @@ def bind_gather_rows(x, rows, out, *, nthreads=1):
     cdef int nt = _check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("gather_rows", (x, rows, out), _gather_share, sizeof(gather_args), &rec)
-    _gather_prepare(<gather_args *>rec, x, rows, out, nt)
+    _gather_prepare(<gather_args *>rec, x, rows, out, nt, False)
     op.op.nshares = (<gather_args *>rec).n
     return op
 

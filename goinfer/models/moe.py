@@ -232,7 +232,8 @@ def load_layer(g, cfg: MoEConfig, i: int) -> MoELayerWeights:
 
 @dataclass
 class MoEStats:
-    """Non-vacuity counters: what the expert matmuls did (reset by the caller)."""
+    """Non-vacuity counters: what the expert matmuls did (reset by the caller).  Counted by
+    the Python path only: a decode step replayed by a graph (goinfer/graph.py) counts nothing."""
 
     expert_runs: int = 0  # (expert, GEMM) runs: one per active expert per layer and call
     expert_rows: int = 0  # routed rows through the experts
@@ -323,7 +324,7 @@ class MoEFamily(llama.LlamaFamily):
         rows, offsets, pos = K.moe_group(ids, E, rows=S.get("moe_rows", n, dtype=np.int32),
                                          offsets=S.get("moe_off", E + 1, dtype=np.int64),
                                          pos=S.get("moe_pos", n, dtype=np.int32), nthreads=nt)
-        xg = np.take(h, rows, axis=0, out=S.get("moe_xg", n, D))  # (n, D) gathered input rows
+        xg = K.gather_rows(h, rows, out=S.get("moe_xg", n, D), nthreads=nt)  # (n, D) routed rows
         table = expert_table(M)
 
         def project(name, act, out):
@@ -332,6 +333,8 @@ class MoEFamily(llama.LlamaFamily):
 
         y = self._swiglu_ffn(Act(K, xg, self._qact("moe_xg", n, D), nt), n, cfg.d_ff_expert,
                              "gate_up" in table, "moe_x", S.get("moe_y", n, D), project)
+        if getattr(K, "recording", False):  # a graph capture: offsets hold no routing yet
+            return y, pos
         used = np.flatnonzero(np.diff(offsets))
         self.stats.expert_runs += len(used)
         self.stats.expert_rows += n
