@@ -28,11 +28,11 @@ its draft, logits of every row) is replayed the same way: a plan's shape is the 
 sequence, and a shape with several rows is captured when its key comes a second time.
 
 Only the families whose forward is known to route every array operation through kernels are
-captured (``CAPTURABLE``); everything else (prefill chunks, the MoE subclasses with steps of
-their own (gpt-oss, Gemma 4, Qwen3.5 MoE), the NumPy reference kernels, a profiling proxy in
-place of the kernels) runs the Python path.
+captured (``CAPTURABLE``); everything else (prefill chunks, Gemma 4's and Qwen3.5's MoE
+variants, the NumPy reference kernels, a profiling proxy in place of the kernels) runs the
+Python path.
 
-MoE decode steps (MoEFamily: mixtral, qwen2moe, qwen3moe, olmoe): the routing is data, not
+MoE decode steps (MoEFamily: mixtral, qwen2moe, qwen3moe, olmoe; gpt-oss): the routing is data, not
 shape.  moe_route, moe_group and the expert matmuls are bound to the same buffers, and the
 bound matmul_experts reads each step's expert offsets when it runs, so one plan serves every
 routing; a replayed step reads only the chosen experts' weights, as the Python path does.
@@ -57,6 +57,7 @@ import numpy as np
 from goinfer.models.base import Batch, Segment
 from goinfer.models.gemma import Gemma3Family
 from goinfer.models.gemma4 import Gemma4Family
+from goinfer.models.gptoss import GptOssFamily
 from goinfer.models.llama import LlamaFamily
 from goinfer.models.moe import MoEFamily
 from goinfer.models.qwen35 import Qwen35Family
@@ -64,7 +65,8 @@ from goinfer.models.smollm3 import SmolLM3Family
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 
 # exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family, MoEFamily)
+CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family, MoEFamily,
+              GptOssFamily)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 

@@ -264,13 +264,22 @@ def test_fast_prefill_with_sinks(models, f32_experts):
     assert np.array_equal(fl.argmax(-1), ref.argmax(-1))
 
 
-def test_decode_steps_run_the_python_path(models):
-    """gpt-oss is an MoE family: its decode steps are not graph-captured (so the sinks reach
-    the kernels through LlamaFamily.attend, which the tests above cover)."""
-    from goinfer import graph
-
-    m = models()
-    assert not graph.supported(m.impl, m.kernels) and m.graph is None
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_steps_replayed(mxfp4_experts, threads):
+    """gpt-oss decode steps are graph-replayed (attention sinks, sliding windows on layers 0
+    and 2, biased router and experts, the clamped SwiGLU): the Python path's bits, past the
+    window and with the routing changing step by step."""
+    path = mxfp4_experts[1]
+    m, ref = load(path, threads=threads), load(path, threads=1, graph=False)
+    assert m.graph is not None and ref.graph is None
+    ids = ids_(14, 11)
+    sm, sr = m.session(KVCache(m, max_tokens=256)), ref.session(KVCache(ref, max_tokens=256))
+    a, b = sm.prefill(ids), sr.prefill(ids)
+    for _ in range(10):
+        t = int(np.argmax(b))
+        a, b = sm.decode(t), sr.decode(t)
+        assert np.array_equal(a, b)
+    assert m.graph.replays == 10
 
 
 def test_prefix_reuse_and_batching(models):
