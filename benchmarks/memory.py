@@ -13,7 +13,10 @@ one prefill of --prefill seeded random tokens and --decode greedy decode steps, 
   rss_load   resident memory after the load (file-backed pages of mapped weights included);
   peak_rss   the process's peak resident memory (VmHWM) over load + prefill + decode: what
              the issue's memory target compares;
-  anon/file  the split of the final RSS into anonymous memory and mapped file pages.
+  anon/file  the split of the final RSS into anonymous memory and mapped file pages;
+  prefill_s  the first prefill after the load (KV cache and compute buffers touched for the
+             first time: goinfer pre-faults its cache's first pages at load, memory.py's
+             measure of that choice).
 Both engines get the same context: n_ctx = prefill + decode (+16); goinfer's KV cache is the
 model's default (2 x context, touched only as it fills), llama.cpp's is its own (f16, allocated
 for n_ctx at load), with flash attention off and on.  Runs alternate between the engines;
@@ -85,7 +88,8 @@ end = status()
 print(json.dumps({"load_s": load_s, "source": src, "rss_load": after_load["VmRSS"],
                   "peak_rss": max(end["VmHWM"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
                   "rss_end": end["VmRSS"], "anon_end": end.get("RssAnon"), "file_end": end.get("RssFile"),
-                  "prefill_tok_s": n_prefill / prefill_s, "decode_tok_s": n_decode / decode_s}))
+                  "prefill_s": prefill_s, "prefill_tok_s": n_prefill / prefill_s,
+                  "decode_tok_s": n_decode / decode_s}))
 """
 
 
@@ -161,7 +165,8 @@ def main(argv=None) -> dict:
                   f" + file {_gb(r['file_end'] or 0)} at the end)", flush=True)
     res["load_avg_end"] = os.getloadavg()
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("load_s", "rss_load", "peak_rss",
-                                                              "prefill_tok_s", "decode_tok_s")}
+                                                              "prefill_s", "prefill_tok_s",
+                                                              "decode_tok_s")}
            for k, v in res["runs"].items()}
     res["median"] = med
     print(table(res))
@@ -176,18 +181,19 @@ def table(res) -> str:
     lines = [f"{res['model']}, {res['threads']} threads, prefill {res['prefill']} + decode "
              f"{res['decode']}, medians of {res['repeats']} fresh processes, {res['date']}, load "
              f"{res['load_avg_start'][0]:.1f} -> {res['load_avg_end'][0]:.1f}",
-             "", "| engine | load s | RSS after load GB | peak RSS GB | peak / llama.cpp's lowest |",
-             "|---|---|---|---|---|"]
+             "", "| engine | load s | first prefill s | RSS after load GB | peak RSS GB | peak / llama.cpp's lowest |",
+             "|---|---|---|---|---|---|"]
     peers = [v["peak_rss"] for k, v in med.items() if k != "goinfer"]
     best = min(peers) if peers else None
     f = res.get("goinfer_first_load")
     if f:
         ratio = f"{f['peak_rss'] / best:.2f}x" if best else ""
-        lines.append(f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {_gb(f['rss_load'])} | "
-                     f"{_gb(f['peak_rss'])} | {ratio} |")
+        lines.append(f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {f['prefill_s']:.3f} | "
+                     f"{_gb(f['rss_load'])} | {_gb(f['peak_rss'])} | {ratio} |")
     for k, v in med.items():
         ratio = f"{v['peak_rss'] / best:.2f}x" if best else ""
-        lines.append(f"| {k} | {v['load_s']:.2f} | {_gb(v['rss_load'])} | {_gb(v['peak_rss'])} | {ratio} |")
+        lines.append(f"| {k} | {v['load_s']:.2f} | {v['prefill_s']:.3f} | {_gb(v['rss_load'])} | "
+                     f"{_gb(v['peak_rss'])} | {ratio} |")
     return "\n".join(lines)
 
 

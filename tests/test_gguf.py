@@ -654,6 +654,7 @@ def test_q6_k_requantized_where_the_variant_says(tmp_path, monkeypatch):
     rng = np.random.default_rng(12)
     raw = random_blocks(T.Q6_K, 37, 512, rng)
     path = write_gguf(tmp_path / "t.gguf", {"w": (raw, T.Q6_K)})
+    monkeypatch.setitem(gguf_mod.VARIANT_TARGET, str(_config.variant()), {})  # NATIVE_TARGET's q6_k
     native = GGUFFile(path)
     w6 = native.load_weight("w")
     assert w6.kind == "q6_k" and native.native_bytes() == 48 * 512 * 210 // 256
