@@ -405,19 +405,7 @@ cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets,
     cdef int64_t N = r.w[0].n_out, K = r.w[0].n_in
     r.E = E
     r.is_int = r.w[0].kind < GI_F32
-    r.x = NULL
-    if r.is_int:
-        if not isinstance(x_or_qact, QAct):
-            raise TypeError(f"{ws[0].kind} weights multiply a QAct; call quantize_act first "
-                            f"(got {type(x_or_qact).__name__})")
-        _qact(x_or_qact, &r.a, &M, K, False)
-    else:
-        if isinstance(x_or_qact, QAct):
-            raise TypeError(f"{ws[0].kind} weights multiply float32 x, not a QAct")
-        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
-            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
-        M = x_or_qact.shape[0]
-        r.x = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
+    M = _operand(x_or_qact, &r.w[0], ws[0].kind, &r.a, &r.x)
     r.M = M
     r.offsets = <const int64_t *>_array(offsets, "offsets", cnp.NPY_INT64, "int64", 1, E + 1)
     if check_offsets:
@@ -429,12 +417,7 @@ cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets,
     r.bias = NULL
     if bias is not None:
         r.bias = <const float *>_array(bias, "bias", cnp.NPY_FLOAT32, "float32", 2, E, N)
-    if out is None:
-        out = np.empty((M, N), dtype=np.float32)
-    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, N, 0, 0, 0, True)
-    if not r.is_int and M > 0 and <const char *>r.out < <const char *>(r.x + M * K) \
-            and <const char *>r.x < <const char *>(r.out + M * N):
-        raise ValueError("out must not overlap x")
+    out = _output(out, M, &r.w[0], r.x, &r.out)
     r.ops = _ops()
     # work of the routed rows: at most min(E, M) experts' weights streamed
     cdef int64_t est_ns = _min(E, M) * _weight_bytes(&r.w[0]) // 12 + M * r.w[0].n_rb * GI_ROWS * K // 150
@@ -469,29 +452,43 @@ cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     return out
 
 
+cdef int64_t _operand(object x_or_qact, const gi_weight *w, str kind, gi_qact *a,
+                      const float **x) except -1:
+    """The activation a matmul with w reads: a QAct (int kinds) into a, float32 rows (float
+    kinds) into x.  Returns its rows M."""
+    cdef int64_t M = 0
+    x[0] = NULL
+    if w.kind < GI_F32:
+        if not isinstance(x_or_qact, QAct):
+            raise TypeError(f"{kind} weights multiply a QAct; call quantize_act first "
+                            f"(got {type(x_or_qact).__name__})")
+        _qact(x_or_qact, a, &M, w.n_in, False)
+        return M
+    if isinstance(x_or_qact, QAct):
+        raise TypeError(f"{kind} weights multiply float32 x, not a QAct")
+    if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
+        raise ValueError("x must be a 2-D numpy array (M, K) of float32")
+    M = x_or_qact.shape[0]
+    x[0] = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, w.n_in)
+    return M
+
+
+cdef object _output(object out, int64_t M, const gi_weight *w, const float *x, float **o):
+    """out (M, n_out) float32 (allocated when None) into o; float x must not overlap it."""
+    if out is None:
+        out = np.empty((M, w.n_out), dtype=np.float32)
+    o[0] = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, w.n_out, 0, 0, 0, True)
+    if x != NULL and M > 0 and <const char *>o[0] < <const char *>(x + M * w.n_in) \
+            and <const char *>x < <const char *>(o[0] + M * w.n_out):
+        raise ValueError("out must not overlap x")
+    return out
+
+
 cdef object _mm_prepare(mm_args *r, object x_or_qact, object w, object out, int nt):
     _weight(w, &r.w)
-    cdef int64_t M = 0
     r.is_int = r.w.kind < GI_F32
-    r.x = NULL
-    if r.is_int:
-        if not isinstance(x_or_qact, QAct):
-            raise TypeError(f"{w.kind} weights multiply a QAct; call quantize_act first "
-                            f"(got {type(x_or_qact).__name__})")
-        _qact(x_or_qact, &r.a, &M, r.w.n_in, False)
-    else:
-        if isinstance(x_or_qact, QAct):
-            raise TypeError(f"{w.kind} weights multiply float32 x, not a QAct")
-        if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
-            raise ValueError("x must be a 2-D numpy array (M, K) of float32")
-        M = x_or_qact.shape[0]
-        r.x = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, r.w.n_in)
-    if out is None:
-        out = np.empty((M, r.w.n_out), dtype=np.float32)
-    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, r.w.n_out, 0, 0, 0, True)
-    if not r.is_int and M > 0 and <const char *>r.out < <const char *>(r.x + M * r.w.n_in) \
-            and <const char *>r.x < <const char *>(r.out + M * r.w.n_out):
-        raise ValueError("out must not overlap x")
+    cdef int64_t M = _operand(x_or_qact, &r.w, w.kind, &r.a, &r.x)
+    out = _output(out, M, &r.w, r.x, &r.out)
     r.ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&r.w) // 12 + M * r.w.n_rb * GI_ROWS * r.w.n_in // 150
     r.p = _plan(M, r.w.n_rb, est_ns, r.ops.mr_q if r.is_int else r.ops.mr_f, nt)

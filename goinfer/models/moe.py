@@ -242,6 +242,12 @@ class MoEStats:
     def reset(self) -> None:
         self.expert_runs = self.expert_rows = self.expert_bytes = 0
 
+    def add(self, experts, rows: int) -> None:
+        """One GEMM run per FFNWeights in experts, over rows routed rows in all."""
+        self.expert_runs += len(experts)
+        self.expert_rows += rows
+        self.expert_bytes += sum(X.nbytes for X in experts)
+
 
 def _rows(src, o0: int, o1: int):
     """Rows [o0, o1) of a QAct or a float array (views)."""
@@ -335,10 +341,7 @@ class MoEFamily(llama.LlamaFamily):
                              "gate_up" in table, "moe_x", S.get("moe_y", n, D), project)
         if getattr(K, "recording", False):  # a graph capture: offsets hold no routing yet
             return y, pos
-        used = np.flatnonzero(np.diff(offsets))
-        self.stats.expert_runs += len(used)
-        self.stats.expert_rows += n
-        self.stats.expert_bytes += sum(M.experts[e].nbytes for e in used)
+        self.stats.add([M.experts[e] for e in np.flatnonzero(np.diff(offsets))], n)
         return y, pos
 
     def _experts_by_token(self, M, a: Act, ids):
@@ -351,9 +354,7 @@ class MoEFamily(llama.LlamaFamily):
         runs = [(t, t + 1, t * k + r, M.experts[e]) for t in range(T) for r, e in enumerate(ids[t].tolist())]
         y = self._swiglu_ffn(a, n, cfg.d_ff_expert, M.experts[0].w_gate_up is not None, "moe_x",
                              S.get("moe_y", n, D), self._one_by_one(runs))
-        self.stats.expert_runs += n
-        self.stats.expert_rows += n
-        self.stats.expert_bytes += sum(X.nbytes for *_, X in runs)
+        self.stats.add([X for *_, X in runs], n)
         pos = S.get("moe_pos", n, dtype=np.int32)
         pos[:] = np.arange(n, dtype=np.int32)
         return y, pos
