@@ -1,5 +1,6 @@
 # cython: language_level=3
 """C API of the graph executor (src/graph.h) and the Op record every bind_* function fills."""
+from cython.parallel cimport prange
 from libc.stdint cimport int64_t
 
 cdef extern from "graph.h" nogil:
@@ -18,3 +19,19 @@ cdef class Op:
     cdef readonly str name
     cdef readonly object refs
     cdef void *alloc(self, size_t size) except NULL
+
+
+# One share of a kernel's argument record (the type of gi_op.run): what a Python kernel call
+# runs per OpenMP thread and what a bound Op runs per claimed share.
+ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
+
+
+cdef inline void run_shares(share_fn fn, const void *args, int64_t n) noexcept:
+    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
+    cdef int64_t t
+    with nogil:
+        if n == 1:
+            fn(args, 0, 0)
+        elif n > 1:
+            for t in prange(n, num_threads=n, schedule='static'):
+                fn(args, t, <int>t)

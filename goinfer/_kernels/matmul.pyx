@@ -7,12 +7,11 @@ that OpenMP threads compute without overlap, so every output element is written 
 one thread and its bits do not depend on the split.
 """
 cimport numpy as cnp
-from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
-from goinfer._kernels.graph cimport Op
+from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 import numpy as np
 
@@ -294,19 +293,6 @@ cdef struct gr_args:
     float *out
 
 
-ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
-
-
-cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
-    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
-    cdef int64_t t
-    with nogil:
-        if n == 1:
-            fn(args, 0, 0)
-        elif n > 1:
-            for t in prange(n, num_threads=n, schedule='static'):
-                fn(args, t, <int>t)
-
 
 cdef void _qz_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const qz_args *a = <const qz_args *>args
@@ -536,7 +522,7 @@ def quantize_act(x, out=None, *, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef qz_args r
     out = _qz_prepare(&r, x, out, nt)
-    _run_shares(_qz_share, &r, r.n)
+    run_shares(_qz_share, &r, r.n)
     return out
 
 
@@ -549,7 +535,7 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef mm_args r
     out = _mm_prepare(&r, x_or_qact, w, out, nt)
-    _run_shares(_mm_share, &r, r.p.n_rt * r.p.n_mt)
+    run_shares(_mm_share, &r, r.p.n_rt * r.p.n_mt)
     return out
 
 
@@ -562,7 +548,7 @@ def get_rows(w, ids, out=None, *, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef gr_args r
     out, _ = _gr_prepare(&r, w, ids, out, nt, False)
-    _run_shares(_gr_share, &r, r.n)
+    run_shares(_gr_share, &r, r.n)
     return out
 
 
@@ -581,7 +567,7 @@ def matmul_experts(x_or_qact, ws, offsets, bias=None, out=None, *, nthreads=1):
     try:
         r.w = <gi_weight *>(r + 1)
         out = _mx_prepare(r, x_or_qact, ws, offsets, bias, out, nt, True)
-        _run_shares(_mx_share, r, r.n)
+        run_shares(_mx_share, r, r.n)
     finally:
         free(r)
     return out

@@ -15,9 +15,8 @@ result is the same for any T, any thread count, any variant (docs/design/kernels
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from cython.parallel cimport prange
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels.graph cimport Op
+from goinfer._kernels.graph cimport Op, run_shares, share_fn
 from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
@@ -103,19 +102,6 @@ cdef inline int _nth(int nthreads, int64_t work, int64_t units) noexcept nogil:
 # the bind_* functions keep the record in an Op for graph replay (graph.pyx), where the
 # routing of each step is read from the same buffers when the op runs.
 
-ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
-
-
-cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
-    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
-    cdef int64_t i
-    with nogil:
-        if n == 1:
-            fn(args, 0, 0)
-        elif n > 1:
-            for i in prange(n, num_threads=n, schedule='static'):
-                fn(args, i, <int>i)
-
 
 cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
     cdef Op op = Op(name, refs)
@@ -190,7 +176,7 @@ def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, w
     cdef int nt = _check_threads(nthreads)
     cdef route_args r
     ids, weights, work = _route_prepare(&r, logits, k, mode, norm, scale, ids, weights, nt)
-    _run_shares(_route_share, &r, r.n)
+    run_shares(_route_share, &r, r.n)
     return ids, weights
 
 
@@ -267,7 +253,7 @@ def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
     _check_threads(nthreads)
     cdef group_args r
     rows, offsets, pos, count = _group_prepare(&r, ids, n_expert, rows, offsets, pos)
-    _run_shares(_group_share, &r, 1)
+    run_shares(_group_share, &r, 1)
     if r.rc != 0:
         raise ValueError(f"ids must lie in [0, {n_expert}), got [{np.min(ids)}, {np.max(ids)}]")
     return rows, offsets, pos
@@ -376,7 +362,7 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=
     cdef int nt = _check_threads(nthreads)
     cdef fold_args r
     out = _fold_prepare(&r, y, weights, pos, shared, shared_logit, renorm, out, nt, True)
-    _run_shares(_fold_share, &r, r.n)
+    run_shares(_fold_share, &r, r.n)
     return out
 
 

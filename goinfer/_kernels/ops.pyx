@@ -15,10 +15,9 @@ Layouts accepted:
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from cython.parallel cimport prange
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
-from goinfer._kernels.graph cimport Op
+from goinfer._kernels.graph cimport Op, run_shares, share_fn
 from libc.string cimport memcpy
 from libc.math cimport tanhf
 
@@ -143,19 +142,6 @@ cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
 # n-1 of it (_*_share), one per OpenMP thread.  The Python functions run the shares at once;
 # the bind_* functions keep the record in an Op for graph replay (graph.pyx).
 
-ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
-
-
-cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
-    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
-    cdef int64_t i
-    with nogil:
-        if n == 1:
-            fn(args, 0, 0)
-        elif n > 1:
-            for i in prange(n, num_threads=n, schedule='static'):
-                fn(args, i, <int>i)
-
 
 cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
     if refs[len(refs) - 1] is None:  # out (the Op points into it: it must outlive it)
@@ -218,7 +204,7 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
     cdef int nt = _check_threads(nthreads)
     cdef norm_args r
     out = _norm_prepare(&r, x, w, eps, out, nt)
-    _run_shares(_norm_share, &r, r.n)
+    run_shares(_norm_share, &r, r.n)
     return out
 
 
@@ -326,7 +312,7 @@ cdef object _binary(int kind, object a, object b, object out, object nthreads, s
     cdef int nt = _check_threads(nthreads)
     cdef bin_args r
     out = _binary_prepare(&r, kind, a, b, out, nt, an, bn, bias, p0, p1)
-    _run_shares(_binary_share, &r, r.n)
+    run_shares(_binary_share, &r, r.n)
     return out
 
 
@@ -478,7 +464,7 @@ def copy2d(x, out, *, nthreads=1):
     cdef int nt = _check_threads(nthreads)
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, False)
-    _run_shares(_copy_share, &r, r.n)
+    run_shares(_copy_share, &r, r.n)
     return out
 
 
@@ -488,7 +474,7 @@ def scale(x, s, out=None, *, nthreads=1):
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, True)
     r.s = <float>float(s)
-    _run_shares(_scale_share, &r, r.n)
+    run_shares(_scale_share, &r, r.n)
     return out
 
 
@@ -507,7 +493,7 @@ def softcap(x, cap, out=None, *, nthreads=1):
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, True)
     r.s = c
-    _run_shares(_softcap_share, &r, r.n)
+    run_shares(_softcap_share, &r, r.n)
     return out
 
 
@@ -611,7 +597,7 @@ def gather_rows(x, rows, out=None, *, nthreads=1):
     cdef int nt = _check_threads(nthreads)
     cdef gather_args r
     out = _gather_prepare(&r, x, rows, out, nt)
-    _run_shares(_gather_share, &r, r.n)
+    run_shares(_gather_share, &r, r.n)
     return out
 
 
@@ -704,7 +690,7 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
     cdef int nt = _check_threads(nthreads)
     cdef rope_args r
     out = _rope_prepare(&r, x, pos, cos, sin, neox, out, nt)
-    _run_shares(_rope_share, &r, r.n)
+    run_shares(_rope_share, &r, r.n)
     return out
 
 

@@ -24,9 +24,8 @@ Bound ops take no snapshots.
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from cython.parallel cimport prange
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels.graph cimport Op
+from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 cnp.import_array()
 
@@ -92,19 +91,6 @@ cdef object _f32(object a, str name):
 cdef inline void *_ptr(object a):
     return cnp.PyArray_DATA(<cnp.ndarray>a)
 
-
-ctypedef void (*share_fn)(const void *args, int64_t share, int tid) noexcept nogil
-
-
-cdef void _run_shares(share_fn fn, const void *args, int64_t n) noexcept:
-    """Shares 0 .. n-1 of a record: inline when n == 1, else one OpenMP thread each."""
-    cdef int64_t t
-    with nogil:
-        if n == 1:
-            fn(args, 0, 0)
-        elif n > 1:
-            for t in prange(n, num_threads=n, schedule='static'):
-                fn(args, t, <int>t)
 
 
 cdef float **_state_ref(float **local, float *state, object slot) except NULL:
@@ -261,7 +247,7 @@ def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef conv_args r
     out, keep = _conv_prepare(&r, x, wT, state, out, snap_rows, snaps, nt, None)
-    _run_shares(_conv_share, &r, r.n)
+    run_shares(_conv_share, &r, r.n)
     return out
 
 
@@ -395,8 +381,8 @@ def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads, out=None, *, snap_rows=No
     cdef gd_args r
     out, keep = _gd_prepare(&r, qkv, ab, A, dt_bias, state, n_k_heads, out, snap_rows, snaps,
                             eps, nt, None)
-    _run_shares(_gd_prep_share, &r, r.n_prep)
-    _run_shares(_gd_delta_share, &r, r.n_delta)
+    run_shares(_gd_prep_share, &r, r.n_prep)
+    run_shares(_gd_delta_share, &r, r.n_delta)
     return out
 
 
@@ -467,7 +453,7 @@ def sigmoid_mul(gate, x, out=None, *, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef sig_args r
     out, keep = _sig_prepare(&r, gate, x, out, nt)
-    _run_shares(_sig_share, &r, r.n)
+    run_shares(_sig_share, &r, r.n)
     return out
 
 
