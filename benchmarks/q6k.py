@@ -21,7 +21,8 @@ paired: --windows windows of --ctx tokens, each BOS + text (as a prompt is run),
     reference and both loads; per position the relative RMS logit error against the reference,
     so the two conversions are compared position by position (top-1 over few positions moves
     with a handful of near ties; this statistic does not).
-speed: the same file loaded twice (Q6_K as q6_k, Q6_K as q8_0), prefill of --prompt tokens
+speed: the same file loaded twice (Q6_K as q6_k, Q6_K as q8_0, whatever the variant's own
+    choice: on avx512-vnni q6_k runs the AVX2 microkernels), prefill of --prompt tokens
     and --decode greedy decode steps, the two loads alternating for --rounds rounds (the
     machine is shared); per load the median over rounds.  --clock cpu: process CPU seconds
     divided by the threads (the rate while running on a loaded machine).
@@ -37,14 +38,16 @@ import numpy as np
 
 
 @contextlib.contextmanager
-def q6k_as_q8_0():
-    """Load Q6_K as q8_0 (requantized) with the kernel variant in use, as avx512-vnni does."""
+def q6k_as(kind: str):
+    """Load Q6_K as KIND ("q6_k": the file's codes repacked; "q8_0": requantized) with the kernel
+    variant in use, whatever that variant's own choice is (avx512-vnni requantizes by default)."""
     from goinfer import gguf
     from goinfer._kernels import _config
 
+    how = {"q6_k": "repack", "q8_0": "requantize"}[kind]
     v = str(_config.variant())
     old = gguf.VARIANT_TARGET.get(v)
-    gguf.VARIANT_TARGET[v] = {**(old or {}), "Q6_K": ("q8_0", "requantize")}
+    gguf.VARIANT_TARGET[v] = {**(old or {}), "Q6_K": (kind, how)}
     try:
         yield
     finally:
@@ -109,7 +112,7 @@ def agreement(path, reference, text, ctx: int, max_tokens: int, threads: int | N
     ids = read_ids(ref, text, max_tokens=max_tokens)
     res = []
     for label in ("q6_k (native)", "q8_0 (requantized)"):
-        with q6k_as_q8_0() if "q8_0" in label else contextlib.nullcontext():
+        with q6k_as(label.split()[0]):
             m = Model.load(path, threads=threads, layout_cache=False, progress=False)
         kinds = sorted({f"{r.source_type}->{r.kind}" for r in m.conversions.rows})
         r = compare(ref, m, ids, ctx=ctx, stride=ctx, progress=False)
@@ -133,7 +136,7 @@ def paired(path, reference, text, ctx: int, n_windows: int, threads: int | None)
     ref = Model.load(reference, threads=threads, layout_cache=False, progress=False)
     models = {}
     for label in ("q6_k", "q8_0"):
-        with q6k_as_q8_0() if label == "q8_0" else contextlib.nullcontext():
+        with q6k_as(label):
             models[label] = Model.load(path, threads=threads, layout_cache=False, progress=False)
     bos = ref.tokenize("", add_special=True)  # [BOS] or []
     ids = read_ids(ref, text, max_tokens=n_windows * ctx)
@@ -173,7 +176,7 @@ def speed(path, prompt: int, decode: int, rounds: int, threads: int | None, cloc
 
     models = {}
     for label in ("q6_k", "q8_0"):
-        with q6k_as_q8_0() if label == "q8_0" else contextlib.nullcontext():
+        with q6k_as(label):
             models[label] = Model.load(path, threads=threads, layout_cache=False, progress=False)
     nt = models["q6_k"].threads
     now = (lambda: time.process_time() / nt) if clock == "cpu" else time.perf_counter
