@@ -35,3 +35,11 @@ cdef inline void run_shares(share_fn fn, const void *args, int64_t n) noexcept:
         elif n > 1:
             for t in prange(n, num_threads=n, schedule='static'):
                 fn(args, t, <int>t)
+
+
+cdef inline Op bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
+    """A new Op running fn over its own zeroed record of size bytes (*rec: where to fill it)."""
+    cdef Op op = Op(name, refs)
+    rec[0] = op.alloc(size)
+    op.op.run = fn
+    return op

@@ -16,7 +16,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels.graph cimport Op, run_shares, share_fn
+from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
@@ -103,13 +103,6 @@ cdef inline int _nth(int nthreads, int64_t work, int64_t units) noexcept nogil:
 # routing of each step is read from the same buffers when the op runs.
 
 
-cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
-    cdef Op op = Op(name, refs)
-    rec[0] = op.alloc(size)
-    op.op.run = fn
-    return op
-
-
 # ============================================================================ routing
 
 cdef struct route_args:
@@ -188,7 +181,7 @@ def bind_moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=No
     cdef route_args tmp
     _, _, work = _route_prepare(&tmp, logits, k, mode, norm, scale, ids, weights, nt)
     cdef void *rec
-    cdef Op op = _bound("moe_route", (logits, ids, weights, work), _route_share,
+    cdef Op op = bound("moe_route", (logits, ids, weights, work), _route_share,
                         sizeof(route_args), &rec)
     (<route_args *>rec)[0] = tmp
     op.op.nshares = tmp.n
@@ -267,7 +260,7 @@ def bind_moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads
     cdef group_args tmp
     _, _, _, count = _group_prepare(&tmp, ids, n_expert, rows, offsets, pos)
     cdef void *rec
-    cdef Op op = _bound("moe_group", (ids, rows, offsets, pos, count), _group_share,
+    cdef Op op = bound("moe_group", (ids, rows, offsets, pos, count), _group_share,
                         sizeof(group_args), &rec)
     (<group_args *>rec)[0] = tmp
     op.op.nshares = 1
@@ -373,7 +366,7 @@ def bind_moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False,
         raise ValueError("a bound moe_fold needs out")
     cdef int nt = _check_threads(nthreads)
     cdef void *rec
-    cdef Op op = _bound("moe_fold", (y, weights, pos, shared, shared_logit, out), _fold_share,
+    cdef Op op = bound("moe_fold", (y, weights, pos, shared, shared_logit, out), _fold_share,
                         sizeof(fold_args), &rec)
     _fold_prepare(<fold_args *>rec, y, weights, pos, shared, shared_logit, renorm, out, nt, False)
     op.op.nshares = (<fold_args *>rec).n

@@ -17,7 +17,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
 from goinfer._kernels import _config as _cfg
-from goinfer._kernels.graph cimport Op, run_shares, share_fn
+from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 from libc.string cimport memcpy
 from libc.math cimport tanhf
 
@@ -146,10 +146,7 @@ cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
 cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
     if refs[len(refs) - 1] is None:  # out (the Op points into it: it must outlive it)
         raise ValueError(f"a bound {name} needs out")
-    cdef Op op = Op(name, refs)
-    rec[0] = op.alloc(size)
-    op.op.run = fn
-    return op
+    return bound(name, refs, fn, size, rec)
 
 
 # ============================================================================ RMSNorm

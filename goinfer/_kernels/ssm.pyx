@@ -25,7 +25,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels.graph cimport Op, run_shares, share_fn
+from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 
 cnp.import_array()
 
@@ -108,13 +108,6 @@ cdef float **_state_ref(float **local, float *state, object slot) except NULL:
     if ref[0] == NULL:  # an empty slot starts at the bound state; a filled one is kept
         ref[0] = state
     return ref
-
-
-cdef Op _bound(str name, tuple refs, share_fn fn, size_t size, void **rec):
-    cdef Op op = Op(name, refs)
-    rec[0] = op.alloc(size)
-    op.op.run = fn
-    return op
 
 
 cdef _no_snaps(snap_rows, snaps):
@@ -255,7 +248,7 @@ def bind_ssm_conv(x, wT, state, out, *, snap_rows=None, snaps=None, nthreads=1, 
     _no_snaps(snap_rows, snaps)
     cdef int nt = _threads(nthreads)
     cdef void *rec
-    cdef Op op = _bound("ssm_conv", (), _conv_share, sizeof(conv_args), &rec)
+    cdef Op op = bound("ssm_conv", (), _conv_share, sizeof(conv_args), &rec)
     _, keep = _conv_prepare(<conv_args *>rec, x, wT, state, out, None, None, nt, state_slot)
     op.refs = keep + (state_slot,)
     op.op.nshares = (<conv_args *>rec).n
@@ -393,7 +386,7 @@ def bind_gated_delta(qkv, ab, A, dt_bias, state, n_k_heads, out, *, snap_rows=No
     _no_snaps(snap_rows, snaps)
     cdef int nt = _threads(nthreads)
     cdef void *rec
-    cdef Op prep = _bound("gated_delta_prep", (), _gd_prep_share, sizeof(gd_args), &rec)
+    cdef Op prep = bound("gated_delta_prep", (), _gd_prep_share, sizeof(gd_args), &rec)
     _, keep = _gd_prepare(<gd_args *>rec, qkv, ab, A, dt_bias, state, n_k_heads, out, None, None,
                           eps, nt, state_slot)
     prep.refs = keep + (state_slot,)
@@ -460,7 +453,7 @@ def sigmoid_mul(gate, x, out=None, *, nthreads=1):
 def bind_sigmoid_mul(gate, x, out, *, nthreads=1):
     cdef int nt = _threads(nthreads)
     cdef void *rec
-    cdef Op op = _bound("sigmoid_mul", (), _sig_share, sizeof(sig_args), &rec)
+    cdef Op op = bound("sigmoid_mul", (), _sig_share, sizeof(sig_args), &rec)
     _, keep = _sig_prepare(<sig_args *>rec, gate, x, out, nt)
     op.refs = keep
     op.op.nshares = (<sig_args *>rec).n
