@@ -182,7 +182,7 @@ def bind_moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=No
     _, _, work = _route_prepare(&tmp, logits, k, mode, norm, scale, ids, weights, nt)
     cdef void *rec
     cdef Op op = bound("moe_route", (logits, ids, weights, work), _route_share,
-                        sizeof(route_args), &rec)
+                       sizeof(route_args), &rec)
     (<route_args *>rec)[0] = tmp
     op.op.nshares = tmp.n
     return op
@@ -261,7 +261,7 @@ def bind_moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads
     _, _, _, count = _group_prepare(&tmp, ids, n_expert, rows, offsets, pos)
     cdef void *rec
     cdef Op op = bound("moe_group", (ids, rows, offsets, pos, count), _group_share,
-                        sizeof(group_args), &rec)
+                       sizeof(group_args), &rec)
     (<group_args *>rec)[0] = tmp
     op.op.nshares = 1
     return op
@@ -367,7 +367,7 @@ def bind_moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False,
     cdef int nt = _check_threads(nthreads)
     cdef void *rec
     cdef Op op = bound("moe_fold", (y, weights, pos, shared, shared_logit, out), _fold_share,
-                        sizeof(fold_args), &rec)
+                       sizeof(fold_args), &rec)
     _fold_prepare(<fold_args *>rec, y, weights, pos, shared, shared_logit, renorm, out, nt, False)
     op.op.nshares = (<fold_args *>rec).n
     return op
