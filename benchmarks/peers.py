@@ -195,6 +195,10 @@ def main(argv=None):
         ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
     g0 = engines[0] if not args.no_goinfer else None
     vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
+    ctx = g0.model.config.context_length if g0 else engines[0].llm.n_ctx_train()
+    if n_ctx - 64 > ctx:  # said before any run, not after the prefills (the model's limit)
+        ap.error(f"the rows need {n_ctx - 64} tokens of context (longest prompt, or decode prompt "
+                 f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),

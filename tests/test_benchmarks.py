@@ -240,3 +240,17 @@ def test_peers_llama_cpp_only(tmp_path, capsys):
                                  "--flash-attn", "off"])
     assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
     assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
+
+
+def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys):
+    """A decode row past the model's context is refused at the start, naming both lengths
+    (it used to fail with ContextLengthError after every prefill row had run)."""
+    path = str(_script("shapes").smoke_model(tmp_path))
+    from goinfer import Model
+
+    ctx = Model.load(path, progress=False).config.context_length
+    with pytest.raises(SystemExit):
+        _script("peers").main([path, "--no-llama-cpp", "--threads", "1", "--prompt-lengths", "16",
+                               "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert f"need {ctx + 2} tokens" in err and f"has {ctx}" in err
