@@ -181,7 +181,8 @@ def main(argv=None):
 
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
-    n_ctx = max(lengths + [p + args.decode_tokens for p in dprompts]) + 64
+    need = max(lengths + [p + args.decode_tokens for p in dprompts])  # tokens the longest row holds
+    n_ctx = need + 64
     kvs = [k for k in args.kv_dtype.split(",") if k]
     engines = [] if args.no_goinfer else [GoinferEngine(args.model, args.threads, kv_dtype=k,
                                                          tag=len(kvs) > 1) for k in kvs]
@@ -196,8 +197,8 @@ def main(argv=None):
     g0 = engines[0] if not args.no_goinfer else None
     vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
     ctx = g0.model.config.context_length if g0 else engines[0].llm.n_ctx_train()
-    if n_ctx - 64 > ctx:  # said before any run, not after the prefills (the model's limit)
-        ap.error(f"the rows need {n_ctx - 64} tokens of context (longest prompt, or decode prompt "
+    if need > ctx:  # said before any run, not after the prefills (the model's limit)
+        ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
                  f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
