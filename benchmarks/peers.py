@@ -88,6 +88,10 @@ class LlamaCppEngine:
             tok = self.next_token()
         return (time.perf_counter() - t0) / n
 
+    def context_length(self) -> int:
+        """The model's training context (Llama has no accessor of its own: its model has)."""
+        return self.llm._model.n_ctx_train()
+
     def next_token(self) -> int:
         """Greedy next token from the last evaluated row (Llama keeps no scores without
         logits_all: read the context's logits, as goinfer's decode loop reads its own)."""
@@ -196,7 +200,7 @@ def main(argv=None):
         ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
     g0 = engines[0] if not args.no_goinfer else None
     vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
-    ctx = g0.model.config.context_length if g0 else engines[0].llm.n_ctx_train()
+    ctx = g0.model.config.context_length if g0 else engines[0].context_length()
     if need > ctx:  # said before any run, not after the prefills (the model's limit)
         ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
                  f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
