@@ -88,10 +88,6 @@ class LlamaCppEngine:
             tok = self.next_token()
         return (time.perf_counter() - t0) / n
 
-    def context_length(self) -> int:
-        """The model's training context (Llama has no accessor of its own: its model has)."""
-        return self.llm._model.n_ctx_train()
-
     def next_token(self) -> int:
         """Greedy next token from the last evaluated row (Llama keeps no scores without
         logits_all: read the context's logits, as goinfer's decode loop reads its own)."""
@@ -166,6 +162,7 @@ def main(argv=None):
     import tempfile
 
     import goinfer
+    from goinfer.gguf import GGUFFile
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
@@ -187,6 +184,11 @@ def main(argv=None):
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
     need = max(lengths + [p + args.decode_tokens for p in dprompts])  # tokens the longest row holds
     n_ctx = need + 64
+    with GGUFFile(args.model) as g:  # the training context both engines read, before any load
+        ctx = g.arch_get("context_length")
+    if ctx is not None and need > ctx:
+        ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
+                 f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
     kvs = [k for k in args.kv_dtype.split(",") if k]
     engines = [] if args.no_goinfer else [GoinferEngine(args.model, args.threads, kv_dtype=k,
                                                          tag=len(kvs) > 1) for k in kvs]
@@ -200,10 +202,6 @@ def main(argv=None):
         ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
     g0 = engines[0] if not args.no_goinfer else None
     vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
-    ctx = g0.model.config.context_length if g0 else engines[0].context_length()
-    if need > ctx:  # said before any run, not after the prefills (the model's limit)
-        ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
-                 f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
     hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
     res = {"model": Path(args.model).name, "date": date.today().isoformat(),

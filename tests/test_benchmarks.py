@@ -242,15 +242,20 @@ def test_peers_llama_cpp_only(tmp_path, capsys):
     assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
 
 
-def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys):
-    """A decode row past the model's context is refused at the start, naming both lengths
-    (it used to fail with ContextLengthError after every prefill row had run)."""
+@pytest.mark.parametrize("side", ["--no-llama-cpp", "--no-goinfer"])
+def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys, monkeypatch, side):
+    """A decode row past the model's context is refused at the start, before either engine
+    loads, naming both lengths (it used to fail with ContextLengthError after every prefill
+    row had run; a llama.cpp-only run read a context accessor Llama does not have)."""
     path = str(_script("shapes").smoke_model(tmp_path))
     from goinfer import Model
 
     ctx = Model.load(path, progress=False).config.context_length
+    peers = _script("peers")
+    for engine in ("GoinferEngine", "LlamaCppEngine"):
+        monkeypatch.setattr(peers, engine, lambda *a, **k: pytest.fail("an engine loaded"))
     with pytest.raises(SystemExit):
-        _script("peers").main([path, "--no-llama-cpp", "--threads", "1", "--prompt-lengths", "16",
-                               "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
+        peers.main([path, side, "--threads", "1", "--prompt-lengths", "16",
+                    "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
     err = capsys.readouterr().err
     assert f"need {ctx + 2} tokens" in err and f"has {ctx}" in err
