@@ -286,8 +286,8 @@ def test_quantize_act_property(M, G, data):
 # ============================================================================ matmul
 
 # (M, n_out, K): n_out not multiples of 16, M around the microkernel tile sizes
-# (AVX-512 GEMM tiles 12 rows, AVX2 4 (tiles of 2..4 rows), float 12 / 6; GEMV 4 row blocks at
-# a time).
+# (AVX-512 GEMM tiles 6 rows x 2 row blocks, AVX2 4 (tiles of 2..4 rows), float 12 / 6; GEMV 4
+# row blocks at a time).
 SHAPES = [
     (1, 1, 32), (1, 40, 64), (1, 65, 96), (1, 200, 576), (2, 17, 64), (3, 33, 128),
     (4, 16, 32), (5, 100, 96), (6, 48, 64), (11, 31, 160), (12, 64, 64), (13, 129, 96),

@@ -233,8 +233,17 @@ static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
 
 #define UNIT 16          /* output rows per unit */
 #define QV_RB 4          /* GEMV: units per microkernel (MR = 1) */
-#define QG_RB 1          /* GEMM: units per microkernel */
-#define QG_MR 12         /* GEMM: activation rows per microkernel */
+/* GEMM tile: 2 units x 6 activation rows, so each broadcast activation word feeds two
+   vpdpbusd (12 int32 + 12 float accumulators: 24 of the 32 zmm).  Against 1 x 12 (one
+   broadcast per vpdpbusd) it took the 1B / 8B prefill GEMM from ~50-65% to ~80-90% of the
+   VNNI peak on a Zen 5 (benchmarks/kernels_matmul.py, 2026-12-02); 2 x 5 is about the same,
+   2 x 7 slower. */
+#ifndef QG_RB
+#define QG_RB 2          /* GEMM: units per microkernel (1 or 2) */
+#endif
+#ifndef QG_MR
+#define QG_MR 6          /* GEMM: activation rows per microkernel */
+#endif
 #ifndef PF_GROUPS
 #define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (2 KB of q4, 4 KB of q8) */
 #endif
@@ -1068,10 +1077,20 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
 _Static_assert(GI_MXFP4 == 3 && GI_Q6_K == 4 && GI_F32 == 5 && GI_BF16 == 7,
                "the instantiation lists below assume the kind numbers of matmul.h");
 SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
-SEQ(QG_MR)(QG_DEF, 0, 1) SEQ(QG_MR)(QG_DEF, 1, 1) SEQ(QG_MR)(QG_DEF, 2, 1) SEQ(QG_MR)(QG_DEF, 3, 1)
+/* the GEMM tiles of kind K: RB = 1 (and 2 when QG_RB == 2), MR = 1..QG_MR */
+#if QG_RB == 1
+#define QG_KIND(K) SEQ(QG_MR)(QG_DEF, K, 1)
+#define QG_ROW(K) {{SEQ(QG_MR)(QG_PTR, K, 1)}},
+#elif QG_RB == 2
+#define QG_KIND(K) SEQ(QG_MR)(QG_DEF, K, 1) SEQ(QG_MR)(QG_DEF, K, 2)
+#define QG_ROW(K) {{SEQ(QG_MR)(QG_PTR, K, 1)}, {SEQ(QG_MR)(QG_PTR, K, 2)}},
+#else
+#error "QG_RB must be 1 or 2"
+#endif
+QG_KIND(0) QG_KIND(1) QG_KIND(2) QG_KIND(3)
 #if defined(GI_VARIANT_AVX2)
 #define N_QKINDS 5
-SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QG_MR)(QG_DEF, 4, 1)
+SEQ(QV_RB)(QV_DEF, 4, 1) QG_KIND(4)
 #else
 #define N_QKINDS 4
 #endif
@@ -1079,10 +1098,10 @@ SEQ(FV_RB)(FV_DEF, 5, 1) SEQ(FV_RB)(FV_DEF, 6, 1) SEQ(FV_RB)(FV_DEF, 7, 1)
 SEQ(FG_MR)(FG_DEF, 5, 1) SEQ(FG_MR)(FG_DEF, 6, 1) SEQ(FG_MR)(FG_DEF, 7, 1)
 SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2) SEQ(FG_MR)(FG_DEF, 7, 2)
 
-#if QG_RB != 1 || FG_RB != 2
-#error "instantiation lists above assume QG_RB == 1 and FG_RB == 2"
+#if FG_RB != 2
+#error "instantiation lists above assume FG_RB == 2"
 #endif
-#if QV_RB > MAXRB || FV_RB > MAXRB || QG_MR > MAXMR || FG_MR > MAXMR
+#if QV_RB > MAXRB || FV_RB > MAXRB || QG_RB > MAXRB || QG_MR > MAXMR || FG_MR > MAXMR
 #error "microkernel sizes exceed the register array bounds"
 #endif
 
@@ -1094,10 +1113,9 @@ static const qtile_fn qv_tab[N_QKINDS][QV_RB] = {
 #endif
 };
 static const qtile_fn qg_tab[N_QKINDS][QG_RB][QG_MR] = {
-    {{SEQ(QG_MR)(QG_PTR, 0, 1)}}, {{SEQ(QG_MR)(QG_PTR, 1, 1)}}, {{SEQ(QG_MR)(QG_PTR, 2, 1)}},
-    {{SEQ(QG_MR)(QG_PTR, 3, 1)}},
+    QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3)
 #if defined(GI_VARIANT_AVX2)
-    {{SEQ(QG_MR)(QG_PTR, 4, 1)}},
+    QG_ROW(4)
 #endif
 };
 static const ftile_fn fv_tab[3][FV_RB] = {
@@ -1111,7 +1129,9 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
 #ifndef L2_CHUNK
 #define L2_CHUNK (512 * 1024)      /* GEMM: weight bytes per cache block */
 #endif
+#ifndef ACT_CHUNK
 #define ACT_CHUNK (768 * 1024)     /* GEMM: activation bytes per cache block (both fit a 2 MB L2) */
+#endif
 
 GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
