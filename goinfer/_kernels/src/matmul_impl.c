@@ -407,6 +407,9 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 #ifndef QG_MR
 #define QG_MR 4
 #endif
+#ifndef PF_GROUPS
+#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (as AVX-512's) */
+#endif
 
 GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m256 v) {
     int64_t cnt = cols_left(w, n0);
@@ -544,6 +547,21 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
+            if (MR == 1 && PF_GROUPS > 0) {
+                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead.  Units
+                   2j and 2j+1 read the two halves of the same lines (GEMV calls start at an even
+                   unit), so the even ones prefetch for both; harmless past the end. */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r += 2) {
+                    const int64_t gp = g + PF_GROUPS;
+#pragma GCC unroll 8
+                    for (int c = 0; c < NL; c++) _mm_prefetch((const char *)(wq[r] + (gp * NL + c) * 64), _MM_HINT_T0);
+                    if (KIND == GI_MXFP4) _mm_prefetch((const char *)(we[r] + gp * 16), _MM_HINT_T0);
+                    else if (KIND == GI_Q6_K) _mm_prefetch((const char *)(ws[r] + gp * 32), _MM_HINT_T0);
+                    else _mm_prefetch((const char *)(wd[r] + gp * 16), _MM_HINT_T0);
+                    if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
+                }
+            }
             if (KIND == GI_Q6_K) {
                 q6_group(RB, MR, wq, ws, g, ag, K, as + g, G, is);
             } else if (KIND == GI_MXFP4) {
