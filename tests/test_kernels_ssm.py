@@ -46,7 +46,7 @@ def delta_inputs(rng, T, Hk, Hv, dk, dv, pad=3):
 
 
 shapes = st.tuples(st.integers(1, 40), st.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (3, 6)]),
-                   st.sampled_from([4, 16, 33]), st.sampled_from([1, 8, 16, 21, 40]))
+                   st.sampled_from([4, 16, 33]), st.sampled_from([1, 8, 16, 21, 40, 130]))
 
 
 @SETTINGS

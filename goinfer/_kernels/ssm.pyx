@@ -50,7 +50,7 @@ cdef extern from "ssm.h" nogil:
                      int64_t t0, int64_t t1, int64_t Hk, int64_t Hv, int64_t dk,
                      double eps) noexcept nogil
 
-DEF COLS = 16  # value columns per work item of the recurrence (any width gives the same bits)
+DEF COLS = 64  # columns per work item (conv) / value columns (recurrence); any width gives the same bits
 
 # below this many elements, ssm_conv and sigmoid_mul run on one thread (tests set 0)
 cdef int64_t _GRAIN = 16384
