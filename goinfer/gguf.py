@@ -10,7 +10,7 @@
 Parsing is done by the ``gguf`` package's GGUFReader (memory-mapped), wrapped so that a
 corrupt, truncated or hostile file raises ``ModelFormatError`` and never an IndexError /
 KeyError / struct.error from inside the reader.  Block decoding is our own vectorized NumPy
-(see docs/design/gguf.md, "Conversions", for the exact formulas of every type).
+(goinfer/gguf_decode.py; docs/design/gguf.md, "Conversions", has the formulas of every type).
 """
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.quant import (GROUP, MXFP4_VALUES, ROWS, QWeight, e8m0_half, pack_float, pack_mxfp4, pack_q4,
-                           pack_q6k, pack_q8)
+from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q4k_parts, q5_codes,
+                                 q6k_parts, requant_q8)
+from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_mxfp4, pack_q4, pack_q6k, pack_q8
 
 __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "native_target"]
-
-QK_K = 256  # super-block size of the k-quants
 
 # GGUF type name -> (native kind load_weight produces, how)
 #   "repack":     same values, bit-exact (only the memory layout changes)
@@ -295,187 +294,6 @@ class ConversionSummary:
         return "\n".join(lines)
 
 
-# ============================================================================ block decoders
-# Each takes raw blocks b: uint8 (R, nb, type_size), R rows of nb blocks, and returns values
-# in natural element order along the row.  "_codes" decoders return integer codes + per-32
-# scales for the exact paths; "_f32" decoders return float32 (R, nb * block_size).
-
-
-def _f16(b: np.ndarray, lo: int) -> np.ndarray:
-    """float16 at byte lo of every block: (R, nb, ts) uint8 -> (R, nb) float16."""
-    return np.ascontiguousarray(b[..., lo : lo + 2]).view(np.float16)[..., 0]
-
-
-def _nibbles32(qs: np.ndarray) -> np.ndarray:
-    """16 bytes -> 32 codes, byte j holding code j (low nibble) and j+16 (high): (..., 16) -> (..., 32)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-def _q5_codes(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
-    """5-bit codes 0..31 of Q5_0/Q5_1: (R, nb, ts) -> (R, nb, 32) uint8."""
-    qh = np.ascontiguousarray(b[..., qh_at : qh_at + 4]).view("<u4")  # (R, nb, 1)
-    hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (R, nb, 32), bit j -> code j
-    return _nibbles32(b[..., qs_at : qs_at + 16]) | (hi << 4)
-
-
-def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (Q4_K/Q5_K): (R, nb, 12) -> 2 x (R, nb, 8)."""
-    a, m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([a & 63, (hi & 15) | ((a >> 6) << 4)], axis=-1)
-    mn = np.concatenate([m & 63, (hi >> 4) | ((m >> 6) << 4)], axis=-1)
-    return sc, mn
-
-
-def _q4k_parts(b: np.ndarray):
-    """Q4_K -> codes (R, nb, 8, 32) uint8, d*sc (R, nb, 8) f32, dmin*mn (R, nb, 8) f32."""
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    dmin = _f16(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2)  # (R, nb, 4, 2, 32): sub-block 2c + half
-    q = q.reshape(b.shape[:-1] + (8, 32))
-    return q, d * sc.astype(np.float32), dmin * mn.astype(np.float32)
-
-
-def _f32_q4_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    q = _nibbles32(b[..., 2:18]).astype(np.float32) - 8.0
-    return q * d
-
-
-def _f32_q4_1(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    m = _f16(b, 2).astype(np.float32)[..., None]
-    return _nibbles32(b[..., 4:20]).astype(np.float32) * d + m
-
-
-def _f32_q5_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    return (_q5_codes(b, 2, 6).astype(np.float32) - 16.0) * d
-
-
-def _f32_q5_1(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    m = _f16(b, 2).astype(np.float32)[..., None]
-    return _q5_codes(b, 4, 8).astype(np.float32) * d + m
-
-
-def _f32_q8_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    return b[..., 2:34].view(np.int8).astype(np.float32) * d
-
-
-def _f32_mxfp4(b):  # e8m0 byte, then 16 bytes of 4-bit codes (low nibble j, high j+16)
-    d = e8m0_half(b[..., 0])[..., None]
-    return MXFP4_VALUES[_nibbles32(b[..., 1:17]).astype(np.int64)].astype(np.float32) * d
-
-
-def _f32_q2_k(b):
-    # scales (0:16), qs (16:80), d (80:82), dmin (82:84); element e uses scale byte e // 16
-    s = b[..., 0:16]
-    dl = _f16(b, 80).astype(np.float32)[..., None] * (s & 15).astype(np.float32)  # (R, nb, 16)
-    ml = _f16(b, 82).astype(np.float32)[..., None] * (s >> 4).astype(np.float32)
-    qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32))  # 2 halves of 32 bytes
-    q = (qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): e = 128h + 32j + l
-    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
-    return (dl[..., None] * q - ml[..., None]).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q3_k(b):
-    # hmask (0:32), qs (32:96), scales (96:108), d (108:110); element e uses scale e // 16
-    hm = b[..., 0:32]
-    s = b[..., 96:108]
-    lo, hi = s[..., 0:8], s[..., 8:12]
-    low4 = np.concatenate([lo & 15, lo >> 4], axis=-1)  # (R, nb, 16): scales 0..7, 8..15
-    high2 = (hi[..., None, :] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 4, 4)
-    sc = (low4 | (high2.reshape(b.shape[:-1] + (16,)) << 4)).astype(np.float32) - 32.0
-    dl = _f16(b, 108).astype(np.float32)[..., None] * sc  # (R, nb, 16)
-    qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32))
-    q = ((qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).astype(np.int8)  # (R, nb, 2, 4, 32)
-    bit = (hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (R, nb, 8, 32): bit 4h+j
-    q = q - ((1 - bit.reshape(q.shape)).astype(np.int8) << 2)  # subtract 4 where the bit is clear
-    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
-    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q4_k(b):
-    q, dsc, dmn = _q4k_parts(b)
-    return (dsc[..., None] * q.astype(np.float32) - dmn[..., None]).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q5_k(b):
-    # d (0:2), dmin (2:4), scales (4:16), qh (16:48), qs (48:176)
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    dmin = _f16(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))
-    qh = b[..., 16:48]  # bit s of qh[l] is the 5th bit of sub-block s, element l
-    q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
-    dsc = (d * sc.astype(np.float32))[..., None]
-    dmn = (dmin * mn.astype(np.float32))[..., None]
-    return (dsc * q.astype(np.float32) - dmn).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _q6k_parts(b: np.ndarray):
-    """Q6_K -> codes (R, nb, 256) uint8 0..63 in element order, int8 scales (R, nb, 16) (element
-    e uses scale e // 16), d (R, nb) float16."""
-    # ql (0:128), qh (128:192), scales int8 (192:208), d (208:210)
-    ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 2, 32))  # (h, a, l): bytes 64h + 32a + l
-    qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 1, 32))  # (h, ., l)
-    nib = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # (R, nb, 2, 4, 32): i = 2*(hi nibble) + a
-    top = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): bits 2i
-    q = (nib | (top << 4)).reshape(b.shape[:-1] + (QK_K,))  # e = 128h + 32i + l
-    return q, np.ascontiguousarray(b[..., 192:208]).view(np.int8), _f16(b, 208)
-
-
-def _f32_q6_k(b):
-    q, sc, d = _q6k_parts(b)
-    dl = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # (R, nb, 16)
-    q = q.astype(np.float32).reshape(b.shape[:-1] + (16, 16)) - 32.0
-    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q8_k(b):
-    d = np.ascontiguousarray(b[..., 0:4]).view("<f4")  # (R, nb, 1)
-    return b[..., 4:260].view(np.int8).astype(np.float32) * d
-
-
-_F32_DECODERS = {
-    "Q4_0": _f32_q4_0, "Q4_1": _f32_q4_1, "Q5_0": _f32_q5_0, "Q5_1": _f32_q5_1,
-    "Q8_0": _f32_q8_0, "MXFP4": _f32_mxfp4, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
-    "Q5_K": _f32_q5_k, "Q6_K": _f32_q6_k, "Q8_K": _f32_q8_k,
-}
-_PLAIN_DTYPES = {
-    "F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
-}
-
-
-# ============================================================================ requantization
-
-
-_F16_MAX = float(np.finfo(np.float16).max)
-
-
-def _requant_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 (R, K) -> int8 codes (R, K), float16 scales (R, K/32).
-
-    Per group of 32: d = float16(amax / 127) (clamped to the largest finite float16),
-    q = clip(rint(x / d), -127, 127), with d the float16 value actually stored, so
-    |x - d*q| <= d/2 (a clipped code is off by at most amax * 2^-11 < d/2).
-    """
-    R, K = x.shape
-    xg = x.reshape(R, K // GROUP, GROUP)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = np.abs(xg).max(axis=2)  # (R, G)
-        d16 = np.minimum(amax / np.float32(127.0), np.float32(_F16_MAX)).astype(np.float16)
-        d = d16.astype(np.float32)
-        q = np.rint(xg / d[..., None])
-    q = np.where(np.isfinite(q), q, 0.0)  # d == 0 or non-finite data: code 0
-    q = np.clip(q, -127, 127).astype(np.int8)
-    return q.reshape(R, K), d16
-
-
 # ============================================================================ the file
 
 
@@ -636,8 +454,8 @@ class GGUFFile:
 
     def _decode_f32(self, tname: str, rows: np.ndarray) -> np.ndarray:
         """uint8 (R, row_bytes) -> float32 (R, n)."""
-        if tname in _PLAIN_DTYPES:
-            return rows.view(_PLAIN_DTYPES[tname]).astype(np.float32)
+        if tname in PLAIN_DTYPES:
+            return rows.view(PLAIN_DTYPES[tname]).astype(np.float32)
         if tname == "BF16":
             return (rows.view("<u2").astype(np.uint32) << 16).view(np.float32)
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
@@ -646,7 +464,7 @@ class GGUFFile:
         step = max(1, _CHUNK_ELEMS // max(out.shape[1], 1))
         for r0 in range(0, R, step):
             b = rows[r0 : r0 + step].reshape(-1, rows.shape[1] // ts, ts)
-            out[r0 : r0 + step] = _F32_DECODERS[tname](b).reshape(b.shape[0], -1)
+            out[r0 : r0 + step] = F32_DECODERS[tname](b).reshape(b.shape[0], -1)
         return out
 
     def load_weight(self, name: str) -> QWeight:
@@ -722,24 +540,24 @@ class GGUFFile:
     def _convert_chunk(tname, kind, b, R, K, force_requant) -> QWeight:
         G = K // GROUP
         if force_requant or kind == "q8_0" and native_target(tname)[1] == "requantize":
-            q, d = _requant_q8(_F32_DECODERS[tname](b).reshape(R, K))
+            q, d = requant_q8(F32_DECODERS[tname](b).reshape(R, K))
             return pack_q8(q, d)
         if tname == "Q8_0":  # d f16, 32 int8
-            return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), _f16(b, 0))
+            return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), f16_at(b, 0))
         if tname == "Q5_0":  # same d; codes 0..31 -> -16..15
-            q = (_q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
-            return pack_q8(q.reshape(R, K), _f16(b, 0))
+            q = (q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
+            return pack_q8(q.reshape(R, K), f16_at(b, 0))
         if tname == "Q6_K":  # the same codes, scales and d
-            q, sc, d = _q6k_parts(b)
+            q, sc, d = q6k_parts(b)
             return pack_q6k(q.reshape(R, K), sc.reshape(R, K // 16), d)
         if tname == "Q4_0":
-            return pack_q4("q4_0", _nibbles32(b[..., 2:18]).reshape(R, K), _f16(b, 0))
+            return pack_q4("q4_0", nibbles32(b[..., 2:18]).reshape(R, K), f16_at(b, 0))
         if tname == "MXFP4":  # e8m0 byte, 16 bytes of codes: the same codes and exponents
-            return pack_mxfp4(_nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
+            return pack_mxfp4(nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
         if tname == "Q4_1":
-            return pack_q4("q4_1", _nibbles32(b[..., 4:20]).reshape(R, K), _f16(b, 0), _f16(b, 2))
+            return pack_q4("q4_1", nibbles32(b[..., 4:20]).reshape(R, K), f16_at(b, 0), f16_at(b, 2))
         if tname == "Q4_K":  # per sub-block of 32: d' = f16(d*sc), m' = f16(-dmin*mn)
-            q, dsc, dmn = _q4k_parts(b)
+            q, dsc, dmn = q4k_parts(b)
             with np.errstate(over="ignore"):
                 d16 = dsc.reshape(R, G).astype(np.float16)
                 m16 = (-dmn).reshape(R, G).astype(np.float16)
@@ -812,7 +630,7 @@ def _finite_scales_src(rows: np.ndarray, tname: str) -> bool:
     """Are the float16 super-block scales of a Q4_K tensor all finite (so any inf came from us)?"""
     bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
     b = rows.reshape(rows.shape[0], -1, ts)
-    return bool(np.isfinite(_f16(b, 0)).all() and np.isfinite(_f16(b, 2)).all())
+    return bool(np.isfinite(f16_at(b, 0)).all() and np.isfinite(f16_at(b, 2)).all())
 
 
 if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion summary
