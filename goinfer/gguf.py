@@ -25,6 +25,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from goinfer import gguf_split
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
 from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q4k_parts, q5_codes,
                                  q6k_parts, requant_q8)
@@ -302,49 +303,32 @@ def _wrap(path: Path, what: str, exc: BaseException) -> ModelFormatError:
     return ModelFormatError(f"{path}: {what}: {msg}")
 
 
-class GGUFFile:
-    """A GGUF model file, memory-mapped and parsed (tensor data is read on demand)."""
+class _Part:
+    """One file of a GGUF model (the whole model, or one part of a split one): checked,
+    memory-mapped and parsed."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.file_size = os.path.getsize(self.path)  # FileNotFoundError / OSError as is
+    def __init__(self, path: Path):
+        self.path = path
+        self.size = os.path.getsize(path)  # FileNotFoundError / OSError as is
         self._check_preamble()
         try:
-            self._reader = _Reader(str(self.path))
+            self.reader = _Reader(str(path))
         except GoinferError as e:
-            e.args = (f"{self.path}: {e.args[0] if e.args else ''}",)
+            e.args = (f"{path}: {e.args[0] if e.args else ''}",)
             raise
         except _Short as e:
-            raise _wrap(self.path, "truncated file", e) from None
+            raise _wrap(path, "truncated file", e) from None
         except UnicodeDecodeError as e:
-            raise _wrap(self.path, "a metadata key or tensor name is not valid UTF-8", e) from None
+            raise _wrap(path, "a metadata key or tensor name is not valid UTF-8", e) from None
         except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
                 MemoryError, OSError) as e:
-            raise _wrap(self.path, "cannot parse GGUF header", e) from None
-        r = self._reader
+            raise _wrap(path, "cannot parse GGUF header", e) from None
+        r = self.reader
         if r.byte_order != "I":
-            raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
+            raise ModelFormatError(f"{path}: big-endian GGUF files are not supported")
         self.version = int(r.fields["GGUF.version"].parts[0][0])
         self.alignment = int(r.alignment)
         self.data_offset = int(r.data_offset)
-        self.metadata: dict[str, object] = {}
-        for key, f in r.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            self.metadata[key] = self._decode_field(key, f)
-        arch = self.metadata.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
-        self.arch: str = arch
-        self._tensors = {t.name: t for t in r.tensors}
-        # name -> (GGUF type name, NumPy-order shape); kept after close()
-        self._infos = {t.name: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
-                       for t in r.tensors}
-        self.tensor_names: list[str] = [t.name for t in r.tensors]
-        self._summary = ConversionSummary()
-        self._fingerprint: str | None = None
-
-    # ------------------------------------------------------------------ header
 
     def _check_preamble(self) -> None:
         """Magic, version and counts, with plain messages, before the reader sees the file."""
@@ -353,7 +337,7 @@ class GGUFFile:
         if len(head) < 4 or head[:4] != b"GGUF":
             raise ModelFormatError(f"{self.path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
         if len(head) < 24:
-            raise ModelFormatError(f"{self.path}: truncated file ({self.file_size} bytes, "
+            raise ModelFormatError(f"{self.path}: truncated file ({self.size} bytes, "
                                    "the GGUF header alone needs 24)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
         if version & 0xFFFF == 0 and version:
@@ -361,28 +345,99 @@ class GGUFFile:
         if version not in _SUPPORTED_VERSIONS:
             raise ModelFormatError(f"{self.path}: unsupported GGUF version {version} "
                                    f"(goinfer reads versions {', '.join(map(str, _SUPPORTED_VERSIONS))})")
-        room = self.file_size - 24
+        room = self.size - 24
         if n_kv > room // 13:  # smallest key/value: 8-byte length, 4-byte type, 1-byte value
-            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.file_size}-byte file")
+            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.size}-byte file")
         if n_tensors > room // 24:  # smallest tensor info: name length, n_dims, type, offset
-            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.file_size}-byte file")
+            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.size}-byte file")
 
-    def _decode_field(self, key: str, f) -> object:
-        t0 = f.types[0] if f.types else None
-        if t0 == GGUFValueType.ARRAY:
-            holder = f.parts[f.data[0]]
-            if f.types[1] == GGUFValueType.STRING:
-                return list(holder)
-            return np.array(holder, dtype=holder.dtype.newbyteorder("="))
-        if t0 == GGUFValueType.STRING:
-            try:
-                return bytes(f.parts[-1]).decode("utf-8")
-            except UnicodeDecodeError:
-                raise ModelFormatError(f"{self.path}: metadata {key!r} is not valid UTF-8") from None
-        v = f.parts[-1][0]
-        if t0 == GGUFValueType.BOOL:
-            return bool(v)
-        return v.item()
+    def metadata(self) -> dict[str, object]:
+        return {key: _decode_field(self.path, key, f) for key, f in self.reader.fields.items()
+                if not key.startswith("GGUF.")}
+
+    def digest_into(self, h) -> None:
+        """The file size, the header (metadata + tensor infos, bytes [0, data_offset)) and 256
+        slices of 4 KiB spread evenly over the tensor data."""
+        h.update(self.size.to_bytes(8, "little"))
+        data = self.reader.data
+        h.update(data[: self.data_offset].tobytes())
+        n_data = len(data) - self.data_offset
+        if n_data > 0:
+            # the samples are read, not touched through the mapping: a page fault there maps
+            # the kernel's whole readahead window (~1 MB per sample, 256 MB in all)
+            step = max(1, n_data // 256)
+            with open(self.path, "rb") as fh:
+                for off in range(self.data_offset, len(data), step):
+                    h.update(os.pread(fh.fileno(), min(4096, len(data) - off), off))
+
+
+def _decode_field(path: Path, key: str, f) -> object:
+    t0 = f.types[0] if f.types else None
+    if t0 == GGUFValueType.ARRAY:
+        holder = f.parts[f.data[0]]
+        if f.types[1] == GGUFValueType.STRING:
+            return list(holder)
+        return np.array(holder, dtype=holder.dtype.newbyteorder("="))
+    if t0 == GGUFValueType.STRING:
+        try:
+            return bytes(f.parts[-1]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelFormatError(f"{path}: metadata {key!r} is not valid UTF-8") from None
+    v = f.parts[-1][0]
+    if t0 == GGUFValueType.BOOL:
+        return bool(v)
+    return v.item()
+
+
+class GGUFFile:
+    """A GGUF model, memory-mapped and parsed (tensor data is read on demand).
+
+    ``path`` is the model's file, or the first part of a split model (``...-00001-of-0000N.gguf``,
+    goinfer/gguf_split.py): then every part is opened, checked against the first, and the model
+    reads as one file (``parts`` lists their paths; ``file_size`` is their total)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        first = _Part(self.path)
+        self._parts: list[_Part] | None = [first]
+        self.version = first.version
+        self.alignment = first.alignment
+        self.data_offset = first.data_offset
+        self.metadata: dict[str, object] = first.metadata()
+        count = gguf_split.split_count(self.path, self.metadata)  # a later part: names the first
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
+        self.arch: str = arch
+        if count > 1:
+            n_tensors = self.metadata.get(gguf_split.KEY_TENSORS)
+            for i, p in enumerate(gguf_split.part_paths(self.path, count)[1:], start=1):
+                try:
+                    part = _Part(p)
+                except FileNotFoundError:
+                    raise ModelFormatError(f"{self.path}: part {i + 1} of {count} of this split "
+                                           f"model is missing: {p}") from None
+                gguf_split.check_part(p, part.metadata(), i, count, n_tensors)
+                self._parts.append(part)
+        self.parts: list[Path] = [p.path for p in self._parts]
+        self.file_size = sum(p.size for p in self._parts)
+        self._tensors = {}
+        for part in self._parts:
+            for t in part.reader.tensors:
+                if t.name in self._tensors:
+                    raise ModelFormatError(f"{part.path}: tensor {t.name!r} is also in an earlier "
+                                           "part of this model")
+                self._tensors[t.name] = t
+        if count > 1:
+            gguf_split.check_tensor_count(self.path, self.metadata, len(self._tensors), count)
+        # name -> (GGUF type name, NumPy-order shape); kept after close()
+        self._infos = {n: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+                       for n, t in self._tensors.items()}
+        self.tensor_names: list[str] = list(self._tensors)
+        self._summary = ConversionSummary()
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ header
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
@@ -392,23 +447,21 @@ class GGUFFile:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 (hex) of the header (metadata + tensor infos, bytes [0, data_offset)), the
-        file size, and a sample of the tensor data: 256 slices of 4 KiB spread evenly over it
-        (at most 1 MiB read), so two fine-tunes with the same shapes differ.  Identifies a model
-        file cheaply; a change confined to unsampled bytes is not seen."""
+        """sha256 (hex) of the file size, the header (metadata + tensor infos, bytes [0,
+        data_offset)) and a sample of the tensor data: 256 slices of 4 KiB spread evenly over it
+        (at most 1 MiB read), so two fine-tunes with the same shapes differ.  A split model
+        hashes the part count and then the same of every part, so the key covers all parts.
+        Identifies a model cheaply; a change confined to unsampled bytes is not seen."""
         if self._fingerprint is None:
-            h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0")
-            h.update(self.file_size.to_bytes(8, "little"))
-            data = self._reader.data
-            h.update(data[: self.data_offset].tobytes())
-            n_data = len(data) - self.data_offset
-            if n_data > 0:
-                # the samples are read, not touched through the mapping: a page fault there maps
-                # the kernel's whole readahead window (~1 MB per sample, 256 MB in all)
-                step = max(1, n_data // 256)
-                with open(self.path, "rb") as fh:
-                    for off in range(self.data_offset, len(data), step):
-                        h.update(os.pread(fh.fileno(), min(4096, len(data) - off), off))
+            if self._parts is None:
+                raise ValueError(f"{self.path}: GGUFFile is closed")
+            if len(self._parts) == 1:
+                h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0")
+            else:
+                h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2-split\0")
+                h.update(len(self._parts).to_bytes(8, "little"))
+            for part in self._parts:
+                part.digest_into(h)
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 
@@ -416,7 +469,7 @@ class GGUFFile:
 
     def _tensor(self, name: str):
         self.tensor_info(name)  # unknown name -> ModelFormatError
-        if self._reader is None:
+        if self._parts is None:
             raise ValueError(f"{self.path}: GGUFFile is closed")
         return self._tensors[name]
 
@@ -596,19 +649,20 @@ class GGUFFile:
         build's peak is not the GGUF plus the layout."""
         import mmap
 
-        mm = getattr(getattr(self._reader, "_mmap", None), "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):
-                pass
+        for part in self._parts or ():
+            mm = getattr(getattr(part.reader, "_mmap", None), "_mmap", None)
+            if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                try:
+                    mm.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):
+                    pass
 
     def close(self) -> None:
         """Drop the reader (the mapping goes when no loaded view references it).  Metadata
         stays readable; loading tensors afterwards raises ValueError."""
-        if self._fingerprint is None and self._reader is not None:
+        if self._fingerprint is None and self._parts is not None:
             self.fingerprint  # noqa: B018 - keep it available after close
-        self._reader = None  # type: ignore[assignment]
+        self._parts = None
         self._tensors = {}
 
     def __enter__(self) -> "GGUFFile":
@@ -618,8 +672,9 @@ class GGUFFile:
         self.close()
 
     def __repr__(self) -> str:
+        parts = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
         return (f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
-                f"{len(self.tensor_names)} tensors)")
+                f"{len(self.tensor_names)} tensors{parts})")
 
 
 def _finite_scales(w: QWeight) -> bool:
