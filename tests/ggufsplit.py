@@ -22,6 +22,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 def split_gguf(src: Path, out: Path, max_tensors: int) -> list[Path]:
     """Write the parts of src next to out (named after out's stem); returns their paths."""
     r = GGUFReader(str(src))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(out, arch, split_max_tensors=max_tensors)
     if "general.alignment" in r.fields:
