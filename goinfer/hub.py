@@ -175,7 +175,7 @@ def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, downloa
     force: download again."""
     s = os.fspath(name_or_path)
     if s in REGISTRY and not quant:
-        if not (is_pulled(s) and not force):
+        if force or not is_pulled(s):
             if not download:
                 raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `goinfer pull {s}`")
             _pull_registered(s, force=force, progress=progress)

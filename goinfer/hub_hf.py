@@ -36,8 +36,9 @@ from pathlib import Path
 from goinfer import gguf_split
 from goinfer.errors import DownloadError, ModelNotFoundError, UnsupportedTensorTypeError
 
-__all__ = ["HFRef", "RepoFile", "Candidate", "parse", "is_explicit", "endpoint", "cache_dir", "offline",
-           "quant_tag", "candidates", "choose", "resolve", "list_cached", "DEFAULT_QUANT"]
+__all__ = ["HFRef", "RepoFile", "Candidate", "CachedModel", "parse", "is_explicit", "endpoint",
+           "cache_dir", "offline", "quant_tag", "candidates", "choose", "resolve", "list_cached",
+           "DEFAULT_QUANT"]
 
 DEFAULT_QUANT = "Q4_K_M"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -48,6 +49,7 @@ _FILE_RE = re.compile(rf"^(?P<repo>{_ID}/{_ID})/(?P<file>[^:]+\.gguf)$", re.IGNO
 _TAG_RE = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|MXFP4(?:_MOE)?))$",
                      re.IGNORECASE)
 _NOT_MODELS = ("mmproj", "imatrix")
+_HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")  # huggingface_hub's clients
 _CHUNK = 1 << 22
 
 
@@ -419,11 +421,11 @@ def _hub_errors(ref: HFRef):
         raise DownloadError(f"{ref}: {endpoint()} answered: {_first_line(e)}") from None
     except (OSError, ValueError) as e:  # connection, consistency check, disk
         raise DownloadError(f"{ref}: {type(e).__name__}: {_first_line(e)}") from None
-    except Exception as e:  # httpx / requests transport errors (not OSError subclasses)
-        if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
-            raise DownloadError(f"{ref}: cannot reach {endpoint()}: {type(e).__name__}: "
-                                f"{_first_line(e)}") from None
-        raise
+    except Exception as e:  # the HTTP client's transport errors (not OSError subclasses)
+        if type(e).__module__.split(".")[0] not in _HTTP_MODULES:
+            raise
+        raise DownloadError(f"{ref}: cannot reach {endpoint()}: {type(e).__name__}: "
+                            f"{_first_line(e)}") from None
 
 
 def _first_line(e: BaseException) -> str:

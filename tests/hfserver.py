@@ -19,7 +19,7 @@ What it speaks (as huggingface_hub's hf_api.py / file_download.py call it, and a
 Faults for tests: ``corrupt`` (paths served with one byte flipped, the listing's sha256 kept),
 ``drop_after`` (path -> bytes: the first GET of it closes the connection after that many).
 
-    python tests/hfserver.py ORG/REPO=FILE.gguf[,FILE2.gguf...] ...   # serves until Ctrl-C
+    python tests/hfserver.py ORG/REPO=FILE.gguf[,FILE2.gguf...] ORG/REPO2=DIR ...  # until Ctrl-C
 """
 from __future__ import annotations
 
@@ -253,7 +253,13 @@ if __name__ == "__main__":
     hub = FakeHub()
     for arg in sys.argv[1:]:
         repo, _, files = arg.partition("=")
-        hub.add_repo(repo, {Path(f).name: Path(f) for f in files.split(",") if f})
+        found: dict[str, bytes | Path] = {}
+        for f in (Path(x) for x in files.split(",") if x):
+            if f.is_dir():  # a directory: its files, by their paths in it
+                found |= {p.relative_to(f).as_posix(): p for p in sorted(f.rglob("*")) if p.is_file()}
+            else:
+                found[f.name] = f
+        hub.add_repo(repo, found)
     print(hub.start(), flush=True)
     try:
         threading.Event().wait()
