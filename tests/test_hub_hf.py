@@ -181,6 +181,24 @@ def test_broken_connection_resumes(fake, env):
     assert p.read_bytes() == data
 
 
+def test_interrupted_download_leaves_nothing(fake, env, monkeypatch):
+    """Ctrl-C in the middle of a file: no partial file in the cache, nothing stamped."""
+    import huggingface_hub.file_download as fd
+
+    fake.add_repo("org/i", {"i-Q4_K_M.gguf": _bytes(100_000, 14)})
+
+    def interrupted(url, temp_file, *a, **k):
+        temp_file.write(b"\0" * 5000)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fd, "http_get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hub.pull("org/i", progress=False)
+    left = _cache_files(env / "hf")
+    assert not [f for f in left if "/blobs/" in f or "/snapshots/" in f], left
+    assert not (env / "home" / "verified").exists()
+
+
 def test_cached_file_verified_once_then_stamped(fake, env):
     data = _bytes(50_000, 5)
     fake.add_repo("org/s", {"s-Q4_K_M.gguf": data})
