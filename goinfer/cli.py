@@ -8,7 +8,8 @@ from goinfer.errors import GoinferError
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a registered model name (see `goinfer list`) or a path to a .gguf")
+    p.add_argument("model", help="a model name (see `goinfer list`; hf.co/ORG/REPO[:QUANT], an "
+                   "Ollama name) or a path to a .gguf (a split one: its first part)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
     _exact_arg(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
@@ -241,14 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="goinfer", description="Fast CPU inference of open-weight LLMs.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("pull", help="download a registered model into GOINFER_HOME")
-    p.add_argument("name")
+    p = sub.add_parser("pull", help="download a model: a registered name (into GOINFER_HOME), "
+                       "hf.co/ORG/REPO[:QUANT] or ORG/REPO[:QUANT] (into the Hugging Face cache); "
+                       "a model pulled with Ollama is used where it is")
+    p.add_argument("name", help="a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
+                   "hf.co/ORG/REPO/FILE.gguf, an Ollama name (llama3.2, qwen3:4b) or a .gguf path")
     p.add_argument("--force", action="store_true", help="download again even if present")
     p.add_argument("--no-layout", action="store_true",
                    help="do not build the layout cache (the converted weights) now")
     p.set_defaults(fn=cmd_pull)
 
-    p = sub.add_parser("list", help="registered models and whether they are pulled")
+    p = sub.add_parser("list", help="models goinfer loads by name: its registered ones (pulled "
+                       "or not), the Hugging Face cache's GGUFs, the Ollama store's")
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("run", help="generate a continuation of a raw prompt")

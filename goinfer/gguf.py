@@ -10,7 +10,7 @@
 Parsing is done by the ``gguf`` package's GGUFReader (memory-mapped), wrapped so that a
 corrupt, truncated or hostile file raises ``ModelFormatError`` and never an IndexError /
 KeyError / struct.error from inside the reader.  Block decoding is our own vectorized NumPy
-(see docs/design/gguf.md, "Conversions", for the exact formulas of every type).
+(goinfer/gguf_decode.py; docs/design/gguf.md, "Conversions", has the formulas of every type).
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from goinfer import gguf_split
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.quant import (GROUP, MXFP4_VALUES, ROWS, QWeight, e8m0_half, pack_float, pack_mxfp4, pack_q4,
-                           pack_q6k, pack_q8)
+from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q4k_parts, q5_codes,
+                                 q6k_parts, requant_q8)
+from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_mxfp4, pack_q4, pack_q6k, pack_q8
 
 __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "native_target"]
-
-QK_K = 256  # super-block size of the k-quants
 
 # GGUF type name -> (native kind load_weight produces, how)
 #   "repack":     same values, bit-exact (only the memory layout changes)
@@ -295,187 +295,6 @@ class ConversionSummary:
         return "\n".join(lines)
 
 
-# ============================================================================ block decoders
-# Each takes raw blocks b: uint8 (R, nb, type_size), R rows of nb blocks, and returns values
-# in natural element order along the row.  "_codes" decoders return integer codes + per-32
-# scales for the exact paths; "_f32" decoders return float32 (R, nb * block_size).
-
-
-def _f16(b: np.ndarray, lo: int) -> np.ndarray:
-    """float16 at byte lo of every block: (R, nb, ts) uint8 -> (R, nb) float16."""
-    return np.ascontiguousarray(b[..., lo : lo + 2]).view(np.float16)[..., 0]
-
-
-def _nibbles32(qs: np.ndarray) -> np.ndarray:
-    """16 bytes -> 32 codes, byte j holding code j (low nibble) and j+16 (high): (..., 16) -> (..., 32)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-def _q5_codes(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
-    """5-bit codes 0..31 of Q5_0/Q5_1: (R, nb, ts) -> (R, nb, 32) uint8."""
-    qh = np.ascontiguousarray(b[..., qh_at : qh_at + 4]).view("<u4")  # (R, nb, 1)
-    hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (R, nb, 32), bit j -> code j
-    return _nibbles32(b[..., qs_at : qs_at + 16]) | (hi << 4)
-
-
-def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (Q4_K/Q5_K): (R, nb, 12) -> 2 x (R, nb, 8)."""
-    a, m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([a & 63, (hi & 15) | ((a >> 6) << 4)], axis=-1)
-    mn = np.concatenate([m & 63, (hi >> 4) | ((m >> 6) << 4)], axis=-1)
-    return sc, mn
-
-
-def _q4k_parts(b: np.ndarray):
-    """Q4_K -> codes (R, nb, 8, 32) uint8, d*sc (R, nb, 8) f32, dmin*mn (R, nb, 8) f32."""
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    dmin = _f16(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2)  # (R, nb, 4, 2, 32): sub-block 2c + half
-    q = q.reshape(b.shape[:-1] + (8, 32))
-    return q, d * sc.astype(np.float32), dmin * mn.astype(np.float32)
-
-
-def _f32_q4_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    q = _nibbles32(b[..., 2:18]).astype(np.float32) - 8.0
-    return q * d
-
-
-def _f32_q4_1(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    m = _f16(b, 2).astype(np.float32)[..., None]
-    return _nibbles32(b[..., 4:20]).astype(np.float32) * d + m
-
-
-def _f32_q5_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    return (_q5_codes(b, 2, 6).astype(np.float32) - 16.0) * d
-
-
-def _f32_q5_1(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    m = _f16(b, 2).astype(np.float32)[..., None]
-    return _q5_codes(b, 4, 8).astype(np.float32) * d + m
-
-
-def _f32_q8_0(b):
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    return b[..., 2:34].view(np.int8).astype(np.float32) * d
-
-
-def _f32_mxfp4(b):  # e8m0 byte, then 16 bytes of 4-bit codes (low nibble j, high j+16)
-    d = e8m0_half(b[..., 0])[..., None]
-    return MXFP4_VALUES[_nibbles32(b[..., 1:17]).astype(np.int64)].astype(np.float32) * d
-
-
-def _f32_q2_k(b):
-    # scales (0:16), qs (16:80), d (80:82), dmin (82:84); element e uses scale byte e // 16
-    s = b[..., 0:16]
-    dl = _f16(b, 80).astype(np.float32)[..., None] * (s & 15).astype(np.float32)  # (R, nb, 16)
-    ml = _f16(b, 82).astype(np.float32)[..., None] * (s >> 4).astype(np.float32)
-    qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32))  # 2 halves of 32 bytes
-    q = (qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): e = 128h + 32j + l
-    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
-    return (dl[..., None] * q - ml[..., None]).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q3_k(b):
-    # hmask (0:32), qs (32:96), scales (96:108), d (108:110); element e uses scale e // 16
-    hm = b[..., 0:32]
-    s = b[..., 96:108]
-    lo, hi = s[..., 0:8], s[..., 8:12]
-    low4 = np.concatenate([lo & 15, lo >> 4], axis=-1)  # (R, nb, 16): scales 0..7, 8..15
-    high2 = (hi[..., None, :] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 4, 4)
-    sc = (low4 | (high2.reshape(b.shape[:-1] + (16,)) << 4)).astype(np.float32) - 32.0
-    dl = _f16(b, 108).astype(np.float32)[..., None] * sc  # (R, nb, 16)
-    qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32))
-    q = ((qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).astype(np.int8)  # (R, nb, 2, 4, 32)
-    bit = (hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (R, nb, 8, 32): bit 4h+j
-    q = q - ((1 - bit.reshape(q.shape)).astype(np.int8) << 2)  # subtract 4 where the bit is clear
-    q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
-    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q4_k(b):
-    q, dsc, dmn = _q4k_parts(b)
-    return (dsc[..., None] * q.astype(np.float32) - dmn[..., None]).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q5_k(b):
-    # d (0:2), dmin (2:4), scales (4:16), qh (16:48), qs (48:176)
-    d = _f16(b, 0).astype(np.float32)[..., None]
-    dmin = _f16(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))
-    qh = b[..., 16:48]  # bit s of qh[l] is the 5th bit of sub-block s, element l
-    q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
-    dsc = (d * sc.astype(np.float32))[..., None]
-    dmn = (dmin * mn.astype(np.float32))[..., None]
-    return (dsc * q.astype(np.float32) - dmn).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _q6k_parts(b: np.ndarray):
-    """Q6_K -> codes (R, nb, 256) uint8 0..63 in element order, int8 scales (R, nb, 16) (element
-    e uses scale e // 16), d (R, nb) float16."""
-    # ql (0:128), qh (128:192), scales int8 (192:208), d (208:210)
-    ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 2, 32))  # (h, a, l): bytes 64h + 32a + l
-    qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 1, 32))  # (h, ., l)
-    nib = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # (R, nb, 2, 4, 32): i = 2*(hi nibble) + a
-    top = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): bits 2i
-    q = (nib | (top << 4)).reshape(b.shape[:-1] + (QK_K,))  # e = 128h + 32i + l
-    return q, np.ascontiguousarray(b[..., 192:208]).view(np.int8), _f16(b, 208)
-
-
-def _f32_q6_k(b):
-    q, sc, d = _q6k_parts(b)
-    dl = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # (R, nb, 16)
-    q = q.astype(np.float32).reshape(b.shape[:-1] + (16, 16)) - 32.0
-    return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
-
-
-def _f32_q8_k(b):
-    d = np.ascontiguousarray(b[..., 0:4]).view("<f4")  # (R, nb, 1)
-    return b[..., 4:260].view(np.int8).astype(np.float32) * d
-
-
-_F32_DECODERS = {
-    "Q4_0": _f32_q4_0, "Q4_1": _f32_q4_1, "Q5_0": _f32_q5_0, "Q5_1": _f32_q5_1,
-    "Q8_0": _f32_q8_0, "MXFP4": _f32_mxfp4, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
-    "Q5_K": _f32_q5_k, "Q6_K": _f32_q6_k, "Q8_K": _f32_q8_k,
-}
-_PLAIN_DTYPES = {
-    "F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
-}
-
-
-# ============================================================================ requantization
-
-
-_F16_MAX = float(np.finfo(np.float16).max)
-
-
-def _requant_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 (R, K) -> int8 codes (R, K), float16 scales (R, K/32).
-
-    Per group of 32: d = float16(amax / 127) (clamped to the largest finite float16),
-    q = clip(rint(x / d), -127, 127), with d the float16 value actually stored, so
-    |x - d*q| <= d/2 (a clipped code is off by at most amax * 2^-11 < d/2).
-    """
-    R, K = x.shape
-    xg = x.reshape(R, K // GROUP, GROUP)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = np.abs(xg).max(axis=2)  # (R, G)
-        d16 = np.minimum(amax / np.float32(127.0), np.float32(_F16_MAX)).astype(np.float16)
-        d = d16.astype(np.float32)
-        q = np.rint(xg / d[..., None])
-    q = np.where(np.isfinite(q), q, 0.0)  # d == 0 or non-finite data: code 0
-    q = np.clip(q, -127, 127).astype(np.int8)
-    return q.reshape(R, K), d16
-
-
 # ============================================================================ the file
 
 
@@ -484,49 +303,32 @@ def _wrap(path: Path, what: str, exc: BaseException) -> ModelFormatError:
     return ModelFormatError(f"{path}: {what}: {msg}")
 
 
-class GGUFFile:
-    """A GGUF model file, memory-mapped and parsed (tensor data is read on demand)."""
+class _Part:
+    """One file of a GGUF model (the whole model, or one part of a split one): checked,
+    memory-mapped and parsed."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.file_size = os.path.getsize(self.path)  # FileNotFoundError / OSError as is
+    def __init__(self, path: Path):
+        self.path = path
+        self.size = os.path.getsize(path)  # FileNotFoundError / OSError as is
         self._check_preamble()
         try:
-            self._reader = _Reader(str(self.path))
+            self.reader = _Reader(str(path))
         except GoinferError as e:
-            e.args = (f"{self.path}: {e.args[0] if e.args else ''}",)
+            e.args = (f"{path}: {e.args[0] if e.args else ''}",)
             raise
         except _Short as e:
-            raise _wrap(self.path, "truncated file", e) from None
+            raise _wrap(path, "truncated file", e) from None
         except UnicodeDecodeError as e:
-            raise _wrap(self.path, "a metadata key or tensor name is not valid UTF-8", e) from None
+            raise _wrap(path, "a metadata key or tensor name is not valid UTF-8", e) from None
         except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
                 MemoryError, OSError) as e:
-            raise _wrap(self.path, "cannot parse GGUF header", e) from None
-        r = self._reader
+            raise _wrap(path, "cannot parse GGUF header", e) from None
+        r = self.reader
         if r.byte_order != "I":
-            raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
+            raise ModelFormatError(f"{path}: big-endian GGUF files are not supported")
         self.version = int(r.fields["GGUF.version"].parts[0][0])
         self.alignment = int(r.alignment)
         self.data_offset = int(r.data_offset)
-        self.metadata: dict[str, object] = {}
-        for key, f in r.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            self.metadata[key] = self._decode_field(key, f)
-        arch = self.metadata.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
-        self.arch: str = arch
-        self._tensors = {t.name: t for t in r.tensors}
-        # name -> (GGUF type name, NumPy-order shape); kept after close()
-        self._infos = {t.name: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
-                       for t in r.tensors}
-        self.tensor_names: list[str] = [t.name for t in r.tensors]
-        self._summary = ConversionSummary()
-        self._fingerprint: str | None = None
-
-    # ------------------------------------------------------------------ header
 
     def _check_preamble(self) -> None:
         """Magic, version and counts, with plain messages, before the reader sees the file."""
@@ -535,7 +337,7 @@ class GGUFFile:
         if len(head) < 4 or head[:4] != b"GGUF":
             raise ModelFormatError(f"{self.path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
         if len(head) < 24:
-            raise ModelFormatError(f"{self.path}: truncated file ({self.file_size} bytes, "
+            raise ModelFormatError(f"{self.path}: truncated file ({self.size} bytes, "
                                    "the GGUF header alone needs 24)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
         if version & 0xFFFF == 0 and version:
@@ -543,28 +345,99 @@ class GGUFFile:
         if version not in _SUPPORTED_VERSIONS:
             raise ModelFormatError(f"{self.path}: unsupported GGUF version {version} "
                                    f"(goinfer reads versions {', '.join(map(str, _SUPPORTED_VERSIONS))})")
-        room = self.file_size - 24
+        room = self.size - 24
         if n_kv > room // 13:  # smallest key/value: 8-byte length, 4-byte type, 1-byte value
-            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.file_size}-byte file")
+            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.size}-byte file")
         if n_tensors > room // 24:  # smallest tensor info: name length, n_dims, type, offset
-            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.file_size}-byte file")
+            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.size}-byte file")
 
-    def _decode_field(self, key: str, f) -> object:
-        t0 = f.types[0] if f.types else None
-        if t0 == GGUFValueType.ARRAY:
-            holder = f.parts[f.data[0]]
-            if f.types[1] == GGUFValueType.STRING:
-                return list(holder)
-            return np.array(holder, dtype=holder.dtype.newbyteorder("="))
-        if t0 == GGUFValueType.STRING:
-            try:
-                return bytes(f.parts[-1]).decode("utf-8")
-            except UnicodeDecodeError:
-                raise ModelFormatError(f"{self.path}: metadata {key!r} is not valid UTF-8") from None
-        v = f.parts[-1][0]
-        if t0 == GGUFValueType.BOOL:
-            return bool(v)
-        return v.item()
+    def metadata(self) -> dict[str, object]:
+        return {key: _decode_field(self.path, key, f) for key, f in self.reader.fields.items()
+                if not key.startswith("GGUF.")}
+
+    def digest_into(self, h) -> None:
+        """The file size, the header (metadata + tensor infos, bytes [0, data_offset)) and 256
+        slices of 4 KiB spread evenly over the tensor data."""
+        h.update(self.size.to_bytes(8, "little"))
+        data = self.reader.data
+        h.update(data[: self.data_offset].tobytes())
+        n_data = len(data) - self.data_offset
+        if n_data > 0:
+            # the samples are read, not touched through the mapping: a page fault there maps
+            # the kernel's whole readahead window (~1 MB per sample, 256 MB in all)
+            step = max(1, n_data // 256)
+            with open(self.path, "rb") as fh:
+                for off in range(self.data_offset, len(data), step):
+                    h.update(os.pread(fh.fileno(), min(4096, len(data) - off), off))
+
+
+def _decode_field(path: Path, key: str, f) -> object:
+    t0 = f.types[0] if f.types else None
+    if t0 == GGUFValueType.ARRAY:
+        holder = f.parts[f.data[0]]
+        if f.types[1] == GGUFValueType.STRING:
+            return list(holder)
+        return np.array(holder, dtype=holder.dtype.newbyteorder("="))
+    if t0 == GGUFValueType.STRING:
+        try:
+            return bytes(f.parts[-1]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelFormatError(f"{path}: metadata {key!r} is not valid UTF-8") from None
+    v = f.parts[-1][0]
+    if t0 == GGUFValueType.BOOL:
+        return bool(v)
+    return v.item()
+
+
+class GGUFFile:
+    """A GGUF model, memory-mapped and parsed (tensor data is read on demand).
+
+    ``path`` is the model's file, or the first part of a split model (``...-00001-of-0000N.gguf``,
+    goinfer/gguf_split.py): then every part is opened, checked against the first, and the model
+    reads as one file (``parts`` lists their paths; ``file_size`` is their total)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        first = _Part(self.path)
+        self._parts: list[_Part] | None = [first]
+        self.version = first.version
+        self.alignment = first.alignment
+        self.data_offset = first.data_offset
+        self.metadata: dict[str, object] = first.metadata()
+        count = gguf_split.split_count(self.path, self.metadata)  # a later part: names the first
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFormatError(f"{self.path}: no general.architecture string in the metadata")
+        self.arch: str = arch
+        if count > 1:
+            n_tensors = self.metadata.get(gguf_split.KEY_TENSORS)
+            for i, p in enumerate(gguf_split.part_paths(self.path, count)[1:], start=1):
+                try:
+                    part = _Part(p)
+                except FileNotFoundError:
+                    raise ModelFormatError(f"{self.path}: part {i + 1} of {count} of this split "
+                                           f"model is missing: {p}") from None
+                gguf_split.check_part(p, part.metadata(), i, count, n_tensors)
+                self._parts.append(part)
+        self.parts: list[Path] = [p.path for p in self._parts]
+        self.file_size = sum(p.size for p in self._parts)
+        self._tensors = {}
+        for part in self._parts:
+            for t in part.reader.tensors:
+                if t.name in self._tensors:
+                    raise ModelFormatError(f"{part.path}: tensor {t.name!r} is also in an earlier "
+                                           "part of this model")
+                self._tensors[t.name] = t
+        if count > 1:
+            gguf_split.check_tensor_count(self.path, self.metadata, len(self._tensors), count)
+        # name -> (GGUF type name, NumPy-order shape); kept after close()
+        self._infos = {n: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+                       for n, t in self._tensors.items()}
+        self.tensor_names: list[str] = list(self._tensors)
+        self._summary = ConversionSummary()
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ header
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
@@ -574,23 +447,21 @@ class GGUFFile:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 (hex) of the header (metadata + tensor infos, bytes [0, data_offset)), the
-        file size, and a sample of the tensor data: 256 slices of 4 KiB spread evenly over it
-        (at most 1 MiB read), so two fine-tunes with the same shapes differ.  Identifies a model
-        file cheaply; a change confined to unsampled bytes is not seen."""
+        """sha256 (hex) of the file size, the header (metadata + tensor infos, bytes [0,
+        data_offset)) and a sample of the tensor data: 256 slices of 4 KiB spread evenly over it
+        (at most 1 MiB read), so two fine-tunes with the same shapes differ.  A split model
+        hashes the part count and then the same of every part, so the key covers all parts.
+        Identifies a model cheaply; a change confined to unsampled bytes is not seen."""
         if self._fingerprint is None:
-            h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0")
-            h.update(self.file_size.to_bytes(8, "little"))
-            data = self._reader.data
-            h.update(data[: self.data_offset].tobytes())
-            n_data = len(data) - self.data_offset
-            if n_data > 0:
-                # the samples are read, not touched through the mapping: a page fault there maps
-                # the kernel's whole readahead window (~1 MB per sample, 256 MB in all)
-                step = max(1, n_data // 256)
-                with open(self.path, "rb") as fh:
-                    for off in range(self.data_offset, len(data), step):
-                        h.update(os.pread(fh.fileno(), min(4096, len(data) - off), off))
+            if self._parts is None:
+                raise ValueError(f"{self.path}: GGUFFile is closed")
+            if len(self._parts) == 1:
+                h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0")
+            else:
+                h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2-split\0")
+                h.update(len(self._parts).to_bytes(8, "little"))
+            for part in self._parts:
+                part.digest_into(h)
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 
@@ -598,7 +469,7 @@ class GGUFFile:
 
     def _tensor(self, name: str):
         self.tensor_info(name)  # unknown name -> ModelFormatError
-        if self._reader is None:
+        if self._parts is None:
             raise ValueError(f"{self.path}: GGUFFile is closed")
         return self._tensors[name]
 
@@ -636,8 +507,8 @@ class GGUFFile:
 
     def _decode_f32(self, tname: str, rows: np.ndarray) -> np.ndarray:
         """uint8 (R, row_bytes) -> float32 (R, n)."""
-        if tname in _PLAIN_DTYPES:
-            return rows.view(_PLAIN_DTYPES[tname]).astype(np.float32)
+        if tname in PLAIN_DTYPES:
+            return rows.view(PLAIN_DTYPES[tname]).astype(np.float32)
         if tname == "BF16":
             return (rows.view("<u2").astype(np.uint32) << 16).view(np.float32)
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
@@ -646,7 +517,7 @@ class GGUFFile:
         step = max(1, _CHUNK_ELEMS // max(out.shape[1], 1))
         for r0 in range(0, R, step):
             b = rows[r0 : r0 + step].reshape(-1, rows.shape[1] // ts, ts)
-            out[r0 : r0 + step] = _F32_DECODERS[tname](b).reshape(b.shape[0], -1)
+            out[r0 : r0 + step] = F32_DECODERS[tname](b).reshape(b.shape[0], -1)
         return out
 
     def load_weight(self, name: str) -> QWeight:
@@ -722,24 +593,24 @@ class GGUFFile:
     def _convert_chunk(tname, kind, b, R, K, force_requant) -> QWeight:
         G = K // GROUP
         if force_requant or kind == "q8_0" and native_target(tname)[1] == "requantize":
-            q, d = _requant_q8(_F32_DECODERS[tname](b).reshape(R, K))
+            q, d = requant_q8(F32_DECODERS[tname](b).reshape(R, K))
             return pack_q8(q, d)
         if tname == "Q8_0":  # d f16, 32 int8
-            return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), _f16(b, 0))
+            return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), f16_at(b, 0))
         if tname == "Q5_0":  # same d; codes 0..31 -> -16..15
-            q = (_q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
-            return pack_q8(q.reshape(R, K), _f16(b, 0))
+            q = (q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
+            return pack_q8(q.reshape(R, K), f16_at(b, 0))
         if tname == "Q6_K":  # the same codes, scales and d
-            q, sc, d = _q6k_parts(b)
+            q, sc, d = q6k_parts(b)
             return pack_q6k(q.reshape(R, K), sc.reshape(R, K // 16), d)
         if tname == "Q4_0":
-            return pack_q4("q4_0", _nibbles32(b[..., 2:18]).reshape(R, K), _f16(b, 0))
+            return pack_q4("q4_0", nibbles32(b[..., 2:18]).reshape(R, K), f16_at(b, 0))
         if tname == "MXFP4":  # e8m0 byte, 16 bytes of codes: the same codes and exponents
-            return pack_mxfp4(_nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
+            return pack_mxfp4(nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
         if tname == "Q4_1":
-            return pack_q4("q4_1", _nibbles32(b[..., 4:20]).reshape(R, K), _f16(b, 0), _f16(b, 2))
+            return pack_q4("q4_1", nibbles32(b[..., 4:20]).reshape(R, K), f16_at(b, 0), f16_at(b, 2))
         if tname == "Q4_K":  # per sub-block of 32: d' = f16(d*sc), m' = f16(-dmin*mn)
-            q, dsc, dmn = _q4k_parts(b)
+            q, dsc, dmn = q4k_parts(b)
             with np.errstate(over="ignore"):
                 d16 = dsc.reshape(R, G).astype(np.float16)
                 m16 = (-dmn).reshape(R, G).astype(np.float16)
@@ -778,19 +649,20 @@ class GGUFFile:
         build's peak is not the GGUF plus the layout."""
         import mmap
 
-        mm = getattr(getattr(self._reader, "_mmap", None), "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):
-                pass
+        for part in self._parts or ():
+            mm = getattr(getattr(part.reader, "_mmap", None), "_mmap", None)
+            if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                try:
+                    mm.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):
+                    pass
 
     def close(self) -> None:
         """Drop the reader (the mapping goes when no loaded view references it).  Metadata
         stays readable; loading tensors afterwards raises ValueError."""
-        if self._fingerprint is None and self._reader is not None:
+        if self._fingerprint is None and self._parts is not None:
             self.fingerprint  # noqa: B018 - keep it available after close
-        self._reader = None  # type: ignore[assignment]
+        self._parts = None
         self._tensors = {}
 
     def __enter__(self) -> "GGUFFile":
@@ -800,8 +672,9 @@ class GGUFFile:
         self.close()
 
     def __repr__(self) -> str:
+        parts = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
         return (f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
-                f"{len(self.tensor_names)} tensors)")
+                f"{len(self.tensor_names)} tensors{parts})")
 
 
 def _finite_scales(w: QWeight) -> bool:
@@ -812,7 +685,7 @@ def _finite_scales_src(rows: np.ndarray, tname: str) -> bool:
     """Are the float16 super-block scales of a Q4_K tensor all finite (so any inf came from us)?"""
     bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
     b = rows.reshape(rows.shape[0], -1, ts)
-    return bool(np.isfinite(_f16(b, 0)).all() and np.isfinite(_f16(b, 2)).all())
+    return bool(np.isfinite(f16_at(b, 0)).all() and np.isfinite(f16_at(b, 2)).all())
 
 
 if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion summary

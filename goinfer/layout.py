@@ -12,9 +12,10 @@ directory, ``GOINFER_LAYOUT_CACHE=0`` turns the cache off); later loads map that
 (MAP_SHARED | MAP_POPULATE), so a load costs about what mapping the file costs, and every process
 that loads the model shares the same physical pages.
 
-The file is keyed by the GGUF's fingerprint (header, size and sampled data: gguf.py) and the
-kernel variant in its name; its header also carries LAYOUT_VERSION and the family name, and a
-header that does not match them (another goinfer version, a hand-copied file) is stale.
+The file is keyed by the GGUF's fingerprint (header, size and sampled data, of every part of a
+split model: gguf.py) and the kernel variant in its name; its header also carries LAYOUT_VERSION
+and the family name, and a header that does not match them (another goinfer version, a
+hand-copied file) is stale.
 
 File format (little-endian):
 
@@ -524,7 +525,8 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
         from goinfer import __version__
 
         header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      gguf={"path": str(g.path), "size": g.file_size},
+                      gguf={"path": str(g.path), "size": g.file_size,
+                            "parts": len(getattr(g, "parts", ()) or (g.path,))},
                       conversions=g.conversion_summary().as_dicts())
         w.finish(header)
         w.commit()

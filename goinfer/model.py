@@ -42,7 +42,8 @@ class Model:
     def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact: bool = False,
                  context_length: int | None = None, progress: bool = True, graph: bool | None = None,
                  exact_prefill: bool | None = None, layout_cache: bool | None = None,
-                 kv_dtype: str = DEFAULT_KV_DTYPE, _reference_kernels: bool = False):
+                 kv_dtype: str = DEFAULT_KV_DTYPE, name: str | None = None,
+                 _reference_kernels: bool = False):
         """exact: float64 attention at every position (exact_prefill: its old name).
         layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
         the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0).
@@ -54,7 +55,8 @@ class Model:
                 f"{gguf.path}: architecture {arch!r} is not supported; supported: "
                 f"{', '.join(sorted(ARCHITECTURES))}")
         self.path = Path(gguf.path)
-        self.name = self.path.stem
+        self.name = name or self.path.stem
+        self.source: hub.ModelSource | None = None  # set by load(): where the name led
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(threads)
         self.exact = bool(exact if exact_prefill is None else exact or exact_prefill)
@@ -109,8 +111,11 @@ class Model:
              exact: bool = False, *, context_length: int | None = None,
              progress: bool = True, graph: bool | None = None,
              exact_prefill: bool | None = None, layout_cache: bool | None = None,
-             kv_dtype: str = DEFAULT_KV_DTYPE) -> "Model":
-        """Load a registered model (pulled on first use) or a local .gguf file.
+             kv_dtype: str = DEFAULT_KV_DTYPE, quant: str | None = None) -> "Model":
+        """Load a model by name or path (goinfer/hub.py): a registered model (pulled on first
+        use), a local .gguf file (a split one by its first part), a Hugging Face repo
+        (``hf.co/ORG/REPO[:QUANT]`` or ``ORG/REPO``, fetched into the Hugging Face cache; quant
+        picks its file, default Q4_K_M), or a model pulled with Ollama (``llama3.2``, ``qwen3:4b``).
 
         exact: float64 attention at every position (default: the fast float32 kernel for rows
         at positions >= 512, FAST_FROM); exact_prefill is its old name.
@@ -118,11 +123,12 @@ class Model:
         layout_cache: map the weights from their cached native layout (default: on unless
         GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
         kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
-        path = hub.resolve(name_or_path, progress=progress)
-        with GGUFFile(path) as g:
+        src = hub.locate(name_or_path, quant=quant, progress=progress)
+        with GGUFFile(src.path) as g:
             m = cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
                     context_length=context_length, progress=progress, graph=graph,
-                    layout_cache=layout_cache, kv_dtype=kv_dtype)
+                    layout_cache=layout_cache, kv_dtype=kv_dtype, name=src.name)
+        m.source = src
         m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
         return m
 

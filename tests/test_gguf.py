@@ -569,7 +569,7 @@ def _full_file(tmp_path) -> tuple[bytes, int]:
                "norm": (np.ones(32, np.float32), None)}
     path = write_gguf(tmp_path / "full.gguf", tensors, kv)
     g = GGUFFile(path)
-    data_end = max(int(t.data_offset) + int(t.n_bytes) for t in g._reader.tensors)
+    data_end = max(int(t.data_offset) + int(t.n_bytes) for t in g._parts[0].reader.tensors)
     return open(path, "rb").read(), data_end
 
 

@@ -21,6 +21,10 @@ from goinfer.hub import DEFAULT_MODEL, REGISTRY, ModelSpec
 def home(tmp_path, monkeypatch):
     h = tmp_path / "home"
     monkeypatch.setenv("GOINFER_HOME", str(h))
+    # no Hugging Face cache or Ollama store of the machine, no hub (nothing listens on port 9)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     return h
 
 
@@ -86,6 +90,30 @@ def test_resolve_errors(tmp_path):
         hub.resolve(DEFAULT_MODEL, download=False)
     with pytest.raises(ModelNotFoundError):
         hub.pull("no-such-model")
+
+
+def test_what_a_name_may_be(tmp_path):
+    """Strings that can only be paths fail as paths; the others are tried as names, and an
+    unknown one says what was tried."""
+    for s in ("./x", "../x", "/nope/x", "a/b/c/d", "x.GGUF", "~/x"):
+        with pytest.raises(ModelNotFoundError, match="no such model file"):
+            hub.resolve(s)
+    with pytest.raises(ModelNotFoundError, match=r"not a registered name .* not in the Ollama "
+                       r"store \(.*manifests/registry.ollama.ai/library/no-such/7b\)"):
+        hub.resolve("no-such:7b")
+    with pytest.raises(ModelNotFoundError, match="not an Ollama name"):
+        hub.resolve("bad name!")
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    with pytest.raises(ModelNotFoundError, match="applies to Hugging Face names"):
+        hub.resolve(f, quant="Q4_K_M")
+    with pytest.raises(ModelNotFoundError, match="applies to Hugging Face names"):
+        hub.resolve("no-such", quant="Q4_K_M")
+    src = hub.locate(f)
+    assert (src.kind, src.name, src.path) == ("file", "m", f)
+    part = tmp_path / "m-Q4_0-00001-of-00002.gguf"
+    part.write_bytes(b"GGUF")
+    assert hub.locate(part).name == "m-Q4_0"  # a split model: named without the part suffix
 
 
 # ============================================================================ fake pip
