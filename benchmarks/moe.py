@@ -84,12 +84,12 @@ def decode_stats(m: Model, prompt, n: int):
     for _ in range(n):
         tok = int(np.argmax(s.decode(tok)))
     dt = time.perf_counter() - t0
-    counter = CountingKernels(m.impl.K)
-    m.impl.K = counter
+    counter = CountingKernels(m.impl.ops)
+    m.impl.ops = counter
     try:
         s.decode(tok)
     finally:
-        m.impl.K = counter._inner
+        m.impl.ops = counter._inner
     return n / dt, counter.bytes
 
 
@@ -126,12 +126,12 @@ def main(argv=None) -> int:
                 ids = (base * (n // len(base) + 1))[:n]
                 times = {"expert-major": [], "token-by-token": [], "dense": []}
                 for _ in range(a.repeats):  # alternate the modes
-                    moe.impl.expert_major = True
+                    moe.impl.moe.expert_major = True
                     times["expert-major"].append(prefill_seconds(moe, ids))
-                    moe.impl.expert_major = False
+                    moe.impl.moe.expert_major = False
                     times["token-by-token"].append(prefill_seconds(moe, ids))
                     times["dense"].append(prefill_seconds(dense, ids))
-                moe.impl.expert_major = True
+                moe.impl.moe.expert_major = True
                 for mode, ts in times.items():
                     med = statistics.median(ts)
                     rows.append((nt, f"prefill {n}", mode, f"{n / med:.0f} tok/s",

@@ -132,7 +132,7 @@ class _NoisyAttention:
 def noise_floor(args):
     exact = Model.load(args.model, threads=args.threads, exact=True, progress=False)
     noisy = Model.load(args.model, threads=args.threads, exact=True, progress=False)
-    noisy.impl.K = _NoisyAttention(noisy.impl.K)
+    noisy.impl.ops = _NoisyAttention(noisy.impl.ops)
     ids_all = fidelity.read_ids(exact, args.text)
     for n in args.lengths:
         cmp = fidelity.compare(exact, noisy, ids_all[:n], n, n, progress=False)

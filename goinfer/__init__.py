@@ -30,7 +30,7 @@ from goinfer.errors import (  # noqa: E402
     UnsupportedTensorTypeError,
 )
 from goinfer.kv_cache import KVCache  # noqa: E402
-from goinfer.model import Model  # noqa: E402
+from goinfer.model import LoadOptions, Model  # noqa: E402
 from goinfer.sampling import SamplingParams  # noqa: E402
 from goinfer.session import GenerationResult, Session, Timings  # noqa: E402
 
@@ -77,7 +77,7 @@ def show_config(file=None) -> dict:
 
 
 __all__ = [
-    "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
+    "Model", "LoadOptions", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",

@@ -27,15 +27,15 @@ A verify step of speculative decoding (goinfer/speculative.py: a sequence's last
 its draft, logits of every row) is replayed the same way: a plan's shape is the rows of each
 sequence, and a shape with several rows is captured when its key comes a second time.
 
-Only the families whose forward is known to route every array operation through kernels are
-captured (``CAPTURABLE``); everything else (prefill chunks, Gemma 4's and Qwen3.5's MoE
-variants, the NumPy reference kernels, a profiling proxy in place of the kernels) runs the
-Python path.
+Only a family that declares itself ``capturable`` (models/family.py: its forward routes every
+array operation through the kernels) is captured, with the compiled kernels; everything else
+(prefill chunks, the NumPy reference kernels, a profiling proxy in place of the kernels) runs
+the Python path.
 
-MoE decode steps (MoEFamily: mixtral, qwen2moe, qwen3moe, olmoe; gpt-oss): the routing is data, not
-shape.  moe_route, moe_group and the expert matmuls are bound to the same buffers, and the
-bound matmul_experts reads each step's expert offsets when it runs, so one plan serves every
-routing; a replayed step reads only the chosen experts' weights, as the Python path does.
+MoE decode steps: the routing is data, not shape.  moe_route, moe_group and the expert
+matmuls are bound to the same buffers, and the bound matmul_experts reads each step's expert
+offsets when it runs, so one plan serves every routing; a replayed step reads only the chosen
+experts' weights, as the Python path does.
 
 Hybrid models (Qwen3.5): every sequence brings its recurrent state, which the linear layers'
 kernels update in place.  A plan binds those kernels to slots of its own pointer tables
@@ -55,18 +55,8 @@ import weakref
 import numpy as np
 
 from goinfer.models.base import Batch, Segment
-from goinfer.models.gemma import Gemma3Family
-from goinfer.models.gemma4 import Gemma4Family
-from goinfer.models.gptoss import GptOssFamily
-from goinfer.models.llama import LlamaFamily
-from goinfer.models.moe import MoEFamily
-from goinfer.models.qwen35 import Qwen35Family
-from goinfer.models.smollm3 import SmolLM3Family
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 
-# exact classes: a subclass (e.g. MoE) may do array work outside the kernels
-CAPTURABLE = (LlamaFamily, Gemma3Family, SmolLM3Family, Qwen35Family, Gemma4Family, MoEFamily,
-              GptOssFamily)
 MAX_PLANS_PER_CACHE = 32  # plans kept per KV cache (least recently used dropped)
 MAX_ROWS = 65  # rows per sequence a plan replays (a token + a draft of up to 64)
 
@@ -77,10 +67,10 @@ def enabled_by_env() -> bool:
 
 
 def supported(impl, kernels) -> bool:
-    """Can this family's decode step be captured with these kernels?"""
-    if type(impl) not in CAPTURABLE or getattr(kernels, "__name__", "") != "goinfer._kernels":
-        return False  # not a vetted family, or the NumPy reference kernels
-    return True
+    """Can this family's decode step be captured with these kernels?  Its class declares it
+    (Family.declared("capturable")); the NumPy reference kernels are never captured."""
+    compiled = getattr(kernels, "__name__", "") == "goinfer._kernels"
+    return compiled and bool(type(impl).declared("capturable"))
 
 
 class CaptureError(RuntimeError):
@@ -160,7 +150,7 @@ ATTENTION = ("attention", "attention_fast")
 
 def _same_attention_group(prev, cur) -> bool:
     """Two attention calls (either kernel) of one layer: rows of the same q and out buffers,
-    the same cache views (LlamaFamily.attend passes one k/v cache view per layer to every
+    the same cache views (Family.attend passes one k/v cache view per layer to every
     segment)."""
     (_, pa, pk), (_, ca, ck) = prev, cur
     qb, ob = pa[0].base, pk["out"].base
@@ -186,16 +176,10 @@ def place_barriers(ops, calls) -> None:
 # ============================================================================ a plan
 
 
-def attention_layers(cfg) -> int:
-    """Layers that run attention: all of them, a hybrid model's attention layers
-    (``n_kv_layers``), or Gemma 4's (``n_attn_layers``: its KV-sharing layers attend too)."""
-    return getattr(cfg, "n_attn_layers", None) or getattr(cfg, "n_kv_layers", cfg.n_layers)
-
-
 def attention_key(impl, batch: Batch) -> tuple:
     """Per sequence of a batch: (its rows, how many of them run the exact kernel (the rest run
     the fast one), whether each of its one or two attention calls runs on several threads).
-    The rules of the Python path (LlamaFamily.attend, attention.pyx _run_items), which a plan
+    The rules of the Python path (Family.attend, attention.pyx _run_items), which a plan
     reproduces."""
     ff = batch.fast_from
     grain = importlib.import_module("goinfer._kernels.attention")._get_grain()
@@ -234,7 +218,7 @@ class DecodePlan:
         self.rows = np.arange(T, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
         # hybrid models: the state each sequence's linear-layer ops read, by address
-        self.spec = getattr(impl, "state_spec", None)
+        self.spec = cfg.state_spec
         if self.spec is not None:
             n_lin = self.spec.n_lin
             self.conv_slots = np.zeros(B * n_lin, np.uint64)  # (B * n_lin,) conv state addresses
@@ -274,7 +258,7 @@ class DecodePlan:
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
         self._graph.run()
-        L = attention_layers(self.impl.cfg)
+        L = self.impl.cfg.n_attn_layers
         # the Python path counts each attention call and its rows
         exact = [k for n, k, _ in self.attn_key if k]
         fast = [n - k for n, k, _ in self.attn_key if n > k]
@@ -310,12 +294,12 @@ class DecodePlan:
         batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
         self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
-        old = impl.K
-        impl.K = rec
+        old = impl.ops
+        impl.ops = rec
         try:
             impl.forward(batch, self.k, self.v, self.logits)
         finally:
-            impl.K = old
+            impl.ops = old
         # one scratch serves every attention of the graph: a row per thread
         att = importlib.import_module("goinfer._kernels.attention")
         per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos,
@@ -378,6 +362,7 @@ class GraphRunner:
         self.captures = 0  # plans built (tests: invalidation)
         self.replays = 0  # steps run by a plan
         self.disabled = False  # a capture failed: this model stays on the Python path
+        self.spec = model.config.state_spec  # hybrid models: the recurrent state's shapes
 
     @staticmethod
     def replayable(batch: Batch) -> bool:
@@ -389,13 +374,13 @@ class GraphRunner:
     def decode(self, cache, batch: Batch):
         """Logits (T, vocab) of a replayable batch by a plan, or None (use the Python path)."""
         m = self.model
-        if self.disabled or m.impl.K is not m.kernels:  # (supported() was checked at load)
+        if self.disabled or m.impl.ops is not m.kernels:  # (supported() was checked at load)
             return None
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
             bt = seg.block_table
             if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
                 return None  # the Python path raises the kernel's error
-        spec = getattr(m.impl, "state_spec", None)
+        spec = self.spec
         if spec is not None and not all(seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec)
                                         for seg in batch.segments):
             return None  # hybrid: decode steps only; a snapshot is due (or an odd state)

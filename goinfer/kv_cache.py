@@ -86,16 +86,6 @@ def kv_bytes_per_token(dtype: str, n_layers: int, n_kv: int, hd: int) -> int:
     return 2 * n_layers * int(np.prod(k)) * np.dtype(npdt).itemsize
 
 
-def kv_geometry(cfg) -> tuple:
-    """(n_kv_heads, head_dim) of every layer that holds KV: ``cfg.kv_layers`` when the family
-    gives one per layer (Gemma 4: sliding and global layers differ), else the config's pair
-    for each of its ``n_kv_layers`` (hybrid models: the attention layers only)."""
-    geom = getattr(cfg, "kv_layers", None)
-    if geom:
-        return tuple((int(a), int(b)) for a, b in geom)
-    return ((cfg.n_kv_heads, cfg.head_dim),) * getattr(cfg, "n_kv_layers", cfg.n_layers)
-
-
 def _geometry_bytes(dtype: str, geom) -> int:
     return sum(kv_bytes_per_token(dtype, 1, n_kv, hd) for n_kv, hd in geom)
 
@@ -201,8 +191,10 @@ class KVCache:
       k: (n_layers, n_blocks, n_kv_heads, head_dim, block_size) float16 / float32
       v: (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
     (q8_0: int8 with head_dim/16 more rows holding the float16 scales).
-    A model whose layers differ in (n_kv_heads, head_dim) (Gemma 4, ``kv_geometry``) gets a
-    list of per-layer arrays instead: k[l] (n_blocks, n_kv_l, head_dim_l, block_size).
+    The layers are the ones that hold KV (the config's ``kv_geometry()``: all of them, a hybrid
+    model's attention layers, Gemma 4's layers that do not reuse another layer's KV).  A model
+    whose layers differ in (n_kv_heads, head_dim) (Gemma 4) gets a list of per-layer arrays
+    instead: k[l] (n_blocks, n_kv_l, head_dim_l, block_size).
     """
 
     def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
@@ -213,9 +205,7 @@ class KVCache:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
         if dtype is None:
             dtype = getattr(model, "kv_dtype", DEFAULT_KV_DTYPE)
-        # layers that hold KV: all of them, a hybrid model's attention layers, or the layers
-        # that do not reuse another layer's KV (Gemma 4); each with its (n_kv_heads, head_dim)
-        geom = kv_geometry(cfg)
+        geom = cfg.kv_geometry()  # (n_kv_heads, head_dim) of each layer that holds KV
         self.dtype = check_kv_dtype(dtype)
         for hd in sorted({hd for _, hd in geom}):
             check_kv_dtype(dtype, hd)
@@ -257,7 +247,7 @@ class KVCache:
         self._populating = populate_async(
             [(a.ctypes.data, nb * a.strides[0]) for a in per_layer], keep_alive=(self.k, self.v))
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
-        spec = getattr(getattr(model, "impl", None), "state_spec", None)
+        spec = cfg.state_spec
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
         self._lock = threading.RLock()
         self._ref = np.zeros(n_blocks, np.int32)

@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import GoinferError
+from goinfer.quant import QWeight
 
 LAYOUT_VERSION = 2  # bump whenever the native layout or the weights tree of a family changes (2: q6_k)
 MAGIC = b"GOINFER-LAYOUT\0\0"  # 16 bytes
@@ -111,43 +112,14 @@ def cache_path(fingerprint: str, variant: str | None = None) -> Path:
     return cache_dir() / f"{fingerprint[:32]}-{variant or kernel_variant()}.layout"
 
 
-def _cacheable_families():
-    from goinfer.models.gemma import Gemma3Family
-    from goinfer.models.gemma4 import Gemma4Family, Gemma4MoEFamily
-    from goinfer.models.gptoss import GptOssFamily
-    from goinfer.models.llama import LlamaFamily
-    from goinfer.models.moe import MoEFamily
-    from goinfer.models.qwen35 import Qwen35Family, Qwen35MoEFamily
-    from goinfer.models.smollm3 import SmolLM3Family
-
-    # exact classes: a family is cached only once all its weights come from load_weights(),
-    # and load_weights() needs nothing of the instance but cfg (see _loader)
-    return (LlamaFamily, MoEFamily, Gemma3Family, SmolLM3Family, Gemma4Family, Gemma4MoEFamily,
-            Qwen35Family, Qwen35MoEFamily, GptOssFamily)
-
-
-def _loader(family, cfg):
-    """An instance of family with only .cfg set: enough to call load_weights() before the
-    family's own __init__ runs (which then receives the weights)."""
-    obj = object.__new__(family)
-    obj.cfg = cfg
-    return obj
-
-
-def _classes() -> dict:
-    from goinfer.models.gemma import Gemma3LayerWeights
-    from goinfer.models.gemma4 import Gemma4LayerWeights, Gemma4MoEWeights
-    from goinfer.models.gptoss import GptOssLayerWeights
-    from goinfer.models.llama import LayerWeights
-    from goinfer.models.moe import FFNWeights, MoELayerWeights, MoEWeights
-    from goinfer.models.qwen35 import LinearWeights, Qwen35LayerWeights, Qwen35MoELayerWeights
-    from goinfer.quant import QWeight
-
-    classes = (QWeight, LayerWeights, MoELayerWeights, Gemma3LayerWeights, FFNWeights, MoEWeights,
-               Gemma4LayerWeights, Gemma4MoEWeights, LinearWeights, Qwen35LayerWeights,
-               Qwen35MoELayerWeights, GptOssLayerWeights)
-    by_name = {c.__name__: c for c in classes}
-    assert len(by_name) == len(classes), "layout cache: two weight classes share a name"
+def weight_classes(family) -> dict[str, type] | None:
+    """The classes a family's weights tree holds, by name (the family's own ``weight_types``,
+    models/family.py, and QWeight), or None when the family is not layout-cached."""
+    types = family.declared("weight_types")
+    if not types:
+        return None
+    by_name = {c.__name__: c for c in (QWeight, *types)}
+    assert len(by_name) == len(types) + 1, "layout cache: two weight classes share a name"
     return by_name
 
 
@@ -167,10 +139,10 @@ class _Writer:
     """Writes arrays to a temporary file next to dest; finish() adds header and footer,
     commit() renames it into place.  Every OSError becomes _WriteFailed."""
 
-    def __init__(self, dest: Path):
+    def __init__(self, dest: Path, classes: dict[str, type]):
         self.dest = dest
         self.table: list[list] = []  # [offset, nbytes, dtype, shape, crc32]
-        self._classes = _classes()
+        self._classes = classes  # the dataclasses it stores (weight_classes)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
@@ -316,8 +288,9 @@ class Layout:
         return np.frombuffer(self.mm, dtype=dtype, count=nbytes // dtype.itemsize,
                              offset=off).reshape(shape)
 
-    def weights(self):
-        return _decode(self.header["tree"], self, _classes())
+    def weights(self, classes: dict[str, type]):
+        """The weights tree, its dataclasses rebuilt from classes (weight_classes)."""
+        return _decode(self.header["tree"], self, classes)
 
 
 def _decode(node, lay: Layout, classes: dict):
@@ -506,7 +479,7 @@ def _expect(g, family, variant: str) -> dict:
 def _from_gguf(g, family, cfg, progress: bool, name: str, keep):
     bar = _bar(progress, cfg.n_layers, f"loading {name} (first load: writing its layout cache)")
     try:
-        return _loader(family, cfg).load_weights(g, bar.update if bar is not None else None, keep)
+        return family.load_weights(g, cfg, bar.update if bar is not None else None, keep)
     finally:
         if bar is not None:
             bar.close()
@@ -514,7 +487,7 @@ def _from_gguf(g, family, cfg, progress: bool, name: str, keep):
 
 def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
     """Load from the GGUF while writing the layout file; returns the mapped Layout."""
-    w = _Writer(path)
+    w = _Writer(path, weight_classes(family))
     try:
         weights = _from_gguf(g, family, cfg, progress, name, keep=w.spill)
         header = dict(expect)
@@ -545,7 +518,8 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
         enabled = enabled_by_env()
     if not enabled:
         return None, LoadInfo("gguf", reason="layout cache off")
-    if family not in _cacheable_families():
+    classes = weight_classes(family)
+    if classes is None:
         return None, LoadInfo("gguf", reason=f"{family.__name__} is not cached")
     variant = kernel_variant()
     path = cache_path(g.fingerprint, variant)
@@ -553,7 +527,7 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
     with _lock(path):
         try:
             lay = open_layout(path, expect)
-            return lay.weights(), LoadInfo("layout", path, conversions=lay.header.get("conversions"))
+            return lay.weights(classes), LoadInfo("layout", path, conversions=lay.header.get("conversions"))
         except (FileNotFoundError, NotADirectoryError):
             pass  # not built yet
         except (LayoutError, OSError, ValueError) as e:
@@ -561,7 +535,7 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
                           stacklevel=3)
         try:
             lay = _build(g, family, cfg, path, expect, progress, name)
-            return lay.weights(), LoadInfo("built", path, conversions=lay.header.get("conversions"))
+            return lay.weights(classes), LoadInfo("built", path, conversions=lay.header.get("conversions"))
         except _WriteFailed as e:
             err = e.__cause__ or e
             warnings.warn(f"goinfer: could not write the layout cache of {name} to {path.parent} "
@@ -575,17 +549,10 @@ def prepare(path, *, progress: bool = True) -> Path:
     """Build (or fully verify) the layout cache of a GGUF file: what `goinfer pull` runs.
     Returns the layout file's path."""
     from goinfer.gguf import GGUFFile
-    from goinfer.models import ARCHITECTURES, family_for
+    from goinfer.models import read_config
 
     with GGUFFile(path) as g:
-        family = family_for(g)
-        if family is None:
-            from goinfer.errors import UnsupportedArchitectureError
-
-            raise UnsupportedArchitectureError(
-                f"{g.path}: architecture {g.arch!r} is not supported; supported: "
-                f"{', '.join(sorted(ARCHITECTURES))}")
-        cfg = family.read_config(g)
+        family, cfg = read_config(g)  # UnsupportedArchitectureError if goinfer does not run it
         _weights, info = load(g, family, cfg, enabled=True, progress=progress)
         del _weights
         if info.path is None:

@@ -1,23 +1,25 @@
 """Model: load a GGUF, hold its weights and tokenizer, run the forward step over a batch."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from goinfer import hub, layout, memory
 from goinfer._threads import resolve_threads
-from goinfer.errors import ContextLengthError, UnsupportedArchitectureError
+from goinfer.errors import ContextLengthError
 from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
 from goinfer.graph import supported as graph_supported
-from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype, kv_geometry
-from goinfer.models import ARCHITECTURES, family_for
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dtype
+from goinfer.models import read_config
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
 from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
@@ -36,40 +38,68 @@ def _kernels(use_reference: bool):
     return _kernels
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a model is loaded and run: Model.load's and Model's keyword arguments.
+
+    threads: compute threads (None: GOINFER_THREADS, else the machine's physical cores).
+    exact: float64 attention at every position (default: the fast float32 kernel for rows at
+    positions >= 512, FAST_FROM); exact_prefill is its old name.
+    context_length: the context to run with (None: the file's).
+    progress: progress bars while pulling and loading.
+    graph: replay decode steps as one C graph (None: on unless GOINFER_GRAPH=0; goinfer/graph.py).
+    layout_cache: map the weights from their cached native layout (None: on unless
+    GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
+    kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
+
+    threads: int | None = None
+    exact: bool = False
+    context_length: int | None = None
+    progress: bool = True
+    graph: bool | None = None
+    layout_cache: bool | None = None
+    kv_dtype: str = DEFAULT_KV_DTYPE
+    exact_prefill: bool | None = None
+
+    def with_(self, **overrides) -> LoadOptions:
+        """These options with some fields replaced; TypeError naming an unknown one."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown model option(s) {', '.join(unknown)}; the options are "
+                            f"{', '.join(sorted(names))}")
+        return dataclasses.replace(self, **overrides)
+
+
 class Model:
     """A loaded model.  ``Model.load("smollm2-135m")`` or ``Model.load("path/to/file.gguf")``."""
 
-    def __init__(self, gguf: GGUFFile, *, threads: int | None = None, exact: bool = False,
-                 context_length: int | None = None, progress: bool = True, graph: bool | None = None,
-                 exact_prefill: bool | None = None, layout_cache: bool | None = None,
-                 kv_dtype: str = DEFAULT_KV_DTYPE, name: str | None = None,
-                 _reference_kernels: bool = False):
-        """exact: float64 attention at every position (exact_prefill: its old name).
-        layout_cache: map the weights from their layout cache in GOINFER_HOME, building it on
-        the first load (goinfer/layout.py; default: on unless GOINFER_LAYOUT_CACHE=0).
-        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
+    def __init__(self, gguf: GGUFFile, options: LoadOptions | None = None, *,
+                 name: str | None = None, _reference_kernels: bool = False, **overrides):
+        """A model from an open GGUF file; options (LoadOptions) and keyword overrides of its
+        fields (threads=, exact=, ...) say how it is loaded and run; name: what it is called
+        (default: the file's stem)."""
+        t0 = time.perf_counter()
+        opts = (options or LoadOptions()).with_(**overrides)
+        self.options = opts
+        family, config = read_config(gguf)  # UnsupportedArchitectureError if not supported
+        self.config: ModelConfig = config
         arch = gguf.arch
-        family = family_for(gguf)
-        if family is None:
-            raise UnsupportedArchitectureError(
-                f"{gguf.path}: architecture {arch!r} is not supported; supported: "
-                f"{', '.join(sorted(ARCHITECTURES))}")
         self.path = Path(gguf.path)
         self.name = name or self.path.stem
         self.source: hub.ModelSource | None = None  # set by load(): where the name led
         self.fingerprint = gguf.fingerprint
-        self.threads = resolve_threads(threads)
-        self.exact = bool(exact if exact_prefill is None else exact or exact_prefill)
-        self.kv_dtype = kv_dtype  # storage type of the KV caches made for this model
+        self.threads = resolve_threads(opts.threads)
+        self.exact = bool(opts.exact if opts.exact_prefill is None else
+                          opts.exact or opts.exact_prefill)
+        self.kv_dtype = opts.kv_dtype  # storage type of the KV caches made for this model
         self.kernels = _kernels(_reference_kernels)
-        t0 = time.perf_counter()
-        self.config: ModelConfig = family.read_config(gguf)
-        for _, hd in set(kv_geometry(self.config)):
-            check_kv_dtype(kv_dtype, hd)
-        if context_length is not None:
-            if context_length < 1:
-                raise ValueError(f"context_length must be positive, got {context_length}")
-            self.config.context_length = int(context_length)
+        for _, hd in set(self.config.kv_geometry()):
+            check_kv_dtype(opts.kv_dtype, hd)
+        if opts.context_length is not None:
+            if opts.context_length < 1:
+                raise ValueError(f"context_length must be positive, got {opts.context_length}")
+            self.config.context_length = int(opts.context_length)
         # the weights must fit in memory (mapped or not) before anything large is read
         memory.check_fits(gguf.native_bytes(), f"{self.name} (its weights in goinfer's layout)")
         self.chat_template = gguf.get("tokenizer.chat_template") or builtin_template(arch)
@@ -77,14 +107,15 @@ class Model:
         # kernel populates the mapping without the GIL) or convert
         with ThreadPoolExecutor(1, thread_name_prefix="goinfer-tokenizer") as pool:
             tokenizer = pool.submit(Tokenizer.from_metadata, gguf.metadata)
-            weights, self.load_info = layout.load(gguf, family, self.config, enabled=layout_cache,
-                                                  progress=progress, name=self.name)
+            weights, self.load_info = layout.load(gguf, family, self.config,
+                                                  enabled=opts.layout_cache,
+                                                  progress=opts.progress, name=self.name)
             if weights is not None:  # mapped from the layout cache
                 self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
                 del weights
             else:  # converted from the GGUF into process memory
                 bar = None
-                if progress:
+                if opts.progress:
                     from tqdm.auto import tqdm
 
                     bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}",
@@ -102,32 +133,25 @@ class Model:
         self._lock = threading.RLock()
         self._cache: KVCache | None = None
         # decode steps replayed as one C graph (goinfer/graph.py); None: GOINFER_GRAPH (on)
-        if graph is None:
-            graph = graph_enabled_by_env()
+        graph = graph_enabled_by_env() if opts.graph is None else opts.graph
         self.graph = GraphRunner(self) if graph and graph_supported(self.impl, self.kernels) else None
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
-             exact: bool = False, *, context_length: int | None = None,
-             progress: bool = True, graph: bool | None = None,
-             exact_prefill: bool | None = None, layout_cache: bool | None = None,
-             kv_dtype: str = DEFAULT_KV_DTYPE, quant: str | None = None) -> "Model":
+             exact: bool | None = None, *, options: LoadOptions | None = None,
+             quant: str | None = None, **overrides) -> Model:
         """Load a model by name or path (goinfer/hub.py): a registered model (pulled on first
         use), a local .gguf file (a split one by its first part), a Hugging Face repo
         (``hf.co/ORG/REPO[:QUANT]`` or ``ORG/REPO``, fetched into the Hugging Face cache; quant
         picks its file, default Q4_K_M), or a model pulled with Ollama (``llama3.2``, ``qwen3:4b``).
 
-        exact: float64 attention at every position (default: the fast float32 kernel for rows
-        at positions >= 512, FAST_FROM); exact_prefill is its old name.
-        graph: replay decode steps as one C graph (default: on unless GOINFER_GRAPH=0).
-        layout_cache: map the weights from their cached native layout (default: on unless
-        GOINFER_LAYOUT_CACHE=0; the first load builds it, goinfer/layout.py).
-        kv_dtype: storage type of its KV caches, "f16" (default), "f32" or "q8_0"."""
-        src = hub.locate(name_or_path, quant=quant, progress=progress)
+        threads, exact and the other keywords (context_length, progress, graph, layout_cache,
+        kv_dtype) are LoadOptions' fields, applied over options (default LoadOptions())."""
+        given = {k: v for k, v in (("threads", threads), ("exact", exact)) if v is not None}
+        opts = (options or LoadOptions()).with_(**given, **overrides)
+        src = hub.locate(name_or_path, quant=quant, progress=opts.progress)
         with GGUFFile(src.path) as g:
-            m = cls(g, threads=threads, exact=exact, exact_prefill=exact_prefill,
-                    context_length=context_length, progress=progress, graph=graph,
-                    layout_cache=layout_cache, kv_dtype=kv_dtype, name=src.name)
+            m = cls(g, opts, name=src.name)
         m.source = src
         m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
         return m
@@ -186,8 +210,6 @@ class Model:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
-    # ------------------------------------------------------------------ forward
-
     # ------------------------------------------------------------------ numerics mode
 
     @property
@@ -222,13 +244,16 @@ class Model:
     @property
     def hybrid(self) -> bool:
         """Does the model carry recurrent state (linear-attention layers, goinfer/recurrent.py)?"""
-        return getattr(self.impl, "state_spec", None) is not None
+        return self.config.state_spec is not None
 
     def new_state(self) -> RecurrentState:
         """A hybrid model's recurrent state before the first token (zeros)."""
-        if not self.hybrid:
+        spec = self.config.state_spec
+        if spec is None:
             raise ValueError(f"{self.name} has no recurrent state")
-        return RecurrentState.zeros(self.impl.state_spec)
+        return RecurrentState.zeros(spec)
+
+    # ------------------------------------------------------------------ forward
 
     def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
                 all_logits: bool = False, state: RecurrentState | None = None,

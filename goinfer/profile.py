@@ -55,8 +55,8 @@ class _TimedKernels:
 
 def _swap(model, proxy):
     impl = model.impl
-    old = impl.K
-    impl.K = proxy
+    old = impl.ops
+    impl.ops = proxy
     return old
 
 
@@ -103,7 +103,7 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
         res["prefill"] = {"seconds": total, "tok_s": prompt_tokens / total, **_families(proxy, total),
                           "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
         proxy = _TimedKernels(model.kernels)
-        model.impl.K = proxy
+        model.impl.ops = proxy
         t0 = time.perf_counter()
         for _ in range(decode_tokens):
             logits = s.decode(int(np.argmax(logits)))
@@ -111,7 +111,7 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
         res["decode"] = {"seconds": total, "tok_s": decode_tokens / total, **_families(proxy, total),
                          "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
     finally:
-        model.impl.K = old
+        model.impl.ops = old
         attention_phase_timing(was_timing)
     return res
 

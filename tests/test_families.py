@@ -114,12 +114,12 @@ def test_qwen35moe_config_and_experts(models):
     cfg = m.config
     assert cfg.arch == "qwen35moe" and cfg.recurrent == (True, True, True, False)
     assert (cfg.n_expert, cfg.n_expert_used, cfg.d_ff_expert, cfg.d_ff_shared) == (6, 3, 32, 48)
-    assert cfg.routing == "softmax_topk" and cfg.norm_topk and m.impl.renorm
+    assert cfg.routing == "softmax_topk" and cfg.norm_topk and m.impl.moe.renorm
     assert all(L.moe is not None and L.moe.shared is not None for L in m.impl.layers)
     assert "6 experts" in cfg.describe() and "Gated DeltaNet" in cfg.describe()
-    m.impl.stats.reset()
+    m.impl.moe.stats.reset()
     m.logits(ids_(9, 1))
-    assert m.impl.stats.expert_rows == 4 * 9 * 3  # every layer routes every row to 3 experts
+    assert m.impl.moe.stats.expert_rows == 4 * 9 * 3  # every layer routes every row to 3 experts
 
 
 def test_qwen35_config_and_cache_layers(models):

@@ -269,10 +269,10 @@ def test_moe_config_experts_and_identities(gemma4moe):
     assert (cfg.n_expert, cfg.n_expert_used, cfg.d_ff_expert) == (4, 2, 32)
     assert all(L.moe is not None and L.w_down is not None for L in m.impl.layers)
     ids = ids_(300, 11)
-    m.impl.stats.reset()
+    m.impl.moe.stats.reset()
     one = m.logits(ids)
-    assert m.impl.stats.expert_rows == 4 * 300 * 2  # every layer routes every row to 2 experts
-    m2.impl.expert_major = False
+    assert m.impl.moe.stats.expert_rows == 4 * 300 * 2  # every layer routes every row to 2 experts
+    m2.impl.moe.expert_major = False
     assert np.array_equal(one, m2.logits(ids))
     s = m.session(KVCache(m, max_tokens=512))
     s.prefill(ids[:260])

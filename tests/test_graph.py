@@ -299,7 +299,7 @@ def test_moe_decode_bit_identical(tiny_dir, arch, qtype, threads, many_shares):
     # the routing differed between steps: the test covers a plan reading new offsets
     ref = load(path, 1, graph=False)
     routes = []
-    orig = ref.impl.K.moe_route
+    orig = ref.impl.ops.moe_route
 
     class Spy:
         def __getattr__(self, name):
@@ -310,7 +310,7 @@ def test_moe_decode_bit_identical(tiny_dir, arch, qtype, threads, many_shares):
             routes.append(ids.copy())
             return ids, w
 
-    ref.impl.K = Spy()
+    ref.impl.ops = Spy()
     run_decode(ref, prompts_for(3), 8)
     assert len({r.tobytes() for r in routes if r.shape[0] == 3}) > 1
 
@@ -321,9 +321,9 @@ def test_profiling_proxy_runs_python_path(tiny):
     path = tiny("llama")[1]
     m, ref = load(path), load(path, graph=False)
     proxy = _TimedKernels(m.kernels)
-    m.impl.K = proxy
+    m.impl.ops = proxy
     a = run_decode(m, prompts_for(2), 3)
-    m.impl.K = m.kernels
+    m.impl.ops = m.kernels
     assert m.graph.replays == 0 and proxy.calls["attention"] > 0
     assert np.array_equal(a, run_decode(ref, prompts_for(2), 3))
 

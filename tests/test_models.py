@@ -118,3 +118,24 @@ def test_int_weights_track_transformers(tiny, tmp_path):
         top1 = (ours.argmax(1) == ref.argmax(1)).mean()
         assert cos.min() > 0.99, (qtype.name, cos.min())
         assert top1 >= 0.9, (qtype.name, top1)
+
+
+def test_load_options_and_keywords_are_one_set(tiny):
+    """Model and Model.load take a LoadOptions and/or its fields as keywords (the keywords
+    override the options); an unknown keyword is a TypeError naming it."""
+    from goinfer import LoadOptions, Model
+    from goinfer.gguf import GGUFFile
+
+    path = tiny("qwen2")[1]
+    opts = LoadOptions(threads=1, progress=False, layout_cache=False, kv_dtype="f32")
+    a = Model(GGUFFile(path), opts)
+    b = Model(GGUFFile(path), threads=1, progress=False, layout_cache=False, kv_dtype="f32")
+    c = Model.load(str(path), 1, True, options=opts, kv_dtype="f16")  # threads, exact positional
+    assert a.options == b.options == opts and a.threads == 1 and not a.exact
+    assert c.exact and c.threads == 1 and c.kv_dtype == "f16" and c.options.progress is False
+    ids = [5, 9, 200, 31]
+    assert np.array_equal(a.logits(ids), b.logits(ids))
+    with pytest.raises(TypeError, match="treads"):
+        Model(GGUFFile(path), opts, treads=2)
+    with pytest.raises(TypeError, match="treads"):
+        Model.load(str(path), treads=2)

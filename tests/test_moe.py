@@ -417,13 +417,13 @@ def test_expert_major_prefill_equals_token_by_token(tiny_moe, arch):
     for threads in (1, 2):
         m = load(path, threads=threads, exact=True)
         assert m.config.n_expert_used == k
-        m.impl.stats.reset()
+        m.impl.moe.stats.reset()
         prefill = m.logits(ids)  # (n, vocab), expert-major, in chunks of PREFILL_CHUNK
-        assert m.impl.stats.expert_rows == m.config.n_layers * n * k  # the MoE path ran
+        assert m.impl.moe.stats.expert_rows == m.config.n_layers * n * k  # the MoE path ran
         s = m.session(KVCache(m, max_tokens=n + 16))
         steps = [s.prefill(ids[:1])] + [s.decode(t) for t in ids[1:]]
         same_bits(prefill, np.stack(steps).reshape(prefill.shape))
-        m.impl.expert_major = False
+        m.impl.moe.expert_major = False
         same_bits(prefill, m.logits(ids))
         runs.append(prefill)
     same_bits(runs[0], runs[1])
@@ -466,7 +466,7 @@ def test_float_experts_exact_too(tiny_moe):
     m = load(path, threads=2, exact=True)
     ids = np.random.default_rng(5).integers(0, 320, 150).tolist()
     a = m.logits(ids)
-    m.impl.expert_major = False
+    m.impl.moe.expert_major = False
     same_bits(a, m.logits(ids))
 
 
@@ -501,9 +501,9 @@ def test_decode_reads_only_selected_experts(tiny_moe, arch):
     m = load(path)
     s = m.session()
     s.prefill([5, 6, 7, 8])
-    rec = _Recorder(m.impl.K)
-    m.impl.K = rec
-    m.impl.stats.reset()
+    rec = _Recorder(m.impl.ops)
+    m.impl.ops = rec
+    m.impl.moe.stats.reset()
     s.decode(9)
     k = m.config.n_expert_used
     assert len(rec.routes) == m.config.n_layers
@@ -516,8 +516,8 @@ def test_decode_reads_only_selected_experts(tiny_moe, arch):
             read = {id(w) for w in X.weights()} & used
             assert read == ({id(w) for w in X.weights()} if e in chosen else set()), (e, chosen)
         want_bytes += sum(L.moe.experts[e].nbytes for e in chosen)
-    assert m.impl.stats.expert_bytes == want_bytes
-    assert m.impl.stats.expert_runs == m.config.n_layers * k
+    assert m.impl.moe.stats.expert_bytes == want_bytes
+    assert m.impl.moe.stats.expert_runs == m.config.n_layers * k
 
 
 # ============================================================================ dispatch and errors
@@ -599,12 +599,12 @@ def test_upcycled_smollm2_equals_dense(upcycled):
     assert isinstance(upcycled.impl, MoEFamily) and upcycled.config.arch == "llama"
     assert (upcycled.config.n_expert, upcycled.config.n_expert_used) == (4, 2)
     ids = smollm2.tokenize(agreement_text())[:256]
-    rec = _Recorder(upcycled.impl.K)
-    upcycled.impl.K = rec
+    rec = _Recorder(upcycled.impl.ops)
+    upcycled.impl.ops = rec
     try:
         moe_logits = upcycled.logits(ids)
     finally:
-        upcycled.impl.K = rec._inner
+        upcycled.impl.ops = rec._inner
     routes = np.concatenate(rec.routes)  # (layers * 256, 2)
     assert len(np.unique(routes, axis=0)) >= 6  # the router really spreads tokens over experts
     same_bits(moe_logits, smollm2.logits(ids))

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from goinfer.quant import INT_KINDS, QAct, QWeight
+
+if TYPE_CHECKING:
+    from goinfer.recurrent import StateSpec
 
 # ============================================================================ config
 
@@ -70,11 +74,39 @@ class ModelConfig:
     qk_norm: bool = False
     tied_embeddings: bool = False
     sliding_window: int = 0  # 0: full attention in every layer
+    swa_layers: tuple = ()  # per layer: True = sliding window; (): every layer (if a window)
     extra: dict = field(default_factory=dict)
 
     @property
     def n_rot(self) -> int:
         return self.rope_dim or self.head_dim
+
+    # ------------------------------------------------------------------ what the layers hold
+
+    @property
+    def n_kv_layers(self) -> int:
+        """Layers that hold their own KV (the KV cache's layers): all of them here."""
+        return self.n_layers
+
+    @property
+    def n_attn_layers(self) -> int:
+        """Layers that run attention (over their own KV or an earlier layer's)."""
+        return self.n_kv_layers
+
+    def kv_geometry(self) -> tuple[tuple[int, int], ...]:
+        """(n_kv_heads, head_dim) of every KV cache layer, in order."""
+        return ((self.n_kv_heads, self.head_dim),) * self.n_kv_layers
+
+    @property
+    def state_spec(self) -> StateSpec | None:
+        """The recurrent state a sequence carries besides its KV (goinfer/recurrent.py), or None."""
+        return None
+
+    def window(self, li: int) -> int:
+        """Sliding window of layer li in tokens (0: full causal attention)."""
+        if self.swa_layers and not self.swa_layers[li]:
+            return 0
+        return self.sliding_window
 
     def describe(self) -> str:
         return (f"{self.arch}: {self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads "
@@ -151,19 +183,21 @@ class RopeCache:
 class Act:
     """A layer input x (T, K) float32, quantized to int8 at most once for the matmuls reading it."""
 
-    __slots__ = ("x", "_q", "_qbuf", "_K", "_nt")
+    __slots__ = ("x", "_q", "_qbuf", "_ops", "_nt")
 
-    def __init__(self, K, x: np.ndarray, qbuf: QAct, nthreads: int):
-        self._K = K
+    def __init__(self, ops, x: np.ndarray, qbuf: QAct, nthreads: int):
+        self._ops = ops  # the kernels module (goinfer._kernels, or a stand-in)
         self.x = x
         self._qbuf = qbuf
         self._q = None
         self._nt = nthreads
 
     def for_weight(self, w: QWeight):
+        """What a matmul with w reads: the int8 rows for an integer weight kind, else x."""
         if w.kind in INT_KINDS:
             if self._q is None:
-                self._q = self._K.quantize_act(self.x, out=self._qbuf.rows(self.x.shape[0]), nthreads=self._nt)
+                self._q = self._ops.quantize_act(self.x, out=self._qbuf.rows(self.x.shape[0]),
+                                                 nthreads=self._nt)
             return self._q
         return self.x
 

@@ -6,7 +6,9 @@ One forward step per layer, on top of the llama step (models/llama.py):
   RMSNorm (post-attention) -> residual -> RMSNorm (pre-FFN) -> fused gate/up -> GeGLU
   (gelu-tanh) -> down -> RMSNorm (post-FFN) -> residual.
 Embedding rows are scaled by sqrt(d_model); the LM head is the embedding (tied); a final logit
-softcap applies when the file asks for one (``final_logit_softcapping``).
+softcap applies when the file asks for one (``final_logit_softcapping``).  Which layers are
+local: ``attention.sliding_window_pattern``, else every 6th layer is global (the registry's
+swa_pattern, as llama.cpp assumes for gemma3 and every Gemma 3 checkpoint has it).
 
 Gemma's RMSNorm multiplies by (1 + w).  llama.cpp's converter stores 1 + w in the GGUF (every
 ``*norm.weight`` tensor, QK-norms included), so here they are plain RMSNorms with the stored
@@ -15,14 +17,21 @@ weights; tests/test_gemma.py pins this against transformers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from goinfer.errors import ModelFormatError
-from goinfer.models import llama
 from goinfer.models.base import ModelConfig, RopeCache
+from goinfer.models.family import LayerWeights
+from goinfer.models.llama import LlamaFamily
+from goinfer.models.llama import load_layer as load_llama_layer
+from goinfer.models.loading import Loader, config_fields, swa_layers
 
-SWA_PATTERN = 6  # no pattern in the file: every 6th layer is global (all Gemma 3 checkpoints)
+if TYPE_CHECKING:
+    from goinfer.gguf import GGUFFile
+    from goinfer.models.registry import Arch
+
 ROPE_BASE_LOCAL = 10000.0  # RoPE base of the local (sliding-window) layers
 
 # ============================================================================ config
@@ -30,7 +39,6 @@ ROPE_BASE_LOCAL = 10000.0  # RoPE base of the local (sliding-window) layers
 
 @dataclass
 class Gemma3Config(ModelConfig):
-    swa_layers: tuple = ()  # per layer: True = local (sliding-window) attention
     rope_base_local: float = ROPE_BASE_LOCAL
     attn_scale: float = 0.0  # multiplies q.k
     final_softcap: float = 0.0  # 0: none
@@ -41,111 +49,66 @@ class Gemma3Config(ModelConfig):
                 f"{self.n_layers - n_local} global")
 
 
-def swa_layers(g, n_layers: int, window: int, default_pattern: int = SWA_PATTERN) -> tuple:
-    """Which layers attend through the sliding window.
-
-    ``attention.sliding_window_pattern`` as an array: True = sliding window, one per layer; as
-    an integer n: layer i is local when i % n < n - 1 (0: every layer local), llama.cpp's
-    reading.  Absent: n = default_pattern (6, as llama.cpp assumes for gemma3: the converter
-    writes no pattern, and every Gemma 3 config has it).  No sliding_window in the file: every
-    layer global."""
-    if window <= 0:
-        return (False,) * n_layers
-    pat = g.arch_get("attention.sliding_window_pattern")
-    if pat is None:
-        pat = default_pattern
-    if isinstance(pat, (np.ndarray, list, tuple)):
-        pat = [bool(v) for v in np.asarray(pat).ravel()]
-        if len(pat) != n_layers:
-            raise ModelFormatError(f"{g.path}: {g.arch}.attention.sliding_window_pattern has "
-                                   f"{len(pat)} entries for {n_layers} layers")
-        return tuple(pat)
-    n = int(pat)
-    return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
-
-
-def read_config(g) -> Gemma3Config:
-    base = llama.read_config(g)
-    fields = dict(vars(base))
-    fields["rope_neox"] = True
-    fields["qk_norm"] = True
-    n = base.n_layers
-    swa = swa_layers(g, n, base.sliding_window)
+def read_config(g: GGUFFile, arch: Arch) -> Gemma3Config:
+    fields = config_fields(g, arch)
+    n = fields["n_layers"]
+    fields.update(qk_norm=True, swa_layers=swa_layers(g, n, fields["sliding_window"], arch.swa_pattern))
     scale = g.arch_get("attention.scale")
     if scale is None:
         # Gemma 3 scales q.k by query_pre_attn_scalar**-0.5, which GGUF does not carry: it is
         # head_dim in every size but 27B (62 layers), where it is d_model / n_heads.
-        scalar = base.d_model // base.n_heads if n == 62 else base.head_dim
+        scalar = fields["d_model"] // fields["n_heads"] if n == 62 else fields["head_dim"]
         scale = 1.0 / float(np.sqrt(scalar))
-    return Gemma3Config(
-        **fields, swa_layers=swa,
-        attn_scale=float(scale),
-        final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0))
+    return Gemma3Config(**fields, attn_scale=float(scale),
+                        final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0))
 
 
 # ============================================================================ weights
 
 
 @dataclass
-class Gemma3LayerWeights(llama.LayerWeights):
+class Gemma3LayerWeights(LayerWeights):
     post_attn_norm: np.ndarray = None  # (D,) f32, applied to the attention output
     post_ffn_norm: np.ndarray = None  # (D,) f32, applied to the FFN output
+
+
+def load_layer(g: GGUFFile, cfg: Gemma3Config, i: int) -> Gemma3LayerWeights:
+    ld, D = Loader.layer(g, i), cfg.d_model
+    return Gemma3LayerWeights(**vars(load_llama_layer(g, cfg, i)),
+                              post_attn_norm=ld.vec("post_attention_norm.weight", D),
+                              post_ffn_norm=ld.vec("post_ffw_norm.weight", D))
 
 
 # ============================================================================ the family
 
 
-class Gemma3Family(llama.LlamaFamily):
+class Gemma3Family(LlamaFamily):
     """Weights and forward step of Gemma 3 text models (the llama step plus Gemma's parts)."""
 
-    read_config = staticmethod(read_config)
+    capturable = True
+    weight_types = (Gemma3LayerWeights,)
     ffn_act = "gelu_tanh_mul"
+    read_config = staticmethod(read_config)
+    load_layer = staticmethod(load_layer)
 
-    def __init__(self, g, cfg: Gemma3Config, kernels, threads: int, progress=None,
+    def __init__(self, g: GGUFFile, cfg: Gemma3Config, ops, threads: int, progress=None,
                  weights: dict | None = None):
         if not g.has_tensor("blk.0.attn_q_norm.weight"):
             raise ModelFormatError(f"{g.path}: gemma3 file without QK-norm tensors")
-        super().__init__(g, cfg, kernels, threads, progress, weights)
+        super().__init__(g, cfg, ops, threads, progress, weights)
         # Global layers: rope.freq_base with the file's (linear) scaling; local layers: base 10k.
         self.rope_local = RopeCache(cfg.n_rot, cfg.rope_base_local, cfg.context_length)
         self.attn_scale = cfg.attn_scale  # no attention softcap: Gemma 3 has none (Gemma 2 had)
         self.embed_scale = np.float32(np.sqrt(cfg.d_model))
-
-    def load_layer(self, g, i: int) -> Gemma3LayerWeights:
-        L = super().load_layer(g, i)
-        p, D = f"blk.{i}.", self.cfg.d_model
-        return Gemma3LayerWeights(
-            **vars(L),
-            post_attn_norm=llama._check_vec(p + "post_attention_norm.weight",
-                                            g.load_f32(p + "post_attention_norm.weight"), D),
-            post_ffn_norm=llama._check_vec(p + "post_ffw_norm.weight",
-                                           g.load_f32(p + "post_ffw_norm.weight"), D))
-
-    # ------------------------------------------------------------------ per-layer attention
+        self.final_softcap = cfg.final_softcap
 
     def layer_rope(self, li: int) -> RopeCache:
         return self.rope_local if self.cfg.swa_layers[li] else self.rope
 
-    def layer_window(self, li: int) -> int:
-        return self.cfg.sliding_window if self.cfg.swa_layers[li] else 0
-
-    # ------------------------------------------------------------------ forward hooks
-
-    def embed(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
-        x = super().embed(tokens, out)  # (T, D)
-        return self.K.scale(x, self.embed_scale, out=x, nthreads=self.threads)
-
     def attention_block(self, li, L: Gemma3LayerWeights, h, batch, kc, vc, out) -> None:
         super().attention_block(li, L, h, batch, kc, vc, out)
-        self.K.rmsnorm(out, L.post_attn_norm, self.cfg.norm_eps, out=out, nthreads=self.threads)
+        self.ops.rmsnorm(out, L.post_attn_norm, self.cfg.norm_eps, out=out, nthreads=self.threads)
 
     def ffn_block(self, li, L: Gemma3LayerWeights, h, out) -> None:
-        super().ffn_block(li, L, h, out)
-        self.K.rmsnorm(out, L.post_ffn_norm, self.cfg.norm_eps, out=out, nthreads=self.threads)
-
-    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        logits = super().head(x, rows, out)  # (R, vocab)
-        cap = self.cfg.final_softcap
-        if cap > 0:  # tanh(logits / cap) * cap, per element (a kernel: graph-captured too)
-            self.K.softcap(logits, cap, out=logits, nthreads=self.threads)
-        return logits
+        self.gated_ffn(L, h, out)
+        self.ops.rmsnorm(out, L.post_ffn_norm, self.cfg.norm_eps, out=out, nthreads=self.threads)

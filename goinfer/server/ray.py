@@ -294,14 +294,13 @@ class TextModel:
     def __init__(self, name_or_path: str):
         from goinfer import hub
         from goinfer.gguf import GGUFFile
-        from goinfer.models import family_for
+        from goinfer.models import ARCHITECTURES, read_config
         from goinfer.tokenizer import Tokenizer, builtin_template
 
         with GGUFFile(hub.resolve(name_or_path, progress=False)) as g:
             self.path = Path(g.path)
             self.name = self.path.stem
-            family = family_for(g)
-            self.config = family.read_config(g) if family is not None else None
+            self.config = read_config(g)[1] if g.arch in ARCHITECTURES else None
             self.tokenizer = Tokenizer.from_metadata(g.metadata)
             self.chat_template = g.get("tokenizer.chat_template") or builtin_template(g.arch)
 
