@@ -17,14 +17,16 @@
 #include "matmul_avx512.c"
 #elif defined(GI_VARIANT_AVX2)
 #include "matmul_avx2.c"
-#else
+#elif defined(GI_VARIANT_PORTABLE)
 #include "matmul_portable.c"
+#else
+#error "no matmul ISA file for this variant (add matmul_<isa>.c: see matmul_impl.h)"
 #endif
 
 
 /* ============================================================================ SIMD drivers: instantiation and tiling */
 
-#if defined(GI_VARIANT_AVX512) || defined(GI_VARIANT_AVX2)
+#if !defined(GI_VARIANT_PORTABLE)
 
 typedef void (*qtile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
 typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, float *, int64_t);
