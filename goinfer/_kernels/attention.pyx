@@ -30,8 +30,9 @@ from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free
 from libc.math cimport isfinite
 from cython.parallel cimport prange, threadid
-from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels import _config as _cfg
+from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
+                                      swap_grain)
+from goinfer._kernels.dispatch cimport variant_table, table_variant
 from goinfer._kernels.graph cimport Op
 
 cnp.import_array()
@@ -82,52 +83,18 @@ cdef extern from "attention.h" nogil:
 cdef int64_t _GRAIN = 65536
 
 
-# The variant in use: the shared kernel library holds one dispatch state for every module.
+cdef inline const gi_attn_ops *_table() noexcept nogil:
+    return <const gi_attn_ops *>variant_table(&gi_attn_ops_portable, &gi_attn_ops_avx2,
+                                              &gi_attn_ops_avx512)
 
 
-cdef const gi_attn_ops *_table() except NULL:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_attn_ops_avx512
-    if v == GI_AVX2:
-        return &gi_attn_ops_avx2
-    return &gi_attn_ops_portable
-
-
-cdef const gi_attn_fast_ops *_fast_table() except NULL:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_attn_fast_ops_avx512
-    if v == GI_AVX2:
-        return &gi_attn_fast_ops_avx2
-    return &gi_attn_fast_ops_portable
+cdef inline const gi_attn_fast_ops *_fast_table() noexcept nogil:
+    return <const gi_attn_fast_ops *>variant_table(&gi_attn_fast_ops_portable,
+                                                   &gi_attn_fast_ops_avx2,
+                                                   &gi_attn_fast_ops_avx512)
 
 
 # ============================================================================ argument checks
-
-cdef int _check_threads(object nthreads) except -1:
-    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
-        if 1 <= nthreads <= 1024:
-            return <int>nthreads
-    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-
-
-cdef cnp.ndarray _carray(object a, str name, int typenum, str tname, int ndim,
-                         bint writeable=False):
-    """a C-contiguous ndarray of the given dtype and rank, else TypeError / ValueError."""
-    if not cnp.PyArray_Check(a):
-        raise TypeError(f"{name} must be a numpy array of {tname}, got {type(a).__name__}")
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    if cnp.PyArray_TYPE(arr) != typenum:
-        raise TypeError(f"{name} must have dtype {tname}, got {arr.dtype}")
-    if cnp.PyArray_NDIM(arr) != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {np.shape(arr)}")
-    if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
-        raise ValueError(f"{name} must be C-contiguous")
-    if writeable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ValueError(f"{name} is read-only")
-    return arr
-
 
 cdef inline int64_t _dim(cnp.ndarray a, int i) noexcept:
     return cnp.PyArray_DIMS(a)[i]
@@ -156,8 +123,8 @@ cdef tuple _check_caches(object k_cache, object v_cache):
     else:
         raise TypeError(f"k_cache must be float32, float16 or int8 (q8_0), got {k_cache.dtype}")
     tname = str(k_cache.dtype)
-    cdef cnp.ndarray kc = _carray(k_cache, "k_cache", typenum, tname, 4)
-    cdef cnp.ndarray vc = _carray(v_cache, "v_cache", typenum, tname, 4)
+    cdef cnp.ndarray kc = carray(k_cache, "k_cache", typenum, tname, 4)
+    cdef cnp.ndarray vc = carray(v_cache, "v_cache", typenum, tname, 4)
     cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1), rows = _dim(kc, 2), bs = _dim(kc, 3)
     cdef int64_t hd = rows
     if dt == KV_Q8_0:  # rows = hd + hd/16 (the scale rows)
@@ -203,11 +170,11 @@ cdef int _kvw_prepare(kvw_args *r, object k_cache, object v_cache, object k, obj
     cdef int64_t hd, bs
     kc, vc, dt, hd, bs = _check_caches(k_cache, v_cache)
     cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1)
-    if not cnp.PyArray_ISWRITEABLE(kc) or not cnp.PyArray_ISWRITEABLE(vc):
-        raise ValueError("k_cache and v_cache must be writeable")
-    cdef cnp.ndarray ka = _carray(k, "k", cnp.NPY_FLOAT32, "float32", 3)
-    cdef cnp.ndarray va = _carray(v, "v", cnp.NPY_FLOAT32, "float32", 3)
-    cdef cnp.ndarray sa = _carray(slots, "slots", cnp.NPY_INT64, "int64", 1)
+    check_writeable(kc, "k_cache")
+    check_writeable(vc, "v_cache")
+    cdef cnp.ndarray ka = carray(k, "k", cnp.NPY_FLOAT32, "float32", 3)
+    cdef cnp.ndarray va = carray(v, "v", cnp.NPY_FLOAT32, "float32", 3)
+    cdef cnp.ndarray sa = carray(slots, "slots", cnp.NPY_INT64, "int64", 1)
     cdef int64_t T = _dim(ka, 0)
     if (_dim(ka, 1) != n_kv or _dim(ka, 2) != hd or _dim(va, 0) != T or _dim(va, 1) != n_kv
             or _dim(va, 2) != hd):
@@ -249,7 +216,7 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
     """Store k, v (T, n_kv, hd) float32 at slots (T,) int64 (slot = block * bs + offset),
     rounded once to the cache's type (float16: to nearest even; q8_0: per 32 values of one
     token, src/kv_types.h).  Tokens are written in order, so a repeated slot keeps the last."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef kvw_args r
     _kvw_prepare(&r, k_cache, v_cache, k, v, slots, nt)
     cdef int64_t i
@@ -263,7 +230,7 @@ def kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
 
 def bind_kv_write(k_cache, v_cache, k, v, slots, *, nthreads=1):
     """The caller keeps slots inside the cache for every run."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef Op op = Op("kv_write", (k_cache, v_cache, k, v, slots))
     cdef kvw_args *r = <kvw_args *>op.alloc(sizeof(kvw_args))
     _kvw_prepare(r, k_cache, v_cache, k, v, slots, nt)
@@ -315,7 +282,7 @@ cdef object _sinks(object sinks, int64_t H):
     """None, or a C-contiguous float32 (H,) array of finite values or -inf (checked)."""
     if sinks is None:
         return None
-    cdef cnp.ndarray sa = _carray(sinks, "sinks", cnp.NPY_FLOAT32, "float32", 1)
+    cdef cnp.ndarray sa = carray(sinks, "sinks", cnp.NPY_FLOAT32, "float32", 1)
     if _dim(sa, 0) != H:
         raise ValueError(f"sinks must have shape ({H},), one per query head, got {np.shape(sa)}")
     if np.isnan(sa).any() or (sa == np.inf).any():
@@ -333,15 +300,15 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
     cdef int64_t hd, bs
     kc, vc, dt, hd, bs = _check_caches(k_cache, v_cache)
     cdef int64_t nb = _dim(kc, 0), n_kv = _dim(kc, 1)
-    cdef cnp.ndarray qa = _carray(q, "q", cnp.NPY_FLOAT32, "float32", 3)
+    cdef cnp.ndarray qa = carray(q, "q", cnp.NPY_FLOAT32, "float32", 3)
     cdef int64_t T = _dim(qa, 0), H = _dim(qa, 1)
     if _dim(qa, 2) != hd:
         raise ValueError(f"q head_dim {_dim(qa, 2)} != cache head_dim {hd}")
     if H < 1 or H % n_kv != 0:
         raise ValueError(f"the number of query heads ({H}) must be a positive multiple of the "
                          f"number of kv heads ({n_kv})")
-    cdef cnp.ndarray bt = _carray(block_table, "block_table", cnp.NPY_INT32, "int32", 1)
-    cdef cnp.ndarray pa = _carray(q_pos, "q_pos", cnp.NPY_INT32, "int32", 1)
+    cdef cnp.ndarray bt = carray(block_table, "block_table", cnp.NPY_INT32, "int32", 1)
+    cdef cnp.ndarray pa = carray(q_pos, "q_pos", cnp.NPY_INT32, "int32", 1)
     if _dim(pa, 0) != T:
         raise ValueError(f"q_pos must have shape ({T},), got {np.shape(pa)}")
     cdef double sc = float(scale), cap = float(softcap)
@@ -355,7 +322,7 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
     a.sinks = <const float *>cnp.PyArray_DATA(<cnp.ndarray>sk) if sk is not None else NULL
     if out is None:
         out = np.empty((T, H, hd), dtype=np.float32)
-    cdef cnp.ndarray oa = _carray(out, "out", cnp.NPY_FLOAT32, "float32", 3, True)
+    cdef cnp.ndarray oa = carray_writeable(out, "out", cnp.NPY_FLOAT32, "float32", 3)
     if _dim(oa, 0) != T or _dim(oa, 1) != H or _dim(oa, 2) != hd:
         raise ValueError(f"out must have shape {np.shape(qa)}, got {np.shape(oa)}")
     a.T = T
@@ -451,7 +418,7 @@ def attention(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=
     a logit per query head that joins the softmax's denominator only (gpt-oss; -inf: none).
     Keys 0..max(q_pos) must have been written (kv_write).  Returns out (T, H, hd) float32."""
     global _exact_calls, _exact_queries
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
@@ -472,7 +439,7 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
     Not bit-exact: its distance from attention() is a cosine bound (docs/design/kernels.md).
     A query's result does not depend on the other queries of the call or on nthreads."""
     global _fast_calls, _fast_queries
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     out = _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out,
@@ -530,7 +497,7 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
                       out=None, *, nthreads=1, max_pos, fast=False, sinks=None):
     """Doubles of scratch per thread a bound attention (fast: attention_fast) over these
     arguments needs for any query positions up to max_pos."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     _prepare(&a, q, k_cache, v_cache, block_table, q_pos, scale, window, softcap, out, &pmax,
@@ -550,7 +517,7 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
                   object block_table, object q_pos, object scale, object window, object softcap,
                   object out, object nthreads, object scratch, object max_pos, object sinks):
     """bind_attention / bind_attention_fast: the kernel's work items as an Op."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef Op op = Op(name, (q, k_cache, v_cache, block_table, q_pos, out, scratch, sinks))
     cdef att_args *r = <att_args *>op.alloc(sizeof(att_args))
     cdef int64_t pmax = 0
@@ -565,7 +532,7 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
                          f"block table")
     need_per = attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window,
                                  softcap, out, nthreads=nt, max_pos=max_pos, fast=fast)
-    cdef cnp.ndarray sa = _carray(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2, True)
+    cdef cnp.ndarray sa = carray_writeable(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2)
     if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
         raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
     cdef int n = _att_threads(&r.a, nt, pmax)
@@ -623,18 +590,14 @@ def count_fast(int64_t calls, int64_t queries):
 def _variant_used():
     """Name of the variant whose table this module calls now (tests: dispatch follows
     _config.set_variant)."""
-    cdef const gi_attn_ops *t = _table()
-    if t == &gi_attn_ops_avx512:
-        return _cfg.VARIANTS[GI_AVX512]
-    if t == &gi_attn_ops_avx2:
-        return _cfg.VARIANTS[GI_AVX2]
-    return _cfg.VARIANTS[0]
+    return table_variant(_table(), &gi_attn_ops_portable, &gi_attn_ops_avx2,
+                         &gi_attn_ops_avx512)
 
 
 def _fast_plan(q, k_cache, v_cache, block_table, q_pos, *, nthreads=1):
     """{"n_items", "kchunks"} of attention_fast's plan for this call (tests: kchunks > 1 when
     the keys of a few rows are split over threads)."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
     _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, 0, 0.0, None, &pmax)
@@ -655,10 +618,7 @@ def _get_grain():
 def _set_grain(n):
     """Work (multiply-adds) below which calls stay single-threaded (tests set 0 to force
     threads).  Returns the previous value."""
-    global _GRAIN
-    old = _GRAIN
-    _GRAIN = n
-    return old
+    return swap_grain(&_GRAIN, n)
 
 
 cdef object _map_f64(int which, object x):

@@ -1,3 +1,6 @@
+# cython: language_level=3
+"""Runtime ISA dispatch (src/dispatch.h): which variant's kernel tables the modules call."""
+
 cdef extern from "dispatch.h" nogil:
     enum:
         GI_PORTABLE
@@ -9,3 +12,23 @@ cdef extern from "dispatch.h" nogil:
     int gi_variant()
     int gi_set_variant(int v)
     const char *gi_variant_name(int v)
+
+
+cdef inline const void *variant_table(const void *portable, const void *avx2,
+                                      const void *avx512) noexcept nogil:
+    """Of one concern's three tables (gi_<concern>_ops_<variant>), the variant in use's.  The
+    kernel library holds one dispatch state for every module (_config.set_variant)."""
+    cdef int v = gi_variant()
+    if v == GI_AVX512:
+        return avx512
+    if v == GI_AVX2:
+        return avx2
+    return portable
+
+
+cdef inline str table_variant(const void *table, const void *portable, const void *avx2,
+                              const void *avx512):
+    """The variant name ('portable', 'avx2', 'avx512-vnni') of table among the three (the
+    modules' _variant_used test hooks)."""
+    cdef int v = GI_AVX512 if table == avx512 else GI_AVX2 if table == avx2 else GI_PORTABLE
+    return gi_variant_name(v).decode()

@@ -8,8 +8,13 @@ would hand to one OpenMP thread).  ``Graph(ops, nthreads).run()`` runs the ops i
 parallel region: running threads claim the shares, and an op whose ``barrier`` flag is set
 starts once every earlier op is complete (goinfer/graph.py sets the flags; src/graph.h).  An Op holds references to every array its record points into.
 """
+cimport numpy as cnp
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
+
+from goinfer._kernels.checks cimport check_threads
+
+cnp.import_array()
 
 
 cdef extern from "<stdlib.h>" nogil:
@@ -69,12 +74,10 @@ cdef class Graph:
     cdef int nthreads
     cdef readonly list op_list
 
-    def __cinit__(self, ops, int nthreads):
-        if nthreads < 1:
-            raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
+    def __cinit__(self, ops, nthreads):
+        self.nthreads = check_threads(nthreads)
         self.op_list = list(ops)
         self.n = len(self.op_list)
-        self.nthreads = nthreads
         self.ops = <gi_op *>malloc(sizeof(gi_op) * (self.n if self.n else 1))
         self.claim = <int64_t *>malloc(sizeof(int64_t) * (self.n if self.n else 1))
         if self.ops == NULL or self.claim == NULL:

@@ -10,7 +10,9 @@ cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 
-from goinfer._kernels.dispatch cimport gi_variant, GI_AVX2, GI_AVX512
+from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
+                                      swap_grain)
+from goinfer._kernels.dispatch cimport variant_table
 from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 import numpy as np
@@ -37,62 +39,22 @@ _QS_TYPE = {
 cdef int64_t MIN_NS_PER_THREAD = 2000
 
 
-def _set_min_ns_per_thread(int64_t v):
+def _set_min_ns_per_thread(v):
     """Tests: change the work threshold below which fewer threads are used (0: always use
     nthreads); returns the old value."""
-    global MIN_NS_PER_THREAD
-    old = MIN_NS_PER_THREAD
-    MIN_NS_PER_THREAD = v
-    return old
+    return swap_grain(&MIN_NS_PER_THREAD, v)
 
 
 # ============================================================================ helpers
 
 
 cdef inline const gi_matmul_ops *_ops() noexcept nogil:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_matmul_ops_avx512
-    if v == GI_AVX2:
-        return &gi_matmul_ops_avx2
-    return &gi_matmul_ops_portable
+    return <const gi_matmul_ops *>variant_table(&gi_matmul_ops_portable, &gi_matmul_ops_avx2,
+                                                &gi_matmul_ops_avx512)
 
 
-cdef inline int _threads(object nthreads) except -1:
-    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
-        raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-    return <int>nthreads
-
-
-cdef void *_array(object a, str name, int typenum, str dtname, int ndim, int64_t d0,
-                  int64_t d1=0, int64_t d2=0, int64_t d3=0, int64_t d4=0,
-                  bint writable=False) except? NULL:
-    """Check that `a` is a C-contiguous aligned ndarray of the given type and shape."""
-    if not isinstance(a, cnp.ndarray):
-        raise TypeError(f"{name} must be a numpy array of {dtname}, got {type(a).__name__}")
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    cdef int64_t want[5]
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
-    cdef int i
-    want[0] = d0
-    want[1] = d1
-    want[2] = d2
-    want[3] = d3
-    want[4] = d4
-    if cnp.PyArray_TYPE(arr) != typenum:
-        raise TypeError(f"{name} must have dtype {dtname}, got {arr.dtype}")
-    bad = cnp.PyArray_NDIM(arr) != ndim
-    for i in range(ndim if not bad else 0):
-        if dims[i] != want[i]:
-            bad = True
-    if bad:
-        raise ValueError(f"{name} must have shape {tuple(want[i] for i in range(ndim))}, "
-                         f"got {a.shape}")
-    if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISALIGNED(arr):
-        raise ValueError(f"{name} must be C-contiguous and aligned")
-    if writable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ValueError(f"{name} must be writeable")
-    return cnp.PyArray_DATA(arr)
+cdef inline void *_data(cnp.ndarray a) noexcept:
+    return cnp.PyArray_DATA(a)
 
 
 cdef int _weight(object w, gi_weight *cw) except -1:
@@ -117,7 +79,7 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.e = NULL
     cw.sc = NULL
     if kind >= GI_F32:
-        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS)
+        cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS))
         return 0
     if n_in % GI_GROUP:
         raise ValueError(f"{w.kind} weights need n_in divisible by {GI_GROUP}, got {n_in}")
@@ -125,17 +87,23 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     if kind == GI_Q6_K:  # d per super-block of 256, int8 scales per 16 in w.m
         if n_in % 256:
             raise ValueError(f"q6_k weights need n_in divisible by 256, got {n_in}")
-        cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 6, GI_ROWS, 4)
-        cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G // 8, GI_ROWS)
-        cw.sc = <const int8_t *>_array(w.m, "w.m", cnp.NPY_INT8, "int8 (q6_k scales)", 4, n_rb, G, GI_ROWS, 2)
+        cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 6, GI_ROWS, 4))
+        cw.d = <const uint16_t *>_data(carray(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb,
+                                              G // 8, GI_ROWS))
+        cw.sc = <const int8_t *>_data(carray(w.m, "w.m", cnp.NPY_INT8, "int8 (q6_k scales)", 4,
+                                             n_rb, G, GI_ROWS, 2))
         return 0
-    cw.qs = _array(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4, GI_ROWS, 4)
+    cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4,
+                         GI_ROWS, 4))
     if kind == GI_MXFP4:  # e8m0 exponents in w.d
-        cw.e = <const uint8_t *>_array(w.d, "w.d", cnp.NPY_UINT8, "uint8 (e8m0)", 3, n_rb, G, GI_ROWS)
+        cw.e = <const uint8_t *>_data(carray(w.d, "w.d", cnp.NPY_UINT8, "uint8 (e8m0)", 3, n_rb, G,
+                                             GI_ROWS))
         return 0
-    cw.d = <const uint16_t *>_array(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
+    cw.d = <const uint16_t *>_data(carray(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G,
+                                          GI_ROWS))
     if kind == GI_Q4_1:
-        cw.m = <const uint16_t *>_array(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G, GI_ROWS)
+        cw.m = <const uint16_t *>_data(carray(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G,
+                                              GI_ROWS))
     return 0
 
 
@@ -169,10 +137,17 @@ cdef int _qact(object a, gi_qact *ca, int64_t *M, int64_t K, bint writable) exce
         raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
     cdef int64_t G = K // GI_GROUP
     ca.K = K
-    ca.qa = <const int8_t *>_array(qa, "QAct.qa", cnp.NPY_INT8, "int8", 2, M[0], K, 0, 0, 0, writable)
-    ca.da = <const float *>_array(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
-    ca.asum = <const int32_t *>_array(a.asum, "QAct.asum", cnp.NPY_INT32, "int32", 2, M[0], G, 0, 0, 0, writable)
-    ca.sa = <const float *>_array(a.sa, "QAct.sa", cnp.NPY_FLOAT32, "float32", 2, M[0], G, 0, 0, 0, writable)
+    arrays = (carray(qa, "QAct.qa", cnp.NPY_INT8, "int8", 2, M[0], K),
+              carray(a.da, "QAct.da", cnp.NPY_FLOAT32, "float32", 2, M[0], G),
+              carray(a.asum, "QAct.asum", cnp.NPY_INT32, "int32", 2, M[0], G),
+              carray(a.sa, "QAct.sa", cnp.NPY_FLOAT32, "float32", 2, M[0], G))
+    if writable:  # quantize_act's out
+        for arr, name in zip(arrays, ("QAct.qa", "QAct.da", "QAct.asum", "QAct.sa")):
+            check_writeable(arr, name)
+    ca.qa = <const int8_t *>_data(arrays[0])
+    ca.da = <const float *>_data(arrays[1])
+    ca.asum = <const int32_t *>_data(arrays[2])
+    ca.sa = <const float *>_data(arrays[3])
     return 0
 
 
@@ -255,7 +230,7 @@ def _threads_used(w, int64_t M, nthreads):
     cdef const gi_matmul_ops *ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
     cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
-                        _threads(nthreads))
+                        check_threads(nthreads))
     return p.n_rt * p.n_mt
 
 
@@ -393,7 +368,7 @@ cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets,
     r.is_int = r.w[0].kind < GI_F32
     M = _operand(x_or_qact, &r.w[0], ws[0].kind, &r.a, &r.x)
     r.M = M
-    r.offsets = <const int64_t *>_array(offsets, "offsets", cnp.NPY_INT64, "int64", 1, E + 1)
+    r.offsets = <const int64_t *>_data(carray(offsets, "offsets", cnp.NPY_INT64, "int64", 1, E + 1))
     if check_offsets:
         for e in range(E):
             if not 0 <= r.offsets[e] <= r.offsets[e + 1] <= M:
@@ -402,7 +377,7 @@ cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets,
             raise ValueError(f"offsets must rise from 0 to M = {M}, got {list(offsets)}")
     r.bias = NULL
     if bias is not None:
-        r.bias = <const float *>_array(bias, "bias", cnp.NPY_FLOAT32, "float32", 2, E, N)
+        r.bias = <const float *>_data(carray(bias, "bias", cnp.NPY_FLOAT32, "float32", 2, E, N))
     out = _output(out, M, &r.w[0], r.x, &r.out)
     r.ops = _ops()
     # work of the routed rows: at most min(E, M) experts' weights streamed
@@ -420,7 +395,7 @@ cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
     if K % GI_GROUP:
         raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
-    r.x = <const float *>_array(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K)
+    r.x = <const float *>_data(carray(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K))
     if out is None:
         out = QAct.empty(M, K)
     cdef gi_qact ca
@@ -455,7 +430,7 @@ cdef int64_t _operand(object x_or_qact, const gi_weight *w, str kind, gi_qact *a
     if not isinstance(x_or_qact, cnp.ndarray) or (<cnp.ndarray>x_or_qact).ndim != 2:
         raise ValueError("x must be a 2-D numpy array (M, K) of float32")
     M = x_or_qact.shape[0]
-    x[0] = <const float *>_array(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, w.n_in)
+    x[0] = <const float *>_data(carray(x_or_qact, "x", cnp.NPY_FLOAT32, "float32", 2, M, w.n_in))
     return M
 
 
@@ -463,7 +438,7 @@ cdef object _output(object out, int64_t M, const gi_weight *w, const float *x, f
     """out (M, n_out) float32 (allocated when None) into o; float x must not overlap it."""
     if out is None:
         out = np.empty((M, w.n_out), dtype=np.float32)
-    o[0] = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, w.n_out, 0, 0, 0, True)
+    o[0] = <float *>_data(carray_writeable(out, "out", cnp.NPY_FLOAT32, "float32", 2, M, w.n_out))
     if x != NULL and M > 0 and <const char *>o[0] < <const char *>(x + M * w.n_in) \
             and <const char *>x < <const char *>(o[0] + M * w.n_out):
         raise ValueError("out must not overlap x")
@@ -506,7 +481,7 @@ cdef object _gr_prepare(gr_args *r, object w, object ids, object out, int nt, bi
         raise IndexError(f"ids[{bad}] = {idp[bad]} is out of range for {r.w.n_out} rows")
     if out is None:
         out = np.empty((T, r.w.n_in), dtype=np.float32)
-    r.out = <float *>_array(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, r.w.n_in, 0, 0, 0, True)
+    r.out = <float *>_data(carray_writeable(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, r.w.n_in))
     r.ops = _ops()
     r.ids = idp
     r.T = T
@@ -519,7 +494,7 @@ cdef object _gr_prepare(gr_args *r, object w, object ids, object out, int nt, bi
 
 def quantize_act(x, out=None, *, nthreads=1):
     """x (M, K) float32, K % 32 == 0 -> QAct (int8 per group of 32, bit-exact with the reference)."""
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef qz_args r
     out = _qz_prepare(&r, x, out, nt)
     run_shares(_qz_share, &r, r.n)
@@ -532,7 +507,7 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
     Integer weights (q4_0, q4_1, q8_0, mxfp4) take a QAct from quantize_act; float weights (f32,
     f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
     """
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef mm_args r
     out = _mm_prepare(&r, x_or_qact, w, out, nt)
     run_shares(_mm_share, &r, r.p.n_rt * r.p.n_mt)
@@ -545,7 +520,7 @@ def get_rows(w, ids, out=None, *, nthreads=1):
     ids are integers in [0, n_out) (negative ids are rejected, not wrapped); int64 ids are
     used in place, other integer dtypes are converted.
     """
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gr_args r
     out, _ = _gr_prepare(&r, w, ids, out, nt, False)
     run_shares(_gr_share, &r, r.n)
@@ -559,7 +534,7 @@ def matmul_experts(x_or_qact, ws, offsets, bias=None, out=None, *, nthreads=1):
     ws: E QWeights of one kind and shape; offsets (E+1,) int64 rising from 0 to M (moe_group's);
     bias (E, n_out) float32 or None.  Each output element has the bits matmul gives it.
     """
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef int64_t E = _n_experts(ws)
     cdef mx_args *r = <mx_args *>malloc(sizeof(mx_args) + E * sizeof(gi_weight))
     if r == NULL:
@@ -587,7 +562,7 @@ cdef int64_t _n_experts(object ws) except -1:
 def bind_quantize_act(x, out, *, nthreads=1):
     if out is None:  # (the Op points into out: it must outlive it)
         raise ValueError("a bound quantize_act needs out")
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef Op op = Op("quantize_act", (x, out))
     cdef qz_args *r = <qz_args *>op.alloc(sizeof(qz_args))
     _qz_prepare(r, x, out, nt)
@@ -599,7 +574,7 @@ def bind_quantize_act(x, out, *, nthreads=1):
 def bind_matmul(x_or_qact, w, out, *, nthreads=1):
     if out is None:  # (the Op points into out: it must outlive it)
         raise ValueError("a bound matmul needs out")
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef Op op = Op("matmul", (x_or_qact, w, out))
     cdef mm_args *r = <mm_args *>op.alloc(sizeof(mm_args))
     _mm_prepare(r, x_or_qact, w, out, nt)
@@ -611,7 +586,7 @@ def bind_matmul(x_or_qact, w, out, *, nthreads=1):
 def bind_get_rows(w, ids, out, *, nthreads=1):
     if out is None:  # (the Op points into out: it must outlive it)
         raise ValueError("a bound get_rows needs out")
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef Op op = Op("get_rows", (w, ids, out))
     cdef gr_args *r = <gr_args *>op.alloc(sizeof(gr_args))
     _gr_prepare(r, w, ids, out, nt, True)
@@ -624,7 +599,7 @@ def bind_matmul_experts(x_or_qact, ws, offsets, bias, out, *, nthreads=1):
     """offsets are read when the op runs (fill them before each run: moe_group's output)."""
     if out is None:  # (the Op points into out: it must outlive it)
         raise ValueError("a bound matmul_experts needs out")
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef int64_t E = _n_experts(ws)
     cdef Op op = Op("matmul_experts", (x_or_qact, tuple(ws), offsets, bias, out))
     cdef mx_args *r = <mx_args *>op.alloc(sizeof(mx_args) + E * sizeof(gi_weight))

@@ -15,9 +15,10 @@ result is the same for any T, any thread count, any variant (docs/design/kernels
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
+from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, grain_threads,
+                                      swap_grain)
+from goinfer._kernels.dispatch cimport variant_table, table_variant
 from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
-from goinfer._kernels import _config as _cfg
 
 cnp.import_array()
 
@@ -43,41 +44,12 @@ MODES = {"softmax_topk": GI_MOE_SOFTMAX_TOPK, "topk_softmax": GI_MOE_TOPK_SOFTMA
 cdef int64_t _GRAIN = 32768
 
 
-cdef const gi_moe_ops *_table() noexcept nogil:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_moe_ops_avx512
-    if v == GI_AVX2:
-        return &gi_moe_ops_avx2
-    return &gi_moe_ops_portable
+cdef inline const gi_moe_ops *_table() noexcept nogil:
+    return <const gi_moe_ops *>variant_table(&gi_moe_ops_portable, &gi_moe_ops_avx2,
+                                             &gi_moe_ops_avx512)
 
 
 # ============================================================================ argument checks
-
-cdef int _check_threads(object nthreads) except -1:
-    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
-        if 1 <= nthreads <= 1024:
-            return <int>nthreads
-    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-
-
-cdef cnp.ndarray _arr(object a, str name, int typenum, str tname, tuple shape, bint writeable=False):
-    """a must be a C-contiguous ndarray of this dtype and shape (None in shape: any size)."""
-    if not cnp.PyArray_Check(a):
-        raise TypeError(f"{name} must be a numpy array of {tname}, got {type(a).__name__}")
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    if cnp.PyArray_TYPE(arr) != typenum:
-        raise TypeError(f"{name} must have dtype {tname}, got {arr.dtype}")
-    got = (<object>arr).shape
-    if len(got) != len(shape) or any(s is not None and got[i] != s for i, s in enumerate(shape)):
-        want = tuple("?" if s is None else s for s in shape)
-        raise ValueError(f"{name} must have shape {want}, got {got}")
-    if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISALIGNED(arr):
-        raise ValueError(f"{name} must be C-contiguous and aligned")
-    if writeable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ValueError(f"{name} is read-only")
-    return arr
-
 
 cdef bint _overlap(cnp.ndarray a, cnp.ndarray b):
     cdef char *a0 = <char *>cnp.PyArray_DATA(a)
@@ -87,13 +59,9 @@ cdef bint _overlap(cnp.ndarray a, cnp.ndarray b):
 
 
 cdef inline int _nth(int nthreads, int64_t work, int64_t units) noexcept nogil:
-    """Threads for `work` elements split into at most `units` pieces."""
-    cdef int64_t n = work // _GRAIN if _GRAIN > 0 else nthreads
-    if n > nthreads:
-        n = nthreads
-    if n > units:
-        n = units
-    return <int>(n if n > 1 else 1)
+    """Threads for `work` elements split into at most `units` (>= 1) pieces."""
+    cdef int n = grain_threads(_GRAIN, nthreads, work)
+    return <int>(n if n < units else units)
 
 
 # ============================================================================ argument records
@@ -128,7 +96,7 @@ cdef tuple _route_prepare(route_args *r, object logits, object k, object mode, o
     """-> (ids, weights, work): work is the record's scratch (keep it alive with the record)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    cdef cnp.ndarray la = _arr(logits, "logits", cnp.NPY_FLOAT32, "float32", (None, None))
+    cdef cnp.ndarray la = carray(logits, "logits", cnp.NPY_FLOAT32, "float32", 2)
     cdef int64_t T = la.shape[0], E = la.shape[1]
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= E:
         raise ValueError(f"k must be an int in [1, {E}] (the number of experts), got {k!r}")
@@ -137,8 +105,8 @@ cdef tuple _route_prepare(route_args *r, object logits, object k, object mode, o
         ids = np.empty((T, kk), np.int32)
     if weights is None:
         weights = np.empty((T, kk), np.float32)
-    cdef cnp.ndarray ia = _arr(ids, "ids", cnp.NPY_INT32, "int32", (T, kk), True)
-    cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (T, kk), True)
+    cdef cnp.ndarray ia = carray_writeable(ids, "ids", cnp.NPY_INT32, "int32", 2, T, kk)
+    cdef cnp.ndarray wa = carray_writeable(weights, "weights", cnp.NPY_FLOAT32, "float32", 2, T, kk)
     r.n = _nth(nt, T * E * 8, T) if T > 0 else 0
     work = np.empty((max(r.n, 1), max(E, 1)), np.float64)
     r.ops = _table()
@@ -166,7 +134,7 @@ def moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=None, w
     logit makes its whole row NaN, so the weights are NaN).  The weights are
     float32(w * scale).  ids[t] lists experts by rank (largest first).  Bit-exact with
     goinfer._reference.moe_route."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef route_args r
     ids, weights, work = _route_prepare(&r, logits, k, mode, norm, scale, ids, weights, nt)
     run_shares(_route_share, &r, r.n)
@@ -177,7 +145,7 @@ def bind_moe_route(logits, k, mode="softmax_topk", norm=False, scale=1.0, ids=No
                    weights=None, *, nthreads=1):
     if ids is None or weights is None:  # (the Op points into them: they must outlive it)
         raise ValueError("a bound moe_route needs ids and weights")
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef route_args tmp
     _, _, work = _route_prepare(&tmp, logits, k, mode, norm, scale, ids, weights, nt)
     cdef void *rec
@@ -208,7 +176,7 @@ cdef void _group_share(const void *args, int64_t i, int tid) noexcept nogil:
 cdef tuple _group_prepare(group_args *r, object ids, object n_expert, object rows,
                           object offsets, object pos):
     """-> (rows, offsets, pos, count): count is the record's scratch."""
-    cdef cnp.ndarray ia = _arr(ids, "ids", cnp.NPY_INT32, "int32", (None, None))
+    cdef cnp.ndarray ia = carray(ids, "ids", cnp.NPY_INT32, "int32", 2)
     cdef int64_t T = ia.shape[0], kk = ia.shape[1], E
     if not isinstance(n_expert, (int, np.integer)) or isinstance(n_expert, bool) or n_expert < 1:
         raise ValueError(f"n_expert must be a positive int, got {n_expert!r}")
@@ -221,9 +189,9 @@ cdef tuple _group_prepare(group_args *r, object ids, object n_expert, object row
         offsets = np.empty(E + 1, np.int64)
     if pos is None:
         pos = np.empty(T * kk, np.int32)
-    cdef cnp.ndarray ra = _arr(rows, "rows", cnp.NPY_INT32, "int32", (T * kk,), True)
-    cdef cnp.ndarray oa = _arr(offsets, "offsets", cnp.NPY_INT64, "int64", (E + 1,), True)
-    cdef cnp.ndarray pa = _arr(pos, "pos", cnp.NPY_INT32, "int32", (T * kk,), True)
+    cdef cnp.ndarray ra = carray_writeable(rows, "rows", cnp.NPY_INT32, "int32", 1, T * kk)
+    cdef cnp.ndarray oa = carray_writeable(offsets, "offsets", cnp.NPY_INT64, "int64", 1, E + 1)
+    cdef cnp.ndarray pa = carray_writeable(pos, "pos", cnp.NPY_INT32, "int32", 1, T * kk)
     count = np.empty(E, np.int64)
     r.ids = <const int32_t *>cnp.PyArray_DATA(ia)
     r.T = T
@@ -243,7 +211,7 @@ def moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads=1):
     Returns rows (T*k,) int32 (the row t of each sorted entry), offsets (n_expert + 1,) int64
     (expert e's entries are offsets[e]:offsets[e+1]) and pos (T*k,) int32 (pos[t*k + r] is
     the sorted index of entry (t, r)).  Serial (cheap next to the expert GEMMs)."""
-    _check_threads(nthreads)
+    check_threads(nthreads)
     cdef group_args r
     rows, offsets, pos, count = _group_prepare(&r, ids, n_expert, rows, offsets, pos)
     run_shares(_group_share, &r, 1)
@@ -256,7 +224,7 @@ def bind_moe_group(ids, n_expert, rows=None, offsets=None, pos=None, *, nthreads
     """The caller keeps ids inside [0, n_expert) for every run (moe_route's are)."""
     if rows is None or offsets is None or pos is None:
         raise ValueError("a bound moe_group needs rows, offsets and pos")
-    _check_threads(nthreads)
+    check_threads(nthreads)
     cdef group_args tmp
     _, _, _, count = _group_prepare(&tmp, ids, n_expert, rows, offsets, pos)
     cdef void *rec
@@ -296,11 +264,11 @@ cdef void _fold_share(const void *args, int64_t i, int tid) noexcept nogil:
 
 cdef object _fold_prepare(fold_args *r, object y, object weights, object pos, object shared,
                           object shared_logit, object renorm, object out, int nt, bint check_pos):
-    cdef cnp.ndarray wa = _arr(weights, "weights", cnp.NPY_FLOAT32, "float32", (None, None))
+    cdef cnp.ndarray wa = carray(weights, "weights", cnp.NPY_FLOAT32, "float32", 2)
     cdef int64_t T = wa.shape[0], kk = wa.shape[1]
-    cdef cnp.ndarray ya = _arr(y, "y", cnp.NPY_FLOAT32, "float32", (None, None))
+    cdef cnp.ndarray ya = carray(y, "y", cnp.NPY_FLOAT32, "float32", 2)
     cdef int64_t N = ya.shape[0], D = ya.shape[1]
-    cdef cnp.ndarray pa = _arr(pos, "pos", cnp.NPY_INT32, "int32", (T * kk,))
+    cdef cnp.ndarray pa = carray(pos, "pos", cnp.NPY_INT32, "int32", 1, T * kk)
     cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
     cdef int64_t i, bad = -1
     if check_pos:
@@ -317,13 +285,13 @@ cdef object _fold_prepare(fold_args *r, object y, object weights, object pos, ob
     r.sh = NULL
     r.sh_logit = NULL
     if shared is not None:
-        sa = _arr(shared, "shared", cnp.NPY_FLOAT32, "float32", (T, D))
-        ga = _arr(shared_logit, "shared_logit", cnp.NPY_FLOAT32, "float32", (T,))
+        sa = carray(shared, "shared", cnp.NPY_FLOAT32, "float32", 2, T, D)
+        ga = carray(shared_logit, "shared_logit", cnp.NPY_FLOAT32, "float32", 1, T)
         r.sh = <const float *>cnp.PyArray_DATA(sa)
         r.sh_logit = <const float *>cnp.PyArray_DATA(ga)
     if out is None:
         out = np.empty((T, D), np.float32)
-    cdef cnp.ndarray oa = _arr(out, "out", cnp.NPY_FLOAT32, "float32", (T, D), True)
+    cdef cnp.ndarray oa = carray_writeable(out, "out", cnp.NPY_FLOAT32, "float32", 2, T, D)
     if _overlap(oa, ya) or (sa is not None and _overlap(oa, sa)):
         raise ValueError("out must not overlap y or shared")
     r.ops = _table()
@@ -352,7 +320,7 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False, out=
                  cancels their float32 rounding, so k identical experts give exactly one)
         shared:  acc = acc + float32(sigmoid(shared_logit[t])) * shared[t,c]   (qwen2moe)
     Bit-exact with goinfer._reference.moe_fold."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef fold_args r
     out = _fold_prepare(&r, y, weights, pos, shared, shared_logit, renorm, out, nt, True)
     run_shares(_fold_share, &r, r.n)
@@ -364,7 +332,7 @@ def bind_moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False,
     """The caller keeps pos inside the rows of y for every run (moe_group's are)."""
     if out is None:
         raise ValueError("a bound moe_fold needs out")
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = bound("moe_fold", (y, weights, pos, shared, shared_logit, out), _fold_share,
                        sizeof(fold_args), &rec)
@@ -377,18 +345,10 @@ def bind_moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm=False,
 
 def _variant_used():
     """Name of the variant whose table this module calls now."""
-    cdef const gi_moe_ops *t = _table()
-    if t == &gi_moe_ops_avx512:
-        return _cfg.VARIANTS[GI_AVX512]
-    if t == &gi_moe_ops_avx2:
-        return _cfg.VARIANTS[GI_AVX2]
-    return _cfg.VARIANTS[0]
+    return table_variant(_table(), &gi_moe_ops_portable, &gi_moe_ops_avx2, &gi_moe_ops_avx512)
 
 
 def _set_grain(n):
     """Work per thread below which calls stay single-threaded (tests set 0 to force threads).
     Returns the previous value."""
-    global _GRAIN
-    old = _GRAIN
-    _GRAIN = n
-    return old
+    return swap_grain(&_GRAIN, n)

@@ -7,16 +7,17 @@ exact contracts).  All float arrays are float32.
 
 Layouts accepted:
   rmsnorm, swiglu, gelu_tanh_mul, add: a 2-D (M, N) array whose last axis is contiguous and
-    whose rows may be strided (e.g. gate = h[:, :F], up = h[:, F:] of one (M, 2F) buffer), or
-    any C-contiguous array (treated as (size / N, N)).  ``out`` follows the same rule, must
+    whose rows may be strided but do not overlap (e.g. gate = h[:, :F], up = h[:, F:] of one
+    (M, 2F) buffer), or any C-contiguous array (treated as (size / N, N)); checks.rows_view.  ``out`` follows the same rule, must
     have the input's shape and may be the same array as an input (in place).
   rope: x (T, H, hd) C-contiguous; ``out`` C-contiguous or ``x`` itself (in place).
 """
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
-from goinfer._kernels import _config as _cfg
+from goinfer._kernels.checks cimport (check_threads, check_writeable, f32_rows, grain_threads,
+                                      rows_view, swap_grain, typed)
+from goinfer._kernels.dispatch cimport variant_table, table_variant
 from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 from libc.string cimport memcpy
 from libc.math cimport tanhf
@@ -49,65 +50,12 @@ cdef extern from "ops.h" nogil:
 cdef int64_t _GRAIN = 32768
 
 
-# The variant in use: the shared kernel library holds one dispatch state for every module.
-
-
-cdef const gi_ops_ops *_table() except NULL:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_ops_ops_avx512
-    if v == GI_AVX2:
-        return &gi_ops_ops_avx2
-    return &gi_ops_ops_portable
+cdef inline const gi_ops_ops *_table() noexcept nogil:
+    return <const gi_ops_ops *>variant_table(&gi_ops_ops_portable, &gi_ops_ops_avx2,
+                                             &gi_ops_ops_avx512)
 
 
 # ============================================================================ argument checks
-
-cdef int _check_threads(object nthreads) except -1:
-    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
-        if 1 <= nthreads <= 1024:
-            return <int>nthreads
-    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
-
-
-cdef cnp.ndarray _array(object a, str name, int typenum, str tname):
-    if not cnp.PyArray_Check(a):
-        raise TypeError(f"{name} must be a numpy array of {tname}, got {type(a).__name__}")
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    if cnp.PyArray_TYPE(arr) != typenum:
-        raise TypeError(f"{name} must have dtype {tname}, got {arr.dtype}")
-    return arr
-
-
-cdef class _Rows:
-    """A float32 array seen as M rows of N contiguous floats with a row stride."""
-    cdef float *p
-    cdef int64_t M, N, stride
-
-
-cdef _Rows _rows(object a, str name, bint writeable):
-    cdef cnp.ndarray arr = _array(a, name, cnp.NPY_FLOAT32, "float32")
-    cdef _Rows r = _Rows()
-    cdef int nd = cnp.PyArray_NDIM(arr)
-    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(arr)
-    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(arr)
-    if writeable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ValueError(f"{name} is read-only")
-    if nd == 0:
-        raise ValueError(f"{name} must have at least 1 dimension")
-    r.N = shape[nd - 1]
-    if nd == 2 and (shape[1] <= 1 or strides[1] == 4) and strides[0] % 4 == 0 and strides[0] >= 0:
-        r.M = shape[0]
-        r.stride = strides[0] // 4 if shape[0] > 1 else r.N
-    elif cnp.PyArray_IS_C_CONTIGUOUS(arr):
-        r.M = cnp.PyArray_SIZE(arr) // r.N if r.N > 0 else 0
-        r.stride = r.N
-    else:
-        raise ValueError(f"{name} must be C-contiguous, or 2-D with a contiguous last axis "
-                         f"(strides {(<object>arr).strides})")
-    r.p = <float *>cnp.PyArray_DATA(arr)
-    return r
-
 
 cdef bint _same_shape(object a, object b):
     """a, b: ndarrays"""
@@ -121,20 +69,15 @@ cdef bint _same_shape(object a, object b):
     return True
 
 
-cdef _Rows _out_rows(object out, object like):
-    cdef _Rows r = _rows(out, "out", True)
+cdef f32_rows _out_rows(object out, object like) except *:
+    cdef f32_rows r = rows_view(out, "out", True)
     if not _same_shape(out, like):
         raise ValueError(f"out has shape {np.shape(out)}, expected {np.shape(like)}")
     return r
 
 
 cdef inline int _nth(int nthreads, int64_t work) noexcept nogil:
-    if _GRAIN <= 0:
-        return nthreads
-    cdef int64_t n = work // _GRAIN
-    if n < 1:
-        n = 1
-    return <int>(nthreads if nthreads < n else n)
+    return grain_threads(_GRAIN, nthreads, work)
 
 
 # ============================================================================ argument records
@@ -168,15 +111,15 @@ cdef void _norm_share(const void *args, int64_t i, int tid) noexcept nogil:
 
 cdef object _norm_prepare(norm_args *r, object x, object w, object eps, object out, int nt):
     """Fill r; r.n = 0 when there is nothing to do."""
-    cdef _Rows xr = _rows(x, "x", False)
-    cdef cnp.ndarray wa = _array(w, "w", cnp.NPY_FLOAT32, "float32")
+    cdef f32_rows xr = rows_view(x, "x", False)
+    cdef cnp.ndarray wa = typed(w, "w", cnp.NPY_FLOAT32, "float32")
     if cnp.PyArray_NDIM(wa) != 1 or cnp.PyArray_DIMS(wa)[0] != xr.N:
         raise ValueError(f"w must have shape ({xr.N},), got {np.shape(wa)}")
     if not cnp.PyArray_IS_C_CONTIGUOUS(wa):
         raise ValueError("w must be contiguous")
     if out is None:
         out = np.empty_like(x, order="C")
-    cdef _Rows orow = _out_rows(out, x)
+    cdef f32_rows orow = _out_rows(out, x)
     r.eps = float(eps)
     r.ops = _table()
     r.x = xr.p
@@ -198,7 +141,7 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
 
     Bit-exact with goinfer._reference.rmsnorm.  x (M, D) (or any C-contiguous (..., D)),
     w (D,) float32."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef norm_args r
     out = _norm_prepare(&r, x, w, eps, out, nt)
     run_shares(_norm_share, &r, r.n)
@@ -206,7 +149,7 @@ def rmsnorm(x, w, eps, out=None, *, nthreads=1):
 
 
 def bind_rmsnorm(x, w, eps, out, *, nthreads=1):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("rmsnorm", (x, w, out), _norm_share, sizeof(norm_args), &rec)
     _norm_prepare(<norm_args *>rec, x, w, eps, out, nt)
@@ -269,8 +212,8 @@ cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object ou
                             str an, str bn, bint bias, float p0=0.0, float p1=0.0):
     """bias: b is one row (N,) added to every row of a (row stride 0).  p0, p1: the kernel's
     scalar parameters (swiglu_oai: alpha, limit)."""
-    cdef _Rows ar = _rows(a, an, False)
-    cdef _Rows br = _rows(b, bn, False)
+    cdef f32_rows ar = rows_view(a, an, False)
+    cdef f32_rows br = rows_view(b, bn, False)
     if bias:
         if cnp.PyArray_NDIM(<cnp.ndarray>b) != 1 or br.N != ar.N or br.stride != br.N:
             raise ValueError(f"{bn} must be a contiguous ({ar.N},) array, got shape {np.shape(b)}")
@@ -280,7 +223,7 @@ cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object ou
                          f"{np.shape(b)}")
     if out is None:
         out = np.empty_like(a, order="C")
-    cdef _Rows orow = _out_rows(out, a)
+    cdef f32_rows orow = _out_rows(out, a)
     r.ops = _table()
     r.kind = kind
     r.p0 = p0
@@ -306,7 +249,7 @@ cdef object _binary_prepare(bin_args *r, int kind, object a, object b, object ou
 
 cdef object _binary(int kind, object a, object b, object out, object nthreads, str an, str bn,
                     bint bias=False, float p0=0.0, float p1=0.0):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef bin_args r
     out = _binary_prepare(&r, kind, a, b, out, nt, an, bn, bias, p0, p1)
     run_shares(_binary_share, &r, r.n)
@@ -315,7 +258,7 @@ cdef object _binary(int kind, object a, object b, object out, object nthreads, s
 
 cdef Op _bind_binary(str name, int kind, object a, object b, object out, object nthreads,
                      str an, str bn, bint bias=False, float p0=0.0, float p1=0.0):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound(name, (a, b, out), _binary_share, sizeof(bin_args), &rec)
     _binary_prepare(<bin_args *>rec, kind, a, b, out, nt, an, bn, bias, p0, p1)
@@ -429,10 +372,10 @@ cdef void _softcap_share(const void *args, int64_t i, int tid) noexcept nogil:
 
 
 cdef object _rowmap_prepare(rowmap_args *r, object x, object out, int nt, bint alias_ok):
-    cdef _Rows xr = _rows(x, "x", False)
+    cdef f32_rows xr = rows_view(x, "x", False)
     if out is None:
         out = np.empty_like(x, order="C")
-    cdef _Rows orow = _out_rows(out, x)
+    cdef f32_rows orow = _out_rows(out, x)
     cdef char *xlo = <char *>xr.p
     cdef char *olo = <char *>orow.p
     cdef char *xhi = xlo + ((xr.M - 1) * xr.stride + xr.N) * 4 if xr.M > 0 else xlo
@@ -458,7 +401,7 @@ cdef object _rowmap_prepare(rowmap_args *r, object x, object out, int nt, bint a
 def copy2d(x, out, *, nthreads=1):
     """out[...] = x for float32 x (M, N) whose rows may be strided (e.g. the q / k / v column
     ranges of a fused QKV output); out (M, N), rows may be strided too, must not overlap x."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, False)
     run_shares(_copy_share, &r, r.n)
@@ -467,7 +410,7 @@ def copy2d(x, out, *, nthreads=1):
 
 def scale(x, s, out=None, *, nthreads=1):
     """out = x * float32(s) in float32 (bit-exact with numpy).  out may be x."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, True)
     r.s = <float>float(s)
@@ -485,7 +428,7 @@ cdef float _check_cap(object cap) except? -1:
 def softcap(x, cap, out=None, *, nthreads=1):
     """out = float32(tanhf(x / cap) * cap) per element (Gemma's final logit softcap), with
     libm's tanhf: one code path for every ISA variant and thread count.  out may be x."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef float c = _check_cap(cap)
     cdef rowmap_args r
     out = _rowmap_prepare(&r, x, out, nt, True)
@@ -495,7 +438,7 @@ def softcap(x, cap, out=None, *, nthreads=1):
 
 
 def bind_softcap(x, cap, out, *, nthreads=1):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef float c = _check_cap(cap)
     cdef void *rec
     cdef Op op = _bound("softcap", (x, out), _softcap_share, sizeof(rowmap_args), &rec)
@@ -506,7 +449,7 @@ def bind_softcap(x, cap, out, *, nthreads=1):
 
 
 def bind_copy2d(x, out, *, nthreads=1):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("copy2d", (x, out), _copy_share, sizeof(rowmap_args), &rec)
     _rowmap_prepare(<rowmap_args *>rec, x, out, nt, False)
@@ -515,7 +458,7 @@ def bind_copy2d(x, out, *, nthreads=1):
 
 
 def bind_scale(x, s, out, *, nthreads=1):
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("scale", (x, out), _scale_share, sizeof(rowmap_args), &rec)
     _rowmap_prepare(<rowmap_args *>rec, x, out, nt, True)
@@ -546,7 +489,7 @@ cdef void _gather_share(const void *args, int64_t i, int tid) noexcept nogil:
 cdef object _gather_prepare(gather_args *r, object x, object rows, object out, int nt,
                             bint check_rows=True):
     """check_rows: also check the rows' values (a bound op's are filled later)."""
-    cdef _Rows xr = _rows(x, "x", False)
+    cdef f32_rows xr = rows_view(x, "x", False)
     if not isinstance(rows, np.ndarray) or rows.dtype not in (np.int64, np.int32):
         raise TypeError(f"rows must be a numpy array of int64 or int32, got "
                         f"{getattr(rows, 'dtype', type(rows).__name__)}")
@@ -567,7 +510,7 @@ cdef object _gather_prepare(gather_args *r, object x, object rows, object out, i
                 raise IndexError(f"rows[{j}] = {src} is out of range for {xr.M} rows")
     if out is None:
         out = np.empty((R, xr.N), dtype=np.float32)
-    cdef _Rows orow = _rows(out, "out", True)
+    cdef f32_rows orow = rows_view(out, "out", True)
     if orow.M != R or orow.N != xr.N or cnp.PyArray_NDIM(<cnp.ndarray>out) != 2:
         raise ValueError(f"out must have shape ({R}, {xr.N}), got {np.shape(out)}")
     cdef char *xlo = <char *>xr.p
@@ -591,7 +534,7 @@ cdef object _gather_prepare(gather_args *r, object x, object rows, object out, i
 def gather_rows(x, rows, out=None, *, nthreads=1):
     """out[j] = x[rows[j]] for float32 x (M, N) (rows may be strided) and rows (R,) int64 or
     int32 in [0, M): the positions of a batch that need logits, an MoE layer's routed rows."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gather_args r
     out = _gather_prepare(&r, x, rows, out, nt)
     run_shares(_gather_share, &r, r.n)
@@ -600,7 +543,7 @@ def gather_rows(x, rows, out=None, *, nthreads=1):
 
 def bind_gather_rows(x, rows, out, *, nthreads=1):
     """The caller keeps rows inside [0, M) for every run."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("gather_rows", (x, rows, out), _gather_share, sizeof(gather_args), &rec)
     _gather_prepare(<gather_args *>rec, x, rows, out, nt, False)
@@ -629,10 +572,10 @@ cdef void _rope_share(const void *args, int64_t i, int tid) noexcept nogil:
 
 cdef object _rope_prepare(rope_args *r, object x, object pos, object cos, object sin, object neox,
                           object out, int nt):
-    cdef cnp.ndarray xa = _array(x, "x", cnp.NPY_FLOAT32, "float32")
-    cdef cnp.ndarray pa = _array(pos, "pos", cnp.NPY_INT32, "int32")
-    cdef cnp.ndarray ca = _array(cos, "cos", cnp.NPY_FLOAT64, "float64")
-    cdef cnp.ndarray sa = _array(sin, "sin", cnp.NPY_FLOAT64, "float64")
+    cdef cnp.ndarray xa = typed(x, "x", cnp.NPY_FLOAT32, "float32")
+    cdef cnp.ndarray pa = typed(pos, "pos", cnp.NPY_INT32, "int32")
+    cdef cnp.ndarray ca = typed(cos, "cos", cnp.NPY_FLOAT64, "float64")
+    cdef cnp.ndarray sa = typed(sin, "sin", cnp.NPY_FLOAT64, "float64")
     if cnp.PyArray_NDIM(xa) != 3 or not cnp.PyArray_IS_C_CONTIGUOUS(xa):
         raise ValueError(f"x must be a C-contiguous (T, H, hd) array, got shape {np.shape(xa)}")
     cdef int64_t T = xa.shape[0], H = xa.shape[1], hd = xa.shape[2]
@@ -657,11 +600,10 @@ cdef object _rope_prepare(rope_args *r, object x, object pos, object cos, object
         raise ValueError(f"positions must lie in [0, {max_pos}), got [{pmin}, {pmax}]")
     if out is None:
         out = np.empty((T, H, hd), dtype=np.float32)
-    cdef cnp.ndarray oa = _array(out, "out", cnp.NPY_FLOAT32, "float32")
+    cdef cnp.ndarray oa = typed(out, "out", cnp.NPY_FLOAT32, "float32")
     if not _same_shape(oa, xa) or not cnp.PyArray_IS_C_CONTIGUOUS(oa):
         raise ValueError(f"out must be a C-contiguous array of shape {np.shape(xa)}")
-    if not cnp.PyArray_ISWRITEABLE(oa):
-        raise ValueError("out is read-only")
+    check_writeable(oa, "out")
     r.x = <const float *>cnp.PyArray_DATA(xa)
     r.out = <float *>cnp.PyArray_DATA(oa)
     r.pos = pp
@@ -684,7 +626,7 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
     """Rotary embedding of x (T, H, hd) at positions pos (T,) int32; cos/sin (max_pos, n_rot/2)
     float64 from rope_tables.  neox=False: pairs (2i, 2i+1); True: (i, i + n_rot/2).  Dims past
     n_rot pass through.  In place when out is x.  Bit-exact with goinfer._reference.rope."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef rope_args r
     out = _rope_prepare(&r, x, pos, cos, sin, neox, out, nt)
     run_shares(_rope_share, &r, r.n)
@@ -693,7 +635,7 @@ def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
 
 def bind_rope(x, pos, cos, sin, neox, out, *, nthreads=1):
     """The caller keeps pos inside [0, len(cos)) for every run."""
-    cdef int nt = _check_threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = _bound("rope", (x, pos, cos, sin, out), _rope_share, sizeof(rope_args), &rec)
     _rope_prepare(<rope_args *>rec, x, pos, cos, sin, neox, out, nt)
@@ -706,21 +648,13 @@ def bind_rope(x, pos, cos, sin, neox, out, *, nthreads=1):
 def _variant_used():
     """Name of the variant whose table this module calls now (tests: dispatch follows
     _config.set_variant)."""
-    cdef const gi_ops_ops *t = _table()
-    if t == &gi_ops_ops_avx512:
-        return _cfg.VARIANTS[GI_AVX512]
-    if t == &gi_ops_ops_avx2:
-        return _cfg.VARIANTS[GI_AVX2]
-    return _cfg.VARIANTS[0]
+    return table_variant(_table(), &gi_ops_ops_portable, &gi_ops_ops_avx2, &gi_ops_ops_avx512)
 
 
 def _set_grain(n):
     """Work per thread below which calls stay single-threaded (tests set 0 to force
     threads).  Returns the previous value."""
-    global _GRAIN
-    old = _GRAIN
-    _GRAIN = n
-    return old
+    return swap_grain(&_GRAIN, n)
 
 
 def _exp_f32(x):

@@ -24,7 +24,9 @@ Bound ops take no snapshots.
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
-from goinfer._kernels.dispatch cimport GI_AVX2, GI_AVX512, gi_variant
+from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, rows_view,
+                                      swap_grain, typed)
+from goinfer._kernels.dispatch cimport variant_table
 from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 
 cnp.import_array()
@@ -58,34 +60,18 @@ cdef int64_t _GRAIN = 16384
 
 def _set_grain(g):
     """Set the one-thread threshold (elements); returns the old one (tests)."""
-    global _GRAIN
-    old = _GRAIN
-    _GRAIN = int(g)
-    return old
+    return swap_grain(&_GRAIN, g)
 
 
-cdef const gi_ssm_ops *_table() except NULL:
-    cdef int v = gi_variant()
-    if v == GI_AVX512:
-        return &gi_ssm_ops_avx512
-    if v == GI_AVX2:
-        return &gi_ssm_ops_avx2
-    return &gi_ssm_ops_portable
-
-
-cdef int _threads(object nthreads) except -1:
-    if isinstance(nthreads, (int, np.integer)) and not isinstance(nthreads, bool):
-        if 1 <= nthreads <= 1024:
-            return <int>nthreads
-    raise ValueError(f"nthreads must be a positive int, got {nthreads!r}")
+cdef inline const gi_ssm_ops *_table() noexcept nogil:
+    return <const gi_ssm_ops *>variant_table(&gi_ssm_ops_portable, &gi_ssm_ops_avx2,
+                                             &gi_ssm_ops_avx512)
 
 
 cdef object _f32(object a, str name):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array of float32, got {type(a).__name__}")
-    if a.dtype != np.float32:
-        raise TypeError(f"{name} must have dtype float32, got {a.dtype}")
-    return a
+    """a float32 ndarray (checks.typed), as a Python object: the checks below read its shape,
+    strides and flags at the Python level."""
+    return typed(a, name, cnp.NPY_FLOAT32, "float32")
 
 
 cdef inline void *_ptr(object a):
@@ -116,27 +102,11 @@ cdef _no_snaps(snap_rows, snaps):
 
 
 cdef int64_t _row_stride(object a, str name, bint writeable) except -1:
-    """A 2-D float32 array with a contiguous last axis: its row stride in floats."""
-    if writeable and not a.flags.writeable:
-        raise ValueError(f"{name} is read-only")
-    if a.ndim != 2:
+    """A 2-D float32 array with a contiguous last axis and rows that do not overlap: its row
+    stride in floats."""
+    if np.ndim(a) != 2:
         raise ValueError(f"{name} must be 2-D, got shape {np.shape(a)}")
-    if a.shape[1] > 1 and a.strides[1] != 4:
-        raise ValueError(f"{name} must have a contiguous last axis")
-    if a.shape[0] > 1 and (a.strides[0] % 4 or a.strides[0] < 4 * a.shape[1]):
-        raise ValueError(f"{name} has an unsupported row stride {a.strides[0]}")
-    return a.strides[0] // 4 if a.shape[0] > 1 else a.shape[1]
-
-
-cdef object _contig(object a, str name, tuple shape, bint writeable):
-    arr = _f32(a, name)
-    if arr.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {np.shape(arr)}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writeable and not arr.flags.writeable:
-        raise ValueError(f"{name} is read-only")
-    return arr
+    return rows_view(a, name, writeable).stride
 
 
 cdef tuple _snaps(object snap_rows, object snaps, tuple inner, int64_t T):
@@ -203,7 +173,7 @@ cdef tuple _conv_prepare(conv_args *r, x, wT, state, out, snap_rows, snaps, int 
     if wa.ndim != 2 or wa.shape[1] != C or wa.shape[0] < 1 or not wa.flags.c_contiguous:
         raise ValueError(f"wT must be C-contiguous (K, {C}), got {np.shape(wa)}")
     cdef int64_t K = wa.shape[0]
-    sa = _contig(state, "state", (K - 1, C), True)
+    sa = carray_writeable(state, "state", cnp.NPY_FLOAT32, "float32", 2, K - 1, C)
     if out is None:
         out = np.empty((T, C), np.float32)
     oa = _f32(out, "out")
@@ -237,7 +207,7 @@ def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads=1):
     in state (K-1, C) (updated in place to the last K-1 inputs).  wT (K, C): tap j of channel c
     multiplies the input j rows before the newest... i.e. out[t] = silu(sum_j wT[j] * xx[t+j])
     with xx = state ++ x.  Returns out (T, C)."""
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef conv_args r
     out, keep = _conv_prepare(&r, x, wT, state, out, snap_rows, snaps, nt, None)
     run_shares(_conv_share, &r, r.n)
@@ -246,7 +216,7 @@ def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads=1):
 
 def bind_ssm_conv(x, wT, state, out, *, snap_rows=None, snaps=None, nthreads=1, state_slot=None):
     _no_snaps(snap_rows, snaps)
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = bound("ssm_conv", (), _conv_share, sizeof(conv_args), &rec)
     _, keep = _conv_prepare(<conv_args *>rec, x, wT, state, out, None, None, nt, state_slot)
@@ -317,8 +287,8 @@ cdef tuple _gd_prepare(gd_args *r, qkv, ab, A, dt_bias, state, n_k_heads, out, s
     cdef int64_t abs_ = _row_stride(aba, "ab", False)
     if aba.shape != (T, 2 * Hv):
         raise ValueError(f"ab must have shape ({T}, {2 * Hv}), got {np.shape(aba)}")
-    Aa = _contig(A, "A", (Hv,), False)
-    da = _contig(dt_bias, "dt_bias", (Hv,), False)
+    Aa = carray(A, "A", cnp.NPY_FLOAT32, "float32", 1, Hv)
+    da = carray(dt_bias, "dt_bias", cnp.NPY_FLOAT32, "float32", 1, Hv)
     if out is None:
         out = np.empty((T, Hv * dv), np.float32)
     oa = _f32(out, "out")
@@ -370,7 +340,7 @@ def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads, out=None, *, snap_rows=No
     state (Hv, dk, dv) updated in place; n_k_heads = Hk (value head h reads key head h % Hk,
     the GGUF order).  q, k are L2-normalized (eps), q scaled by 1/sqrt(dk).
     Returns out (T, Hv*dv)."""
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef gd_args r
     out, keep = _gd_prepare(&r, qkv, ab, A, dt_bias, state, n_k_heads, out, snap_rows, snaps,
                             eps, nt, None)
@@ -384,7 +354,7 @@ def bind_gated_delta(qkv, ab, A, dt_bias, state, n_k_heads, out, *, snap_rows=No
     """Two ops: the pre-pass (q/k normalization, beta, decay) and the recurrence, which must
     start after it (the graph's barrier)."""
     _no_snaps(snap_rows, snaps)
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op prep = bound("gated_delta_prep", (), _gd_prep_share, sizeof(gd_args), &rec)
     _, keep = _gd_prepare(<gd_args *>rec, qkv, ab, A, dt_bias, state, n_k_heads, out, None, None,
@@ -443,7 +413,7 @@ cdef tuple _sig_prepare(sig_args *r, gate, x, out, int nt):
 def sigmoid_mul(gate, x, out=None, *, nthreads=1):
     """out = x * sigmoid(gate), computed as x / (1 + exp(-gate)) in float32 (gate, x (M, N),
     rows may be strided; out may be x)."""
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef sig_args r
     out, keep = _sig_prepare(&r, gate, x, out, nt)
     run_shares(_sig_share, &r, r.n)
@@ -451,7 +421,7 @@ def sigmoid_mul(gate, x, out=None, *, nthreads=1):
 
 
 def bind_sigmoid_mul(gate, x, out, *, nthreads=1):
-    cdef int nt = _threads(nthreads)
+    cdef int nt = check_threads(nthreads)
     cdef void *rec
     cdef Op op = bound("sigmoid_mul", (), _sig_share, sizeof(sig_args), &rec)
     _, keep = _sig_prepare(<sig_args *>rec, gate, x, out, nt)

@@ -1,6 +1,6 @@
 /* AMX int8 GEMM for q4_0 / q4_1 / q8_0 weights (see matmul_amx.h).
  *
- * Exactness: per output element (m, n) the contract of matmul_impl.c is
+ * Exactness: per output element (m, n) the contract of matmul_impl.h is
  *   acc = 0; for g in order: acc = fmaf((float)is, d[n,g]*da[m,g], acc)
  *                            (q4_1: then acc = fmaf(mn[n,g], sa[m,g], acc))
  * where is = the exact int32 dot product of group g with signed weights (q4_0: nib - 8,

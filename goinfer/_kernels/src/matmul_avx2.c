@@ -1,0 +1,747 @@
+/* Matrix-multiply kernels, AVX2 + FMA + F16C (the avx2 variant): activation quantization, the
+ * int / float microkernels qtile and ftile, which matmul_impl.c instantiates and tiles, and the
+ * int GEMM of prefill (qgemm2 driven by gemm2, blocked for the caches).
+ * Included by matmul_impl.c only (see matmul_impl.h for the contracts and the helpers).
+ */
+#if !defined(GI_MATMUL_IMPL_H) || !defined(GI_VARIANT_AVX2)
+#error "matmul_avx2.c is part of matmul_impl.c's avx2 variant, not a translation unit of its own"
+#endif
+#include <immintrin.h>
+
+/* ============================================================================ tile sizes */
+
+#define UNIT 8           /* output rows per unit: half a row block */
+#define QV_RB 4
+#define QG_RB 1
+#ifndef QG_MR
+#define QG_MR 4
+#endif
+#ifndef PF_GROUPS
+#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (as AVX-512's) */
+#endif
+#define FV_RB 4          /* float GEMV: units per microkernel */
+#define FG_RB 2          /* float GEMM: units per microkernel */
+#define FG_MR 6          /* float GEMM: activation rows per microkernel */
+#define MR_Q QG2_MR      /* gi_matmul_ops.mr_q: activation rows per int GEMM tile (gemm2's) */
+#define N_QKINDS 5       /* microkernels for q4_0, q4_1, q8_0, mxfp4, q6_k */
+
+
+/* ============================================================================ activation quantization */
+
+static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                             int8_t *qa, float *da, int32_t *asum, float *sa) {
+    const int64_t G = K / GI_GROUP;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + m * K + g * GI_GROUP;        /* (32,) */
+            __m256 v[4], mx;
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xg + 8 * i);
+            mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float d = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m256 vi = _mm256_set1_ps(inv);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) {  /* as quant_one: NaN -> 0, clamp, round half to even */
+                __m256 r = _mm256_mul_ps(v[i], vi);
+                r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                q[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+            }
+            /* int32 x 32 -> int8 x 32 in order (packs interleave 128-bit lanes; perm fixes it) */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(qa + m * K + g * GI_GROUP), _mm256_permutevar8x32_epi32(p, perm));
+            __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            int32_t s = _mm_cvtsi128_si32(s4);
+            da[m * G + g] = d;
+            asum[m * G + g] = s;
+            sa[m * G + g] = d * (float)s;
+        }
+    }
+}
+
+
+/* ============================================================================ int microkernel */
+
+GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m256 v) {
+    int64_t cnt = cols_left(w, n0);
+    float *o = out + m * ldo + n0;
+    if (cnt >= 8) {
+        _mm256_storeu_ps(o, v);
+    } else if (cnt > 0) {
+        __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(o, msk, v);
+    }
+}
+
+/* 8 e8m0 exponents -> 2^(e-128) (e8m0_half, vectorized: the same bits) */
+GI_INLINE __m256 e8m0_half8(const uint8_t *p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(small, big, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
+}
+
+/* q6_k: the -32 offset's activation sums of a group, packed for vpmaddwd against the scales
+   (x 32): low int16 = -sum(qa[0..15]), high int16 = -sum(qa[16..31]) (each |sum| <= 2032). */
+GI_INLINE int32_t q6_negsums(const int8_t *ag, int32_t asum) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)ag), _mm_set1_epi8((char)0x80));
+    const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());         /* sums of qa + 128 per 8 bytes */
+    const int32_t lo = _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128, hi = asum - lo;
+    return (int32_t)(((uint32_t)(uint16_t)(-hi) << 16) | (uint16_t)(-lo));
+}
+
+/* q6_k, one group, RB units x MR activation rows: is = exact int32 sum_k sc*(q-32)*qa.
+   Codes 0..63 (unsigned) x int8 activations by vpmaddubsw: a pair is at most 2*63*127 =
+   16002, so two lines (the same sub-block of 16) add in int16 (<= 32004); vpmaddwd against
+   the rows' sub-block scales (each in the 2 int16 lanes of its row) widens and scales them at
+   once.  The offset: vpmaddwd of 32*sc (both sub-blocks of a row in its 2 lanes) with the
+   broadcast pair (-sum qa[0..15], -sum qa[16..31]) gives -32*(sc0*lo + sc1*hi) per row. */
+GI_INLINE void q6_group(const int RB, const int MR, const uint8_t *const *wq, const int8_t *const *ws, int64_t g,
+                        const int8_t *ag, int64_t K, const int32_t *asg, int64_t G, __m256i is[MAXRB][MAXMR]) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3f = _mm256_set1_epi8(0x3F);
+    const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+    const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+    __m256i slo[MAXRB], shi[MAXRB], t0[MAXRB], t1[MAXRB], pl[MAXRB][MAXMR], ph[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) {
+        const __m256i ns = _mm256_set1_epi32(q6_negsums(ag + i * K, asg[i * G]));
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) {
+            const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ws[r] + g * 32)));
+            if (i == 0) {
+                slo[r] = _mm256_shuffle_epi8(v, plo);
+                shi[r] = _mm256_shuffle_epi8(v, phi);
+            }
+            is[r][i] = _mm256_madd_epi16(_mm256_slli_epi16(v, 5), ns);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        t0[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + 4) * 64));
+        t1[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + 5) * 64));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) {
+            /* k = 4c+j: bits 0..5 of line c; k = 16+4c+j: a nibble of line 4 + c/2, and bits 6..7
+               of line c to bits 4..5 (epi16 shifts: the masks drop what crosses bytes) */
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 6 + c) * 64));
+            const __m256i y = c < 2 ? t0[r] : t1[r];
+            lo[r] = _mm256_and_si256(x, m3f);
+            hi[r] = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, nib),
+                                    _mm256_and_si256(_mm256_srli_epi16(x, 2), m30));
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            const __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+            const __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                const __m256i xl = _mm256_maddubs_epi16(lo[r], bl), xh = _mm256_maddubs_epi16(hi[r], bh);
+                if (c & 1) {
+                    is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(_mm256_add_epi16(pl[r][i], xl), slo[r]));
+                    is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(_mm256_add_epi16(ph[r][i], xh), shi[r]));
+                } else {
+                    pl[r][i] = xl;
+                    ph[r][i] = xh;
+                }
+            }
+        }
+    }
+}
+
+/* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
+   (rows 8h..8h+7), and d[.., 8h..8h+7]. */
+GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(KIND);
+    const int64_t rbs = G * NL * 64;                      /* bytes per row block */
+    const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
+    const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
+    const uint8_t *we[MAXRB];                                   /* mxfp4: (G, [8]) per unit */
+    const int8_t *ws[MAXRB];                                    /* q6_k: (G, [8 rows x 2]) per unit */
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++) {
+        int64_t rb = (u + r) >> 1, h = (u + r) & 1;
+        wq[r] = (const uint8_t *)w->qs + rb * rbs + h * 32;
+        wd[r] = KIND == GI_MXFP4 ? 0 : KIND == GI_Q6_K ? w->d + rb * (G / 8) * 16 + h * 8 : w->d + rb * G * 16 + h * 8;
+        ws[r] = KIND == GI_Q6_K ? w->sc + rb * G * 32 + h * 16 : 0;
+        wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
+        we[r] = KIND == GI_MXFP4 ? w->e + rb * G * 16 + h * 8 : 0;
+    }
+    const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
+    const int32_t *as = a->asum + m * G;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
+    const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                                   12, 11, 10, 9, 8, 6, 4, 0));
+    __m256 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
+
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* q4_0's integer correction 8*asum of 16 groups at a time, kept in memory so that
+           the broadcasts below are plain loads */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND == GI_Q4_0 || KIND == GI_MXFP4)
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++)
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * (KIND == GI_Q4_0 ? 8 : 12);
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            __m256i is[MAXRB][MAXMR];
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (MR == 1 && PF_GROUPS > 0) {
+                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead.  Units
+                   2j and 2j+1 read the two halves of the same lines (GEMV calls start at an even
+                   unit), so the even ones prefetch for both; harmless past the end. */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r += 2) {
+                    const int64_t gp = g + PF_GROUPS;
+#pragma GCC unroll 8
+                    for (int c = 0; c < NL; c++) _mm_prefetch((const char *)(wq[r] + (gp * NL + c) * 64), _MM_HINT_T0);
+                    if (KIND == GI_MXFP4) _mm_prefetch((const char *)(we[r] + gp * 16), _MM_HINT_T0);
+                    else if (KIND == GI_Q6_K) _mm_prefetch((const char *)(ws[r] + gp * 32), _MM_HINT_T0);
+                    else _mm_prefetch((const char *)(wd[r] + gp * 16), _MM_HINT_T0);
+                    if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
+                }
+            }
+            if (KIND == GI_Q6_K) {
+                q6_group(RB, MR, wq, ws, g, ag, K, as + g, G, is);
+            } else if (KIND == GI_MXFP4) {
+                /* codes looked up as KV + 12 (0..24, unsigned) against int8 activations, the
+                   -12*asum correction below.  An int16 lane of one maddubs sums 2 products
+                   <= 24*127 (no saturation); the low and the high nibbles accumulate apart over
+                   the 4 lines (each <= 4*6096 = 24384: no wrap) and meet in int32. */
+                __m256i sl[MAXRB][MAXMR], sh[MAXRB][MAXMR];
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) sl[r][i] = sh[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
+                        lo[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(l, nib));
+                        hi[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            sl[r][i] = _mm256_add_epi16(sl[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            sh[r][i] = _mm256_add_epi16(sh[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        }
+                    }
+                }
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++)
+                        is[r][i] = _mm256_add_epi32(_mm256_madd_epi16(sl[r][i], ones), _mm256_madd_epi16(sh[r][i], ones));
+            } else if (KIND != GI_Q8_0) {
+                /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
+                   no saturation in maddubs, no wrap in add_epi16 */
+                __m256i s16[MAXRB][MAXMR];
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) s16[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[MAXRB], hi[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
+                        lo[r] = _mm256_and_si256(l, nib);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i bl = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(lo[r], bl));
+                            s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(hi[r], bh));
+                        }
+                    }
+                }
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
+            } else {
+                /* sign trick: |q| (unsigned) x (qa * sign(q)); a 16-bit lane <= 2*128*127 */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m256i q[MAXRB], aq[MAXRB];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        q[r] = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 8 + c) * 64));
+                        aq[r] = _mm256_abs_epi8(q[r]);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m256i b = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            __m256i p = _mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r]));
+                            is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            }
+            __m256 dv[MAXRB], mv[MAXRB];
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                dv[r] = KIND == GI_MXFP4 ? e8m0_half8(we[r] + g * 16)
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
+                if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256 dai = _mm256_set1_ps(da[i * G + g]);
+                __m256i corr = _mm256_setzero_si256();
+                if (KIND == GI_Q4_0 || KIND == GI_MXFP4) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    __m256i s = KIND == GI_Q4_0 || KIND == GI_MXFP4 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* ============================================================================ float microkernel */
+
+/* 8 weights (one k, rows 8h..8h+7) of a float kind -> float32 */
+GI_INLINE __m256 fload(const int KIND, const void *p) {
+    if (KIND == GI_F32) return _mm256_loadu_ps(p);
+    if (KIND == GI_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const float *x, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in;
+    const int es = KIND == GI_F32 ? 4 : 2;
+    const char *wq[MAXRB];                                       /* (K, [8 rows]) per unit, stride 16 */
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+        wq[r] = (const char *)w->qs + (((u + r) >> 1) * K * 16 + ((u + r) & 1) * 8) * es;
+    const float *xm = x + m * K;                              /* (MR, K) */
+    __m256 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 wv[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq[r] + k * 16 * es);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            __m256 xb = _mm256_set1_ps(xm[i * K + k]);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xb, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* ============================================================================ int GEMM of prefill (qgemm2, gemm2)
+ *
+ * q4_0 / q4_1 / q8_0 prefill (qgemm2, driven by gemm2 below): one row block (16 output rows,
+ * two ymm halves) x MR activation rows over one block of groups [g0, g1).  The operands are
+ * prepared once and reused:
+ *   - the activation rows of a tile are packed into a panel, group by group (pack_panel: the
+ *     MR rows' 32 qa bytes, then their 8*asum, da and sa), read by every row block of a chunk,
+ *     so the kernel walks one pointer with constant offsets;
+ *   - with at least UNP_MIN_TILES activation tiles, q4 weights are unpacked once per chunk and
+ *     K block (unpack_q4: one nibble per byte), read by every tile, so the kernel does no
+ *     unpacking (fewer tiles unpack in registers, UNP = 0; q8_0 is read as it is).
+ * The int16 pair sums of the 2 x MR output vectors stay in registers for one group; the float
+ * accumulators live in a small buffer in L1 (one load + fma + store per output vector and
+ * group), so the 16 ymm registers go to the integer work: each weight vector is multiplied by
+ * MR broadcast activations, each broadcast by 2 weight vectors.  Per 8 outputs and group: 8
+ * vpmaddubsw + 8 vpaddw (q4) or 8 x (sign, maddubs, madd, add) (q8), then the contract's fold:
+ * madd (int16 pairs -> int32), [q4_0: - 8*asum], cvt, d*da, fma [q4_1: fma(mn, sa)], the same
+ * float sequence as qtile's in group order, so the bits are the same (GEMM == GEMV, any
+ * tiling, any K blocking: a K block continues the accumulators the previous one stored).
+ *
+ * Bounds (vpmaddubsw saturates an int16 pair sum, vpaddw wraps): q4: a pair is at most
+ * 2*15*127 = 3810 and a lane sums 8 pairs (k and k+16 of 4 lines), <= 30480 < 32767;
+ * q8 (sign trick |q| x qa*sign(q)): a pair is at most 2*128*127 = 32512, widened at once.
+ */
+#ifndef QG2_MR
+#define QG2_MR 4         /* AVX2 GEMM: activation rows per microkernel */
+#endif
+#ifndef KB_GROUPS
+#define KB_GROUPS 64     /* AVX2 GEMM: groups per K block (panel 12 KB, unpacked row block 32 KB) */
+#endif
+/* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
+   keeps the accumulation order written (no reassociation into trees of temporaries, which
+   spill with 16 registers).  No instruction is emitted. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q6_k:
+   q6_negsums), da (mr,), sa (mr,) f32 */
+#define PANEL_STRIDE(mr) ((mr) * 48)
+
+/* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */
+static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0, int64_t g1, uint8_t *panel) {
+    const int64_t K = a->K, G = K / GI_GROUP;
+    for (int i = 0; i < mr; i++) {
+        const int8_t *qa = a->qa + (m + i) * K;
+        const int32_t *as = a->asum + (m + i) * G;
+        const float *da = a->da + (m + i) * G, *sa = a->sa + (m + i) * G;
+        for (int64_t g = g0; g < g1; g++) {
+            uint8_t *p = panel + (g - g0) * PANEL_STRIDE(mr);
+            _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
+            int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : 8 * as[g];
+            memcpy(p + mr * 32 + i * 4, &cb, 4);
+            memcpy(p + mr * 36 + i * 4, da + g, 4);
+            memcpy(p + mr * 40 + i * 4, sa + g, 4);
+        }
+    }
+}
+
+/* A q4 row block unpacked by unpack_q4: per group and line c, 64 bytes of low nibbles (16 rows
+   x 4 k) then 64 bytes of high nibbles, one per byte: (groups, 4, 2, 16, 4). */
+#define UNP_GROUP_BYTES 512
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q4 weight -> dst, row block after row block. */
+static void unpack_q4(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 256;
+        for (int64_t j = 0; j < (g1 - g0) * 4; j++, dst += 128) {          /* 64-byte lines */
+            for (int h = 0; h < 2; h++) {
+                __m256i l = _mm256_loadu_si256((const __m256i *)(src + j * 64 + h * 32));
+                _mm256_store_si256((__m256i *)(dst + h * 32), _mm256_and_si256(l, nib));
+                _mm256_store_si256((__m256i *)(dst + 64 + h * 32), _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+            }
+        }
+    }
+}
+
+/* q6_k lines c of group g (64 bytes at x, the 2 nibble lines at y) -> codes of k = 4c+j
+   (lo) and k = 16+4c+j (hi), one per byte, for the 32 bytes at offset h*32 (rows 8h..8h+7). */
+GI_INLINE void q6_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m256i *hi) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
+    *lo = _mm256_and_si256(x, _mm256_set1_epi8(0x3F));
+    *hi = _mm256_or_si256(_mm256_and_si256(c & 1 ? _mm256_srli_epi16(y, 4) : y, _mm256_set1_epi8(0x0F)),
+                          _mm256_and_si256(_mm256_srli_epi16(x, 2), _mm256_set1_epi8(0x30)));
+}
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q6_k weight -> dst as unpack_q4 lays q4 out
+   (codes 0..63 one per byte: per group and line c, 64 bytes of k = 4c+j, then 64 of 16+4c+j). */
+static void unpack_q6(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 384;
+        for (int64_t g = 0; g < g1 - g0; g++)
+            for (int c = 0; c < 4; c++, dst += 128)
+                for (int h = 0; h < 2; h++) {
+                    __m256i lo, hi;
+                    q6_unpack_line(src + g * 384, c, h, &lo, &hi);
+                    _mm256_store_si256((__m256i *)(dst + h * 32), lo);
+                    _mm256_store_si256((__m256i *)(dst + 64 + h * 32), hi);
+                }
+    }
+}
+
+/* The 8 outputs (m, n0 .. n0+7) stored so far (0 beyond n_out), as store_unit wrote them. */
+GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, int64_t m, int64_t n0) {
+    int64_t cnt = cols_left(w, n0);
+    const float *o = out + m * ldo + n0;
+    if (cnt >= 8) return _mm256_loadu_ps(o);
+    if (cnt <= 0) return _mm256_setzero_ps();
+    __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(o, msk);
+}
+
+/* Row block rb x activation rows [m, m+MR), groups [g0, g1): panel (and uq, UNP) hold exactly
+   those groups.  The accumulators start at 0 (g0 == 0), else at what out holds.  UNP = 0: q4
+   nibbles are unpacked in registers from the weight itself (a single activation tile, where
+   unpacking into uq first would not be reused). */
+GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weight *w, const uint8_t *uq,
+                      const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
+    const int64_t G = w->n_in / GI_GROUP;
+    const int NL = LINES(KIND);
+    const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
+    const uint16_t *wd = KIND == GI_Q6_K ? w->d + (rb * (G / 8) + g0 / 8) * 16   /* q6_k: (groups/8, 16) */
+                                         : w->d + (rb * G + g0) * 16;            /* (groups, 16) */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++)
+            _mm256_store_ps(accm[r][i], g0 == 0 ? _mm256_setzero_ps() : load_unit(w, out, ldo, m + i, rb * 16 + r * 8));
+
+    for (int64_t g = 0; g < g1 - g0; g++) {
+        const uint8_t *pg = panel + g * PANEL_STRIDE(MR);
+        const int8_t *ag = (const int8_t *)pg;                                /* (MR, 32) */
+        const int32_t *cb = (const int32_t *)(pg + MR * 32);
+        const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q6_k: int32 sums */
+        if (KIND == GI_Q6_K) {
+            /* as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two lines
+               of one sub-block added in int16, vpmaddwd by the rows' sub-block scales; the sums
+               start at the -32 offset's correction (cb: the panel's q6_negsums) */
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;                /* (16, 2) */
+            const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+            const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+            __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) {
+                const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
+                sv[r][0] = _mm256_shuffle_epi8(v, plo);
+                sv[r][1] = _mm256_shuffle_epi8(v, phi);
+                const __m256i v32 = _mm256_slli_epi16(v, 5);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(v32, _mm256_set1_epi32(cb[i]));
+            }
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+#pragma GCC unroll 2
+                for (int cp = 0; cp < 2; cp++) {                 /* lines c = 2cp, 2cp+1: one sub-block's int16 sums */
+                    __m256i we[2], wo[2];                           /* [half] of lines 2cp, 2cp+1 */
+                    if (UNP) {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            we[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp) * 128 + hi * 64 + r * 32));
+                            wo[r] = _mm256_load_si256((const __m256i *)(ug + (2 * cp + 1) * 128 + hi * 64 + r * 32));
+                        }
+                    } else {
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            __m256i l0, h0, l1, h1;
+                            q6_unpack_line(lg, 2 * cp, r, &l0, &h0);
+                            q6_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            we[r] = hi ? h0 : l0;
+                            wo[r] = hi ? h1 : l1;
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const __m256i be = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp));
+                        const __m256i bo = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp + 4));
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) {
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we[r], be), _mm256_maddubs_epi16(wo[r], bo));
+                            s[r][i] = _mm256_add_epi32(s[r][i], _mm256_madd_epi16(p, sv[r][hi]));
+                            PIN(s[r][i]);
+                        }
+                    }
+                }
+            }
+        } else if (KIND != GI_Q8_0) {
+            const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
+            const __m256i nib = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+                for (int hi = 0; hi < 2; hi++) {              /* low nibbles: k = c*4+j; high: 16+c*4+j */
+                    __m256i v0, v1;
+                    if (UNP) {
+                        v0 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64));
+                        v1 = _mm256_load_si256((const __m256i *)(ug + c * 128 + hi * 64 + 32));
+                    } else {
+                        v0 = _mm256_loadu_si256((const __m256i *)(lg + c * 64));
+                        v1 = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + 32));
+                        if (hi) {
+                            v0 = _mm256_srli_epi16(v0, 4);
+                            v1 = _mm256_srli_epi16(v1, 4);
+                        }
+                        v0 = _mm256_and_si256(v0, nib);
+                        v1 = _mm256_and_si256(v1, nib);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + c * 4));
+                        const __m256i p0 = _mm256_maddubs_epi16(v0, b), p1 = _mm256_maddubs_epi16(v1, b);
+                        s[0][i] = c + hi == 0 ? p0 : _mm256_add_epi16(s[0][i], p0);
+                        s[1][i] = c + hi == 0 ? p1 : _mm256_add_epi16(s[1][i], p1);
+                        PIN(s[0][i]);
+                        PIN(s[1][i]);
+                    }
+                }
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(s[r][i], ones);
+        } else {
+            const uint8_t *lg = wq + g * NL * 64;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i q[2], aq[2];
+#pragma GCC unroll 2
+                for (int r = 0; r < 2; r++) {
+                    q[r] = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + r * 32));
+                    aq[r] = _mm256_abs_epi8(q[r]);
+                }
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + c * 4));
+#pragma GCC unroll 2
+                    for (int r = 0; r < 2; r++) {
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r])), ones);
+                        s[r][i] = c == 0 ? p : _mm256_add_epi32(s[r][i], p);
+                        PIN(s[r][i]);
+                    }
+                }
+            }
+        }
+        /* ---- fold: the contract's fmaf sequence */
+#pragma GCC unroll 2
+        for (int r = 0; r < 2; r++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
+            __m256 mv = _mm256_setzero_ps();
+            if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m256i t = s[r][i];
+                if (KIND == GI_Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
+                __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
+                                             _mm256_load_ps(accm[r][i]));
+                if (KIND == GI_Q4_1) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
+                _mm256_store_ps(accm[r][i], acc);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, rb * 16 + r * 8, _mm256_load_ps(accm[r][i]));
+}
+
+/* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over MR activation rows */
+typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
+                      float *, int64_t);
+#define Q2_DEF(K, UNP, MR) static void q2_##K##_##UNP##_##MR(const gi_weight *w, const uint8_t *uq, \
+    const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
+    qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
+#define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
+SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0)
+#if QG2_MR > MAXMR
+#error "QG2_MR exceeds the register array bounds"
+#endif
+/* [unpacked][kind][rows - 1] */
+static const q2_fn q2_tab[2][GI_Q6_K + 1][QG2_MR] = {
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)}},
+    {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
+     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}}};
+
+/* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
+   as needed and kept for the thread's life: at most ~530 KB. */
+static __thread uint8_t *t_scratch;
+static __thread size_t t_scratch_cap;
+
+static uint8_t *scratch_buffer(size_t n) {
+    if (n > t_scratch_cap) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        uint8_t *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(t_scratch);
+        t_scratch = p;
+        t_scratch_cap = cap;
+    }
+    return t_scratch;
+}
+#ifndef UNP_MIN_TILES
+#define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
+#endif
+#ifndef UNP_CHUNK
+#define UNP_CHUNK (512 * 1024)     /* AVX2 q4 GEMM: unpacked weight bytes per chunk (in L2) */
+#endif
+
+/* The q4_0 / q4_1 / q8_0 GEMM of AVX2, blocked for the caches:
+     for each chunk of row blocks (~UNP_CHUNK unpacked bytes per K block, in L2):
+       for each K block of KB_GROUPS groups:
+         unpack the chunk's q4 weights of the block once
+         for each tile of <= QG2_MR activation rows (nearly equal tiles):
+           pack its panel of the block once (L1), then run every row block of the chunk.
+   An output element is computed by one microkernel call per K block, in group order, the
+   accumulators carried through out between K blocks (the tail row block's missing columns are
+   neither stored nor loaded), so its bits do not depend on the blocking.  Returns 0 (nothing
+   done) if the scratch cannot be allocated. */
+static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, int64_t rb0, int64_t rb1,
+                 float *out, int64_t ldo) {
+    const int kind = w->kind;
+    const int64_t G = w->n_in / GI_GROUP, M = m1 - m0, nt = (M + QG2_MR - 1) / QG2_MR;
+    const int unp = kind != GI_Q8_0 && nt >= UNP_MIN_TILES;
+    const int64_t kb = G < KB_GROUPS ? G : KB_GROUPS;
+    if (kb == 0) return 0;                               /* K = 0: the general path writes zeros */
+    /* row blocks per chunk: the q4 unpacked bytes of one K block, or q8_0's bytes, ~UNP_CHUNK */
+    int64_t chunk = UNP_CHUNK / (kb * (unp ? UNP_GROUP_BYTES : LINES(kind) * 64 + 32));
+    chunk = chunk < 1 ? 1 : chunk;
+    const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
+    uint8_t *panel = scratch_buffer(panel_bytes + (unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0));
+    if (!panel) return 0;
+    uint8_t *uq = panel + panel_bytes;
+    for (int64_t c0 = rb0; c0 < rb1; c0 += chunk) {
+        const int64_t c1 = min64(c0 + chunk, rb1);
+        for (int64_t g0 = 0; g0 < G; g0 += kb) {
+            const int64_t g1 = min64(g0 + kb, G);
+            if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
+            else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
+                pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
+                for (int64_t rb = c0; rb < c1; rb++)
+                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
+                                              out, ldo);
+            }
+        }
+    }
+    return 1;
+}

@@ -1,0 +1,255 @@
+/* Matrix-multiply kernels, AVX-512 VNNI (the avx512 variant): activation quantization and the
+ * int / float microkernels qtile and ftile, which matmul_impl.c instantiates and tiles.
+ * Included by matmul_impl.c only (see matmul_impl.h for the contracts and the helpers).
+ */
+#if !defined(GI_MATMUL_IMPL_H) || !defined(GI_VARIANT_AVX512)
+#error "matmul_avx512.c is part of matmul_impl.c's avx512 variant, not a translation unit of its own"
+#endif
+#include <immintrin.h>
+
+/* ============================================================================ tile sizes */
+
+#define UNIT 16          /* output rows per unit */
+#define QV_RB 4          /* GEMV: units per microkernel (MR = 1) */
+/* GEMM tile: 2 units x 6 activation rows, so each broadcast activation word feeds two
+   vpdpbusd (12 int32 + 12 float accumulators: 24 of the 32 zmm).  Against 1 x 12 (one
+   broadcast per vpdpbusd) it took the 1B / 8B prefill GEMM from ~35-68% to ~65-85% of the
+   nominal VNNI peak on a Zen 5 (benchmarks/kernels_matmul.py; docs/benchmarks.md, "Sixth
+   session"); 2 x 5 is about the same, 2 x 7 slower. */
+#ifndef QG_RB
+#define QG_RB 2          /* GEMM: units per microkernel (1 or 2) */
+#endif
+#ifndef QG_MR
+#define QG_MR 6          /* GEMM: activation rows per microkernel */
+#endif
+#ifndef PF_GROUPS
+#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (2 KB of q4, 4 KB of q8) */
+#endif
+#define FV_RB 4          /* float GEMV: units per microkernel */
+#define FG_RB 2          /* float GEMM: units per microkernel */
+#define FG_MR 12         /* float GEMM: activation rows per microkernel */
+#define MR_Q QG_MR       /* gi_matmul_ops.mr_q: activation rows per int GEMM tile */
+#define N_QKINDS 4       /* microkernels for q4_0, q4_1, q8_0, mxfp4 (q6_k: the avx2 table's) */
+
+
+/* ============================================================================ activation quantization */
+
+static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
+                             int8_t *qa, float *da, int32_t *asum, float *sa) {
+    const int64_t G = K / GI_GROUP;
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + m * K + g * GI_GROUP;        /* (32,) */
+            __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            float d = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m512 vi = _mm512_set1_ps(inv);
+            /* as quant_one: NaN -> 0, clamp, then cvtps_epi32 rounds half to even (MXCSR) */
+            __m512 r0 = _mm512_mul_ps(v0, vi), r1 = _mm512_mul_ps(v1, vi);
+            r0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r0, r0, _CMP_ORD_Q), r0);
+            r1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r1, r1, _CMP_ORD_Q), r1);
+            const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r0, lo), hi));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r1, lo), hi));
+            _mm_storeu_si128((__m128i *)(qa + m * K + g * GI_GROUP), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(qa + m * K + g * GI_GROUP + 16), _mm512_cvtepi32_epi8(q1));
+            int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            da[m * G + g] = d;
+            asum[m * G + g] = s;
+            sa[m * G + g] = d * (float)s;
+        }
+    }
+}
+
+
+/* ============================================================================ int microkernel */
+
+GI_INLINE void store_unit(const gi_weight *w, float *out, int64_t ldo, int64_t m, int64_t n0, __m512 v) {
+    int64_t cnt = cols_left(w, n0);
+    float *o = out + m * ldo + n0;
+    if (cnt >= 16) _mm512_storeu_ps(o, v);
+    else if (cnt > 0) _mm512_mask_storeu_ps(o, (__mmask16)((1u << cnt) - 1u), v);
+}
+
+/* 16 e8m0 exponents -> 2^(e-128) (e8m0_half, vectorized: the same bits) */
+GI_INLINE __m512 e8m0_half16(const uint8_t *p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1)), small, big));
+}
+
+GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const int NL = LINES(KIND);
+    const int64_t rbs = G * NL * 64;                              /* bytes per row block */
+    const uint8_t *wq = (const uint8_t *)w->qs + u * rbs;         /* (RB, G, NL, 16, 4) */
+    const uint16_t *wd = KIND == GI_MXFP4 ? 0 : w->d + u * G * 16; /* (RB, G, 16) */
+    const uint8_t *we = KIND == GI_MXFP4 ? w->e + u * G * 16 : 0; /* (RB, G, 16) */
+    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + u * G * 16 : 0; /* (RB, G, 16) */
+    const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
+    const int32_t *as = a->asum + m * G;                          /* (MR, G) */
+    const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    /* mxfp4: code -> KV + 12 (0..24, unsigned for vpdpbusd), corrected by -12*asum */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                             12, 11, 10, 9, 8, 6, 4, 0));
+    __m512 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0),
+           -128*asum (q8_0) or -12*asum (mxfp4) of row m+i, group g0+gg.  It is the initial
+           value of the int32 accumulators (a load-only broadcast), so no subtraction is
+           needed afterwards. */
+        const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        int32_t cb[MAXMR][16];
+        if (KIND != GI_Q4_1) {
+            const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512i v = _mm512_maskz_loadu_epi32(gm, as + i * G + g0);
+                if (KIND == GI_MXFP4)
+                    v = _mm512_mullo_epi32(v, _mm512_set1_epi32(-12));
+                else
+                    v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
+                _mm512_storeu_si512(cb[i], v);
+            }
+        }
+        for (int gg = 0; gg < gn; gg++) {
+            const int64_t g = g0 + gg;
+            /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
+            __m512i is[MAXRB][MAXMR];
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512i c0 = KIND == GI_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) is[r][i] = c0;
+            }
+            const uint8_t *lg = wq + g * NL * 64;
+            const int8_t *ag = qa + g * GI_GROUP;
+            if (MR == 1 && PF_GROUPS > 0) {
+                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead in each
+                   unit's qs (and scale) stream; harmless past the end (prefetches never fault) */
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < NL; c++)
+                        _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
+                    if (KIND == GI_MXFP4)
+                        _mm_prefetch((const char *)(we + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    else
+                        _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    if (KIND == GI_Q4_1)
+                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                }
+            }
+            if (KIND != GI_Q8_0) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i lo[MAXRB], hi[MAXRB];   /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
+                        lo[r] = _mm512_and_si512(l, nib);
+                        hi[r] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+                        if (KIND == GI_MXFP4) {
+                            lo[r] = _mm512_shuffle_epi8(lut, lo[r]);
+                            hi[r] = _mm512_shuffle_epi8(lut, hi[r]);
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i bl = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m512i bh = _mm512_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], lo[r], bl);
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], hi[r], bh);
+                        }
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m512i q[MAXRB];               /* q + 128 as unsigned bytes */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++)
+                        q[r] = _mm512_xor_si512(_mm512_loadu_si512(lg + r * rbs + c * 64), flip);
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i b = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) is[r][i] = _mm512_dpbusd_epi32(is[r][i], q[r], b);
+                    }
+                }
+            }
+            /* ---- fold into the float accumulators: the contract's fmaf sequence */
+            __m512 dv[MAXRB], mv[MAXRB];
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) {
+                dv[r] = KIND == GI_MXFP4 ? e8m0_half16(we + r * G * 16 + g * 16)
+                                         : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
+                if (KIND == GI_Q4_1)
+                    mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                __m512 dai = _mm512_set1_ps(da[i * G + g]);
+#pragma GCC unroll 16
+                for (int r = 0; r < RB; r++) {
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1)
+                        acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* ============================================================================ float microkernel */
+
+/* 16 weights (one k, 16 rows) of a float kind -> float32 */
+GI_INLINE __m512 fload(const int KIND, const void *p) {
+    if (KIND == GI_F32) return _mm512_loadu_ps(p);
+    if (KIND == GI_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight *w,
+                     const float *x, int64_t m, int64_t u, float *out, int64_t ldo) {
+    const int64_t K = w->n_in;
+    const int es = KIND == GI_F32 ? 4 : 2;
+    const char *wq = (const char *)w->qs + u * K * 16 * es;   /* (RB, K, 16) */
+    const float *xm = x + m * K;                              /* (MR, K) */
+    __m512 acc[MAXRB][MAXMR];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv[MAXRB];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) wv[r] = fload(KIND, wq + (r * K + k) * 16 * es);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            __m512 xb = _mm512_set1_ps(xm[i * K + k]);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xb, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}

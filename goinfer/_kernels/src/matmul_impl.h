@@ -1,0 +1,150 @@
+/* Matrix-multiply kernels: what every ISA file shares (matmul_impl.c, the per-variant
+ * translation unit, includes this header, then the one ISA file of the variant it compiles:
+ * matmul_avx512.c, matmul_avx2.c or matmul_portable.c).
+ *
+ * Contracts (docs/design/kernels.md), per output element (m, n):
+ *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g (minus 8*asum for
+ *                q4_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc); q4_1 also
+ *                acc = fmaf(mn[n,g], sa[m,g], acc).  mxfp4: the group's int values are
+ *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly.
+ *                q6_k: isum = sum_k sc[n,k/16]*(q-32)*qa, exact int32; the fold's d is the
+ *                super-block's d[n,g/8]
+ *   float kinds: acc = 0; for k in order: acc = fmaf(w[n,k], x[m,k], acc)
+ * Every variant performs exactly this float operation sequence (vectorized across the 16
+ * rows of a row block), so the variants, the GEMV and GEMM paths, any tiling and any thread
+ * split give the same bits.  Only the order of the exact integer products differs.
+ *
+ * Layout reminders (goinfer/quant.py):
+ *   q4 qs  (n_rb, G, 4, 16, 4) uint8: line c of group g holds rows 0..15 x k = c*4+j (low
+ *          nibble) and k = 16+c*4+j (high nibble)
+ *   q8 qs  (n_rb, G, 8, 16, 4) int8:  line c holds rows 0..15 x k = c*4+j
+ *   mxfp4  qs as q4 (4-bit codes), e (n_rb, G, 16) uint8 e8m0 exponents
+ *   q6_k   qs (n_rb, G, 6, 16, 4) uint8: line c (0..3) byte (r, j): code of k = 4c+j in bits
+ *          0..5, top 2 bits of the code of k = 16+4c+j in bits 6..7; line 4+p: low 4 bits of
+ *          the codes of k = 16+8p+j (low nibble) and 16+8p+4+j (high); d (n_rb, G/8, 16)
+ *          float16 per 256 k; sc (n_rb, G, 16, 2) int8 per 16 k
+ *   d, m   (n_rb, G, 16) float16
+ *   float  (n_rb, K, 16)
+ */
+#ifndef GI_MATMUL_IMPL_H
+#define GI_MATMUL_IMPL_H
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "matmul.h"
+
+/* ============================================================================ helpers */
+
+/* float16 bits -> float32, exact (NaNs are quieted, like F16C's vcvtph2ps). */
+GI_INLINE float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+    float f;
+    if (e == 0x1F) {
+        bits = sign | 0x7F800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
+    } else if (e != 0) {
+        bits = sign | ((e + 112u) << 23) | (mant << 13);
+    } else {
+        f = (float)mant * 0x1p-24f;  /* zero or subnormal: exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+GI_INLINE float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* MXFP4: the value of code c is KV[c] * 2^(e-128); KV is twice the e2m1 value (exact ints). */
+static const int8_t KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* e8m0 exponent -> 2^(e-128) as float32, exact for every e (e < 2: a subnormal); ggml's
+   GGML_E8M0_TO_FP32_HALF, so e = 255 is 2^127, not NaN. */
+GI_INLINE float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+GI_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Scalar quantization of one value once the group's inverse scale is known:
+   v*inv clamped to [-127, 127], rint (half to even).  NaN -> 0: it arises as 0*inf when
+   127/amax overflows (a group of tiny values), where NumPy's reference also gives 0.
+   Clamping before rounding equals rounding before clamping (the bounds are integers). */
+GI_INLINE int quant_one(float v, float inv) {
+    float r = v * inv;
+    if (r != r) return 0;
+    if (r > 127.0f) r = 127.0f;
+    if (r < -127.0f) r = -127.0f;
+    return (int)rintf(r);
+}
+
+/* 64-byte lines per group of an int kind; scale (and min) bytes per group and row block. */
+#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : 4)
+#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : (kind) == GI_Q6_K ? 36 : 32)
+
+/* q6_k: code k (0..31) of row r in a group's 6 lines lg (plain C: portable, get_rows) */
+GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
+    const int c = (k >> 2) & 3, j = k & 3, x = lg[c * 64 + r * 4 + j];
+    if (k < 16) return x & 63;
+    return (lg[(4 + (c >> 1)) * 64 + r * 4 + j] >> (4 * (c & 1)) & 15) | (x >> 6) << 4;
+}
+
+/* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
+GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
+
+GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+
+/* ============================================================================ what an ISA file provides
+ *
+ * Every ISA file defines GI(quantize_act) and MR_Q (gi_matmul_ops.mr_q).  The portable one
+ * also defines GI(matmul_q), GI(matmul_f) and FG_MR.  A SIMD one instead defines microkernels
+ * that matmul_impl.c instantiates and tiles into matmul_q / matmul_f:
+ *   qtile(KIND, RB, MR, w, a, m, u, out, ldo)   int kinds, ftile(...) float kinds
+ * and their sizes: UNIT (output rows per unit), QV_RB / FV_RB (units per GEMV call), QG_RB x
+ * QG_MR / FG_RB x FG_MR (units x activation rows per GEMM call), N_QKINDS (4: no q6_k).
+ *
+ * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
+ * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8
+ * rows (half a row block, one ymm) on AVX2.  Kinds, RB and MR are compile-time constants at
+ * each instantiation so the accumulators live in registers.  Register arrays are declared
+ * with the constant sizes MAXRB x MAXMR (sized by the RB/MR parameters they would be VLAs,
+ * which GCC keeps on the stack); after full unrolling only the used elements remain, in
+ * registers.
+ */
+#define MAXRB 4
+#define MAXMR 16
+
+/* SEQ(N)(X, A, B) expands to X(A, B, 1) X(A, B, 2) ... X(A, B, N): the instantiation lists */
+#define SEQ_1(X, A, B) X(A, B, 1)
+#define SEQ_2(X, A, B) SEQ_1(X, A, B) X(A, B, 2)
+#define SEQ_3(X, A, B) SEQ_2(X, A, B) X(A, B, 3)
+#define SEQ_4(X, A, B) SEQ_3(X, A, B) X(A, B, 4)
+#define SEQ_5(X, A, B) SEQ_4(X, A, B) X(A, B, 5)
+#define SEQ_6(X, A, B) SEQ_5(X, A, B) X(A, B, 6)
+#define SEQ_7(X, A, B) SEQ_6(X, A, B) X(A, B, 7)
+#define SEQ_8(X, A, B) SEQ_7(X, A, B) X(A, B, 8)
+#define SEQ_9(X, A, B) SEQ_8(X, A, B) X(A, B, 9)
+#define SEQ_10(X, A, B) SEQ_9(X, A, B) X(A, B, 10)
+#define SEQ_11(X, A, B) SEQ_10(X, A, B) X(A, B, 11)
+#define SEQ_12(X, A, B) SEQ_11(X, A, B) X(A, B, 12)
+#define SEQ_13(X, A, B) SEQ_12(X, A, B) X(A, B, 13)
+#define SEQ_14(X, A, B) SEQ_13(X, A, B) X(A, B, 14)
+#define SEQ_15(X, A, B) SEQ_14(X, A, B) X(A, B, 15)
+#define SEQ_16(X, A, B) SEQ_15(X, A, B) X(A, B, 16)
+#define SEQ(N) GI_CAT(SEQ_, N)
+
+#endif
