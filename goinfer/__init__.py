@@ -32,7 +32,8 @@ from goinfer.errors import (  # noqa: E402
 from goinfer.kv_cache import KVCache  # noqa: E402
 from goinfer.model import Model  # noqa: E402
 from goinfer.sampling import SamplingParams  # noqa: E402
-from goinfer.session import GenerationResult, Session, Timings  # noqa: E402
+from goinfer.generation import GenerationResult, Timings  # noqa: E402
+from goinfer.session import Session  # noqa: E402
 
 
 def config() -> dict:

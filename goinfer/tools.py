@@ -1522,13 +1522,13 @@ class ToolChat:
     def stream(self, items):
         """Stream items of a generation (text pieces, then the result) -> content pieces and
         ToolCallDelta pieces, then the finished result.  With logprobs (the pieces are
-        session.Piece): each item carries the entries of the tokens taken since the last item
+        generation.Piece): each item carries the entries of the tokens taken since the last item
         (text the parser holds back waits for the next one; what is left at the end comes in
         an empty Piece), so the items' entries add up to the result's list."""
         if not self.splits:
             yield from items
             return
-        from goinfer.session import Piece
+        from goinfer.generation import Piece
 
         parser = self.parser()
         carry: list[dict] | None = None  # None: no logprobs asked for

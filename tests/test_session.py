@@ -292,7 +292,7 @@ def test_stream_and_stop_strings(model):
 
 
 def test_decode_batch_equals_single_decodes(model):
-    from goinfer.session import decode_batch
+    from goinfer.batch import decode_batch
 
     cache = KVCache(model, max_tokens=512)
     ss = [model.session(cache) for _ in range(3)]

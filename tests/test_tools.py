@@ -616,7 +616,7 @@ def test_chat_stream_gives_the_same_calls(tiny_model):
 def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice):
     """Session.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
     deltas carry the entries of their tokens; together they are the result's list."""
-    from goinfer.session import Piece
+    from goinfer.generation import Piece
 
     s = tiny_model.session()
     kw = dict(tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0, seed=4,
@@ -726,7 +726,7 @@ def _drive(model, tc, logits, temperature=0.0, seed=None, max_tokens=160, gramma
     from types import SimpleNamespace
 
     from goinfer.sampling import SamplingParams
-    from goinfer.session import Generation
+    from goinfer.generation import Generation
 
     g = tc.compiled() if grammar is None else grammar
     gen = Generation(model, [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), [],

@@ -375,7 +375,7 @@ def _grammar(model, req: GenRequest, tc: ToolChat | None = None):
     grammar, or its tools' grammar; a 400 naming the field when it cannot be enforced.  Runs
     in a worker thread: the first request of a model builds its tokenizer view (~0.1-2 s),
     later ones hit the compiled-grammar cache."""
-    from goinfer.session import constraint_of
+    from goinfer.generation import constraint_of
 
     rf, grammar = req.response_format, req.grammar
     try:

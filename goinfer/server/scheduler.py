@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 
 from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.sampling import SamplingParams
-from goinfer.session import Generation, GenerationResult, Session, forward_sessions
+from goinfer.batch import forward_sessions
+from goinfer.generation import Generation, GenerationResult
+from goinfer.session import Session
 from goinfer.speculative import Speculation
 
 log = logging.getLogger("goinfer.server")
@@ -301,7 +303,7 @@ class Engine:
             job.t_start = time.perf_counter()
         session = self.model.session(self.cache, cache_salt=job.cache_salt)
         try:
-            rest, cached = session._start(ids)
+            rest, cached = session.prepare_prompt(ids)
         except BaseException:
             session.reset()
             raise
@@ -368,7 +370,7 @@ class Engine:
         while work:
             try:
                 for job, toks in work:
-                    job.session._reserve(len(toks))
+                    job.session.table.reserve(len(toks))
                 return work
             except CacheFullError as e:
                 drafting = {id(j) for j, t in work
@@ -377,7 +379,7 @@ class Engine:
                     for job, toks in work:
                         if id(job) in drafting:
                             job.gen.drafted -= len(toks) - 1
-                            job.session._cut(job.session.n_tokens)  # blocks held for a draft
+                            job.session.drop_reserved()  # blocks held for a draft
                     work = [(j, t[:1] if id(j) in drafting else t) for j, t in work]
                     continue
                 holders = [j for j in self._active if j.session is not None]
