@@ -32,6 +32,7 @@ from goinfer.errors import (  # noqa: E402
 from goinfer.kv_cache import KVCache  # noqa: E402
 from goinfer.model import Model  # noqa: E402
 from goinfer.sampling import SamplingParams  # noqa: E402
+from goinfer.chat.session import ChatSession  # noqa: E402
 from goinfer.generation import GenerationResult, Timings  # noqa: E402
 from goinfer.session import Session  # noqa: E402
 
@@ -78,7 +79,7 @@ def show_config(file=None) -> dict:
 
 
 __all__ = [
-    "Model", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
+    "Model", "Session", "ChatSession", "KVCache", "SamplingParams", "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",

@@ -53,7 +53,7 @@ class GenerationResult:
     # finish_reason is then "tool_calls" when the reply made calls.  Otherwise content == text.
     content: str | None = None
     tool_calls: list[dict] | None = None
-    # chat with a reasoning model (goinfer/channels.py): its thinking, apart from content
+    # chat with a reasoning model (goinfer/chat/channels.py): its thinking, apart from content
     reasoning_content: str | None = None
 
     def __post_init__(self) -> None:

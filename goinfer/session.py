@@ -5,7 +5,8 @@ logits of the last one.  High level, whole context: ``generate(prompt)`` takes t
 every time (as an agent resends its context); the session keeps the longest common prefix of
 what it already holds, extends it with cached blocks of the KVCache (from any session), and
 prefills only the rest, always at least one token.  Every result says how many prompt tokens
-came from cache.  ``chat(messages)`` applies the model's chat template first.
+came from cache.  A session knows tokens only: ``Model.session()`` returns a ChatSession
+(goinfer/chat/session.py), which adds ``chat(messages)``.
 
 Its parts: the block table (goinfer/blocks.py), for a hybrid model where its recurrent state
 can resume (goinfer/state_track.py), and the token loop of one generation
@@ -273,38 +274,6 @@ class Session:
             if isinstance(item, GenerationResult):
                 return item
         raise RuntimeError("generation ended without a result")  # pragma: no cover
-
-    def chat(self, messages, params: SamplingParams | None = None, *, max_tokens: int = 64,
-             stream: bool = False, stop=None, response_format=None, grammar=None,
-             logprobs: bool = False, top_logprobs: int = 0, draft: str | None = None,
-             draft_tokens: int = DEFAULT_DRAFT_TOKENS, tools=None, tool_choice=None,
-             parallel_tool_calls=None, chat_template_kwargs=None, **overrides):
-        """Apply the model's chat template to the whole conversation and generate the reply
-        (params, sampling keywords, stop, response_format, grammar, logprobs, top_logprobs,
-        draft: as generate()).
-
-        tools, tool_choice ("auto" | "none" | "required" | {"type": "function", "function":
-        {"name": ...}}) and parallel_tool_calls as in OpenAI's API (goinfer/tools.py): the
-        result's ``tool_calls`` holds the calls, ``content`` the rest of the text, and
-        finish_reason is "tool_calls".  With stream=True the iterator gives content strings
-        and ToolCallDelta pieces, then the result.  Bad tool input raises ToolError.
-
-        A reasoning model's thinking (``<think>`` blocks, gpt-oss's analysis channel;
-        goinfer/channels.py) goes to ``result.reasoning_content``, streamed as
-        ``channels.Reasoning`` pieces.  chat_template_kwargs: more variables for the chat
-        template (``{"enable_thinking": False}``, gpt-oss's ``reasoning_effort``)."""
-        from goinfer.tools import prepare_chat
-
-        params = sampling_params(params, overrides, "chat")
-        tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls,
-                          chat_template_kwargs)
-        ids = self.model.tokenize_chat(tc.prompt)
-        response_format, grammar = tc.constraint(response_format, grammar)
-        out = self.generate(ids, params, max_tokens=max_tokens, stream=stream, stop=stop,
-                            response_format=response_format, grammar=grammar,
-                            logprobs=logprobs, top_logprobs=top_logprobs, draft=draft,
-                            draft_tokens=draft_tokens)
-        return tc.stream(out) if stream else tc.finish(out)
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
                   stops: list[str], grammar=None, logprobs=(False, 0),

@@ -52,8 +52,8 @@ from goinfer.server.scheduler import (
     Job,
     QueueFullError,
 )
-from goinfer.channels import Reasoning
-from goinfer.tools import ToolChat, prepare_chat
+from goinfer.chat.channels import Reasoning
+from goinfer.chat.request import ToolChat, prepare_chat
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, PROMPT_LOOKUP, check_draft
 
 log = logging.getLogger("goinfer.server")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from goinfer import logprobs as lp
 from goinfer.errors import ToolError
-from goinfer.tools import check_tools
+from goinfer.chat.spec import check_tools
 from goinfer.speculative import DRAFTS, MAX_DRAFT_TOKENS
 
 MAX_STOPS = 16
