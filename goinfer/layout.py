@@ -521,7 +521,7 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
         del weights
         if hasattr(g, "release_pages"):
             g.release_pages()  # the GGUF's pages were read once; the layout replaces them
-        from goinfer import __version__
+        from goinfer._version import __version__
 
         header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       gguf={"path": str(g.path), "size": g.file_size},
