@@ -84,7 +84,7 @@ class BlockTable:
         if n + n_new > self.model.n_ctx:
             raise ContextLengthError(
                 f"{n + n_new} tokens exceed the context length {self.model.n_ctx} of "
-                f"{self.model.name} ({n} held + {n_new} new)")
+                f"{self.model.name} ({n} held + {n_new} new)", n + n_new, self.model.n_ctx)
         bs = self.block_size
         bi = n // bs  # the partly filled block, if n % bs
         cow = n % bs != 0 and not self.cache.writable(self.blocks[bi])

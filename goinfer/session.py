@@ -142,7 +142,8 @@ class Session:
         if self.n_tokens + len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {self.n_tokens + len(ids)} tokens exceeds the context length "
-                f"{self.model.n_ctx} of {self.model.name}")
+                f"{self.model.n_ctx} of {self.model.name}", self.n_tokens + len(ids),
+                self.model.n_ctx)
         n0 = self.n_tokens
         state = self.track.state.copy() if self.track is not None and n0 else None
         reused = self._extend_from_cache(ids, len(ids) - 1)
@@ -208,7 +209,7 @@ class Session:
         if len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens exceeds the context length "
-                f"{self.model.n_ctx} of {self.model.name}")
+                f"{self.model.n_ctx} of {self.model.name}", len(ids), self.model.n_ctx)
         reused = self._reuse_prefix(ids)
         more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
         rest = ids[reused + more:]
@@ -264,7 +265,8 @@ class Session:
         if len(ids) + max_tokens > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
-                f"length {self.model.n_ctx} of {self.model.name}")
+                f"length {self.model.n_ctx} of {self.model.name}", len(ids) + max_tokens,
+                self.model.n_ctx)
         extra = dict(grammar=constraint_of(self.model, response_format, grammar),
                      logprobs=_lp.check_request(logprobs, top_logprobs), draft_tokens=k)
         gen = self._generate(ids, int(max_tokens), params, stops, **extra)

@@ -423,7 +423,7 @@ def test_qwen35_xml_history_renders_as_transformers_does(qwen35):
 
 def test_smollm3_model_opens_its_think_block(tmp_path):
     """SmolLM3 (its template leaves <think> to the model), Python API: the tools' grammar
-    lets the reply open a think block first; Session.chat gives reasoning_content and the
+    lets the reply open a think block first; ChatSession.chat gives reasoning_content and the
     call, and its stream the same as Reasoning pieces, then the call."""
     _, path = hfconvert.build("smollm3")
     m = load(path)

@@ -544,7 +544,7 @@ def test_stream_cut_short_keeps_the_call_begun():
     assert assemble(out) == ("", [("add", '{"a": 1')])
 
 
-# ============================================================================ Session.chat
+# ============================================================================ ChatSession.chat
 
 # Bounded arguments (enums, small integers, booleans): a random tiny model under the grammar
 # finishes its call within a few dozen tokens.
@@ -614,7 +614,7 @@ def test_chat_stream_gives_the_same_calls(tiny_model):
 
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice):
-    """Session.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
+    """ChatSession.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
     deltas carry the entries of their tokens; together they are the result's list."""
     from goinfer.generation import Piece
 

@@ -182,7 +182,7 @@ class Engine:
             raise ContextLengthError(
                 f"the request needs up to {n_tokens} tokens of KV cache but the server's cache "
                 f"holds {self.cache.max_tokens - bs}; lower max_tokens or restart the server with "
-                "a larger --kv-tokens")
+                "a larger --kv-tokens", n_tokens, self.cache.max_tokens - bs)
 
     def submit(self, job: Job) -> None:
         self.check_fits(job.need_tokens)
@@ -295,7 +295,7 @@ class Engine:
                 self._waiting.popleft()
             self._active.append(job)
 
-    def _seat(self, job: Job) -> None:
+    def _give_session(self, job: Job) -> None:
         """Give the job a session holding the longest cached prefix of what it must feed."""
         first = job.gen is None
         ids = job.ids if first else job.ids + job.gen.tokens
@@ -352,7 +352,7 @@ class Engine:
                 break
             if job.session is None:
                 try:
-                    self._seat(job)
+                    self._give_session(job)
                 except Exception as e:
                     self._fail(job, e)
                     continue

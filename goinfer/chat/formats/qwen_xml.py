@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from goinfer.chat.formats.base import ToolFormat, native_message
+from goinfer.chat.formats.base import ToolFormat
 from goinfer.chat.grammar import json_rule, tool_parameters, written_as_text
 from goinfer.chat.jsonscan import Call, NotACall, Region, close_after, skip_ws
 from goinfer.chat.spec import ToolSpec
