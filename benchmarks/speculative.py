@@ -13,7 +13,7 @@ rendered with the model's chat template and tokenized once by goinfer; llama.cpp
 token ids.
 
 Engines, taking turns within each repeat (a change of the machine's load hits them alike):
-  goinfer            Session.chat(..., draft=None) on a fresh KV cache
+  goinfer            ChatSession.chat(..., draft=None) on a fresh KV cache
   goinfer + draft    the same with draft="prompt_lookup", draft_tokens=K: the text must be
                      identical (checked: the script fails otherwise)
   llama.cpp          llama-cpp-python, one Llama (flash attention on), the same ids

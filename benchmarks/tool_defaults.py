@@ -137,12 +137,13 @@ def main(argv=None) -> dict:
                          "number bounds in call arguments, to compare")
     a = ap.parse_args(argv)
     import goinfer
-    from goinfer import constrained, tools
+    from goinfer import constrained
+    from goinfer.chat import grammar
 
     if "fold" in a.without:
         constrained.Constraint.fold_end = lambda self, logits, mask, *_: (logits, mask)
     if "bounds" in a.without:
-        tools._bounded = lambda params: params
+        grammar.bound_numbers = lambda schema: schema  # every tool schema goes through it
 
     models = [tiny_model()] if a.smoke else [
         goinfer.Model.load(m, threads=None, progress=False) for m in a.models]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer import constrained
-from goinfer import tools as T
+from goinfer import chat as T
 from goinfer.constrained import compile_request
 
 TOOLS = [

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.1.0"
-
-from goinfer.errors import (  # noqa: E402
+from goinfer._version import __version__
+from goinfer.chat.session import ChatSession
+from goinfer.errors import (
     CacheFileError,
     CacheFullError,
     ChatTemplateError,
@@ -29,10 +29,11 @@ from goinfer.errors import (  # noqa: E402
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
-from goinfer.kv_cache import KVCache  # noqa: E402
-from goinfer.model import LoadOptions, Model  # noqa: E402
-from goinfer.sampling import SamplingParams  # noqa: E402
-from goinfer.session import GenerationResult, Session, Timings  # noqa: E402
+from goinfer.generation import GenerationResult, Timings
+from goinfer.kv_cache import KVCache
+from goinfer.model import LoadOptions, Model
+from goinfer.sampling import SamplingParams
+from goinfer.session import Session
 
 
 def config() -> dict:
@@ -77,7 +78,8 @@ def show_config(file=None) -> dict:
 
 
 __all__ = [
-    "Model", "LoadOptions", "Session", "KVCache", "SamplingParams", "GenerationResult", "Timings",
+    "Model", "LoadOptions", "Session", "ChatSession", "KVCache", "SamplingParams",
+    "GenerationResult", "Timings",
     "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
     "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
     "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",

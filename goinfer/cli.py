@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from goinfer.cli_options import exact_option, kv_dtype_option
 from goinfer.errors import GoinferError
 
 
@@ -11,22 +12,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a model name (see `goinfer list`; hf.co/ORG/REPO[:QUANT], an "
                    "Ollama name) or a path to a .gguf (a split one: its first part)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    _exact_arg(p)
+    exact_option(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
-    _kv_dtype_arg(p)
-
-
-def _kv_dtype_arg(p: argparse.ArgumentParser) -> None:
-    from goinfer.kv_cache import DEFAULT_KV_DTYPE, KV_DTYPES
-
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
-                   help="KV cache storage: f16 (default, half of f32), f32, q8_0 (~a quarter)")
-
-
-def _exact_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
-                   help="float64 attention at every position (default: the fast float32 kernel "
-                   "for positions >= 512; --exact-prefill is the old name)")
+    kv_dtype_option(p)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -289,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a registered model name or a path to a .gguf")
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
-    _exact_arg(p)
-    _kv_dtype_arg(p)
+    exact_option(p)
+    kv_dtype_option(p)
     _fidelity_args(p)
     p.set_defaults(fn=cmd_perplexity)
 

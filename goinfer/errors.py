@@ -27,7 +27,13 @@ class DownloadError(GoinferError, RuntimeError):
 
 
 class ContextLengthError(GoinferError, ValueError):
-    """A prompt (plus what it must generate) does not fit in the context or in the KV cache."""
+    """A prompt (plus what it must generate) does not fit in the context or in the KV cache.
+    ``tokens`` is what the request needs and ``limit`` what fits, where they are known."""
+
+    def __init__(self, message: str, tokens: int | None = None, limit: int | None = None):
+        super().__init__(message)
+        self.tokens = tokens
+        self.limit = limit
 
 
 class CacheFullError(GoinferError, RuntimeError):

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goinfer import gguf_split, hub_hf, hub_ollama
+from goinfer.paths import goinfer_home
 from goinfer.errors import DownloadError, GoinferError, ModelNotFoundError
 
 __all__ = ["ModelSpec", "ModelInfo", "ModelSource", "REGISTRY", "DEFAULT_MODEL", "goinfer_home",
@@ -120,11 +121,6 @@ class ModelSource:
 
 
 # ============================================================================ paths
-
-
-def goinfer_home() -> Path:
-    """$GOINFER_HOME, default ~/.cache/goinfer."""
-    return Path(os.environ.get("GOINFER_HOME") or "~/.cache/goinfer").expanduser()
 
 
 def _spec(name: str) -> ModelSpec:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from goinfer import gguf_split
 from goinfer.errors import DownloadError, ModelNotFoundError, UnsupportedTensorTypeError
+from goinfer.paths import goinfer_home
 
 __all__ = ["HFRef", "RepoFile", "Candidate", "CachedModel", "parse", "is_explicit", "endpoint",
            "cache_dir", "offline", "quant_tag", "candidates", "choose", "resolve", "list_cached",
@@ -343,8 +344,6 @@ def _write_ref(repo: str, revision: str, commit: str) -> None:
 
 
 def _stamp_path(digest: str) -> Path:
-    from goinfer.hub import goinfer_home
-
     return goinfer_home() / "verified" / f"{digest}.json"
 
 

@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import GoinferError
+from goinfer.paths import goinfer_home
 from goinfer.quant import QWeight
 
 LAYOUT_VERSION = 2  # bump whenever the native layout or the weights tree of a family changes (2: q6_k)
@@ -97,8 +98,6 @@ def cache_dir() -> Path:
     d = os.environ.get("GOINFER_LAYOUT_DIR")
     if d:
         return Path(d).expanduser()
-    from goinfer.hub import goinfer_home
-
     return goinfer_home() / "layouts"
 
 
@@ -495,7 +494,7 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
         del weights
         if hasattr(g, "release_pages"):
             g.release_pages()  # the GGUF's pages were read once; the layout replaces them
-        from goinfer import __version__
+        from goinfer._version import __version__
 
         header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       gguf={"path": str(g.path), "size": g.file_size,

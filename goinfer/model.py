@@ -198,9 +198,10 @@ class Model:
             return self._cache
 
     def session(self, cache: KVCache | None = None, *, cache_salt: str | None = None):
-        from goinfer.session import Session
+        """A new session on `cache` (default: the model's): a ChatSession (generate and chat)."""
+        from goinfer.chat.session import ChatSession
 
-        return Session(self, cache if cache is not None else self.cache, cache_salt=cache_salt)
+        return ChatSession(self, cache if cache is not None else self.cache, cache_salt=cache_salt)
 
     @property
     def n_ctx(self) -> int:

@@ -7,7 +7,9 @@ bias, penalties and the mask.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +62,25 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def sampling_params(params: SamplingParams | None = None, overrides: Mapping | None = None,
+                    caller: str = "generate") -> SamplingParams:
+    """params (default: SamplingParams()) with the fields `overrides` names replaced, as
+    ``generate(prompt, params, temperature=0.7)`` takes them.  TypeError for a keyword that
+    is no field of SamplingParams (naming it, as Python does for `caller`'s own keywords),
+    ValueError for a value out of range."""
+    overrides = dict(overrides or {})
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
+    for k in overrides:
+        if k not in names:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {k!r}")
+    if params is None:
+        return SamplingParams(**overrides)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"{caller}() params must be a SamplingParams, got "
+                        f"{type(params).__name__}")
+    return dataclasses.replace(params, **overrides) if overrides else params
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Reasoning apart from the answer (goinfer/channels.py) and gpt-oss's harmony tool calls.
+"""Reasoning apart from the answer (goinfer/chat/channels.py) and gpt-oss's harmony tool calls.
 
 Parser: real format strings (gpt-oss's harmony as its template and the model write it,
 <think> blocks as Qwen3.5 / SmolLM3 templates open them) parse to the split the format defines
@@ -25,8 +25,8 @@ from test_server import Server
 from tinymodels import load
 
 from goinfer import KVCache
-from goinfer import channels as C
-from goinfer import tools as T
+from goinfer.chat import channels as C
+from goinfer import chat as T
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -143,13 +143,13 @@ def test_streaming_any_split(case, data):
 
 def test_formats_from_the_real_templates():
     """Which template reads which way (llama.cpp's models/templates)."""
-    assert T._format_of(hfconvert.template("openai-gpt-oss-120b")) is T.HARMONY
+    assert T.format_of(hfconvert.template("openai-gpt-oss-120b")) is T.HARMONY
     assert C.channels_of(hfconvert.template("openai-gpt-oss-120b")) == C.HARMONY_CHANNELS
     for name in ("Qwen3.5-4B", "HuggingFaceTB-SmolLM3-3B", "Qwen-Qwen3-0.6B"):
         assert C.channels_of(hfconvert.template(name)) == C.THINK
     assert C.channels_of(hfconvert.template("Qwen-Qwen2.5-7B-Instruct")) is None
     for name in ("Qwen3.5-4B", "Qwen3-Coder"):
-        assert T._format_of(hfconvert.template(name)) is T.QWEN_XML
+        assert T.format_of(hfconvert.template(name)) is T.QWEN_XML
 
 
 # ============================================================================ fixtures
@@ -423,7 +423,7 @@ def test_qwen35_xml_history_renders_as_transformers_does(qwen35):
 
 def test_smollm3_model_opens_its_think_block(tmp_path):
     """SmolLM3 (its template leaves <think> to the model), Python API: the tools' grammar
-    lets the reply open a think block first; Session.chat gives reasoning_content and the
+    lets the reply open a think block first; ChatSession.chat gives reasoning_content and the
     call, and its stream the same as Reasoning pieces, then the call."""
     _, path = hfconvert.build("smollm3")
     m = load(path)

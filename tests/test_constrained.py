@@ -24,7 +24,7 @@ from goinfer import constrained
 from goinfer.constrained import Tag, compile_request, tags_grammar, token_view
 from goinfer.errors import GoinferError, GrammarError, RequestError
 from goinfer.sampling import Sampler, SamplingParams
-from goinfer.session import Generation
+from goinfer.generation import Generation
 from goinfer.tokenizer import TOKEN_TYPE, Tokenizer
 
 # ============================================================================ fixtures

@@ -23,7 +23,7 @@ from tinymodels import assert_one_prefill_is_every_schedule, close, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
-from goinfer.session import forward_sessions
+from goinfer.batch import forward_sessions
 
 LLAMA_CPP_DISTANCE = 2.0e-3  # max |logit diff| llama.cpp reaches on tiny Qwen3.5 (issue 16)
 SETTINGS = settings(max_examples=8, deadline=None,
@@ -385,7 +385,7 @@ def _decode_run(m, prompts, steps, fork_at=None):
     """Batched greedy decode of len(prompts) hybrid sessions (block size 4: a state snapshot
     every 16 tokens); fork_at: fork session 0 at that step and alternate the two afterwards.
     -> logits of every step (steps, B, vocab)."""
-    from goinfer.session import decode_batch
+    from goinfer.batch import decode_batch
 
     cache = KVCache(m, max_tokens=1024, block_size=4)
     ss = [m.session(cache) for _ in prompts]

@@ -185,7 +185,7 @@ def test_chat_prompt_has_one_bos(tiny_gemma):
     assert text2.startswith("<bos>")
     ids2 = m.tokenize_chat(text2)
     assert ids2[0] == bos and ids2.count(bos) == 1
-    # Session.chat prefills exactly those ids
+    # ChatSession.chat prefills exactly those ids
     s = m.session()
     r = s.chat(msgs, max_tokens=1)
     assert r.prompt_tokens == len(ids) and s.tokens[:len(ids)] == ids

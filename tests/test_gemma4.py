@@ -25,8 +25,8 @@ from tinymodels import assert_one_prefill_is_every_schedule, close, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
-from goinfer.session import forward_sessions
-from goinfer.tools import GEMMA4, tool_format
+from goinfer.batch import forward_sessions
+from goinfer.chat import GEMMA4, tool_format
 
 LLAMA_CPP_DISTANCE = 1.4e-1  # max |logit diff| llama.cpp reaches on this fixture (1..300 tokens)
 VOCAB = 400

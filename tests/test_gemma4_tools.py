@@ -25,8 +25,8 @@ from test_server import Server
 from tinymodels import load
 
 from goinfer import KVCache
-from goinfer import channels as C
-from goinfer import tools as T
+from goinfer.chat import channels as C
+from goinfer import chat as T
 
 Q = '<|"|>'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -146,9 +146,9 @@ def test_text_that_is_no_call_stays_content():
 
 
 def test_format_from_the_real_templates(gemma4):
-    assert T._format_of(hfconvert.template("google-gemma-4-31B-it")) is T.GEMMA4
+    assert T.format_of(hfconvert.template("google-gemma-4-31B-it")) is T.GEMMA4
     assert T.tool_format(gemma4[1]) is T.GEMMA4
-    assert T._format_of(hfconvert.template("google-gemma-2-2b-it")) is T.GENERIC
+    assert T.format_of(hfconvert.template("google-gemma-2-2b-it")) is T.GENERIC
 
 
 # ============================================================================ fixture, history

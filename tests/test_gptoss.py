@@ -283,7 +283,7 @@ def test_decode_steps_replayed(mxfp4_experts, threads):
 
 
 def test_prefix_reuse_and_batching(models):
-    from goinfer.session import forward_sessions
+    from goinfer.batch import forward_sessions
 
     m = models(2)
     ids = ids_(120, 9)

@@ -21,7 +21,7 @@ from goinfer._kernels import _config
 from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import KVCache
 from goinfer.model import Model
-from goinfer.session import decode_batch
+from goinfer.batch import decode_batch
 
 MM = importlib.import_module("goinfer._kernels.matmul")
 OPS = importlib.import_module("goinfer._kernels.ops")

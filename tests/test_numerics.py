@@ -29,7 +29,7 @@ from goinfer import KVCache
 from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.gguf import GGUFFile
 from goinfer.model import FAST_FROM, Model
-from goinfer.session import forward_sessions
+from goinfer.batch import forward_sessions
 
 GOLDENS = Path(__file__).with_name("data") / "smollm2_fast_goldens.npz"
 

@@ -72,7 +72,7 @@ def test_cache_full_during_a_reply_keeps_the_prompt(model):
         with pytest.raises(CacheFullError):
             a.generate(ids, max_tokens=3, draft=draft)  # decodes position 12
         assert a.tokens == ids
-        assert cache.stats().blocks_used == len(a._blocks) + len(b._blocks) == 4
+        assert cache.stats().blocks_used == len(a.block_table) + len(b.block_table) == 4
     b.reset()
     r = a.generate(ids, max_tokens=3)
     ref = model.session(KVCache(model, max_tokens=64)).generate(ids, max_tokens=3)

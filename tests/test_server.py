@@ -1,6 +1,6 @@
 """The OpenAI-compatible server: a real uvicorn server on loopback, driven by the official
 openai client and raw httpx.  Results of batched, concurrent, chunked or preempted requests
-must equal Session.generate / Session.chat of the same request alone (exact numerics)."""
+must equal Session.generate / ChatSession.chat of the same request alone (exact numerics)."""
 from __future__ import annotations
 
 import json
@@ -555,7 +555,9 @@ def test_fuzzed_bodies_never_crash_the_server(srv):
     """Random values of random types in every field: always a 200 or an OpenAI-style 400."""
     import random
 
-    from goinfer.server.protocol import CHAT_ONLY, COMMON, COMPLETION_ONLY
+    from goinfer.server.openai import COMMON
+    from goinfer.server.openai_chat import CHAT_ONLY
+    from goinfer.server.openai_completions import COMPLETION_ONLY
 
     rng = random.Random(0)
     values = [None, True, False, 0, 1, -1, 3, 2.5, -0.5, 10**30, -1e308, "", "x", "user", [],

@@ -94,7 +94,7 @@ def test_tool_round_trip_reuses_the_prompt_and_the_reply(long_srv):
     1's prompt and its reply's tokens, up to the first token where the reply (as sampled)
     differs from the tokenizer's own split of the re-rendered call, in whole cache blocks
     (usage.prompt_tokens_details.cached_tokens)."""
-    from goinfer.tools import prepare_chat
+    from goinfer.chat import prepare_chat
 
     c, m = long_srv.client(), long_srv.model
     messages = msgs("Set level 3.")

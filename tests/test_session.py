@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from goinfer import CacheFullError, ContextLengthError, KVCache
+from goinfer import CacheFullError, ContextLengthError, KVCache, SamplingParams
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
 
@@ -208,6 +208,27 @@ def test_generate_options(model):
         s.generate(p, top_p=0)
 
 
+def test_generate_takes_sampling_params_and_overrides(model):
+    """generate(prompt, params, **overrides): a SamplingParams, its fields as keywords, or
+    both (the keywords win); any other keyword is a TypeError naming it."""
+    s = model.session()
+    p = ids_(12, 14)
+    kw = dict(temperature=0.9, top_k=40, top_p=0.9, seed=5)
+    ref = s.generate(p, max_tokens=8, **kw).tokens
+    assert s.generate(p, SamplingParams(**kw), max_tokens=8).tokens == ref
+    assert s.generate(p, SamplingParams(**dict(kw, seed=99)), max_tokens=8, seed=5).tokens == ref
+    assert s.generate(p, SamplingParams(), max_tokens=8).tokens == s.generate(
+        p, max_tokens=8).tokens  # the defaults are greedy
+    for call in (s.generate, s.chat):
+        arg = p if call == s.generate else [{"role": "user", "content": "hi"}]
+        with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+            call(arg, max_tokens=2, temprature=0.5)
+        with pytest.raises(TypeError, match="SamplingParams"):
+            call(arg, {"temperature": 0.5}, max_tokens=2)
+        with pytest.raises(ValueError):
+            call(arg, SamplingParams(), max_tokens=2, top_p=0)
+
+
 def greedy_reference(model, prompt, n, bias):
     """n greedy tokens by the definition: argmax of Model.logits of the growing sequence plus
     the bias (ties to the lower id), stopping at a stop token."""
@@ -292,7 +313,7 @@ def test_stream_and_stop_strings(model):
 
 
 def test_decode_batch_equals_single_decodes(model):
-    from goinfer.session import decode_batch
+    from goinfer.batch import decode_batch
 
     cache = KVCache(model, max_tokens=512)
     ss = [model.session(cache) for _ in range(3)]

@@ -193,7 +193,7 @@ def test_draft_without_room_falls_back_to_a_decode_step(models):
     would take: the token alone is decoded (the same logits as a decode step), nothing of the
     draft is counted or held, no block is leaked."""
     from goinfer.sampling import SamplingParams
-    from goinfer.session import Generation
+    from goinfer.generation import Generation
     from goinfer.speculative import Speculation
 
     m = models()
@@ -210,7 +210,7 @@ def test_draft_without_room_falls_back_to_a_decode_step(models):
     ref.prefill(ids)
     assert np.array_equal(got, ref.decode(A[3]))
     assert s.tokens == ids + [A[3]] and gen.drafted == 0
-    assert cache.stats().blocks_used == len(s._blocks) == 3
+    assert cache.stats().blocks_used == len(s.block_table) == 3
 
 
 def test_bad_draft_arguments(models):

@@ -1,4 +1,4 @@
-"""Tool calling (goinfer/tools.py): request checks, call formats detected from real chat
+"""Tool calling (goinfer/chat/): request checks, call formats detected from real chat
 templates, calls and results rendered by those templates and parsed back, grammars checked
 with llguidance on hand-written and randomly walked replies, and the streaming parser against
 the whole-reply parser.
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goinfer import tools as T
+from goinfer import chat as T
 from goinfer.chat_template import GEMMA_TEMPLATE, render_chat_template
-from goinfer.constrained import token_view
+from goinfer.constrained import MAX_SAFE_INT, bound_numbers, token_view
 from goinfer.errors import GoinferError, ToolError
 from goinfer.tokenizer import TOKEN_TYPE, Tokenizer
 
@@ -143,19 +143,19 @@ def test_checked_tools():
     ("HuggingFaceTB-SmolLM2-135M-Instruct", "generic"), ("HuggingFaceTB-SmolLM3-3B", "generic"),
     ("google-gemma-2-2b-it", "generic")])
 def test_format_from_real_templates(name, fmt):
-    assert T._format_of(TEMPLATES[name]).name == fmt
+    assert T.format_of(TEMPLATES[name]).name == fmt
 
 
 def test_format_of_other_templates():
-    assert T._format_of(GEMMA_TEMPLATE) is T.GENERIC
-    assert T._format_of("") is T.GENERIC
+    assert T.format_of(GEMMA_TEMPLATE) is T.GENERIC
+    assert T.format_of("") is T.GENERIC
     # renders tools, but in no format we parse: the generic format (our prompt, our parser)
     odd = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
-    assert T._format_of(odd) is T.GENERIC
-    assert T._format_of("{% broken") is T.GENERIC
+    assert T.format_of(odd) is T.GENERIC
+    assert T.format_of("{% broken") is T.GENERIC
     xml = ("{{ tools | tojson }}<tool_call>\n<function=name>\n<parameter=x>\n"
            "{% for m in messages %}{{ m.content }}{% endfor %}")
-    assert T._format_of(xml) is T.QWEN_XML  # Qwen3-Coder's XML calls
+    assert T.format_of(xml) is T.QWEN_XML  # Qwen3-Coder's XML calls
 
 
 # ============================================================================ rendering
@@ -199,7 +199,7 @@ def rendered_reply(template, fmt, messages, s):
     (LLAMA, "llama3", CALLS[:1]),  # Llama 3.1's template takes one call per turn
     (SMOLLM2, "generic", CALLS), (GEMMA_TEMPLATE, "generic", CALLS[1:])])
 def test_template_renders_calls_our_parser_reads_back(template, fmt, calls):
-    f = T._format_of(template)
+    f = T.format_of(template)
     assert f.name == fmt
     s = spec()
     messages = conversation(calls)
@@ -544,7 +544,7 @@ def test_stream_cut_short_keeps_the_call_begun():
     assert assemble(out) == ("", [("add", '{"a": 1')])
 
 
-# ============================================================================ Session.chat
+# ============================================================================ ChatSession.chat
 
 # Bounded arguments (enums, small integers, booleans): a random tiny model under the grammar
 # finishes its call within a few dozen tokens.
@@ -614,9 +614,9 @@ def test_chat_stream_gives_the_same_calls(tiny_model):
 
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice):
-    """Session.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
+    """ChatSession.chat(stream=True, logprobs=True, tools=...): content pieces and tool call
     deltas carry the entries of their tokens; together they are the result's list."""
-    from goinfer.session import Piece
+    from goinfer.generation import Piece
 
     s = tiny_model.session()
     kw = dict(tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0, seed=4,
@@ -726,7 +726,7 @@ def _drive(model, tc, logits, temperature=0.0, seed=None, max_tokens=160, gramma
     from types import SimpleNamespace
 
     from goinfer.sampling import SamplingParams
-    from goinfer.session import Generation
+    from goinfer.generation import Generation
 
     g = tc.compiled() if grammar is None else grammar
     gen = Generation(model, [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), [],
@@ -868,8 +868,8 @@ def test_numbers_in_calls_are_bounded():
         "lo": {"type": "number", "exclusiveMinimum": 1.5, "multipleOf": 0.5},
         "xs": {"type": "array", "items": {"type": "number"}},
         "c": {"const": {"type": "number"}}}}
-    b = T._bounded(p)
-    P, M = b["properties"], T.MAX_SAFE_INT
+    b = bound_numbers(p)
+    P, M = b["properties"], MAX_SAFE_INT
     assert P["x"] == {"type": "number", "minimum": -M, "maximum": M, "multipleOf": 1e-10}
     assert P["n"] == {"type": ["integer", "null"], "minimum": -M, "maximum": M}
     assert P["own"] == p["properties"]["own"]  # bounded already: unchanged
@@ -879,7 +879,7 @@ def test_numbers_in_calls_are_bounded():
     assert p["properties"]["x"] == {"type": "number"}  # the tool's own schema is not touched
     own = {"type": "object", "properties": {"v": {"type": "number", "minimum": -1, "maximum": 1,
                                                   "multipleOf": 0.25}}}
-    assert T._bounded(own) == own
+    assert bound_numbers(own) == own
 
 
 NUMBERS = [{"type": "function", "function": {"name": "put", "parameters": {
@@ -903,6 +903,6 @@ def test_a_model_that_loves_digits_still_ends_its_call(tiny_model, temperature, 
     raw = call["function"]["arguments"]
     args = json.loads(raw)
     jsonschema.validate(args, NUMBERS[0]["function"]["parameters"])
-    assert abs(args["x"]) <= T.MAX_SAFE_INT and abs(args["n"]) <= T.MAX_SAFE_INT
+    assert abs(args["x"]) <= MAX_SAFE_INT and abs(args["n"]) <= MAX_SAFE_INT
     frac = raw.split('"x": ')[1].split(",")[0].partition(".")[2]
     assert len(frac) <= 10 and "e" not in raw.lower()

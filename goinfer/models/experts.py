@@ -34,7 +34,7 @@ from goinfer.quant import QAct, QWeight, concat_rows, pack_float
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
     from goinfer.models.family import Family
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 _SOFTMAX_GATING = 1  # gguf ExpertGatingFuncType.SOFTMAX
 

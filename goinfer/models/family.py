@@ -25,7 +25,7 @@ from goinfer.quant import QWeight
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 # ============================================================================ a layer's weights
 

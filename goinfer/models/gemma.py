@@ -30,7 +30,7 @@ from goinfer.models.loading import Loader, config_fields, swa_layers
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 ROPE_BASE_LOCAL = 10000.0  # RoPE base of the local (sliding-window) layers
 

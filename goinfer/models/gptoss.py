@@ -43,7 +43,7 @@ from goinfer.models.moe import MoELayerWeights
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0

@@ -23,7 +23,7 @@ from goinfer.quant import QWeight, concat_rows
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 _REQUIRED = object()
 

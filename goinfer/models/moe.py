@@ -23,7 +23,7 @@ from goinfer.models.loading import Loader, config_fields
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 # ============================================================================ config
 

@@ -47,7 +47,7 @@ from goinfer.recurrent import StateSpec
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 L2_EPS = 1e-6  # transformers' l2norm eps in the delta rule (fixed, not rms_norm_eps)
 

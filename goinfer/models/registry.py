@@ -7,9 +7,8 @@ every family here declares its capabilities and that every architecture loads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from goinfer.errors import UnsupportedArchitectureError
+from goinfer.models.arch import Arch
 from goinfer.models.base import ModelConfig
 from goinfer.models.experts import has_experts
 from goinfer.models.family import Family
@@ -22,35 +21,11 @@ from goinfer.models.qwen35 import Qwen35Family, Qwen35MoEFamily
 from goinfer.models.smollm3 import SmolLM3Family
 
 
-@dataclass(frozen=True)
-class Arch:
-    """One architecture: its family, and what the family must know that the file does not say
-    (llama.cpp's choices for the architecture).
-
-    experts       the family of a file whose layers carry expert routers (None: ``family``)
-    rope_neox     RoPE rotates the pairs (i, i + n/2) (NeoX), not (2i, 2i + 1)
-    routing       MoE: "softmax_topk" (softmax over all experts, then the top k) or
-                  "topk_softmax" (the top k logits, softmax over those k)
-    norm_topk     MoE: renormalize the chosen weights to sum 1 (unless the file's
-                  {arch}.expert_weights_norm says otherwise)
-    swa_pattern   a sliding window without attention.sliding_window_pattern in the file:
-                  layer i slides when i % n < n - 1 (0: every layer)
-    no_rope_step  every n-th layer has no positional encoding (0: none)
-    """
-
-    family: type[Family]
-    experts: type[Family] | None = None
-    rope_neox: bool = False
-    routing: str = "softmax_topk"
-    norm_topk: bool = False
-    swa_pattern: int = 0
-    no_rope_step: int = 0
-
-    def family_of(self, g) -> type[Family]:
-        """The family that runs the GGUF g of this architecture."""
-        if self.experts is not None and has_experts(g):
-            return self.experts
-        return self.family
+def family_of(arch: Arch, g) -> type[Family]:
+    """The family that runs the GGUF g of this architecture."""
+    if arch.experts is not None and has_experts(g):
+        return arch.experts
+    return arch.family
 
 
 ARCHITECTURES: dict[str, Arch] = {
@@ -90,11 +65,11 @@ def family_for(g) -> type[Family] | None:
     its architecture's MoE family (Mixtral: arch "llama" with blk.N.ffn_gate_inp and
     ffn_*_exps tensors)."""
     arch = ARCHITECTURES.get(g.arch)
-    return None if arch is None else arch.family_of(g)
+    return None if arch is None else family_of(arch, g)
 
 
 def read_config(g) -> tuple[type[Family], ModelConfig]:
     """(family, config) of the GGUF g; UnsupportedArchitectureError if goinfer does not run it."""
     arch = arch_of(g)
-    family = arch.family_of(g)
+    family = family_of(arch, g)
     return family, family.read_config(g, arch)

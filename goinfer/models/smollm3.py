@@ -22,7 +22,7 @@ from goinfer.models.loading import config_fields
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.registry import Arch
+    from goinfer.models.arch import Arch
 
 # ============================================================================ config
 

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from goinfer.cli_options import exact_option, kv_dtype_option
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
@@ -38,9 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens prefilled per step between decode steps (default 256)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
-    p.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
-                   help="float64 attention at every position (default: the fast float32 kernel "
-                   "for positions >= 512; --exact-prefill is the old name)")
+    exact_option(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
                    help="speculative drafting of every request unless it sets 'draft' (the "
@@ -49,9 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
-    from goinfer.cli import _kv_dtype_arg
-
-    _kv_dtype_arg(p)
+    kv_dtype_option(p)
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
     p.add_argument("--log-level", default="info")
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")

@@ -40,17 +40,19 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from goinfer.server.protocol import SSE_DONE, APIError, parse_chat, parse_completion, sse
+from goinfer.server.errors import APIError
+from goinfer.server.route import ApiRoute
+from goinfer.server.routes import route_for
 from goinfer.server.routing import Policy, PrefixIndex, choose, prompt_chain
 
 log = logging.getLogger("goinfer.server")
 
 APP_NAME = "goinfer"
 REPLICA_HEADER = "x-goinfer-replica"
-GEN_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 ROUTE_RETRIES = 3  # tries to place a request on a replica that takes it (a dead one does not)
 ASSIGNED_TTL_S = 600.0  # a request counted in flight this long without completing is forgotten
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+_DEFAULT_ROUTE = ApiRoute()  # any other path: errors in OpenAI's shape
 
 
 @dataclass
@@ -317,24 +319,19 @@ class TextModel:
 
 
 def route_chain(text: TextModel, path: str, body: bytes, block_size: int) -> list[bytes]:
-    """The block hash chain of a generation request's prompt, tokenized as the replica's routes
-    do; [] for any other request or any request the replica will refuse (its app answers the
-    error, so the ingress never needs to)."""
-    from goinfer.server.app import _chat_ids
+    """The block hash chain of a generation request's prompt, parsed by its route and tokenized
+    as the replica's runner does; [] for any other request or any request the replica will
+    refuse (its app answers the error, so the ingress never needs to)."""
+    from goinfer.server.runner import prompt_ids
 
-    kind = GEN_ROUTES.get(path)
-    if kind is None:
+    route = route_for(path)
+    if route is None:
         return []
     try:
-        data = json.loads(body)
-        if kind == "chat":
-            req = parse_chat(data, text.vocab_size)
-            ids, _ = _chat_ids(text, req)
-        else:
-            req = parse_completion(data, text.vocab_size)
-            ids = text.tokenize(req.prompt, True) if isinstance(req.prompt, str) else req.prompt
+        req = route.parse(json.loads(body), text.vocab_size)
+        ids, _ = prompt_ids(text, req)
     except Exception as e:  # noqa: BLE001 - refused there: routed without a key
-        log.debug("no routing key for a %s request: %s", kind, e)
+        log.debug("no routing key for a request to %s: %s", path, e)
         return []
     return prompt_chain(ids, block_size, req.cache_salt)
 
@@ -360,7 +357,7 @@ class GoinferIngress:
         return [r.stats() for r in _routers]
 
     async def __call__(self, request: Request) -> Response:
-        from goinfer.server.app import authorize, read_body
+        from goinfer.server.route import authorize, read_body
 
         path, root = request.scope["path"], request.scope.get("root_path", "")
         if root and path.startswith(root):  # served under a route prefix: the app's own path
@@ -372,7 +369,7 @@ class GoinferIngress:
         chain: list[bytes] = []
         try:
             authorize(request.headers, self.spec.api_key)
-            if path in GEN_ROUTES and request.method == "POST":
+            if route_for(path) is not None and request.method == "POST":
                 chain = await asyncio.to_thread(route_chain, self.text, path, body,
                                                 self.spec.block_size)
         except APIError:
@@ -380,9 +377,9 @@ class GoinferIngress:
         req = {"method": request.method, "path": path, "query": request.url.query,
                "headers": [(k, v) for k, v in request.headers.items() if k != "host"],
                "body": body, "chain": chain}
-        return await self._forward(req)
+        return await self._forward(req, route_for(path) or _DEFAULT_ROUTE)
 
-    async def _forward(self, req: dict) -> Response:
+    async def _forward(self, req: dict, route: ApiRoute) -> Response:
         handle = self.replicas.options(stream=True)
         err: BaseException | None = None
         for attempt in range(ROUTE_RETRIES):
@@ -394,23 +391,23 @@ class GoinferIngress:
                 err = e
                 continue
             assert kind == "accepted", kind
-            return await self._relay(gen, replica)
+            return await self._relay(gen, replica, route)
         e = replica_failed(err, None)
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        return JSONResponse(route.error_body(e), status_code=e.status, headers=e.headers)
 
-    async def _relay(self, gen, replica: str) -> Response:
+    async def _relay(self, gen, replica: str, route: ApiRoute) -> Response:
         try:
             _, status, headers = await gen.__anext__()
         except (RayError, StopAsyncIteration) as e:
             gen.cancel()
             err = replica_failed(e, replica)
-            return JSONResponse(err.body(), status_code=err.status,
+            return JSONResponse(route.error_body(err), status_code=err.status,
                                 headers=dict(err.headers, **{REPLICA_HEADER: replica}))
         headers = {k: v for k, v in headers if k.lower() not in HOP_HEADERS}
         headers[REPLICA_HEADER] = replica
         media = headers.pop("content-type", None)
         if media is not None and media.startswith("text/event-stream"):
-            return StreamingResponse(_relay_stream(gen, replica), status_code=status,
+            return StreamingResponse(_relay_stream(gen, replica, route), status_code=status,
                                      headers=headers, media_type=media)
         parts = []
         try:
@@ -418,13 +415,14 @@ class GoinferIngress:
                 parts.append(data)
         except RayError as e:
             err = replica_failed(e, replica)
-            return JSONResponse(err.body(), status_code=err.status,
+            return JSONResponse(route.error_body(err), status_code=err.status,
                                 headers=dict(err.headers, **{REPLICA_HEADER: replica}))
         return Response(b"".join(parts), status_code=status, headers=headers, media_type=media)
 
 
-async def _relay_stream(gen, replica: str):
-    """The replica's event stream; if the replica dies mid-stream, an error event and [DONE]."""
+async def _relay_stream(gen, replica: str, route: ApiRoute):
+    """The replica's event stream; if the replica dies mid-stream, the route's error end (an
+    error event, and OpenAI's [DONE])."""
     done = False
     try:
         async for _, data in gen:
@@ -433,8 +431,7 @@ async def _relay_stream(gen, replica: str):
     except RayError as e:
         log.warning("replica %s failed mid-stream: %s", replica, e)
         done = True
-        yield sse(replica_failed(e, replica).body())
-        yield SSE_DONE
+        yield route.stream_error(replica_failed(e, replica))
     finally:
         if not done:  # the client went away: stop the replica's job
             gen.cancel()

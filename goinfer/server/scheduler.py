@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 
 from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.sampling import SamplingParams
-from goinfer.session import Generation, GenerationResult, Session, forward_sessions
+from goinfer.batch import forward_sessions
+from goinfer.generation import Generation, GenerationResult
+from goinfer.session import Session
 from goinfer.speculative import Speculation
 
 log = logging.getLogger("goinfer.server")
@@ -180,7 +182,7 @@ class Engine:
             raise ContextLengthError(
                 f"the request needs up to {n_tokens} tokens of KV cache but the server's cache "
                 f"holds {self.cache.max_tokens - bs}; lower max_tokens or restart the server with "
-                "a larger --kv-tokens")
+                "a larger --kv-tokens", n_tokens, self.cache.max_tokens - bs)
 
     def submit(self, job: Job) -> None:
         self.check_fits(job.need_tokens)
@@ -293,7 +295,7 @@ class Engine:
                 self._waiting.popleft()
             self._active.append(job)
 
-    def _seat(self, job: Job) -> None:
+    def _give_session(self, job: Job) -> None:
         """Give the job a session holding the longest cached prefix of what it must feed."""
         first = job.gen is None
         ids = job.ids if first else job.ids + job.gen.tokens
@@ -301,7 +303,7 @@ class Engine:
             job.t_start = time.perf_counter()
         session = self.model.session(self.cache, cache_salt=job.cache_salt)
         try:
-            rest, cached = session._start(ids)
+            rest, cached = session.prepare_prompt(ids)
         except BaseException:
             session.reset()
             raise
@@ -350,7 +352,7 @@ class Engine:
                 break
             if job.session is None:
                 try:
-                    self._seat(job)
+                    self._give_session(job)
                 except Exception as e:
                     self._fail(job, e)
                     continue
@@ -368,7 +370,7 @@ class Engine:
         while work:
             try:
                 for job, toks in work:
-                    job.session._reserve(len(toks))
+                    job.session.table.reserve(len(toks))
                 return work
             except CacheFullError as e:
                 drafting = {id(j) for j, t in work
@@ -377,7 +379,7 @@ class Engine:
                     for job, toks in work:
                         if id(job) in drafting:
                             job.gen.drafted -= len(toks) - 1
-                            job.session._cut(job.session.n_tokens)  # blocks held for a draft
+                            job.session.drop_reserved()  # blocks held for a draft
                     work = [(j, t[:1] if id(j) in drafting else t) for j, t in work]
                     continue
                 holders = [j for j in self._active if j.session is not None]

@@ -8,7 +8,7 @@ Two ways models write it, chosen from the chat template (``channels_of``):
   Some templates open the block in the prompt (Qwen3.5's generation prompt ends with
   ``<think>\\n``): the reply then starts inside it (``Channels.open``); others let the model
   write ``<think>`` itself, at the start of its reply.  The answer goes on to the tool-call
-  parser of the template's format (tools.CallParser).  Gemma 4 writes the same kind of block
+  parser of the template's format (goinfer/chat/parser.py).  Gemma 4 writes the same kind of block
   with its own markers, ``<|channel>thought\nreasoning<channel|>answer`` (``GEMMA_THINK``).
 - harmony (gpt-oss): a reply is a run of messages ``<|channel|>C<|message|>BODY`` joined by
   ``<|end|><|start|>assistant`` and ended by ``<|return|>`` or ``<|call|>`` (stop tokens: the
@@ -19,7 +19,7 @@ Two ways models write it, chosen from the chat template (``channels_of``):
   are its body.  Text before any header (a reply that is not harmony at all) is content.
 
 ``ReplyParser`` does either, incrementally (streaming: ``Reasoning`` pieces, content strings
-and tools.ToolCallDelta pieces, in order) or at once; nothing the model wrote is dropped
+and ToolCallDelta pieces, in order) or at once; nothing the model wrote is dropped
 except the format's own markers and the whitespace around them.
 """
 from __future__ import annotations
@@ -29,8 +29,10 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Channels", "THINK", "GEMMA_THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser", "channels_of",
-           "think_grammar_prefix", "think_text_rule"]
+from goinfer.chat.spec import ToolCallDelta, new_call_id
+
+__all__ = ["Channels", "THINK", "GEMMA_THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser",
+           "channels_of", "think_grammar_prefix", "think_text_rule"]
 
 _WS = " \t\n\r"
 
@@ -121,7 +123,7 @@ def _partial_tail(s: str, markers: tuple[str, ...]) -> int:
 
 class ReplyParser:
     """Reply text -> reasoning, content and tool calls, incrementally (the interface of
-    tools.CallParser: push / finish, then content, tool_calls and reasoning).
+    parser.CallParser: push / finish, then content, tool_calls and reasoning).
 
     calls: the CallParser the answer goes to (think) or None (no calls read: the answer is
     content).  Harmony reads its calls itself: `names` are the functions that may be called
@@ -136,9 +138,7 @@ class ReplyParser:
         self.names = names or set()
         self.eager = eager
         if new_id is None:
-            from goinfer.tools import HARMONY
-
-            new_id = HARMONY.new_id
+            new_id = new_call_id
         self.new_id = new_id
         self.text = ""
         self.i = 0  # text[:i] is decided
@@ -326,8 +326,6 @@ class ReplyParser:
             self.call = {"id": self.new_id(), "name": name, "arguments": "",
                          "index": len(self.calls)}
             if self.eager:
-                from goinfer.tools import ToolCallDelta
-
                 self.calls.append(self.call)
                 out.append(ToolCallDelta(self.call["index"], self.call["id"], name, ""))
 
@@ -342,8 +340,6 @@ class ReplyParser:
         h["body"] += s
         if self.eager:
             if s:
-                from goinfer.tools import ToolCallDelta
-
                 self.call["arguments"] += s
                 out.append(ToolCallDelta(self.call["index"], arguments=s))
             return

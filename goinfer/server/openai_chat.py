@@ -1,0 +1,190 @@
+"""POST /v1/chat/completions: OpenAI's Chat Completions API.
+
+Body -> Request (the messages in the chat layer's form, tools, response_format, reasoning
+settings); events -> ``chat.completion.chunk`` objects (``delta.content``,
+``delta.reasoning_content``, ``delta.tool_calls``); the whole result -> a ``chat.completion``.
+"""
+from __future__ import annotations
+
+import json
+
+from goinfer import logprobs as lp
+from goinfer.chat.spec import ToolCallDelta, check_tools
+from goinfer.errors import ToolError
+from goinfer.server import fields as F
+from goinfer.server.errors import bad
+from goinfer.server.openai import COMMON, OpenAIRoute, common_request
+from goinfer.server.request import Done, Failed, Ping, ReasoningDelta, Request, TextDelta
+from goinfer.server.route import SSE_PING, ReplyInfo, sse
+
+__all__ = ["ChatCompletions", "CHAT_ONLY", "ROLES"]
+
+CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
+             "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
+             "chat_template_kwargs",
+             # accepted and ignored: hints that do not change what a local model computes
+             "reasoning_effort", "verbosity", "modalities", "prompt_cache_key",
+             "safety_identifier"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+EFFORTS = ("low", "medium", "high")
+
+
+class ChatCompletions(OpenAIRoute):
+    path = "/v1/chat/completions"
+    id_prefix = "chatcmpl-"
+    chunk_object = "chat.completion.chunk"
+
+    # ------------------------------------------------------------------ request
+
+    def parse(self, body: dict, vocab_size: int) -> Request:
+        req = common_request(body, "chat", COMMON | CHAT_ONLY, vocab_size)
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad("'messages' must be a non-empty list", "messages",
+                      "invalid_type" if not isinstance(msgs, list) else "invalid_value")
+        req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+        try:
+            check_tools(body.get("tools"), body.get("tool_choice"),
+                        body.get("parallel_tool_calls"))
+        except ToolError as e:
+            raise bad(str(e), e.param, "invalid_value") from None
+        req.tools = body.get("tools") or None
+        req.tool_choice = body.get("tool_choice")
+        req.parallel_tool_calls = body.get("parallel_tool_calls")
+        F.boolean(body, "store", False)
+        rf = body.get("response_format")
+        if rf is not None and not isinstance(rf, dict):
+            raise bad("'response_format' must be an object", "response_format", "invalid_type")
+        req.response_format = rf  # its contents are checked when it is compiled
+        req.template_kwargs = _template_kwargs(body)
+        req.logprobs = F.boolean(body, "logprobs", False)
+        req.top_logprobs = F.integer(body, "top_logprobs", 0, lp.MAX_TOP_LOGPROBS, 0)
+        if req.top_logprobs and not req.logprobs:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
+        return req
+
+    # ------------------------------------------------------------------ reply
+
+    def reply(self, result, req: Request, info: ReplyInfo) -> dict:
+        out = self.head(info, "chat.completion")
+        message = {"role": "assistant", "content": result.content}
+        if result.reasoning_content is not None:
+            message["reasoning_content"] = result.reasoning_content
+        if result.tool_calls:
+            message["tool_calls"] = result.tool_calls
+        entries = result.logprobs["content"] if result.logprobs is not None else None
+        out["choices"] = [{"index": 0, "message": message, "logprobs": _logprobs(entries),
+                           "finish_reason": result.finish_reason}]
+        return self.finish_reply(out, result, req)
+
+    def chunk(self, req: Request, info: ReplyInfo, delta: dict, logprobs=None,
+              finish: str | None = None) -> dict:
+        out = self.head(info, self.chunk_object)
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": _logprobs(logprobs),
+                           "finish_reason": finish}]
+        if req.options.include_usage:
+            out["usage"] = None
+        return out
+
+    async def stream(self, events, req: Request, info: ReplyInfo):
+        yield sse(self.chunk(req, info, {"role": "assistant", "content": ""}))
+        async for ev in events:
+            if isinstance(ev, Ping):
+                yield SSE_PING
+            elif isinstance(ev, TextDelta):
+                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs))
+            elif isinstance(ev, ReasoningDelta):
+                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs))
+            elif isinstance(ev, ToolCallDelta):
+                yield sse(self.chunk(req, info, {"tool_calls": [ev.as_openai()]}, ev.logprobs))
+            elif isinstance(ev, Done):
+                end = self.chunk(req, info, {}, ev.logprobs, ev.result.finish_reason)
+                for x in self.last_chunks(end, ev.result, req, info):
+                    yield x
+            elif isinstance(ev, Failed):
+                yield self.stream_error(ev.error)
+
+
+def _logprobs(entries: list[dict] | None):
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+# ============================================================================ request fields
+
+
+def _message(m, where: str) -> dict:
+    """A message as the chat layer takes it: "developer" is "system", content is text."""
+    if not isinstance(m, dict):
+        raise bad(f"{where} must be an object", "messages", "invalid_type")
+    role = m.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise bad(f"{where}: 'role' must be one of {sorted(ROLES)}, got {role!r}", "messages",
+                  "invalid_value")
+    msg = dict(m)
+    msg["role"] = "system" if role == "developer" else role
+    msg["content"] = _text_content(m.get("content"), where)
+    if m.get("tool_calls") is not None:
+        if role != "assistant":
+            raise bad(f"{where}: only assistant messages have 'tool_calls'", "messages",
+                      "invalid_value")
+        _check_tool_calls(m["tool_calls"], where)
+    if msg["content"] is None and not (role == "assistant" and m.get("tool_calls")):
+        raise bad(f"{where}: 'content' is required", "messages", "invalid_value")
+    return msg
+
+
+def _text_content(content, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(
+                    p.get("text"), str):
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise bad(f"{where}: only text content parts are supported (got {kind!r})",
+                          "messages", "unsupported_content")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad(f"{where}: 'content' must be a string, a list of text parts or null", "messages",
+              "invalid_type")
+
+
+def _check_tool_calls(calls, where: str) -> None:
+    """An assistant message's tool_calls, in OpenAI's shape."""
+    if not isinstance(calls, list):
+        raise bad(f"{where}: 'tool_calls' must be a list", "messages", "invalid_type")
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                fn.get("arguments", ""), str) or not isinstance(c.get("id", ""), str):
+            raise bad(f"{where}.tool_calls[{j}] must be {{'id': str, 'type': 'function', "
+                      "'function': {'name': str, 'arguments': str}}", "messages",
+                      "invalid_value")
+
+
+def _template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs (vLLM's and llama.cpp's field: variables for the chat template,
+    e.g. {"enable_thinking": false}) and reasoning_effort (gpt-oss's template reads it)."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        kw = {}
+    if not isinstance(kw, dict):
+        raise bad("'chat_template_kwargs' must be an object", "chat_template_kwargs",
+                  "invalid_type")
+    bad_keys = sorted(k for k in kw if k in RESERVED_TEMPLATE_VARS or not k.isidentifier())
+    if bad_keys:
+        raise bad(f"'chat_template_kwargs' cannot set {bad_keys}", "chat_template_kwargs",
+                  "invalid_value")
+    kw = dict(kw)
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise bad(f"'reasoning_effort' must be a string, got {json.dumps(effort)[:40]}",
+                  "reasoning_effort", "invalid_type")
+    if effort in EFFORTS:  # other levels (OpenAI's "minimal", ...): no template knows them
+        kw.setdefault("reasoning_effort", effort)
+    return kw
+
+
+ROUTE = ChatCompletions()

@@ -1,0 +1,94 @@
+"""What every API route hands the runner, and what it gets back.
+
+A route translates its wire body into one ``Request`` (messages in the chat layer's form, or a
+raw prompt), the runner (runner.py) turns it into a stream of ``Event``\\ s, and the route
+translates those into its wire shape.  Nothing here knows any API's field names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from goinfer.chat.spec import ToolCallDelta
+from goinfer.generation import GenerationResult
+from goinfer.server.errors import APIError
+
+__all__ = ["Request", "TextDelta", "ReasoningDelta", "ToolCallDelta", "Done", "Failed", "Ping",
+           "Event"]
+
+
+@dataclass
+class Request:
+    """One generation request, whatever API it came through."""
+
+    kind: str  # "chat": messages through the chat template | "completion": a raw prompt
+    # chat: the conversation as the chat layer takes it (OpenAI-shaped dicts: role, content
+    # text, tool_calls, tool_call_id, reasoning_content)
+    messages: list[dict] = field(default_factory=list)
+    prompt: str | list[int] | None = None  # completion: text (BOS added) or token ids
+    prompt_param: str = "messages"  # the wire field errors about the prompt name
+    tools: list | None = None  # OpenAI's function tools (goinfer/chat/spec.py checks them)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None  # OpenAI's shape, compiled by the runner
+    grammar: str | dict | None = None  # goinfer's extension: Lark, {"regex": ...}
+    sampling: dict = field(default_factory=dict)  # keyword arguments of SamplingParams
+    stops: list[str] = field(default_factory=list)
+    max_tokens: int | None = None  # None: up to the context
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    template_kwargs: dict = field(default_factory=dict)  # chat template variables (thinking)
+    cache_salt: str | None = None
+    draft: bool | None = None  # speculative drafting on / off (None: the server's default)
+    draft_tokens: int | None = None  # tokens per draft (None: the server's)
+    # the route's own options for shaping its reply (the runner does not read them)
+    options: Any = None
+
+
+# ============================================================================ events
+
+
+@dataclass
+class TextDelta:
+    """A piece of the answer (completions: of the text), with the logprobs entries of the
+    tokens taken since the last event (None: not asked for, or none with a parsed reply)."""
+
+    text: str
+    logprobs: list[dict] | None = None
+
+
+@dataclass
+class ReasoningDelta:
+    """A piece of a reasoning model's thinking."""
+
+    text: str
+    logprobs: list[dict] | None = None
+
+
+# ToolCallDelta (goinfer/chat/spec.py): a piece of a tool call (the first with its id and
+# name), its logprobs entries in .logprobs
+
+
+@dataclass
+class Done:
+    """The generation ended: the whole result (text, content, reasoning_content, tool_calls,
+    finish_reason, usage counts, timings) and the logprobs entries no event carried yet."""
+
+    result: GenerationResult
+    logprobs: list[dict] | None = None
+
+
+@dataclass
+class Failed:
+    """The generation failed after it was accepted (the stream is already open)."""
+
+    error: APIError
+
+
+@dataclass
+class Ping:
+    """Nothing else came for a while (a long prefill): keeps the connection alive."""
+
+
+Event = Union[TextDelta, ReasoningDelta, ToolCallDelta, Done, Failed, Ping]

@@ -1,0 +1,22 @@
+"""The API routes the server serves: one module each, one line each here.
+
+Adding an API: a module with an ApiRoute subclass (goinfer/server/route.py) and its entry
+below; the app (app.py) and the Ray ingress (ray.py) serve every route listed.
+"""
+from __future__ import annotations
+
+from goinfer.server import openai_chat, openai_completions
+from goinfer.server.route import ApiRoute
+
+__all__ = ["ROUTES", "route_for"]
+
+ROUTES: tuple[ApiRoute, ...] = (
+    openai_chat.ROUTE,         # POST /v1/chat/completions
+    openai_completions.ROUTE,  # POST /v1/completions
+)
+_BY_PATH = {r.path: r for r in ROUTES}
+
+
+def route_for(path: str) -> ApiRoute | None:
+    """The generation route served at `path` (None: another path)."""
+    return _BY_PATH.get(path)

@@ -1,0 +1,250 @@
+"""The generic runner: one Request in, a stream of Events out, for every API route.
+
+    run = await runner.start(request)          # tokenize, compile, check, submit (or APIError)
+    async for ev in runner.events(run): ...    # streamed: TextDelta, ReasoningDelta,
+                                               #   ToolCallDelta, Ping..., then Done or Failed
+    result = await runner.collect(run, gone)   # whole: the finished GenerationResult
+
+Tokenizing (the chat template, ~ms to ~100 ms for long conversations) and compiling the
+constraint run in worker threads, never on the event loop.  A chat reply is parsed as it comes
+(goinfer/chat/): content, reasoning and tool-call pieces, each carrying the logprobs entries of
+the tokens taken since the last piece, so the pieces' entries add up to the whole list.
+Closing the event stream early (the client went away) cancels the job; its KV blocks are freed
+before the engine's next step.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+
+from goinfer.chat.channels import Reasoning
+from goinfer.chat.request import ToolChat, prepare_chat
+from goinfer.chat.spec import ToolCallDelta
+from goinfer.errors import (
+    ChatTemplateError,
+    ContextLengthError,
+    GoinferError,
+    GrammarError,
+    ToolError,
+)
+from goinfer.generation import GenerationResult, constraint_of
+from goinfer.sampling import SamplingParams
+from goinfer.server.errors import APIError, bad, engine_error
+from goinfer.server.request import Done, Event, Failed, Ping, ReasoningDelta, Request, TextDelta
+from goinfer.server.scheduler import Event as EngineEvent
+from goinfer.server.scheduler import Job, QueueFullError
+
+__all__ = ["Runner", "Run", "ClientGone", "prompt_ids", "compile_constraint"]
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the reply was complete."""
+
+
+@dataclass(eq=False)
+class Run:
+    """A request the engine accepted."""
+
+    request: Request
+    job: Job
+    queue: asyncio.Queue  # the engine's events, put by the engine thread
+    chat: ToolChat | None  # the chat side (None: a raw prompt)
+
+
+# ============================================================================ preparing
+
+
+def prompt_ids(model, req: Request) -> tuple[list[int], ToolChat | None]:
+    """The prompt's token ids and, for a chat, its ToolChat (the rendered conversation, the
+    reply's grammar and parser).  Chat: BOS once, as ChatSession.chat; text: BOS added.
+    Also what the Ray ingress runs to route a request (model: its text side only)."""
+    if req.kind != "chat":
+        if isinstance(req.prompt, str):
+            return model.tokenize(req.prompt, True), None
+        return list(req.prompt), None
+    try:
+        tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
+                          req.parallel_tool_calls, req.template_kwargs)
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value", e) from None
+    except ChatTemplateError as e:
+        raise bad(f"the chat template failed: {e}", req.prompt_param, "chat_template_error",
+                  e) from None
+    return model.tokenize_chat(tc.prompt), tc
+
+
+def compile_constraint(model, req: Request, tc: ToolChat | None = None):
+    """The request's compiled constraint (None: unconstrained): its response_format or
+    grammar, or its tools' grammar; a 400 naming the field when it cannot be enforced.  The
+    first request of a model builds its tokenizer view (~0.1-2 s), later ones hit the
+    compiled-grammar cache."""
+    rf, grammar = req.response_format, req.grammar
+    try:
+        if tc is not None:
+            rf, grammar = tc.constraint(rf, grammar)
+        return constraint_of(model, rf, grammar)
+    except ToolError as e:
+        raise bad(str(e), e.param, "invalid_value", e) from None
+    except GrammarError as e:
+        code = "invalid_grammar" if e.param == "grammar" else "invalid_response_format"
+        raise bad(str(e), e.param, code, e) from None
+
+
+# ============================================================================ the runner
+
+
+class Runner:
+    def __init__(self, model, cache, engine, *, draft: bool = False, draft_tokens: int = 0,
+                 ping_interval: float = 5.0):
+        """draft / draft_tokens: the default speculative drafting of requests (a request's own
+        setting overrides it); ping_interval: seconds without an event before a Ping."""
+        self.model = model
+        self.cache = cache
+        self.engine = engine
+        self.draft = draft
+        self.draft_tokens = draft_tokens
+        self.ping_interval = ping_interval
+
+    async def start(self, req: Request) -> Run:
+        """Tokenize and compile (worker threads), check the context, submit -> the Run.
+        APIError: 400 (bad input, too long), 429 (the queue is full), 503 (shutting down)."""
+        ids, tc = await run_in_threadpool(prompt_ids, self.model, req)
+        grammar = await run_in_threadpool(compile_constraint, self.model, req, tc)
+        job = self._job(req, ids)
+        job.grammar, job.logprobs = grammar, (req.logprobs, req.top_logprobs)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+
+        def on_event(ev: EngineEvent) -> None:  # engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        job.on_event = on_event
+        try:
+            self.engine.submit(job)
+        except QueueFullError as e:
+            raise APIError(429, str(e), type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}, cause=e) from None
+        except ContextLengthError as e:
+            raise bad(str(e), "max_tokens", "kv_cache_too_small", e) from None
+        except GoinferError as e:
+            raise APIError(503, str(e), type="server_error", code="unavailable",
+                           cause=e) from None
+        return Run(req, job, queue, tc)
+
+    def _job(self, req: Request, ids: list[int]) -> Job:
+        """The engine's job: the context checks (a 400 whose cause is a ContextLengthError
+        with the tokens asked for and the limit), the sampling settings, the drafting."""
+        param = req.prompt_param
+        if not ids:
+            raise bad("the prompt is empty", param)
+        n_ctx = self.model.n_ctx
+        cap = min(n_ctx, self.cache.max_tokens - self.cache.block_size)
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            if len(ids) >= cap:
+                msg = (f"this model's maximum context length is {cap} tokens, but the "
+                       f"messages take {len(ids)} tokens")
+                raise bad(msg, param, "context_length_exceeded",
+                          ContextLengthError(msg, len(ids), cap))
+            max_tokens = cap - len(ids)
+        elif len(ids) + max_tokens > n_ctx:
+            msg = (f"this model's maximum context length is {n_ctx} tokens, but "
+                   f"{len(ids) + max_tokens} were requested ({len(ids)} in the prompt, "
+                   f"{max_tokens} for the completion); shorten the prompt or lower max_tokens")
+            raise bad(msg, param, "context_length_exceeded",
+                      ContextLengthError(msg, len(ids) + max_tokens, n_ctx))
+        try:
+            params = SamplingParams(**req.sampling)
+        except ValueError as e:
+            raise bad(str(e)) from None
+        on = self.draft if req.draft is None else req.draft
+        return Job(ids=ids, max_tokens=max_tokens, params=params, stops=req.stops,
+                   on_event=lambda ev: None, cache_salt=req.cache_salt,
+                   draft_tokens=(req.draft_tokens or self.draft_tokens) if on else 0)
+
+    # ------------------------------------------------------------------ results
+
+    async def collect(self, run: Run, gone: Awaitable) -> GenerationResult:
+        """Wait for the whole result (its reply parsed); cancel the job if `gone` (the client
+        closing the connection) completes first: ClientGone.  A failed generation raises its
+        APIError."""
+        gone = asyncio.ensure_future(gone)
+        try:
+            while True:
+                get = asyncio.ensure_future(run.queue.get())
+                done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    self.engine.cancel(run.job)
+                    raise ClientGone
+                ev = get.result()
+                if ev.kind == "done":
+                    return run.chat.finish(ev.result) if run.chat is not None else ev.result
+                if ev.kind == "error":
+                    raise engine_error(ev.error)
+        finally:
+            gone.cancel()
+            if not run.job.cancelled:
+                self.engine.cancel(run.job)  # a no-op for a finished job; frees it on any exit
+
+    async def events(self, run: Run) -> AsyncIterator[Event]:
+        """The reply as events (see the module's docstring), a Ping whenever nothing came for
+        ping_interval seconds, and last Done or Failed.  Closing the iterator before that
+        cancels the job."""
+        tc = run.chat
+        parser = tc.parser() if tc is not None and tc.splits else None
+        # a parsed reply: logprobs entries of text the parser has taken but not given out yet
+        # (a marker held back, whitespace between calls) go with the next piece
+        carry: list[dict] = []
+
+        def pieces(items):
+            nonlocal carry
+            for x in items:
+                lps, carry = carry or None, []
+                if isinstance(x, Reasoning):
+                    yield ReasoningDelta(str(x), lps)
+                elif isinstance(x, str):
+                    yield TextDelta(x, lps)
+                else:
+                    assert isinstance(x, ToolCallDelta)
+                    x.logprobs = lps
+                    yield x
+
+        finished = False
+        get = None
+        try:
+            get = asyncio.ensure_future(run.queue.get())
+            while True:
+                done, _ = await asyncio.wait({get}, timeout=self.ping_interval)
+                if not done:
+                    yield Ping()
+                    continue
+                ev = get.result()
+                if ev.kind == "text":
+                    if parser is None:
+                        yield TextDelta(ev.text, ev.logprobs)
+                    else:
+                        carry += ev.logprobs or []
+                        for x in pieces(parser.push(ev.text)):
+                            yield x
+                elif ev.kind == "done":
+                    finished = True
+                    if parser is not None:
+                        for x in pieces(parser.finish()):
+                            yield x
+                        tc.finish(ev.result, parser)
+                    yield Done(ev.result, carry or None)
+                    return
+                else:
+                    finished = True
+                    yield Failed(engine_error(ev.error))
+                    return
+                get = asyncio.ensure_future(run.queue.get())
+        finally:
+            if get is not None:
+                get.cancel()
+            if not finished:
+                self.engine.cancel(run.job)
