@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 MODEL ?= smollm2-135m
 PROMPT ?= In two sentences, why does prefill speed matter for AI agents?
 
-.PHONY: run test venv install install-test dev bench clean
+.PHONY: run test venv install install-test dev bench bench-peers-smoke bench-report clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,24 @@ test: install-test
 
 bench: install
 	$(VENV)/bin/goinfer bench $(MODEL)
+
+# The llama.cpp halves of the benchmarks, each script's --smoke run with its checks, in an
+# environment that has llama-cpp-python (`pip install '.[bench,test]'`; building llama.cpp
+# takes minutes, so this is not part of `make test`).  PEER_PY: that environment's python;
+# PEER_PATH: where a llama-cpp-python build installed with `pip install --target` lives (e.g.
+# one built without AMX for a machine where llama.cpp's AMX path crashes); goinfer comes from
+# this tree (`make dev PY=$(PEER_PY)` first).
+PEER_PY ?= $(VPY)
+PEER_PATH ?=
+PEER_TESTS := smoke and (agent_loop or agreement or memory or peers or perplexity or shapes or speculative) or llama_cpp
+bench-peers-smoke:
+	cd tests && PYTHONPATH=$(CURDIR)$(if $(PEER_PATH),:$(PEER_PATH)) GOINFER_REQUIRE_PEER=1 \
+	  $(PEER_PY) -m pytest -q -p no:cacheprovider \
+	  test_benchmarks.py -k "$(PEER_TESTS)"
+
+# docs/benchmarks.md and its plots from benchmarks/results (matplotlib: the docs extra)
+bench-report:
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/report.py
 
 # Developer loop: incremental in-tree build of the extensions (serialized by a lock) so that
 # `PYTHONPATH=. python ...` runs the source tree.  Uses the interpreter given by PY.

@@ -2,7 +2,8 @@
 first token takes.  goinfer with prefix reuse, goinfer cold, and llama-cpp-python (one live
 `Llama` continuing the conversation, and with its `LlamaRAMCache`).
 
-    python benchmarks/agent_loop.py [MODEL.gguf] [--turns 12] [--reply-tokens 30] [--json out.json]
+    python benchmarks/agent_loop.py [MODEL.gguf] [--turns 12] [--reply-tokens 30] [--repeats 1]
+        [--json out.json]
     python benchmarks/agent_loop.py gemma3-270m --transcript long [--max-context 12288]
     python benchmarks/agent_loop.py [TINY.gguf] --smoke  # tiny model, 2 short turns (the test suite)
 
@@ -14,23 +15,28 @@ fit --max-context tokens (default 12,288) and the model's context (SmolLM2: 8,19
 270M: 32,768), so the last turns run on a 12k-token cached context.  Each engine renders the whole
 conversation with the model's chat template every turn (as an agent resends its context) and
 generates up to --reply-tokens tokens; time to first token (TTFT) is measured from the call to the
-first streamed piece.  The engines take turns (turn i of each, then turn i + 1), so a change
-of the machine's load hits them alike.  After the last turn the goinfer cache is saved and
-loaded, and the last prompt is timed from the loaded cache against a cold prefill of the same
-tokens.
+first streamed piece.  Each engine runs alone in its own process (benchmarks/isolate.py) over
+the whole transcript, the engines alternating (goinfer reuse, goinfer cold, llama.cpp live,
+llama.cpp RAM cache, then again for --repeats); per turn the median over repeats.  After the
+last turn the goinfer cache is saved and loaded, and the last prompt is timed from the loaded
+cache against a cold prefill of the same tokens.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import statistics
+import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
+import isolate
+import regime
+
+HERE = Path(__file__).resolve()
+DATA = HERE.parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
 SEP = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
 
 TOOLS = [
@@ -180,44 +186,47 @@ def llama_turns(llm, prompts, reply_tokens, cold: bool):
                "ttft_s": ttft, "total_s": total, "completion_tokens": n}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default=None)
-    ap.add_argument("--turns", type=int, default=12)
-    ap.add_argument("--reply-tokens", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--transcript", choices=["default", "long"], default="default")
-    ap.add_argument("--max-context", type=int, default=12288,
-                    help="long transcript: stop adding turns beyond this many tokens")
-    ap.add_argument("--smoke", action="store_true", help="2 short turns, 4 reply tokens, goinfer only")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.turns, args.reply_tokens, args.no_llama_cpp = 2, 4, True
-    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is None:
-        args.no_llama_cpp = True
-        print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
-    elif args.no_llama_cpp:
-        print("llama.cpp: skipped (--smoke / --no-llama-cpp)", flush=True)
-    long = args.transcript == "long"
-    if long and args.turns == 12:
-        args.turns = 24  # as many as fit --max-context
+def child() -> None:
+    """One engine over the whole transcript: {"rows": [per turn], ...}; or the prompts."""
+    spec = isolate.child_spec()
+    kind, path, threads = spec["engine"], spec["model"], spec["threads"]
+    if kind == "prompts":
+        return isolate.child_reply(prompts_of(spec))
+    prompts, reply, n_ctx = spec["prompts"], spec["reply_tokens"], spec["n_ctx"]
+    out: dict = {}
+    if kind.startswith("goinfer"):
+        import goinfer
 
+        model = goinfer.Model.load(path, threads=threads, progress=False)
+        list(goinfer_turns(model, goinfer.KVCache(model, max_tokens=128), [prompts[0][:64]], 1, False))
+        reuse = kind == "goinfer (reuse)"
+        cache = goinfer.KVCache(model, max_tokens=max(16384, 2 * n_ctx) if reuse else n_ctx)
+        out["rows"] = list(goinfer_turns(model, cache, prompts, reply, reuse))
+        if reuse:
+            out["save_load"] = save_load(goinfer, model, cache, prompts[-1])
+    else:
+        from llama_cpp import Llama, LlamaRAMCache
+
+        llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                    flash_attn=True, verbose=False)
+        if kind == "llama.cpp (LlamaRAMCache)":
+            llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
+        llm.create_completion(prompts[0][:64], max_tokens=1)  # warm-up
+        llm.reset()
+        out["rows"] = list(llama_turns(llm, prompts, reply, cold=False))
+        out["system_info"] = regime.system_info()
+    isolate.child_reply(out)
+
+
+def prompts_of(spec: dict) -> dict:
+    """The transcript's prompts as token ids (the model's chat template), as many turns as fit."""
     import goinfer
-    from goinfer import hub
 
-    tmp = tempfile.TemporaryDirectory()
-    if args.smoke and args.model is None:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
-
-        args.model = str(smoke_model(tmp.name))
-    path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
-    model = goinfer.Model.load(path, threads=args.threads, progress=False)
-    system, turns = transcript(args.turns, long=long, short=args.smoke)
-    limit = min(model.n_ctx, args.max_context if long else model.n_ctx) - args.reply_tokens - 16
+    model = goinfer.Model.load(spec["model"], threads=1, progress=False)
+    system, turns = transcript(spec["turns"], long=spec["long"], short=spec["short"])
+    limit = min(model.n_ctx, spec["max_context"] if spec["long"] else model.n_ctx) - spec["reply_tokens"] - 16
     prompts = []
-    for i in range(1, args.turns + 1):
+    for i in range(1, spec["turns"] + 1):
         text = model.apply_chat_template(conversation(system, turns, i), add_generation_prompt=True)
         ids = model.tokenize_chat(text)
         if len(ids) > limit:
@@ -225,38 +234,12 @@ def main(argv=None):
                 raise SystemExit(f"the first turn ({len(ids)} tokens) does not fit {limit}")
             break
         prompts.append(ids)
-    args.turns = len(prompts)
-    n_ctx = max(len(p) for p in prompts) + args.reply_tokens + 64
-    res = {"model": Path(path).name, "date": date.today().isoformat(), "threads": args.threads,
-           "load_avg_start": os.getloadavg(), "turns": args.turns, "reply_tokens": args.reply_tokens,
-           "transcript": args.transcript, "engines": {}}
-    # warm up the kernels once
-    list(goinfer_turns(model, goinfer.KVCache(model, max_tokens=128), [prompts[0][:64]], 1, False))
+    return {"prompts": prompts}
 
-    # the engines take turns: turn i of every engine, then turn i + 1 (load drifts evenly)
-    cache = goinfer.KVCache(model, max_tokens=max(16384, 2 * n_ctx))
-    engines = {"goinfer (reuse)": goinfer_turns(model, cache, prompts, args.reply_tokens, True),
-               "goinfer (cold)": goinfer_turns(model, goinfer.KVCache(model, max_tokens=n_ctx),
-                                               prompts, args.reply_tokens, False)}
-    if not args.no_llama_cpp:
-        import llama_cpp
-        from llama_cpp import Llama, LlamaRAMCache
 
-        res["llama_cpp_python"] = llama_cpp.__version__
-        mk = lambda: Llama(path, n_ctx=n_ctx, n_batch=512, n_threads=args.threads,  # noqa: E731
-                           n_threads_batch=args.threads, flash_attn=True, verbose=False)
-        engines["llama.cpp (live Llama)"] = llama_turns(mk(), prompts, args.reply_tokens, cold=False)
-        llm = mk()
-        llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
-        engines["llama.cpp (LlamaRAMCache)"] = llama_turns(llm, prompts, args.reply_tokens, cold=False)
-    res["engines"] = {name: [] for name in engines}
-    for _ in prompts:
-        for name, turns_of in engines.items():
-            res["engines"][name].append(next(turns_of))
-    engines.clear()
-
-    # save / load after the last turn, against a cold prefill of the same tokens
-    last = prompts[-1]
+def save_load(goinfer, model, cache, last: list[int]) -> dict:
+    """Save and load the cache after the last turn; the last prompt from the loaded cache
+    against a cold prefill of the same tokens."""
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "kv.bin"
         t0 = time.perf_counter()
@@ -266,23 +249,88 @@ def main(argv=None):
         t0 = time.perf_counter()
         loaded = goinfer.KVCache.load(model, f)
         t_load = time.perf_counter() - t0
-    s2 = model.session(loaded)
     t0 = time.perf_counter()
-    r2 = s2.generate(last, max_tokens=1)
+    r2 = model.session(loaded).generate(last, max_tokens=1)
     t_after_load = time.perf_counter() - t0
-    cold_cache = goinfer.KVCache(model, max_tokens=len(last) + 64)
+    cold = goinfer.KVCache(model, max_tokens=len(last) + 64)
     t0 = time.perf_counter()
-    model.session(cold_cache).generate(last, max_tokens=1)
+    r3 = model.session(cold).generate(last, max_tokens=1)
     t_cold = time.perf_counter() - t0
-    res["save_load"] = {"blocks": n_blocks, "bytes": size, "save_s": t_save, "load_s": t_load,
-                        "ttft_after_load_s": t_after_load, "cached_after_load": r2.cached_tokens,
-                        "cold_prefill_s": t_cold, "prompt_tokens": len(last)}
-    res["load_avg_end"] = os.getloadavg()
+    return {"blocks": n_blocks, "bytes": size, "save_s": t_save, "load_s": t_load,
+            "ttft_after_load_s": t_after_load, "cached_after_load": r2.cached_tokens,
+            "cold_prefill_s": t_cold, "cached_cold": r3.cached_tokens, "prompt_tokens": len(last)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--reply-tokens", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="whole transcripts per engine (medians per turn)")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--transcript", choices=["default", "long"], default="default")
+    ap.add_argument("--max-context", type=int, default=12288,
+                    help="long transcript: stop adding turns beyond this many tokens")
+    ap.add_argument("--smoke", action="store_true",
+                    help="2 short turns, 4 reply tokens (llama.cpp too when it is installed)")
+    regime.add_json_arg(ap)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.turns, args.reply_tokens, args.repeats = 2, 4, 1
+    peer = regime.peer("llama.cpp")
+    if args.no_llama_cpp:
+        print("llama.cpp: skipped (--no-llama-cpp)", flush=True)
+    elif not peer["installed"]:
+        args.no_llama_cpp = True
+        print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+    long = args.transcript == "long"
+    if long and args.turns == 12:
+        args.turns = 24  # as many as fit --max-context
+
+    from goinfer import hub
+
+    tmp = tempfile.TemporaryDirectory()
+    if args.smoke and args.model is None:
+        from shapes import smoke_model
+
+        args.model = str(smoke_model(tmp.name))
+    path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
+    spec = {"model": path, "threads": args.threads, "turns": args.turns, "long": long,
+            "short": args.smoke, "max_context": args.max_context, "reply_tokens": args.reply_tokens}
+    prompts = isolate.run_child(HERE, {**spec, "engine": "prompts"})["prompts"]
+    args.turns = len(prompts)
+    spec.update(prompts=prompts, n_ctx=max(len(p) for p in prompts) + args.reply_tokens + 64)
+    names = ["goinfer (reuse)", "goinfer (cold)"]
+    if not args.no_llama_cpp:
+        names += ["llama.cpp (live Llama)", "llama.cpp (LlamaRAMCache)"]
+    res = {"benchmark": "agent_loop", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(path), "turns": args.turns, "reply_tokens": args.reply_tokens,
+           "transcript": args.transcript, "repeats": args.repeats, "one_process_per_engine": True,
+           "engines": {}}
+    # each engine alone in its own process, whole transcripts, alternating engine by engine
+    runs: dict[str, list] = {n: [] for n in names}
+    for _ in range(args.repeats):
+        for n in names:
+            runs[n].append(isolate.run_child(HERE, {k: v for k, v in {**spec, "engine": n}.items()}))
+    res["processes"] = {"parent": os.getpid(), **{n: [r["pid"] for r in rs] for n, rs in runs.items()}}
+    for n, rs in runs.items():
+        rows = []
+        for i in range(args.turns):
+            per = [r["rows"][i] for r in rs]
+            rows.append({**per[0], "ttft_s": statistics.median(p["ttft_s"] for p in per),
+                         "total_s": statistics.median(p["total_s"] for p in per),
+                         "runs_ttft_s": [p["ttft_s"] for p in per]})
+        res["engines"][n] = rows
+        if "system_info" in rs[0]:
+            res["regime"]["peer"]["system_info"] = rs[0]["system_info"]
+    sl = [r["save_load"] for r in runs["goinfer (reuse)"]]
+    res["save_load"] = {**sl[0], **{k: statistics.median(x[k] for x in sl) for k in
+                                    ("save_s", "load_s", "ttft_after_load_s", "cold_prefill_s")}}
     print(table(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
     tmp.cleanup()
-    return res
+    return regime.finish(res, args.json)
 
 
 def table(res) -> str:
@@ -290,15 +338,17 @@ def table(res) -> str:
     peers = [n for n in names if n.startswith("llama.cpp")]
     head = ("| turn | prompt tokens | " + " | ".join(f"{n}: cached / TTFT ms" for n in names)
             + (" | llama.cpp best / goinfer (reuse) |" if peers else " |"))
-    lines = [f"{res['model']}, {res['threads']} threads, {res.get('transcript', 'default')} "
-             f"transcript, {res['date']}, load {res['load_avg_start']}",
+    r0 = res["regime"]
+    lines = [f"{res['model']['file']}, {r0['threads']} threads, {res['transcript']} transcript, "
+             f"{r0['date']}, load {r0['load_avg_start'][0]:.1f}, medians of {res['repeats']} "
+             f"transcript(s) per engine, each engine in its own process",
              "", head, "|" + "---|" * (2 + len(names) + bool(peers))]
     for i in range(res["turns"]):
         cells = []
         for n in names:
             r = res["engines"][n][i]
             cells.append(f"{r['cached_tokens']} / {r['ttft_s'] * 1e3:.0f}")
-        if peers:  # the issue's target: >= 1.5x on every turn
+        if peers:
             best = min(res["engines"][n][i]["ttft_s"] for n in peers)
             cells.append(f"{best / res['engines']['goinfer (reuse)'][i]['ttft_s']:.2f}x")
         lines.append(f"| {i + 1} | {res['engines'][names[0]][i]['prompt_tokens']} | " + " | ".join(cells) + " |")
@@ -315,4 +365,7 @@ def table(res) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:
+        child()
+    else:
+        main()

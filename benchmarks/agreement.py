@@ -6,7 +6,7 @@ GGUF): goinfer and llama.cpp (llama-cpp-python) over the same positions.
         [--bos] [--reference ORIGINAL.gguf] [--also OTHER.gguf ...] [--kv-dtype f16,f32,q8_0]
 
 Needs goinfer, torch, transformers (+accelerate) and llama-cpp-python in one environment
-(for example /tmp/peers-venv with goinfer installed into it).  The text is tokenized once with
+(`pip install '.[bench,test]'`).  The text is tokenized once with
 goinfer; the ids are checked against llama.cpp's tokenizer and fed to all three engines, in
 windows of --window tokens (each window starts a fresh context; with --bos each window starts
 with the BOS token, as the model's tokenizer would put it).  --reference: transformers and
@@ -24,10 +24,11 @@ import copy
 import json
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import numpy as np
+
+import regime
 
 
 def cosine_rows(a, b):
@@ -43,18 +44,18 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
     ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
     ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one short window (the test suite)")
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     import tempfile
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name, "Q8_0"))
         args.text = [str(Path(__file__).resolve().parent / "data" / "agreement_mix.txt")]
@@ -138,10 +139,13 @@ def main(argv=None):
             cos["llama.cpp"].append(cosine_rows(theirs, ref))
             gi_vs_ll.append(theirs.argmax(1) == ours.argmax(1))
 
-    res = {"model": path.name, "reference": ref_path.name, "bos": args.bos,
-           "date": date.today().isoformat(), "threads": args.threads,
+    res = {"benchmark": "agreement",
+           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(path), "reference": ref_path.name, "bos": args.bos,
            "window": args.window, "positions": int(sum(len(r) for r in rows["goinfer"])),
-           "texts": args.text, "kv_dtypes": kvs, "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "") for w in gm.impl.weights()})}
+           "texts": [Path(t).name for t in args.text], "kv_dtypes": kvs,
+           "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                                      for w in gm.impl.weights()})}
     for k in rows:
         if rows[k]:
             r = np.concatenate(rows[k])
@@ -152,10 +156,9 @@ def main(argv=None):
         res["goinfer_vs_llama.cpp_top1"] = float(np.concatenate(gi_vs_ll).mean())
         res["llama.cpp_tokenization_identical"] = bool(tok_match)
         res["seconds"] = {"goinfer": t_gi, "llama.cpp": t_ll}
-    print(json.dumps(res, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k != "regime"}, indent=2))
     tmp.cleanup()
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":

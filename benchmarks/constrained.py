@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
+import regime
 from goinfer import constrained
 from goinfer.constrained import compile_request
 
@@ -45,13 +43,12 @@ SCHEMA = {
 PROMPT = [{"role": "user", "content": "List people with their name, age and city as JSON."}]
 
 
-def tiny_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import tinymodels
+def tiny_model(d: str):
+    """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
+    from goinfer import Model
+    from shapes import smoke_model
 
-    hf = tinymodels.hf_model("llama", 0)
-    path = tinymodels.write_gguf(hf, "llama", Path(tempfile.mkdtemp()) / "tiny.gguf")
-    return tinymodels.load(path)
+    return Model.load(str(smoke_model(d)), threads=1, progress=False)
 
 
 def run(model, mode: str, n: int) -> dict:
@@ -88,47 +85,51 @@ def mask_ms(model, tokens: list[int]) -> float:
     return 1e3 * statistics.mean(t) if t else 0.0
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 rep, 16 tokens")
-    a = ap.parse_args()
+    regime.add_json_arg(ap)
+    a = ap.parse_args(argv)
+    tmp = tempfile.TemporaryDirectory()
     if a.smoke:
-        model, a.tokens, a.reps = tiny_model(), 16, 1
+        model, a.tokens, a.reps = tiny_model(tmp.name), 16, 1
     else:
         from goinfer import Model
 
         model = Model.load(a.model, threads=a.threads, progress=False)
     modes = ["plain", "schema", "schema-sync"]
     run(model, "schema", 4)  # warm up: tokenizer view, grammar compiled and cached
-    res = {m: [] for m in modes}
+    runs = {m: [] for m in modes}
     last = {}
     for _ in range(a.reps):
         for m in modes:
             r = run(model, m, a.tokens)
             if r["n"] != a.tokens:
                 raise SystemExit(f"{m}: decoded {r['n']} tokens, not {a.tokens} ({r['finish']})")
-            res[m].append(r["tok_s"])
+            runs[m].append(r["tok_s"])
             last[m] = r
-    med = {m: statistics.median(v) for m, v in res.items()}
+    med = {m: statistics.median(v) for m, v in runs.items()}
     ms = mask_ms(model, last["schema"]["tokens"])
-    load = os.getloadavg()[0]
+    res = {"benchmark": "constrained", "regime": regime.header(model.threads, argv=argv),
+           "model": regime.model(model.path), "tokens": a.tokens, "reps": a.reps,
+           "tok_s": runs, "median_tok_s": med, "mask_ms_per_token": ms,
+           "tokens_decoded": {m: r["n"] for m, r in last.items()},
+           "schema_output_start": model.detokenize(last["schema"]["tokens"])[:80]}
+    load = res["regime"]["load_avg_start"][0]
     print(f"{model.name}: {a.tokens} decode tokens, {a.reps} alternating reps, threads "
           f"{model.threads}, load average {load:.1f}")
     print(f"{'mode':<14}{'decode tok/s (median)':>24}{'vs plain':>12}")
     for m in modes:
         print(f"{m:<14}{med[m]:>24.1f}{100.0 * (med[m] / med['plain'] - 1):>+11.1f}%")
     print(f"mask alone: {ms:.3f} ms/token (hidden by the overlap in 'schema')")
-    text = model.detokenize(last["schema"]["tokens"])
-    print("schema output starts:", json.dumps(text[:80]))
-    out = {"model": model.name, "tokens": a.tokens, "reps": a.reps, "threads": model.threads,
-           "load_average": load, "tok_s": res, "median_tok_s": med, "mask_ms_per_token": ms}
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
+    print("schema output starts:", json.dumps(res["schema_output_start"]))
+    del model
+    tmp.cleanup()
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import argparse
 import gguf
 import numpy as np
 
+import regime
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
@@ -27,23 +29,29 @@ def main(argv=None):
     ap.add_argument("--values", choices=["original", "native"])
     ap.add_argument("--types", default="", help="with --values native: only these GGUF types")
     ap.add_argument("--smoke", action="store_true", help="copy the tiny shape both ways (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
-        return smoke()
+        return regime.finish({"benchmark": "float_copy", "regime": regime.header(1, argv=argv),
+                              "copies": smoke()}, args.json)
     if not (args.src and args.dst and args.values):
         ap.error("SRC, DST and --values are needed (or --smoke)")
     copy(args.src, args.dst, args.values, args.types)
+    return regime.finish({"benchmark": "float_copy", "regime": regime.header(None, argv=argv),
+                          "model": regime.model(args.src), "copy": regime.model(args.dst)}, args.json)
 
 
-def smoke():
+def smoke() -> list[dict]:
+    """Both copies of the tiny shape, loaded back: every tensor F32, logits close to the file's."""
     import tempfile
     from pathlib import Path
 
-    from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+    from shapes import smoke_model
 
     from goinfer.gguf import GGUFFile
     from goinfer.model import Model
 
+    out = []
     with tempfile.TemporaryDirectory() as d:
         src = smoke_model(d)
         ids = [5, 6, 7, 8, 9]
@@ -55,6 +63,9 @@ def smoke():
             lg = m.logits(ids)
             cos = float((lg * ref).sum() / np.linalg.norm(lg) / np.linalg.norm(ref))
             print(f"smoke: {values} float32 copy loads; logit cosine with the Q4_0 file {cos:.4f}")
+            out.append({"values": values, "tensor_types": sorted(regime.model(dst)["tensor_bytes"]),
+                        "logit_cosine_with_source": cos})
+    return out
 
 
 def copy(src_path: str, dst_path: str, values: str, types_arg: str) -> None:

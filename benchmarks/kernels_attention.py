@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+import regime
+
 from goinfer._kernels import _config, attention, attention_fast, kv_write
 from goinfer.kv_cache import kv_shapes
 
@@ -64,7 +66,8 @@ def bench(fn, min_time=None, max_reps=200):
     return float(np.median(times)), float(np.min(times))
 
 
-def fast_vs_exact(args):
+def fast_vs_exact(args) -> list[dict]:
+    rows = []
     rng = np.random.default_rng(0)
     print(f"variant {_config.variant()}, block {BS}, causal prefill of n tokens; "
           f"median of {args.reps} alternating calls")
@@ -90,13 +93,21 @@ def fast_vs_exact(args):
                                   nthreads=nt)
                         res[name].append((time.perf_counter() - t0, time.process_time() - c0))
                 (we, ce), (wf, cf) = (np.median(np.array(res[k]), axis=0) for k in ("exact", "fast"))
+                rows.append({"table": "prefill", "shape": shape, "n": n, "threads": nt,
+                             "exact_ms": we * 1e3, "exact_cpu_ms": ce * 1e3, "fast_ms": wf * 1e3,
+                             "fast_cpu_ms": cf * 1e3, "exact_GFs": flops / we * 1e-9,
+                             "fast_GFs": flops / wf * 1e-9, "speedup_wall": we / wf,
+                             "speedup_cpu": ce / cf if cf > 0 else None})
                 print(f"{shape:<10}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
                       f"{flops / we * 1e-9:>7.1f}{wf * 1e3:>10.1f}{cf * 1e3:>9.1f}"
-                      f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf:>7.2f}", flush=True)
+                      f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf if cf > 0 else 0:>7.2f}",
+                      flush=True)
+    return rows
 
 
-def decode(args):
+def decode(args) -> list[dict]:
     """one decode step's attention over every layer, per storage type and kernel"""
+    rows = []
     rng = np.random.default_rng(0)
     print(f"variant {_config.variant()}, block {BS}, decode (T=1) over all layers; median of "
           f"{args.reps} alternating steps; GB/s: bytes of K and V read per step / time")
@@ -128,9 +139,13 @@ def decode(args):
                             step(name)
                             res[name].append(time.perf_counter() - t0)
                     we, wf = (float(np.median(res[k])) for k in ("exact", "fast"))
+                    rows.append({"table": "decode", "shape": shape, "n": n, "kv_dtype": dt,
+                                 "threads": nt, "exact_ms": we * 1e3, "exact_GBs": nbytes / we * 1e-9,
+                                 "fast_ms": wf * 1e3, "fast_GBs": nbytes / wf * 1e-9})
                     print(f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
                           f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}", flush=True)
                 del layers
+    return rows
 
 
 def main(argv=None):
@@ -144,25 +159,29 @@ def main(argv=None):
     ap.add_argument("--decode", action="store_true", help="decode attention over all layers")
     ap.add_argument("--kv-dtypes", nargs="+", default=["f32", "f16", "q8_0"])
     ap.add_argument("--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     global MIN_TIME
     cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
              ("prefill", 512), ("prefill", 2048)]
+    if args.variant:
+        _config.set_variant(args.variant)
+    res = {"benchmark": "kernels_attention", "regime": regime.header(None, argv=argv), "rows": []}
     if args.smoke:
         args.threads, args.lengths, args.shapes, args.reps = [1], [64], ["9x3x64"], 1
         cases, MIN_TIME = [("decode", 64), ("prefill", 64)], 0.0
-        fast_vs_exact(args)
-        decode(argparse.Namespace(**{**vars(args), "shapes": ["9x3x64x2"]}))
-    if args.variant:
-        _config.set_variant(args.variant)
-    if args.fast:
-        return fast_vs_exact(args)
-    if args.decode:
+        res["rows"] += fast_vs_exact(args)
+        res["rows"] += decode(argparse.Namespace(**{**vars(args), "shapes": ["9x3x64x2"]}))
+    elif args.fast:
+        res["rows"] += fast_vs_exact(args)
+        return regime.finish(res, args.json)
+    elif args.decode:
         if args.shapes == ["9x3x64", "8x2x128", "8x4x256"]:
             args.shapes = ["9x3x64x30", "4x1x256x18"]
         if args.lengths == [512, 1024, 2048, 4096, 8192]:
             args.lengths = [4096]
-        return decode(args)
+        res["rows"] += decode(args)
+        return regime.finish(res, args.json)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(HD)
     print(f"variant {_config.variant()}, H={H} n_kv={N_KV} hd={HD} bs={BS}")
@@ -183,8 +202,12 @@ def main(argv=None):
         for nt in args.threads:
             t, tmin = bench(lambda: attention(q, k_cache, v_cache, bt, q_pos, scale, out=out,
                                               nthreads=nt))
+            res["rows"].append({"table": "exact", "case": kind, "n": n, "threads": nt,
+                                "median_ms": t * 1e3, "min_ms": tmin * 1e3,
+                                "GFs": flops / t * 1e-9})
             print(f"{kind + ' ' + str(n):<16}{nt:>8}{t * 1e3:>11.3f}{flops / t * 1e-9:>9.2f}"
                   f"{tmin * 1e3:>9.3f}{flops / tmin * 1e-9:>9.2f}")
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 import goinfer._kernels  # noqa: F401
+import regime
 from goinfer._kernels import _config
 from goinfer.quant import quantize_weight
 
@@ -115,6 +116,7 @@ def main(argv=None):
     ap.add_argument("--cold-mb", type=float, default=256.0, help="bytes of weight copies for cold GEMV")
     ap.add_argument("--min-time", type=float, default=0.15)
     ap.add_argument("--smoke", action="store_true", help="one shape, minimal timing (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.threads, args.M, args.kinds = [1], [1, 16], ["q4_0", "q8_0", "q6_k"]
@@ -123,6 +125,9 @@ def main(argv=None):
         _config.set_variant(args.variant)
     ghz = cpu_ghz()
     peak = peak_ops_per_cycle(_config.variant()) * ghz
+    res = {"benchmark": "kernels_matmul", "regime": regime.header(None, argv=argv), "set": args.set,
+           "clock": args.clock, "ghz": ghz, "peak_GOPs_per_core": peak, "rows": [],
+           "quantize_act": []}
     print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, cpu ~{ghz:.2f} GHz (nominal): "
           f"int8 peak per core ~{peak:.0f} GOP/s ({peak_ops_per_cycle(_config.variant())} ops/cycle)")
     rng = np.random.default_rng(0)
@@ -166,10 +171,17 @@ def main(argv=None):
                             K.matmul(xq, copies[next(it) % len(copies)], out, nthreads=nt)
 
                         tc = median_time(cold, args.min_time)
+                        res["rows"].append({"shape": name.strip(), "kind": kind, "M": M, "threads": nt,
+                                            "threads_used": used, "us": t * 1e6,
+                                            "hot_GBs": w.nbytes / t / 1e9, "cold_us": tc * 1e6,
+                                            "cold_GBs": w.nbytes / tc / 1e9, "GOPs": gops})
                         print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
                               f"{w.nbytes / t / 1e9:8.1f} {tc * 1e6:9.1f} {w.nbytes / tc / 1e9:9.1f} {gops:7.1f}")
                     else:
                         frac = f"{100 * gops / (peak * used):4.0f}%" if peak > 0 else ""
+                        res["rows"].append({"shape": name.strip(), "kind": kind, "M": M, "threads": nt,
+                                            "threads_used": used, "us": t * 1e6, "GOPs": gops,
+                                            "fraction_of_peak": gops / (peak * used) if peak > 0 else None})
                         print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
                               f"{'':8s} {'':9s} {'':9s} {gops:7.1f} {frac:>5s}")
             copies = None
@@ -179,7 +191,10 @@ def main(argv=None):
         qa = K.quantize_act(x)
         for nt in args.threads:
             t = median_time(lambda: K.quantize_act(x, qa, nthreads=nt), args.min_time)
+            res["quantize_act"].append({"M": M, "n_in": n_in, "threads": nt, "us": t * 1e6,
+                                        "GBs": x.nbytes / t / 1e9})
             print(f"quantize_act {M}x{n_in}, {nt} thr: {t * 1e6:.1f} us ({x.nbytes / t / 1e9:.1f} GB/s of float32 in)")
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":

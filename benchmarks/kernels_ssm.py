@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+import regime
 from goinfer._kernels import _config, ssm
 
 
@@ -61,7 +62,7 @@ def run(T: int, Hk: int, Hv: int, d: int, threads: int, variant: str, repeats: i
     return {"variant": variant, "gated_delta_ms": gd, "ssm_conv_ms": cv, "state_gb_s": gbs}
 
 
-def main(argv=None) -> list[dict]:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, default=512, help="tokens per call")
     ap.add_argument("--heads", default="16x32x128", help="HKxHVxD (Qwen3.5-4B: 16x32x128)")
@@ -69,6 +70,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--variant", nargs="*", default=None, help="ISA variants (default: all supported)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--smoke", action="store_true", help="tiny shape, one repeat (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.T, args.heads, args.repeats = 8, "1x2x16", 1
@@ -77,6 +79,7 @@ def main(argv=None) -> list[dict]:
     except ValueError:
         ap.error(f"--heads wants HKxHVxD, got {args.heads!r}")
     variants = args.variant or _config.supported_variants()
+    hdr = regime.header(args.threads, argv=argv)
     print(f"T {args.T}, heads {Hk}x{Hv}x{d}, {args.threads} threads, medians of {args.repeats}")
     print("| variant | gated_delta ms (min) | state GB/s | ssm_conv ms (min) |")
     print("|---|---|---|---|")
@@ -86,7 +89,9 @@ def main(argv=None) -> list[dict]:
         rows.append(r)
         (gm, gn), (cm, cn) = r["gated_delta_ms"], r["ssm_conv_ms"]
         print(f"| {v} | {gm:.2f} ({gn:.2f}) | {r['state_gb_s']:.1f} | {cm:.2f} ({cn:.2f}) |", flush=True)
-    return rows
+    return regime.finish({"benchmark": "kernels_ssm", "regime": hdr,
+                          "T": args.T, "heads": [Hk, Hv, d], "repeats": args.repeats, "rows": rows},
+                         args.json)
 
 
 if __name__ == "__main__":

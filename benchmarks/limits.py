@@ -5,12 +5,13 @@ bandwidth, prefill matmul operations per second against the int8 dot-product pea
         [--json out.json]
     python benchmarks/limits.py --smoke     # tiny model, small buffers (the test suite)
 
-Memory bandwidth: a read-only sweep of a 1 GiB float32 buffer (numpy max: one core, AVX-512
-compares, the fastest of numpy's reductions here — sum, dot and integer sums read slower),
-median of 5, and the same sweep in two processes at once (both cores).  A lower bound of the
-machine's read bandwidth.  Decode bytes per token: every weight a decode step reads
-(all layers' matmul weights, the LM head, one embedding row) plus the KV cache read by
-attention at that context (float32 K and V of every layer).  Decode tok/s from
+Memory bandwidth (read_bandwidth): a read-only sweep of a float32 buffer larger than the caches
+(numpy max: one core, vector compares, the fastest of numpy's reductions here — sum, dot and
+integer sums read slower), median of 5, in one process, and in as many processes at once as
+--threads (each its own buffer of max(256 MiB, 4 x L3 / threads)): the summed rate.  A lower
+bound of the machine's read bandwidth; peers.py --measure-bandwidth uses the same sweep.  Decode bytes per token: every weight a decode step reads
+(all layers' matmul weights in goinfer's layout, the LM head, one embedding row) plus the
+KV cache read by attention at that context (K and V of every layer in the cache's type).  Decode tok/s from
 goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s.
 
 Prefill: `goinfer.profile` times the matmul kernels of one cold prefill; int8 operations =
@@ -23,17 +24,27 @@ benchmarks/kernels_matmul.py.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
-import os
 import statistics
 import time
-from datetime import date
 
 import numpy as np
-from kernels_matmul import cpu_ghz, peak_ops_per_cycle  # benchmarks/ is on sys.path when run as a script
 
-GIB = 2**30
+import regime
+from kernels_matmul import cpu_ghz, peak_ops_per_cycle
+
+
+def _l3_bytes() -> int:
+    """The last-level cache's size from lscpu ("32 MiB (1 instance)"), 32 MiB if unknown."""
+    from goinfer.bench import machine
+
+    text = machine()["caches"].get("L3 cache", "")
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    try:
+        num, unit = text.split()[:2]
+        return int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        return 32 << 20
 
 
 def _sweep(n_bytes: int, reps: int) -> float:
@@ -51,16 +62,23 @@ def _sweep_child(n_bytes, reps, q):
     q.put(_sweep(n_bytes, reps))
 
 
-def bandwidth(n_bytes: int = GIB, reps: int = 5) -> dict:
-    one = _sweep(n_bytes, reps)
-    q = mp.Queue()
-    ps = [mp.Process(target=_sweep_child, args=(n_bytes, reps, q)) for _ in range(2)]
-    for p in ps:
-        p.start()
-    two = sum(q.get() for _ in ps)
-    for p in ps:
-        p.join()
-    return {"one_core_GBs": one / 1e9, "two_cores_GBs": two / 1e9}
+def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> dict:
+    """GB/s of `threads` processes sweeping their own buffers at once (summed); n_bytes per
+    process (default max(256 MiB, 4 x L3 / threads))."""
+    if n_bytes is None:
+        n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
+    if threads == 1:
+        rates = [_sweep(n_bytes, reps)]
+    else:
+        q = mp.Queue()
+        ps = [mp.Process(target=_sweep_child, args=(n_bytes, reps, q)) for _ in range(threads)]
+        for p in ps:
+            p.start()
+        rates = [q.get() for _ in ps]
+        for p in ps:
+            p.join()
+    return {"GBs": sum(rates) / 1e9, "processes": threads, "buffer_bytes_per_process": n_bytes,
+            "per_process_GBs": [r / 1e9 for r in rates], "reps": reps}
 
 
 def decode_bytes(model, context: int) -> dict:
@@ -71,7 +89,7 @@ def decode_bytes(model, context: int) -> dict:
         w_bytes += impl.tok_embd.nbytes  # tied: the head reads the whole table
     else:
         w_bytes += impl.tok_embd.nbytes // cfg.vocab_size  # one embedding row
-    kv = cfg.n_layers * context * cfg.n_kv_heads * cfg.head_dim * 2 * 4
+    kv = model.cache.stats().bytes_per_token * context  # K and V of every layer, stored type
     return {"weights": w_bytes, "kv": kv, "total": w_bytes + kv}
 
 
@@ -87,8 +105,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="64,2048")
     ap.add_argument("--prefill", default="512,2048")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, small buffers (the test suite)")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     import tempfile
 
@@ -97,20 +115,20 @@ def main(argv=None):
     from goinfer._kernels import _config
 
     tmp = tempfile.TemporaryDirectory()
-    n_bytes, reps = GIB, 5
+    n_bytes, reps = None, 5
     if a.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         a.model, a.contexts, a.prefill = str(smoke_model(tmp.name)), "64", "64"
         n_bytes, reps = 16 << 20, 1
-    bw = bandwidth(n_bytes, reps)
-    print(f"memory read bandwidth: one core {bw['one_core_GBs']:.1f} GB/s, "
-          f"two cores {bw['two_cores_GBs']:.1f} GB/s")
+    bw = {"one_core": read_bandwidth(1, n_bytes, reps)}
+    bw["threads"] = read_bandwidth(a.threads, n_bytes, reps) if a.threads > 1 else bw["one_core"]
+    print(f"memory read bandwidth: one core {bw['one_core']['GBs']:.1f} GB/s, "
+          f"{a.threads} processes {bw['threads']['GBs']:.1f} GB/s")
     model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
-    res = {"model": str(model.path), "threads": a.threads, "variant": _config.variant(),
-           "date": date.today().isoformat(),
-           "load_avg_start": os.getloadavg(), "bandwidth": bw, "decode": [], "prefill": []}
-    bw_threads = bw["one_core_GBs"] if a.threads == 1 else bw["two_cores_GBs"]
+    res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv),
+           "model": regime.model(model.path), "bandwidth": bw, "decode": [], "prefill": []}
+    bw_threads = bw["threads"]["GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
         tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 4 if a.smoke else 32,
@@ -132,14 +150,12 @@ def main(argv=None):
         row = {"tokens": n, "tok_s": p["tok_s"], "matmul_seconds": mm,
                "matmul_share": p["matmul"]["share"], "int8_GOPs": gops, "peak_GOPs": peak}
         res["prefill"].append(row)
+        share = f"{100 * gops / peak:.0f}%" if peak else "(no peak stated)"
         print(f"prefill {n}: {p['tok_s']:.0f} tok/s, matmul {100 * p['matmul']['share']:.0f}% of "
-              f"the time at {gops:.0f} int8 GOP/s = {100 * gops / peak:.0f}% of the "
+              f"the time at {gops:.0f} int8 GOP/s = {share} of the "
               f"{peak:.0f} GOP/s peak of {_config.variant()} ({a.threads} x {ops} ops/cycle x {ghz:.2f} GHz)")
-    res["load_avg_end"] = os.getloadavg()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
     tmp.cleanup()
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

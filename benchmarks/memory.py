@@ -1,6 +1,6 @@
 """Load time and peak memory, goinfer vs llama.cpp, each run in a fresh process.
 
-    PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/memory.py MODEL.gguf [--prefill 4096]
+    python benchmarks/memory.py MODEL.gguf [--prefill 4096]
         [--decode 64] [--threads 2] [--repeats 3] [--layout-dir DIR] [--no-first-load]
         [--flash-attn on|off|both] [--json out.json]
     PYTHONPATH=. python benchmarks/memory.py --smoke
@@ -11,8 +11,8 @@ one prefill of --prefill seeded random tokens and --decode greedy decode steps, 
              excluded; goinfer's first load builds the layout cache (a fresh --layout-dir),
              later loads map it (goinfer/layout.py);
   rss_load   resident memory after the load (file-backed pages of mapped weights included);
-  peak_rss   the process's peak resident memory (VmHWM) over load + prefill + decode: what
-             the issue's memory target compares;
+  peak_rss   the process's peak resident memory (VmHWM) over load + prefill + decode: what the
+             comparison of memory reads;
   anon/file  the split of the final RSS into anonymous memory and mapped file pages;
   prefill_s  the first prefill after the load (KV cache and compute buffers touched for the
              first time: goinfer pre-faults its cache's first pages at load, memory.py's
@@ -33,8 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import date
 from pathlib import Path
+
+import regime
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -121,12 +122,12 @@ def main(argv=None) -> dict:
                     help="llama.cpp's flash attention (its lowest-memory setting is on)")
     ap.add_argument("--no-first-load", action="store_true",
                     help="skip goinfer's separate first-load run (the layout cache is built already)")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, short run (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name))
         args.prefill, args.decode, args.repeats = 64, 4, 1
@@ -134,21 +135,19 @@ def main(argv=None) -> dict:
         ap.error("a model path is needed (or --smoke)")
     layout_dir = args.layout_dir or str(Path(tmp.name) / "layouts")
     engines = [("goinfer", False)]
-    peer = "skipped: --no-llama-cpp"
-    if not args.no_llama_cpp:
-        try:
-            import llama_cpp
-
-            engines += [("llama.cpp", fa) for fa in {"on": [True], "off": [False],
-                                                     "both": [False, True]}[args.flash_attn]]
-            peer = f"llama-cpp-python {llama_cpp.__version__}"
-        except ImportError:
-            peer = "skipped: llama-cpp-python is not installed"
+    res = {"benchmark": "memory", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(args.model), "prefill": args.prefill, "decode": args.decode,
+           "repeats": args.repeats, "one_process_per_run": True, "runs": {}}
+    if args.no_llama_cpp:
+        peer = "skipped (--no-llama-cpp)"
+    elif not res["regime"]["peer"]["installed"]:
+        peer = "skipped (llama-cpp-python is not installed)"
+    else:
+        engines += [("llama.cpp", fa) for fa in {"on": [True], "off": [False],
+                                                 "both": [False, True]}[args.flash_attn]]
+        peer = f"llama-cpp-python {res['regime']['peer']['version']}"
     print(f"{Path(args.model).name}: prefill {args.prefill} + decode {args.decode}, "
           f"{args.threads} threads; llama.cpp: {peer}", flush=True)
-    res = {"model": Path(args.model).name, "date": date.today().isoformat(), "threads": args.threads,
-           "prefill": args.prefill, "decode": args.decode, "repeats": args.repeats, "peer": peer,
-           "load_avg_start": os.getloadavg(), "runs": {}}
     label = {("goinfer", False): "goinfer", ("llama.cpp", False): "llama.cpp",
              ("llama.cpp", True): "llama.cpp + flash attention"}
     if not args.no_first_load:
@@ -163,24 +162,22 @@ def main(argv=None) -> dict:
             print(f"  {label[eng, fa]}: load {r['load_s']:.2f} s ({r['source']}), RSS after load "
                   f"{_gb(r['rss_load'])} GB, peak {_gb(r['peak_rss'])} GB (anon {_gb(r['anon_end'] or 0)}"
                   f" + file {_gb(r['file_end'] or 0)} at the end)", flush=True)
-    res["load_avg_end"] = os.getloadavg()
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("load_s", "rss_load", "peak_rss",
                                                               "prefill_s", "prefill_tok_s",
                                                               "decode_tok_s")}
            for k, v in res["runs"].items()}
     res["median"] = med
     print(table(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
     tmp.cleanup()
-    return res
+    return regime.finish(res, args.json)
 
 
 def table(res) -> str:
     med = res["median"]
-    lines = [f"{res['model']}, {res['threads']} threads, prefill {res['prefill']} + decode "
-             f"{res['decode']}, medians of {res['repeats']} fresh processes, {res['date']}, load "
-             f"{res['load_avg_start'][0]:.1f} -> {res['load_avg_end'][0]:.1f}",
+    r0 = res["regime"]
+    lines = [f"{res['model']['file']}, {r0['threads']} threads, prefill {res['prefill']} + decode "
+             f"{res['decode']}, medians of {res['repeats']} fresh processes, {r0['date']}, load "
+             f"{r0['load_avg_start'][0]:.1f}",
              "", "| engine | load s | first prefill s | RSS after load GB | peak RSS GB | peak / llama.cpp's lowest |",
              "|---|---|---|---|---|---|"]
     peers = [v["peak_rss"] for k, v in med.items() if k != "goinfer"]

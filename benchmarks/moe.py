@@ -4,7 +4,8 @@
                                           [--decode 64] [--model PATH_TO_Q4_1_GGUF]
     PYTHONPATH=. python benchmarks/moe.py --smoke     # the tiny shape upcycled (the test suite)
 
-The MoE model is made by tools/upcycle_moe.py from the SmolLM2-135M-Instruct Q4_1 GGUF (every
+The MoE model is made by tools/upcycle_moe.py (run as its command line) from the
+SmolLM2-135M-Instruct Q4_1 GGUF (every
 FFN -> 4 copies behind a random router, top-2, renormalized weights: the same function as the
 dense model, twice its FFN work per token).  For each thread count it measures
   prefill tok/s at each size, expert-major (each expert one GEMM over its rows) vs
@@ -19,10 +20,8 @@ It prints a Markdown table and the machine, date and load (uptime) before and af
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,34 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
+import regime
+from goinfer import KVCache, Model, hub
+from goinfer.bench import prefill_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import upcycle_moe  # noqa: E402
-
-from goinfer import KVCache, Model, hub  # noqa: E402
 
 
-def load_avg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def prefill_seconds(m: Model, ids) -> float:
-    cache = KVCache(m, max_tokens=len(ids) + 16)
-    s = m.session(cache)
-    t0 = time.perf_counter()
-    s.prefill(ids)
-    return time.perf_counter() - t0
+def upcycle(dense: Path, out: Path, n_expert: int, top_k: int, seed: int = 0) -> Path:
+    """tools/upcycle_moe.py, run as its command line."""
+    subprocess.run([sys.executable, str(ROOT / "tools" / "upcycle_moe.py"), str(dense), str(out),
+                    "--experts", str(n_expert), "--top-k", str(top_k), "--seed", str(seed)],
+                   check=True, capture_output=True, text=True)
+    return out
 
 
 class CountingKernels:
@@ -73,6 +57,11 @@ class CountingKernels:
     def matmul(self, x, w, *a, **kw):
         self.bytes += w.nbytes
         return self._inner.matmul(x, w, *a, **kw)
+
+    def matmul_experts(self, x, ws, offsets, *a, **kw):
+        """one call for every expert of a layer: the experts given rows read their weights"""
+        self.bytes += sum(w.nbytes for w, n in zip(ws, np.diff(offsets)) if n > 0)
+        return self._inner.matmul_experts(x, ws, offsets, *a, **kw)
 
 
 def decode_stats(m: Model, prompt, n: int):
@@ -93,7 +82,7 @@ def decode_stats(m: Model, prompt, n: int):
     return n / dt, counter.bytes
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
@@ -101,20 +90,22 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=64, help="decode steps to time")
     ap.add_argument("--model", default=None, help="dense SmolLM2 Q4_1 GGUF (default: the hub's)")
     ap.add_argument("--smoke", action="store_true", help="the tiny shape, one short run (the test suite)")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     smoke_dir = tempfile.TemporaryDirectory()
     if a.smoke:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         from shapes import smoke_model
 
         a.model = str(smoke_model(smoke_dir.name, "Q4_1"))
         a.threads, a.sizes, a.repeats, a.decode = [1], [64], 1, 2
     dense_path = Path(a.model) if a.model else hub.resolve("smollm2-135m", progress=False)
-    load0 = load_avg()
-    print(f"# MoE benchmark  {datetime.datetime.now().isoformat(timespec='minutes')}")
-    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; load before: {load0}")
+    res = {"benchmark": "moe", "regime": regime.header(None, argv=argv),
+           "model": regime.model(dense_path), "experts": 4, "top_k": 2, "rows": []}
+    print(f"# MoE benchmark  {res['regime']['date']} {res['regime']['time_utc']} UTC")
+    print(f"machine: {res['regime']['machine']['model_name']}; load before: "
+          f"{res['regime']['load_avg_start'][0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
-        moe_path = upcycle_moe.upcycle(dense_path, Path(tmp) / "smollm2-moe4.gguf", 4, 2, seed=0)
+        moe_path = upcycle(dense_path, Path(tmp) / "smollm2-moe4.gguf", 4, 2, seed=0)
         text = (ROOT / "tests" / "data" / "agreement_text.txt").read_text()
         rows = []
         for nt in a.threads:
@@ -136,24 +127,27 @@ def main(argv=None) -> int:
                     med = statistics.median(ts)
                     rows.append((nt, f"prefill {n}", mode, f"{n / med:.0f} tok/s",
                                  f"median of {len(ts)}: {med:.2f} s (min {min(ts):.2f})"))
+                    res["rows"].append({"threads": nt, "what": "prefill", "tokens": n, "mode": mode,
+                                        "tok_s": n / med, "runs_s": ts})
                 print(f"  threads {nt}, prefill {n}: " + ", ".join(
                     f"{k} {n / statistics.median(v):.0f} tok/s" for k, v in times.items()), flush=True)
             prompt = base[:64]
             for name, m in (("MoE (top-2 of 4)", moe), ("dense", dense)):
                 tps, nbytes = decode_stats(m, prompt, a.decode)
+                res["rows"].append({"threads": nt, "what": "decode", "tokens": a.decode, "mode": name,
+                                    "tok_s": tps, "weight_bytes_per_token": nbytes})
                 rows.append((nt, "decode", name, f"{tps:.1f} tok/s",
                              f"{nbytes / 1e6:.1f} MB of weights read per token"))
                 print(f"  threads {nt}, decode {name}: {tps:.1f} tok/s, {nbytes / 1e6:.1f} MB/token",
                       flush=True)
-    print(f"load after: {load_avg()}")
     print()
     print("| threads | what | model / mode | speed | notes |")
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
     smoke_dir.cleanup()
-    return 0
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -30,56 +30,61 @@ import argparse
 import copy
 import json
 import os
-import platform
 import time
-from datetime import date
 
 import numpy as np
 
+import regime
 from goinfer import KVCache, Model, fidelity
-from goinfer._kernels import _config, attention_counters, reset_attention_counters
+from goinfer._kernels import attention_counters, reset_attention_counters
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default="/tmp/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("model", nargs="?", default="smollm2-135m", help="a GGUF or a registered name")
     ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                    "data", "tokenizer_corpus.txt"))
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--json", default=None)
     ap.add_argument("--noise-floor", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one prompt (the test suite)")
     ap.add_argument("--kv-dtype", default="f16", help="the fast model's KV cache type")
     ap.add_argument("--exact-kv-dtype", default="f32", help="the exact model's KV cache type")
     ap.add_argument("--exact-only", action="store_true",
                     help="the second model is exact too (compare two KV cache types)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         import tempfile
 
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         with tempfile.TemporaryDirectory() as d:
             args.model, args.lengths, args.reps, args.smoke = str(smoke_model(d)), [520], 1, False
-            main_rows = main([args.model, "--lengths", "520", "--reps", "1", "--text", args.text])
-            noise_floor(args)
-        return main_rows
+            res = main([args.model, "--lengths", "520", "--reps", "1", "--text", args.text])
+            res["noise_floor"] = noise_floor(args)
+            res["regime"]["command"] = regime.header(argv=argv)["command"]
+        return regime.finish(res, args.json)
+    from goinfer import hub
+
+    args.model = str(hub.resolve(args.model, progress=False))
     if args.noise_floor:
-        return noise_floor(args)
+        return regime.finish({"benchmark": "numerics_noise_floor",
+                              "regime": regime.header(args.threads, argv=argv),
+                              "model": regime.model(args.model), "rows": noise_floor(args)}, args.json)
+    hdr = regime.header(args.threads, argv=argv)
     fast = Model.load(args.model, threads=args.threads, progress=False, kv_dtype=args.kv_dtype)
     fast.exact = args.exact_only
     exact = copy.copy(fast)  # the same weights, exact=True
     exact.exact = True
     exact.kv_dtype = args.exact_kv_dtype
     ids_all = fidelity.read_ids(fast, args.text)
-    load0 = os.getloadavg()
     rows = []
     for n in args.lengths:
         ids = ids_all[:n].tolist()
         times = {"exact": [], "fast": []}
-        last = {}
+        last, counts = {}, {}
         for _ in range(args.reps):
             for name, m in (("exact", exact), ("fast", fast)):
                 s = m.session(KVCache(m, max_tokens=n + 16))
@@ -89,6 +94,7 @@ def main(argv=None):
                 times[name].append((time.perf_counter() - t0, time.process_time() - c0))
                 c = attention_counters()
                 assert (c["fast_calls"] > 0) == (name == "fast" and not args.exact_only), c
+                counts[name] = c
                 s.reset()
         a, b = last["exact"].astype(np.float64), last["fast"].astype(np.float64)
         cos_last = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
@@ -98,19 +104,17 @@ def main(argv=None):
                    top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
                    cos_min=cmp.cosine_min, nll_exact=cmp.nll_a, nll_fast=cmp.nll_b,
                    exact_wall_s=we, exact_cpu_s=ce, fast_wall_s=wf, fast_cpu_s=cf,
-                   speedup_wall=we / wf, speedup_cpu=ce / cf)
+                   speedup_wall=we / wf, speedup_cpu=ce / cf if cf > 0 else None,
+                   fast_queries=counts["fast"]["fast_queries"],
+                   exact_queries_of_fast=counts["fast"]["exact_queries"],
+                   fast_queries_of_exact=counts["exact"]["fast_queries"])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    res = dict(model=os.path.basename(args.model), threads=args.threads,
-               kv_dtype=args.kv_dtype, exact_kv_dtype=args.exact_kv_dtype, exact_only=args.exact_only,
-               variant=_config.variant(), reps=args.reps, machine=platform.processor() or
-               platform.machine(), date=date.today().isoformat(),
-               load_start=load0, load_end=os.getloadavg(), rows=rows)
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-    return res
+    res = dict(benchmark="numerics_fast_vs_exact", regime=hdr, model=regime.model(args.model),
+               text=os.path.basename(args.text), kv_dtype=args.kv_dtype,
+               exact_kv_dtype=args.exact_kv_dtype, exact_only=args.exact_only, reps=args.reps,
+               rows=rows)
+    return regime.finish(res, args.json)
 
 
 class _NoisyAttention:
@@ -129,15 +133,18 @@ class _NoisyAttention:
         return out
 
 
-def noise_floor(args):
+def noise_floor(args) -> list[dict]:
     exact = Model.load(args.model, threads=args.threads, exact=True, progress=False)
     noisy = Model.load(args.model, threads=args.threads, exact=True, progress=False)
     noisy.impl.ops = _NoisyAttention(noisy.impl.ops)
     ids_all = fidelity.read_ids(exact, args.text)
+    rows = []
     for n in args.lengths:
         cmp = fidelity.compare(exact, noisy, ids_all[:n], n, n, progress=False)
-        print(json.dumps(dict(n=n, top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
-                              cos_min=cmp.cosine_min, nll_diff=cmp.nll_diff_mean)), flush=True)
+        rows.append(dict(n=n, top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
+                         cos_min=cmp.cosine_min, nll_diff=cmp.nll_diff_mean))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

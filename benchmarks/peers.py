@@ -1,84 +1,94 @@
-"""goinfer vs llama.cpp (llama-cpp-python) side by side on the same GGUF, same threads,
-alternating runs; medians and ratios; JSON out.  Optionally transformers (float32) prefill.
+"""goinfer vs llama.cpp (llama-cpp-python) on the same GGUF, same threads, same prompt ids:
+prefill and decode tok/s, medians of repeats, ratios, each decode step's weight bytes and the
+fraction of the machine's read bandwidth each engine achieves; JSON out.
 
     python benchmarks/peers.py MODEL.gguf [--threads 2] [--prompt-lengths 512,2048]
         [--decode-prompts 64,2048] [--decode-tokens 32] [--repeats 5] [--flash-attn both]
-        [--kv-dtype f16[,q8_0,f32]] [--transformers] [--json out.json] [--no-llama-cpp | --no-goinfer]
+        [--kv-dtype f16[,q8_0,f32]] [--exact] [--transformers] [--no-llama-cpp | --no-goinfer]
+        [--bandwidth GBS | --measure-bandwidth] [--json out.json]
+    python benchmarks/peers.py --smoke [--json out.json]
 
-Needs goinfer and llama-cpp-python in one environment (an optional benchmark extra:
-`pip install '.[bench]'`, never a CI dependency; without it only goinfer runs and the table
-says the peer was skipped).  MODEL can be any GGUF, e.g. the shapes of real 1B-8B models that
-benchmarks/shapes.py writes.  --smoke: the tiny shape, one short run of each row (the test
-suite's check that the script runs).  Every prefill is cold (a fresh KV state);
-decode is greedy from a random prompt of the given length.  Prompts are seeded random ids of
-ordinary tokens, identical for both engines.  --kv-dtype: goinfer's KV cache storage type(s),
-one goinfer engine each (llama.cpp keeps its default f16 cache); ratios are against llama.cpp's
-best engine of the row.
+Each engine runs alone in its own process (benchmarks/isolate.py): one process per engine and
+repeat, the engines alternating (goinfer, llama.cpp, goinfer, llama.cpp, ...), each loading
+the model, warming up on 64 tokens, then timing every row once; the parent only prepares the
+prompts and collects the medians.  Every prefill is cold (a fresh KV state; goinfer's rows
+record the cached tokens they found, 0); decode is greedy from a random prompt of the given
+length.  Prompts are seeded random ids of ordinary tokens (goinfer.bench.prompt_ids, from the
+file's vocabulary), identical for every engine.  --kv-dtype: goinfer's KV cache storage
+type(s), one goinfer engine each (llama.cpp keeps its default f16 cache); ratios are against
+llama.cpp's best engine of the row.  --flash-attn both: llama.cpp with and without flash
+attention (two engines).  Without llama-cpp-python only goinfer runs and the output says the
+peer was not installed.
+
+Weight bytes per decode step (the "weight_bytes_per_token" of each decode row), from the GGUF's
+tensor infos (the file's bytes, the same for both engines): every tensor once, except the token
+embedding (one row; the whole table when the output head is tied to it) and the stacked expert
+tensors of an MoE (the used share, expert_used_count / expert_count, of their bytes).  The KV
+cache a step also reads is not counted.  --bandwidth GBS (or --measure-bandwidth: limits.py's
+streaming read with the same threads) adds, per decode row and engine, bytes x tok/s / bandwidth:
+the achieved fraction of it.
+
+MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.
+--smoke: the tiny shape, one short run of each row, bandwidth on a small buffer (the test suite).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
+import tempfile
 import time
-from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+import isolate
+import regime
 
-def _ids(vocab: int, n: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(200, vocab - 200, n)]
+HERE = Path(__file__).resolve()
 
-
-# ============================================================================ engines
+# ============================================================================ engines (children)
 
 
 class GoinferEngine:
-    name = "goinfer"
-
-    def __init__(self, path, threads, exact=False, kv_dtype="f16", tag=False):
+    def __init__(self, path: str, threads: int, exact: bool = False, kv_dtype: str = "f16"):
         import goinfer
         from goinfer import bench
 
         self.bench = bench
         self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False,
                                         kv_dtype=kv_dtype)
-        self.label = ("goinfer" + (f" {kv_dtype}" if tag else "")
-                      + (" (exact)" if exact else ""))
 
-    def prefill(self, ids) -> float:
-        return self.bench.prefill_seconds(self.model, ids)
+    def prefill(self, ids) -> tuple[float, int]:
+        return self.bench.cold_prefill(self.model, ids)
 
-    def decode(self, ids, n) -> float:
+    def decode(self, ids, n: int) -> float:
         return self.bench.decode_seconds(self.model, ids, n)
 
-    def weights(self) -> list[str]:
-        """Native weight kinds and the GGUF types they came from (conversions included)."""
-        return sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
-                       for w in self.model.impl.weights()})
+    def facts(self) -> dict:
+        """Native weight kinds and the GGUF types they came from; where the weights came from."""
+        return {"load_source": self.model.load_info.source,
+                "weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                                   for w in self.model.impl.weights()})}
 
 
 class LlamaCppEngine:
-    def __init__(self, path, threads, n_ctx, flash_attn):
+    def __init__(self, path: str, threads: int, n_ctx: int, flash_attn: bool):
         from llama_cpp import Llama
 
         self.llm = Llama(path, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_ubatch=512,
                          n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
                          verbose=False)
-        self.label = "llama.cpp" + (" flash-attn" if flash_attn else "")
 
-    def prefill(self, ids) -> float:
+    def prefill(self, ids) -> tuple[float, int]:
         self.llm.reset()  # eval() drops cached positions >= n_tokens: a cold prefill
         t0 = time.perf_counter()
         self.llm.eval(ids)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, 0
 
-    def decode(self, ids, n) -> float:
+    def decode(self, ids, n: int) -> float:
         self.llm.reset()
         self.llm.eval(ids)
         tok = self.next_token()
@@ -94,11 +104,12 @@ class LlamaCppEngine:
         row = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))
         return int(np.argmax(row))
 
+    def facts(self) -> dict:
+        return {"system_info": regime.system_info()}
+
 
 class TransformersEngine:
-    label = "transformers float32"
-
-    def __init__(self, path, threads):
+    def __init__(self, path: str, threads: int):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -108,39 +119,95 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
                                                           dtype=torch.float32).eval()
 
-    def prefill(self, ids) -> float:
+    def prefill(self, ids) -> tuple[float, int]:
         with self.torch.no_grad():
             t0 = time.perf_counter()
             self.model(self.torch.tensor([ids]), use_cache=True)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, 0
+
+    def facts(self) -> dict:
+        import transformers
+
+        return {"version": transformers.__version__}
 
 
-# ============================================================================ driver
+def child() -> None:
+    """One engine, every row once: {"prefill": [(seconds, cached)], "decode": [s/token], facts}."""
+    spec = isolate.child_spec()
+    kind, o = spec["engine"], spec["options"]
+    t0 = time.perf_counter()
+    if kind == "goinfer":
+        e = GoinferEngine(spec["model"], spec["threads"], o["exact"], o["kv_dtype"])
+    elif kind == "llama.cpp":
+        e = LlamaCppEngine(spec["model"], spec["threads"], spec["n_ctx"], o["flash_attn"])
+    else:
+        e = TransformersEngine(spec["model"], spec["threads"])
+    load_s = time.perf_counter() - t0
+    e.prefill(spec["warmup"])
+    out = {"load_s": load_s, "prefill": [e.prefill(ids) for ids in spec["prefill"]],
+           "decode": ([e.decode(ids, spec["decode_tokens"]) for ids in spec["decode"]]
+                      if kind != "transformers" else []), **e.facts()}
+    isolate.child_reply(out)
 
 
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg()}
+# ============================================================================ the parent
 
 
-def alternate(engines, fn, repeats):
-    """Run fn(engine) for each engine in turn, repeats times; returns per engine list of values."""
-    out = {e.label: [] for e in engines}
-    for _ in range(repeats):
-        for e in engines:
-            out[e.label].append(fn(e))
+def decode_weight_bytes(path: str) -> int:
+    """Bytes of the file's tensors one decode step reads (the rule in the module docstring)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from goinfer.gguf import GGUFFile
+
+    with GGUFFile(path) as g:
+        names = list(g.tensor_names)
+        n_exp, n_used = g.arch_get("expert_count"), g.arch_get("expert_used_count")
+        total = 0.0
+        for name in names:
+            tname, shape = g.tensor_info(name)
+            bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+            nbytes = int(np.prod(shape, dtype=np.int64)) * ts // bs
+            if name.endswith("token_embd.weight"):
+                tied = name == "token_embd.weight" and "output.weight" not in names
+                total += nbytes if tied else nbytes / shape[0]
+            elif "_exps." in name and n_exp:
+                total += nbytes * (n_used or n_exp) / n_exp
+            else:
+                total += nbytes
+    return int(total)
+
+
+def engines_of(args, have_llama: bool) -> list[dict]:
+    """[{"label", "engine", "options"}] in the order they alternate."""
+    kvs = [k for k in args.kv_dtype.split(",") if k]
+    out = []
+    if not args.no_goinfer:
+        for k in kvs:
+            out.append({"label": "goinfer" + (f" {k}" if len(kvs) > 1 else ""), "engine": "goinfer",
+                        "options": {"exact": False, "kv_dtype": k}})
+        if args.exact:
+            out.append({"label": "goinfer" + (f" {kvs[0]}" if len(kvs) > 1 else "") + " (exact)",
+                        "engine": "goinfer", "options": {"exact": True, "kv_dtype": kvs[0]}})
+    if have_llama:
+        for fa in {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]:
+            out.append({"label": "llama.cpp" + (" flash-attn" if fa else ""), "engine": "llama.cpp",
+                        "options": {"flash_attn": fa}})
+    if args.transformers:
+        out.append({"label": "transformers float32", "engine": "transformers", "options": {}})
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
+def _ratios(tok_s: dict) -> tuple[str | None, dict]:
+    """(llama.cpp's best engine of the row, {goinfer engine: its tok/s over that one's})"""
+    peers = {k: v for k, v in tok_s.items() if k.startswith("llama.cpp")}
+    if not peers:
+        return None, {}
+    best = max(peers, key=peers.get)
+    return best, {k: v / peers[best] for k, v in tok_s.items() if k.startswith("goinfer")}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-lengths", default="512,2048")
@@ -152,112 +219,141 @@ def main(argv=None):
                     help="also run goinfer with exact=True (float64 attention everywhere)")
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--no-goinfer", action="store_true",
-                    help="llama.cpp only: models too big for both engines in one process's memory "
-                         "(gpt-oss-20b on 24 GB: run the two sides as separate processes)")
+    ap.add_argument("--no-goinfer", action="store_true", help="llama.cpp only")
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="the machine's read bandwidth in GB/s (limits.py) for the decode fractions")
+    ap.add_argument("--measure-bandwidth", action="store_true",
+                    help="measure it first (limits.py's streaming read, the same threads)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one short run (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
-    import tempfile
-
-    import goinfer
+    from goinfer import bench
     from goinfer.gguf import GGUFFile
+    from goinfer.tokenizer import Tokenizer
 
     tmp = tempfile.TemporaryDirectory()
+    bw_bytes = None
     if args.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name))
         args.prompt_lengths, args.decode_prompts = "64", "16"
         args.decode_tokens, args.repeats, args.flash_attn = 2, 1, "off"
+        args.measure_bandwidth, bw_bytes = True, 16 << 20
     if not args.model:
         ap.error("a model path is needed (or --smoke)")
-    llama_cpp = None
-    if not args.no_llama_cpp:
-        try:
-            import llama_cpp
-        except ImportError:
-            print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
+    peer = regime.peer("llama.cpp")
+    have_llama = peer["installed"] and not args.no_llama_cpp
+    if args.no_llama_cpp:
+        print("llama.cpp: skipped (--no-llama-cpp)", flush=True)
+    elif not peer["installed"]:
+        print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
 
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     dprompts = [int(x) for x in args.decode_prompts.split(",") if x]
     need = max(lengths + [p + args.decode_tokens for p in dprompts])  # tokens the longest row holds
-    n_ctx = need + 64
-    with GGUFFile(args.model) as g:  # the training context both engines read, before any load
+    with GGUFFile(args.model) as g:  # the training context every engine reads, before any load
         ctx = g.arch_get("context_length")
+        tok = Tokenizer.from_metadata(g.metadata)
     if ctx is not None and need > ctx:
         ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
                  f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
-    kvs = [k for k in args.kv_dtype.split(",") if k]
-    engines = [] if args.no_goinfer else [GoinferEngine(args.model, args.threads, kv_dtype=k,
-                                                         tag=len(kvs) > 1) for k in kvs]
-    if args.exact and not args.no_goinfer:
-        engines.append(GoinferEngine(args.model, args.threads, exact=True, kv_dtype=kvs[0],
-                                     tag=len(kvs) > 1))
-    fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
-    if llama_cpp is not None:
-        engines += [LlamaCppEngine(args.model, args.threads, n_ctx, fa) for fa in fas]
+    engines = engines_of(args, have_llama)
     if not engines:
         ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
-    g0 = engines[0] if not args.no_goinfer else None
-    vocab = g0.model.vocab_size if g0 else engines[0].llm.n_vocab()
-    hf = TransformersEngine(args.model, args.threads) if args.transformers else None
 
-    res = {"model": Path(args.model).name, "date": date.today().isoformat(),
-           "threads": args.threads, "repeats": args.repeats, "machine": machine(),
-           "llama_cpp_python": (llama_cpp.__version__ if llama_cpp is not None else
-                                "not run (--no-llama-cpp)" if args.no_llama_cpp else
-                                "skipped (not installed)"),
-           "goinfer": goinfer.config(), "goinfer_load": g0.model.load_info.source if g0 else "not run",
-           "goinfer_weights": g0.weights() if g0 else ["not run"], "prefill": [], "decode": []}
-    for n in lengths:
-        ids = _ids(vocab, n, seed=n)
-        for e in engines:  # warm-up
-            e.prefill(ids[:64])
-        runs = alternate(engines, lambda e: e.prefill(ids), args.repeats)
-        if hf is not None:
-            runs[hf.label] = [hf.prefill(ids) for _ in range(max(1, args.repeats // 2))]
-        row = {"prompt_tokens": n, "tok_s": {k: n / statistics.median(v) for k, v in runs.items()},
-               "runs_s": runs}
-        res["prefill"].append(row)
-        print(f"prefill {n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tok_s"].items()), flush=True)
-    for p in dprompts:
-        ids = _ids(vocab, p, seed=10_000 + p)
-        runs = alternate(engines, lambda e: e.decode(ids, args.decode_tokens), args.repeats)
-        row = {"prompt_tokens": p, "tokens": args.decode_tokens,
-               "tok_s": {k: 1.0 / statistics.median(v) for k, v in runs.items()},
-               "runs_s_per_token": runs}
+    vocab = SimpleNamespace(tokenizer=tok, vocab_size=tok.vocab_size)
+    spec = {"model": str(Path(args.model).resolve()), "threads": args.threads, "n_ctx": need + 64,
+            "decode_tokens": args.decode_tokens, "warmup": bench.prompt_ids(vocab, 64, seed=7),
+            "prefill": [bench.prompt_ids(vocab, n, seed=n) for n in lengths],
+            "decode": [bench.prompt_ids(vocab, p, seed=10_000 + p) for p in dprompts]}
+    res = {"benchmark": "peers", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(args.model),
+           "settings": {"repeats": args.repeats, "prompt_lengths": lengths, "decode_prompts": dprompts,
+                        "decode_tokens": args.decode_tokens, "flash_attn": args.flash_attn,
+                        "kv_dtypes": [k for k in args.kv_dtype.split(",") if k],
+                        "engines": [e["label"] for e in engines], "one_process_per_engine": True},
+           "prefill": [], "decode": []}
+    if args.measure_bandwidth or args.bandwidth:
+        if args.bandwidth:
+            res["bandwidth"] = {"GBs": args.bandwidth, "source": "given (--bandwidth)"}
+        else:
+            from limits import read_bandwidth
+
+            res["bandwidth"] = {**read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 5),
+                                "source": "measured (limits.read_bandwidth)"}
+        print(f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s ({res['bandwidth']['source']})",
+              flush=True)
+
+    # the engines alternate, each alone in its own process: goinfer, llama.cpp, goinfer, ...
+    runs = {e["label"]: [] for e in engines}
+    for _ in range(args.repeats):
+        for e in engines:
+            runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
+    res["processes"] = {"parent": os.getpid(), **{k: [r["pid"] for r in v] for k, v in runs.items()}}
+    first = {k: v[0] for k, v in runs.items()}
+    g = next((first[e["label"]] for e in engines if e["engine"] == "goinfer"), None)
+    res["goinfer_load"] = g["load_source"] if g else "not run"
+    res["goinfer_weights"] = g["weights"] if g else ["not run"]
+    ll = next((first[e["label"]] for e in engines if e["engine"] == "llama.cpp"), None)
+    if ll is not None:
+        res["regime"]["peer"]["system_info"] = ll["system_info"]
+    res["load_s"] = {k: [r["load_s"] for r in v] for k, v in runs.items()}
+
+    for i, n in enumerate(lengths):
+        secs = {k: [r["prefill"][i][0] for r in v] for k, v in runs.items()}
+        tok_s = {k: n / statistics.median(v) for k, v in secs.items()}
+        best, ratio = _ratios(tok_s)
+        res["prefill"].append({"prompt_tokens": n, "tok_s": tok_s, "runs_s": secs, "best_peer": best,
+                               "ratio": ratio,
+                               "cached_tokens": {k: [r["prefill"][i][1] for r in v]
+                                                 for k, v in runs.items()}})
+    wbytes = decode_weight_bytes(args.model) if dprompts else None
+    res["weight_bytes_per_token"] = wbytes
+    for i, p in enumerate(dprompts):
+        secs = {k: [r["decode"][i] for r in v] for k, v in runs.items() if v[0]["decode"]}
+        tok_s = {k: 1.0 / statistics.median(v) for k, v in secs.items()}
+        best, ratio = _ratios(tok_s)
+        row = {"prompt_tokens": p, "tokens": args.decode_tokens, "tok_s": tok_s,
+               "runs_s_per_token": secs, "best_peer": best, "ratio": ratio,
+               "weight_bytes_per_token": wbytes,
+               "weight_GBs": {k: wbytes * v / 1e9 for k, v in tok_s.items()}}
+        if "bandwidth" in res:
+            row["fraction_of_bandwidth"] = {k: v / res["bandwidth"]["GBs"]
+                                            for k, v in row["weight_GBs"].items()}
         res["decode"].append(row)
-        print(f"decode after {p}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tok_s"].items()), flush=True)
-    res["machine"]["load_avg_end"] = os.getloadavg()
-    text = json.dumps(res, indent=2)
-    if args.json:
-        Path(args.json).write_text(text)
     print(table(res))
     tmp.cleanup()
-    return res
+    return regime.finish(res, args.json)
 
 
 def table(res) -> str:
-    """One line per row: every engine's tok/s, and each goinfer engine's ratio to llama.cpp's
-    best engine of the row."""
-    lines = [f"{res['model']}, {res['threads']} threads, {res['machine']['cpu']}, {res['date']}, "
-             f"medians of {res['repeats']} alternating runs, load {res['machine']['load_avg']}; "
-             f"llama-cpp-python {res['llama_cpp_python']}; goinfer weights: "
-             f"{', '.join(res['goinfer_weights'])}"]
+    """One line per row: every engine's tok/s, each goinfer engine's ratio to llama.cpp's best
+    engine of the row, and the decode rows' weight GB/s (and fraction of the bandwidth)."""
+    r0 = res["regime"]
+    peer = r0["peer"]
+    lines = [f"{res['model']['file']} ({res['model']['quantization']}), {r0['threads']} threads, "
+             f"{r0['machine']['model_name']}, goinfer {r0['goinfer']['kernel_variant']}"
+             f"{' + AMX' if r0['goinfer']['amx'] else ''}, {r0['date']}, medians of "
+             f"{res['settings']['repeats']} alternating runs, each engine in its own process; "
+             f"llama-cpp-python {peer['version'] if peer['installed'] else 'not installed'}; "
+             f"goinfer weights: {', '.join(res['goinfer_weights'])}"]
     for kind, key, fmt in (("prefill", "prefill", ".0f"), ("decode after", "decode", ".1f")):
         for r in res[key]:
-            ts = r["tok_s"]
-            peers = {k: v for k, v in ts.items() if not k.startswith("goinfer") and "transformers" not in k}
-            best = max(peers.values()) if peers else None
-            parts = [f"{k} {v:{fmt}}" for k, v in ts.items()]
-            if best:
-                parts += [f"{k} x{v / best:.2f} of llama.cpp's best" for k, v in ts.items()
-                          if k.startswith("goinfer")]
+            parts = [f"{k} {v:{fmt}}" for k, v in r["tok_s"].items()]
+            parts += [f"{k} x{v:.2f} of llama.cpp's best" for k, v in r["ratio"].items()]
+            if "fraction_of_bandwidth" in r:
+                parts += [f"{k} {100 * v:.0f}% of {res['bandwidth']['GBs']:.1f} GB/s"
+                          for k, v in r["fraction_of_bandwidth"].items()]
             lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")
+    if res["decode"]:
+        lines.append(f"decode reads {res['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    if sys.argv[1:2] == ["--child"]:
+        child()
+    else:
+        main()

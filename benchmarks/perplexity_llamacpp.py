@@ -1,7 +1,7 @@
 """Perplexity from llama.cpp (llama-cpp-python) over the same token ids and the same windows
 as `goinfer perplexity` (goinfer.fidelity.windows), for docs/benchmarks.md.
 
-    PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/perplexity_llamacpp.py MODEL.gguf FILE \
+    python benchmarks/perplexity_llamacpp.py MODEL.gguf FILE \
         [--ctx 1024] [--stride 512] [--skip-tokens K] [--max-tokens N] [--threads 2] [--json out.json]
 
 The text is tokenized by goinfer's tokenizer (no BOS, special-token strings as plain text) so
@@ -17,9 +17,10 @@ import argparse
 import json
 import math
 import time
-from datetime import date
 
 import numpy as np
+
+import regime
 
 from goinfer.fidelity import _log_softmax_at, windows
 from goinfer.gguf import GGUFFile
@@ -35,15 +36,15 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--skip-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, a few windows (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     import tempfile
     from pathlib import Path
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name))
         args.file = str(Path(__file__).resolve().parent / "data" / "agreement_mix.txt")
@@ -53,14 +54,20 @@ def main(argv=None):
     text = open(args.file, encoding="utf-8").read()
     tok = Tokenizer.from_metadata(GGUFFile(args.model).metadata)
     ids = np.asarray(tok.encode(text, add_special=False, parse_special=False), np.int32)
-    try:
-        import llama_cpp
-    except ImportError:
-        n_win = len(list(windows(len(ids[args.skip_tokens:][:args.max_tokens]), args.ctx,
-                                 args.stride or args.ctx // 2)))
-        print(f"goinfer side: {len(ids)} tokens, {n_win} windows; llama.cpp: skipped "
+    stride = args.stride or args.ctx // 2
+    res = {"benchmark": "perplexity_llamacpp",
+           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(args.model), "text": Path(args.file).name, "ctx": args.ctx,
+           "stride": stride, "skip_tokens": args.skip_tokens, "text_tokens": int(len(ids)),
+           "windows": len(list(windows(len(ids[args.skip_tokens:][:args.max_tokens]), args.ctx,
+                                       stride)))}
+    if not res["regime"]["peer"]["installed"]:
+        print(f"goinfer side: {len(ids)} tokens, {res['windows']} windows; llama.cpp: skipped "
               "(llama-cpp-python is not installed)")
-        return None
+        tmp.cleanup()
+        return regime.finish(res, args.json)
+    import llama_cpp
+
     llm = llama_cpp.Llama(args.model, n_ctx=args.ctx, logits_all=True, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     theirs = llm.tokenize(text.encode(), add_bos=False, special=False)
@@ -68,7 +75,6 @@ def main(argv=None):
     ids = ids[args.skip_tokens:]
     if args.max_tokens:
         ids = ids[:args.max_tokens]
-    stride = args.stride or args.ctx // 2
     total, n, work = 0.0, 0, 0
     t0 = time.perf_counter()
     for b, e, s in windows(len(ids), args.ctx, stride):
@@ -81,18 +87,13 @@ def main(argv=None):
         n += len(nll)
         work += e - b
     dt = time.perf_counter() - t0
-    res = dict(engine="llama.cpp", llama_cpp_python=llama_cpp.__version__, model=args.model,
-               ctx=args.ctx, stride=stride, threads=args.threads, skip_tokens=args.skip_tokens,
-               n_tokens=int(len(ids)),
-               n_scored=n, nll=total / n, perplexity=math.exp(total / n), seconds=dt,
-               tokens_per_second=work / dt, same_tokenization=same_tok,
-               date=date.today().isoformat())
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    res["regime"]["peer"]["system_info"] = regime.system_info()
+    res.update(engine="llama.cpp", n_tokens=int(len(ids)), n_scored=n, nll=total / n,
+               perplexity=math.exp(total / n), seconds=dt, tokens_per_second=work / dt,
+               same_tokenization=same_tok)
+    print(json.dumps({k: v for k, v in res.items() if k != "regime"}, indent=1))
     tmp.cleanup()
-    return res
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Q6_K tensors: native q6_k against the old conversion to q8_0 (docs/benchmarks.md, "Q6_K in
 Q4_K_M files").  Two measurements; the kernel speed is benchmarks/kernels_matmul.py --set q6k-1b.
 
-    PYTHONPATH=. python benchmarks/q6k.py bytes /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf
+    PYTHONPATH=. python benchmarks/q6k.py bytes llama-3.2-1b-Q4_K_M.gguf
     PYTHONPATH=. python benchmarks/q6k.py agreement MODEL.gguf --reference F32-ORIGINAL.gguf \
         --text benchmarks/data/agreement_mix.txt [--ctx 1024] [--max-tokens 3072] [--threads 2]
     PYTHONPATH=. python benchmarks/q6k.py paired MODEL.gguf --reference F32-ORIGINAL.gguf \
         --text benchmarks/data/agreement_mix.txt [--ctx 1024] [--windows 3]
-    PYTHONPATH=. python benchmarks/q6k.py speed /tmp/shapes/llama-3.2-1b-Q4_K_M.gguf \
+    PYTHONPATH=. python benchmarks/q6k.py speed llama-3.2-1b-Q4_K_M.gguf \
         [--prompt 512] [--decode 32] [--rounds 3] [--threads 2] [--clock wall|cpu]
 
 bytes: per GGUF type, the tensors' bytes in the file, in goinfer's layout with Q6_K as q6_k
@@ -35,6 +35,8 @@ import contextlib
 import json
 
 import numpy as np
+
+import regime
 
 
 @contextlib.contextmanager
@@ -208,23 +210,24 @@ def speed(path, prompt: int, decode: int, rounds: int, threads: int | None, cloc
     return res
 
 
-def smoke():
+def smoke() -> dict:
     import tempfile
     from pathlib import Path
 
-    from float_copy import copy  # benchmarks/ is on sys.path when run as a script
+    from float_copy import copy
     from shapes import smoke_model
 
     with tempfile.TemporaryDirectory() as d:
         src = smoke_model(d)
-        print_bytes(src)
+        out = {"bytes": print_bytes(src)}
         ref = Path(d) / "f32.gguf"
         copy(str(src), str(ref), "original", "")
         text = Path(d) / "t.txt"
         text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
-        agreement(str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1)
-        paired(str(src), str(ref), str(text), ctx=16, n_windows=2, threads=1)
-        speed(str(src), prompt=8, decode=2, rounds=1, threads=1, clock="cpu")
+        out["agreement"] = agreement(str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1)
+        out["paired"] = paired(str(src), str(ref), str(text), ctx=16, n_windows=2, threads=1)
+        out["speed"] = speed(str(src), prompt=8, decode=2, rounds=1, threads=1, clock="cpu")
+    return out
 
 
 def main(argv=None):
@@ -242,23 +245,27 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="both measurements on the tiny shape (the test suite)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
+    res = {"benchmark": "q6k", "regime": regime.header(args.threads, argv=argv)}
     if args.smoke:
-        return smoke()
+        res.update(smoke())
+        return regime.finish(res, args.json)
     if not (args.what and args.model):
         ap.error("bytes|agreement|paired|speed MODEL (or --smoke)")
+    res["model"] = regime.model(args.model)
+    if args.what in ("agreement", "paired") and not args.reference:
+        ap.error(f"{args.what} needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
     if args.what == "bytes":
-        print_bytes(args.model)
+        res["bytes"] = print_bytes(args.model)
     elif args.what == "paired":
-        if not args.reference:
-            ap.error("paired needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
-        paired(args.model, args.reference, args.text, args.ctx, args.windows, args.threads)
+        res["paired"] = paired(args.model, args.reference, args.text, args.ctx, args.windows, args.threads)
     elif args.what == "speed":
-        speed(args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock)
+        res["speed"] = speed(args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock)
     else:
-        if not args.reference:
-            ap.error("agreement needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
-        agreement(args.model, args.reference, args.text, args.ctx, args.max_tokens, args.threads)
+        res["agreement"] = agreement(args.model, args.reference, args.text, args.ctx, args.max_tokens,
+                                     args.threads)
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":

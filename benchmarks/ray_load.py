@@ -15,10 +15,7 @@ Prints a Markdown table; --json writes every request's numbers.  --smoke: a tiny
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 import threading
 import time
@@ -31,10 +28,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # serve.start fails): too short on a busy 2-core machine (read when ray.serve is imported)
 os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 
-# benchmarks/ for server_load and shapes; goinfer: the installed one (or PYTHONPATH's), never the
-# source tree (no compiled .so in CI)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import regime  # noqa: E402  (benchmarks/ is on sys.path: the script's own directory)
 from server_load import QUESTIONS, SYSTEM, pct, stop_ids  # noqa: E402
 
 from goinfer.server.cli import Client, free_port, long_prompt  # noqa: E402
@@ -116,7 +110,7 @@ def summarize(cfg: dict, wall: float, recs: list[dict], agents: int, turns: int)
                 per_replica=sorted(per.values(), reverse=True), records=recs)
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2,
@@ -126,8 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--doc-words", type=int, default=600)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--port", type=int, default=None, help="Serve's HTTP port (default: free)")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.agents, args.turns, args.doc_words, args.max_tokens = 4, 2, 40, 6
@@ -148,7 +142,7 @@ def main(argv=None) -> int:
         ap.error("--port (Serve's HTTP port) is needed when Ray is already running here")
     ban = stop_ids(args.model)
     rows = []
-    load_before = os.getloadavg()
+    hdr = regime.header(args.threads, argv=argv)
     try:
         for i, cfg in enumerate(configs(args.threads)):
             app = build_app(ReplicaSpec(args.model), cfg["replicas"],
@@ -168,13 +162,11 @@ def main(argv=None) -> int:
         if own:
             serve.shutdown()
             ray.shutdown()
-    load_after = os.getloadavg()
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "loadavg_before": load_before, "loadavg_after": load_after,
-            "command": " ".join([Path(sys.executable).name] + (argv or sys.argv)),
-            **{k: getattr(args, k) for k in ("model", "threads", "agents", "turns", "doc_words",
-                                              "max_tokens")}}
+    res = {"benchmark": "ray_load", "regime": hdr,
+           "settings": {"model": Path(args.model).name,
+                        **{k: getattr(args, k) for k in ("agents", "turns", "doc_words", "max_tokens")}},
+           "rows": rows}
+    regime.finish(res, None)
     lines = ["| configuration | replicas x threads | requests | aggregate tok/s | TTFT p50 ms | "
              "TTFT p90 ms | latency p50 ms | latency p90 ms | prefix hit rate | requests per "
              "replica |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -184,13 +176,12 @@ def main(argv=None) -> int:
                      f"{r['latency_p50_ms']:.0f} | {r['latency_p90_ms']:.0f} | "
                      f"{r['hit_rate']:.2f} | {'/'.join(map(str, r['per_replica']))} |")
     print("\n".join(lines))
-    print(f"\n{meta['date']}, {meta['machine']}, load average before {load_before[0]:.1f}, "
-          f"after {load_after[0]:.1f}; {args.agents} agents x {args.turns} turns, "
-          f"{args.doc_words}-word documents, {args.max_tokens}-token replies")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    return 0
+    print(f"\n{hdr['date']}, {hdr['machine']['model_name']}, load average before "
+          f"{hdr['load_avg_start'][0]:.1f}, after {hdr['load_avg_end'][0]:.1f}; {args.agents} "
+          f"agents x {args.turns} turns, {args.doc_words}-word documents, {args.max_tokens}-token "
+          f"replies")
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

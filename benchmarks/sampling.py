@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+import regime
 from goinfer.sampling import Sampler, SamplingParams
 
 SETTINGS = [dict(), dict(top_k=40), dict(top_p=0.95), dict(min_p=0.05),
@@ -51,13 +52,16 @@ def median_ms(fn, calls: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="small vocabulary, one round")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
+    res = {"benchmark": "sampling", "regime": regime.header(1, argv=argv), "vocab": a.vocab,
+           "calls": a.calls, "rounds": a.rounds, "temperature": 0.8, "rows": []}
     if a.smoke:
         a.vocab, a.calls, a.rounds = 4096, 3, 1
     rng = np.random.default_rng(0)
@@ -75,7 +79,10 @@ def main(argv=None) -> None:
                 ours.append(median_ms(lambda: s.sample(z), a.calls))
             b, o = min(base), min(ours)
             label = ", ".join(f"{k}={v}" for k, v in kw.items()) or "temperature only"
+            res["rows"].append({"logits": name, "setting": label, "full_sort_ms": b, "goinfer_ms": o,
+                                "ratio": b / o})
             print(f"| {name} | {label} | {b:.1f} | {o:.1f} | {b / o:.1f}x |")
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

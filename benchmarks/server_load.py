@@ -15,10 +15,7 @@ table and writes JSON with every request's numbers.  --smoke: the tiny shape
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -26,9 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-# goinfer: the installed one (or PYTHONPATH's), never the source tree (no compiled .so in CI)
-
-from goinfer.server.cli import Client, free_port  # noqa: E402
+import regime
+from goinfer.server.cli import Client, free_port
 
 SYSTEM = ("You are a coding agent working in a large repository. You can read files, run tests "
           "and edit code. Always explain what you are about to do in one short sentence, then "
@@ -64,12 +60,18 @@ def start_server(model: str, max_batch: int, threads: int | None, extra: list[st
     raise RuntimeError("server did not start")
 
 
-def stop_ids(model: str) -> list[int]:
+def model_path(model: str) -> Path:
+    """The GGUF a registered name or a path stands for."""
     from goinfer import hub
+
+    return Path(hub.resolve(model, progress=False))
+
+
+def stop_ids(model: str) -> list[int]:
     from goinfer.gguf import GGUFFile
     from goinfer.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_metadata(GGUFFile(hub.resolve(model, progress=False)).metadata)
+    tok = Tokenizer.from_metadata(GGUFFile(model_path(model)).metadata)
     return sorted(tok.stop_ids)
 
 
@@ -114,7 +116,7 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def main() -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--levels", default="1,2,4,8")
@@ -122,15 +124,15 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batch", type=int, default=8, help="--max-batch of the batched server")
-    ap.add_argument("--json", default=None)
     ap.add_argument("server_args", nargs="*", help="extra `goinfer serve` arguments (after --)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one request (the test suite)")
-    args = ap.parse_args()
+    regime.add_json_arg(ap)
+    args = ap.parse_args(argv)
     import tempfile
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name))
         args.levels, args.requests, args.max_tokens, args.threads = "1", 1, 2, 1
@@ -142,7 +144,7 @@ def main() -> int:
         for name, mb in modes.items():
             servers[name] = start_server(args.model, mb, args.threads, args.server_args)
             run_level(servers[name][1], 1, 1, 4, ban)  # warm up: load, prefix cache
-        load_before = os.getloadavg()
+        hdr = regime.header(args.threads, argv=argv)
         results = {name: [] for name in modes}
         for i, n in enumerate(levels):
             order = list(modes) if i % 2 == 0 else list(modes)[::-1]  # no order bias
@@ -153,20 +155,17 @@ def main() -> int:
                 print(f"{name:>14} clients={n}: {r['tok_s']:.1f} tok/s, TTFT p50 "
                       f"{pct(ttft, 50) * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
-        load_after = os.getloadavg()
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "loadavg_before": load_before, "loadavg_after": load_after,
-            "command": (f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
-                        if "OMP_WAIT_POLICY" in os.environ else "")
-                       + " ".join([Path(sys.executable).name] + sys.argv),
-            "model": args.model,
-            "threads": args.threads, "max_tokens": args.max_tokens,
-            "requests_per_client": args.requests}
+    if "OMP_WAIT_POLICY" in os.environ:
+        hdr["command"] = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} {hdr['command']}"
+    res = {"benchmark": "server_load", "regime": hdr, "model": regime.model(model_path(args.model)),
+           "settings": {"levels": levels, "max_tokens": args.max_tokens,
+                        "requests_per_client": args.requests, "batch": args.batch},
+           "results": results}
+    regime.finish(res, None)
     lines = ["| mode | clients | requests | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | "
              "latency p50 ms | latency p99 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for i, n in enumerate(levels):
@@ -178,14 +177,13 @@ def main() -> int:
                          f"{pct(ttft, 50):.0f} | {pct(ttft, 99):.0f} | {pct(lat, 50):.0f} | "
                          f"{pct(lat, 99):.0f} |")
     print("\n".join(lines))
-    print(f"\n{meta['date']}, {meta['machine']}, load average before "
-          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, after "
-          f"{load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f}; `{meta['command']}`")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lb, la = hdr["load_avg_start"], hdr["load_avg_end"]
+    print(f"\n{hdr['date']}, {hdr['machine']['model_name']}, load average before "
+          f"{lb[0]:.1f}/{lb[1]:.1f}/{lb[2]:.1f}, after {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}; "
+          f"`{hdr['command']}`")
     tmp.cleanup()
-    return 0
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

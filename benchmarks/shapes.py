@@ -3,12 +3,12 @@ people run (1B-8B, Q4_K_M mostly), measured without downloading them.  Speed and
 depend on the weights' values.
 
     python benchmarks/shapes.py --list
-    python benchmarks/shapes.py llama-3.2-1b --type Q4_0 [--out /tmp/shapes]
+    python benchmarks/shapes.py llama-3.2-1b --type Q4_0 [--out DIR]
     python benchmarks/shapes.py llama-3.1-8b --type Q4_K_M      # needs llama-cpp-python
     python benchmarks/shapes.py qwen3.5-4b --type Q4_0 --pure   # hybrid Gated DeltaNet
     python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE     # MXFP4 experts, Q8_0 rest
     python benchmarks/shapes.py gpt-oss-20b --type MXFP4_MOE --layers 2   # real width, 2 layers
-    python benchmarks/shapes.py --check /tmp/shapes/FILE.gguf   # both engines load it, same ids
+    python benchmarks/shapes.py --check DIR/FILE.gguf           # both engines load it, same ids
     python benchmarks/shapes.py --smoke                          # the test suite's smoke run
 
 How the weights are made:
@@ -20,7 +20,7 @@ How the weights are made:
   (``llama_cpp.llama_model_quantize``, as ``llama-quantize`` runs it) turns it into ``--type``:
   the same mix of tensor types a downloaded file has (Q4_K_M: Q4_K with Q6_K for half of
   attn_v / ffn_down and for the output; Q4_0: Q4_0 with a Q6_K output).  Needs llama-cpp-python
-  (the benchmark environment, /tmp/peers-venv).
+  (the bench extra).
 * ``MXFP4_MOE`` (written directly, as ``--pure``): what ``llama-quantize MXFP4_MOE`` and the
   public gpt-oss GGUFs hold: the 3-D expert tensors in MXFP4 (random 4-bit e2m1 codes, e8m0
   scales), every other matrix Q8_0, file type 38.  A shape with ``expert_type`` (gpt-oss:
@@ -39,7 +39,8 @@ Tokenizer: the model family's own vocabulary from llama.cpp's ``models/ggml-voca
 model's embedding rows as llama.cpp's converter does; for a family without such a file the
 closest one is used and the GGUF's ``general.description`` says so.  ``--vocab bytes`` writes
 a 256-token byte-level vocabulary padded to the model's size (no file needed: the smoke run).
-Files go to ``--out`` (default /tmp/shapes), never into the repository; an 8B Q4_0 file is ~4.7 GB.
+Files go to ``--out`` (default: ``shapes/`` in the system's temporary directory), never into
+the repository; an 8B Q4_0 file is ~4.7 GB.
 """
 from __future__ import annotations
 
@@ -50,11 +51,14 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+import regime
 
 SIGMA = 0.02  # standard deviation of the random weights
 
@@ -312,7 +316,8 @@ def vocab_dirs(extra: str | None, out: Path | None = None) -> list[str]:
     dirs = [extra] if extra else []
     if out is not None:
         dirs.append(str(Path(out) / "vocab"))
-    dirs += sorted(glob.glob("/tmp/peers-build/sdist/*/vendor/llama.cpp/models"))
+    dirs += sorted(glob.glob(os.path.join(tempfile.gettempdir(), "peers-build", "sdist", "*", "vendor",
+                                          "llama.cpp", "models")))
     return dirs
 
 
@@ -740,13 +745,13 @@ def check(path, threads: int = 2, prefill: int = 512) -> dict:
     return res
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shapes", nargs="*", help=f"shape names: {', '.join(SHAPES)}")
     ap.add_argument("--type", default="Q4_0", help="Q4_0, Q8_0, Q4_K_M, ... (llama.cpp ftypes)")
     ap.add_argument("--pure", action="store_true",
                     help=f"write every matrix directly in --type ({', '.join(PURE_TYPES)}), no llama.cpp")
-    ap.add_argument("--out", default="/tmp/shapes")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "shapes"))
     ap.add_argument("--vocab", default=None, help="ggml-vocab-<name>.gguf to use, or 'bytes'")
     ap.add_argument("--vocab-dir", default=None, help="llama.cpp's models/ directory")
     ap.add_argument("--threads", type=int, default=2)
@@ -761,11 +766,12 @@ def main(argv=None) -> int:
                     help="load written files in goinfer and llama.cpp (fresh processes): same ids, "
                          "same top-5, a few greedy tokens, one goinfer prefill of --check-prefill")
     ap.add_argument("--check-prefill", type=int, default=512)
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
+    res = {"benchmark": "shapes", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp")}
     if args.check:
-        for f in args.check:
-            check(f, args.threads, args.check_prefill)
-        return 0
+        res["checks"] = {Path(f).name: check(f, args.threads, args.check_prefill) for f in args.check}
+        return regime.finish(res, args.json)
     if args.list or not (args.shapes or args.smoke):
         print(f"{'name':<14} {'params':>7} {'arch':<7} {'d':>5} {'L':>3} {'H/KV':>6} {'hd':>4} {'ffn':>6} "
               f"{'vocab':>7}  model")
@@ -775,10 +781,8 @@ def main(argv=None) -> int:
                 moe = f" +{sum(s.recurrent_layers())}lin"
             print(f"{s.name:<14} {s.n_params() / 1e9:>6.2f}B {s.arch:<7} {s.d_model:>5} {s.n_layers:>3} "
                   f"{s.n_heads:>3}/{s.n_kv_heads:<2} {s.head_dim:>4} {s.d_ff:>6}{moe} {s.vocab:>7}  {s.hf}")
-        return 0
+        return regime.finish(res, args.json)
     if args.smoke:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as d:
             files = [make(SHAPES["tiny"], "Q8_0", Path(d), pure=True, vocab="bytes"), smoke_model(d),
                      make(SHAPES["qwen3.5-tiny"], "Q4_0", Path(d), pure=True, vocab="bytes"),
@@ -787,27 +791,31 @@ def main(argv=None) -> int:
                 import llama_cpp  # noqa: F401
             except ImportError:
                 llama_cpp = None
-            for f in files[2:]:
-                check(f, threads=1, prefill=64)
+            res["checks"] = {f.name: check(f, threads=1, prefill=64) for f in files[2:]}
+            res["files"] = []
             for f in files:
                 lg = goinfer_logits(f, [1, 2, 3, 4])
-                assert np.isfinite(lg).all()
-                print(f"smoke: {f.name} loads in goinfer, logits {lg.shape} finite")
+                row = {**regime.model(f), "goinfer_logits_shape": list(lg.shape),
+                       "goinfer_finite": bool(np.isfinite(lg).all())}
+                print(f"smoke: {f.name} loads in goinfer, logits {lg.shape} finite {row['goinfer_finite']}")
                 if llama_cpp is not None:
                     lc = llama_cpp_logits(f, [1, 2, 3, 4])
-                    assert lc.shape == lg.shape and np.isfinite(lc).all()
+                    row.update(llama_cpp_logits_shape=list(lc.shape),
+                               llama_cpp_finite=bool(np.isfinite(lc).all()))
                     print(f"smoke: {f.name} loads in llama.cpp, logits {lc.shape} finite")
-        return 0
+                res["files"].append(row)
+        return regime.finish(res, args.json)
     for name in args.shapes:
         if name not in SHAPES:
             ap.error(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
         shape = SHAPES[name]
         if args.layers:
             shape = dataclasses.replace(shape, name=f"{name}-{args.layers}L", n_layers=args.layers)
-        make(shape, args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
-             vocab_dir=args.vocab_dir, threads=args.threads, force=args.force)
-    return 0
+        path = make(shape, args.type, Path(args.out), pure=args.pure, vocab=args.vocab,
+                    vocab_dir=args.vocab_dir, threads=args.threads, force=args.force)
+        res.setdefault("written", []).append(regime.model(path))
+    return regime.finish(res, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

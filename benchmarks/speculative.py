@@ -1,6 +1,6 @@
 """Speculative decoding on a copy-heavy agent task: decode speed with and without drafting.
 
-    PYTHONPATH=. /tmp/peers-venv/bin/python benchmarks/speculative.py [MODEL] [--tasks 4]
+    python benchmarks/speculative.py [MODEL] [--tasks 4]
         [--max-tokens 256] [--draft-tokens 16] [--repeats 3] [--threads 2] [--no-llama-cpp]
         [--json out.json]
     PYTHONPATH=. python benchmarks/speculative.py [TINY.gguf] --smoke   (the test suite's run)
@@ -12,7 +12,8 @@ reply with the complete updated file (greedy, up to --max-tokens tokens).  The p
 rendered with the model's chat template and tokenized once by goinfer; llama.cpp gets the same
 token ids.
 
-Engines, taking turns within each repeat (a change of the machine's load hits them alike):
+Engines, each alone in its own process (benchmarks/isolate.py) running every task once, taking
+turns within each repeat (a change of the machine's load hits them alike):
   goinfer            ChatSession.chat(..., draft=None) on a fresh KV cache
   goinfer + draft    the same with draft="prompt_lookup", draft_tokens=K: the text must be
                      identical (checked: the script fails otherwise)
@@ -25,7 +26,6 @@ token to the last).  Medians over repeats, per task; speed-up = with drafting / 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -34,10 +34,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import date
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
+import isolate
+import regime
+
+HERE = Path(__file__).resolve()
+DATA = HERE.parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
 SEP = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
 SKIP = {"return", "import", "class", "while", "raise", "yield", "False", "None", "True",
         "lambda", "assert", "except", "finally", "global", "continue", "break", "print",
@@ -94,8 +97,48 @@ def llama_run(llm, ids, max_tokens):
     return {"text": "".join(text), "tokens": n, "decode_tok_s": (n - 1) / dt if dt > 0 else 0.0}
 
 
+ENGINES = ("goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD")
+
+
+def child() -> None:
+    """One engine over every task once: {"runs": [per task]}; or the tasks' prompt ids."""
+    spec = isolate.child_spec()
+    kind, path, threads, k, n = (spec["engine"], spec["model"], spec["threads"],
+                                 spec["draft_tokens"], spec["max_tokens"])
+    if kind == "prompts":
+        import goinfer
+
+        model = goinfer.Model.load(path, threads=1, progress=False)
+        todo = tasks(spec["tasks"])
+        for t in todo:
+            t["ids"] = model.tokenize_chat(model.apply_chat_template(t.pop("messages")))
+        return isolate.child_reply({"tasks": todo})
+    ids_of = [t["ids"] for t in spec["todo"]]
+    out: dict = {}
+    if kind.startswith("goinfer"):
+        import goinfer
+
+        model = goinfer.Model.load(path, threads=threads, progress=False)
+        goinfer_run(model, ids_of[0][:64], 2, None, k)  # warm-up
+        draft = "prompt_lookup" if kind == "goinfer + draft" else None
+        out["runs"] = [goinfer_run(model, ids, n, draft, k) for ids in ids_of]
+    else:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        kw = {}
+        if kind == "llama.cpp + PLD":  # a draft model needs logits_all=True (score buffer)
+            kw = dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k), logits_all=True)
+        llm = Llama(path, n_ctx=spec["n_ctx"], n_threads=threads, n_threads_batch=threads,
+                    flash_attn=True, verbose=False, **kw)
+        llama_run(llm, ids_of[0][:64], 2)  # warm-up
+        out["runs"] = [llama_run(llm, ids, n) for ids in ids_of]
+        out["system_info"] = regime.system_info()
+    isolate.child_reply(out)
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -103,88 +146,80 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--smoke", action="store_true", help="1 task, 24 tokens, 1 repeat, goinfer only")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 task, 64 tokens, 1 repeat (llama.cpp too when it is installed)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
-        args.tasks, args.max_tokens, args.repeats, args.no_llama_cpp = 1, 24, 1, True
-    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is None:
+        args.tasks, args.max_tokens, args.repeats = 1, 64, 1
+    peer = regime.peer("llama.cpp")
+    if args.no_llama_cpp:
+        print("llama.cpp: skipped (--no-llama-cpp)", flush=True)
+    elif not peer["installed"]:
         args.no_llama_cpp = True
         print("llama.cpp: skipped (llama-cpp-python is not installed)", flush=True)
-    elif args.no_llama_cpp:
-        print("llama.cpp: skipped (--smoke / --no-llama-cpp)", flush=True)
 
-    import goinfer
     from goinfer import hub
 
     tmp = tempfile.TemporaryDirectory()
     if args.smoke and args.model is None:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         args.model = str(smoke_model(tmp.name))
     path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
-    model = goinfer.Model.load(path, threads=args.threads, progress=False)
-    k = args.draft_tokens
-    todo = tasks(args.tasks)
-    for t in todo:
-        t["ids"] = model.tokenize_chat(model.apply_chat_template(t.pop("messages")))
-    engines = {"goinfer": lambda ids: goinfer_run(model, ids, args.max_tokens, None, k),
-               "goinfer + draft": lambda ids: goinfer_run(model, ids, args.max_tokens,
-                                                          "prompt_lookup", k)}
-    res = {"model": Path(path).name, "date": date.today().isoformat(), "threads": args.threads,
-           "draft_tokens": k, "max_tokens": args.max_tokens, "repeats": args.repeats,
-           "load_avg_start": os.getloadavg(), "tasks": []}
-    if not args.no_llama_cpp:
-        import llama_cpp
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        n_ctx = max(len(t["ids"]) for t in todo) + args.max_tokens + 64
-        mk = lambda **kw: Llama(path, n_ctx=n_ctx, n_threads=args.threads,  # noqa: E731
-                                n_threads_batch=args.threads, flash_attn=True, verbose=False, **kw)
-        # a draft model needs logits_all=True (llama-cpp-python sizes its score buffer by it)
-        plain = mk()
-        pld = mk(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k), logits_all=True)
-        engines["llama.cpp"] = lambda ids: llama_run(plain, ids, args.max_tokens)
-        engines["llama.cpp + PLD"] = lambda ids: llama_run(pld, ids, args.max_tokens)
-        res["llama_cpp_python"] = llama_cpp.__version__
-    goinfer_run(model, todo[0]["ids"][:64], 2, None, k)  # warm-up
-    for t in todo:
-        runs = {name: [] for name in engines}
-        for _ in range(args.repeats):
-            for name, fn in engines.items():
-                runs[name].append(fn(t["ids"]))
+    spec = {"model": path, "threads": args.threads, "draft_tokens": args.draft_tokens,
+            "max_tokens": args.max_tokens, "tasks": args.tasks}
+    todo = isolate.run_child(HERE, {**spec, "engine": "prompts"})["tasks"]
+    spec.update(todo=todo, n_ctx=max(len(t["ids"]) for t in todo) + args.max_tokens + 64)
+    names = [e for e in ENGINES if not (args.no_llama_cpp and e.startswith("llama"))]
+    res = {"benchmark": "speculative",
+           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(path), "draft_tokens": args.draft_tokens,
+           "max_tokens": args.max_tokens, "repeats": args.repeats, "one_process_per_engine": True,
+           "tasks": []}
+    # each engine alone in its own process, every task once, alternating engine by engine
+    runs: dict[str, list] = {n: [] for n in names}
+    for _ in range(args.repeats):
+        for n in names:
+            runs[n].append(isolate.run_child(HERE, {**spec, "engine": n}))
+    res["processes"] = {"parent": os.getpid(), **{n: [r["pid"] for r in rs] for n, rs in runs.items()}}
+    for n in names:
+        if "system_info" in runs[n][0]:
+            res["regime"]["peer"]["system_info"] = runs[n][0]["system_info"]
+    for i, t in enumerate(todo):
         row = {"task": t["name"], "rename": f"{t['old']} -> {t['new']}",
                "prompt_tokens": len(t["ids"])}
-        for name, rs in runs.items():
-            row[name] = {"decode_tok_s": statistics.median(r["decode_tok_s"] for r in rs),
-                         "tokens": rs[0]["tokens"],
-                         "same_text_every_repeat": len({r["text"] for r in rs}) == 1}
+        texts = {}
+        for n in names:
+            rs = [r["runs"][i] for r in runs[n]]
+            row[n] = {"decode_tok_s": statistics.median(r["decode_tok_s"] for r in rs),
+                      "runs_decode_tok_s": [r["decode_tok_s"] for r in rs],
+                      "tokens": rs[0]["tokens"],
+                      "same_text_every_repeat": len({r["text"] for r in rs}) == 1}
             if "accepted" in rs[0]:
-                row[name].update(drafted=rs[0]["drafted"], accepted=rs[0]["accepted"])
-        texts = {name: rs[0]["text"] for name, rs in runs.items()}
+                row[n].update(drafted=rs[0]["drafted"], accepted=rs[0]["accepted"])
+            texts[n] = rs[0]["text"]
         row["goinfer_identical"] = texts["goinfer + draft"] == texts["goinfer"]
         if "llama.cpp" in texts:
             row["llama_identical"] = texts["llama.cpp + PLD"] == texts["llama.cpp"]
         row["reply_excerpt"] = texts["goinfer"][:120]
         res["tasks"].append(row)
         print(json.dumps({k_: v for k_, v in row.items() if k_ != "reply_excerpt"}), flush=True)
-    res["load_avg_end"] = os.getloadavg()
     print(table(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+    tmp.cleanup()
+    regime.finish(res, args.json)
     if not all(r["goinfer_identical"] for r in res["tasks"]):
         print("ERROR: drafting changed goinfer's output", file=sys.stderr)
         raise SystemExit(1)
-    tmp.cleanup()
     return res
 
 
 def table(res) -> str:
     names = [n for n in ("goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD")
              if n in res["tasks"][0]]
-    lines = [f"{res['model']}, {res['threads']} threads, K = {res['draft_tokens']}, "
-             f"{res['date']}, load {res['load_avg_start']}", "",
+    r0 = res["regime"]
+    lines = [f"{res['model']['file']}, {r0['threads']} threads, K = {res['draft_tokens']}, "
+             f"{r0['date']}, load {r0['load_avg_start'][0]:.1f}", "",
              "| task | prompt | tokens | " + " | ".join(f"{n} tok/s" for n in names)
              + " | accepted / drafted | speed-up goinfer | speed-up llama.cpp |",
              "|" + "---|" * (5 + len(names))]
@@ -206,4 +241,7 @@ def table(res) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:
+        child()
+    else:
+        main()

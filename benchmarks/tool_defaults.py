@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
+
+import regime
 
 TOOLS = [
     {"type": "function", "function": {
@@ -42,12 +42,12 @@ QUESTIONS = ["What is the weather in Paris? Use the tools.",
              "Is it colder in Oslo or in Rome right now?"]
 
 
-def tiny_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import tinymodels
+def tiny_model(d: str):
+    """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
+    import goinfer
+    from shapes import smoke_model
 
-    hf = tinymodels.hf_model("llama", 0, max_position_embeddings=2048)
-    return tinymodels.load(tinymodels.write_gguf(hf, "llama", Path(tempfile.mkdtemp()) / "t.gguf"))
+    return goinfer.Model.load(str(smoke_model(d)), threads=1, progress=False)
 
 
 class Serve:
@@ -135,7 +135,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--without", nargs="+", default=[], choices=["fold", "bounds"],
                     help="turn off the end folding after calls (Constraint.fold_end) or the "
                          "number bounds in call arguments, to compare")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
+    tmp = tempfile.TemporaryDirectory()
     import goinfer
     from goinfer import constrained
     from goinfer.chat import grammar
@@ -145,12 +147,15 @@ def main(argv=None) -> dict:
     if "bounds" in a.without:
         grammar.bound_numbers = lambda schema: schema  # every tool schema goes through it
 
-    models = [tiny_model()] if a.smoke else [
+    models = [tiny_model(tmp.name)] if a.smoke else [
         goinfer.Model.load(m, threads=None, progress=False) for m in a.models]
     if a.smoke:
-        a.seeds, a.max_tokens = 1, 24
+        a.seeds, a.max_tokens = 1, 160
     seeds = [None] + list(range(a.seeds))  # None: greedy
-    result = {}
+    res = {"benchmark": "tool_defaults", "regime": regime.header(None, argv=argv),
+           "seeds": a.seeds, "max_tokens": a.max_tokens, "questions": len(QUESTIONS),
+           "without": a.without, "models": {}}
+    result = res["models"]
     for model in models:
         with Serve(model) as client:
             print(f"{model.name}: {len(QUESTIONS)} questions x (greedy + {a.seeds} seeds), "
@@ -160,7 +165,9 @@ def main(argv=None) -> dict:
             for choice, x in r.items():
                 print(f"  {choice:8s} {x}")
     print(json.dumps(result))
-    return result
+    models.clear()
+    tmp.cleanup()
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
+import regime
 from goinfer import constrained
 from goinfer import chat as T
 from goinfer.constrained import compile_request
@@ -44,12 +42,12 @@ TOOLS = [
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
-def tiny_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import tinymodels
+def tiny_model(d: str):
+    """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
+    from goinfer import Model
+    from shapes import smoke_model
 
-    hf = tinymodels.hf_model("llama", 0, max_position_embeddings=2048)
-    return tinymodels.load(tinymodels.write_gguf(hf, "llama", Path(tempfile.mkdtemp()) / "t.gguf"))
+    return Model.load(str(smoke_model(d)), threads=1, progress=False)
 
 
 def decode(model, ids, grammar, n: int) -> dict:
@@ -83,14 +81,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--runs", type=int, default=5, help="runs per mode (alternated)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, few tokens")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
+    tmp = tempfile.TemporaryDirectory()
     if a.smoke:
-        model, a.tokens, a.runs = tiny_model(), 16, 2
+        model, a.tokens, a.runs = tiny_model(tmp.name), 16, 2
     else:
         import goinfer
 
         model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
 
+    hdr = regime.header(model.threads, argv=argv)
     setup = []
     for _ in range(20 if not a.smoke else 3):
         t0 = time.perf_counter()
@@ -108,25 +109,28 @@ def main(argv=None) -> dict:
             last[mode] = r
     med = {k: statistics.median(v) for k, v in runs.items()}
     out = {
-        "model": model.name, "format": tc.fmt.name, "prompt_tokens": len(ids),
+        "benchmark": "tools", "regime": hdr, "model": regime.model(model.path),
+        "format": tc.fmt.name, "prompt_tokens": len(ids), "tokens_decoded": {
+            k: len(v["tokens"]) for k, v in last.items()},
         "tokens": a.tokens, "runs": a.runs,
         "plain_tok_s": med["plain"], "auto_tok_s": med["auto"],
         "auto_vs_plain": med["auto"] / med["plain"] if med["plain"] else float("nan"),
         "mask_ms_per_token": mask_ms(model, tc.grammar, last["auto"]["tokens"]),
         "setup_ms_first": setup[0], "setup_ms_median": statistics.median(setup[1:] or setup),
         "same_tokens": last["auto"]["tokens"] == last["plain"]["tokens"],
-        "load_average": os.getloadavg()[0],
     }
-    print(f"{out['model']} ({out['format']} tool format), prompt {len(ids)} tokens, "
-          f"{a.tokens} decoded, {a.runs} runs per mode, load average {out['load_average']:.1f}")
+    print(f"{model.name} ({out['format']} tool format), prompt {len(ids)} tokens, "
+          f"{a.tokens} decoded, {a.runs} runs per mode, load average {hdr['load_avg_start'][0]:.1f}")
     print(f"  decode plain          {med['plain']:8.1f} tok/s")
     print(f"  decode tools 'auto'   {med['auto']:8.1f} tok/s   ({out['auto_vs_plain']:.3f}x)")
     print(f"  grammar mask + advance {out['mask_ms_per_token']:7.3f} ms/token (hidden by overlap)")
     print(f"  request set-up        {out['setup_ms_first']:8.1f} ms first, "
           f"{out['setup_ms_median']:.2f} ms after (grammar cached)")
     print(f"  same tokens with and without the grammar: {out['same_tokens']}")
-    print(json.dumps(out))
-    return out
+    print(json.dumps({k: v for k, v in out.items() if k != "regime"}))
+    del model
+    tmp.cleanup()
+    return regime.finish(out, a.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import os
 import statistics
 import subprocess
 import sys
-from datetime import date
+
+import regime
 
 CHILD = r"""
 import json, sys, time
@@ -72,8 +73,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--settings", default="default,goinfer,passive,spin100,spin1000,spin10000")
     ap.add_argument("--load", default="none,nice19,nice0")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, one run (the test suite)")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     from goinfer import hub
 
@@ -81,12 +82,13 @@ def main(argv=None):
 
     tmp = tempfile.TemporaryDirectory()
     if a.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
         a.model, a.settings, a.load, a.repeats = str(smoke_model(tmp.name)), "goinfer", "none", 1
 
     path = str(hub.resolve(a.model, progress=False))
     settings = a.settings.split(",")
+    hdr = regime.header(a.threads, argv=argv)
     rows = []
     for load in a.load.split(","):
         runs = {s: [] for s in settings}
@@ -105,16 +107,15 @@ def main(argv=None):
         for s in settings:
             row = {"load": load, "setting": s,
                    "prefill_ms": statistics.median(r["prefill_ms"] for r in runs[s]),
-                   "decode_ms": statistics.median(r["decode_ms"] for r in runs[s])}
+                   "decode_ms": statistics.median(r["decode_ms"] for r in runs[s]),
+                   "runs": runs[s]}
             rows.append(row)
             print(f"{load:7s} {s:9s} prefill 512: {row['prefill_ms']:8.1f} ms   "
                   f"decode: {row['decode_ms']:8.2f} ms/token", flush=True)
-    res = {"model": path, "threads": a.threads, "date": date.today().isoformat(),
-           "cpu_count": os.cpu_count(), "load_avg_end": os.getloadavg(), "rows": rows}
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    res = {"benchmark": "wait_policy", "regime": hdr, "model": regime.model(path),
+           "repeats": a.repeats, "rows": rows}
     tmp.cleanup()
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """Every script in benchmarks/ runs: its --smoke mode (the tiny shape of benchmarks/shapes.py,
-one short iteration) in a fresh process, started as `python benchmarks/x.py`.  Scripts that
-compare with llama.cpp must still run their goinfer side without llama-cpp-python and say the
-peer was skipped.
+one short iteration) in a fresh process, started as `python benchmarks/x.py --smoke --json F`,
+and what it wrote to F is checked: finite positive rates, the expected rows, and the counters
+that show it timed what it claims to (graph replays, fast-attention queries, the layout a load
+mapped, cold prefills with nothing cached, drafts made, each engine in its own process...).
+Scripts that compare with llama.cpp must still run their goinfer side without llama-cpp-python
+and say the peer was skipped; with it installed they must run its side too
+(GOINFER_REQUIRE_PEER=1, `make bench-peers-smoke`, fails when it is not installed).
 
 goinfer must be the one the environment provides (the installed package in CI, whose source
 tree has no compiled .so; PYTHONPATH's in development), never the source tree put on sys.path by
@@ -11,8 +15,9 @@ would come from elsewhere."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +29,15 @@ import goinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
+HELPERS = {"regime.py", "isolate.py", "report.py"}  # modules the scripts share, not benchmarks
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
 PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
-         "shapes.py"}
+         "shapes.py", "speculative.py"}
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+REQUIRE_PEER = os.environ.get("GOINFER_REQUIRE_PEER") == "1"
+if str(BENCH) not in sys.path:  # the scripts import their helpers (regime, isolate, shapes)
+    sys.path.insert(0, str(BENCH))
 
 GUARD = '''\
 import importlib.machinery, os, sys
@@ -51,14 +60,6 @@ class _OnlyThisGoinfer:
 
 sys.meta_path.insert(0, _OnlyThisGoinfer())
 '''
-
-
-def test_every_script_is_covered():
-    """A new benchmark script is run here automatically; this pins that the list is not empty
-    and that each script offers --smoke."""
-    assert len(SCRIPTS) >= 15
-    for name in SCRIPTS:
-        assert "--smoke" in (BENCH / name).read_text(), f"{name} has no --smoke mode"
 
 
 def _env(tmp_path: Path) -> dict:
@@ -93,46 +94,380 @@ def test_guard_catches_the_source_tree(tmp_path):
     assert out.returncode != 0 and "not the environment's package" in out.stderr, out.stderr
 
 
+def test_no_benchmark_reaches_into_tests_or_tools():
+    """Benchmarks build what they need (benchmarks/shapes.py) or run a tool as its command
+    line; none puts tests/ or tools/ on sys.path."""
+    for path in sorted(BENCH.glob("*.py")):
+        text, name = path.read_text(), path.name
+        assert "sys.path.insert" not in text and "sys.path.append" not in text, name
+
+
+# ============================================================================ what each smoke run checks
+
+
+def _pos(x) -> bool:
+    """a finite positive number"""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _peer_ran(res: dict) -> bool:
+    """the llama.cpp side was installed (and so must have run)"""
+    return bool(res["regime"]["peer"] and res["regime"]["peer"]["installed"])
+
+
+def _alone(res: dict) -> None:
+    """every engine run was a process of its own, none the parent"""
+    procs = dict(res["processes"])
+    parent = procs.pop("parent")
+    pids = [p for v in procs.values() for p in v]
+    assert pids and parent not in pids and len(set(pids)) == len(pids), res["processes"]
+
+
+def check_agent_loop(res):
+    g, c = res["engines"]["goinfer (reuse)"], res["engines"]["goinfer (cold)"]
+    assert len(g) == len(c) == res["turns"] == 2
+    assert g[0]["cached_tokens"] == 0 and g[1]["cached_tokens"] > 0  # turn 2 reused turn 1
+    assert all(r["cached_tokens"] == 0 for r in c)  # cold: nothing reused, ever
+    assert all(_pos(r["ttft_s"]) for e in res["engines"].values() for r in e)
+    sl = res["save_load"]
+    assert sl["cached_after_load"] > 0 and sl["cached_cold"] == 0 and _pos(sl["cold_prefill_s"])
+    _alone(res)
+    if _peer_ran(res):
+        assert res["engines"]["llama.cpp (live Llama)"][1]["cached_tokens"] > 0
+
+
+def check_agreement(res):
+    g = res["goinfer"]
+    assert res["positions"] >= 40 and 0 <= g["top1_agreement_with_transformers"] <= 1
+    assert g["mean_logit_cosine"] > 0.99  # Q8_0 weights against transformers' float32 of them
+    if _peer_ran(res):
+        assert res["llama.cpp"]["mean_logit_cosine"] > 0.99 and "goinfer_vs_llama.cpp_top1" in res
+
+
+def check_constrained(res):
+    assert set(res["median_tok_s"]) == {"plain", "schema", "schema-sync"}
+    assert all(_pos(v) for v in res["median_tok_s"].values())
+    assert all(n == res["tokens"] for n in res["tokens_decoded"].values())
+    assert res["schema_output_start"].lstrip().startswith("{") and _pos(res["mask_ms_per_token"])
+
+
+def check_decode_fixed_cost(res):
+    (r,) = res["rows"]
+    assert _pos(r["python_ms_per_token"]) and _pos(r["graph_ms_per_token"])
+    assert r["graph_replays"] >= res["tokens"] * res["reps"]  # the graph ran every timed step
+    assert r["python_path_has_graph"] is False
+
+
+def check_float_copy(res):
+    assert [c["values"] for c in res["copies"]] == ["original", "native"]
+    for c in res["copies"]:
+        assert c["tensor_types"] == ["F32"] and c["logit_cosine_with_source"] > 0.99
+
+
+def check_kernels_attention(res):
+    kinds = [(r["table"], r.get("kv_dtype")) for r in res["rows"]]
+    assert kinds == [("prefill", None), ("decode", "f32"), ("decode", "f16"), ("decode", "q8_0"),
+                     ("exact", None), ("exact", None)]
+    for r in res["rows"]:
+        assert all(_pos(r[k]) for k in r if k.endswith("_ms")), r
+
+
+def check_kernels_matmul(res):
+    got = {(r["kind"], r["M"]) for r in res["rows"]}
+    assert got == {(k, m) for k in ("q4_0", "q8_0", "q6_k") for m in (1, 16)}
+    assert all(_pos(r["us"]) and _pos(r["GOPs"]) for r in res["rows"])
+    assert all(_pos(r["cold_GBs"]) for r in res["rows"] if r["M"] == 1)
+    assert len(res["quantize_act"]) == 3 and all(_pos(q["GBs"]) for q in res["quantize_act"])
+
+
+def check_kernels_ssm(res):
+    from goinfer._kernels import _config
+
+    assert [r["variant"] for r in res["rows"]] == list(_config.supported_variants())
+    assert all(_pos(r["gated_delta_ms"][0]) and _pos(r["ssm_conv_ms"][0]) for r in res["rows"])
+
+
+def check_limits(res):
+    assert _pos(res["bandwidth"]["one_core"]["GBs"]) and _pos(res["bandwidth"]["threads"]["GBs"])
+    (d,) = res["decode"]
+    assert _pos(d["tok_s"]) and _pos(d["fraction_of_bandwidth"]) and d["bytes_per_token"]["kv"] > 0
+    (p,) = res["prefill"]
+    assert _pos(p["int8_GOPs"]) and 0 < p["matmul_share"] <= 1
+
+
+def check_memory(res):
+    assert res["goinfer_first_load"]["source"] == "built"  # a fresh layout directory
+    assert [r["source"] for r in res["runs"]["goinfer"]] == ["layout"]  # then mapped
+    for k, v in res["median"].items():
+        assert _pos(v["load_s"]) and _pos(v["peak_rss"]) and _pos(v["prefill_tok_s"]), k
+    assert "goinfer" in res["runs"]
+    assert any(k.startswith("llama.cpp") for k in res["runs"]) == _peer_ran(res)
+
+
+def check_moe(res):
+    pre = {r["mode"]: r for r in res["rows"] if r["what"] == "prefill"}
+    assert set(pre) == {"expert-major", "token-by-token", "dense"}
+    assert all(_pos(r["tok_s"]) for r in res["rows"])
+    dec = {r["mode"]: r["weight_bytes_per_token"] for r in res["rows"] if r["what"] == "decode"}
+    # top-2 of 4 copies of the dense FFN: the MoE step reads two FFNs and the routers
+    assert dec["MoE (top-2 of 4)"] > dec["dense"] > 0
+
+
+def check_numerics_fast_vs_exact(res):
+    (r,) = res["rows"]
+    assert r["fast_queries"] > 0 and r["fast_queries_of_exact"] == 0  # the fast path ran, once
+    assert r["cos_last"] > 0.99 and 0 <= r["top1_agreement"] <= 1
+    assert len(res["noise_floor"]) == 1 and res["noise_floor"][0]["cos_min"] > 0.99
+
+
+def check_peers(res):
+    (p,), (d,) = res["prefill"], res["decode"]
+    assert _pos(p["tok_s"]["goinfer"]) and p["cached_tokens"]["goinfer"] == [0]  # cold prefill
+    assert _pos(d["tok_s"]["goinfer"]) and _pos(d["weight_bytes_per_token"])
+    assert _pos(res["bandwidth"]["GBs"]) and _pos(d["fraction_of_bandwidth"]["goinfer"])
+    assert res["settings"]["one_process_per_engine"] is True
+    _alone(res)
+    if _peer_ran(res):
+        assert p["best_peer"] == "llama.cpp" and _pos(p["ratio"]["goinfer"])
+        assert _pos(d["fraction_of_bandwidth"]["llama.cpp"]) and res["regime"]["peer"]["system_info"]
+    else:
+        assert list(p["tok_s"]) == ["goinfer"] and p["ratio"] == {}
+
+
+def check_perplexity_llamacpp(res):
+    assert res["windows"] > 0 and res["text_tokens"] > 0
+    if _peer_ran(res):
+        assert _pos(res["perplexity"]) and res["n_scored"] > 0
+
+
+def check_q6k(res):
+    assert res["bytes"][-1]["type"] == "total" and res["bytes"][-1]["file"] > 0
+    # the tiny file has no Q6_K tensor: both loads are the same weights and must agree
+    assert "Q6_K" not in {r["type"] for r in res["bytes"]}
+    a6, a8 = res["agreement"]
+    assert a6["positions"] > 0 and a6["top1"] == a8["top1"] and a6["cos_mean"] == a8["cos_mean"]
+    assert res["paired"]["median_err"]["q6_k"] == res["paired"]["median_err"]["q8_0"]
+    assert all(_pos(v) for s in res["speed"].values() for v in s.values())
+
+
+def check_ray_load(res):
+    assert [r["config"] for r in res["rows"]] == ["1 replica", "2 replicas, prefix",
+                                                  "2 replicas, random"]
+    for r in res["rows"]:
+        assert r["requests"] == r["agents"] * r["turns"] and _pos(r["tok_s"])
+
+
+def check_sampling(res):
+    assert len(res["rows"]) == 10 and all(_pos(r["goinfer_ms"]) and _pos(r["full_sort_ms"])
+                                          for r in res["rows"])
+
+
+def check_server_load(res):
+    assert set(res["results"]) == {"batched", "one at a time"}
+    for levels in res["results"].values():
+        (lvl,) = levels
+        assert _pos(lvl["tok_s"]) and lvl["requests"]
+        assert all(r["completion_tokens"] == res["settings"]["max_tokens"] for r in lvl["requests"])
+
+
+def check_shapes(res):
+    assert len(res["files"]) == 4 and all(f["goinfer_finite"] for f in res["files"])
+    assert len(res["checks"]) == 2
+    for c in res["checks"].values():
+        assert c["goinfer"]["finite"] and len(c["goinfer"]["generated"]) == 8
+        if _peer_ran(res):
+            assert c["llama.cpp"]["ids"] == c["goinfer"]["ids"]
+
+
+def check_speculative(res):
+    (t,) = res["tasks"]
+    assert t["goinfer_identical"] and t["goinfer + draft"]["drafted"] > 0  # drafts were made
+    assert _pos(t["goinfer"]["decode_tok_s"]) and _pos(t["goinfer + draft"]["decode_tok_s"])
+    _alone(res)
+    if _peer_ran(res):
+        assert _pos(t["llama.cpp"]["decode_tok_s"]) and "llama_identical" in t
+
+
+def check_tool_defaults(res):
+    (m,) = res["models"].values()
+    n = res["questions"] * (1 + res["seeds"])
+    for choice, x in m.items():
+        assert sum(x["replies"].values()) == n, (choice, x)
+    assert "0" not in m["required"]["calls_per_reply"]  # "required": every reply holds a call
+
+
+def check_tools(res):
+    assert res["tokens_decoded"] == {"plain": res["tokens"], "auto": res["tokens"]}
+    assert _pos(res["plain_tok_s"]) and _pos(res["auto_tok_s"]) and _pos(res["mask_ms_per_token"])
+    assert res["format"] == "generic" and _pos(res["setup_ms_first"])
+
+
+def check_wait_policy(res):
+    (r,) = res["rows"]
+    assert r["setting"] == "goinfer" and _pos(r["prefill_ms"]) and _pos(r["decode_ms"])
+
+
+CHECKS = {name[len("check_"):] + ".py": fn for name, fn in dict(globals()).items()
+          if name.startswith("check_")}
+
+
+def test_every_script_is_covered():
+    """A new benchmark script is run here automatically; each offers --smoke and --json and
+    has a check of what its smoke run wrote."""
+    assert len(SCRIPTS) >= 20
+    for name in SCRIPTS:
+        text = (BENCH / name).read_text()
+        assert "--smoke" in text and "regime.add_json_arg" in text, name
+    assert sorted(CHECKS) == SCRIPTS
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_smoke(name, tmp_path):
+    if REQUIRE_PEER and not HAVE_LLAMA_CPP:
+        pytest.fail("GOINFER_REQUIRE_PEER=1 but llama-cpp-python is not installed")
     work = tmp_path / "work"
     work.mkdir()
-    out = subprocess.run([sys.executable, str(BENCH / name), "--smoke"], cwd=work,
-                         env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    out_json = tmp_path / "out.json"
+    out = subprocess.run([sys.executable, str(BENCH / name), "--smoke", "--json", str(out_json)],
+                         cwd=work, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"{name} --smoke failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     assert out.stdout.strip(), f"{name} --smoke printed nothing"
     if name in PEERS and not HAVE_LLAMA_CPP:
         assert "skipped" in out.stdout, f"{name} did not say that llama.cpp was skipped"
     assert sorted(p.name for p in work.iterdir()) == [], \
         f"{name} --smoke left files in the working directory"
+    res = json.loads(out_json.read_text())
+    r0 = res["regime"]
+    assert r0["machine"]["vendor"] and r0["goinfer"]["kernel_variant"] and r0["date"]
+    assert r0["command"].startswith(f"python benchmarks/{name} --smoke")
+    if name in PEERS:
+        assert r0["peer"]["installed"] is HAVE_LLAMA_CPP
+    CHECKS[name](res)
 
 
-def test_kernels_attention_decode_table(capsys):
-    """kernels_attention --decode prints one row per storage type and thread count."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import kernels_attention
-    finally:
-        sys.path.remove(str(BENCH))
+def test_kernels_attention_decode_table():
+    """kernels_attention --decode gives one row per storage type and thread count."""
+    import kernels_attention
 
-    kernels_attention.main(["--decode", "--lengths", "600", "--shapes", "4x2x64x2",
-                            "--threads", "1", "2", "--reps", "1"])
-    out = capsys.readouterr().out
-    for dt in ("f32", "f16", "q8_0"):
-        assert re.search(rf"^4x2x64x2\s+600\s+{dt}\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.M), out
+    res = kernels_attention.main(["--decode", "--lengths", "600", "--shapes", "4x2x64x2",
+                                  "--threads", "1", "2", "--reps", "1"])
+    got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
+    assert got == {(dt, t) for dt in ("f32", "f16", "q8_0") for t in (1, 2)}
+    assert all(r["n"] == 600 and _pos(r["fast_GBs"]) for r in res["rows"])
 
 
-# ============================================================================ what scripts check
-# (in this process, on a tiny model with a long context: the numbers each script reports)
+# ============================================================================ goinfer bench
 
 
-def _script(name):
-    """benchmarks/<name>.py imported as a module (the goinfer these tests use)"""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def smoke_path(tmp_path_factory):
+    import shapes
+
+    return str(shapes.smoke_model(tmp_path_factory.mktemp("smoke")))
+
+
+def test_bench_prompts_are_ordinary_tokens(smoke_path):
+    """`goinfer bench` prompts hold no control, user-defined, unknown or unused token (the tiny
+    vocabulary: 261 ordinary tokens, <s> and </s>, 249 [PAD] rows)."""
+    from goinfer import Model
+    from goinfer.bench import prompt_ids
+    from goinfer.tokenizer import TOKEN_TYPE
+
+    m = Model.load(smoke_path, threads=1, progress=False)
+    tok = m.tokenizer
+    for seed in (0, 1):
+        ids = prompt_ids(m, 600, seed=seed)
+        assert len(ids) == 600
+        kinds = {tok.token_type(i) for i in ids}
+        assert kinds <= {TOKEN_TYPE.NORMAL, TOKEN_TYPE.BYTE}, kinds
+    assert prompt_ids(m, 600) == prompt_ids(m, 600)  # seeded
+
+
+@pytest.mark.slow
+def test_bench_prompts_skip_smollm2_control_tokens(smollm2_path):
+    """SmolLM2's 17 control tokens (<|im_start|>, <|endoftext|>, <repo_name>, ...) never appear
+    in bench prompts (seed 0 at 2,048 tokens drew three of them before)."""
+    from goinfer import Model
+    from goinfer.bench import prompt_ids
+
+    m = Model.load(str(smollm2_path), threads=1, progress=False)
+    controls = {i for i in range(m.tokenizer.vocab_size) if m.tokenizer.is_control(i)}
+    assert len(controls) == 17
+    for n in (512, 2048, 8000):
+        assert not controls & set(prompt_ids(m, n)), n
+
+
+def test_bench_run_cold_prefills(smoke_path):
+    """`goinfer bench`'s rows: every prefill found nothing cached; finite positive rates; the
+    machine in the regime."""
+    from goinfer import Model, bench
+
+    m = Model.load(smoke_path, threads=1, progress=False)
+    res = bench.run(m, prompt_lengths=(64, 128), decode_prompts=(16,), decode_tokens=2, repeats=2,
+                    log=None)
+    assert [r["prompt_tokens"] for r in res["prefill"]] == [64, 128]
+    for r in res["prefill"]:
+        assert r["cached_tokens"] == [0, 0] and _pos(r["tok_s"]) and len(r["runs_s"]) == 2
+    (d,) = res["decode"]
+    assert _pos(d["tok_s"]) and d["tokens"] == 2
+    assert res["machine"]["vendor"] and isinstance(res["machine"]["isa"], list)
+    json.loads(bench.to_json(res))
+
+
+# ============================================================================ peers.py
+
+
+def test_peers_weight_bytes_per_decode_step(smoke_path):
+    """peers.py's bytes per decode step against gguf-py's own tensor sizes: every tensor but
+    the embedding, plus one embedding row (the tiny shape has its own output matrix)."""
+    from gguf import GGUFReader
+
+    import peers
+
+    r = GGUFReader(smoke_path)
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    assert "output.weight" in sizes
+    emb = sizes.pop("token_embd.weight")
+    rows = next(int(t.shape[1]) for t in r.tensors if t.name == "token_embd.weight")
+    assert peers.decode_weight_bytes(smoke_path) == int(sum(sizes.values()) + emb / rows)
+
+
+def test_peers_llama_cpp_only(tmp_path, capsys):
+    """peers.py --no-goinfer runs llama.cpp alone; its rows hold llama.cpp's engine only."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    import shapes
+
+    import peers
+
+    path = str(shapes.smoke_model(tmp_path))
+    res = peers.main([path, "--no-goinfer", "--threads", "1", "--prompt-lengths", "64",
+                      "--decode-prompts", "16", "--decode-tokens", "2", "--repeats", "1",
+                      "--flash-attn", "off"])
+    assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
+    assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
+
+
+@pytest.mark.parametrize("side", ["--no-llama-cpp", "--no-goinfer"])
+def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys, monkeypatch, side):
+    """A decode row past the model's context is refused at the start, before any engine
+    process starts, naming both lengths."""
+    import shapes
+
+    import peers
+
+    path = str(shapes.smoke_model(tmp_path))
+    from goinfer import Model
+
+    ctx = Model.load(path, progress=False).config.context_length
+    monkeypatch.setattr(peers.isolate, "run_child", lambda *a, **k: pytest.fail("an engine ran"))
+    with pytest.raises(SystemExit):
+        peers.main([path, side, "--threads", "1", "--prompt-lengths", "16",
+                    "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert f"need {ctx + 2} tokens" in err and f"has {ctx}" in err
+
+
+# ============================================================================ agent_loop, speculative
 
 
 @pytest.fixture(scope="module")
@@ -142,22 +477,39 @@ def tiny_path(tiny):
 
 def test_speculative_same_text_with_drafts(tiny_path, capsys):
     """goinfer with and without drafting on the copy task: the same text, drafts made."""
-    res = _script("speculative").main([tiny_path, "--smoke", "--threads", "1"])
+    import speculative
+
+    res = speculative.main([tiny_path, "--smoke", "--threads", "1", "--no-llama-cpp"])
     row = res["tasks"][0]
     assert row["goinfer_identical"] and row["goinfer + draft"]["tokens"] > 0
-    out = capsys.readouterr().out
-    assert "speed-up goinfer" in out and "llama.cpp: skipped" in out
+    assert "speed-up goinfer" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("transcript", ["default", "long"])
 def test_agent_loop_turns_reuse_the_prefix(tiny_path, transcript, capsys):
-    res = _script("agent_loop").main([tiny_path, "--smoke", "--threads", "1",
-                                      "--transcript", transcript])
+    import agent_loop
+
+    res = agent_loop.main([tiny_path, "--smoke", "--threads", "1", "--no-llama-cpp",
+                           "--transcript", transcript])
     g = res["engines"]["goinfer (reuse)"]
     assert len(g) == 2 and g[1]["cached_tokens"] > 0  # the second turn reused the first
     assert res["save_load"]["cached_after_load"] > 0
     out = capsys.readouterr().out
     assert "TTFT" in out and "llama.cpp: skipped" in out
+
+
+# ============================================================================ families_reference
+
+
+def test_families_reference_smoke():
+    """The reference-distance tool (beside the fixtures it uses): goinfer within float32
+    rounding of transformers on the Qwen3.5 fixture."""
+    spec = importlib.util.spec_from_file_location(
+        "families_reference", ROOT / "tests" / "tools" / "families_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (row,) = mod.main(["--smoke", "--no-llama"])
+    assert row["family"] == "qwen35" and row["goinfer"][0] < 1e-2 and row["goinfer"][1] == 1.0
 
 
 # ============================================================================ shapes.py's families
@@ -210,7 +562,7 @@ def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
     the rest, MXFP4 gpt-oss experts); and goinfer runs the file."""
     import hfconvert
 
-    shapes = _script("shapes")
+    import shapes
     shape = shapes.SHAPES[name]
     _, ref = hfconvert.build(family, outtype="q8_0", **_hf_config(shape))
     ours = shapes.make(shape, qtype, tmp_path, pure=True, vocab="bytes", log=None)
@@ -224,38 +576,71 @@ def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
 def test_family_shape_loads_in_llama_cpp(name, qtype, tmp_path):
     """llama.cpp (llama-cpp-python, the benchmark environment) loads and runs the shape's file."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
-    shapes = _script("shapes")
+    import shapes
     path = shapes.make(shapes.SHAPES[name], qtype, tmp_path, pure=True, vocab="bytes", log=None)
     lc = shapes.llama_cpp_logits(path, [1, 2, 3, 4, 5])
     assert lc.shape == (5, shapes.SHAPES[name].vocab) and np.isfinite(lc).all()
 
 
-def test_peers_llama_cpp_only(tmp_path, capsys):
-    """peers.py --no-goinfer runs llama.cpp alone (gpt-oss-20b does not fit both engines in one
-    process on 24 GB); its rows hold llama.cpp's engine only."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
-    path = str(_script("shapes").smoke_model(tmp_path))
-    res = _script("peers").main([path, "--no-goinfer", "--threads", "1", "--prompt-lengths", "64",
-                                 "--decode-prompts", "16", "--decode-tokens", "2", "--repeats", "1",
-                                 "--flash-attn", "off"])
-    assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
-    assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
+# ============================================================================ results and the report
 
 
-@pytest.mark.parametrize("side", ["--no-llama-cpp", "--no-goinfer"])
-def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys, monkeypatch, side):
-    """A decode row past the model's context is refused at the start, before either engine
-    loads, naming both lengths (it used to fail with ContextLengthError after every prefill
-    row had run; a llama.cpp-only run read a context accessor Llama does not have)."""
-    path = str(_script("shapes").smoke_model(tmp_path))
-    from goinfer import Model
+def _results():
+    import report
 
-    ctx = Model.load(path, progress=False).config.context_length
-    peers = _script("peers")
-    for engine in ("GoinferEngine", "LlamaCppEngine"):
-        monkeypatch.setattr(peers, engine, lambda *a, **k: pytest.fail("an engine loaded"))
-    with pytest.raises(SystemExit):
-        peers.main([path, side, "--threads", "1", "--prompt-lengths", "16",
-                    "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
-    err = capsys.readouterr().err
-    assert f"need {ctx + 2} tokens" in err and f"has {ctx}" in err
+    return report.load_results()
+
+
+def test_report_is_up_to_date_with_the_results():
+    """docs/benchmarks.md is what benchmarks/results renders to (python benchmarks/report.py),
+    and every plot it shows is there."""
+    import report
+
+    docs = report.load_results()
+    names = report.plot_names(docs)
+    assert report.DOC.read_text() == report.render(docs, names), \
+        "docs/benchmarks.md is out of date: run python benchmarks/report.py"
+    for n in (n for ns in names.values() for n in ns):
+        assert (report.IMG / n).is_file() and (report.IMG / n).stat().st_size < 64 << 10, n
+
+
+def test_results_carry_their_regime_and_provenance():
+    """Every results file names its machine class, regime and machine; every run its date and
+    command (a script's regime, or the provenance of a figure transcribed from the run log)."""
+    docs = _results()
+    assert len(docs) >= 4
+    for d in docs:
+        assert d["schema"] == 1 and d["machine_class"] and d["regime"], d["_name"]
+        for run in d["runs"]:
+            p = run.get("provenance") or run["regime"]
+            assert p["date"].startswith("20") and p["command"], p
+            if run.get("provenance"):
+                assert run["provenance"]["transcribed"] is True
+
+
+def test_transcribed_ratios_match_their_rates():
+    """Each logged ratio agrees with its logged rates (the ratios were computed from unrounded
+    medians, the rates rounded to 2-4 digits): a transcription slip shows here."""
+    for d in _results():
+        for run in d["runs"]:
+            if run.get("benchmark") == "peers":
+                for row in run["prefill"] + run["decode"]:
+                    best = row["tok_s"][row["best_peer"]]
+                    for k, r in row["ratio"].items():
+                        if r is not None:
+                            assert abs(row["tok_s"][k] / best / r - 1) < 0.05, (d["_name"], run["model"], row)
+            if run.get("benchmark") == "memory":
+                med, rat = run["median"], run.get("ratio") or {}
+                peers = [v for k, v in med.items() if k != "goinfer"]
+                for key in ("peak_rss", "load_s"):
+                    if rat.get(key):
+                        best = min(v[key] for v in peers if v.get(key))
+                        assert abs(med["goinfer"][key] / best / rat[key] - 1) < 0.1, (run["model"], key)
+            if run.get("benchmark") == "agent_loop" and run.get("ratio_per_turn"):
+                eng = run["engines"]
+                peers = [k for k in eng if k.startswith("llama.cpp")]
+                for i, r in enumerate(run["ratio_per_turn"]):
+                    g = eng.get("goinfer (reuse)", [{}] * run["turns"])[i].get("ttft_s")
+                    if g and peers:
+                        best = min(eng[k][i]["ttft_s"] for k in peers)
+                        assert abs(best / g / r - 1) < 0.05, (run["model"], i, best / g, r)

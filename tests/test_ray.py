@@ -259,7 +259,7 @@ def test_benchmark_smoke(cluster, tiny_path, tmp_path):
 
     out = tmp_path / "r.json"
     assert ray_load.main(["--smoke", "--model", str(tiny_path), "--port", str(cluster.port),
-                          "--json", str(out)]) == 0
+                          "--json", str(out)])["rows"]
     res = json.loads(out.read_text())
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"1 replica", "2 replicas, prefix", "2 replicas, random"}

@@ -1,16 +1,17 @@
 """Reference distances of the newer families: goinfer and llama.cpp, each against transformers
 float32, on the same tiny random-weight models (tests/hfconvert.py: llama.cpp's own converter
-writes the GGUF both engines read) and the same ids.
+writes the GGUF both engines read) and the same ids.  It lives with the test fixtures it is
+built on (hfconvert, tinymodels); tests/test_benchmarks.py runs its --smoke.
 
 Per family and engine: max |logit difference| over every position of ids of lengths 1, 7, 70
 and 300, and the share of positions whose top-1 token agrees; also goinfer vs llama.cpp.
 
-    PYTHONPATH=.:tests /tmp/peers-venv/bin/python benchmarks/families_reference.py
-    PYTHONPATH=.:tests python benchmarks/families_reference.py --smoke      # no llama.cpp needed
-    ... families_reference.py --family gemma4                                # one family's rows
+    PYTHONPATH=. python tests/tools/families_reference.py     # with llama-cpp-python installed
+    PYTHONPATH=. python tests/tools/families_reference.py --smoke      # no llama.cpp needed
+    ... families_reference.py --family gemma4                          # one family's rows
 
-The peers venv (/tmp/peers-venv) has llama-cpp-python, torch and transformers; without
-llama_cpp the llama.cpp columns are left empty.  Both engines keep K/V in float32 here.  Prints a markdown table (docs/design/families.md
+It needs torch and transformers (the test extra) and, for the llama.cpp columns,
+llama-cpp-python (the bench extra); without llama_cpp those columns are left empty.  Both engines keep K/V in float32 here.  Prints a markdown table (docs/design/families.md
 holds the measured one) and, with --json, writes the numbers.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-TESTS = str(Path(__file__).resolve().parent.parent / "tests")  # hfconvert, tinymodels
+TESTS = str(Path(__file__).resolve().parent.parent)  # tests/: hfconvert, tinymodels
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
