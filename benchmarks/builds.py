@@ -2,11 +2,13 @@
 
     python benchmarks/builds.py DIR_A DIR_B [--labels A B] [--threads 2] [--rounds 9]
         [--tokens 64] [--callgrind] [--json out.json]
+    python benchmarks/builds.py --smoke      # the test suite's run: this goinfer against itself
 
 Each DIR holds one build of the goinfer package (an unpacked wheel, or `pip install --target
-DIR --no-deps WHEEL`); every run is a fresh process with PYTHONPATH=DIR, so the two builds
-never share a process (and each runs from inside its DIR, not from a source tree).  Used to decide whether the limited-API (abi3) wheel costs anything
-against the per-version wheel (the kernels are the same C; only the Cython glue differs).
+DIR --no-deps WHEEL`); every run is a fresh process with PYTHONPATH=DIR, started inside DIR
+(not a source tree), so the two builds never share a process.  Made to decide whether the
+limited-API (abi3) wheel costs anything against the per-version one (the kernels are the same
+C; only the Cython glue differs): docs/benchmarks.md, "Release wheel: abi3".
 
 decode   SmolLM2-135M (goinfer.hub.resolve("smollm2-135m")), greedy decode of --tokens steps
          after a 64-token prompt, graph replay on (the default) and off (the Python forward,
@@ -36,8 +38,8 @@ import numpy as np
 import goinfer
 from goinfer import hub
 from goinfer.bench import prompt_ids
-threads, tokens, graph = int(sys.argv[1]), int(sys.argv[2]), bool(int(sys.argv[3]))
-m = goinfer.Model.load(hub.resolve("smollm2-135m", progress=False), threads=threads,
+threads, tokens, graph, path = int(sys.argv[1]), int(sys.argv[2]), bool(int(sys.argv[3])), sys.argv[4]
+m = goinfer.Model.load(path or hub.resolve("smollm2-135m", progress=False), threads=threads,
                        progress=False, graph=graph)
 ids = prompt_ids(m, 64)
 s = m.session(goinfer.KVCache(m, max_tokens=64 + tokens + 16))
@@ -58,7 +60,7 @@ def _env(build: str, threads: int | None = None) -> dict:
     return env
 
 
-def decode(builds: list[str], threads: int, tokens: int, rounds: int) -> dict:
+def decode(builds: list[str], threads: int, tokens: int, rounds: int, model: str = "") -> dict:
     """ms/token per build and graph setting, alternating builds within each round."""
     runs: dict[str, list[float]] = {}
     facts: dict[str, dict] = {}
@@ -67,8 +69,8 @@ def decode(builds: list[str], threads: int, tokens: int, rounds: int) -> dict:
         for graph in (1, 0):
             for i, b in enumerate(builds):
                 out = subprocess.run([sys.executable, "-c", DECODE_CHILD, str(threads), str(tokens),
-                                      str(graph)], env=_env(b), cwd=b, check=True, capture_output=True,
-                                     text=True).stdout
+                                      str(graph), model], env=_env(b), cwd=b, check=True,
+                                     capture_output=True, text=True).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 key = f"{i}/graph={graph}"
                 runs.setdefault(key, []).append(r["ms_per_token"])
@@ -110,6 +112,9 @@ def callgrind(builds: list[str]) -> dict:
         for i, b in enumerate(builds):
             env = dict(_env(b, threads=1), PYTHONHASHSEED="0", GOINFER_LAYOUT_DIR=tmp)
             subprocess.run(_steps_cmd(model, 1, 1), env=env, cwd=b, check=True, capture_output=True)
+            # uncounted: the first run under callgrind counted ~100M more instructions than the
+            # same command after it (once per session; not explained), so it is thrown away
+            _instructions(b, env, model, 1, 1)
             for graph in (1, 0):
                 lo, hi = (_instructions(b, env, model, graph, n) for n in STEPS)
                 res[f"{i}/graph={graph}"] = (hi - lo) / (STEPS[1] - STEPS[0])
@@ -134,15 +139,28 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("builds", nargs=2, help="two directories, each holding a goinfer package")
+    ap.add_argument("builds", nargs="*", help="two directories, each holding a goinfer package")
     ap.add_argument("--labels", nargs=2, default=["A", "B"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--callgrind", action="store_true", help="also count instructions per step")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the environment's goinfer against itself, tiny shape, one short run")
     a = ap.parse_args(argv)
-    d = decode(a.builds, a.threads, a.tokens, a.rounds)  # --rounds 0: callgrind only
+    model, tmp = "", None
+    if a.smoke:
+        import goinfer
+        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        tmp = tempfile.TemporaryDirectory()
+        model = str(smoke_model(tmp.name))
+        here = str(Path(goinfer.__file__).parent.parent)
+        a.builds, a.threads, a.tokens, a.rounds, a.callgrind = [here, here], 1, 2, 1, False
+    elif len(a.builds) != 2:
+        ap.error("give two build directories (or --smoke)")
+    d = decode(a.builds, a.threads, a.tokens, a.rounds, model)  # --rounds 0: callgrind only
     if not d["facts"]:
         cfg = [json.loads(subprocess.run(
             [sys.executable, "-c", "import goinfer, json, sys; print(json.dumps([goinfer.config(), "
@@ -156,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine(),
         "variant": first["kernel_variant"],
         "python": first["python"],
-        "model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1), 64-token prompt",
+        "model": ("tiny shape (--smoke)" if a.smoke else
+                  "smollm2-135m (SmolLM2-135M-Instruct Q4_1)") + ", 64-token prompt",
         "threads": a.threads,
         "tokens": a.tokens,
         "rounds": a.rounds,
@@ -170,6 +189,13 @@ def main(argv: list[str] | None = None) -> dict:
         res["medians"][f"{name} ms/token"] = round(statistics.median(v), 3)
         res["medians"][f"{name} tok/s"] = round(1e3 / statistics.median(v), 1)
         res["spread"][f"{name} ms/token"] = [round(min(v), 3), round(max(v), 3)]
+    for graph in (1, 0) if a.rounds else ():  # B/A within each round: load drift cancels
+        ra, rb = (d["runs_ms_per_token"][f"{i}/graph={graph}"] for i in (0, 1))
+        ratios = [y / x for x, y in zip(ra, rb)]
+        res["medians"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = \
+            round(statistics.median(ratios), 4)
+        res["spread"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = \
+            [round(min(ratios), 4), round(max(ratios), 4)]
     if a.callgrind:
         cg = callgrind(a.builds)
         res["callgrind_instructions_per_step"] = {

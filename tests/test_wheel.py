@@ -159,6 +159,63 @@ def test_generates_and_every_variant_agrees(venv, tmp_path):
         assert np.array_equal(logits[v], logits[best]), (v, best)
 
 
+def _runs(exe: str) -> bool:
+    try:
+        return subprocess.run([exe, "-c", "import venv"], capture_output=True, timeout=60).returncode == 0
+    except OSError:
+        return False
+
+
+def _other_pythons(wheel: Path) -> list[str]:
+    """CPython interpreters other than this one that an abi3 wheel claims to serve: python3.N
+    on PATH, or installed by pyenv (whose shims run only the selected version)."""
+    tag = wheel.name.split("-")[2:4]  # e.g. ["cp311", "abi3"]
+    if tag[1] != "abi3":
+        return []
+    floor = int(tag[0][3:])
+    cands: dict[int, list[str]] = {}
+    for minor in range(floor, 20):
+        if shutil.which(f"python3.{minor}"):
+            cands.setdefault(minor, []).append(shutil.which(f"python3.{minor}"))
+    if shutil.which("pyenv"):
+        out = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True)
+        for v in out.stdout.split():
+            parts = v.split(".")
+            if len(parts) == 3 and parts[0] == "3" and all(p.isdigit() for p in parts):
+                minor = int(parts[1])
+                if minor >= floor:
+                    prefix = subprocess.run(["pyenv", "prefix", v], capture_output=True,
+                                            text=True).stdout.strip()
+                    cands.setdefault(minor, []).append(f"{prefix}/bin/python3.{minor}")
+    found = []
+    for minor, exes in sorted(cands.items()):
+        if minor != sys.version_info.minor:
+            found += [e for e in exes if _runs(e)][:1]
+    return found
+
+
+def test_abi3_wheel_on_other_pythons(venv, wheel, tmp_path):
+    """An abi3 wheel installs and computes the same logits on every other CPython 3.x >= its
+    floor that this machine has (pyenv's 3.12 and 3.13 here)."""
+    others = _other_pythons(wheel)
+    if not others:
+        pytest.skip(f"{wheel.name}: not abi3, or no other CPython >= its floor on PATH")
+    _run(venv, "python", "-c", LOGITS, str(tmp_path / "here.npy"))
+    import numpy as np
+
+    here = np.load(tmp_path / "here.npy")
+    for exe in others:
+        name = Path(exe).name
+        other = tmp_path / name
+        subprocess.run([exe, "-m", "venv", str(other)], check=True, timeout=300)
+        env = _no_compiler_env(other)
+        subprocess.run([str(other / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--only-binary=:all:", str(wheel)], env=env, check=True, timeout=900,
+                       cwd=other)
+        _run((other, env), "python", "-c", LOGITS, str(tmp_path / f"{name}.npy"))
+        assert np.array_equal(np.load(tmp_path / f"{name}.npy"), here), name
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
