@@ -113,7 +113,7 @@ def callgrind(builds: list[str]) -> dict:
             env = dict(_env(b, threads=1), PYTHONHASHSEED="0", GOINFER_LAYOUT_DIR=tmp)
             subprocess.run(_steps_cmd(model, 1, 1), env=env, cwd=b, check=True, capture_output=True)
             # uncounted: the first run under callgrind counted ~100M more instructions than the
-            # same command after it (once per session; not explained), so it is thrown away
+            # same command after it (once per invocation; not explained), so it is thrown away
             _instructions(b, env, model, 1, 1)
             for graph in (1, 0):
                 lo, hi = (_instructions(b, env, model, graph, n) for n in STEPS)

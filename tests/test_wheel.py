@@ -2,7 +2,10 @@
 compiler can be found (CC=false, a PATH of the venv's bin only): `goinfer config` names the
 kernel variant chosen at run time, SmolLM2 answers, every ISA variant the CPU supports can be
 forced and gives the same logits bit for bit (the kernels' contract: variants equal each other,
-docs/design/kernels.md), and `goinfer serve` from the [server] extra answers one request.
+docs/design/kernels.md), `goinfer serve` from the [server] extra answers one request, and
+[ray] resolves to binary wheels.  Also: the sdist holds every source, the bundled libgomp keeps
+goinfer's wait policy when another libgomp is loaded first, and an abi3 wheel gives the same
+logits under every other CPython >= its floor found here.
 
 The wheel: GOINFER_WHEEL, else the one manylinux wheel in the repository's dist/.  `make test`
 builds it first; run alone from a tree with no dist/, the module is skipped and says why.
