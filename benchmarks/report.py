@@ -31,7 +31,7 @@ IMG = ROOT / "docs" / "img"
 SECTIONS = ["Fidelity of the weights", "Numerics: exact vs fast", "KV cache storage types",
             "Per-token fixed cost", "Where prefill time goes", "AMX prefill GEMM",
             "Q6_K in Q4_K_M files", "AVX2 prefill GEMM", "Mixture of Experts",
-            "Constrained decoding", "OpenMP wait policy", "Sampling"]
+            "Constrained decoding", "OpenMP wait policy", "Sampling", "Release wheel: abi3"]
 
 
 def load_results(where: Path = RESULTS) -> list[dict]:

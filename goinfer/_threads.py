@@ -115,8 +115,20 @@ def wait_policy() -> str:
 
 
 def _libgomp_loaded() -> bool:
+    """True if the libgomp the kernels will use is already in the process.  A wheel repaired by
+    auditwheel carries its own copy (goinfer.libs/libgomp-<hash>.so.1.0.0), which only goinfer
+    loads; a source build uses the system's libgomp.so.1, which another library may have loaded."""
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "goinfer.libs")
+    try:
+        own = [os.path.realpath(os.path.join(libs, n)) for n in os.listdir(libs)
+               if n.startswith("libgomp")]
+    except OSError:
+        own = []
     try:
         with open("/proc/self/maps") as f:
-            return any(line.rstrip().endswith("/libgomp.so.1") for line in f)
+            paths = {line.split()[-1] for line in f if "libgomp" in line}
     except OSError:
         return False
+    if own:
+        return any(p in paths for p in own)
+    return any(p.endswith("/libgomp.so.1") for p in paths)

@@ -144,6 +144,15 @@ def check_agreement(res):
         assert res["llama.cpp"]["mean_logit_cosine"] > 0.99 and "goinfer_vs_llama.cpp_top1" in res
 
 
+def check_builds(res):
+    # the smoke run measures this goinfer against itself: both sides ran, on both decode paths
+    assert set(res["builds"]) == {"A", "B"}
+    for side in ("A", "B"):
+        for graph in (1, 0):
+            assert _pos(res["medians"][f"{side}/graph={graph} ms/token"])
+    assert res["variant"] == goinfer.config()["kernel_variant"]
+
+
 def check_constrained(res):
     assert set(res["median_tok_s"]) == {"plain", "schema", "schema-sync"}
     assert all(_pos(v) for v in res["median_tok_s"].values())
