@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 MODEL ?= smollm2-135m
 PROMPT ?= In two sentences, why does prefill speed matter for AI agents?
 
-.PHONY: run test venv install install-test dev bench bench-peers-smoke bench-report clean wheel
+.PHONY: run test test-frameworks venv install install-test dev bench bench-peers-smoke bench-report clean wheel
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,32 @@ run: install
 test: install-test
 	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider .
 
+# The agent-framework matrix (tests/frameworks): the frameworks' pins conflict, so two
+# environments, each from its pinned requirements file, each with goinfer[server] from the
+# release wheel in dist/ (`make wheel`, which `make test` has built already); each runs its
+# frameworks' tests against `goinfer serve`.
+FW := tests/frameworks
+FW_OPENAI3 := test_openai_sdk.py test_openai_agents.py test_langchain.py test_pydantic_ai.py \
+	test_litellm.py test_smolagents.py
+FW_OPENAI2 := test_instructor.py test_llama_index.py
+
+.venv-frameworks-%/.installed: $(FW)/requirements-%.txt
+	$(PY) -m venv .venv-frameworks-$*
+	.venv-frameworks-$*/bin/python -m pip install -q --upgrade pip
+	.venv-frameworks-$*/bin/python -m pip install -q -r $<
+	touch $@
+
+test-frameworks: .venv-frameworks-openai3/.installed .venv-frameworks-openai2/.installed
+	ls dist/goinfer-*.whl >/dev/null 2>&1 || $(MAKE) wheel
+	whl=$$(ls dist/goinfer-*.whl) && for v in openai3 openai2; do \
+	  .venv-frameworks-$$v/bin/python -m pip install -q --force-reinstall --no-deps $$whl && \
+	  .venv-frameworks-$$v/bin/python -m pip install -q "$$whl[server]" || exit 1; \
+	done
+	cd $(FW) && rc=0; \
+	../../.venv-frameworks-openai3/bin/python -m pytest $(FW_OPENAI3) || rc=1; \
+	../../.venv-frameworks-openai2/bin/python -m pytest $(FW_OPENAI2) || rc=1; \
+	exit $$rc
+
 bench: install
 	$(VENV)/bin/goinfer bench $(MODEL)
 
@@ -72,4 +98,4 @@ dev:
 	  cmake --build build/dev && cp build/dev/*.so goinfer/_kernels/'
 
 clean:
-	rm -rf build dist $(VENV) goinfer/_kernels/*.so
+	rm -rf build dist $(VENV) .venv-frameworks-* goinfer/_kernels/*.so

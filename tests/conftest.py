@@ -30,6 +30,10 @@ atexit.register(shutil.rmtree, _LAYOUTS, True)
 
 import tinymodels  # noqa: E402
 
+# tests/frameworks is the agent-framework matrix: its own environments and its own run
+# (`make test-frameworks`), not part of this suite.
+collect_ignore = ["frameworks"]
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
