@@ -48,10 +48,13 @@ def repo_files() -> tuple[str, ...]:
     return tuple(out)
 
 
+PLACEHOLDERS = ("NAME", "FILE", "PATH", "MODEL", "DIR")  # as in `benchmarks/NAME.py`
+
+
 def _pattern(token: str) -> str:
-    """A token as an fnmatch pattern: <name>, ALLCAPS words and * stand for any part."""
+    """A token as an fnmatch pattern: <name>, a placeholder word and * stand for any part."""
     p = re.sub(r"<[^>/]*>", "*", token)
-    return re.sub(r"(?<![A-Za-z0-9])[A-Z][A-Z0-9]{2,}(?![a-z])", "*", p)
+    return re.sub(r"(?<![A-Za-z0-9_])(?:%s)(?![A-Za-z0-9_])" % "|".join(PLACEHOLDERS), "*", p)
 
 
 def exists_from_root(token: str) -> bool:
@@ -159,6 +162,7 @@ def test_the_checker_finds_what_is_missing():
     assert prose_paths(text) == ["goinfer/nothing_here.py"]
     assert not exists_from_root("goinfer/nothing_here.py")
     assert exists_from_root("goinfer/_kernels/src/") and exists_from_root("docs/design")
+    assert exists_as_tail("benchmarks/NAME.py") and not exists_as_tail("NOTICE.md")
     cited = cited_sections(text)
     assert cited == [("docs/design/kernels.md", "Exact contracts"),
                      ("docs/design/kernels.md", "No such section")]
