@@ -119,6 +119,37 @@ class ModelSource:
     #                              GGUF's own chat template is)
     system: str | None = None  # Ollama's system layer
 
+    def defaults(self) -> SourceDefaults:
+        """What the source asks of every request: Ollama's params layer read as goinfer's
+        sampling fields and stop strings, and its system layer (see SourceDefaults)."""
+        sampling, stop, ignored = {}, [], []
+        for k, v in self.params.items():
+            if k in OLLAMA_SAMPLING:
+                sampling[k] = v
+            elif k == "stop":
+                stop = [v] if isinstance(v, str) else [str(x) for x in v]
+            else:
+                ignored.append(k)
+        return SourceDefaults(sampling, stop, self.system, sorted(ignored))
+
+
+# Ollama's params that are goinfer's SamplingParams fields, with the same meaning
+OLLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                   "presence_penalty", "frequency_penalty", "seed")
+
+
+@dataclass(frozen=True)
+class SourceDefaults:
+    """A model's own defaults, used where a request leaves a setting out: sampling (keyword
+    arguments of SamplingParams), stop strings, and a system message for a chat that has
+    none.  ignored: the params goinfer does not apply (num_ctx: goinfer pages its KV cache and
+    serves the model's whole context; num_predict, mirostat, ...)."""
+
+    sampling: dict = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    system: str | None = None
+    ignored: list[str] = field(default_factory=list)
+
 
 # ============================================================================ paths
 

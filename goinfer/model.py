@@ -13,7 +13,7 @@ import numpy as np
 
 from goinfer import hub, layout, memory
 from goinfer._threads import resolve_threads
-from goinfer.errors import ContextLengthError
+from goinfer.errors import ContextLengthError, ModelFormatError
 from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
 from goinfer.graph import enabled_by_env as graph_enabled_by_env
@@ -22,6 +22,7 @@ from goinfer.kv_cache import DEFAULT_KV_DTYPE, EXACT, FAST, KVCache, check_kv_dt
 from goinfer.models import read_config
 from goinfer.models.base import Batch, ModelConfig, Segment
 from goinfer.recurrent import RecurrentState, SeqRecurrent
+from goinfer.sampling import SamplingParams
 from goinfer.tokenizer import Tokenizer, builtin_template, render_chat_template
 
 FAST_FROM = 512  # default mode: rows at absolute positions >= this run the fast attention
@@ -88,6 +89,10 @@ class Model:
         self.path = Path(gguf.path)
         self.name = name or self.path.stem
         self.source: hub.ModelSource | None = None  # set by load(): where the name led
+        # what a request leaves out: the source's defaults (an Ollama model's params and
+        # system layers), else greedy sampling, no stop strings, no system message
+        self.defaults = hub.SourceDefaults()
+        self.sampling_defaults = SamplingParams()
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(opts.threads)
         self.exact = bool(opts.exact if opts.exact_prefill is None else
@@ -153,6 +158,12 @@ class Model:
         with GGUFFile(src.path) as g:
             m = cls(g, opts, name=src.name)
         m.source = src
+        m.defaults = src.defaults()
+        try:
+            m.sampling_defaults = SamplingParams(**m.defaults.sampling)
+        except (TypeError, ValueError) as e:
+            raise ModelFormatError(f"{src.name}: its parameters {m.defaults.sampling} are not "
+                                   f"usable: {e}") from None
         m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
         return m
 

@@ -65,9 +65,10 @@ class SamplingParams:
 
 
 def sampling_params(params: SamplingParams | None = None, overrides: Mapping | None = None,
-                    caller: str = "generate") -> SamplingParams:
-    """params (default: SamplingParams()) with the fields `overrides` names replaced, as
-    ``generate(prompt, params, temperature=0.7)`` takes them.  TypeError for a keyword that
+                    caller: str = "generate",
+                    default: SamplingParams | None = None) -> SamplingParams:
+    """params (default: `default`, else SamplingParams()) with the fields `overrides` names
+    replaced, as ``generate(prompt, params, temperature=0.7)`` takes them.  TypeError for a keyword that
     is no field of SamplingParams (naming it, as Python does for `caller`'s own keywords),
     ValueError for a value out of range."""
     overrides = dict(overrides or {})
@@ -75,6 +76,8 @@ def sampling_params(params: SamplingParams | None = None, overrides: Mapping | N
     for k in overrides:
         if k not in names:
             raise TypeError(f"{caller}() got an unexpected keyword argument {k!r}")
+    if params is None:
+        params = default
     if params is None:
         return SamplingParams(**overrides)
     if not isinstance(params, SamplingParams):

@@ -225,11 +225,12 @@ class Session:
                  **overrides):
         """Generate a continuation of the whole prompt (text or token ids).
 
-        params: the sampling settings (goinfer.SamplingParams; default: greedy); any field of
-        it may also be given as a keyword (``temperature=0.7, seed=1``), which overrides
-        params'.  A keyword that is neither raises TypeError naming it.  stop: a string or
-        a list of strings that end the text (not included).  add_special: a text prompt gets
-        the model's BOS token.
+        params: the sampling settings (goinfer.SamplingParams; default: the model's
+        ``sampling_defaults``, greedy unless its source set them); any field of it may also be
+        given as a keyword (``temperature=0.7, seed=1``), which overrides params'.  A keyword
+        that is neither raises TypeError naming it.  stop: a string or a list of strings that
+        end the text (not included; default: the model's own, ``model.defaults.stop``).
+        add_special: a text prompt gets the model's BOS token.
 
         response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema",
         "json_schema": {"name", "schema", "strict"}}; grammar: a Lark grammar (llguidance's)
@@ -255,8 +256,8 @@ class Session:
             ids = self.model.tokenize(prompt, add_special=add_special)
         else:
             ids = [int(t) for t in prompt]
-        params = sampling_params(params, overrides, "generate")
-        stops = stop_list(stop)
+        params = sampling_params(params, overrides, "generate", self.model.sampling_defaults)
+        stops = stop_list(stop) if stop is not None else list(self.model.defaults.stop)
         k = check_draft(draft, draft_tokens)
         if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")

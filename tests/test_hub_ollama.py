@@ -139,6 +139,55 @@ def test_locate_and_load_read_only(store, tiny):
     assert _tree(store) == before  # nothing written in the store
 
 
+def test_params_and_system_are_the_models_defaults(store, tiny):
+    """An Ollama model's params layer sets the sampling and stop strings a request leaves out
+    (what the request gives wins); its system layer is the system message of a chat that has
+    none; params goinfer does not apply are listed."""
+    from goinfer.chat import prepare_chat
+    from goinfer.model import Model
+    from goinfer.sampling import SamplingParams
+
+    gguf = tiny("llama")[1]
+    plain = Model.load(gguf, threads=1, progress=False, layout_cache=False)
+    prompt = [1, 4, 2, 8]
+    greedy = plain.session().generate(prompt, max_tokens=24)
+    stop = greedy.text[6:9]
+    assert len(stop) == 3 and greedy.text.find(stop) == 6
+    params = {"temperature": 1.5, "seed": 7, "top_k": 50, "num_ctx": 4096, "num_predict": 8}
+    make_store(store, "tiny-sampled", gguf, params=params, system="Be brief.")
+    make_store(store, "tiny-stop", gguf, params={"stop": [stop]})
+
+    m = Model.load("tiny-sampled", threads=1, progress=False, layout_cache=False)
+    assert m.sampling_defaults == SamplingParams(temperature=1.5, seed=7, top_k=50)
+    assert m.defaults.ignored == ["num_ctx", "num_predict"] and m.defaults.stop == []
+    own = m.session().generate(prompt, max_tokens=24).tokens
+    explicit = SamplingParams(temperature=1.5, seed=7, top_k=50)
+    assert own == plain.session().generate(prompt, explicit, max_tokens=24).tokens
+    assert own != plain.session().generate(prompt, explicit, max_tokens=24, seed=8).tokens
+    assert m.session().generate(prompt, max_tokens=24, seed=8).tokens != own  # keyword wins
+    assert m.session().generate(prompt, SamplingParams(), max_tokens=24).tokens == \
+        greedy.tokens  # params given: the model's defaults do not apply
+
+    user = [{"role": "user", "content": "hi"}]
+    assert "Be brief." in prepare_chat(m, user).prompt
+    assert "Be brief." not in prepare_chat(plain, user).prompt
+    own_system = prepare_chat(m, [{"role": "system", "content": "Be long."}, *user]).prompt
+    assert "Be long." in own_system and "Be brief." not in own_system
+
+    m = Model.load("tiny-stop", threads=1, progress=False, layout_cache=False)
+    r = m.session().generate(prompt, max_tokens=24)
+    assert (r.text, r.finish_reason) == (greedy.text[:6], "stop")
+    assert m.session().generate(prompt, max_tokens=24, stop=[]).text == greedy.text
+
+
+def test_unusable_params_are_a_clear_error(store, tiny):
+    from goinfer.model import Model
+
+    make_store(store, "tiny-bad", tiny("llama")[1], params={"temperature": -1})
+    with pytest.raises(ModelFormatError, match="tiny-bad:latest: its parameters .*temperature"):
+        Model.load("tiny-bad", threads=1, progress=False, layout_cache=False)
+
+
 def test_namespace_name_prefers_the_store_over_the_hub(store, tiny):
     make_store(store, "someone/tinyllama:v2", tiny("llama")[1])
     src = hub.locate("someone/tinyllama:v2")  # also an HF-shaped name: the store answers first

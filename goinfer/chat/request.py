@@ -219,6 +219,10 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
     ``enable_thinking=False``) and write the reply's grammar."""
     spec = check_tools(tools, tool_choice, parallel_tool_calls)
     fmt = tool_format(model)
+    messages = _to_dicts(getattr(messages, "messages", messages))
+    system = model.defaults.system  # the model's own (an Ollama system layer), if the chat has none
+    if system and not any(m.get("role") in ("system", "developer") for m in messages):
+        messages = [{"role": "system", "content": system}, *messages]
     msgs, template_tools = chat_inputs(messages, fmt, spec)
     kwargs = dict(template_kwargs or {})
     for k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):

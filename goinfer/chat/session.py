@@ -34,7 +34,7 @@ class ChatSession(Session):
         goinfer/chat/channels.py) goes to ``result.reasoning_content``, streamed as
         ``Reasoning`` pieces.  chat_template_kwargs: more variables for the chat template
         (``{"enable_thinking": False}``, gpt-oss's ``reasoning_effort``)."""
-        params = sampling_params(params, overrides, "chat")
+        params = sampling_params(params, overrides, "chat", self.model.sampling_defaults)
         tc = prepare_chat(self.model, messages, tools, tool_choice, parallel_tool_calls,
                           chat_template_kwargs)
         ids = self.model.tokenize_chat(tc.prompt)
