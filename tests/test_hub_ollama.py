@@ -263,3 +263,39 @@ def test_default_store_locations(tmp_path, monkeypatch):
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "x"))
     assert hub_ollama.models_dirs() == [tmp_path / "x"]
     shutil.rmtree(tmp_path / ".ollama")
+
+
+def test_server_applies_the_models_stop_and_system(store, tiny):
+    """`goinfer serve` on an Ollama model: a request without `stop` ends at the model's stop
+    strings, one with its own stops does not; a chat without a system message gets the
+    model's (its prompt is as long as with that system message given)."""
+    from starlette.testclient import TestClient
+
+    from goinfer import KVCache
+    from goinfer.chat import prepare_chat
+    from goinfer.model import Model
+    from goinfer.server.app import create_app
+
+    gguf = tiny("llama")[1]
+    plain = Model.load(gguf, threads=1, progress=False, layout_cache=False)
+    greedy = plain.session().generate("Hello", max_tokens=24).text
+    stop = greedy[6:9]
+    assert greedy.find(stop) == 6
+    make_store(store, "tiny-served", gguf, params={"stop": [stop]}, system="Be brief.")
+    m = Model.load("tiny-served", threads=1, progress=False, layout_cache=False)
+    body = {"model": "tiny-served", "prompt": "Hello", "max_tokens": 24, "temperature": 0}
+    with TestClient(create_app(m, KVCache(m, max_tokens=512), model_id="tiny-served")) as c:
+        r = c.post("/v1/completions", json=body).json()["choices"][0]
+        assert (r["text"], r["finish_reason"]) == (greedy[:6], "stop")
+        r = c.post("/v1/completions", json={**body, "stop": ["\x00"]}).json()["choices"][0]
+        assert r["text"] == greedy
+        user = [{"role": "user", "content": "hi"}]
+
+        def prompt_tokens(messages):
+            chat = {"model": "tiny-served", "max_tokens": 1, "messages": messages}
+            return c.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"]
+
+        brief = m.tokenize_chat(prepare_chat(m, user).prompt)
+        assert prompt_tokens(user) == len(brief) == \
+            prompt_tokens([{"role": "system", "content": "Be brief."}, *user])
+        assert prompt_tokens([{"role": "system", "content": "Hi."}, *user]) != len(brief)

@@ -25,7 +25,8 @@ LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a registered model name or a .gguf path; or `check URL`")
+    p.add_argument("model", help="a model: a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
+                   "an Ollama name (llama3.2, qwen3:4b) or a .gguf path; or `check URL`")
     p.add_argument("url", nargs="?", default=None, help=argparse.SUPPRESS)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other needs --api-key)")

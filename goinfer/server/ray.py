@@ -59,7 +59,7 @@ _DEFAULT_ROUTE = ApiRoute()  # any other path: errors in OpenAI's shape
 class ReplicaSpec:
     """What each replica runs: `goinfer serve`'s options for one process."""
 
-    model: str  # a registered name or a .gguf path (each node resolves it)
+    model: str  # a model name or a .gguf path (hub.locate; each node resolves it)
     model_id: str | None = None  # the id /v1/models reports (default: the name or file stem)
     threads: int | None = None  # kernel threads per replica (default: physical cores)
     exact: bool = False  # float64 attention at every position (--exact)
@@ -299,9 +299,11 @@ class TextModel:
         from goinfer.models import ARCHITECTURES, read_config
         from goinfer.tokenizer import Tokenizer, builtin_template
 
-        with GGUFFile(hub.resolve(name_or_path, progress=False)) as g:
+        src = hub.locate(name_or_path, progress=False)
+        self.defaults = src.defaults()  # a chat's default system message, as Model.load reads it
+        with GGUFFile(src.path) as g:
             self.path = Path(g.path)
-            self.name = self.path.stem
+            self.name = src.name
             self.config = read_config(g)[1] if g.arch in ARCHITECTURES else None
             self.tokenizer = Tokenizer.from_metadata(g.metadata)
             self.chat_template = g.get("tokenizer.chat_template") or builtin_template(g.arch)

@@ -161,7 +161,8 @@ class Runner:
         except ValueError as e:
             raise bad(str(e)) from None
         on = self.draft if req.draft is None else req.draft
-        return Job(ids=ids, max_tokens=max_tokens, params=params, stops=req.stops,
+        return Job(ids=ids, max_tokens=max_tokens, params=params,
+                   stops=req.stops or list(self.model.defaults.stop),  # the model's own
                    on_event=lambda ev: None, cache_salt=req.cache_salt,
                    draft_tokens=(req.draft_tokens or self.draft_tokens) if on else 0)
 
