@@ -25,6 +25,20 @@ def test_show_config_reports_variant_openmp_threads():
     assert f"wait policy    : {c['wait_policy']}" in out
 
 
+def test_python_m_goinfer_is_the_command():
+    """``python -m goinfer`` runs the same CLI as the ``goinfer`` script: its help, its exit
+    status on a bad command."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "goinfer", "--help"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and "serve" in ok.stdout and "pull" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "goinfer", "no-such-command"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no-such-command" in bad.stderr
+
+
 def _config_in_fresh_process(**env):
     """goinfer.config() of a new interpreter with env (only goinfer imported, so libgomp
     loads with goinfer's kernels)."""

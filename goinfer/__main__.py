@@ -1,0 +1,6 @@
+"""``python -m goinfer ...``: the same as the ``goinfer`` command."""
+import sys
+
+from goinfer.cli import main
+
+sys.exit(main())
