@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight, e8m0_half,
-                           pack_mxfp4, pack_q4, pack_q6k, pack_q8, q6k_codes, quantize_weight)
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, K_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight,
+                           e8m0_half, pack_mxfp4, pack_q4, pack_q6k, pack_q8, pack_qk, pack_scale_min, q6k_codes,
+                           qk_codes, quantize_weight)
 from goinfer._kernels import _config
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
@@ -104,6 +105,18 @@ def emulate_matmul(x, w: QWeight) -> np.ndarray:
             assert np.abs(isum).max(initial=0) < 2**24  # exact in float32
             acc = fmaf(isum.astype(np.float32), d[None, :, g // 8].astype(np.float32) * x.da[:, g, None], acc)
         return acc
+    if w.kind in ("q4_k", "q5_k"):  # isum of the codes; fmaf(isum, (d*sc)*da); fmaf(-(dmin*mn), sa)
+        q, sc, mn, d, dmin = qk_codes(w)
+        qa = x.qa.astype(np.int64)
+        acc = np.zeros((x.qa.shape[0], w.n_out), np.float32)
+        for g in range(w.n_in // GROUP):
+            sl = slice(g * GROUP, (g + 1) * GROUP)
+            isum = qa[:, sl] @ q[:, sl].T.astype(np.int64)
+            ds = d[:, g // 8].astype(np.float32) * sc[:, g].astype(np.float32)  # exact
+            dm = dmin[:, g // 8].astype(np.float32) * mn[:, g].astype(np.float32)  # exact
+            acc = fmaf(isum.astype(np.float32), ds[None, :] * x.da[:, g, None], acc)
+            acc = fmaf(-dm[None, :], x.sa[:, g, None], acc)
+        return acc
     if w.kind in FLOAT_KINDS:
         wd = ref.dequantize(w)  # exact float32 weights (n_out, K)
         acc = np.zeros((x.shape[0], w.n_out), np.float32)
@@ -139,14 +152,14 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     exact integer sum (|isum| <= 32*128*127) multiplies."""
     wd = ref.dequantize(w).astype(np.float64)
     S = np.abs(xd) @ np.abs(wd).T
-    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind == "q4_1" else 1)
+    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k") else 1)
     isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
     return (n + 8) * U * S + (n + 8) * isum_max * 2.0**-149
 
 
 def kdim(kind, Kd):
-    """Kd for a kind: q6_k needs whole super-blocks of 256 (rounded up)."""
-    return -(-Kd // QK_K) * QK_K if kind == "q6_k" else Kd
+    """Kd for a kind: the k-quants need whole super-blocks of 256 (rounded up)."""
+    return -(-Kd // QK_K) * QK_K if kind in K_KINDS else Kd
 
 
 def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
@@ -163,6 +176,14 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
         sc = rng.integers(-128, 128, (n_out, n_in // 16)).astype(np.int8)
         sc.flat[:2] = [-128, 127][: sc.size]
         return pack_q6k(q, sc, (rng.uniform(-1, 1, (n_out, n_in // QK_K)) * scale).astype(np.float16))
+    if kind in ("q4_k", "q5_k"):  # every code, 6-bit scale and min (0 and 63 included), d, dmin
+        nb = n_in // QK_K
+        q = rng.integers(0, 16 if kind == "q4_k" else 32, (n_out, n_in)).astype(np.uint8)
+        q.flat[:2] = [0, 15 if kind == "q4_k" else 31][: q.size]
+        sc, mn = rng.integers(0, 64, (2, n_out, nb, 8)).astype(np.uint8)
+        sc.flat[:2], mn.flat[:2] = [0, 63][: sc.size], [63, 0][: mn.size]
+        dd = (rng.uniform(-1, 1, (2, n_out, nb)) * scale).astype(np.float16)
+        return pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1])
     if kind == "mxfp4":  # exponents around 2^(log2 scale), a few at the extremes
         e = np.clip(np.rint(np.log2(scale)) + 128 + rng.integers(-20, 20, (n_out, G)), 0, 255)
         e.flat[:3] = [0, 1, 2][: e.size]
@@ -341,7 +362,7 @@ def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     if (kind in FLOAT_KINDS or kind == "mxfp4") and xscale > 1e20:
         xscale = 1e4  # float kinds, mxfp4 (2^(e-128) scales up to 2^127): keep w*x far from overflow
     rng = np.random.default_rng(seed)
-    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    Kd = G * (QK_K if kind in K_KINDS else GROUP)
     check_matmul(make_x(rng, M, Kd, xscale), make_weight(rng, kind, n_out, Kd, wscale, raw),
                  check_rows=M <= 8)
 
@@ -670,7 +691,7 @@ def test_matmul_experts_property(kind, E, M, n_out, G, with_bias, seed):
     """Any number of experts, rows (none too), splits (empty experts anywhere): each expert's
     rows carry matmul's bits on every variant, AMX on and off, and every thread count."""
     rng = np.random.default_rng(seed)
-    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    Kd = G * (QK_K if kind in K_KINDS else GROUP)
     ws = [make_weight(rng, kind, n_out, Kd) for _ in range(E)]
     bias = rng.standard_normal((E, n_out)).astype(np.float32) if with_bias else None
     check_experts(make_x(rng, M, Kd), ws, random_offsets(rng, E, M), bias)
