@@ -21,7 +21,7 @@ import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
 from goinfer._kernels import _config
 
-from test_kernels_matmul import emulate_matmul, make_weight, make_x
+from test_kernels_matmul import emulate_matmul, kdim, make_weight, make_x
 
 K = sys.modules["goinfer._kernels.matmul"]
 
@@ -66,10 +66,11 @@ SHAPES = [(16, 16, 32), (16, 7, 64), (17, 33, 96), (31, 48, 576), (32, 40, 1536)
 
 
 @needs_amx
-@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0", "q6_k", "q4_k", "q5_k"])
 @pytest.mark.parametrize("M,n_out,Kd", SHAPES)
 def test_amx_equals_vnni_and_contract(kind, M, n_out, Kd):
     rng = np.random.default_rng(M * 7919 + n_out * 31 + Kd)
+    Kd = kdim(kind, Kd)  # the k-quants: whole super-blocks of 256
     raw = (M + Kd) % 2 == 0  # every field random bits in range (extreme int sums) on half
     w = make_weight(rng, kind, n_out, Kd, raw=raw)
     x = make_x(rng, M, Kd)

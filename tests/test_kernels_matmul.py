@@ -417,6 +417,44 @@ def test_matmul_q6k_extremes(M):
         check_matmul(x, w, check_rows=M < 5)
 
 
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k"])
+@pytest.mark.parametrize("M", [1, 3, 33])
+def test_matmul_qk_extremes(kind, M):
+    """q4_k / q5_k at the int16 bounds of the AVX2 kernels: every code at its largest (15 / 31)
+    against activations of +-127 (q5_k: 4 lines of vpmaddubsw pairs sum to 4*2*31*127 = 31496
+    in int16), scales and mins 0 and 63 in every packed position: the contract's bits, every
+    variant and split, AMX included (M = 33)."""
+    n_out, Kd = 40, 512
+    top = 15 if kind == "q4_k" else 31
+    x = np.full((M, Kd), 1.0, np.float32)
+    x[:, Kd // 2:] = -1.0
+    for code in (top, 0):
+        q = np.full((n_out, Kd), code, np.uint8)
+        q[1::2, ::5] = top - code
+        sc = np.full((n_out, 2, 8), 63, np.uint8)
+        mn = np.full((n_out, 2, 8), 63, np.uint8)
+        sc[::3], mn[1::3] = 0, 0
+        dd = np.full((2, n_out, 2), 0.5, np.float16)
+        check_matmul(x, pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1]), check_rows=M < 5)
+
+
+def test_qk_errors():
+    """q4_k / q5_k need whole super-blocks (n_in % 256 == 0) and their packed uint8 scales."""
+    rng = np.random.default_rng(10)
+    for kind in ("q4_k", "q5_k"):
+        with pytest.raises(ValueError, match="256"):
+            quantize_weight(rng.standard_normal((16, 96)).astype(np.float32), kind)
+        w = make_weight(rng, kind, 16, 256)
+        xq = K.quantize_act(make_x(rng, 2, 256))
+        with pytest.raises(TypeError, match="uint8"):
+            K.matmul(xq, QWeight(kind, 16, 256, w.qs, w.d, w.m.view(np.int8)))
+        with pytest.raises(ValueError, match="256"):
+            K.matmul(K.quantize_act(make_x(rng, 2, 224)), QWeight(kind, 16, 224, w.qs[:, :7], w.d, w.m))
+        with pytest.raises(ValueError, match="shape"):  # q4_k's qs (4 lines) as q5_k's (5)
+            other = "q5_k" if kind == "q4_k" else "q4_k"
+            K.matmul(xq, QWeight(other, 16, 256, w.qs, w.d, w.m))
+
+
 def test_q6k_errors():
     """q6_k needs whole super-blocks (n_in % 256 == 0) and its int8 scales; clear errors."""
     rng = np.random.default_rng(9)
