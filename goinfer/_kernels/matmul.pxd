@@ -29,6 +29,8 @@ cdef extern from "matmul.h" nogil:
         const uint8_t *e
         const int8_t *sc
         const uint8_t *ks
+        const float *kdec
+        int64_t kdec_u0
 
     ctypedef struct gi_qact:
         const int8_t *qa

@@ -30,6 +30,10 @@ typedef struct gi_weight {
     const int8_t *sc;      /* q6_k: scales per 16 k (n_rb, G, 16, 2); else NULL */
     const uint8_t *ks;     /* q4_k, q5_k: GGUF's 12 bytes of 6-bit scales and mins per row and
                               super-block (n_rb, G/8, 12, 16); else NULL */
+    const float *kdec;     /* NULL from callers.  The GEMM's own copy points it at the scales of
+                              q4_k / q5_k decoded once per cache chunk: (units from kdec_u0, G, 2,
+                              unit rows) float32, d*sc then -(dmin*mn) */
+    int64_t kdec_u0;
 } gi_weight;
 
 /* Quantized activation rows (a view of goinfer.quant.QAct; rows are contiguous). */

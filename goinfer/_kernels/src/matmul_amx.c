@@ -152,11 +152,13 @@ GI_INLINE void fold_q6(__m512 acc[16], const int32_t *c0, const int32_t *c1, __m
     }
 }
 
-/* the group's scale vectors of a q4_0 / q4_1 / q8_0 / q4_k / q5_k row block (mv: q4_1, qk) */
-GI_INLINE void scales(const int KIND, const gi_weight *w, int64_t rb, int64_t G, int64_t g, __m512 *dv, __m512 *mv) {
+/* the group's scale vectors of a q4_0 / q4_1 / q8_0 / q4_k / q5_k row block (mv: q4_1, qk;
+   qk from kq, the row block's scales decoded once: (G, 2, 16) float32) */
+GI_INLINE void scales(const int KIND, const gi_weight *w, const float *kq, int64_t rb, int64_t G, int64_t g,
+                      __m512 *dv, __m512 *mv) {
     if (IS_QK(KIND)) {
-        const int64_t sb = rb * (G / 8) + g / 8;
-        qk_scales16(w->d + sb * 32, w->ks + sb * 192, (int)(g & 7), dv, mv);
+        *dv = _mm512_load_ps(kq + g * 32);
+        *mv = _mm512_load_ps(kq + g * 32 + 16);
         return;
     }
     *dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + (rb * G + g) * 16)));
@@ -165,7 +167,7 @@ GI_INLINE void scales(const int KIND, const gi_weight *w, int64_t rb, int64_t G,
 
 /* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes). */
 GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                      const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+                      const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
     const int8_t *qa = a->qa + m * K;                              /* (16, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;          /* (16, G) */
@@ -202,11 +204,11 @@ GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int6
                 _tile_loadd(5, bq + (g + 1) * 512, 64);
                 _tile_dpbssd(1, 3, 5);
             }
-            scales(KIND, w, rb, G, g, &dv0, &mv0);
+            scales(KIND, w, kq, rb, G, g, &dv0, &mv0);
             _tile_stored(0, cbuf, 64);
             fold(KIND, acc, cbuf, dv0, mv0, da, sa, G, g);
             if (two) {
-                scales(KIND, w, rb, G, g + 1, &dv1, &mv1);
+                scales(KIND, w, kq, rb, G, g + 1, &dv1, &mv1);
                 _tile_stored(1, cbuf + 256, 64);
                 fold(KIND, acc, cbuf + 256, dv1, mv1, da, sa, G, g + 1);
             }
@@ -217,10 +219,11 @@ GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int6
     for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(out + (m + i) * ldo + n0, keep, acc[i]);
 }
 
-typedef void (*tile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int8_t *, int32_t *,
-                        float *, int64_t);
+typedef void (*tile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int8_t *, const float *,
+                        int32_t *, float *, int64_t);
 #define TILE_DEF(KIND) static void tile16_##KIND(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
-    const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) { tile16(KIND, w, a, m, rb, bq, cbuf, out, ldo); }
+    const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) { \
+    tile16(KIND, w, a, m, rb, bq, kq, cbuf, out, ldo); }
 TILE_DEF(GI_Q4_0) TILE_DEF(GI_Q4_1) TILE_DEF(GI_Q8_0) TILE_DEF(GI_Q6_K) TILE_DEF(GI_Q4_K) TILE_DEF(GI_Q5_K)
 static const tile_fn TILES[GI_Q5_K + 1] = {
     [GI_Q4_0] = tile16_GI_Q4_0, [GI_Q4_1] = tile16_GI_Q4_1, [GI_Q8_0] = tile16_GI_Q8_0,
@@ -232,11 +235,13 @@ int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_
     const int kind = w->kind;
     const int64_t K = w->n_in, G = K / GI_GROUP, M16 = (m1 - m0) / 16 * 16;
     if (kind == GI_MXFP4 || kind > GI_Q5_K || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
-    int8_t *bq = 0;                                               /* unpacked codes: (G, 8, 16, 4) */
+    int8_t *bq = 0;                  /* unpacked codes (G, 8, 16, 4), then qk: scales (G, 2, 16) float */
+    float *kq = 0;
     int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */
     if (kind != GI_Q8_0) {
-        bq = aligned_alloc(64, (size_t)G * 512);
+        bq = aligned_alloc(64, (size_t)G * (IS_QK(kind) ? 512 + 128 : 512));
         if (!bq) return 0;
+        kq = (float *)(bq + G * 512);
     }
     const tile_fn tile = TILES[kind];
     _tile_loadconfig(&CFG);
@@ -249,10 +254,18 @@ int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_
             const int8_t *b = (const int8_t *)wq;
             if (kind != GI_Q8_0) {
                 unpack_q(kind, wq, G, bq);
+                if (IS_QK(kind))   /* the row block's d*sc, -(dmin*mn), once for every tile */
+                    for (int64_t g = 0; g < G; g++) {
+                        __m512 dv, mv;
+                        qk_scales16(w->d + (rb * (G / 8) + g / 8) * 32, w->ks + (rb * (G / 8) + g / 8) * 192,
+                                    (int)(g & 7), &dv, &mv);
+                        _mm512_store_ps(kq + g * 32, dv);
+                        _mm512_store_ps(kq + g * 32 + 16, mv);
+                    }
                 __asm__ volatile("" ::: "memory");   /* tileloadd reads bq: no clobber of its own */
                 b = bq;
             }
-            for (int64_t m = mb0; m < mb1; m += 16) tile(w, a, m, rb, b, cbuf, out, ldo);
+            for (int64_t m = mb0; m < mb1; m += 16) tile(w, a, m, rb, b, kq, cbuf, out, ldo);
         }
     }
     _tile_release();

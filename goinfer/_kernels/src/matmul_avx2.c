@@ -185,6 +185,21 @@ GI_INLINE void qk_scales8(const uint16_t *kd, const uint8_t *kp, int s, __m256 *
                         _mm256_set1_ps(-0.0f));  /* -(dmin*mn), as C's unary minus */
 }
 
+/* q4_k / q5_k: the scales of units [u0, u1) (half row blocks), groups [g0, g1) decoded to dst
+   (u1-u0, g1-g0, 2, 8) float32 (d*sc, then -(dmin*mn)): what qtile reads from w->kdec in the
+   GEMM, and qgemm2 from its chunk's decoded scales. */
+static void qk_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, int64_t g1, float *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t g = g0; g < g1; g++, dst += 16) {
+            const int64_t sb = (u >> 1) * (G / 8) + g / 8, h = u & 1;
+            __m256 dv, mv;
+            qk_scales8(w->d + sb * 32 + h * 8, w->ks + sb * 192 + h * 8, (int)(g & 7), &dv, &mv);
+            _mm256_storeu_ps(dst, dv);
+            _mm256_storeu_ps(dst + 8, mv);
+        }
+}
+
 /* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
    (rows 8h..8h+7), and d[.., 8h..8h+7]. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
@@ -357,6 +372,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m256 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
+                if (QK && w->kdec) {  /* the GEMM's decoded scales */
+                    const float *kf = w->kdec + ((u + r - w->kdec_u0) * G + g) * 16;
+                    dv[r] = _mm256_loadu_ps(kf);
+                    mv[r] = _mm256_loadu_ps(kf + 8);
+                    continue;
+                }
                 if (QK) {
                     qk_scales8(wd[r] + (g >> 3) * 32, wk[r] + (g >> 3) * 192, (int)(g & 7), &dv[r], &mv[r]);
                     continue;
@@ -547,7 +568,8 @@ GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, in
    nibbles are unpacked in registers from the weight itself (a single activation tile, where
    unpacking into uq first would not be reused). */
 GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weight *w, const uint8_t *uq,
-                      const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
+                      const float *ksd, const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1,
+                      float *out, int64_t ldo) {
     const int64_t G = w->n_in / GI_GROUP;
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
@@ -682,9 +704,10 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++) {
             __m256 dv, mv = _mm256_setzero_ps();
-            if (KIND == GI_Q4_K) {
-                const int64_t sb = rb * (G / 8) + (g0 + g) / 8;      /* super-block */
-                qk_scales8(w->d + sb * 32 + r * 8, w->ks + sb * 192 + r * 8, (int)((g0 + g) & 7), &dv, &mv);
+            if (KIND == GI_Q4_K) {  /* decoded by gemm2: (2 halves, g1-g0, 2, 8) */
+                const float *kf = ksd + (r * (g1 - g0) + g) * 16;
+                dv = _mm256_load_ps(kf);
+                mv = _mm256_load_ps(kf + 8);
             } else {
                 dv = _mm256_cvtph_ps(_mm_loadu_si128(
                     (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
@@ -708,11 +731,11 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 }
 
 /* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over MR activation rows */
-typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
-                      float *, int64_t);
+typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const float *, const uint8_t *, int64_t, int64_t,
+                      int64_t, int64_t, float *, int64_t);
 #define Q2_DEF(K, UNP, MR) static void q2_##K##_##UNP##_##MR(const gi_weight *w, const uint8_t *uq, \
-    const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
-    qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
+    const float *ksd, const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
+    qgemm2(K, MR, UNP, w, uq, ksd, p, m, rb, g0, g1, o, ldo); }
 #define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 1)
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_K, 1)
@@ -729,22 +752,6 @@ static const q2_fn q2_tab[2][GI_Q4_K + 1][QG2_MR] = {
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
      [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}, [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 1)}}};
 
-/* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
-   as needed and kept for the thread's life: at most ~530 KB. */
-static __thread uint8_t *t_scratch;
-static __thread size_t t_scratch_cap;
-
-static uint8_t *scratch_buffer(size_t n) {
-    if (n > t_scratch_cap) {
-        size_t cap = (n + 4095) & ~(size_t)4095;
-        uint8_t *p = aligned_alloc(64, cap);
-        if (!p) return NULL;
-        free(t_scratch);
-        t_scratch = p;
-        t_scratch_cap = cap;
-    }
-    return t_scratch;
-}
 #ifndef UNP_MIN_TILES
 #define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
 #endif
@@ -773,21 +780,25 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
     int64_t chunk = UNP_CHUNK / (kb * (unp ? UNP_GROUP_BYTES : LINES(kind) * 64 + 32));
     chunk = chunk < 1 ? 1 : chunk;
     const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
-    uint8_t *panel = scratch_buffer(panel_bytes + (unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0));
+    const size_t uq_bytes = unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0;
+    const size_t ksd_bytes = kind == GI_Q4_K ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
+    uint8_t *panel = scratch_buffer(panel_bytes + uq_bytes + ksd_bytes);
     if (!panel) return 0;
     uint8_t *uq = panel + panel_bytes;
+    float *ksd = (float *)(uq + uq_bytes);
     for (int64_t c0 = rb0; c0 < rb1; c0 += chunk) {
         const int64_t c1 = min64(c0 + chunk, rb1);
         for (int64_t g0 = 0; g0 < G; g0 += kb) {
             const int64_t g1 = min64(g0 + kb, G);
             if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
             else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            if (kind == GI_Q4_K) qk_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
                 pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
                 for (int64_t rb = c0; rb < c1; rb++)
-                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
-                                              out, ldo);
+                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES,
+                                              ksd + (rb - c0) * (g1 - g0) * 32, panel, ma, rb, g0, g1, out, ldo);
             }
         }
     }

@@ -260,6 +260,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m512 dv[MAXRB], mv[MAXRB], s0[MAXRB], s1[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
+                if (QK && w->kdec) {  /* the GEMM's decoded scales */
+                    const float *kf = w->kdec + ((u + r - w->kdec_u0) * G + g) * 32;
+                    dv[r] = _mm512_loadu_ps(kf);
+                    mv[r] = _mm512_loadu_ps(kf + 16);
+                    continue;
+                }
                 if (QK) {
                     qk_scales16(wd + r * ds_ + (g >> 3) * 32, wk + r * (G / 8) * 192 + (g >> 3) * 192, (int)(g & 7),
                                 &dv[r], &mv[r]);
@@ -290,6 +296,21 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* q4_k / q5_k: the scales of units [u0, u1), groups [g0, g1) decoded to dst (u1-u0, g1-g0, 2,
+   16) float32 (d*sc, then -(dmin*mn)): what qtile reads from w->kdec in the GEMM. */
+static void qk_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, int64_t g1, float *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t g = g0; g < g1; g++, dst += 32) {
+            const int64_t sb = u * (G / 8) + g / 8;
+            __m512 dv, mv;
+            qk_scales16(w->d + sb * 32, w->ks + sb * 192, (int)(g & 7), &dv, &mv);
+            _mm512_storeu_ps(dst, dv);
+            _mm512_storeu_ps(dst + 16, mv);
+        }
 }
 
 

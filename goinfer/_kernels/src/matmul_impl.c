@@ -102,10 +102,11 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
 /* GEMM tiling shared by the int and float paths.  Cache blocks: activation rows [m0, m1) in
    blocks of about ACT_CHUNK bytes, units [u0, u1) in chunks of about L2_CHUNK weight bytes
    (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
-   inside a tile, the chunk's units RB at a time.  CALL(rb_count, mr, m, u) runs one
+   inside a tile, the chunk's units RB at a time.  PREP(c0, c1) runs at each chunk of units
+   [c0, c1) of each activation block, before its tiles; CALL(rb_count, mr, m, u) runs one
    microkernel.  (The order of tiles does not matter for the bits: each output element is
    computed entirely inside one microkernel call.) */
-#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, CALL)                        \
+#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, PREP, CALL)                  \
     do {                                                                                        \
         int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
         chunk_ = chunk_ < (RBn) ? (RBn) : chunk_ / (RBn) * (RBn);                               \
@@ -116,6 +117,7 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
             const int64_t M_ = mb1_ - mb0_, nt_ = (M_ + (MRn) - 1) / (MRn);                     \
             for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                               \
                 const int64_t c1_ = min64(c0_ + chunk_, (u1));                                  \
+                PREP(c0_, c1_);                                                                 \
                 for (int64_t t_ = 0; t_ < nt_; t_++) {                                          \
                     const int64_t ma_ = mb0_ + t_ * M_ / nt_, mb_ = mb0_ + (t_ + 1) * M_ / nt_; \
                     for (int64_t uu_ = c0_; uu_ < c1_; uu_ += (RBn)) {                          \
@@ -151,8 +153,20 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     if (kind != GI_MXFP4 && kind != GI_Q5_K && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
 #endif
     const int mr = kind == GI_Q6_K ? QG_MR_Q6K : QG_MR;
-#define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, mr, QCALL);
+    /* q4_k / q5_k: each chunk's scales decoded once (128 bytes per group and row block, counted
+       in the chunk's bytes) instead of once per tile; without scratch, decoded in the tiles */
+    gi_weight wl = *w;
+    int64_t ubk = ub;
+    if (IS_QK(kind)) {
+        ubk = ub + (w->n_in / GI_GROUP) * 128 / UPB;
+        int64_t ch = L2_CHUNK / (ubk > 0 ? ubk : 1);
+        ch = ch < QG_RB ? QG_RB : ch / QG_RB * QG_RB;
+        wl.kdec = (const float *)scratch_buffer((size_t)ch * (w->n_in / GI_GROUP) * 2 * UNIT * 4);
+    }
+#define QPREP(c0, c1) if (wl.kdec) { qk_decode(w, (c0), (c1), 0, w->n_in / GI_GROUP, (float *)wl.kdec); wl.kdec_u0 = (c0); }
+#define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](&wl, a, (m), (u), out, ldo)
+    GEMM_LOOP(u0, u1, m0, m1, ubk, w->n_in, QG_RB, mr, QPREP, QCALL);
+#undef QPREP
 #undef QCALL
 }
 
@@ -168,7 +182,9 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
     }
     const int64_t ub = w->n_in * 16 * (w->kind == GI_F32 ? 4 : 2) / UPB;
 #define FCALL(rbn, mrn, m, u) fg_tab[kind][(rbn) - 1][(mrn) - 1](w, x, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FCALL);
+#define FPREP(c0, c1) (void)0
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FPREP, FCALL);
+#undef FPREP
 #undef FCALL
 }
 

@@ -131,6 +131,23 @@ GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
     return (lg[(4 + (c >> 1)) * 64 + r * 4 + j] >> (4 * (c & 1)) & 15) | (x >> 6) << 4;
 }
 
+/* Each thread's scratch (AVX2 GEMM: an activation panel, then the unpacked q4 weights of a
+   chunk; q4_k / q5_k GEMM: a chunk's decoded scales), grown as needed and kept for the
+   thread's life: at most ~660 KB. */
+static __thread uint8_t *t_scratch;
+static __thread size_t t_scratch_cap;
+
+static inline uint8_t *scratch_buffer(size_t n) {
+    if (n > t_scratch_cap) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        uint8_t *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(t_scratch);
+        t_scratch = p;
+        t_scratch_cap = cap;
+    }
+    return t_scratch;
+}
 /* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
 GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
 
