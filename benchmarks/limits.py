@@ -5,10 +5,10 @@ bandwidth, prefill matmul operations per second against the int8 dot-product pea
         [--json out.json]
     python benchmarks/limits.py --smoke     # tiny model, small buffers (the test suite)
 
-Memory bandwidth: a read-only sweep of a 1 GiB float32 buffer (numpy max: one core, AVX-512
-compares, the fastest of numpy's reductions here — sum, dot and integer sums read slower),
-median of 5, and the same sweep in two processes at once (both cores).  A lower bound of the
-machine's read bandwidth.  Decode bytes per token: every weight a decode step reads
+Memory bandwidth: a read-only sweep of a 1 GiB float32 buffer (numpy max: AVX-512 compares,
+the fastest of numpy's reductions here — sum, dot and integer sums read slower), median of 5,
+by one thread and by --threads threads in this process (each its own slice, at once: the
+decode's thread count).  A lower bound of the machine's read bandwidth.  Decode bytes per token: every weight a decode step reads
 (all layers' matmul weights, the LM head, one embedding row) plus the KV cache read by
 attention at that context (float32 K and V of every layer).  Decode tok/s from
 goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s.
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 
 import numpy as np
@@ -36,31 +36,26 @@ from kernels_matmul import cpu_ghz, peak_ops_per_cycle  # benchmarks/ is on sys.
 GIB = 2**30
 
 
-def _sweep(n_bytes: int, reps: int) -> float:
+def _sweep(a: np.ndarray, threads: int, reps: int) -> float:
+    """Read bandwidth (bytes/s) of `threads` threads each taking max() over its slice of a
+    (numpy releases the GIL in the reduction, so the slices are read at once): median of reps."""
+    parts = np.array_split(a, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.max, parts))  # touch
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            list(pool.map(np.max, parts))
+            ts.append(time.perf_counter() - t0)
+    return a.nbytes / statistics.median(ts)
+
+
+def bandwidth(n_bytes: int = GIB, reps: int = 5, threads: int = 2) -> dict:
+    """The machine's read bandwidth with one thread and with `threads` threads (the decode's
+    own thread count), streaming a buffer larger than the caches."""
     a = np.ones(n_bytes // 4, np.float32)
-    a.max()  # touch
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a.max()
-        ts.append(time.perf_counter() - t0)
-    return n_bytes / statistics.median(ts)
-
-
-def _sweep_child(n_bytes, reps, q):
-    q.put(_sweep(n_bytes, reps))
-
-
-def bandwidth(n_bytes: int = GIB, reps: int = 5) -> dict:
-    one = _sweep(n_bytes, reps)
-    q = mp.Queue()
-    ps = [mp.Process(target=_sweep_child, args=(n_bytes, reps, q)) for _ in range(2)]
-    for p in ps:
-        p.start()
-    two = sum(q.get() for _ in ps)
-    for p in ps:
-        p.join()
-    return {"one_core_GBs": one / 1e9, "two_cores_GBs": two / 1e9}
+    return {"one_core_GBs": _sweep(a, 1, reps) / 1e9, "threads": threads,
+            "threads_GBs": _sweep(a, threads, reps) / 1e9}
 
 
 def decode_bytes(model, context: int) -> dict:
@@ -103,14 +98,14 @@ def main(argv=None):
 
         a.model, a.contexts, a.prefill = str(smoke_model(tmp.name)), "64", "64"
         n_bytes, reps = 16 << 20, 1
-    bw = bandwidth(n_bytes, reps)
-    print(f"memory read bandwidth: one core {bw['one_core_GBs']:.1f} GB/s, "
-          f"two cores {bw['two_cores_GBs']:.1f} GB/s")
+    bw = bandwidth(n_bytes, reps, a.threads)
+    print(f"memory read bandwidth: one thread {bw['one_core_GBs']:.1f} GB/s, "
+          f"{a.threads} threads {bw['threads_GBs']:.1f} GB/s")
     model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
     res = {"model": str(model.path), "threads": a.threads, "variant": _config.variant(),
            "date": date.today().isoformat(),
            "load_avg_start": os.getloadavg(), "bandwidth": bw, "decode": [], "prefill": []}
-    bw_threads = bw["one_core_GBs"] if a.threads == 1 else bw["two_cores_GBs"]
+    bw_threads = bw["threads_GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
         tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 4 if a.smoke else 32,
