@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
@@ -356,6 +356,13 @@ def test_matmul_int_k_blocks(kind, M):
        G=st.integers(1, 8), wscale=st.sampled_from([1e-6, 1e-3, 1.0, 300.0]),
        xscale=st.sampled_from([1e-30, 1e-5, 1.0, 1e4, 1e30]), raw=st.booleans(),
        seed=st.integers(0, 2**32 - 1))
+# the k-quants at their boundaries: one super-block, one row, a ragged row block; the AMX tile
+# (16 rows) and one row more; GEMM tiles of 4 (q6_k) / 6 rows +1; f16-subnormal d, dmin
+@example(kind="q4_k", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=1)
+@example(kind="q5_k", M=17, n_out=17, G=2, wscale=300.0, xscale=1e-30, raw=True, seed=2)
+@example(kind="q6_k", M=16, n_out=33, G=1, wscale=1.0, xscale=1e4, raw=True, seed=3)
+@example(kind="q4_k", M=7, n_out=80, G=3, wscale=1e-3, xscale=1.0, raw=False, seed=4)
+@example(kind="q6_k", M=5, n_out=15, G=2, wscale=1e-6, xscale=1e-5, raw=True, seed=5)
 def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
     random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
@@ -436,6 +443,21 @@ def test_matmul_qk_extremes(kind, M):
         sc[::3], mn[1::3] = 0, 0
         dd = np.full((2, n_out, 2), 0.5, np.float16)
         check_matmul(x, pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1]), check_rows=M < 5)
+
+
+@pytest.mark.parametrize("kind", ["q6_k", "q4_k", "q5_k"])
+def test_matmul_k_quants_seven_threads(kind):
+    """More threads than row blocks or activation tiles (7): every share's tile still gives
+    the contract's bits, GEMV and GEMM, every variant and AMX on / off."""
+    rng = np.random.default_rng(70 + len(kind))
+    for M, n_out in [(1, 90), (1, 300), (13, 50), (40, 100)]:
+        x = make_x(rng, M, 512)
+        w = make_weight(rng, kind, n_out, 512, raw=M % 2 == 1)
+        want = emulate_matmul(ref.quantize_act(x), w)
+        for name, amx in MODES:
+            with mode(name, amx):
+                got = K.matmul(K.quantize_act(x), w, nthreads=7)
+                assert np.array_equal(got, want), (kind, M, n_out, name, amx)
 
 
 def test_qk_errors():
