@@ -185,6 +185,31 @@ GI_INLINE void qk_scales8(const uint16_t *kd, const uint8_t *kp, int s, __m256 *
                         _mm256_set1_ps(-0.0f));  /* -(dmin*mn), as C's unary minus */
 }
 
+/* qk_scales8 for both halves of a row block at once (the GEMV's unit pairs): the byte work
+   is done once for 16 rows (kd, kp: the row block's, as for half 0). */
+GI_INLINE void qk_scales8x2(const uint16_t *kd, const uint8_t *kp, int s, __m256 dv[2], __m256 mv[2]) {
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
+    __m128i sc, mn;
+    if (s < 4) {
+        sc = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + s * 16)), m6);
+        mn = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16)), m6);
+    } else {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16));
+        sc = _mm_or_si128(_mm_and_si128(h, m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + (s - 4) * 16)), 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(h, 4), m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + s * 16)), 2), m30));
+    }
+    const __m256 neg = _mm256_set1_ps(-0.0f);
+    for (int h = 0; h < 2; h++) {
+        const __m128i sch = h ? _mm_srli_si128(sc, 8) : sc, mnh = h ? _mm_srli_si128(mn, 8) : mn;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 8 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16 + 8 * h)));
+        dv[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sch)));
+        mv[h] = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnh))), neg);
+    }
+}
+
 /* q4_k / q5_k: the scales of units [u0, u1) (half row blocks), groups [g0, g1) decoded to dst
    (u1-u0, g1-g0, 2, 8) float32 (d*sc, then -(dmin*mn)): what qtile reads from w->kdec in the
    GEMM, and qgemm2 from its chunk's decoded scales. */
@@ -376,6 +401,10 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     const float *kf = w->kdec + ((u + r - w->kdec_u0) * G + g) * 16;
                     dv[r] = _mm256_loadu_ps(kf);
                     mv[r] = _mm256_loadu_ps(kf + 8);
+                    continue;
+                }
+                if (QK && RB % 2 == 0 && (u & 1) == 0) {  /* unit pairs = row blocks (the GEMV) */
+                    if ((r & 1) == 0) qk_scales8x2(wd[r] + (g >> 3) * 32, wk[r] + (g >> 3) * 192, (int)(g & 7), &dv[r], &mv[r]);
                     continue;
                 }
                 if (QK) {
