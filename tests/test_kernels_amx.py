@@ -2,7 +2,7 @@
 
 The AMX path is an accelerator of the avx512 variant's int GEMM (M >= 16 rows) and must give
 the same bits as the VNNI microkernels (docs/design/kernels.md "AMX prefill GEMM").  Each
-check computes one product with AMX on and off, 1 and 2 threads, and against
+check computes one product with AMX on and off, 1, 3 and 7 threads, and against
 `emulate_matmul` (the contract's float32 sequence replayed in NumPy).  Skipped only when the
 CPU/OS/build lacks AMX.  bind_matmul / bind_quantize_act (graph replay into row ranges of
 larger buffers) are tested in test_kernels_matmul.py on every variant, AMX included when
@@ -77,11 +77,11 @@ def test_amx_equals_vnni_and_contract(kind, M, n_out, Kd):
     qa = K.quantize_act(x)
     exact = emulate_matmul(ref.quantize_act(x), w) if M * n_out * Kd <= 64 * 100 * 2048 else None
     outs = []
-    for nt in (1, 2):
+    for nt in (1, 3, 7):
         on, off = both(qa, w, nt)
         assert np.array_equal(on, off), (kind, M, n_out, Kd, nt)
         outs.append(on)
-    assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
     if exact is not None:
         assert np.array_equal(outs[0], exact), "not the contract's bits"
     # GEMM row m == GEMV of row m alone (a sample of rows incl. the first and the tail)

@@ -1,12 +1,12 @@
 """Compiled matmul kernels (quantize_act, matmul, get_rows) against goinfer._reference.
 
-Three levels of checks, on every ISA variant the CPU supports and with 1, 2 and 3 threads:
+Three levels of checks, on every ISA variant the CPU supports and with 1, 2, 3 and 7 threads:
 
 1. Bit-exact: the kernels implement a fixed float32 operation sequence per output element
    (docs/design/kernels.md).  `emulate_matmul` below replays that sequence in NumPy with a
    correctly rounded fmaf (float64 + round-to-odd), so kernel output == emulation bit for bit.
    This implies the cross-checks the contract promises, which are also asserted directly:
-   GEMM row m == GEMV of row m alone, 1 thread == 2 threads, variants equal each other.
+   GEMM row m == GEMV of row m alone, 1 thread == 2, 3, 7 threads, variants equal each other.
 2. Tolerance vs the float64 reference (_reference.matmul): see `tolerance`.
 3. Errors: wrong dtypes / shapes / layouts raise TypeError / ValueError / IndexError.
 """
@@ -31,7 +31,7 @@ from goinfer._kernels import _config
 # the package re-exports the function `matmul`, which shadows the submodule attribute
 K = sys.modules["goinfer._kernels.matmul"]
 VARIANTS = _config.supported_variants()
-THREADS = (1, 2, 3)
+THREADS = (1, 2, 3, 7)  # 7: more threads than cores, row blocks or activation tiles
 U = 2.0**-24  # float32 unit roundoff
 
 
@@ -51,6 +51,15 @@ def _force_threads():
     old = K._set_min_ns_per_thread(0)
     yield
     K._set_min_ns_per_thread(old)
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_dispatch_follows_config(v):
+    """Forcing a variant switches the kernel table matmul calls (the variants give the same
+    bits by contract, so the outputs alone could not tell)."""
+    with variant(v):
+        assert K._variant_used() == v == _config.variant()
+    assert K._variant_used() == _config.variant()
 
 
 # ============================================================================ exact emulation

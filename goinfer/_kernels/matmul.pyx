@@ -12,7 +12,7 @@ from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
                                       swap_grain)
-from goinfer._kernels.dispatch cimport variant_table
+from goinfer._kernels.dispatch cimport table_variant, variant_table
 from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 import numpy as np
@@ -248,6 +248,12 @@ def _threads_used(w, int64_t M, nthreads):
     cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
                         check_threads(nthreads))
     return p.n_rt * p.n_mt
+
+
+def _variant_used():
+    """Name of the variant whose kernel table matmul, quantize_act and get_rows call now
+    (tests: dispatch follows _config.set_variant)."""
+    return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2, &gi_matmul_ops_avx512)
 
 
 # ============================================================================ argument records
