@@ -3,14 +3,24 @@ bandwidth, prefill matmul operations per second against the int8 dot-product pea
 
     python benchmarks/limits.py [MODEL] [--threads 2] [--contexts 64,2048] [--prefill 512,2048]
         [--json out.json]
+    python benchmarks/limits.py --bytes MODEL [MODEL ...]   # bytes per token only: no timing
     python benchmarks/limits.py --smoke     # tiny model, small buffers (the test suite)
 
-Memory bandwidth: a read-only sweep of a 1 GiB float32 buffer (numpy max: AVX-512 compares,
-the fastest of numpy's reductions here — sum, dot and integer sums read slower), median of 5,
-by one thread and by --threads threads in this process (each its own slice, at once: the
-decode's thread count).  A lower bound of the machine's read bandwidth.  Decode bytes per token: every weight a decode step reads
-(all layers' matmul weights, the LM head, one embedding row) plus the KV cache read by
-attention at that context (float32 K and V of every layer).  Decode tok/s from
+Bytes per token per file (every run, and alone with --bytes): the file's own bytes of the
+tensors a decode step reads (every matrix, the LM head, one embedding row; the whole table when
+the head is tied to it) against the bytes goinfer's decode reads for them (its repacked layout,
+decode_bytes below), per weight kind and the GGUF type it came from.  Every type goinfer loads
+as it is (Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, F16, BF16, F32) has the file's bytes per
+row block of 16 rows, so the two are equal up to rows padded to a multiple of 16; a type
+converted at load (docs/design/gguf.md) shows its conversion's cost here.  Deterministic.
+
+Memory bandwidth (read_bandwidth): a read-only sweep of a float32 buffer larger than the caches
+(numpy max: one core, vector compares, the fastest of numpy's reductions here — sum, dot and
+integer sums read slower), median of 5, in one process, and in as many processes at once as
+--threads (each its own buffer of max(256 MiB, 4 x L3 / threads)): the summed rate.  A lower
+bound of the machine's read bandwidth; peers.py --measure-bandwidth uses the same sweep.  Decode bytes per token: every weight a decode step reads
+(all layers' matmul weights in goinfer's layout, the LM head, one embedding row) plus the
+KV cache read by attention at that context (K and V of every layer in the cache's type).  Decode tok/s from
 goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s.
 
 Prefill: `goinfer.profile` times the matmul kernels of one cold prefill; int8 operations =
@@ -23,51 +33,127 @@ benchmarks/kernels_matmul.py.
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import multiprocessing as mp
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
-from datetime import date
+from pathlib import Path
 
 import numpy as np
-from kernels_matmul import cpu_ghz, peak_ops_per_cycle  # benchmarks/ is on sys.path when run as a script
 
-GIB = 2**30
-
-
-def _sweep(a: np.ndarray, threads: int, reps: int) -> float:
-    """Read bandwidth (bytes/s) of `threads` threads each taking max() over its slice of a
-    (numpy releases the GIL in the reduction, so the slices are read at once): median of reps."""
-    parts = np.array_split(a, threads)
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(np.max, parts))  # touch
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            list(pool.map(np.max, parts))
-            ts.append(time.perf_counter() - t0)
-    return a.nbytes / statistics.median(ts)
+import regime
+from kernels_matmul import cpu_ghz, peak_ops_per_cycle
 
 
-def bandwidth(n_bytes: int = GIB, reps: int = 5, threads: int = 2) -> dict:
-    """The machine's read bandwidth with one thread and with `threads` threads (the decode's
-    own thread count), streaming a buffer larger than the caches."""
+def _l3_bytes() -> int:
+    """The last-level cache's size from lscpu ("32 MiB (1 instance)"), 32 MiB if unknown."""
+    from goinfer.bench import machine
+
+    text = machine()["caches"].get("L3 cache", "")
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    try:
+        num, unit = text.split()[:2]
+        return int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        return 32 << 20
+
+
+def _sweep(n_bytes: int, reps: int) -> float:
     a = np.ones(n_bytes // 4, np.float32)
-    return {"one_core_GBs": _sweep(a, 1, reps) / 1e9, "threads": threads,
-            "threads_GBs": _sweep(a, threads, reps) / 1e9}
+    a.max()  # touch
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.max()
+        ts.append(time.perf_counter() - t0)
+    return n_bytes / statistics.median(ts)
+
+
+def _sweep_child(n_bytes, reps, q):
+    q.put(_sweep(n_bytes, reps))
+
+
+def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> dict:
+    """GB/s of `threads` processes sweeping their own buffers at once (summed); n_bytes per
+    process (default max(256 MiB, 4 x L3 / threads))."""
+    if n_bytes is None:
+        n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
+    if threads == 1:
+        rates = [_sweep(n_bytes, reps)]
+    else:
+        q = mp.Queue()
+        ps = [mp.Process(target=_sweep_child, args=(n_bytes, reps, q)) for _ in range(threads)]
+        for p in ps:
+            p.start()
+        rates = [q.get() for _ in ps]
+        for p in ps:
+            p.join()
+    return {"GBs": sum(rates) / 1e9, "processes": threads, "buffer_bytes_per_process": n_bytes,
+            "per_process_GBs": [r / 1e9 for r in rates], "reps": reps}
+
+
+def weight_bytes(model) -> dict[str, int]:
+    """Bytes of goinfer's weights a decode step reads, per kind ("q4_k from Q4_K"): every
+    matrix, the LM head, one embedding row (the whole table when the head is tied to it)."""
+    impl, cfg = model.impl, model.config
+    by_kind: dict[str, int] = {}
+    for w in impl.weights():
+        n = w.nbytes
+        if w is impl.tok_embd and impl.lm_head is not impl.tok_embd:
+            n //= cfg.vocab_size  # one embedding row
+        key = w.kind + (f" from {w.source_type}" if w.source_type else "")
+        by_kind[key] = by_kind.get(key, 0) + n
+    return by_kind
 
 
 def decode_bytes(model, context: int) -> dict:
-    impl, cfg = model.impl, model.config
-    weights = [w for w in impl.weights() if w is not impl.tok_embd]
-    w_bytes = sum(w.nbytes for w in weights)
-    if impl.lm_head is impl.tok_embd:
-        w_bytes += impl.tok_embd.nbytes  # tied: the head reads the whole table
-    else:
-        w_bytes += impl.tok_embd.nbytes // cfg.vocab_size  # one embedding row
-    kv = cfg.n_layers * context * cfg.n_kv_heads * cfg.head_dim * 2 * 4
+    w_bytes = sum(weight_bytes(model).values())
+    kv = model.cache.stats().bytes_per_token * context  # K and V of every layer, stored type
     return {"weights": w_bytes, "kv": kv, "total": w_bytes + kv}
+
+
+def file_decode_bytes(path) -> dict:
+    """The file's own bytes of what a decode step reads: every tensor of 2 or more dimensions
+    (matrices, stacked experts) but the token embedding, of which one row, or the whole table
+    when there is no output.weight (the head tied to it).  Norms and other vectors left out,
+    as decode_bytes leaves them out."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from goinfer.gguf import GGUFFile
+
+    total, per_type = 0, {}
+    with GGUFFile(str(path)) as g:
+        tied = not g.has_tensor("output.weight")
+        for name in g.tensor_names:
+            tname, shape = g.tensor_info(name)
+            if len(shape) < 2:
+                continue
+            bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+            n = int(np.prod(shape, dtype=np.int64)) * ts // bs
+            if name == "token_embd.weight" and not tied:
+                n //= shape[0]  # one row of (vocab, d)
+            total += n
+            per_type[tname] = per_type.get(tname, 0) + n
+    return {"bytes": total, "by_type": per_type, "head_tied": tied}
+
+
+def bytes_per_token(model) -> dict:
+    """Weight bytes a decode step reads: the file's against goinfer's, with goinfer's per kind."""
+    f = file_decode_bytes(model.path)
+    by_kind = weight_bytes(model)
+    mine = sum(by_kind.values())
+    return {"file": Path(model.path).name, "file_bytes": f["bytes"], "file_by_type": f["by_type"],
+            "head_tied": f["head_tied"], "goinfer_bytes": mine, "goinfer_by_kind": by_kind,
+            "goinfer_over_file": mine / f["bytes"]}
+
+
+def print_bytes(rows: list[dict]) -> None:
+    print("| file | file's bytes a decode step reads | goinfer's decode reads | ratio | goinfer's kinds |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(r["goinfer_by_kind"].items(),
+                                                                     key=lambda kv: -kv[1]))
+        print(f"| {r['file']} | {r['file_bytes'] / 1e6:.1f} MB | {r['goinfer_bytes'] / 1e6:.1f} MB | "
+              f"{r['goinfer_over_file']:.4f} | {kinds} |")
 
 
 def prefill_ops(model, tokens: int) -> float:
@@ -78,12 +164,15 @@ def prefill_ops(model, tokens: int) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default="smollm2-135m")
+    ap.add_argument("model", nargs="*", default=["smollm2-135m"],
+                    help="a model name or GGUF path (several with --bytes)")
+    ap.add_argument("--bytes", action="store_true",
+                    help="only the bytes per token of each model (no timing, no bandwidth)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="64,2048")
     ap.add_argument("--prefill", default="512,2048")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, small buffers (the test suite)")
+    regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     import tempfile
 
@@ -92,20 +181,33 @@ def main(argv=None):
     from goinfer._kernels import _config
 
     tmp = tempfile.TemporaryDirectory()
-    n_bytes, reps = GIB, 5
+    n_bytes, reps = None, 5
     if a.smoke:
-        from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+        from shapes import smoke_model
 
-        a.model, a.contexts, a.prefill = str(smoke_model(tmp.name)), "64", "64"
+        a.model, a.contexts, a.prefill = [str(smoke_model(tmp.name))], "64", "64"
         n_bytes, reps = 16 << 20, 1
-    bw = bandwidth(n_bytes, reps, a.threads)
-    print(f"memory read bandwidth: one thread {bw['one_core_GBs']:.1f} GB/s, "
-          f"{a.threads} threads {bw['threads_GBs']:.1f} GB/s")
-    model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
-    res = {"model": str(model.path), "threads": a.threads, "variant": _config.variant(),
-           "date": date.today().isoformat(),
-           "load_avg_start": os.getloadavg(), "bandwidth": bw, "decode": [], "prefill": []}
-    bw_threads = bw["threads_GBs"]
+    if a.bytes:
+        res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv), "bytes_per_token": []}
+        for name in a.model:
+            model = goinfer.Model.load(name, threads=a.threads, progress=False)
+            res["bytes_per_token"].append({**bytes_per_token(model), "model": regime.model(model.path)})
+            del model
+        print_bytes(res["bytes_per_token"])
+        tmp.cleanup()
+        return regime.finish(res, a.json)
+    if len(a.model) != 1:
+        ap.error("one model per timed run (several only with --bytes)")
+    bw = {"one_core": read_bandwidth(1, n_bytes, reps)}
+    bw["threads"] = read_bandwidth(a.threads, n_bytes, reps) if a.threads > 1 else bw["one_core"]
+    print(f"memory read bandwidth: one core {bw['one_core']['GBs']:.1f} GB/s, "
+          f"{a.threads} processes {bw['threads']['GBs']:.1f} GB/s")
+    model = goinfer.Model.load(a.model[0], threads=a.threads, progress=False)
+    res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv),
+           "model": regime.model(model.path), "bytes_per_token": [bytes_per_token(model)],
+           "bandwidth": bw, "decode": [], "prefill": []}
+    print_bytes(res["bytes_per_token"])
+    bw_threads = bw["threads"]["GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
         tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 4 if a.smoke else 32,
@@ -127,14 +229,12 @@ def main(argv=None):
         row = {"tokens": n, "tok_s": p["tok_s"], "matmul_seconds": mm,
                "matmul_share": p["matmul"]["share"], "int8_GOPs": gops, "peak_GOPs": peak}
         res["prefill"].append(row)
+        share = f"{100 * gops / peak:.0f}%" if peak else "(no peak stated)"
         print(f"prefill {n}: {p['tok_s']:.0f} tok/s, matmul {100 * p['matmul']['share']:.0f}% of "
-              f"the time at {gops:.0f} int8 GOP/s = {100 * gops / peak:.0f}% of the "
+              f"the time at {gops:.0f} int8 GOP/s = {share} of the "
               f"{peak:.0f} GOP/s peak of {_config.variant()} ({a.threads} x {ops} ops/cycle x {ghz:.2f} GHz)")
-    res["load_avg_end"] = os.getloadavg()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
     tmp.cleanup()
+    return regime.finish(res, a.json)
 
 
 if __name__ == "__main__":

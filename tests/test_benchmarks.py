@@ -11,6 +11,7 @@ would come from elsewhere."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,8 @@ import goinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
+HELPERS = {"regime.py"}  # modules the scripts share, not benchmarks
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
 PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
          "shapes.py"}
@@ -133,6 +135,79 @@ def _script(name):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _pos(x) -> bool:
+    return bool(np.isfinite(x)) and x > 0
+
+
+def _file_decode_bytes(path) -> int:
+    """gguf-py's count of the file's bytes a decode step reads (every tensor of 2 or more
+    dimensions; of the token embedding one row, the whole table when there is no output)."""
+    from gguf import GGUFReader
+
+    ts = {t.name: t for t in GGUFReader(path).tensors}
+    tied = "output.weight" not in ts
+    n = 0
+    for name, t in ts.items():
+        if len(t.shape) >= 2:  # GGUF order: (n_in, n_out[, experts]); token_embd (d, vocab)
+            b = int(t.n_bytes)
+            n += b if name != "token_embd.weight" or tied else b // int(t.shape[-1])
+    return n
+
+
+def test_limits_measures_and_counts_bytes(tmp_path, capsys):
+    """limits.py --smoke: a read bandwidth, one decode row and one prefill row with finite
+    positive rates, the regime, and bytes per token: what goinfer's decode reads equals the
+    file's own bytes of those tensors (gguf-py's count), Q4_0 as it is."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        limits = _script("limits")
+        out = tmp_path / "limits.json"
+        res = limits.main(["--smoke", "--threads", "1", "--json", str(out)])
+    finally:
+        sys.path.remove(str(BENCH))
+    assert json.loads(out.read_text())["decode"] == json.loads(json.dumps(res["decode"]))
+    reg = res["regime"]
+    assert reg["threads"] == 1 and reg["machine"]["logical_cpus"] and len(reg["load_avg_end"]) == 3
+    assert res["model"]["file"].endswith(".gguf") and res["model"]["tensor_bytes"]["Q4_0"] > 0
+    bw = res["bandwidth"]
+    assert _pos(bw["one_core"]["GBs"]) and _pos(bw["threads"]["GBs"])
+    (d,) = res["decode"]
+    assert d["context"] == 64 and _pos(d["tok_s"]) and _pos(d["GBs"]) and _pos(d["fraction_of_bandwidth"])
+    b = d["bytes_per_token"]
+    assert b["kv"] > 0 and b["weights"] > 0 and b["total"] == b["weights"] + b["kv"]
+    assert d["GBs"] == pytest.approx(b["total"] * d["tok_s"] / 1e9)
+    (p,) = res["prefill"]
+    assert p["tokens"] == 64 and _pos(p["tok_s"]) and _pos(p["int8_GOPs"]) and 0 < p["matmul_share"] <= 1
+    (t,) = res["bytes_per_token"]
+    assert t["goinfer_bytes"] == b["weights"] == t["file_bytes"], t
+    assert t["file_by_type"] == {"Q4_0": t["file_bytes"]} and t["goinfer_over_file"] == 1.0
+    assert "| file |" in capsys.readouterr().out
+
+
+def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
+    """limits.py --bytes on files of several types (no timing): goinfer's decode reads exactly
+    the file's bytes of those tensors, counted independently by gguf-py."""
+    import gguf
+    import tinymodels
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        limits = _script("limits")
+        files = []
+        for qt in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
+            model, _ = tiny("llama", 0)
+            files.append(str(tinymodels.write_gguf(model, "llama", tmp_path / f"{qt.name}.gguf", qtype=qt)))
+        res = limits.main(["--bytes", *files, "--threads", "1"])
+    finally:
+        sys.path.remove(str(BENCH))
+    assert [r["file"] for r in res["bytes_per_token"]] == ["Q4_0.gguf", "Q8_0.gguf"]
+    for f, r in zip(files, res["bytes_per_token"]):
+        assert r["file_bytes"] == _file_decode_bytes(f) and r["goinfer_bytes"] == r["file_bytes"], r
+    assert "decode" not in res and "bandwidth" not in res
+    out = capsys.readouterr().out
+    assert "Q4_0.gguf" in out and "Q8_0.gguf" in out
 
 
 @pytest.fixture(scope="module")
