@@ -372,6 +372,14 @@ def test_matmul_int_k_blocks(kind, M):
 @example(kind="q6_k", M=16, n_out=33, G=1, wscale=1.0, xscale=1e4, raw=True, seed=3)
 @example(kind="q4_k", M=7, n_out=80, G=3, wscale=1e-3, xscale=1.0, raw=False, seed=4)
 @example(kind="q6_k", M=5, n_out=15, G=2, wscale=1e-6, xscale=1e-5, raw=True, seed=5)
+# the other kinds at the same boundaries: one group / row, a ragged row block, 16 and 17 rows
+@example(kind="q4_0", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=6)
+@example(kind="q4_1", M=17, n_out=17, G=1, wscale=300.0, xscale=1e-30, raw=True, seed=7)
+@example(kind="q8_0", M=16, n_out=33, G=8, wscale=1.0, xscale=1e30, raw=True, seed=8)
+@example(kind="mxfp4", M=16, n_out=16, G=2, wscale=1e-3, xscale=1e4, raw=True, seed=9)
+@example(kind="f32", M=1, n_out=1, G=1, wscale=1.0, xscale=1e-30, raw=False, seed=10)
+@example(kind="f16", M=17, n_out=80, G=3, wscale=300.0, xscale=1e4, raw=False, seed=11)
+@example(kind="bf16", M=30, n_out=15, G=8, wscale=1e-6, xscale=1.0, raw=False, seed=12)
 def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
     random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
@@ -756,6 +764,12 @@ def test_matmul_experts(kind, E, M, n_out, Kd):
 @given(kind=st.sampled_from(KINDS), E=st.integers(1, 9), M=st.integers(0, 40),
        n_out=st.integers(1, 70), G=st.integers(1, 4), with_bias=st.booleans(),
        seed=st.integers(0, 2**32 - 1))
+# no rows at all; one expert, one row, one output; more experts than rows; AMX tiles of 16 / 17
+@example(kind="q4_k", E=9, M=0, n_out=1, G=1, with_bias=True, seed=1)
+@example(kind="q6_k", E=1, M=1, n_out=1, G=1, with_bias=False, seed=2)
+@example(kind="q5_k", E=9, M=3, n_out=17, G=2, with_bias=True, seed=3)
+@example(kind="q8_0", E=2, M=33, n_out=16, G=4, with_bias=False, seed=4)
+@example(kind="mxfp4", E=3, M=40, n_out=70, G=1, with_bias=True, seed=5)
 def test_matmul_experts_property(kind, E, M, n_out, G, with_bias, seed):
     """Any number of experts, rows (none too), splits (empty experts anywhere): each expert's
     rows carry matmul's bits on every variant, AMX on and off, and every thread count."""
