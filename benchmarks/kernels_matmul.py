@@ -5,6 +5,7 @@ one gpt-oss-20b expert shape).
                                                      [--M 1 16 64 512] [--kinds q4_0 q8_0]
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set llama-1b --M 512 2048 --kinds q4_0
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q6k-1b --M 1 512 --kinds q6_k q8_0 --clock cpu
+    PYTHONPATH=. python benchmarks/kernels_matmul.py --set q4km-1b --M 1 512 --kinds q4_k q4_1 q6_k q8_0
 
 For every (shape, kind, M, threads) it prints the median time of one matmul call (the
 activation already quantized), and
@@ -58,6 +59,15 @@ SETS = {
         ("down   8192->2048", 8192, 2048, ("q6_k", "q8_0")),
         ("output 2048->128256", 2048, 128256, ("q6_k", "q8_0")),
     ],
+    # a Q4_K_M file of Llama-3.2-1B: its k-quants as they are (q4_k, q6_k) against the kinds
+    # they used to be converted to (q4_1, and q8_0 on avx512-vnni)
+    "q4km-1b": [
+        ("qkv    2048->3072", 2048, 3072, ("q4_k", "q4_1")),
+        ("gate/up 2048->16384", 2048, 16384, ("q4_k", "q4_1")),
+        ("down   8192->2048", 8192, 2048, ("q4_k", "q4_1", "q6_k", "q8_0")),
+        ("v      2048->512", 2048, 512, ("q6_k", "q8_0")),
+        ("output 2048->128256", 2048, 128256, ("q6_k", "q8_0")),
+    ],
     "llama-8b": [
         ("qkv    4096->6144", 4096, 6144, ("q4_0", "q4_1", "q8_0")),
         ("o      4096->4096", 4096, 4096, ("q4_0", "q4_1", "q8_0")),
@@ -106,7 +116,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
-    ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k"])
+    ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k"])
     ap.add_argument("--variant", default=None)
     ap.add_argument("--set", default="smollm2", choices=sorted(SETS), help="which model's shapes")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
@@ -119,7 +129,7 @@ def main(argv=None):
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
-        args.threads, args.M, args.kinds = [1], [1, 16], ["q4_0", "q8_0", "q6_k"]
+        args.threads, args.M, args.kinds = [1], [1, 16], ["q4_0", "q8_0", "q6_k", "q4_k"]
         args.cold_mb, args.min_time = 1.0, 0.001
     if args.variant:
         _config.set_variant(args.variant)
@@ -138,7 +148,7 @@ def main(argv=None):
     SHAPES_ = SETS[args.set]
     shapes = [SHAPES_[i] for i in args.shapes] if args.shapes else SHAPES_
     if args.smoke:
-        shapes = [SHAPES_[1], ("q6_k    256->64", 256, 64, ("q6_k",))]
+        shapes = [SHAPES_[1], ("k-quants 256->64", 256, 64, ("q6_k", "q4_k"))]
     for name, n_in, n_out, kinds in shapes:
         W = rng.standard_normal((n_out, n_in)).astype(np.float32)
         for kind in kinds:

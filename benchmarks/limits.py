@@ -3,7 +3,16 @@ bandwidth, prefill matmul operations per second against the int8 dot-product pea
 
     python benchmarks/limits.py [MODEL] [--threads 2] [--contexts 64,2048] [--prefill 512,2048]
         [--json out.json]
+    python benchmarks/limits.py --bytes MODEL [MODEL ...]   # bytes per token only: no timing
     python benchmarks/limits.py --smoke     # tiny model, small buffers (the test suite)
+
+Bytes per token per file (every run, and alone with --bytes): the file's own bytes of the
+tensors a decode step reads (every matrix, the LM head, one embedding row; the whole table when
+the head is tied to it) against the bytes goinfer's decode reads for them (its repacked layout,
+weight_bytes below), per weight kind and the GGUF type it came from.  Every type goinfer loads
+as it is (Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, F16, BF16, F32) has the file's bytes per
+row block of 16 rows, so the two are equal up to rows padded to a multiple of 16; a type
+converted at load (docs/design/gguf.md) shows its conversion's cost here.  Deterministic.
 
 Memory bandwidth (read_bandwidth): a read-only sweep of a float32 buffer larger than the caches
 (numpy max: one core, vector compares, the fastest of numpy's reductions here — sum, dot and
@@ -27,6 +36,7 @@ import argparse
 import multiprocessing as mp
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -81,16 +91,69 @@ def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> d
             "per_process_GBs": [r / 1e9 for r in rates], "reps": reps}
 
 
-def decode_bytes(model, context: int) -> dict:
+def weight_bytes(model) -> dict[str, int]:
+    """Bytes of goinfer's weights a decode step reads, per kind ("q4_k from Q4_K"): every
+    matrix, the LM head, one embedding row (the whole table when the head is tied to it)."""
     impl, cfg = model.impl, model.config
-    weights = [w for w in impl.weights() if w is not impl.tok_embd]
-    w_bytes = sum(w.nbytes for w in weights)
-    if impl.lm_head is impl.tok_embd:
-        w_bytes += impl.tok_embd.nbytes  # tied: the head reads the whole table
-    else:
-        w_bytes += impl.tok_embd.nbytes // cfg.vocab_size  # one embedding row
+    by_kind: dict[str, int] = {}
+    for w in impl.weights():
+        n = w.nbytes
+        if w is impl.tok_embd and impl.lm_head is not impl.tok_embd:
+            n //= cfg.vocab_size  # one embedding row
+        key = w.kind + (f" from {w.source_type}" if w.source_type else "")
+        by_kind[key] = by_kind.get(key, 0) + n
+    return by_kind
+
+
+def decode_bytes(model, context: int) -> dict:
+    w_bytes = sum(weight_bytes(model).values())
     kv = model.cache.stats().bytes_per_token * context  # K and V of every layer, stored type
     return {"weights": w_bytes, "kv": kv, "total": w_bytes + kv}
+
+
+def file_decode_bytes(path) -> dict:
+    """The file's own bytes of what a decode step reads: every tensor of 2 or more dimensions
+    (matrices, stacked experts) but the token embedding, of which one row, or the whole table
+    when there is no output.weight (the head tied to it).  Norms and other vectors left out,
+    as decode_bytes leaves them out."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from goinfer.gguf import GGUFFile
+
+    total, per_type = 0, {}
+    with GGUFFile(str(path)) as g:
+        tied = not g.has_tensor("output.weight")
+        for name in g.tensor_names:
+            tname, shape = g.tensor_info(name)
+            if len(shape) < 2:
+                continue
+            bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
+            n = int(np.prod(shape, dtype=np.int64)) * ts // bs
+            if name == "token_embd.weight" and not tied:
+                n //= shape[0]  # one row of (vocab, d)
+            total += n
+            per_type[tname] = per_type.get(tname, 0) + n
+    return {"bytes": total, "by_type": per_type, "head_tied": tied}
+
+
+def bytes_per_token(model) -> dict:
+    """Weight bytes a decode step reads: the file's against goinfer's, with goinfer's per kind."""
+    f = file_decode_bytes(model.path)
+    by_kind = weight_bytes(model)
+    mine = sum(by_kind.values())
+    return {"file": Path(model.path).name, "file_bytes": f["bytes"], "file_by_type": f["by_type"],
+            "head_tied": f["head_tied"], "goinfer_bytes": mine, "goinfer_by_kind": by_kind,
+            "goinfer_over_file": mine / f["bytes"]}
+
+
+def print_bytes(rows: list[dict]) -> None:
+    print("| file | file's bytes a decode step reads | goinfer's decode reads | ratio | goinfer's kinds |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(r["goinfer_by_kind"].items(),
+                                                                     key=lambda kv: -kv[1]))
+        print(f"| {r['file']} | {r['file_bytes'] / 1e6:.1f} MB | {r['goinfer_bytes'] / 1e6:.1f} MB | "
+              f"{r['goinfer_over_file']:.4f} | {kinds} |")
 
 
 def prefill_ops(model, tokens: int) -> float:
@@ -101,7 +164,10 @@ def prefill_ops(model, tokens: int) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default="smollm2-135m")
+    ap.add_argument("model", nargs="*", default=["smollm2-135m"],
+                    help="a model name or GGUF path (several with --bytes)")
+    ap.add_argument("--bytes", action="store_true",
+                    help="only the bytes per token of each model (no timing, no bandwidth)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="64,2048")
     ap.add_argument("--prefill", default="512,2048")
@@ -119,15 +185,28 @@ def main(argv=None):
     if a.smoke:
         from shapes import smoke_model
 
-        a.model, a.contexts, a.prefill = str(smoke_model(tmp.name)), "64", "64"
+        a.model, a.contexts, a.prefill = [str(smoke_model(tmp.name))], "64", "64"
         n_bytes, reps = 16 << 20, 1
+    if a.bytes:
+        res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv), "bytes_per_token": []}
+        for name in a.model:
+            model = goinfer.Model.load(name, threads=a.threads, progress=False)
+            res["bytes_per_token"].append({**bytes_per_token(model), "model": regime.model(model.path)})
+            del model
+        print_bytes(res["bytes_per_token"])
+        tmp.cleanup()
+        return regime.finish(res, a.json)
+    if len(a.model) != 1:
+        ap.error("one model per timed run (several only with --bytes)")
     bw = {"one_core": read_bandwidth(1, n_bytes, reps)}
     bw["threads"] = read_bandwidth(a.threads, n_bytes, reps) if a.threads > 1 else bw["one_core"]
     print(f"memory read bandwidth: one core {bw['one_core']['GBs']:.1f} GB/s, "
           f"{a.threads} processes {bw['threads']['GBs']:.1f} GB/s")
-    model = goinfer.Model.load(a.model, threads=a.threads, progress=False)
+    model = goinfer.Model.load(a.model[0], threads=a.threads, progress=False)
     res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv),
-           "model": regime.model(model.path), "bandwidth": bw, "decode": [], "prefill": []}
+           "model": regime.model(model.path), "bytes_per_token": [bytes_per_token(model)],
+           "bandwidth": bw, "decode": [], "prefill": []}
+    print_bytes(res["bytes_per_token"])
     bw_threads = bw["threads"]["GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)

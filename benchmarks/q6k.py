@@ -10,8 +10,8 @@ Q4_K_M files").  Two measurements; the kernel speed is benchmarks/kernels_matmul
         [--prompt 512] [--decode 32] [--rounds 3] [--threads 2] [--clock wall|cpu]
 
 bytes: per GGUF type, the tensors' bytes in the file, in goinfer's layout with Q6_K as q6_k
-    (portable / avx2) and as q8_0 (avx512-vnni, and every variant before), from the tensor
-    infos (GGUFFile.native_bytes' rule).
+    (every variant) and as q8_0 (requantized), from the tensor infos (GGUFFile.native_bytes'
+    rule).
 agreement: teacher-forced top-1 agreement and logit cosine (goinfer.fidelity.compare) of the
     file run as goinfer runs it (int8 activations), Q6_K native and Q6_K requantized to q8_0,
     against REFERENCE: a float32 copy holding the file's exact values
@@ -42,7 +42,7 @@ import regime
 @contextlib.contextmanager
 def q6k_as(kind: str):
     """Load Q6_K as KIND ("q6_k": the file's codes repacked; "q8_0": requantized) with the kernel
-    variant in use, whatever that variant's own choice is (avx512-vnni requantizes by default)."""
+    variant in use, whatever that variant's own choice is (q6_k on every variant by default)."""
     from goinfer import gguf
     from goinfer._kernels import _config
 
@@ -70,7 +70,7 @@ def byte_table(path) -> list[dict]:
     from goinfer.quant import ROWS
 
     per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32,
-           "mxfp4": 17 / 32, "q6_k": 210 / 256}
+           "mxfp4": 17 / 32, "q6_k": 210 / 256, "q4_k": 144 / 256, "q5_k": 176 / 256}
     g = GGUFFile(path)
     rows: dict[str, dict] = {}
     for name in g.tensor_names:
@@ -86,7 +86,7 @@ def byte_table(path) -> list[dict]:
             continue
         padded = n_el // shape[-2] * (-(-shape[-2] // ROWS) * ROWS)
         r["native"] += int(padded * per[native_target(tname, "avx2")[0]])
-        r["q8_0"] += int(padded * per[native_target(tname, "avx512-vnni")[0]])
+        r["q8_0"] += int(padded * per["q8_0" if tname == "Q6_K" else native_target(tname, "avx2")[0]])
     out = sorted(rows.values(), key=lambda r: -r["file"])
     out.append({"type": "total", **{k: sum(r[k] for r in out) for k in ("tensors", "file", "native", "q8_0")}})
     return out

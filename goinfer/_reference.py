@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from goinfer.quant import GROUP, INT_KINDS, MXFP4_VALUES, ROWS, QAct, QWeight, e8m0_half, q6k_codes
+from goinfer.quant import GROUP, INT_KINDS, MXFP4_VALUES, ROWS, QAct, QWeight, e8m0_half, q6k_codes, qk_codes
 
 # ============================================================================ weights
 
@@ -36,6 +36,12 @@ def dequantize(w: QWeight) -> np.ndarray:
         q, sc, d = q6k_codes(w)  # (n_out, K), (n_out, K/16), (n_out, K/256)
         dsc = np.repeat(d.astype(np.float32), 16, axis=1) * sc.astype(np.float32)  # (n_out, K/16)
         vals = np.repeat(dsc, 16, axis=1) * (q.astype(np.float32) - 32.0)
+        return np.ascontiguousarray(vals, dtype=np.float32)
+    if w.kind in ("q4_k", "q5_k"):  # (d*sc) * q - dmin*mn: both products exact in float32
+        q, sc, mn, d, dmin = qk_codes(w)  # (n_out, K), (n_out, G) x 2, (n_out, K/256) x 2
+        ds = np.repeat(d.astype(np.float32), 8, axis=1) * sc.astype(np.float32)  # (n_out, G)
+        dm = np.repeat(dmin.astype(np.float32), 8, axis=1) * mn.astype(np.float32)
+        vals = np.repeat(ds, GROUP, axis=1) * q.astype(np.float32) - np.repeat(dm, GROUP, axis=1)
         return np.ascontiguousarray(vals, dtype=np.float32)
     G = w.n_in // GROUP
     d = e8m0_half(w.d) if w.kind == "mxfp4" else w.d.astype(np.float32)  # (n_rb, G, 16)
@@ -107,7 +113,7 @@ def dequantize_act(a: QAct) -> np.ndarray:
 def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
     """out (M, n_out) = x (M, K) @ W.T.
 
-    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4, q6_k) take a QAct (the activation quantized once
+    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k) take a QAct (the activation quantized once
     by quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
     """
     wd = dequantize(w).astype(np.float64)

@@ -27,16 +27,15 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from goinfer import gguf_split
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q4k_parts, q5_codes,
-                                 q6k_parts, requant_q8)
-from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_mxfp4, pack_q4, pack_q6k, pack_q8
+from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q5_codes, q6k_parts,
+                                 qk_parts, requant_q8)
+from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_mxfp4, pack_q4, pack_q6k, pack_q8, pack_qk
 
 __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "native_target"]
 
 # GGUF type name -> (native kind load_weight produces, how)
 #   "repack":     same values, bit-exact (only the memory layout changes)
 #   "exact":      a different encoding of exactly the same values
-#   "scale-f16":  same 4-bit codes, per-32 scale and min rounded to float16 (Q4_K)
 #   "requantize": dequantized to float32, then quantized to q8_0 per group of 32
 NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "F32": ("f32", "repack"),
@@ -47,9 +46,9 @@ NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "Q8_0": ("q8_0", "repack"),
     "MXFP4": ("mxfp4", "repack"),
     "Q5_0": ("q8_0", "exact"),
-    "Q4_K": ("q4_1", "scale-f16"),
+    "Q4_K": ("q4_k", "repack"),
     "Q5_1": ("q8_0", "requantize"),
-    "Q5_K": ("q8_0", "requantize"),
+    "Q5_K": ("q5_k", "repack"),
     "Q6_K": ("q6_k", "repack"),
     "Q2_K": ("q8_0", "requantize"),
     "Q3_K": ("q8_0", "requantize"),
@@ -57,14 +56,9 @@ NATIVE_TARGET: dict[str, tuple[str, str]] = {
 }
 
 # Per kernel variant, where it differs from NATIVE_TARGET (the layout cache is keyed by the
-# variant, so each variant's cache holds its own choice).  avx512-vnni: no AVX-512 q6_k
-# microkernels (its q6_k runs the AVX2 ones), while its q8_0 GEMM (VNNI, AMX) is full rate: 2.1-2.9x
-# faster, +21% whole-model prefill on a 1B Q4_K_M (+10% with AMX off), decode a tie, as
-# measured on an AVX-512 + AMX machine; so Q6_K stays requantized to q8_0 there
-# (docs/benchmarks.md, "Q6_K in Q4_K_M files", "Per variant").
-VARIANT_TARGET: dict[str, dict[str, tuple[str, str]]] = {
-    "avx512-vnni": {"Q6_K": ("q8_0", "requantize")},
-}
+# variant, so each variant's cache holds its own choice).  Every variant has microkernels for
+# every native kind (AVX-512 and AMX included), so none differs today.
+VARIANT_TARGET: dict[str, dict[str, tuple[str, str]]] = {}
 
 
 def native_target(tname: str, variant: str | None = None) -> tuple[str, str]:
@@ -246,7 +240,7 @@ class _Reader(GGUFReader):
 class ConversionRow:
     source_type: str  # GGUF type, e.g. "Q4_K"
     kind: str  # native kind, or "f32 (dense)" for load_f32
-    how: str  # repack / exact / scale-f16 / requantize / dequantize
+    how: str  # repack / exact / requantize / dequantize
     count: int = 0
     bytes_in: int = 0  # bytes in the GGUF file
     bytes_out: int = 0  # bytes of the native arrays
@@ -271,8 +265,8 @@ class ConversionSummary:
 
     @property
     def converted(self) -> list[ConversionRow]:
-        """Rows whose values changed (scale-f16, requantize); the other paths are lossless."""
-        return [r for r in self.rows if r.how in ("scale-f16", "requantize")]
+        """Rows whose values changed (requantize); the other paths are lossless."""
+        return [r for r in self.rows if r.how == "requantize"]
 
     def as_dicts(self) -> list[dict]:
         return [dict(vars(r)) for r in self.rows]
@@ -554,25 +548,24 @@ class GGUFFile:
             w = pack_float(kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname)
         else:
             w = self._convert_blocks(tname, kind, rows, n_out, n_in)
-            if how == "scale-f16" and not _finite_scales(w) and _finite_scales_src(rows, tname):
-                # float16 overflow of d*sc or dmin*mn (|scale| > 65504): fall back to q8_0
-                kind, how = "q8_0", "requantize"
-                w = self._convert_blocks(tname, kind, rows, n_out, n_in, force_requant=True)
         w.source_type = tname
         self._summary.add(tname, kind, how, rows.nbytes, w.nbytes)
         return w
 
-    def _convert_blocks(self, tname, kind, rows, n_out, n_in, force_requant=False) -> QWeight:
+    def _convert_blocks(self, tname, kind, rows, n_out, n_in) -> QWeight:
         """Quantized rows -> QWeight, processed in chunks of whole row blocks (16 rows)."""
         G = n_in // GROUP
         n_rb = (n_out + ROWS - 1) // ROWS
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
         nb = n_in // bs
-        c_int = {"q4_0": 4, "q4_1": 4, "mxfp4": 4, "q6_k": 6}.get(kind, 8)
+        c_int = {"q4_0": 4, "q4_1": 4, "mxfp4": 4, "q6_k": 6, "q4_k": 4, "q5_k": 5}.get(kind, 8)
         qs = np.empty((n_rb, G, c_int, ROWS, 4), np.int8 if kind == "q8_0" else np.uint8)
         if kind == "q6_k":
             d = np.empty((n_rb, G // 8, ROWS), np.float16)
             m = np.empty((n_rb, G, ROWS, 2), np.int8)
+        elif kind in ("q4_k", "q5_k"):
+            d = np.empty((n_rb, G // 8, 2, ROWS), np.float16)
+            m = np.empty((n_rb, G // 8, 12, ROWS), np.uint8)
         else:
             d = np.empty((n_rb, G, ROWS), np.uint8 if kind == "mxfp4" else np.float16)
             m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
@@ -580,7 +573,7 @@ class GGUFFile:
         for r0 in range(0, n_out, step):
             b = rows[r0 : r0 + step].reshape(-1, nb, ts)  # (R, nb, ts)
             R = b.shape[0]
-            part = self._convert_chunk(tname, kind, b, R, n_in, force_requant)
+            part = self._convert_chunk(tname, kind, b, R, n_in)
             rb0 = r0 // ROWS
             rb1 = rb0 + part.qs.shape[0]
             qs[rb0:rb1] = part.qs
@@ -590,9 +583,9 @@ class GGUFFile:
         return QWeight(kind, n_out, n_in, qs, d, m, tname)
 
     @staticmethod
-    def _convert_chunk(tname, kind, b, R, K, force_requant) -> QWeight:
+    def _convert_chunk(tname, kind, b, R, K) -> QWeight:
         G = K // GROUP
-        if force_requant or kind == "q8_0" and native_target(tname)[1] == "requantize":
+        if kind == "q8_0" and native_target(tname)[1] == "requantize":
             q, d = requant_q8(F32_DECODERS[tname](b).reshape(R, K))
             return pack_q8(q, d)
         if tname == "Q8_0":  # d f16, 32 int8
@@ -609,12 +602,9 @@ class GGUFFile:
             return pack_mxfp4(nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
         if tname == "Q4_1":
             return pack_q4("q4_1", nibbles32(b[..., 4:20]).reshape(R, K), f16_at(b, 0), f16_at(b, 2))
-        if tname == "Q4_K":  # per sub-block of 32: d' = f16(d*sc), m' = f16(-dmin*mn)
-            q, dsc, dmn = q4k_parts(b)
-            with np.errstate(over="ignore"):
-                d16 = dsc.reshape(R, G).astype(np.float16)
-                m16 = (-dmn).reshape(R, G).astype(np.float16)
-            return pack_q4("q4_1", q.reshape(R, K), d16, m16)
+        if tname in ("Q4_K", "Q5_K"):  # the same codes, packed scales and mins, d and dmin
+            q, scm, d, dmin = qk_parts(b, 4 if tname == "Q4_K" else 5)
+            return pack_qk(kind, q.reshape(R, K), scm, d, dmin)
         raise AssertionError(tname)
 
     def native_bytes(self) -> int:
@@ -633,7 +623,8 @@ class GGUFFile:
             kind = native_target(tname)[0]
             padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
             per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                   "q8_0": 34 / 32, "mxfp4": 17 / 32, "q6_k": 210 / 256}[kind]
+                   "q8_0": 34 / 32, "mxfp4": 17 / 32, "q6_k": 210 / 256, "q4_k": 144 / 256,
+                   "q5_k": 176 / 256}[kind]
             total += int(n_mat * padded * per)
         return total
 
@@ -675,17 +666,6 @@ class GGUFFile:
         parts = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
         return (f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
                 f"{len(self.tensor_names)} tensors{parts})")
-
-
-def _finite_scales(w: QWeight) -> bool:
-    return bool(np.isfinite(w.d).all() and (w.m is None or np.isfinite(w.m).all()))
-
-
-def _finite_scales_src(rows: np.ndarray, tname: str) -> bool:
-    """Are the float16 super-block scales of a Q4_K tensor all finite (so any inf came from us)?"""
-    bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
-    b = rows.reshape(rows.shape[0], -1, ts)
-    return bool(np.isfinite(f16_at(b, 0)).all() and np.isfinite(f16_at(b, 2)).all())
 
 
 if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion summary

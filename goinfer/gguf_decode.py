@@ -2,6 +2,7 @@
 
     vals = F32_DECODERS["Q4_K"](b)      # raw blocks uint8 (R, nb, 144) -> float32 (R, nb * 256)
     q, sc, d = q6k_parts(b)             # the exact codes and scales, for the repack paths
+    q, scm, d, dmin = qk_parts(b, 5)    # Q5_K (Q4_K: 4): codes, packed scales/mins, d, dmin
     q, d = requant_q8(x)                # float32 (R, K) -> int8 codes (R, K), float16 scales (R, K/32)
 
 The formulas of every type are in docs/design/gguf.md ("Conversions"); goinfer/gguf.py uses these
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from goinfer.quant import GROUP, MXFP4_VALUES, e8m0_half
+from goinfer.quant import GROUP, MXFP4_VALUES, e8m0_half, unpack_scale_min
 
 __all__ = ["QK_K", "F32_DECODERS", "PLAIN_DTYPES", "f16_at", "nibbles32", "q5_codes", "q4k_parts",
-           "q6k_parts", "requant_q8"]
+           "qk_parts", "q6k_parts", "requant_q8"]
 
 QK_K = 256  # super-block size of the k-quants
 
@@ -42,23 +43,26 @@ def q5_codes(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
     return nibbles32(b[..., qs_at : qs_at + 16]) | (hi << 4)
 
 
-def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (Q4_K/Q5_K): (R, nb, 12) -> 2 x (R, nb, 8)."""
-    a, m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([a & 63, (hi & 15) | ((a >> 6) << 4)], axis=-1)
-    mn = np.concatenate([m & 63, (hi >> 4) | ((m >> 6) << 4)], axis=-1)
-    return sc, mn
+def qk_parts(b: np.ndarray, bits: int):
+    """Q4_K (bits 4) / Q5_K (bits 5) -> codes (R, nb, 256) uint8 in element order, packed scales
+    and mins (R, nb, 12) uint8 (as stored), d, dmin (R, nb) float16."""
+    # Q4_K: d (0:2), dmin (2:4), scales (4:16), qs (16:144); Q5_K: qh (16:48) before qs (48:176)
+    at = 16 if bits == 4 else 48
+    qs = b[..., at:at + 128].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
+    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))  # sub-block 2c + half
+    if bits == 5:  # bit s of qh[l] is the 5th bit of sub-block s, element l
+        qh = b[..., 16:48]
+        q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
+    return (q.reshape(b.shape[:-1] + (256,)), np.ascontiguousarray(b[..., 4:16]), f16_at(b, 0),
+            f16_at(b, 2))
 
 
 def q4k_parts(b: np.ndarray):
     """Q4_K -> codes (R, nb, 8, 32) uint8, d*sc (R, nb, 8) f32, dmin*mn (R, nb, 8) f32."""
-    d = f16_at(b, 0).astype(np.float32)[..., None]
-    dmin = f16_at(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2)  # (R, nb, 4, 2, 32): sub-block 2c + half
-    q = q.reshape(b.shape[:-1] + (8, 32))
-    return q, d * sc.astype(np.float32), dmin * mn.astype(np.float32)
+    q, scm, d, dmin = qk_parts(b, 4)
+    sc, mn = unpack_scale_min(scm)
+    return (q.reshape(b.shape[:-1] + (8, 32)), d.astype(np.float32)[..., None] * sc.astype(np.float32),
+            dmin.astype(np.float32)[..., None] * mn.astype(np.float32))
 
 
 def _f32_q4_0(b):
@@ -128,16 +132,11 @@ def _f32_q4_k(b):
 
 
 def _f32_q5_k(b):
-    # d (0:2), dmin (2:4), scales (4:16), qh (16:48), qs (48:176)
-    d = f16_at(b, 0).astype(np.float32)[..., None]
-    dmin = f16_at(b, 2).astype(np.float32)[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))
-    qh = b[..., 16:48]  # bit s of qh[l] is the 5th bit of sub-block s, element l
-    q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
-    dsc = (d * sc.astype(np.float32))[..., None]
-    dmn = (dmin * mn.astype(np.float32))[..., None]
+    q, scm, d, dmin = qk_parts(b, 5)
+    sc, mn = unpack_scale_min(scm)
+    dsc = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
+    dmn = (dmin.astype(np.float32)[..., None] * mn.astype(np.float32))[..., None]
+    q = q.reshape(b.shape[:-1] + (8, 32))
     return (dsc * q.astype(np.float32) - dmn).reshape(b.shape[:-1] + (QK_K,))
 
 

@@ -10,6 +10,9 @@ docs/design/kernels.md).  Rows are grouped in row blocks of ROWS=16 output rows
     mxfp4 value = KV[code] * 2^(e-128) qs uint8 (n_rb, G, 4, 16, 4), d uint8 (n_rb, G, 16): e
     q6_k  value = d * sc * (q - 32)    qs uint8 (n_rb, G, 6, 16, 4), d float16 (n_rb, G/8, 16),
                                        m int8 (n_rb, G, 16, 2): sc
+    q4_k  value = d*sc * q - dmin*mn   qs uint8 (n_rb, G, 4, 16, 4), d float16 (n_rb, G/8, 2, 16):
+                                       d, dmin; m uint8 (n_rb, G/8, 12, 16): packed sc, mn
+    q5_k  as q4_k, q 0..31             qs uint8 (n_rb, G, 5, 16, 4), d and m as q4_k
     f32 / f16 / bf16                   qs (n_rb, K, 16) float32 / float16 / uint16 (bf16 bits)
 
 mxfp4 is the OCP microscaling FP4 of GGUF type MXFP4 (gpt-oss): 4-bit e2m1 codes (sign bit 3)
@@ -30,6 +33,15 @@ of the code of k = 16 + 4(2p) + j (low nibble) and of k = 16 + 4(2p+1) + j (high
 the first 16 codes unpack with one AND and the other 16 with a few shifts and masks.  ``m``
 holds the int8 scales: [rb, g, r, s] is the scale of row rb*16+r at k = g*32 + 16s .. +15.
 6.5625 bits per weight, as in the GGUF.
+
+q4_k and q5_k are GGUF's Q4_K and Q5_K as they are: 4-bit (5-bit) codes q, per super-block of
+256 values a float16 ``d`` and ``dmin`` and, per sub-block of 32 (one group), a 6-bit scale
+``sc`` and a 6-bit min ``mn``, packed in 12 bytes as GGUF packs them (``pack_scale_min``).
+The value is (d*sc) * q - dmin*mn; both products are exact in float32.  qs lines 0..3 are q4's
+(the low 4 bits of each code); q5_k's line 4, byte [r, j], holds bit 4 of the code of
+k = 4c + j in bit c and of k = 16 + 4c + j in bit 4 + c (c = 0..3).  ``d`` [rb, b, 0, r] is the
+d of row rb*16+r in super-block b, [rb, b, 1, r] its dmin; ``m`` [rb, b, i, r] is packed byte i
+of that row and super-block.  4.5 (5.5) bits per weight, as in the GGUF.
 """
 from __future__ import annotations
 
@@ -39,8 +51,9 @@ import numpy as np
 
 GROUP = 32
 ROWS = 16
-INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k")
-QK_K = 256  # q6_k: values per super-block (one d)
+INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k")
+K_KINDS = ("q6_k", "q4_k", "q5_k")  # n_in in whole super-blocks of QK_K
+QK_K = 256  # k-quants: values per super-block (one d)
 FLOAT_KINDS = ("f32", "f16", "bf16")
 KINDS = INT_KINDS + FLOAT_KINDS
 
@@ -180,6 +193,73 @@ def q6k_codes(w: QWeight):
     return q[: w.n_out], sc[: w.n_out], d[: w.n_out]
 
 
+def pack_scale_min(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """8 six-bit scales and 8 six-bit mins -> GGUF's 12 packed bytes: (..., 8) x 2 -> (..., 12).
+
+    Bytes 0..3: sc[0..3] | top 2 bits of sc[4..7] << 6; 4..7: mn[0..3] | top 2 bits of mn[4..7]
+    << 6; 8..11: low 4 bits of sc[4..7] | low 4 bits of mn[4..7] << 4."""
+    sc = np.asarray(sc, np.uint8)
+    mn = np.asarray(mn, np.uint8)
+    a = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    b = (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6)
+    c = (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)
+    return np.concatenate([a, b, c], axis=-1).astype(np.uint8)
+
+
+def unpack_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins: (..., 12) -> 2 x (..., 8)."""
+    a, m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([a & 63, (hi & 15) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([m & 63, (hi >> 4) | ((m >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def pack_qk(kind: str, q: np.ndarray, scm: np.ndarray, d: np.ndarray, dmin: np.ndarray,
+            source_type: str = "") -> QWeight:
+    """q4_k / q5_k: q (n_out, K) uint8 codes (0..15 / 0..31), scm (n_out, K/256, 12) uint8 packed
+    scales and mins (pack_scale_min), d, dmin (n_out, K/256) float16 -> QWeight."""
+    assert kind in ("q4_k", "q5_k")
+    n_out, K = q.shape
+    if K % QK_K:
+        raise ValueError(f"{kind} weights need n_in divisible by {QK_K}, got {K}")
+    q = np.asarray(q, np.uint8)
+    w = pack_q4("q4_0", q & 15, np.zeros((n_out, K // GROUP), np.float16))
+    n_rb, G, nb = w.n_rb, K // GROUP, K // QK_K
+    qs = w.qs
+    if kind == "q5_k":  # line 4: bit c <- bit 4 of k = 4c + j, bit 4 + c <- of k = 16 + 4c + j
+        t = (_pad_rows(q, n_rb) >> 4).reshape(n_rb, ROWS, G, 2, 4, 4).astype(np.uint8)
+        t = t.transpose(0, 2, 4, 1, 5, 3)  # (rb, g, c, r, j, half)
+        sh = (np.arange(4, dtype=np.uint8)[:, None, None, None] + 4 * np.arange(2, dtype=np.uint8))
+        bits = (t << sh).sum(axis=(2, 5), dtype=np.uint16).astype(np.uint8)  # (rb, g, r, j)
+        qs = np.ascontiguousarray(np.concatenate([qs, bits[:, :, None]], axis=2))
+    dd = np.stack([_pad_rows(np.asarray(d, np.float16), n_rb), _pad_rows(np.asarray(dmin, np.float16), n_rb)],
+                  axis=1)  # (n_rb*16, 2, nb)
+    dd = np.ascontiguousarray(dd.reshape(n_rb, ROWS, 2, nb).transpose(0, 3, 2, 1))
+    ss = _pad_rows(np.asarray(scm, np.uint8).reshape(n_out, nb, 12), n_rb)
+    ss = np.ascontiguousarray(ss.reshape(n_rb, ROWS, nb, 12).transpose(0, 2, 3, 1))
+    return QWeight(kind, n_out, K, qs, dd, ss, source_type)
+
+
+def qk_codes(w: QWeight):
+    """A q4_k / q5_k QWeight -> q (n_out, K) uint8 codes, sc, mn (n_out, K/32) uint8,
+    d, dmin (n_out, K/256) float16."""
+    n_rb, G = w.qs.shape[:2]
+    b = w.qs.reshape(n_rb, G, -1, ROWS, 4)
+    x = b[:, :, :4].transpose(0, 3, 1, 2, 4).reshape(n_rb * ROWS, G, 16)  # (row, g, c*4+j)
+    q = np.concatenate([x & 15, x >> 4], axis=2)  # (row, g, 32)
+    if w.kind == "q5_k":
+        h = b[:, :, 4].transpose(0, 2, 1, 3)  # (rb, r, g, j)
+        sh = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (half, c, j): bit 4*half + c
+        hb = (h[:, :, :, None, None, :] >> sh) & 1  # (rb, r, g, half, c, j)
+        q = q | (hb.reshape(n_rb * ROWS, G, 32) << 4)
+    q = q.reshape(n_rb * ROWS, G * GROUP)
+    scm = w.m.transpose(0, 3, 1, 2).reshape(n_rb * ROWS, G // 8, 12)
+    sc, mn = unpack_scale_min(scm)
+    d = w.d.transpose(0, 3, 2, 1).reshape(n_rb * ROWS, 2, G // 8)
+    n = w.n_out
+    return (q[:n], sc.reshape(-1, G)[:n], mn.reshape(-1, G)[:n], d[:n, 0], d[:n, 1])
+
+
 def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
     """q (n_out, K) int8, d (n_out, G) float16 -> QWeight q8_0."""
     n_out, K = q.shape
@@ -271,6 +351,24 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
             q = np.where(eff[..., None] > 0, np.rint(w16 / eff[..., None]) + 32, 32)
         q = np.clip(q, 0, 63).astype(np.uint8).reshape(n_out, K)
         return pack_q6k(q, sc, d, source_type)
+    if kind in ("q4_k", "q5_k"):  # a simple rule (not llama.cpp's search): per 32 min/max, 6-bit sc, mn
+        if K % QK_K:
+            raise ValueError(f"{kind} weights need n_in divisible by {QK_K}, got {K}")
+        nq = 15 if kind == "q4_k" else 31
+        lo = np.minimum(wg.min(axis=2), 0.0)  # (n_out, G)
+        scale = (wg.max(axis=2) - lo) / nq
+        sb = lambda a: a.reshape(n_out, K // QK_K, 8)  # noqa: E731  (super-block, sub-block)
+        d = (sb(scale).max(axis=2) / 63).astype(np.float16)  # (n_out, K/256)
+        dmin = (sb(-lo).max(axis=2) / 63).astype(np.float16)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(d[..., None] > 0, np.rint(sb(scale) / d.astype(np.float32)[..., None]), 0)
+            mn = np.where(dmin[..., None] > 0, np.rint(sb(-lo) / dmin.astype(np.float32)[..., None]), 0)
+            sc, mn = sc.clip(0, 63).astype(np.uint8), mn.clip(0, 63).astype(np.uint8)
+            ds = (d.astype(np.float32)[..., None] * sc).reshape(n_out, G)
+            dm = (dmin.astype(np.float32)[..., None] * mn).reshape(n_out, G)
+            q = np.where(ds[..., None] > 0, np.rint((wg + dm[..., None]) / ds[..., None]), 0)
+        q = np.clip(q, 0, nq).astype(np.uint8).reshape(n_out, K)
+        return pack_qk(kind, q, pack_scale_min(sc, mn), d, dmin, source_type)
     raise ValueError(f"unknown weight kind {kind!r}; known: {', '.join(KINDS)}")
 
 

@@ -197,11 +197,58 @@ def check_kernels_ssm(res):
 
 
 def check_limits(res):
+    """A read bandwidth, one decode row and one prefill row with finite positive rates, and
+    bytes per token: what goinfer's decode reads equals the file's own bytes of those tensors,
+    Q4_0 as it is (gguf-py's count in test_limits_bytes_equal_the_files)."""
     assert _pos(res["bandwidth"]["one_core"]["GBs"]) and _pos(res["bandwidth"]["threads"]["GBs"])
+    assert res["model"]["tensor_bytes"]["Q4_0"] > 0
     (d,) = res["decode"]
-    assert _pos(d["tok_s"]) and _pos(d["fraction_of_bandwidth"]) and d["bytes_per_token"]["kv"] > 0
+    assert d["context"] == 64 and _pos(d["tok_s"]) and _pos(d["fraction_of_bandwidth"])
+    b = d["bytes_per_token"]
+    assert b["kv"] > 0 and b["weights"] > 0 and b["total"] == b["weights"] + b["kv"]
+    assert d["GBs"] == pytest.approx(b["total"] * d["tok_s"] / 1e9)
     (p,) = res["prefill"]
-    assert _pos(p["int8_GOPs"]) and 0 < p["matmul_share"] <= 1
+    assert p["tokens"] == 64 and _pos(p["tok_s"]) and _pos(p["int8_GOPs"])
+    assert 0 < p["matmul_share"] <= 1
+    (t,) = res["bytes_per_token"]
+    assert t["goinfer_bytes"] == b["weights"] == t["file_bytes"], t
+    assert t["file_by_type"] == {"Q4_0": t["file_bytes"]} and t["goinfer_over_file"] == 1.0
+
+
+def _file_decode_bytes(path) -> int:
+    """gguf-py's count of the file's bytes a decode step reads (every tensor of 2 or more
+    dimensions; of the token embedding one row, the whole table when there is no output)."""
+    from gguf import GGUFReader
+
+    ts = {t.name: t for t in GGUFReader(path).tensors}
+    tied = "output.weight" not in ts
+    n = 0
+    for name, t in ts.items():
+        if len(t.shape) >= 2:  # GGUF order: (n_in, n_out[, experts]); token_embd (d, vocab)
+            b = int(t.n_bytes)
+            n += b if name != "token_embd.weight" or tied else b // int(t.shape[-1])
+    return n
+
+
+def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
+    """limits.py --bytes on files of several types (no timing): goinfer's decode reads exactly
+    the file's bytes of those tensors, counted independently by gguf-py."""
+    import gguf
+    import limits
+    import tinymodels
+
+    files = []
+    for qt in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
+        model, _ = tiny("llama", 0)
+        files.append(str(tinymodels.write_gguf(model, "llama", tmp_path / f"{qt.name}.gguf",
+                                               qtype=qt)))
+    res = limits.main(["--bytes", *files, "--threads", "1"])
+    assert [r["file"] for r in res["bytes_per_token"]] == ["Q4_0.gguf", "Q8_0.gguf"]
+    for f, r in zip(files, res["bytes_per_token"]):
+        assert r["file_bytes"] == _file_decode_bytes(f) and r["goinfer_bytes"] == r["file_bytes"], r
+    assert "decode" not in res and "bandwidth" not in res
+    out = capsys.readouterr().out
+    assert "Q4_0.gguf" in out and "Q8_0.gguf" in out
 
 
 def check_memory(res):

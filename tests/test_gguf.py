@@ -143,15 +143,6 @@ def test_load_weight_matches_reference(tmp_path, qtype, shape):
     if how in ("repack", "exact"):
         # same values, bit for bit
         np.testing.assert_array_equal(got, ref)
-    elif how == "scale-f16":
-        # Q4_K -> q4_1: got = f16(d*sc)*q + f16(-dmin*mn); each float16 rounding is within
-        # 2^-11 relative (normal range), q <= 15, plus a few float32 roundings.
-        b = raw.reshape(n_out, n_in // 256, 144)
-        d = b[..., 0:2].copy().view("<f2").astype(np.float64)
-        dmin = b[..., 2:4].copy().view("<f2").astype(np.float64)
-        bound = (15 * np.abs(d) * 63 + np.abs(dmin) * 63)  # |d*sc|*15 + |dmin*mn| <= this
-        tol = np.repeat(bound[..., 0], 256, axis=1) * (2**-11 + 2**-21)
-        assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
     else:
         # requantized to q8_0 per 32: d = f16(amax/127) (within 2^-11 of amax/127), codes
         # rint(x/d) clipped to +-127: |err| <= d/2 <= amax/254 * (1 + 2^-11), plus float32
@@ -285,16 +276,18 @@ def test_non_finite_scales_are_data(tmp_path):
             g.load_f32(name)
 
 
-def test_q4_k_overflowing_scales_fall_back_to_q8_0(tmp_path):
-    # d * sc > 65504 cannot be a float16 q4_1 scale: converted by requantization instead
+def test_k_quants_with_large_scales_load_exactly(tmp_path):
+    """d*sc above the float16 range (65504) is no problem: the kernels form d*sc in float32,
+    so Q4_K / Q5_K load as they are (no float16 scale to overflow) and match gguf-py."""
     rng = np.random.default_rng(8)
-    raw = random_blocks(T.Q4_K, 16, 256, rng, scale_lo=3000, scale_hi=4000)
-    g = GGUFFile(write_gguf(tmp_path / "t.gguf", {"w": (raw, T.Q4_K)}))
-    w = g.load_weight("w")
-    assert w.kind == "q8_0" and w.source_type == "Q4_K"
-    ref = reference(T.Q4_K, raw, 16, 256)
-    assert np.isfinite(dequantize(w)).all()
-    np.testing.assert_allclose(dequantize(w), ref, rtol=0, atol=np.abs(ref).max() / 200)
+    for qt, kind in ((T.Q4_K, "q4_k"), (T.Q5_K, "q5_k")):
+        raw = random_blocks(qt, 16, 256, rng, scale_lo=3000, scale_hi=4000)
+        g = GGUFFile(write_gguf(tmp_path / f"{kind}.gguf", {"w": (raw, qt)}))
+        w = g.load_weight("w")
+        assert (w.kind, w.source_type) == (kind, qt.name)
+        ref = reference(qt, raw, 16, 256)
+        assert np.isfinite(ref).all() and np.abs(ref).max() > 65504
+        np.testing.assert_array_equal(dequantize(w), ref)
 
 
 def test_unsupported_type_is_typed(tmp_path):
@@ -322,24 +315,23 @@ def test_conversion_summary(tmp_path):
         g.load_weight(n)
     g.load_f32("n")
     rows = {(r["source_type"], r["kind"]): r for r in g.conversion_summary().as_dicts()}
-    assert rows[("Q4_K", "q4_1")]["count"] == 2
-    assert rows[("Q4_K", "q4_1")]["bytes_in"] == 48 * 144
-    kind6, how6 = native_target("Q6_K")  # q6_k as it is; q8_0 on avx512-vnni
-    assert rows[("Q6_K", kind6)]["how"] == how6
+    assert rows[("Q4_K", "q4_k")]["count"] == 2
+    assert rows[("Q4_K", "q4_k")]["bytes_in"] == 48 * 144 == rows[("Q4_K", "q4_k")]["bytes_out"]
+    assert rows[("Q6_K", "q6_k")]["how"] == "repack"
     assert rows[("F32", "f32 (dense)")]["bytes_out"] == 1024
     text = str(g.conversion_summary())
-    assert "Q4_K" in text and "q4_1" in text and "total" in text
-    assert {r.source_type for r in g.conversion_summary().converted} == {"Q4_K"} | ({"Q6_K"} if how6 != "repack" else set())
+    assert "Q4_K" in text and "q4_k" in text and "total" in text
+    assert not g.conversion_summary().converted  # every k-quant as it is
 
 
 def test_native_target_per_variant():
-    """Q6_K loads as q6_k (the file's values) on portable and avx2, as q8_0 on avx512-vnni (no
-    AVX-512 q6_k microkernels; its q8_0 GEMM is full rate); every other type the same everywhere."""
-    assert native_target("Q6_K", "portable") == native_target("Q6_K", "avx2") == ("q6_k", "repack")
-    assert native_target("Q6_K", "avx512-vnni") == ("q8_0", "requantize")
+    """The k-quants a Q4_K_M / Q5_K_M file holds load as they are on every variant (each has
+    q4_k, q5_k and q6_k microkernels), so the weights a decode step reads are the file's bytes."""
+    for t, kind in (("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k")):
+        for v in ("portable", "avx2", "avx512-vnni"):
+            assert native_target(t, v) == (kind, "repack"), (t, v)
     for t in NATIVE_TARGET:
-        if t != "Q6_K":
-            assert native_target(t, "avx512-vnni") == native_target(t, "avx2") == NATIVE_TARGET[t]
+        assert native_target(t, "avx512-vnni") == native_target(t, "avx2") == NATIVE_TARGET[t]
 
 
 # ============================================================================ metadata

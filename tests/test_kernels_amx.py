@@ -2,7 +2,7 @@
 
 The AMX path is an accelerator of the avx512 variant's int GEMM (M >= 16 rows) and must give
 the same bits as the VNNI microkernels (docs/design/kernels.md "AMX prefill GEMM").  Each
-check computes one product with AMX on and off, 1 and 2 threads, and against
+check computes one product with AMX on and off, 1, 3 and 7 threads, and against
 `emulate_matmul` (the contract's float32 sequence replayed in NumPy).  Skipped only when the
 CPU/OS/build lacks AMX.  bind_matmul / bind_quantize_act (graph replay into row ranges of
 larger buffers) are tested in test_kernels_matmul.py on every variant, AMX included when
@@ -21,7 +21,7 @@ import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
 from goinfer._kernels import _config
 
-from test_kernels_matmul import emulate_matmul, make_weight, make_x
+from test_kernels_matmul import emulate_matmul, kdim, make_weight, make_x
 
 K = sys.modules["goinfer._kernels.matmul"]
 
@@ -66,21 +66,22 @@ SHAPES = [(16, 16, 32), (16, 7, 64), (17, 33, 96), (31, 48, 576), (32, 40, 1536)
 
 
 @needs_amx
-@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0", "q6_k", "q4_k", "q5_k"])
 @pytest.mark.parametrize("M,n_out,Kd", SHAPES)
 def test_amx_equals_vnni_and_contract(kind, M, n_out, Kd):
     rng = np.random.default_rng(M * 7919 + n_out * 31 + Kd)
+    Kd = kdim(kind, Kd)  # the k-quants: whole super-blocks of 256
     raw = (M + Kd) % 2 == 0  # every field random bits in range (extreme int sums) on half
     w = make_weight(rng, kind, n_out, Kd, raw=raw)
     x = make_x(rng, M, Kd)
     qa = K.quantize_act(x)
     exact = emulate_matmul(ref.quantize_act(x), w) if M * n_out * Kd <= 64 * 100 * 2048 else None
     outs = []
-    for nt in (1, 2):
+    for nt in (1, 3, 7):
         on, off = both(qa, w, nt)
         assert np.array_equal(on, off), (kind, M, n_out, Kd, nt)
         outs.append(on)
-    assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
     if exact is not None:
         assert np.array_equal(outs[0], exact), "not the contract's bits"
     # GEMM row m == GEMV of row m alone (a sample of rows incl. the first and the tail)

@@ -1,12 +1,12 @@
 """Compiled matmul kernels (quantize_act, matmul, get_rows) against goinfer._reference.
 
-Three levels of checks, on every ISA variant the CPU supports and with 1, 2 and 3 threads:
+Three levels of checks, on every ISA variant the CPU supports and with 1, 2, 3 and 7 threads:
 
 1. Bit-exact: the kernels implement a fixed float32 operation sequence per output element
    (docs/design/kernels.md).  `emulate_matmul` below replays that sequence in NumPy with a
    correctly rounded fmaf (float64 + round-to-odd), so kernel output == emulation bit for bit.
    This implies the cross-checks the contract promises, which are also asserted directly:
-   GEMM row m == GEMV of row m alone, 1 thread == 2 threads, variants equal each other.
+   GEMM row m == GEMV of row m alone, 1 thread == 2, 3, 7 threads, variants equal each other.
 2. Tolerance vs the float64 reference (_reference.matmul): see `tolerance`.
 3. Errors: wrong dtypes / shapes / layouts raise TypeError / ValueError / IndexError.
 """
@@ -18,19 +18,20 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight, e8m0_half,
-                           pack_mxfp4, pack_q4, pack_q6k, pack_q8, q6k_codes, quantize_weight)
+from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, K_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight,
+                           e8m0_half, pack_mxfp4, pack_q4, pack_q6k, pack_q8, pack_qk, pack_scale_min, q6k_codes,
+                           qk_codes, quantize_weight)
 from goinfer._kernels import _config
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
 K = sys.modules["goinfer._kernels.matmul"]
 VARIANTS = _config.supported_variants()
-THREADS = (1, 2, 3)
+THREADS = (1, 2, 3, 7)  # 7: more threads than cores, row blocks or activation tiles
 U = 2.0**-24  # float32 unit roundoff
 
 
@@ -50,6 +51,15 @@ def _force_threads():
     old = K._set_min_ns_per_thread(0)
     yield
     K._set_min_ns_per_thread(old)
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_dispatch_follows_config(v):
+    """Forcing a variant switches the kernel table matmul calls (the variants give the same
+    bits by contract, so the outputs alone could not tell)."""
+    with variant(v):
+        assert K._variant_used() == v == _config.variant()
+    assert K._variant_used() == _config.variant()
 
 
 # ============================================================================ exact emulation
@@ -104,6 +114,18 @@ def emulate_matmul(x, w: QWeight) -> np.ndarray:
             assert np.abs(isum).max(initial=0) < 2**24  # exact in float32
             acc = fmaf(isum.astype(np.float32), d[None, :, g // 8].astype(np.float32) * x.da[:, g, None], acc)
         return acc
+    if w.kind in ("q4_k", "q5_k"):  # isum of the codes; fmaf(isum, (d*sc)*da); fmaf(-(dmin*mn), sa)
+        q, sc, mn, d, dmin = qk_codes(w)
+        qa = x.qa.astype(np.int64)
+        acc = np.zeros((x.qa.shape[0], w.n_out), np.float32)
+        for g in range(w.n_in // GROUP):
+            sl = slice(g * GROUP, (g + 1) * GROUP)
+            isum = qa[:, sl] @ q[:, sl].T.astype(np.int64)
+            ds = d[:, g // 8].astype(np.float32) * sc[:, g].astype(np.float32)  # exact
+            dm = dmin[:, g // 8].astype(np.float32) * mn[:, g].astype(np.float32)  # exact
+            acc = fmaf(isum.astype(np.float32), ds[None, :] * x.da[:, g, None], acc)
+            acc = fmaf(-dm[None, :], x.sa[:, g, None], acc)
+        return acc
     if w.kind in FLOAT_KINDS:
         wd = ref.dequantize(w)  # exact float32 weights (n_out, K)
         acc = np.zeros((x.shape[0], w.n_out), np.float32)
@@ -139,14 +161,14 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     exact integer sum (|isum| <= 32*128*127) multiplies."""
     wd = ref.dequantize(w).astype(np.float64)
     S = np.abs(xd) @ np.abs(wd).T
-    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind == "q4_1" else 1)
+    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k") else 1)
     isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
     return (n + 8) * U * S + (n + 8) * isum_max * 2.0**-149
 
 
 def kdim(kind, Kd):
-    """Kd for a kind: q6_k needs whole super-blocks of 256 (rounded up)."""
-    return -(-Kd // QK_K) * QK_K if kind == "q6_k" else Kd
+    """Kd for a kind: the k-quants need whole super-blocks of 256 (rounded up)."""
+    return -(-Kd // QK_K) * QK_K if kind in K_KINDS else Kd
 
 
 def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
@@ -163,6 +185,14 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
         sc = rng.integers(-128, 128, (n_out, n_in // 16)).astype(np.int8)
         sc.flat[:2] = [-128, 127][: sc.size]
         return pack_q6k(q, sc, (rng.uniform(-1, 1, (n_out, n_in // QK_K)) * scale).astype(np.float16))
+    if kind in ("q4_k", "q5_k"):  # every code, 6-bit scale and min (0 and 63 included), d, dmin
+        nb = n_in // QK_K
+        q = rng.integers(0, 16 if kind == "q4_k" else 32, (n_out, n_in)).astype(np.uint8)
+        q.flat[:2] = [0, 15 if kind == "q4_k" else 31][: q.size]
+        sc, mn = rng.integers(0, 64, (2, n_out, nb, 8)).astype(np.uint8)
+        sc.flat[:2], mn.flat[:2] = [0, 63][: sc.size], [63, 0][: mn.size]
+        dd = (rng.uniform(-1, 1, (2, n_out, nb)) * scale).astype(np.float16)
+        return pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1])
     if kind == "mxfp4":  # exponents around 2^(log2 scale), a few at the extremes
         e = np.clip(np.rint(np.log2(scale)) + 128 + rng.integers(-20, 20, (n_out, G)), 0, 255)
         e.flat[:3] = [0, 1, 2][: e.size]
@@ -335,13 +365,28 @@ def test_matmul_int_k_blocks(kind, M):
        G=st.integers(1, 8), wscale=st.sampled_from([1e-6, 1e-3, 1.0, 300.0]),
        xscale=st.sampled_from([1e-30, 1e-5, 1.0, 1e4, 1e30]), raw=st.booleans(),
        seed=st.integers(0, 2**32 - 1))
+# the k-quants at their boundaries: one super-block, one row, a ragged row block; the AMX tile
+# (16 rows) and one row more; GEMM tiles of 4 (q6_k) / 6 rows +1; f16-subnormal d, dmin
+@example(kind="q4_k", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=1)
+@example(kind="q5_k", M=17, n_out=17, G=2, wscale=300.0, xscale=1e-30, raw=True, seed=2)
+@example(kind="q6_k", M=16, n_out=33, G=1, wscale=1.0, xscale=1e4, raw=True, seed=3)
+@example(kind="q4_k", M=7, n_out=80, G=3, wscale=1e-3, xscale=1.0, raw=False, seed=4)
+@example(kind="q6_k", M=5, n_out=15, G=2, wscale=1e-6, xscale=1e-5, raw=True, seed=5)
+# the other kinds at the same boundaries: one group / row, a ragged row block, 16 and 17 rows
+@example(kind="q4_0", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=6)
+@example(kind="q4_1", M=17, n_out=17, G=1, wscale=300.0, xscale=1e-30, raw=True, seed=7)
+@example(kind="q8_0", M=16, n_out=33, G=8, wscale=1.0, xscale=1e30, raw=True, seed=8)
+@example(kind="mxfp4", M=16, n_out=16, G=2, wscale=1e-3, xscale=1e4, raw=True, seed=9)
+@example(kind="f32", M=1, n_out=1, G=1, wscale=1.0, xscale=1e-30, raw=False, seed=10)
+@example(kind="f16", M=17, n_out=80, G=3, wscale=300.0, xscale=1e4, raw=False, seed=11)
+@example(kind="bf16", M=30, n_out=15, G=8, wscale=1e-6, xscale=1.0, raw=False, seed=12)
 def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
     random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
     if (kind in FLOAT_KINDS or kind == "mxfp4") and xscale > 1e20:
         xscale = 1e4  # float kinds, mxfp4 (2^(e-128) scales up to 2^127): keep w*x far from overflow
     rng = np.random.default_rng(seed)
-    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    Kd = G * (QK_K if kind in K_KINDS else GROUP)
     check_matmul(make_x(rng, M, Kd, xscale), make_weight(rng, kind, n_out, Kd, wscale, raw),
                  check_rows=M <= 8)
 
@@ -394,6 +439,59 @@ def test_matmul_q6k_extremes(M):
         sc[::3] = -s - 1
         w = pack_q6k(q, sc, np.full((n_out, Kd // QK_K), 0.5, np.float16))
         check_matmul(x, w, check_rows=M < 5)
+
+
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k"])
+@pytest.mark.parametrize("M", [1, 3, 33])
+def test_matmul_qk_extremes(kind, M):
+    """q4_k / q5_k at the int16 bounds of the AVX2 kernels: every code at its largest (15 / 31)
+    against activations of +-127 (q5_k: 4 lines of vpmaddubsw pairs sum to 4*2*31*127 = 31496
+    in int16), scales and mins 0 and 63 in every packed position: the contract's bits, every
+    variant and split, AMX included (M = 33)."""
+    n_out, Kd = 40, 512
+    top = 15 if kind == "q4_k" else 31
+    x = np.full((M, Kd), 1.0, np.float32)
+    x[:, Kd // 2:] = -1.0
+    for code in (top, 0):
+        q = np.full((n_out, Kd), code, np.uint8)
+        q[1::2, ::5] = top - code
+        sc = np.full((n_out, 2, 8), 63, np.uint8)
+        mn = np.full((n_out, 2, 8), 63, np.uint8)
+        sc[::3], mn[1::3] = 0, 0
+        dd = np.full((2, n_out, 2), 0.5, np.float16)
+        check_matmul(x, pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1]), check_rows=M < 5)
+
+
+@pytest.mark.parametrize("kind", ["q6_k", "q4_k", "q5_k"])
+def test_matmul_k_quants_seven_threads(kind):
+    """More threads than row blocks or activation tiles (7): every share's tile still gives
+    the contract's bits, GEMV and GEMM, every variant and AMX on / off."""
+    rng = np.random.default_rng(70 + len(kind))
+    for M, n_out in [(1, 90), (1, 300), (13, 50), (40, 100)]:
+        x = make_x(rng, M, 512)
+        w = make_weight(rng, kind, n_out, 512, raw=M % 2 == 1)
+        want = emulate_matmul(ref.quantize_act(x), w)
+        for name, amx in MODES:
+            with mode(name, amx):
+                got = K.matmul(K.quantize_act(x), w, nthreads=7)
+                assert np.array_equal(got, want), (kind, M, n_out, name, amx)
+
+
+def test_qk_errors():
+    """q4_k / q5_k need whole super-blocks (n_in % 256 == 0) and their packed uint8 scales."""
+    rng = np.random.default_rng(10)
+    for kind in ("q4_k", "q5_k"):
+        with pytest.raises(ValueError, match="256"):
+            quantize_weight(rng.standard_normal((16, 96)).astype(np.float32), kind)
+        w = make_weight(rng, kind, 16, 256)
+        xq = K.quantize_act(make_x(rng, 2, 256))
+        with pytest.raises(TypeError, match="uint8"):
+            K.matmul(xq, QWeight(kind, 16, 256, w.qs, w.d, w.m.view(np.int8)))
+        with pytest.raises(ValueError, match="256"):
+            K.matmul(K.quantize_act(make_x(rng, 2, 224)), QWeight(kind, 16, 224, w.qs[:, :7], w.d, w.m))
+        with pytest.raises(ValueError, match="shape"):  # q4_k's qs (4 lines) as q5_k's (5)
+            other = "q5_k" if kind == "q4_k" else "q4_k"
+            K.matmul(xq, QWeight(other, 16, 256, w.qs, w.d, w.m))
 
 
 def test_q6k_errors():
@@ -666,11 +764,17 @@ def test_matmul_experts(kind, E, M, n_out, Kd):
 @given(kind=st.sampled_from(KINDS), E=st.integers(1, 9), M=st.integers(0, 40),
        n_out=st.integers(1, 70), G=st.integers(1, 4), with_bias=st.booleans(),
        seed=st.integers(0, 2**32 - 1))
+# no rows at all; one expert, one row, one output; more experts than rows; AMX tiles of 16 / 17
+@example(kind="q4_k", E=9, M=0, n_out=1, G=1, with_bias=True, seed=1)
+@example(kind="q6_k", E=1, M=1, n_out=1, G=1, with_bias=False, seed=2)
+@example(kind="q5_k", E=9, M=3, n_out=17, G=2, with_bias=True, seed=3)
+@example(kind="q8_0", E=2, M=33, n_out=16, G=4, with_bias=False, seed=4)
+@example(kind="mxfp4", E=3, M=40, n_out=70, G=1, with_bias=True, seed=5)
 def test_matmul_experts_property(kind, E, M, n_out, G, with_bias, seed):
     """Any number of experts, rows (none too), splits (empty experts anywhere): each expert's
     rows carry matmul's bits on every variant, AMX on and off, and every thread count."""
     rng = np.random.default_rng(seed)
-    Kd = G * (QK_K if kind == "q6_k" else GROUP)
+    Kd = G * (QK_K if kind in K_KINDS else GROUP)
     ws = [make_weight(rng, kind, n_out, Kd) for _ in range(E)]
     bias = rng.standard_normal((E, n_out)).astype(np.float32) if with_bias else None
     check_experts(make_x(rng, M, Kd), ws, random_offsets(rng, E, M), bias)

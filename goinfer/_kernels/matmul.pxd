@@ -14,6 +14,8 @@ cdef extern from "matmul.h" nogil:
         GI_Q8_0
         GI_MXFP4
         GI_Q6_K
+        GI_Q4_K
+        GI_Q5_K
         GI_F32
         GI_F16
         GI_BF16
@@ -26,6 +28,9 @@ cdef extern from "matmul.h" nogil:
         const uint16_t *m
         const uint8_t *e
         const int8_t *sc
+        const uint8_t *ks
+        const float *kdec
+        int64_t kdec_u0
 
     ctypedef struct gi_qact:
         const int8_t *qa

@@ -12,7 +12,7 @@ from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
                                       swap_grain)
-from goinfer._kernels.dispatch cimport variant_table
+from goinfer._kernels.dispatch cimport table_variant, variant_table
 from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 import numpy as np
@@ -24,11 +24,12 @@ cnp.import_array()
 # kind name -> (C kind, qs numpy type, qs dtype name)
 _KIND = {
     "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0, "mxfp4": GI_MXFP4, "q6_k": GI_Q6_K,
-    "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
+    "q4_k": GI_Q4_K, "q5_k": GI_Q5_K, "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
 }
 _QS_TYPE = {
     GI_Q4_0: (cnp.NPY_UINT8, "uint8"), GI_Q4_1: (cnp.NPY_UINT8, "uint8"),
     GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_MXFP4: (cnp.NPY_UINT8, "uint8"), GI_Q6_K: (cnp.NPY_UINT8, "uint8"),
+    GI_Q4_K: (cnp.NPY_UINT8, "uint8"), GI_Q5_K: (cnp.NPY_UINT8, "uint8"),
     GI_F32: (cnp.NPY_FLOAT32, "float32"),
     GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
 }
@@ -78,6 +79,9 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.m = NULL
     cw.e = NULL
     cw.sc = NULL
+    cw.ks = NULL
+    cw.kdec = NULL
+    cw.kdec_u0 = 0
     if kind >= GI_F32:
         cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS))
         return 0
@@ -92,6 +96,16 @@ cdef int _weight(object w, gi_weight *cw) except -1:
                                               G // 8, GI_ROWS))
         cw.sc = <const int8_t *>_data(carray(w.m, "w.m", cnp.NPY_INT8, "int8 (q6_k scales)", 4,
                                              n_rb, G, GI_ROWS, 2))
+        return 0
+    if kind == GI_Q4_K or kind == GI_Q5_K:  # d, dmin per super-block; packed scales, mins in w.m
+        if n_in % 256:
+            raise ValueError(f"{w.kind} weights need n_in divisible by 256, got {n_in}")
+        cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 4 if kind == GI_Q4_K else 5,
+                             GI_ROWS, 4))
+        cw.d = <const uint16_t *>_data(carray(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 4, n_rb,
+                                              G // 8, 2, GI_ROWS))
+        cw.ks = <const uint8_t *>_data(carray(w.m, "w.m", cnp.NPY_UINT8, "uint8 (packed scales)", 4,
+                                              n_rb, G // 8, 12, GI_ROWS))
         return 0
     cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4,
                          GI_ROWS, 4))
@@ -120,6 +134,8 @@ cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
         return w.n_rb * G * (256 + 16)
     if w.kind == GI_Q6_K:
         return w.n_rb * G * (384 + 32 + 4)
+    if w.kind == GI_Q4_K or w.kind == GI_Q5_K:
+        return w.n_rb * G * ((256 if w.kind == GI_Q4_K else 320) + 32)
     return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
 
 
@@ -232,6 +248,12 @@ def _threads_used(w, int64_t M, nthreads):
     cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
                         check_threads(nthreads))
     return p.n_rt * p.n_mt
+
+
+def _variant_used():
+    """Name of the variant whose kernel table matmul, quantize_act and get_rows call now
+    (tests: dispatch follows _config.set_variant)."""
+    return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2, &gi_matmul_ops_avx512)
 
 
 # ============================================================================ argument records
@@ -504,7 +526,7 @@ def quantize_act(x, out=None, *, nthreads=1):
 def matmul(x_or_qact, w, out=None, *, nthreads=1):
     """out (M, n_out) float32 = x (M, K) @ W.T.
 
-    Integer weights (q4_0, q4_1, q8_0, mxfp4) take a QAct from quantize_act; float weights (f32,
+    Integer weights (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k) take a QAct from quantize_act; float weights (f32,
     f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
     """
     cdef int nt = check_threads(nthreads)

@@ -1,4 +1,4 @@
-/* AMX int8 GEMM for q4_0 / q4_1 / q8_0 weights (see matmul_amx.h).
+/* AMX int8 GEMM for q4_0 / q4_1 / q8_0 / q6_k / q4_k / q5_k weights (see matmul_amx.h).
  *
  * Exactness: per output element (m, n) the contract of matmul_impl.h is
  *   acc = 0; for g in order: acc = fmaf((float)is, d[n,g]*da[m,g], acc)
@@ -14,11 +14,19 @@
  *   tmm4, tmm5  B: 8 rows x 64 bytes = 16 output rows x 4 consecutive k (row kk: k = 4kk..4kk+3)
  * B for q8_0 is the repacked weight itself (line c = k 4c..4c+3 x 16 rows x 4); for q4 the
  * nibbles are unpacked into signed int8 once per row block and reused by every activation tile.
+ *
+ * q4_k, q5_k: the codes unpacked the same way (0..15, 0..31), the fold as q4_1's with the
+ * group's d*sc and -(dmin*mn) (exact products, the contract of matmul_impl.h).  q6_k: q - 32
+ * unpacked (-32..31); the two 16-k halves of a group have their own scales, so each half is
+ * one TDPBSSD of K = 16 (tmm6: A 16 rows x 16 int8, tmm7: B 4 rows x 64 bytes) into its own C
+ * tile (tmm0: H0, tmm1: H1), and the fold forms isum = fma(H1, sc1, H0*sc0) in float32, exact
+ * (integers below 2^24), as the VNNI kernel does.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "matmul_amx.h"
+#include "matmul_impl.h"
 
 #if GI_HAVE_AMX
 #include <cpuid.h>
@@ -83,23 +91,39 @@ typedef struct tilecfg {
 
 static const tilecfg CFG = {
     1, 0, {0},
-    {64, 64, 32, 32, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {16, 16, 16, 16, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {64, 64, 32, 32, 64, 64, 16, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+    {16, 16, 16, 16, 8, 8, 16, 4, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 #define ACT_CHUNK (768 * 1024)   /* activation bytes per cache block (as the VNNI GEMM) */
 
-/* q4 row block -> signed int8 B tiles: bq (G, 8, 16, 4); line c <- low nibbles of line c,
-   line 4+c <- high nibbles (k = 16 + 4c + j). */
-static void unpack_q4(const uint8_t *wq, int64_t G, int bias, int8_t *bq) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8((char)bias);
+/* q4 / q4_k / q5_k / q6_k row block -> signed int8 B tiles: bq (G, 8, 16, 4); line c <- the
+   codes of k = 4c + j, line 4+c <- those of k = 16 + 4c + j (minus 8: q4_0, minus 32: q6_k). */
+static void unpack_q(int kind, const uint8_t *wq, int64_t G, int8_t *bq) {
+    const int NL = LINES(kind);
+    const __m512i nib = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F),
+                  m30 = _mm512_set1_epi8(0x30);
+    const __m512i off = _mm512_set1_epi8((char)(kind == GI_Q4_0 ? 8 : kind == GI_Q6_K ? 32 : 0));
     for (int64_t g = 0; g < G; g++) {
+        const uint8_t *lg = wq + g * NL * 64;
         for (int c = 0; c < 4; c++) {
-            __m512i l = _mm512_loadu_si512(wq + g * 256 + c * 64);
-            __m512i lo = _mm512_sub_epi8(_mm512_and_si512(l, nib), off);
-            __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib), off);
-            _mm512_store_si512(bq + g * 512 + c * 64, lo);
-            _mm512_store_si512(bq + g * 512 + (4 + c) * 64, hi);
+            __m512i l = _mm512_loadu_si512(lg + c * 64), lo, hi;
+            if (kind == GI_Q6_K) {  /* as the VNNI kernel: bits 0..5; a nibble of line 4 + c/2 | bits 6..7 */
+                __m512i y = _mm512_loadu_si512(lg + (4 + (c >> 1)) * 64);
+                if (c & 1) y = _mm512_srli_epi16(y, 4);
+                lo = _mm512_and_si512(l, m3f);
+                hi = _mm512_ternarylogic_epi32(y, _mm512_and_si512(_mm512_srli_epi16(l, 2), m30), nib, 0xE4);
+            } else {
+                lo = _mm512_and_si512(l, nib);
+                hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+                if (kind == GI_Q5_K) {
+                    const __m512i h = _mm512_loadu_si512(lg + 4 * 64);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), b4));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, c), b4));
+                }
+            }
+            _mm512_store_si512(bq + g * 512 + c * 64, _mm512_sub_epi8(lo, off));
+            _mm512_store_si512(bq + g * 512 + (4 + c) * 64, _mm512_sub_epi8(hi, off));
         }
     }
 }
@@ -112,43 +136,82 @@ GI_INLINE void fold(const int KIND, __m512 acc[16], const int32_t *c, __m512 dv,
         __m512 dai = _mm512_set1_ps(da[i * G + g]);
         __m512 ci = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * 16));
         acc[i] = _mm512_fmadd_ps(ci, _mm512_mul_ps(dv, dai), acc[i]);
-        if (KIND == GI_Q4_1) acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[i * G + g]), acc[i]);
+        if (KIND == GI_Q4_1 || IS_QK(KIND)) acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[i * G + g]), acc[i]);
     }
+}
+
+/* q6_k: as fold, with isum = fma(H1, sc1, H0*sc0) from the halves' C tiles c0, c1 (exact). */
+GI_INLINE void fold_q6(__m512 acc[16], const int32_t *c0, const int32_t *c1, __m512 dv, __m512 s0, __m512 s1,
+                       const float *da, int64_t G, int64_t g) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        __m512 h0 = _mm512_cvtepi32_ps(_mm512_load_si512(c0 + i * 16));
+        __m512 h1 = _mm512_cvtepi32_ps(_mm512_load_si512(c1 + i * 16));
+        __m512 isf = _mm512_fmadd_ps(h1, s1, _mm512_mul_ps(h0, s0));
+        acc[i] = _mm512_fmadd_ps(isf, _mm512_mul_ps(dv, _mm512_set1_ps(da[i * G + g])), acc[i]);
+    }
+}
+
+/* the group's scale vectors of a q4_0 / q4_1 / q8_0 / q4_k / q5_k row block (mv: q4_1, qk;
+   qk from kq, the row block's scales decoded once: (G, 2, 16) float32) */
+GI_INLINE void scales(const int KIND, const gi_weight *w, const float *kq, int64_t rb, int64_t G, int64_t g,
+                      __m512 *dv, __m512 *mv) {
+    if (IS_QK(KIND)) {
+        *dv = _mm512_load_ps(kq + g * 32);
+        *mv = _mm512_load_ps(kq + g * 32 + 16);
+        return;
+    }
+    *dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + (rb * G + g) * 16)));
+    if (KIND == GI_Q4_1) *mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + (rb * G + g) * 16)));
 }
 
 /* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes). */
 GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                      const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
+                      const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
     const int8_t *qa = a->qa + m * K;                              /* (16, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;          /* (16, G) */
-    const uint16_t *wd = w->d + rb * G * 16;                       /* (G, 16) */
-    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0; /* (G, 16) */
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    __m512 mv0 = _mm512_setzero_ps(), mv1 = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g += 2) {
-        const int two = g + 1 < G;
-        _tile_zero(0);
-        _tile_loadd(2, qa + g * GI_GROUP, K);
-        _tile_loadd(4, bq + g * 512, 64);
-        _tile_dpbssd(0, 2, 4);
-        if (two) {
+    __m512 dv0, dv1, mv0 = _mm512_setzero_ps(), mv1 = _mm512_setzero_ps();
+    if (KIND == GI_Q6_K) {
+        for (int64_t g = 0; g < G; g++) {
+            _tile_zero(0);
             _tile_zero(1);
-            _tile_loadd(3, qa + (g + 1) * GI_GROUP, K);
-            _tile_loadd(5, bq + (g + 1) * 512, 64);
-            _tile_dpbssd(1, 3, 5);
-        }
-        __m512 dv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + g * 16)));
-        if (KIND == GI_Q4_1) mv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + g * 16)));
-        _tile_stored(0, cbuf, 64);
-        fold(KIND, acc, cbuf, dv0, mv0, da, sa, G, g);
-        if (two) {
-            __m512 dv1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + (g + 1) * 16)));
-            if (KIND == GI_Q4_1)
-                mv1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + (g + 1) * 16)));
+            _tile_loadd(6, qa + g * GI_GROUP, K);
+            _tile_loadd(7, bq + g * 512, 64);
+            _tile_dpbssd(0, 6, 7);
+            _tile_loadd(6, qa + g * GI_GROUP + 16, K);
+            _tile_loadd(7, bq + g * 512 + 256, 64);
+            _tile_dpbssd(1, 6, 7);
+            __m512 s0, s1;
+            q6_scales16(w->sc + (rb * G + g) * 32, &s0, &s1);
+            dv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + (rb * (G / 8) + g / 8) * 16)));
+            _tile_stored(0, cbuf, 64);
             _tile_stored(1, cbuf + 256, 64);
-            fold(KIND, acc, cbuf + 256, dv1, mv1, da, sa, G, g + 1);
+            fold_q6(acc, cbuf, cbuf + 256, dv0, s0, s1, da, G, g);
+        }
+    } else {
+        for (int64_t g = 0; g < G; g += 2) {
+            const int two = g + 1 < G;
+            _tile_zero(0);
+            _tile_loadd(2, qa + g * GI_GROUP, K);
+            _tile_loadd(4, bq + g * 512, 64);
+            _tile_dpbssd(0, 2, 4);
+            if (two) {
+                _tile_zero(1);
+                _tile_loadd(3, qa + (g + 1) * GI_GROUP, K);
+                _tile_loadd(5, bq + (g + 1) * 512, 64);
+                _tile_dpbssd(1, 3, 5);
+            }
+            scales(KIND, w, kq, rb, G, g, &dv0, &mv0);
+            _tile_stored(0, cbuf, 64);
+            fold(KIND, acc, cbuf, dv0, mv0, da, sa, G, g);
+            if (two) {
+                scales(KIND, w, kq, rb, G, g + 1, &dv1, &mv1);
+                _tile_stored(1, cbuf + 256, 64);
+                fold(KIND, acc, cbuf + 256, dv1, mv1, da, sa, G, g + 1);
+            }
         }
     }
     const int64_t n0 = rb * GI_ROWS, cnt = w->n_out - n0;
@@ -156,47 +219,53 @@ GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int6
     for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(out + (m + i) * ldo + n0, keep, acc[i]);
 }
 
-static void tile16_q4_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
-    tile16(GI_Q4_0, w, a, m, rb, bq, cbuf, out, ldo);
-}
-static void tile16_q4_1(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
-    tile16(GI_Q4_1, w, a, m, rb, bq, cbuf, out, ldo);
-}
-static void tile16_q8_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                        const int8_t *bq, int32_t *cbuf, float *out, int64_t ldo) {
-    tile16(GI_Q8_0, w, a, m, rb, bq, cbuf, out, ldo);
-}
+typedef void (*tile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int8_t *, const float *,
+                        int32_t *, float *, int64_t);
+#define TILE_DEF(KIND) static void tile16_##KIND(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
+    const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) { \
+    tile16(KIND, w, a, m, rb, bq, kq, cbuf, out, ldo); }
+TILE_DEF(GI_Q4_0) TILE_DEF(GI_Q4_1) TILE_DEF(GI_Q8_0) TILE_DEF(GI_Q6_K) TILE_DEF(GI_Q4_K) TILE_DEF(GI_Q5_K)
+static const tile_fn TILES[GI_Q5_K + 1] = {
+    [GI_Q4_0] = tile16_GI_Q4_0, [GI_Q4_1] = tile16_GI_Q4_1, [GI_Q8_0] = tile16_GI_Q8_0,
+    [GI_Q6_K] = tile16_GI_Q6_K, [GI_Q4_K] = tile16_GI_Q4_K, [GI_Q5_K] = tile16_GI_Q5_K,
+};
 
 int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
     const int kind = w->kind;
     const int64_t K = w->n_in, G = K / GI_GROUP, M16 = (m1 - m0) / 16 * 16;
-    if (kind > GI_Q8_0 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
-    int8_t *bq = 0;                                               /* q4: (G, 8, 16, 4) */
+    if (kind == GI_MXFP4 || kind > GI_Q5_K || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
+    int8_t *bq = 0;                  /* unpacked codes (G, 8, 16, 4), then qk: scales (G, 2, 16) float */
+    float *kq = 0;
     int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */
     if (kind != GI_Q8_0) {
-        bq = aligned_alloc(64, (size_t)G * 512);
+        bq = aligned_alloc(64, (size_t)G * (IS_QK(kind) ? 512 + 128 : 512));
         if (!bq) return 0;
+        kq = (float *)(bq + G * 512);
     }
-    void (*tile)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int8_t *, int32_t *,
-                 float *, int64_t) = kind == GI_Q4_0 ? tile16_q4_0 : kind == GI_Q4_1 ? tile16_q4_1
-                                                                                     : tile16_q8_0;
+    const tile_fn tile = TILES[kind];
     _tile_loadconfig(&CFG);
     int64_t mblk = ACT_CHUNK / K / 16 * 16;
     if (mblk < 16) mblk = 16;
     for (int64_t mb0 = m0; mb0 < m0 + M16; mb0 += mblk) {
         const int64_t mb1 = mb0 + mblk < m0 + M16 ? mb0 + mblk : m0 + M16;
         for (int64_t rb = rb0; rb < rb1; rb++) {
-            const uint8_t *wq = (const uint8_t *)w->qs + rb * G * (kind == GI_Q8_0 ? 512 : 256);
+            const uint8_t *wq = (const uint8_t *)w->qs + rb * G * LINES(kind) * 64;
             const int8_t *b = (const int8_t *)wq;
             if (kind != GI_Q8_0) {
-                unpack_q4(wq, G, kind == GI_Q4_0 ? 8 : 0, bq);
+                unpack_q(kind, wq, G, bq);
+                if (IS_QK(kind))   /* the row block's d*sc, -(dmin*mn), once for every tile */
+                    for (int64_t g = 0; g < G; g++) {
+                        __m512 dv, mv;
+                        qk_scales16(w->d + (rb * (G / 8) + g / 8) * 32, w->ks + (rb * (G / 8) + g / 8) * 192,
+                                    (int)(g & 7), &dv, &mv);
+                        _mm512_store_ps(kq + g * 32, dv);
+                        _mm512_store_ps(kq + g * 32 + 16, mv);
+                    }
                 __asm__ volatile("" ::: "memory");   /* tileloadd reads bq: no clobber of its own */
                 b = bq;
             }
-            for (int64_t m = mb0; m < mb1; m += 16) tile(w, a, m, rb, b, cbuf, out, ldo);
+            for (int64_t m = mb0; m < mb1; m += 16) tile(w, a, m, rb, b, kq, cbuf, out, ldo);
         }
     }
     _tile_release();

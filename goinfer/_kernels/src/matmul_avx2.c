@@ -23,7 +23,6 @@
 #define FG_RB 2          /* float GEMM: units per microkernel */
 #define FG_MR 6          /* float GEMM: activation rows per microkernel */
 #define MR_Q QG2_MR      /* gi_matmul_ops.mr_q: activation rows per int GEMM tile (gemm2's) */
-#define N_QKINDS 5       /* microkernels for q4_0, q4_1, q8_0, mxfp4, q6_k */
 
 
 /* ============================================================================ activation quantization */
@@ -162,22 +161,89 @@ GI_INLINE void q6_group(const int RB, const int MR, const uint8_t *const *wq, co
     }
 }
 
+/* q4_k / q5_k: d*sc and -(dmin*mn) of group g (sub-block s = g % 8) for the 8 rows of a unit,
+   from the super-block's d, dmin (kd: d at kd[0..7], dmin at kd[16..23], float16) and packed
+   scales (kp: 12 lines of stride 16, this unit's 8 bytes each), as GGUF's get_scale_min_k4.
+   Both products exact. */
+GI_INLINE void qk_scales8(const uint16_t *kd, const uint8_t *kp, int s, __m256 *dv, __m256 *mv) {
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
+    __m128i sc, mn;
+    if (s < 4) {
+        sc = _mm_and_si128(_mm_loadl_epi64((const __m128i *)(kp + s * 16)), m6);
+        mn = _mm_and_si128(_mm_loadl_epi64((const __m128i *)(kp + (s + 4) * 16)), m6);
+    } else {  /* low 4 bits from line s+4, top 2 from bits 6..7 of lines s-4 (sc) and s (mn) */
+        const __m128i h = _mm_loadl_epi64((const __m128i *)(kp + (s + 4) * 16));
+        sc = _mm_or_si128(_mm_and_si128(h, m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i *)(kp + (s - 4) * 16)), 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(h, 4), m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i *)(kp + s * 16)), 2), m30));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kd));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16)));
+    *dv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+    *mv = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))),
+                        _mm256_set1_ps(-0.0f));  /* -(dmin*mn), as C's unary minus */
+}
+
+/* qk_scales8 for both halves of a row block at once (the GEMV's unit pairs): the byte work
+   is done once for 16 rows (kd, kp: the row block's, as for half 0). */
+GI_INLINE void qk_scales8x2(const uint16_t *kd, const uint8_t *kp, int s, __m256 dv[2], __m256 mv[2]) {
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
+    __m128i sc, mn;
+    if (s < 4) {
+        sc = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + s * 16)), m6);
+        mn = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16)), m6);
+    } else {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16));
+        sc = _mm_or_si128(_mm_and_si128(h, m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + (s - 4) * 16)), 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(h, 4), m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + s * 16)), 2), m30));
+    }
+    const __m256 neg = _mm256_set1_ps(-0.0f);
+    for (int h = 0; h < 2; h++) {
+        const __m128i sch = h ? _mm_srli_si128(sc, 8) : sc, mnh = h ? _mm_srli_si128(mn, 8) : mn;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 8 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16 + 8 * h)));
+        dv[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sch)));
+        mv[h] = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnh))), neg);
+    }
+}
+
+/* q4_k / q5_k: the scales of units [u0, u1) (half row blocks), groups [g0, g1) decoded to dst
+   (u1-u0, g1-g0, 2, 8) float32 (d*sc, then -(dmin*mn)): what qtile reads from w->kdec in the
+   GEMM, and qgemm2 from its chunk's decoded scales. */
+static void qk_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, int64_t g1, float *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t g = g0; g < g1; g++, dst += 16) {
+            const int64_t sb = (u >> 1) * (G / 8) + g / 8, h = u & 1;
+            __m256 dv, mv;
+            qk_scales8(w->d + sb * 32 + h * 8, w->ks + sb * 192 + h * 8, (int)(g & 7), &dv, &mv);
+            _mm256_storeu_ps(dst, dv);
+            _mm256_storeu_ps(dst + 8, mv);
+        }
+}
+
 /* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
    (rows 8h..8h+7), and d[.., 8h..8h+7]. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
                      const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
-    const int NL = LINES(KIND);
+    const int NL = LINES(KIND), QK = IS_QK(KIND);
     const int64_t rbs = G * NL * 64;                      /* bytes per row block */
     const uint8_t *wq[MAXRB];                                /* (G, NL, [8 rows x 4]) per unit */
-    const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit */
+    const uint16_t *wd[MAXRB], *wm[MAXRB];                      /* (G, [8]) per unit; q6_k (G/8, [8]); qk (G/8, 2, [8]) */
     const uint8_t *we[MAXRB];                                   /* mxfp4: (G, [8]) per unit */
     const int8_t *ws[MAXRB];                                    /* q6_k: (G, [8 rows x 2]) per unit */
+    const uint8_t *wk[MAXRB];                                   /* q4_k, q5_k: (G/8, 12, [8]) per unit */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         int64_t rb = (u + r) >> 1, h = (u + r) & 1;
         wq[r] = (const uint8_t *)w->qs + rb * rbs + h * 32;
-        wd[r] = KIND == GI_MXFP4 ? 0 : KIND == GI_Q6_K ? w->d + rb * (G / 8) * 16 + h * 8 : w->d + rb * G * 16 + h * 8;
+        wd[r] = KIND == GI_MXFP4 ? 0 : KIND == GI_Q6_K ? w->d + rb * (G / 8) * 16 + h * 8
+                : QK ? w->d + rb * (G / 8) * 32 + h * 8 : w->d + rb * G * 16 + h * 8;
+        wk[r] = QK ? w->ks + rb * (G / 8) * 192 + h * 8 : 0;
         ws[r] = KIND == GI_Q6_K ? w->sc + rb * G * 32 + h * 16 : 0;
         wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
         we[r] = KIND == GI_MXFP4 ? w->e + rb * G * 16 + h * 8 : 0;
@@ -185,7 +251,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
-    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), b4 = _mm256_set1_epi8(0x10);
     /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
     const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
                                                                    12, 11, 10, 9, 8, 6, 4, 0));
@@ -219,17 +285,20 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     for (int c = 0; c < NL; c++) _mm_prefetch((const char *)(wq[r] + (gp * NL + c) * 64), _MM_HINT_T0);
                     if (KIND == GI_MXFP4) _mm_prefetch((const char *)(we[r] + gp * 16), _MM_HINT_T0);
                     else if (KIND == GI_Q6_K) _mm_prefetch((const char *)(ws[r] + gp * 32), _MM_HINT_T0);
+                    else if (QK) _mm_prefetch((const char *)(wk[r] + gp * 24), _MM_HINT_T0);
                     else _mm_prefetch((const char *)(wd[r] + gp * 16), _MM_HINT_T0);
+                    if (QK && (g & 7) == 0) _mm_prefetch((const char *)(wd[r] + (gp >> 3) * 32), _MM_HINT_T0);
                     if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
                 }
             }
             if (KIND == GI_Q6_K) {
                 q6_group(RB, MR, wq, ws, g, ag, K, as + g, G, is);
-            } else if (KIND == GI_MXFP4) {
-                /* codes looked up as KV + 12 (0..24, unsigned) against int8 activations, the
-                   -12*asum correction below.  An int16 lane of one maddubs sums 2 products
-                   <= 24*127 (no saturation); the low and the high nibbles accumulate apart over
-                   the 4 lines (each <= 4*6096 = 24384: no wrap) and meet in int32. */
+            } else if (KIND == GI_MXFP4 || KIND == GI_Q5_K) {
+                /* mxfp4: codes looked up as KV + 12 (0..24, unsigned) against int8 activations,
+                   the -12*asum correction below; q5_k: the 5-bit codes (0..31).  An int16 lane of
+                   one maddubs sums 2 products <= 31*127 (no saturation); the low and the high
+                   halves accumulate apart over the 4 lines (each <= 4*7874 = 31496: no wrap)
+                   and meet in int32. */
                 __m256i sl[MAXRB][MAXMR], sh[MAXRB][MAXMR];
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++)
@@ -240,9 +309,17 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     __m256i lo[MAXRB], hi[MAXRB];
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
-                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * 4 + c) * 64));
-                        lo[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(l, nib));
-                        hi[r] = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * NL + c) * 64));
+                        lo[r] = _mm256_and_si256(l, nib);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+                        if (KIND == GI_MXFP4) {
+                            lo[r] = _mm256_shuffle_epi8(lutu, lo[r]);
+                            hi[r] = _mm256_shuffle_epi8(lutu, hi[r]);
+                        } else {  /* q5_k: bit 4 is bit c (low half), 4 + c (high) of line 4 */
+                            const __m256i h = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * NL + 4) * 64));
+                            lo[r] = _mm256_or_si256(lo[r], _mm256_and_si256(_mm256_slli_epi16(h, 4 - c), b4));
+                            hi[r] = _mm256_or_si256(hi[r], _mm256_and_si256(_mm256_srli_epi16(h, c), b4));
+                        }
                     }
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++) {
@@ -320,6 +397,20 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m256 dv[MAXRB], mv[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
+                if (QK && w->kdec) {  /* the GEMM's decoded scales */
+                    const float *kf = w->kdec + ((u + r - w->kdec_u0) * G + g) * 16;
+                    dv[r] = _mm256_loadu_ps(kf);
+                    mv[r] = _mm256_loadu_ps(kf + 8);
+                    continue;
+                }
+                if (QK && RB % 2 == 0 && (u & 1) == 0) {  /* unit pairs = row blocks (the GEMV) */
+                    if ((r & 1) == 0) qk_scales8x2(wd[r] + (g >> 3) * 32, wk[r] + (g >> 3) * 192, (int)(g & 7), &dv[r], &mv[r]);
+                    continue;
+                }
+                if (QK) {
+                    qk_scales8(wd[r] + (g >> 3) * 32, wk[r] + (g >> 3) * 192, (int)(g & 7), &dv[r], &mv[r]);
+                    continue;
+                }
                 dv[r] = KIND == GI_MXFP4 ? e8m0_half8(we[r] + g * 16)
                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
                 if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
@@ -333,7 +424,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 for (int r = 0; r < RB; r++) {
                     __m256i s = KIND == GI_Q4_0 || KIND == GI_MXFP4 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
                     acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
-                    if (KIND == GI_Q4_1)
+                    if (KIND == GI_Q4_1 || QK)
                         acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
                 }
             }
@@ -506,12 +597,13 @@ GI_INLINE __m256 load_unit(const gi_weight *w, const float *out, int64_t ldo, in
    nibbles are unpacked in registers from the weight itself (a single activation tile, where
    unpacking into uq first would not be reused). */
 GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weight *w, const uint8_t *uq,
-                      const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *out, int64_t ldo) {
+                      const float *ksd, const uint8_t *panel, int64_t m, int64_t rb, int64_t g0, int64_t g1,
+                      float *out, int64_t ldo) {
     const int64_t G = w->n_in / GI_GROUP;
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
     const uint16_t *wd = KIND == GI_Q6_K ? w->d + (rb * (G / 8) + g0 / 8) * 16   /* q6_k: (groups/8, 16) */
-                                         : w->d + (rb * G + g0) * 16;            /* (groups, 16) */
+                         : KIND == GI_Q4_K ? 0 : w->d + (rb * G + g0) * 16;      /* (groups, 16) */
     const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
     const __m256i ones = _mm256_set1_epi16(1);
     float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
@@ -640,9 +732,15 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         /* ---- fold: the contract's fmaf sequence */
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++) {
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(
-                (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
-            __m256 mv = _mm256_setzero_ps();
+            __m256 dv, mv = _mm256_setzero_ps();
+            if (KIND == GI_Q4_K) {  /* decoded by gemm2: (2 halves, g1-g0, 2, 8) */
+                const float *kf = ksd + (r * (g1 - g0) + g) * 16;
+                dv = _mm256_load_ps(kf);
+                mv = _mm256_load_ps(kf + 8);
+            } else {
+                dv = _mm256_cvtph_ps(_mm_loadu_si128(
+                    (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
+            }
             if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
@@ -650,7 +748,7 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                 if (KIND == GI_Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
                 __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
                                              _mm256_load_ps(accm[r][i]));
-                if (KIND == GI_Q4_1) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
+                if (KIND == GI_Q4_1 || KIND == GI_Q4_K) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
                 _mm256_store_ps(accm[r][i], acc);
             }
         }
@@ -662,41 +760,27 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 }
 
 /* q2_K_MR: the AVX2 GEMM microkernel (qgemm2) of kind K over MR activation rows */
-typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
-                      float *, int64_t);
+typedef void (*q2_fn)(const gi_weight *, const uint8_t *, const float *, const uint8_t *, int64_t, int64_t,
+                      int64_t, int64_t, float *, int64_t);
 #define Q2_DEF(K, UNP, MR) static void q2_##K##_##UNP##_##MR(const gi_weight *w, const uint8_t *uq, \
-    const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
-    qgemm2(K, MR, UNP, w, uq, p, m, rb, g0, g1, o, ldo); }
+    const float *ksd, const uint8_t *p, int64_t m, int64_t rb, int64_t g0, int64_t g1, float *o, int64_t ldo) { \
+    qgemm2(K, MR, UNP, w, uq, ksd, p, m, rb, g0, g1, o, ldo); }
 #define Q2_PTR(K, UNP, MR) q2_##K##_##UNP##_##MR,
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q4_K, 1)
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
-SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0)
+SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_K, 0)
 #if QG2_MR > MAXMR
 #error "QG2_MR exceeds the register array bounds"
 #endif
 /* [unpacked][kind][rows - 1] */
-static const q2_fn q2_tab[2][GI_Q6_K + 1][QG2_MR] = {
+static const q2_fn q2_tab[2][GI_Q4_K + 1][QG2_MR] = {
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
-     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)}},
+     [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)},
+     [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 0)}},
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
-     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}}};
+     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}, [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 1)}}};
 
-/* Each thread's scratch (an activation panel, then the unpacked q4 weights of a chunk), grown
-   as needed and kept for the thread's life: at most ~530 KB. */
-static __thread uint8_t *t_scratch;
-static __thread size_t t_scratch_cap;
-
-static uint8_t *scratch_buffer(size_t n) {
-    if (n > t_scratch_cap) {
-        size_t cap = (n + 4095) & ~(size_t)4095;
-        uint8_t *p = aligned_alloc(64, cap);
-        if (!p) return NULL;
-        free(t_scratch);
-        t_scratch = p;
-        t_scratch_cap = cap;
-    }
-    return t_scratch;
-}
 #ifndef UNP_MIN_TILES
 #define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
 #endif
@@ -725,21 +809,25 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
     int64_t chunk = UNP_CHUNK / (kb * (unp ? UNP_GROUP_BYTES : LINES(kind) * 64 + 32));
     chunk = chunk < 1 ? 1 : chunk;
     const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
-    uint8_t *panel = scratch_buffer(panel_bytes + (unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0));
+    const size_t uq_bytes = unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0;
+    const size_t ksd_bytes = kind == GI_Q4_K ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
+    uint8_t *panel = scratch_buffer(panel_bytes + uq_bytes + ksd_bytes);
     if (!panel) return 0;
     uint8_t *uq = panel + panel_bytes;
+    float *ksd = (float *)(uq + uq_bytes);
     for (int64_t c0 = rb0; c0 < rb1; c0 += chunk) {
         const int64_t c1 = min64(c0 + chunk, rb1);
         for (int64_t g0 = 0; g0 < G; g0 += kb) {
             const int64_t g1 = min64(g0 + kb, G);
             if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
             else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
+            if (kind == GI_Q4_K) qk_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
                 pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
                 for (int64_t rb = c0; rb < c1; rb++)
-                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES, panel, ma, rb, g0, g1,
-                                              out, ldo);
+                    q2_tab[unp][kind][mr - 1](w, uq + (rb - c0) * (g1 - g0) * UNP_GROUP_BYTES,
+                                              ksd + (rb - c0) * (g1 - g0) * 32, panel, ma, rb, g0, g1, out, ldo);
             }
         }
     }

@@ -29,8 +29,8 @@
 #define FV_RB 4          /* float GEMV: units per microkernel */
 #define FG_RB 2          /* float GEMM: units per microkernel */
 #define FG_MR 12         /* float GEMM: activation rows per microkernel */
+#define QG_MR_Q6K 4      /* q6_k GEMM: fewer rows (3 live vectors per output: H0 x sc0, H1, acc) */
 #define MR_Q QG_MR       /* gi_matmul_ops.mr_q: activation rows per int GEMM tile */
-#define N_QKINDS 4       /* microkernels for q4_0, q4_1, q8_0, mxfp4 (q6_k: the avx2 table's) */
 
 
 /* ============================================================================ activation quantization */
@@ -81,19 +81,36 @@ GI_INLINE __m512 e8m0_half16(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1)), small, big));
 }
 
+/* q6_k: -32 * (sum of qa over k 0..15 of a group): the offset of the low half's codes */
+GI_INLINE int32_t q6_lowsum(const int8_t *ag) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)ag), _mm_set1_epi8((char)0x80));
+    const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());         /* sums of qa + 128 per 8 bytes */
+    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
+}
+
+/* Int kinds, RB units of 16 rows x MR activation rows, the full K reduction.
+   q6_k: the two 16-k halves of a group accumulate apart (H0, H1, exact int32 from vpdpbusd of
+   the unsigned codes, started at -32 x the half's activation sum); isum = sc0*H0 + sc1*H1 is
+   formed in float32 as fma(H1, sc1, H0*sc0): every value is an integer below 2^24 (|H| <=
+   16*32*127, |sc| <= 128), so it is exact, and the fold is the contract's. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
                      const gi_qact *a, int64_t m, int64_t u, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
-    const int NL = LINES(KIND);
+    const int NL = LINES(KIND), QK = IS_QK(KIND);
     const int64_t rbs = G * NL * 64;                              /* bytes per row block */
     const uint8_t *wq = (const uint8_t *)w->qs + u * rbs;         /* (RB, G, NL, 16, 4) */
-    const uint16_t *wd = KIND == GI_MXFP4 ? 0 : w->d + u * G * 16; /* (RB, G, 16) */
+    /* d: (RB, G, 16); q6_k (RB, G/8, 16); q4_k, q5_k (RB, G/8, 2, 16) */
+    const int64_t ds_ = KIND == GI_Q6_K ? G / 8 * 16 : QK ? G / 8 * 32 : G * 16;
+    const uint16_t *wd = KIND == GI_MXFP4 ? 0 : w->d + u * ds_;
     const uint8_t *we = KIND == GI_MXFP4 ? w->e + u * G * 16 : 0; /* (RB, G, 16) */
     const uint16_t *wm = KIND == GI_Q4_1 ? w->m + u * G * 16 : 0; /* (RB, G, 16) */
+    const int8_t *wsc = KIND == GI_Q6_K ? w->sc + u * G * 32 : 0; /* (RB, G, 16, 2) */
+    const uint8_t *wk = QK ? w->ks + u * (G / 8) * 192 : 0;      /* (RB, G/8, 12, 16) */
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
     /* mxfp4: code -> KV + 12 (0..24, unsigned for vpdpbusd), corrected by -12*asum */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
                                                              12, 11, 10, 9, 8, 6, 4, 0));
@@ -105,12 +122,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
         /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0),
-           -128*asum (q8_0) or -12*asum (mxfp4) of row m+i, group g0+gg.  It is the initial
-           value of the int32 accumulators (a load-only broadcast), so no subtraction is
-           needed afterwards. */
+           -128*asum (q8_0), -12*asum (mxfp4) or -32 x the low half's sum (q6_k; cb1: the high
+           half's) of row m+i, group g0+gg.  It is the initial value of the int32 accumulators
+           (a load-only broadcast), so no subtraction is needed afterwards. */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
-        int32_t cb[MAXMR][16];
-        if (KIND != GI_Q4_1) {
+        int32_t cb[MAXMR][16], cb1[MAXMR][16];
+        if (KIND == GI_Q4_0 || KIND == GI_Q8_0 || KIND == GI_MXFP4) {
             const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
@@ -121,14 +138,23 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
                 _mm512_storeu_si512(cb[i], v);
             }
+        } else if (KIND == GI_Q6_K) {
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++)
+                for (int gg = 0; gg < gn; gg++) {
+                    const int32_t lo = q6_lowsum(qa + i * K + (g0 + gg) * GI_GROUP);
+                    cb[i][gg] = -32 * lo;
+                    cb1[i][gg] = -32 * (as[i * G + g0 + gg] - lo);
+                }
         }
         for (int gg = 0; gg < gn; gg++) {
             const int64_t g = g0 + gg;
             /* ---- exact int32 dot products of group g: 16 rows x MR activation rows per unit */
-            __m512i is[MAXRB][MAXMR];
+            __m512i is[MAXRB][MAXMR], is1[MAXRB][MAXMR];
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
-                __m512i c0 = KIND == GI_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
+                const int zero = KIND == GI_Q4_1 || QK;
+                __m512i c0 = zero ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) is[r][i] = c0;
             }
@@ -144,16 +170,52 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
                     if (KIND == GI_MXFP4)
                         _mm_prefetch((const char *)(we + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    else if (KIND == GI_Q6_K)
+                        _mm_prefetch((const char *)(wsc + r * G * 32 + (g + PF_GROUPS) * 32), _MM_HINT_T0);
+                    else if (QK)  /* 192 + 64 bytes per 8 groups: one line in 3, one in 8 */
+                        _mm_prefetch((const char *)(wk + r * (G / 8) * 192 + (g + PF_GROUPS) * 24), _MM_HINT_T0);
                     else
                         _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
                     if (KIND == GI_Q4_1)
                         _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                    if (QK && (g & 7) == 0)
+                        _mm_prefetch((const char *)(wd + r * ds_ + ((g + PF_GROUPS) >> 3) * 32), _MM_HINT_T0);
                 }
             }
-            if (KIND != GI_Q8_0) {
+            if (KIND == GI_Q6_K) {
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) {
+                    __m512i c1 = _mm512_set1_epi32(cb1[i][gg]);
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) is1[r][i] = c1;
+                }
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
-                    __m512i lo[MAXRB], hi[MAXRB];   /* nibbles of k = c*4+j and 16+c*4+j, unpacked once */
+                    __m512i lo[MAXRB], hi[MAXRB];   /* codes of k = 4c+j and 16+4c+j */
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        const __m512i x = _mm512_loadu_si512(lg + r * rbs + c * 64);
+                        __m512i y = _mm512_loadu_si512(lg + r * rbs + (4 + (c >> 1)) * 64);
+                        if (c & 1) y = _mm512_srli_epi16(y, 4);
+                        lo[r] = _mm512_and_si512(x, m3f);
+                        /* bits 0..3 from y's nibble, 4..5 from x's bits 6..7 (0xE4: C ? A : B) */
+                        hi[r] = _mm512_ternarylogic_epi32(y, _mm512_and_si512(_mm512_srli_epi16(x, 2), m30), nib, 0xE4);
+                    }
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        __m512i bl = _mm512_set1_epi32(load_i32(ag + i * K + c * 4));
+                        __m512i bh = _mm512_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            is[r][i] = _mm512_dpbusd_epi32(is[r][i], lo[r], bl);
+                            is1[r][i] = _mm512_dpbusd_epi32(is1[r][i], hi[r], bh);
+                        }
+                    }
+                }
+            } else if (KIND != GI_Q8_0) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i lo[MAXRB], hi[MAXRB];   /* codes of k = c*4+j and 16+c*4+j, unpacked once */
 #pragma GCC unroll 16
                     for (int r = 0; r < RB; r++) {
                         __m512i l = _mm512_loadu_si512(lg + r * rbs + c * 64);
@@ -162,6 +224,11 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         if (KIND == GI_MXFP4) {
                             lo[r] = _mm512_shuffle_epi8(lut, lo[r]);
                             hi[r] = _mm512_shuffle_epi8(lut, hi[r]);
+                        }
+                        if (KIND == GI_Q5_K) {  /* bit 4: bit c (low half), 4 + c (high) of line 4 */
+                            const __m512i h = _mm512_loadu_si512(lg + r * rbs + 4 * 64);
+                            lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), b4));
+                            hi[r] = _mm512_or_si512(hi[r], _mm512_and_si512(_mm512_srli_epi16(h, c), b4));
                         }
                     }
 #pragma GCC unroll 16
@@ -191,21 +258,36 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 }
             }
             /* ---- fold into the float accumulators: the contract's fmaf sequence */
-            __m512 dv[MAXRB], mv[MAXRB];
+            __m512 dv[MAXRB], mv[MAXRB], s0[MAXRB], s1[MAXRB];
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++) {
+                if (QK && w->kdec) {  /* the GEMM's decoded scales */
+                    const float *kf = w->kdec + ((u + r - w->kdec_u0) * G + g) * 32;
+                    dv[r] = _mm512_loadu_ps(kf);
+                    mv[r] = _mm512_loadu_ps(kf + 16);
+                    continue;
+                }
+                if (QK) {
+                    qk_scales16(wd + r * ds_ + (g >> 3) * 32, wk + r * (G / 8) * 192 + (g >> 3) * 192, (int)(g & 7),
+                                &dv[r], &mv[r]);
+                    continue;
+                }
                 dv[r] = KIND == GI_MXFP4 ? e8m0_half16(we + r * G * 16 + g * 16)
-                                         : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * G * 16 + g * 16)));
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * ds_ + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
                 if (KIND == GI_Q4_1)
                     mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
+                if (KIND == GI_Q6_K) q6_scales16(wsc + r * G * 32 + g * 32, &s0[r], &s1[r]);
             }
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
                 __m512 dai = _mm512_set1_ps(da[i * G + g]);
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
-                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_mul_ps(dv[r], dai), acc[r][i]);
-                    if (KIND == GI_Q4_1)
+                    __m512 isf = _mm512_cvtepi32_ps(is[r][i]);
+                    if (KIND == GI_Q6_K)   /* exact: see above */
+                        isf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is1[r][i]), s1[r], _mm512_mul_ps(isf, s0[r]));
+                    acc[r][i] = _mm512_fmadd_ps(isf, _mm512_mul_ps(dv[r], dai), acc[r][i]);
+                    if (KIND == GI_Q4_1 || QK)
                         acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
                 }
             }
@@ -215,6 +297,21 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* q4_k / q5_k: the scales of units [u0, u1), groups [g0, g1) decoded to dst (u1-u0, g1-g0, 2,
+   16) float32 (d*sc, then -(dmin*mn)): what qtile reads from w->kdec in the GEMM. */
+static void qk_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, int64_t g1, float *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t g = g0; g < g1; g++, dst += 32) {
+            const int64_t sb = u * (G / 8) + g / 8;
+            __m512 dv, mv;
+            qk_scales16(w->d + sb * 32, w->ks + sb * 192, (int)(g & 7), &dv, &mv);
+            _mm512_storeu_ps(dst, dv);
+            _mm512_storeu_ps(dst + 16, mv);
+        }
 }
 
 

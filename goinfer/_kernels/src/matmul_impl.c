@@ -45,12 +45,12 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
     int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
 #define FG_PTR(K, RB, MR) fg_##K##_##RB##_##MR,
 
-/* kinds 0..4 = q4_0, q4_1, q8_0, mxfp4, q6_k; 5..7 = f32, f16, bf16 (matmul.h).  q6_k has
-   microkernels on AVX2 only (N_QKINDS 5 in matmul_avx2.c, 4 in matmul_avx512.c): the avx512
-   variant hands it to the avx2 table (see matmul_q). */
-_Static_assert(GI_MXFP4 == 3 && GI_Q6_K == 4 && GI_F32 == 5 && GI_BF16 == 7,
+/* kinds 0..6 = q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k; 7..9 = f32, f16, bf16 (matmul.h) */
+_Static_assert(GI_Q6_K == 4 && GI_Q5_K == 6 && GI_F32 == 7 && GI_BF16 == 9,
                "the instantiation lists below assume the kind numbers of matmul.h");
+#define N_QKINDS 7
 SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
+SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QV_RB)(QV_DEF, 5, 1) SEQ(QV_RB)(QV_DEF, 6, 1)
 /* the GEMM tiles of kind K: RB = 1 (and 2 when QG_RB == 2), MR = 1..QG_MR */
 #if QG_RB == 1
 #define QG_KIND(K) SEQ(QG_MR)(QG_DEF, K, 1)
@@ -61,15 +61,10 @@ SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(Q
 #else
 #error "QG_RB must be 1 or 2"
 #endif
-QG_KIND(0) QG_KIND(1) QG_KIND(2) QG_KIND(3)
-#if N_QKINDS == 5
-SEQ(QV_RB)(QV_DEF, 4, 1) QG_KIND(4)
-#elif N_QKINDS != 4
-#error "N_QKINDS must be 4 (no q6_k microkernels) or 5"
-#endif
-SEQ(FV_RB)(FV_DEF, 5, 1) SEQ(FV_RB)(FV_DEF, 6, 1) SEQ(FV_RB)(FV_DEF, 7, 1)
-SEQ(FG_MR)(FG_DEF, 5, 1) SEQ(FG_MR)(FG_DEF, 6, 1) SEQ(FG_MR)(FG_DEF, 7, 1)
-SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2) SEQ(FG_MR)(FG_DEF, 7, 2)
+QG_KIND(0) QG_KIND(1) QG_KIND(2) QG_KIND(3) QG_KIND(4) QG_KIND(5) QG_KIND(6)
+SEQ(FV_RB)(FV_DEF, 7, 1) SEQ(FV_RB)(FV_DEF, 8, 1) SEQ(FV_RB)(FV_DEF, 9, 1)
+SEQ(FG_MR)(FG_DEF, 7, 1) SEQ(FG_MR)(FG_DEF, 8, 1) SEQ(FG_MR)(FG_DEF, 9, 1)
+SEQ(FG_MR)(FG_DEF, 7, 2) SEQ(FG_MR)(FG_DEF, 8, 2) SEQ(FG_MR)(FG_DEF, 9, 2)
 
 #if FG_RB != 2
 #error "instantiation lists above assume FG_RB == 2"
@@ -77,26 +72,24 @@ SEQ(FG_MR)(FG_DEF, 5, 2) SEQ(FG_MR)(FG_DEF, 6, 2) SEQ(FG_MR)(FG_DEF, 7, 2)
 #if QV_RB > MAXRB || FV_RB > MAXRB || QG_RB > MAXRB || QG_MR > MAXMR || FG_MR > MAXMR
 #error "microkernel sizes exceed the register array bounds"
 #endif
+#ifndef QG_MR_Q6K
+#define QG_MR_Q6K QG_MR  /* q6_k GEMM tile rows (<= QG_MR) */
+#endif
 
 static const qtile_fn qv_tab[N_QKINDS][QV_RB] = {
     {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)},
-    {SEQ(QV_RB)(QV_PTR, 3, 1)},
-#if N_QKINDS == 5
-    {SEQ(QV_RB)(QV_PTR, 4, 1)},
-#endif
+    {SEQ(QV_RB)(QV_PTR, 3, 1)}, {SEQ(QV_RB)(QV_PTR, 4, 1)}, {SEQ(QV_RB)(QV_PTR, 5, 1)},
+    {SEQ(QV_RB)(QV_PTR, 6, 1)},
 };
 static const qtile_fn qg_tab[N_QKINDS][QG_RB][QG_MR] = {
-    QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3)
-#if N_QKINDS == 5
-    QG_ROW(4)
-#endif
+    QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3) QG_ROW(4) QG_ROW(5) QG_ROW(6)
 };
 static const ftile_fn fv_tab[3][FV_RB] = {
-    {SEQ(FV_RB)(FV_PTR, 5, 1)}, {SEQ(FV_RB)(FV_PTR, 6, 1)}, {SEQ(FV_RB)(FV_PTR, 7, 1)}};
+    {SEQ(FV_RB)(FV_PTR, 7, 1)}, {SEQ(FV_RB)(FV_PTR, 8, 1)}, {SEQ(FV_RB)(FV_PTR, 9, 1)}};
 static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
-    {{SEQ(FG_MR)(FG_PTR, 5, 1)}, {SEQ(FG_MR)(FG_PTR, 5, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 6, 1)}, {SEQ(FG_MR)(FG_PTR, 6, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 7, 1)}, {SEQ(FG_MR)(FG_PTR, 7, 2)}}};
+    {{SEQ(FG_MR)(FG_PTR, 7, 1)}, {SEQ(FG_MR)(FG_PTR, 7, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 8, 1)}, {SEQ(FG_MR)(FG_PTR, 8, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 9, 1)}, {SEQ(FG_MR)(FG_PTR, 9, 2)}}};
 
 #define UPB (GI_ROWS / UNIT)       /* units per row block */
 #ifndef L2_CHUNK
@@ -109,10 +102,11 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
 /* GEMM tiling shared by the int and float paths.  Cache blocks: activation rows [m0, m1) in
    blocks of about ACT_CHUNK bytes, units [u0, u1) in chunks of about L2_CHUNK weight bytes
    (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
-   inside a tile, the chunk's units RB at a time.  CALL(rb_count, mr, m, u) runs one
+   inside a tile, the chunk's units RB at a time.  PREP(c0, c1) runs at each chunk of units
+   [c0, c1) of each activation block, before its tiles; CALL(rb_count, mr, m, u) runs one
    microkernel.  (The order of tiles does not matter for the bits: each output element is
    computed entirely inside one microkernel call.) */
-#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, CALL)                        \
+#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, PREP, CALL)                  \
     do {                                                                                        \
         int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
         chunk_ = chunk_ < (RBn) ? (RBn) : chunk_ / (RBn) * (RBn);                               \
@@ -123,6 +117,7 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
             const int64_t M_ = mb1_ - mb0_, nt_ = (M_ + (MRn) - 1) / (MRn);                     \
             for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                               \
                 const int64_t c1_ = min64(c0_ + chunk_, (u1));                                  \
+                PREP(c0_, c1_);                                                                 \
                 for (int64_t t_ = 0; t_ < nt_; t_++) {                                          \
                     const int64_t ma_ = mb0_ + t_ * M_ / nt_, mb_ = mb0_ + (t_ + 1) * M_ / nt_; \
                     for (int64_t uu_ = c0_; uu_ < c1_; uu_ += (RBn)) {                          \
@@ -140,15 +135,6 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     const int kind = w->kind;
     const int64_t u0 = rb0 * UPB, u1 = rb1 * UPB;
     if (m1 - m0 <= 0 || u1 <= u0) return;
-#if defined(GI_VARIANT_AVX512)
-    if (kind == GI_Q6_K) {
-        /* no AVX-512 q6_k microkernels (not testable on the AVX2 machine they were written on):
-           the AVX2 ones, which every AVX-512 CPU runs, give the contract's bits.  The layout
-           build of this variant converts Q6_K to q8_0 instead (goinfer/gguf.py). */
-        gi_matmul_ops_avx2.matmul_q(w, a, m0, m1, rb0, rb1, out, ldo);
-        return;
-    }
-#endif
     if (m1 - m0 == 1) {
         /* GEMV (decode): stream the weights once, QV_RB units at a time */
         for (int64_t u = u0; u < u1; u += QV_RB)
@@ -164,12 +150,23 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
-    if ((kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q8_0 || kind == GI_Q6_K) &&
-        gemm2(w, a, m0, m1, rb0, rb1, out, ldo))
-        return;
+    if (kind != GI_MXFP4 && kind != GI_Q5_K && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
 #endif
-#define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](w, a, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in, QG_RB, QG_MR, QCALL);
+    const int mr = kind == GI_Q6_K ? QG_MR_Q6K : QG_MR;
+    /* q4_k / q5_k: each chunk's scales decoded once (128 bytes per group and row block, counted
+       in the chunk's bytes) instead of once per tile; without scratch, decoded in the tiles */
+    gi_weight wl = *w;
+    int64_t ubk = ub;
+    if (IS_QK(kind)) {
+        ubk = ub + (w->n_in / GI_GROUP) * 128 / UPB;
+        int64_t ch = L2_CHUNK / (ubk > 0 ? ubk : 1);
+        ch = ch < QG_RB ? QG_RB : ch / QG_RB * QG_RB;
+        wl.kdec = (const float *)scratch_buffer((size_t)ch * (w->n_in / GI_GROUP) * 2 * UNIT * 4);
+    }
+#define QPREP(c0, c1) if (wl.kdec) { qk_decode(w, (c0), (c1), 0, w->n_in / GI_GROUP, (float *)wl.kdec); wl.kdec_u0 = (c0); }
+#define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](&wl, a, (m), (u), out, ldo)
+    GEMM_LOOP(u0, u1, m0, m1, ubk, w->n_in, QG_RB, mr, QPREP, QCALL);
+#undef QPREP
 #undef QCALL
 }
 
@@ -185,7 +182,9 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
     }
     const int64_t ub = w->n_in * 16 * (w->kind == GI_F32 ? 4 : 2) / UPB;
 #define FCALL(rbn, mrn, m, u) fg_tab[kind][(rbn) - 1][(mrn) - 1](w, x, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FCALL);
+#define FPREP(c0, c1) (void)0
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FPREP, FCALL);
+#undef FPREP
 #undef FCALL
 }
 
@@ -195,7 +194,8 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
 /* ============================================================================ get_rows (all variants: plain C) */
 
 /* Dequantized value = the reference's float32 expression: q4_0 (nib-8)*d, q4_1 nib*d + m
-   (two roundings), q8_0 q*d, mxfp4 KV[code]*2^(e-128) (exact), floats converted exactly. */
+   (two roundings), q8_0 q*d, mxfp4 KV[code]*2^(e-128) (exact), q6_k (d*sc)*(q-32) (exact),
+   q4_k / q5_k (d*sc)*q - dmin*mn (one rounding), floats converted exactly. */
 static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out) {
     const int64_t K = w->n_in;
     const int kind = w->kind;
@@ -216,6 +216,15 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;     /* (G, NL, 16, 4) */
         for (int64_t g = 0; g < G; g++) {
             float *og = o + g * GI_GROUP;
+            if (IS_QK(kind)) {  /* (d * sc) * q - dmin * mn: both products exact in float32 */
+                int sc, mn;
+                qk_scale_min(w->ks + (rb * (G / 8) + g / 8) * 12 * 16, (int)r, (int)(g & 7), &sc, &mn);
+                const uint16_t *dg = w->d + (rb * (G / 8) + g / 8) * 32;
+                const float ds = f16_to_f32(dg[r]) * (float)sc, dm = f16_to_f32(dg[16 + r]) * (float)mn;
+                for (int k = 0; k < GI_GROUP; k++)
+                    og[k] = (float)qk_code(kind, wq + g * NL * 64, (int)r, k) * ds - dm;
+                continue;
+            }
             if (kind == GI_Q6_K) {  /* (d * sc) * (q - 32): both products exact in float32 */
                 const float d = f16_to_f32(w->d[(rb * (G / 8) + g / 8) * GI_ROWS + r]);
                 const int8_t *sg = w->sc + ((rb * G + g) * GI_ROWS + r) * 2;

@@ -9,6 +9,9 @@
  *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly.
  *                q6_k: isum = sum_k sc[n,k/16]*(q-32)*qa, exact int32; the fold's d is the
  *                super-block's d[n,g/8]
+ *   q4_k, q5_k:  isum = exact int32 dot of group g's codes (0..15 / 0..31) with qa;
+ *                ds = d[n,g/8]*(float)sc[n,g], dm = dmin[n,g/8]*(float)mn[n,g] (both exact);
+ *                acc = fmaf((float)isum, ds*da[m,g], acc); acc = fmaf(-dm, sa[m,g], acc)
  *   float kinds: acc = 0; for k in order: acc = fmaf(w[n,k], x[m,k], acc)
  * Every variant performs exactly this float operation sequence (vectorized across the 16
  * rows of a row block), so the variants, the GEMV and GEMM paths, any tiling and any thread
@@ -23,6 +26,10 @@
  *          0..5, top 2 bits of the code of k = 16+4c+j in bits 6..7; line 4+p: low 4 bits of
  *          the codes of k = 16+8p+j (low nibble) and 16+8p+4+j (high); d (n_rb, G/8, 16)
  *          float16 per 256 k; sc (n_rb, G, 16, 2) int8 per 16 k
+ *   q4_k   qs as q4 (codes 0..15), d (n_rb, G/8, 2, 16) float16: d, dmin per 256 k;
+ *          ks (n_rb, G/8, 12, 16) uint8: byte i of GGUF's packed 6-bit scales/mins of row r
+ *   q5_k   qs (n_rb, G, 5, 16, 4): lines 0..3 as q4 (bits 0..3), line 4 byte (r, j): bit c is
+ *          bit 4 of the code of k = 4c+j, bit 4+c of k = 16+4c+j; d, ks as q4_k
  *   d, m   (n_rb, G, 16) float16
  *   float  (n_rb, K, 16)
  */
@@ -92,8 +99,30 @@ GI_INLINE int quant_one(float v, float inv) {
 }
 
 /* 64-byte lines per group of an int kind; scale (and min) bytes per group and row block. */
-#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : 4)
+#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : (kind) == GI_Q5_K ? 5 : 4)
 #define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : (kind) == GI_Q6_K ? 36 : 32)
+#define IS_QK(kind) ((kind) == GI_Q4_K || (kind) == GI_Q5_K)  /* d*sc*q - dmin*mn kinds */
+
+/* q4_k / q5_k: 6-bit scale and min of sub-block s (0..7) of row r, from the super-block's 12
+   lines ks (12, 16) (GGUF's get_scale_min_k4, one row) */
+GI_INLINE void qk_scale_min(const uint8_t *ks, int r, int s, int *sc, int *mn) {
+    if (s < 4) {
+        *sc = ks[s * 16 + r] & 63;
+        *mn = ks[(s + 4) * 16 + r] & 63;
+    } else {
+        const int h = ks[(s + 4) * 16 + r];
+        *sc = (h & 15) | (ks[(s - 4) * 16 + r] >> 6) << 4;
+        *mn = (h >> 4) | (ks[s * 16 + r] >> 6) << 4;
+    }
+}
+
+/* q4_k / q5_k: code k (0..31) of row r in a group's lines lg (plain C: portable, get_rows) */
+GI_INLINE int qk_code(const int kind, const uint8_t *lg, int r, int k) {
+    const int c = (k >> 2) & 3, j = k & 3, b = lg[c * 64 + r * 4 + j];
+    int q = k < 16 ? b & 15 : b >> 4;
+    if (kind == GI_Q5_K) q |= (lg[4 * 64 + r * 4 + j] >> (c + (k < 16 ? 0 : 4)) & 1) << 4;
+    return q;
+}
 
 /* q6_k: code k (0..31) of row r in a group's 6 lines lg (plain C: portable, get_rows) */
 GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
@@ -102,10 +131,63 @@ GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
     return (lg[(4 + (c >> 1)) * 64 + r * 4 + j] >> (4 * (c & 1)) & 15) | (x >> 6) << 4;
 }
 
+/* Each thread's scratch (AVX2 GEMM: an activation panel, then the unpacked q4 weights of a
+   chunk; q4_k / q5_k GEMM: a chunk's decoded scales), grown as needed and kept for the
+   thread's life: at most ~660 KB. */
+static __thread uint8_t *t_scratch;
+static __thread size_t t_scratch_cap;
+
+static inline uint8_t *scratch_buffer(size_t n) {
+    if (n > t_scratch_cap) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        uint8_t *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(t_scratch);
+        t_scratch = p;
+        t_scratch_cap = cap;
+    }
+    return t_scratch;
+}
 /* Columns of row block/unit starting at row n0 that exist in the output (<= 0: none). */
 GI_INLINE int64_t cols_left(const gi_weight *w, int64_t n0) { return w->n_out - n0; }
 
 GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* ============================================================================ AVX-512 scale helpers (matmul_avx512.c, matmul_amx.c) */
+#include <immintrin.h>
+
+/* q4_k / q5_k: d*sc and -(dmin*mn) of group g (sub-block g % 8 of its super-block) for the 16
+   rows of a unit, from the super-block's d, dmin (kd: (2, 16) float16) and 12 lines of packed
+   scales and mins (kp: (12, 16)), decoded as GGUF's get_scale_min_k4.  Both products exact. */
+GI_INLINE void qk_scales16(const uint16_t *kd, const uint8_t *kp, int s, __m512 *dv, __m512 *mv) {
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
+    __m128i sc, mn;
+    if (s < 4) {
+        sc = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + s * 16)), m6);
+        mn = _mm_and_si128(_mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16)), m6);
+    } else {  /* low 4 bits from line s+4, top 2 from bits 6..7 of lines s-4 (sc) and s (mn) */
+        const __m128i h = _mm_loadu_si128((const __m128i *)(kp + (s + 4) * 16));
+        sc = _mm_or_si128(_mm_and_si128(h, m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + (s - 4) * 16)), 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(h, 4), m4),
+                          _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(kp + s * 16)), 2), m30));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + 16)));
+    *dv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+    *mv = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)))),
+                                               _mm512_set1_epi32((int)0x80000000u)));  /* -(dmin*mn), as C's unary minus */
+}
+
+/* q6_k: a group's (16 rows x 2) int8 scales -> the low and high halves' scales, float32 */
+GI_INLINE void q6_scales16(const int8_t *p, __m512 *s0, __m512 *s1) {
+    const __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    *s0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 16));
+    *s1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 16));
+}
+#endif
 
 
 /* ============================================================================ what an ISA file provides
@@ -115,7 +197,8 @@ GI_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * that matmul_impl.c instantiates and tiles into matmul_q / matmul_f:
  *   qtile(KIND, RB, MR, w, a, m, u, out, ldo)   int kinds, ftile(...) float kinds
  * and their sizes: UNIT (output rows per unit), QV_RB / FV_RB (units per GEMV call), QG_RB x
- * QG_MR / FG_RB x FG_MR (units x activation rows per GEMM call), N_QKINDS (4: no q6_k).
+ * QG_MR / FG_RB x FG_MR (units x activation rows per GEMM call), optionally QG_MR_Q6K (q6_k's
+ * GEMM rows, <= QG_MR).  Every SIMD file has microkernels for every int kind.
  *
  * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
  * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8

@@ -51,7 +51,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     for (int64_t rb = rb0; rb < rb1; rb++) {
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;   /* (G, NL, 16, 4) */
         const uint16_t *wd = kind == GI_MXFP4 ? 0 : kind == GI_Q6_K ? w->d + rb * (G / 8) * 16
-                                                                    : w->d + rb * G * 16;  /* (G or G/8, 16) */
+                           : IS_QK(kind) ? w->d + rb * (G / 8) * 32 : w->d + rb * G * 16;  /* (G, 16), (G/8, [2,] 16) */
         const uint16_t *wm = kind == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         const uint8_t *we = kind == GI_MXFP4 ? w->e + rb * G * 16 : 0;   /* (G, 16) */
         const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
@@ -61,7 +61,10 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const int8_t *ag = a->qa + m * K + g * GI_GROUP;      /* (32,) */
                 const uint8_t *lg = wq + g * NL * 64;
                 int32_t is[GI_ROWS] = {0};
-                if (kind == GI_Q6_K) {
+                if (IS_QK(kind)) {
+                    for (int r = 0; r < GI_ROWS; r++)
+                        for (int k = 0; k < GI_GROUP; k++) is[r] += qk_code(kind, lg, r, k) * ag[k];
+                } else if (kind == GI_Q6_K) {
                     const int8_t *sg = w->sc + (rb * G + g) * 32;                  /* (16, 2) */
                     for (int r = 0; r < GI_ROWS; r++) {
                         int32_t h[2] = {0, 0};
@@ -90,6 +93,18 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 }
                 const float dam = a->da[m * G + g];
                 const int32_t corr = kind == GI_Q4_0 ? 8 * a->asum[m * G + g] : 0;
+                if (IS_QK(kind)) {  /* the super-block's d, dmin times the 6-bit scale, min: exact */
+                    const uint8_t *ks = w->ks + (rb * (G / 8) + g / 8) * 12 * 16;
+                    for (int r = 0; r < GI_ROWS; r++) {
+                        int sc, mn;
+                        qk_scale_min(ks, r, (int)(g & 7), &sc, &mn);
+                        const float ds = f16_to_f32(wd[(g >> 3) * 32 + r]) * (float)sc;
+                        const float dm = f16_to_f32(wd[(g >> 3) * 32 + 16 + r]) * (float)mn;
+                        acc[r] = fmaf((float)is[r], ds * dam, acc[r]);
+                        acc[r] = fmaf(-dm, a->sa[m * G + g], acc[r]);
+                    }
+                    continue;
+                }
                 for (int r = 0; r < GI_ROWS; r++) {
                     float dd = (kind == GI_MXFP4 ? e8m0_half(we[g * 16 + r])
                                 : f16_to_f32(wd[(kind == GI_Q6_K ? g >> 3 : g) * 16 + r])) * dam;
