@@ -276,6 +276,33 @@ def test_namespaced_and_free_form_tools(srv):
     assert again.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
 
 
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition":
+                    'start: "*** Begin Patch" LF line+ "*** End Patch" LF?\n'
+                    'line: ("+" | "-") /[a-z" ]{0,6}/ LF  // a line of the patch\n'
+                    '%import common.LF\n'}}
+# the same language, written independently as a Python regex
+PATCH_RE = r'\*\*\* Begin Patch\n([+-][a-z" ]{0,6}\n)+\*\*\* End Patch\n?'
+QUOTE = {"type": "custom", "name": "quote", "format": {"type": "grammar", "syntax": "lark",
+         "definition": 'start: "say \\"" WORD "\\\\" DIGIT "\\"" LF\n'
+                       '%import common.WORD\n%import common (DIGIT, LF)\n'}}
+QUOTE_RE = r'say "[A-Za-z]+\\[0-9]"\n'
+
+
+@pytest.mark.parametrize("tool,pattern", [(PATCH, PATCH_RE), (QUOTE, QUOTE_RE)])
+def test_a_lark_grammar_holds_a_free_form_input(srv, tool, pattern):
+    """The call is a JSON call object, its input string held to the tool's Lark grammar
+    through the JSON escapes of quotes, backslashes and line breaks."""
+    choice = {"type": "custom", "name": tool["name"]}
+    for seed in range(3):
+        r = srv.client().responses.create(model="tiny", input="Patch it.", tools=[tool, WEATHER],
+                                          tool_choice=choice, max_output_tokens=400,
+                                          temperature=1.0, extra_body={"seed": seed})
+        call = r.output[-1]
+        assert r.status == "completed" and call.type == "custom_tool_call"
+        assert re.fullmatch(pattern, call.input), call.input
+
+
 def test_hosted_tools_are_left_out_and_reported(srv, model):
     tools = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["v"]},
              {"type": "computer_use_preview", "display_width": 10, "display_height": 10,
@@ -317,6 +344,9 @@ BAD = [
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}},
      "text.format.name", "invalid_value"),
     ({"input": "x", "reasoning": {"effort": "enormous"}}, "reasoning.effort", "invalid_value"),
+    ({"input": "x", "tools": [{"type": "custom", "name": "c", "format": {
+        "type": "grammar", "syntax": "lark", "definition": "start: x\n%ignore y"}}]},
+     "tools[0].format", "invalid_grammar"),
     ({"input": "x", "include": ["everything"]}, "include", "invalid_value"),
     ({"input": "x", "background": True}, "background", "unsupported_value"),
     ({"input": "x", "temperature": 3}, "temperature", "invalid_value"),

@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from goinfer.chat.freeform import INPUT_KEY, custom_tool_function
+from goinfer.chat.freeform import INPUT_KEY, custom_tool_function, lark_error
 from goinfer.server.errors import bad
 
 __all__ = ["ToolMap", "translate_tools", "translate_choice", "conversation", "seal_reasoning",
@@ -62,7 +62,6 @@ class ToolMap:
     # the name the model calls -> (kind, name, namespace); kind: "function" | "custom" |
     # "tool_search"
     calls: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
-    grammars: dict[str, dict] = field(default_factory=dict)  # custom tool -> its format
     left_out: list[str] = field(default_factory=list)  # hosted tool types, not run
 
     def flat(self, kind: str, name: str, namespace: str | None = None) -> str:
@@ -111,8 +110,6 @@ def translate_tools(tools) -> ToolMap:
             name = _name(t, where)
             fmt = _custom_format(t.get("format"), f"{where}.format")
             out.add("custom", name, None, custom_tool_function(t.get("description"), fmt), where)
-            if fmt.get("type") == "grammar":
-                out.grammars[name] = fmt
         elif kind == "namespace":
             ns = _name(t, where)
             inner = t.get("tools")
@@ -132,8 +129,6 @@ def translate_tools(tools) -> ToolMap:
                     fmt = _custom_format(f.get("format"), f"{w}.format")
                     out.add("custom", name, ns, custom_tool_function(f.get("description"), fmt),
                             w)
-                    if fmt.get("type") == "grammar":
-                        out.grammars[out.flat("custom", name, ns)] = fmt
         elif kind == "tool_search" and t.get("execution", "server") == "client":
             fn = {"description": t.get("description") or "Search for more tools.",
                   "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
@@ -172,10 +167,15 @@ def _custom_format(fmt, where: str) -> dict:
     if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "grammar"):
         raise bad(f"{where} must be {{'type': 'text'}} or {{'type': 'grammar', 'syntax': "
                   "'lark' | 'regex', 'definition': ...}", where, "invalid_value")
-    if fmt["type"] == "grammar" and (fmt.get("syntax") not in ("lark", "regex")
-                                     or not isinstance(fmt.get("definition"), str)):
-        raise bad(f"{where}: a grammar needs 'syntax' ('lark' or 'regex') and a 'definition'",
-                  where, "invalid_value")
+    if fmt["type"] == "grammar":
+        if fmt.get("syntax") not in ("lark", "regex") or not isinstance(fmt.get("definition"),
+                                                                           str):
+            raise bad(f"{where}: a grammar needs 'syntax' ('lark' or 'regex') and a "
+                      "'definition'", where, "invalid_value")
+        err = lark_error(fmt["definition"]) if fmt["syntax"] == "lark" else ""
+        if err:
+            raise bad(f"{where}: the grammar cannot hold the tool's input: {err}", where,
+                      "invalid_grammar")
     return dict(fmt)
 
 
