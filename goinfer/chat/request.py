@@ -115,6 +115,8 @@ class ToolChat:
             g = self.fmt.answer_grammar(response_format, self.tokenizer)
             if g is not None:  # the schema holds the answer, after what comes before it
                 return None, g
+        if theirs and grammar is None and self.spec is not None and self.spec.forced:
+            return None, self.compiled()  # the reply is calls: no answer for a format to hold
         if theirs and grammar is None and self.spec is not None and self.spec.choice == "auto" \
                 and self.channels is None:
             g = self.answer_or_calls(response_format)

@@ -200,7 +200,7 @@ class Responses(ApiRoute):
         o: Options = req.options
         items = output_items(result, o)
         resp = self.response(info, o, _status(result), items, result)
-        self._store(resp, req, result)
+        self.finished(resp, req, result)
         return resp
 
     def response(self, info: ReplyInfo, o: Options, status: str, output: list[dict],
@@ -235,7 +235,8 @@ class Responses(ApiRoute):
             out["timings"] = timings(result)  # goinfer's extension, llama.cpp's object
         return out
 
-    def _store(self, resp: dict, req: Request, result) -> None:
+    def finished(self, resp: dict, req: Request, result) -> None:
+        """A response is complete (streamed or not): stored when the request asked for it."""
         o: Options = req.options
         if not o.store or o.store_ref is None:
             return
@@ -629,7 +630,7 @@ class _EventWriter:
         if not self.items:  # an empty reply is still a message
             out += self._open("message") + self._close(status)
         resp = self.route.response(self.info, self.o, status, list(self.items), result)
-        self.route._store(resp, self.req, result)
+        self.route.finished(resp, self.req, result)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return out + self.ev(kind, response=resp)
 
