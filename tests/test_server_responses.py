@@ -416,15 +416,23 @@ def test_codex_shaped_turns_are_pure_appends(srv):
               "content": [{"type": "input_text", "text": "<environment_context/>"}]},
              {"type": "message", "id": "msg_d", "role": "user",
               "content": [{"type": "input_text", "text": "say hi"}]}]
-    prev_prompt = 0
+    from goinfer.server.openai_responses import ROUTE
+    from goinfer.server.runner import prompt_ids
+
+    prev, prev_out, block = None, 0, srv.cache.block_size
     for turn in range(3):
-        out = _final(srv.post("/v1/responses", _codex_turn(items, "sess-1")))
+        body = _codex_turn(items, "sess-1")
+        ids, _ = prompt_ids(srv.model, ROUTE.parse(body, srv.model.vocab_size))
+        out = _final(srv.post("/v1/responses", body))
         u = out["usage"]
-        assert out["tools_left_out"] == ["web_search"]
-        if turn:
-            # all of the previous prompt and reply (but the end-of-turn marker) was cached
-            assert u["input_tokens_details"]["cached_tokens"] >= prev_prompt
-        prev_prompt = u["input_tokens"]
+        assert out["tools_left_out"] == ["web_search"] and u["input_tokens"] == len(ids)
+        if prev is not None:
+            assert ids[:len(prev)] == prev  # the prompt grew by appending
+            # the previous prompt and the reply the model wrote (all but its last token, never
+            # fed) came from the cache, in whole blocks
+            done = len(prev) + prev_out - 1
+            assert u["input_tokens_details"]["cached_tokens"] >= done // block * block
+        prev, prev_out = ids, u["output_tokens"]
         items = items + [dict(o) for o in out["output"]] + [
             {"type": "message", "id": f"msg_u{turn}", "role": "user",
              "content": [{"type": "input_text", "text": f"again {turn}"}]}]
