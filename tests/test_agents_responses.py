@@ -210,8 +210,17 @@ def test_codex_exec_and_resume_on_gemma(tmp_path):
         assert all(b["tools"] == route.bodies[0]["tools"] for b in route.bodies)
         assert route.replies[0]["tools_left_out"] == ["web_search"]
         metrics = httpx.get(s.url + "/metrics", timeout=30).text
+        statuses = re.findall(r'goinfer_http_requests_total\{route="/v1/responses",'
+                              r'code="(\d+)"\} (\d+)', metrics)
         assert re.search(rf'goinfer_cache_key_requests_total\{{key="{keys.pop()}"\}} '
                          rf'{len(route.bodies)}', metrics)
+    # the transcript: each request Codex sent, and what it got
+    for i, (b, r) in enumerate(zip(route.bodies, route.replies)):
+        u = r["usage"]
+        print(f"{'exec' if i < n_first else 'resume'} #{i + 1}: {len(b['input'])} input items "
+              f"-> {r['status']}, {[o['type'] for o in r['output']]}, {u['input_tokens']} "
+              f"prompt tokens, {u['input_tokens_details']['cached_tokens']} cached")
+    print(f"HTTP statuses of POST /v1/responses: {dict(statuses)}")
     print(f"codex exec: {t1 - t0:.1f} s ({n_first} requests), resume: {t2 - t1:.1f} s "
           f"({len(route.replies) - n_first} requests); resumed prompt {u['input_tokens']} "
           f"tokens, {u['input_tokens_details']['cached_tokens']} cached")
