@@ -8,7 +8,7 @@ prefilled by llama.cpp (llama-cpp-python) as the peer's time for the same prefil
     python benchmarks/codex.py [--model gemma3-270m] [--turns 3] [--threads 2] [--json out.json]
     python benchmarks/codex.py --smoke     # the tiny model, Codex with a short prompt (test suite)
 
-Codex's provider is set with `-c` overrides and a temporary HOME (docs/server.md):
+Codex's provider is set with `-c` overrides and a temporary HOME (docs/responses.md):
 
     codex -c model_provider=goinfer -c model_providers.goinfer.name=goinfer
           -c model_providers.goinfer.base_url=http://127.0.0.1:PORT/v1
