@@ -220,6 +220,43 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
         time.sleep(0.05)
 
 
+def test_responses_keys_and_stored_ids_reach_their_replica(cluster):
+    """POST /v1/responses through the ingress: requests with one prompt_cache_key and no prefix
+    in common go to one replica (the key's); a stored response is read, continued and deleted
+    on the replica that stored it (its id carries that replica's tag), whichever replica the
+    prefix would pick."""
+    c = client(cluster)
+    for key in ("conv-a", "conv-b"):
+        went = set()
+        for i, word in enumerate(["alpha", "bravo", "charlie", "delta"]):
+            raw = c.responses.with_raw_response.create(
+                model="tiny", input=f"{word} {key} {i}", prompt_cache_key=key,
+                max_output_tokens=4, temperature=0)
+            went.add(raw.headers[REPLICA_HEADER])
+        assert len(went) == 1, (key, went)
+    ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
+    (stats,) = ingress.routing_stats.remote().result()
+    assert stats["decisions"].get("key", 0) >= 6, stats
+    for i in range(4):
+        raw = c.responses.with_raw_response.create(model="tiny", input=f"store {i}",
+                                                   max_output_tokens=4, temperature=0)
+        first, home = raw.parse(), raw.headers[REPLICA_HEADER]
+        got = httpx.get(f"{cluster.url}/v1/responses/{first.id}", timeout=120,
+                        headers={"Authorization": f"Bearer {KEY}"})
+        assert got.status_code == 200 and got.headers[REPLICA_HEADER] == home
+        assert got.json()["id"] == first.id
+        raw = c.responses.with_raw_response.create(model="tiny", input="and then?",
+                                                   previous_response_id=first.id,
+                                                   max_output_tokens=4, temperature=0)
+        assert raw.headers[REPLICA_HEADER] == home
+        assert raw.parse().previous_response_id == first.id
+        assert c.responses.delete(first.id) is None
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(first.id)
+    (stats,) = ingress.routing_stats.remote().result()
+    assert stats["decisions"].get("pinned", 0) >= 4 * 4, stats
+
+
 def test_client_disconnect_cancels_the_job(cluster, model):
     """A client that leaves a stream has its job cancelled on the replica (the single-process
     server's behaviour, through the ingress and the Ray stream)."""

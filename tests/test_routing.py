@@ -3,6 +3,7 @@ keys, the index forgets like the cache, and choose() follows its stated rule."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,14 @@ from hypothesis import strategies as st
 from goinfer import KVCache
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
-from goinfer.server.routing import Policy, PrefixIndex, choose, prompt_chain
+from goinfer.server.routing import (
+    KeyIndex,
+    Policy,
+    PrefixIndex,
+    choose,
+    instance_tag,
+    prompt_chain,
+)
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +121,31 @@ def test_choose_follows_the_stated_rule(reps, imbalance, seed):
         assert loads[got] == low
     else:
         assert got in top and loads[got] == top_low
+
+
+def test_a_conversation_key_goes_where_it_went_unless_imbalanced():
+    idx, pol = PrefixIndex(100), Policy("prefix", imbalance=4)
+    chain = prompt_chain(list(range(64)), 16)
+    idx.add("a", chain)
+    # the key's replica first, even against a longer prefix elsewhere (a request continuing a
+    # stored response has only its new input to hash)
+    c = choose(chain, {"a": 0, "b": 1}, idx, pol, preferred="b")
+    assert (c.ranking[0], c.reason) == ("b", "key")
+    c = choose(chain, {"a": 0, "b": 5}, idx, pol, preferred="b")  # 5 - 0 > 4
+    assert (c.ranking[0], c.reason) == ("a", "imbalanced")
+    c = choose(chain, {"a": 0, "b": 1}, idx, pol, preferred="gone")  # not a replica any more
+    assert (c.ranking[0], c.reason) == ("a", "prefix")
+    keys = KeyIndex(capacity=2)
+    keys.set("k1", "a")
+    keys.set("k2", "b")
+    keys.set("k3", "a")  # k1 forgotten, the least recently used
+    assert (keys.get("k1"), keys.get("k2"), keys.get("k3"), keys.get(None)) == (None, "b", "a",
+                                                                                None)
+    keys.keep_only(["b"])
+    assert keys.get("k3") is None and keys.get("k2") == "b"
+
+
+def test_instance_tags_are_short_and_stable():
+    t = instance_tag("SERVE_REPLICA::goinfer#GoinferReplica#abc")
+    assert re.fullmatch("[0-9a-f]{8}", t) and t == instance_tag(
+        "SERVE_REPLICA::goinfer#GoinferReplica#abc") != instance_tag("other")

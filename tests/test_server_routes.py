@@ -102,5 +102,6 @@ def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):
 
 
 def test_the_registry_lists_the_openai_routes():
-    assert [r.path for r in ROUTES] == ["/v1/chat/completions", "/v1/completions"]
+    assert [r.path for r in ROUTES] == ["/v1/chat/completions", "/v1/completions",
+                                        "/v1/responses"]
     assert route_for("/v1/completions") is ROUTES[1] and route_for("/v1/models") is None

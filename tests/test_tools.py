@@ -652,9 +652,29 @@ def test_chat_bad_tools_raise_before_generating(tiny_model):
     with pytest.raises(ToolError) as e:
         s.chat(ASK, tools=BOUNDED, tool_choice={"type": "function", "function": {"name": "x"}})
     assert e.value.param == "tool_choice" and s.tokens == held
-    with pytest.raises(ToolError):
-        s.chat(ASK, tools=BOUNDED, response_format={"type": "json_object"})
+    with pytest.raises(ToolError):  # one reply cannot follow a grammar and the call format
+        s.chat(ASK, tools=BOUNDED, grammar='start: "yes"')
     assert s.tokens == held
+
+
+def test_chat_tools_with_a_json_format_answer_or_call(tiny_model):
+    """tool_choice "auto" with a JSON response_format (an agent's structured final answer):
+    the reply is either the answer the schema holds or calls; a forced call ignores the
+    format (the reply is calls)."""
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}}
+    for seed in range(6):  # which one a random model picks is its business
+        r = tiny_model.session().chat(ASK, tools=BOUNDED, response_format=rf, max_tokens=200,
+                                      temperature=1.0, seed=seed, parallel_tool_calls=False)
+        if r.tool_calls:
+            assert r.finish_reason == "tool_calls" and not r.content
+        else:
+            assert json.loads(r.content) in ({"ok": True}, {"ok": False})
+    r = tiny_model.session().chat(ASK, tools=BOUNDED, response_format=rf, max_tokens=200,
+                                  tool_choice="required", temperature=1.0, seed=0,
+                                  parallel_tool_calls=False)
+    assert r.tool_calls and r.finish_reason == "tool_calls"
 
 
 def test_chat_tool_history_reuses_the_cache(tiny_model):

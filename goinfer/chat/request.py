@@ -11,6 +11,8 @@ reads the reply back (content, reasoning, tool calls).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -27,11 +29,12 @@ from goinfer.chat.formats.base import ToolFormat
 from goinfer.chat.grammar import marker, special
 from goinfer.chat.parser import CallParser
 from goinfer.chat.spec import ToolSpec, check_tools
-from goinfer.chat_template import _to_dicts
+from goinfer.chat_template import _to_dicts, render_chat_template
 from goinfer.errors import ChatTemplateError, ToolError
 from goinfer.generation import Piece
 
-__all__ = ["ToolChat", "prepare_chat", "chat_inputs", "tool_grammar"]
+__all__ = ["ToolChat", "prepare_chat", "chat_inputs", "tool_grammar", "alternates_roles",
+           "join_same_roles"]
 
 
 def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[dict], list | None]:
@@ -112,6 +115,13 @@ class ToolChat:
             g = self.fmt.answer_grammar(response_format, self.tokenizer)
             if g is not None:  # the schema holds the answer, after what comes before it
                 return None, g
+        if theirs and grammar is None and self.spec is not None and self.spec.forced:
+            return None, self.compiled()  # the reply is calls: no answer for a format to hold
+        if theirs and grammar is None and self.spec is not None and self.spec.choice == "auto" \
+                and self.channels is None:
+            g = self.answer_or_calls(response_format)
+            if g is not None:  # the reply is the answer the schema holds, or calls
+                return None, g
         if theirs and self.channels is not None and self.channels.kind == "think":
             # the request's own constraint holds the whole reply: no think block is read out
             # of it (a prompt that opened one gets the constrained text as its answer)
@@ -144,6 +154,35 @@ class ToolChat:
             return g
         return dataclasses.replace(g, end_takes_forbidden=True,
                                    calls_begun=_calls_begun(self.spec, self.fmt, self.tokenizer))
+
+    def answer_or_calls(self, response_format):
+        """tool_choice "auto" with a JSON response_format (an agent with tools and a
+        structured final answer, Codex's --output-schema): the reply is either the answer,
+        held to the schema from its first token, or calls, as with "required" (compiled
+        constrained.Grammar; None: no JSON format).  GrammarError naming response_format."""
+        from goinfer.constrained import (
+            JSON_WHITESPACE,
+            _response_format_schema,
+            bound_numbers,
+            json_schema_source,
+            token_view,
+        )
+
+        rf = _response_format_schema(response_format)
+        if rf is None:
+            return None
+        json_schema_source(rf[1])  # checked here, so an error names response_format
+        schema = dict(bound_numbers(rf[1])) if isinstance(rf[1], dict) else rf[1]
+        if isinstance(schema, dict):
+            schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
+        calls = self.fmt.grammar(dataclasses.replace(self.spec, choice="required"),
+                                 self.tokenizer)
+        head, _, rest = calls.partition("\n")
+        assert head.startswith("start: ")
+        lark = (f"start: goinfer_answer | {head[len('start: '):]}\n"
+                f"goinfer_answer: %json {json.dumps(schema)}\n{rest}")
+        g = token_view(self.tokenizer).compile(lark, "lark", "response_format")
+        return dataclasses.replace(g, end_takes_forbidden=True, calls_begun=None)
 
     def finish(self, result, parser=None):
         """Set result.content, .tool_calls and finish_reason ("tool_calls" when the reply made
@@ -224,6 +263,8 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
     if system and not any(m.get("role") in ("system", "developer") for m in messages):
         messages = [{"role": "system", "content": system}, *messages]
     msgs, template_tools = chat_inputs(messages, fmt, spec)
+    if alternates_roles(getattr(model, "chat_template", None) or ""):
+        msgs = join_same_roles(msgs)
     kwargs = dict(template_kwargs or {})
     for k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
         if k in kwargs:
@@ -235,3 +276,39 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
         channels = channels.opened(prompt)
     return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer, channels),
                     model.tokenizer, channels)
+
+
+# ============================================================================ alternating roles
+
+
+@functools.lru_cache(maxsize=32)
+def alternates_roles(template: str) -> bool:
+    """Does the chat template refuse two user messages in a row (Gemma's wants user and
+    assistant turns to alternate)?  Agents send such runs: Codex's environment context and
+    prompt are two user messages, its system prompt two developer messages."""
+    if not template:
+        return False
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    try:
+        render_chat_template(template, two, add_generation_prompt=True)
+    except ChatTemplateError:
+        return True
+    return False
+
+
+def join_same_roles(messages: list) -> list:
+    """Consecutive system or user messages of plain text joined into one, their texts
+    separated by a blank line (for templates that want alternating roles).  A pure append to
+    the conversation stays a pure append of the prompt, except when it adds a message of the
+    role the conversation ended with."""
+    out: list = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if (isinstance(m, Mapping) and isinstance(prev, Mapping)
+                and m.get("role") in ("system", "user") and prev.get("role") == m.get("role")
+                and set(m) <= {"role", "content"} and set(prev) <= {"role", "content"}
+                and isinstance(m.get("content"), str) and isinstance(prev.get("content"), str)):
+            out[-1] = {"role": m["role"], "content": f"{prev['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out

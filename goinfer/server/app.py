@@ -3,8 +3,9 @@
     app = create_app(model)                # engine thread starts with the app's lifespan
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Routes: POST /v1/chat/completions, POST /v1/completions (each a translation module over the
-generic runner, runner.py), GET /v1/models, GET /health, GET /metrics.
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (each a translation
+module over the generic runner, runner.py; the Responses API's stored responses under
+/v1/responses/{id}), GET /v1/models, GET /health, GET /metrics.
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
                prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_body_bytes: int = MAX_BODY_BYTES,
                ping_interval: float = PING_INTERVAL_S, draft: str | None = None,
                draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-               routes: Sequence[ApiRoute] = ROUTES) -> FastAPI:
+               routes: Sequence[ApiRoute] = ROUTES, instance: str = "") -> FastAPI:
     """draft / draft_tokens: the default speculative drafting of requests (a request's own
     "draft" / "draft_tokens" fields override it); the output is the same either way.
-    routes: the API routes served (default: every route of routes.py)."""
+    routes: the API routes served (default: every route of routes.py).  instance: this
+    server's tag among replicas (in the ids of what it stores; "": the only server)."""
     draft_tokens = check_draft(draft or PROMPT_LOOKUP, draft_tokens)
     cache = cache if cache is not None else KVCache(model)
     engine = Engine(model, cache, max_batch=max_batch, max_queue=max_queue,
@@ -67,7 +69,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     runner = Runner(model, cache, engine, draft=draft is not None, draft_tokens=draft_tokens,
                     ping_interval=ping_interval)
     served = Served(runner, st.model_id, f"goinfer-{model.fingerprint[:12]}", max_body_bytes,
-                    api_key, st.counts)
+                    api_key, st.counts, instance)
 
     # ------------------------------------------------------------------ errors
 
@@ -117,7 +119,7 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
     @app.get("/metrics")
     async def get_metrics(request: Request):
         authorize(request.headers, st.api_key)
-        return PlainTextResponse(metrics.render(engine, cache, st.counts),
+        return PlainTextResponse(metrics.render(engine, cache, st.counts, runner.keys),
                                  media_type="text/plain; version=0.0.4")
 
     for route in routes:
@@ -130,3 +132,12 @@ def _mount(app: FastAPI, route: ApiRoute, served: Served) -> None:
         return await route.handle(request, served)
 
     app.add_api_route(route.path, handler, methods=["POST"])
+    for method, path, serve in route.extra_routes():
+        _mount_extra(app, method, path, serve, served)
+
+
+def _mount_extra(app: FastAPI, method: str, path: str, serve, served: Served) -> None:
+    async def handler(request: Request):
+        return await serve(request, served)
+
+    app.add_api_route(path, handler, methods=[method])

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
+
+MAX_KEYS = 64  # conversation keys /metrics reports (the most recently used)
+MAX_KEY_CHARS = 64
 
 
 class RequestCounts:
@@ -21,11 +24,39 @@ class RequestCounts:
             return sorted(self._n.items())
 
 
+class KeyStats:
+    """Prompt and cached tokens per conversation key (Request.cache_key: OpenAI's
+    prompt_cache_key, a client's session id), for the MAX_KEYS most recently used keys: how
+    much of each conversation's prompts the prefix cache served."""
+
+    def __init__(self, max_keys: int = MAX_KEYS):
+        self._lock = threading.Lock()
+        self.max_keys = max_keys
+        self._n: OrderedDict[str, list[int]] = OrderedDict()  # key -> [requests, prompt, cached]
+
+    def add(self, key: str | None, prompt_tokens: int, cached_tokens: int) -> None:
+        if not key:
+            return
+        key = key[:MAX_KEY_CHARS]
+        with self._lock:
+            row = self._n.pop(key, None) or [0, 0, 0]
+            row[0] += 1
+            row[1] += int(prompt_tokens)
+            row[2] += int(cached_tokens)
+            self._n[key] = row
+            while len(self._n) > self.max_keys:
+                self._n.popitem(last=False)
+
+    def items(self) -> list[tuple[str, list[int]]]:
+        with self._lock:
+            return [(k, list(v)) for k, v in self._n.items()]
+
+
 def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(engine, cache, counts: RequestCounts) -> str:
+def render(engine, cache, counts: RequestCounts, keys: KeyStats | None = None) -> str:
     lines: list[str] = []
 
     def metric(name: str, kind: str, help: str, samples) -> None:
@@ -77,4 +108,13 @@ def render(engine, cache, counts: RequestCounts) -> str:
     metric("goinfer_kv_block_tokens", "gauge", "Tokens per KV block.", [({}, s.block_size)])
     metric("goinfer_kv_evictions_total", "counter", "Cached KV blocks evicted for reuse.",
            [({}, s.evictions)])
+    rows = keys.items() if keys is not None else []
+    metric("goinfer_cache_key_requests_total", "counter",
+           f"Finished requests per conversation key (prompt_cache_key; the {MAX_KEYS} most "
+           "recently used keys).", [({"key": k}, r[0]) for k, r in rows])
+    metric("goinfer_cache_key_prompt_tokens_total", "counter",
+           "Prompt tokens per conversation key.", [({"key": k}, r[1]) for k, r in rows])
+    metric("goinfer_cache_key_cached_tokens_total", "counter",
+           "Prompt tokens served from the prefix cache per conversation key.",
+           [({"key": k}, r[2]) for k, r in rows])
     return "\n".join(lines) + "\n"

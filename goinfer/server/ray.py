@@ -42,8 +42,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from goinfer.server.errors import APIError
 from goinfer.server.route import ApiRoute
-from goinfer.server.routes import route_for
-from goinfer.server.routing import Policy, PrefixIndex, choose, prompt_chain
+from goinfer.server.routes import ROUTES, route_for
+from goinfer.server.routing import (
+    KeyIndex,
+    Policy,
+    PrefixIndex,
+    choose,
+    instance_tag,
+    prompt_chain,
+)
 
 log = logging.getLogger("goinfer.server")
 
@@ -92,6 +99,7 @@ class GoinferReplica:
         from goinfer.server.app import create_app
 
         self.spec = spec
+        self.id = serve.get_replica_context().replica_id.to_full_id_str()
         model = Model.load(spec.model, threads=spec.threads, exact=spec.exact,
                            context_length=spec.ctx, progress=False)
         cache = KVCache(model, max_tokens=spec.kv_tokens, block_size=spec.block_size)
@@ -99,10 +107,9 @@ class GoinferReplica:
                               api_key=spec.api_key, max_batch=spec.max_batch,
                               max_queue=spec.max_queue, prefill_chunk=spec.prefill_chunk,
                               max_body_bytes=spec.max_body, draft=spec.draft,
-                              draft_tokens=spec.draft_tokens)
+                              draft_tokens=spec.draft_tokens, instance=instance_tag(self.id))
         self.engine = self.app.state.engine
         self.engine.start()  # the app's lifespan is not run: this process owns the engine
-        self.id = serve.get_replica_context().replica_id.to_full_id_str()
         log.info("replica %s: %s, threads=%d, KV cache %d tokens", self.id, model.name,
                  model.threads, cache.max_tokens)
 
@@ -177,10 +184,16 @@ async def asgi_call(app, req: dict):
 
 
 def _chain_of(pending_request: PendingRequest | None) -> list[bytes]:
+    return _field(pending_request, "chain") or []
+
+
+def _field(pending_request: PendingRequest | None, name: str):
+    """A field of the request dict the ingress sends: chain, key (conversation key), pin
+    (the instance tag of the replica that must serve it)."""
     if pending_request is None or not pending_request.args:
-        return []
+        return None
     req = pending_request.args[0]
-    return req.get("chain", []) if isinstance(req, dict) else []
+    return req.get(name) if isinstance(req, dict) else None
 
 
 class PrefixRouter(RequestRouter):
@@ -200,6 +213,7 @@ class PrefixRouter(RequestRouter):
                          capacity: int = 1 << 16):
         self.policy = Policy(policy, imbalance, min_blocks)
         self.index = PrefixIndex(capacity)
+        self.keys = KeyIndex()  # conversation key -> the replica it last went to
         self.decisions: dict[str, int] = {}
         self.assigned: dict[str, tuple[str, float]] = {}  # request id -> (replica, when)
         # Serve ships a router class pickled *by value* with its module's globals copied, so
@@ -214,6 +228,15 @@ class PrefixRouter(RequestRouter):
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         rid = pending_request.metadata.internal_request_id if pending_request else None
         self.assigned.pop(rid, None)  # routed again (the first choice was full): count it once
+        pin = _field(pending_request, "pin")
+        if pin:  # it names what one replica stores (a response id): only that one can serve it
+            held = [r for r in by_id if instance_tag(r) == pin]
+            if held:
+                self.decisions["pinned"] = self.decisions.get("pinned", 0) + 1
+                if rid is not None:
+                    self.assigned[rid] = (held[0], time.monotonic())
+                return [[by_id[held[0]]]]
+            # that replica is gone: any replica answers (404, the response is unknown there)
         if self.policy.name == "random":
             loads = dict.fromkeys(by_id, 0)
         else:
@@ -222,7 +245,9 @@ class PrefixRouter(RequestRouter):
             own = self.in_flight()
             loads = {r: max(ray_loads.get(r, 0), own.get(r, 0)) for r in live}
         chain = _chain_of(pending_request)
-        c = choose(chain, loads, self.index, self.policy)
+        key = _field(pending_request, "key")
+        c = choose(chain, loads, self.index, self.policy, preferred=self.keys.get(key))
+        self.keys.set(key, c.ranking[0])
         self.decisions[c.reason] = self.decisions.get(c.reason, 0) + 1
         if rid is not None:
             self.assigned[rid] = (c.ranking[0], time.monotonic())
@@ -272,6 +297,7 @@ class PrefixRouter(RequestRouter):
         super().update_replicas(replicas)
         if hasattr(self, "index"):
             self.index.keep_only(r.to_full_id_str() for r in self.curr_replicas)
+            self.keys.keep_only(r.to_full_id_str() for r in self.curr_replicas)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -320,22 +346,40 @@ class TextModel:
     del _Model
 
 
-def route_chain(text: TextModel, path: str, body: bytes, block_size: int) -> list[bytes]:
-    """The block hash chain of a generation request's prompt, parsed by its route and tokenized
-    as the replica's runner does; [] for any other request or any request the replica will
-    refuse (its app answers the error, so the ingress never needs to)."""
+def route_chain(text: TextModel, path: str, body: bytes,
+                block_size: int) -> tuple[list[bytes], str | None]:
+    """(the block hash chain of a generation request's prompt, parsed by its route and
+    tokenized as the replica's runner does, its conversation key); ([], None) for any other
+    request or any request the replica will refuse (its app answers the error, so the ingress
+    never needs to)."""
     from goinfer.server.runner import prompt_ids
 
     route = route_for(path)
     if route is None:
-        return []
+        return [], None
     try:
         req = route.parse(json.loads(body), text.vocab_size)
         ids, _ = prompt_ids(text, req)
     except Exception as e:  # noqa: BLE001 - refused there: routed without a key
         log.debug("no routing key for a request to %s: %s", path, e)
-        return []
-    return prompt_chain(ids, block_size, req.cache_salt)
+        return [], None
+    return prompt_chain(ids, block_size, req.cache_salt), req.cache_key
+
+
+def pinned_to(path: str, body: bytes) -> str | None:
+    """The instance tag of the replica a request must reach (it names a stored response),
+    asked of every route; None: any replica."""
+    parsed = None
+    if body:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            pass
+    for route in ROUTES:
+        tag = route.pinned(path, parsed)
+        if tag:
+            return tag
+    return None
 
 
 def replica_failed(e: BaseException, replica: str | None) -> APIError:
@@ -369,16 +413,17 @@ class GoinferIngress:
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
         chain: list[bytes] = []
+        key = None
         try:
             authorize(request.headers, self.spec.api_key)
             if route_for(path) is not None and request.method == "POST":
-                chain = await asyncio.to_thread(route_chain, self.text, path, body,
-                                                self.spec.block_size)
+                chain, key = await asyncio.to_thread(route_chain, self.text, path, body,
+                                                     self.spec.block_size)
         except APIError:
             pass  # forwarded all the same: the replica's app answers 401
         req = {"method": request.method, "path": path, "query": request.url.query,
                "headers": [(k, v) for k, v in request.headers.items() if k != "host"],
-               "body": body, "chain": chain}
+               "body": body, "chain": chain, "key": key, "pin": pinned_to(path, body)}
         return await self._forward(req, route_for(path) or _DEFAULT_ROUTE)
 
     async def _forward(self, req: dict, route: ApiRoute) -> Response:

@@ -42,6 +42,9 @@ class Request:
     cache_salt: str | None = None
     draft: bool | None = None  # speculative drafting on / off (None: the server's default)
     draft_tokens: int | None = None  # tokens per draft (None: the server's)
+    # the conversation this request continues (OpenAI's prompt_cache_key, a client's session
+    # id): the replica affinity of its KV cache under --replicas, and a label of /metrics
+    cache_key: str | None = None
     # the route's own options for shaping its reply (the runner does not read them)
     options: Any = None
 

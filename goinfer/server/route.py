@@ -68,6 +68,10 @@ class Served:
     max_body: int
     api_key: str | None
     counts: object  # metrics.RequestCounts
+    # this server among replicas (its tag in ids a later request must come back with; "": the
+    # only one), and the state routes keep per server (stored responses), by route path
+    instance: str = ""
+    state: dict = field(default_factory=dict)
 
 
 class ApiRoute:
@@ -97,6 +101,26 @@ class ApiRoute:
         """The bytes that end an open stream with an error (a replica that died mid-stream)."""
         return sse(self.error_body(e))
 
+    # ------------------------------------------------------------------ optional
+
+    def bind(self, req: Request, srv: Served) -> None:
+        """Complete a parsed request from the server's own state before it runs (Responses:
+        the stored conversation a previous_response_id continues; APIError).  Default: none."""
+
+    def new_id(self, srv: Served) -> str:
+        """The id of a new reply."""
+        return self.id_prefix + uuid.uuid4().hex[:24]
+
+    def extra_routes(self) -> list[tuple[str, str, object]]:
+        """More endpoints of this API: (method, path, async handler(request, srv) ->
+        Response), e.g. GET /v1/responses/{response_id}.  Default: none."""
+        return []
+
+    def pinned(self, path: str, body: dict | None) -> str | None:
+        """The instance tag (Served.instance) of the replica a request must reach, because
+        only it holds what the request names (a stored response); None: any replica."""
+        return None
+
     # ------------------------------------------------------------------ shared
 
     async def handle(self, request: HTTPRequest, srv: Served) -> Response:
@@ -104,8 +128,9 @@ class ApiRoute:
         authorize(request.headers, srv.api_key)
         body = await read_json(request, srv.max_body)
         req = self.parse(body, srv.runner.model.vocab_size)
+        self.bind(req, srv)
         run = await srv.runner.start(req)
-        info = ReplyInfo(srv.model_id, srv.fingerprint, self.id_prefix + uuid.uuid4().hex[:24])
+        info = ReplyInfo(srv.model_id, srv.fingerprint, self.new_id(srv))
         if req.stream:
             srv.counts.add(self.path, 200)
             return EventStream(self._stream(srv.runner, run, info))

@@ -17,6 +17,7 @@ replica's cache has, least recently used forgotten first, as the cache evicts.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ def prompt_chain(ids, block_size: int, salt: str | None = None) -> list[bytes]:
         parent = block_hash(parent, ids[i * block_size:(i + 1) * block_size], EXACT, salt)
         out.append(parent)
     return out
+
+
+def instance_tag(replica_id: str) -> str:
+    """A replica's short tag (8 hex digits of its id's SHA-256): the ids of the responses it
+    stores carry it, so a request naming one is routed back to it."""
+    return hashlib.sha256(replica_id.encode()).hexdigest()[:8]
 
 
 # ============================================================================ policy
@@ -115,9 +122,38 @@ class PrefixIndex:
         return len(self._held.get(replica, ()))
 
 
+class KeyIndex:
+    """Conversation key (a request's cache_key: OpenAI's prompt_cache_key, a client's session
+    id) -> the replica its last request went to, for the capacity most recently used keys."""
+
+    def __init__(self, capacity: int = 1 << 14):
+        self.capacity = capacity
+        self._at: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, key: str | None) -> str | None:
+        return self._at.get(key) if key else None
+
+    def set(self, key: str | None, replica: str) -> None:
+        if not key:
+            return
+        self._at[key] = replica
+        self._at.move_to_end(key)
+        while len(self._at) > self.capacity:
+            self._at.popitem(last=False)
+
+    def keep_only(self, replicas) -> None:
+        live = set(replicas)
+        for k in [k for k, r in self._at.items() if r not in live]:
+            del self._at[k]
+
+
 def choose(chain: list[bytes], loads: dict[str, int], index: PrefixIndex, policy: Policy,
-           rng: random.Random | None = None) -> Choice:
-    """Rank the replicas of loads (replica id -> requests in flight) for a prompt's chain."""
+           rng: random.Random | None = None, preferred: str | None = None) -> Choice:
+    """Rank the replicas of loads (replica id -> requests in flight) for a prompt's chain.
+    preferred: the replica the request's conversation key went to last (KeyIndex); under
+    "prefix" it is chosen first, unless it is imbalanced as a longest-prefix replica would be
+    (a key's conversation is cached where it went, whatever the ingress could compute of its
+    chain: a request continuing a stored response has only its new input to hash)."""
     if not loads:
         raise ValueError("no replica to choose from")
     rng = rng or random
@@ -132,6 +168,10 @@ def choose(chain: list[bytes], loads: dict[str, int], index: PrefixIndex, policy
         return ranked(ids[0], "random", index.match(ids[0], chain))
     if policy.name == "least_loaded":
         return ranked(by_load[0], "least_loaded", index.match(by_load[0], chain))
+    if preferred in loads:
+        if loads[preferred] - loads[by_load[0]] > policy.imbalance:
+            return ranked(by_load[0], "imbalanced", index.match(by_load[0], chain))
+        return ranked(preferred, "key", index.match(preferred, chain))
     matches = {r: index.match(r, chain) for r in ids}
     best = max(by_load, key=lambda r: matches[r])  # longest match; among equals least loaded
     if matches[best] < policy.min_blocks:

@@ -33,6 +33,7 @@ from goinfer.errors import (
 from goinfer.generation import GenerationResult, constraint_of
 from goinfer.sampling import SamplingParams
 from goinfer.server.errors import APIError, bad, engine_error
+from goinfer.server.metrics import KeyStats
 from goinfer.server.request import Done, Event, Failed, Ping, ReasoningDelta, Request, TextDelta
 from goinfer.server.scheduler import Event as EngineEvent
 from goinfer.server.scheduler import Job, QueueFullError
@@ -107,6 +108,7 @@ class Runner:
         self.draft = draft
         self.draft_tokens = draft_tokens
         self.ping_interval = ping_interval
+        self.keys = KeyStats()  # prompt and cached tokens per conversation key (/metrics)
 
     async def start(self, req: Request) -> Run:
         """Tokenize and compile (worker threads), check the context, submit -> the Run.
@@ -183,6 +185,7 @@ class Runner:
                     raise ClientGone
                 ev = get.result()
                 if ev.kind == "done":
+                    self._count_key(run, ev.result)
                     return run.chat.finish(ev.result) if run.chat is not None else ev.result
                 if ev.kind == "error":
                     raise engine_error(ev.error)
@@ -190,6 +193,9 @@ class Runner:
             gone.cancel()
             if not run.job.cancelled:
                 self.engine.cancel(run.job)  # a no-op for a finished job; frees it on any exit
+
+    def _count_key(self, run: Run, result: GenerationResult) -> None:
+        self.keys.add(run.request.cache_key, result.prompt_tokens, result.cached_tokens)
 
     async def events(self, run: Run) -> AsyncIterator[Event]:
         """The reply as events (see the module's docstring), a Ping whenever nothing came for
@@ -233,6 +239,7 @@ class Runner:
                             yield x
                 elif ev.kind == "done":
                     finished = True
+                    self._count_key(run, ev.result)
                     if parser is not None:
                         for x in pieces(parser.finish()):
                             yield x

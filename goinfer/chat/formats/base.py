@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from goinfer.chat.freeform import call_rules as freeform_call_rules
+from goinfer.chat.freeform import lark_of
 from goinfer.chat.grammar import ANY_TEXT, call_schema, marker, regex, special, text_without
 from goinfer.chat.jsonscan import NotACall, Region, close_after, scan_call, skip_ws
 from goinfer.chat.spec import ToolSpec, new_call_id
@@ -88,8 +90,23 @@ class ToolFormat:
         return rules, "first", after
 
     def body_rules(self, tools, tokenizer) -> list[str]:
-        """Rules of one call's text (``body``): a JSON call object."""
-        return ["body: %json " + json.dumps(call_schema(tools, self.args_key))]
+        """Rules of one call's text (``body``): a JSON call object.  A free-form tool with a
+        Lark grammar (goinfer/chat/freeform.py) has its own rule, the grammar holding its
+        input string."""
+        free = [t for t in tools if lark_of(t) is not None]
+        if not free:
+            return ["body: %json " + json.dumps(call_schema(tools, self.args_key))]
+        plain = [t for t in tools if lark_of(t) is None]
+        rules, alts = [], []
+        if plain:
+            rules.append("goinfer_json_call: %json "
+                         + json.dumps(call_schema(plain, self.args_key)))
+            alts.append("goinfer_json_call")
+        for k, t in enumerate(free):
+            r, name = freeform_call_rules(t, self.args_key, k)
+            rules += r
+            alts.append(name)
+        return [f"body: {' | '.join(alts)}"] + rules
 
     def no_calls(self, tokenizer) -> str:
         """tool_choice "none": any text that does not open a call."""
