@@ -352,6 +352,35 @@ def check_tool_defaults(res):
     assert "0" not in m["required"]["calls_per_reply"]  # "required": every reply holds a call
 
 
+CODEX_BLOCK = 16  # the KV cache's default block size
+
+
+def check_codex(res: dict) -> None:
+    """The real Codex CLI on the tiny model, two turns of one session (`codex exec`, `codex exec
+    resume --last`): both exited 0, every request a 200 whose stream announced its item before
+    its deltas and ended with response.completed, the resumed turn's prompt read from the prefix
+    cache (all but the reply's last token, in whole blocks), the cold replays read nothing."""
+    assert res["codex"].startswith("codex-cli ") and [t["exit"] for t in res["turns"]] == [0, 0]
+    rows = [r for t in res["turns"] for r in t["requests"]]
+    assert len(rows) >= 2
+    for r in rows:
+        assert r["http_status"] == 200 and r["status"] == "completed" and r["output"]
+        ev = r["events"]
+        # what Codex needs: the item announced before its deltas, each item done, completed
+        assert ev[:2] == ["response.created", "response.in_progress"]
+        assert ev.index("response.output_item.added") < ev.index("response.output_text.delta")
+        assert ev.count("response.output_item.done") == len(r["output"])
+        assert ev[-1] == "response.completed"
+        assert r["cold"]["http_status"] == 200 and r["cold"]["cached_tokens"] == 0
+        assert r["cold"]["prompt_tokens"] == r["prompt_tokens"] and r["ttft_s"] > 0
+    first, resumed = rows[0], rows[-1]
+    assert first["cached_tokens"] == 0
+    # the resumed prompt holds the first one whole: at least its whole blocks came from cache
+    assert resumed["prompt_tokens"] > first["prompt_tokens"]
+    assert resumed["cached_tokens"] >= first["prompt_tokens"] // CODEX_BLOCK * CODEX_BLOCK
+    assert res["summary"]["cached_fraction"][-1] == round(resumed["cached_fraction"], 4)
+
+
 def check_tools(res):
     assert res["tokens_decoded"] == {"plain": res["tokens"], "auto": res["tokens"]}
     assert _pos(res["plain_tok_s"]) and _pos(res["auto_tok_s"]) and _pos(res["mask_ms_per_token"])
