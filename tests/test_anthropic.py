@@ -13,7 +13,6 @@ import time
 
 import anthropic
 import hfconvert
-import httpx
 import jsonschema
 import pytest
 from test_server import Server, lone
@@ -339,9 +338,16 @@ def test_errors_are_typed(srv, model):
                         ({"unknown_field": 1}, "unknown_field")):
         with pytest.raises(anthropic.BadRequestError, match=word):
             c.messages.create(model="tiny", max_tokens=4, messages=user, extra_body=extra)
-    with pytest.raises(anthropic.BadRequestError, match=r"tools\[0\]: tools of type 'web_search_20250305'"):
+    with pytest.raises(anthropic.BadRequestError,
+                       match=r"tools\[0\]: tools of type 'web_search_20250305'"):
         c.messages.create(model="tiny", max_tokens=4, messages=user, tools=[
             {"type": "web_search_20250305", "name": "web_search"}])
+    with pytest.raises(anthropic.BadRequestError) as e:  # the index of the tool at fault
+        c.messages.create(model="tiny", max_tokens=4, messages=user, tools=[
+            dict(WEATHER, defer_loading=True), {"name": "bad name", "input_schema": {}}])
+    assert e.value.body["error"]["message"].startswith("tools[1].name must be")
+    with pytest.raises(anthropic.BadRequestError, match=r"tools\[0\].input_schema"):
+        c.messages.create(model="tiny", max_tokens=4, messages=user, tools=[{"name": "x"}])
     with pytest.raises(anthropic.BadRequestError, match="prefill"):
         c.messages.create(model="tiny", max_tokens=4, messages=user + [
             {"role": "assistant", "content": "Sure, "}])
@@ -435,6 +441,7 @@ def test_serve_options(monkeypatch, model, tiny):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
     monkeypatch.delenv(NORMALIZE_ENV, raising=False)
     monkeypatch.delenv(DEFAULTS_ENV, raising=False)
+    assert cli.main(["serve", "check", "http://127.0.0.1:9"]) == 1  # still the check client
     assert cli.main(["serve", path, "--anthropic-normalize", "billing_headers"]) == 2
     assert cli.main(["serve", path, "--anthropic-defaults", '{"temperature": 5}']) == 2
     assert cli.main(["serve", path, "--anthropic-defaults", '{"seed": 1}']) == 2

@@ -203,11 +203,12 @@ def parse_body(body, vocab_size: int, *, counting: bool = False,
     for i, m in enumerate(msgs):
         conv.message(m, i, last=i == len(msgs) - 1)
     req.messages = conv.out
-    callable_ = [t for t in tools if t["name"] not in deferred or t["name"] in conv.loaded
+    callable_ = [t for t in tools if t.get("name") not in deferred or t.get("name") in conv.loaded
                  or not norm.deferred_tools]
     choice, parallel = _tool_choice(body.get("tool_choice"))
     oa_tools = [_openai_tool(t) for t in callable_]
     try:
+        check_tools([_openai_tool(t) for t in tools] or None)  # each tool, at its own index
         check_tools(oa_tools or None, choice, parallel)
     except ToolError as e:
         raise bad(_anthropic_param(str(e)), _anthropic_param(e.param), "invalid_value") from None
@@ -287,7 +288,7 @@ class _Conversation:
     """Messages API turns -> the chat layer's messages (OpenAI's shape), in order."""
 
     def __init__(self, tools: list[dict], deferred: dict[str, dict]):
-        self.tools = {t["name"]: t for t in tools}
+        self.tools = {t.get("name"): t for t in tools}
         self.deferred = deferred  # name -> tool, rendered where a tool_reference loads it
         self.loaded: set[str] = set()  # deferred tools a tool_reference has loaded
         self.out: list[dict] = []

@@ -104,11 +104,11 @@ def run(args) -> int:
     from goinfer.server import anthropic_request as ar
     from goinfer.server.errors import APIError
 
-    for env, value, check, name in (
+    for env, value, validate, name in (
             (ar.NORMALIZE_ENV, args.anthropic_normalize, ar.Normalize.parse, "normalize"),
             (ar.DEFAULTS_ENV, args.anthropic_defaults, ar.parse_defaults, "defaults")):
         try:
-            check(value)
+            validate(value)
         except (ValueError, APIError) as e:
             print(f"goinfer serve: --anthropic-{name}: {e}", file=sys.stderr)
             return 2
