@@ -8,6 +8,10 @@ its own) as the peer's time for the same prefill.
         [--peer-python PYTHON] [--json out.json]
     python benchmarks/claude_code.py --smoke     # the tiny model, a short prompt (test suite)
 
+It prints a table (per request: prompt tokens, cached tokens, TTFT, the peer's cold and warm
+prefill) and the warm/cold TTFT ratios (target: every warm request at most a tenth of the cold
+one); --json writes the requests, the summary and the regime (benchmarks/regime.py).
+
 The server is goinfer's app as `goinfer serve` builds it (create_app, default KV cache: 2 x the
 context), run in this process behind a recorder that keeps each /v1/messages request and the
 time its first content event was sent (TTFT, measured at the server from the request's arrival:
@@ -30,15 +34,15 @@ import contextlib
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
+
+import regime  # benchmarks/regime.py (benchmarks/ is on sys.path when run as a script)
 
 KEY = "goinfer-benchmark-key"
 # Claude Code sends no temperature or stop sequences: these make a base model's turn one line
@@ -234,7 +238,9 @@ for p in prompts:
     cold.reset()
     rows.append({"prompt_tokens": len(p), "warm_common": common, "warm_s": warm,
                  "cold_s": first_token(cold, p)})
-print(json.dumps({"version": llama_cpp.__version__, "rows": rows}))
+info = llama_cpp.llama_print_system_info()
+info = (info.decode() if isinstance(info, bytes) else str(info)).strip()
+print(json.dumps({"version": llama_cpp.__version__, "system_info": info, "rows": rows}))
 '''
 
 
@@ -243,7 +249,8 @@ def run_peer(python: str, path: str, threads: int, prompts: list[list[int]]) -> 
     out = subprocess.run([python, "-c", PEER, path, str(threads), str(n_ctx)],
                          input=json.dumps(prompts), capture_output=True, text=True, timeout=7200)
     if out.returncode != 0:
-        raise RuntimeError(f"the llama.cpp peer failed: {out.stderr[-2000:]}")
+        raise RuntimeError(f"the llama.cpp peer failed (exit {out.returncode}): "
+                           f"{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -256,22 +263,12 @@ def peer_python(arg: str | None) -> str | None:
 # ============================================================================ benchmark
 
 
-def regime(model, path: str, threads: int, claude: Path | None) -> dict:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    version = None
-    if claude is not None:
-        v = claude.parent / "claude.version"
-        version = v.read_text().strip() if v.exists() else None
-    return {"machine": platform.machine(), "cpu": cpu, "cores": os.cpu_count(),
-            "variant": "goinfer serve (create_app, default KV cache) + claude -p",
-            "model": Path(path).name, "quantization": model.config.describe(),
-            "threads": threads, "context": model.n_ctx, "date": date.today().isoformat(),
-            "claude_code": version, "load_avg_start": os.getloadavg()}
+def claude_version(claude: Path | None) -> str | None:
+    """The version of the claude executable (the file next to it that the wheel ships)."""
+    if claude is None:
+        return None
+    v = claude.parent / "claude.version"
+    return v.read_text().strip() if v.exists() else None
 
 
 def main(argv=None) -> dict:
@@ -286,8 +283,10 @@ def main(argv=None) -> dict:
                     help="a Python with llama_cpp (default: this one if it has it, else skip)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--smoke", action="store_true",
-                    help="the tiny model, a short system prompt and no tools, 2 turns, no peer")
-    ap.add_argument("--json", default=None)
+                    help="the tiny model, a short system prompt and no tools, 2 turns, no peer: "
+                         "the plumbing (its random text is cut at 8 tokens, which Claude Code "
+                         "reports as an error and retries, exit 1)")
+    regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     claude = claude_path()
     if claude is None:
@@ -321,9 +320,15 @@ def main(argv=None) -> dict:
     path = str(hub.resolve(args.model, progress=False))
     model = Model.load(path, threads=args.threads, context_length=ctx, progress=False)
     name = Path(path).stem if args.model.endswith(".gguf") else args.model
-    app = Recorder(create_app(model, KVCache(model), model_id=name, api_key=KEY))
-    res = {"regime": regime(model, path, args.threads, claude), "defaults": json.loads(
-        args.defaults), "turns": []}
+    cache = KVCache(model)
+    app = Recorder(create_app(model, cache, model_id=name, api_key=KEY))
+    res = {"benchmark": "claude_code",
+           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+           "model": regime.model(path), "context": model.n_ctx,
+           "kv_cache": {"tokens": cache.max_tokens, "block_size": cache.block_size},
+           "server": "goinfer serve (create_app, default KV cache) + claude -p",
+           "claude_code": claude_version(claude), "defaults": json.loads(args.defaults),
+           "turns": []}
     home, work = root / "home", root / "work"
     home.mkdir()
     work.mkdir()
@@ -351,36 +356,60 @@ def main(argv=None) -> dict:
         try:
             peer = run_peer(python, path, args.threads, all_ids)
         except RuntimeError as e:  # goinfer's figures stand; say why the peer's are missing
-            res["regime"]["peer"] = f"failed: {e}"
+            res["peer_failed"] = str(e)[-2000:]
             print(f"llama.cpp: failed ({str(e)[-300:]})", flush=True)
-        else:
-            res["regime"]["peer"] = f"llama-cpp-python {peer['version']}"
+        else:  # the peer's interpreter, which may not be this one
+            res["regime"]["peer"].update(installed=True, version=peer["version"],
+                                         system_info=peer["system_info"], python=python)
             rows = iter(peer["rows"])
             for t in res["turns"]:
                 for r in t["requests"]:
                     r["llama_cpp"] = next(rows)
-    res["regime"]["load_avg_end"] = os.getloadavg()
+    res["summary"] = summary(res)
     print(table(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
     tmp.cleanup()
-    return res
+    return regime.finish(res, args.json)
+
+
+def summary(res) -> dict:
+    """Cold (the session's first request: the whole prompt prefilled) against warm (every later
+    request): cached fraction of each prompt, and each warm TTFT as a fraction of the cold one
+    (the target: at most 0.1)."""
+    reqs = [r for t in res["turns"] for r in t["requests"]]
+    if not reqs or any(r["ttft_s"] is None for r in reqs):
+        return {"requests": len(reqs), "complete": False}
+    cold, warm = reqs[0], reqs[1:]
+    out = {"requests": len(reqs), "complete": True, "cold_ttft_s": cold["ttft_s"],
+           "cold_prompt_tokens": cold["prompt_tokens"],
+           "warm_cached_fraction": [r["cached_tokens"] / r["prompt_tokens"] for r in warm],
+           "warm_over_cold_ttft": [r["ttft_s"] / cold["ttft_s"] for r in warm]}
+    out["every_warm_at_most_a_tenth"] = bool(warm) and max(out["warm_over_cold_ttft"]) <= 0.1
+    return out
 
 
 def table(res) -> str:
-    g = res["regime"]
-    lines = [f"{g['model']} ({g['quantization']}), {g['threads']} threads, {g['cpu']}, "
-             f"{g['date']}, load {g['load_avg_start'][0]:.1f} -> {g['load_avg_end'][0]:.1f}",
-             "", "| turn | request | exit | prompt tokens | cached | TTFT ms | llama.cpp cold "
-             "prefill ms | llama.cpp warm ms (reused) |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    g, m = res["regime"], res["model"]
+    lines = [f"{m['file']} ({m['quantization']}), context {res['context']}, {g['threads']} "
+             f"threads, {g['machine'].get('model_name', '?')}, Claude Code {res['claude_code']}, "
+             f"{g['date']}, load {g['load_avg_start'][0]:.1f}",
+             "", "| turn | request | exit | prompt tokens | cached | cached % | TTFT ms | "
+             "llama.cpp cold prefill ms | llama.cpp warm ms (reused) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for t in res["turns"]:
         for i, r in enumerate(t["requests"]):
             p = r.get("llama_cpp")
             peer = (f"{p['cold_s'] * 1e3:.0f} | {p['warm_s'] * 1e3:.0f} ({p['warm_common']})"
                     if p else "- | -")
             ttft = f"{r['ttft_s'] * 1e3:.0f}" if r["ttft_s"] is not None else "-"
+            pct = f"{100 * r['cached_tokens'] / r['prompt_tokens']:.1f}" if r["prompt_tokens"] \
+                else "-"
             lines.append(f"| {t['turn']} | {i + 1} | {t['exit']} | {r['prompt_tokens']} | "
-                         f"{r['cached_tokens']} | {ttft} | {peer} |")
+                         f"{r['cached_tokens']} | {pct} | {ttft} | {peer} |")
+    s = res.get("summary", {})
+    if s.get("complete") and s["warm_over_cold_ttft"]:
+        lines += ["", "warm TTFT / cold TTFT: " + ", ".join(
+            f"{x:.3f}" for x in s["warm_over_cold_ttft"]) + " (target: each at most 0.1: "
+            + ("met" if s["every_warm_at_most_a_tenth"] else "NOT met") + ")"]
     return "\n".join(lines)
 
 

@@ -1,45 +1,130 @@
 """`goinfer bench`: prefill tok/s at several prompt lengths and decode tok/s, medians of repeats.
 
-Prompts are seeded random ids of ordinary (non-special) tokens: the cost of a forward step does
-not depend on which tokens they are.  Every prefill runs cold (a fresh KV cache, no reuse).
+Prompts are seeded random ids of ordinary tokens (types NORMAL and BYTE: what text encodes to;
+never a control, user-defined, unknown or unused token such as ``<|im_start|>`` or a ``[PAD]``
+row): the cost of a forward step does not depend on which tokens they are.  Every prefill runs
+cold (a fresh KV cache, no reuse); each row records the cached tokens its prefills found (0).
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import subprocess
 import time
 from datetime import date
 
 import numpy as np
 
 from goinfer.kv_cache import KVCache
+from goinfer.tokenizer import TOKEN_TYPE
+
+ORDINARY = (TOKEN_TYPE.NORMAL, TOKEN_TYPE.BYTE)  # token types plain text encodes to
 
 
 def prompt_ids(model, n: int, seed: int = 0) -> list[int]:
+    """n seeded random ids of ordinary tokens of the model's vocabulary."""
+    tok = model.tokenizer
     rng = np.random.default_rng(seed)
-    special = set(model.tokenizer.special_ids) if hasattr(model.tokenizer, "special_ids") else set()
-    ids = rng.integers(0, model.vocab_size, size=n + 64)
-    return [int(t) for t in ids if int(t) not in special][:n]
+    vocab = min(model.vocab_size, tok.vocab_size)  # rows past the tokenizer's are no tokens
+    out: list[int] = []
+    for _ in range(1000):
+        if len(out) >= n:
+            return out[:n]
+        ids = rng.integers(0, vocab, size=2 * (n - len(out)) + 64)
+        out += [int(t) for t in ids if tok.token_type(int(t)) in ORDINARY]
+    raise ValueError(f"{n} ordinary tokens not found in the vocabulary ({vocab} tokens)")
 
 
-def _cpu_name() -> str:
+# ============================================================================ the machine
+
+# ISA flags that decide which kernels run (goinfer's variants, AMX, llama.cpp's builds)
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw",
+             "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16", "amx_tile", "amx_int8")
+
+
+def _lscpu() -> dict[str, str]:
+    """lscpu's fields ("Model name" -> "..."), {} where lscpu is missing."""
+    try:
+        out = subprocess.run(["lscpu", "-J"], capture_output=True, text=True, timeout=10)
+        rows = json.loads(out.stdout)["lscpu"]
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+        return {}
+    flat: dict[str, str] = {}
+
+    def walk(items: list) -> None:
+        for r in items:
+            flat[r["field"].rstrip(":")] = r.get("data") or ""
+            walk(r.get("children", []))
+
+    walk(rows)
+    return flat
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's /proc/cpuinfo fields, {} where there is none."""
+    out: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                k, _, v = line.partition(":")
+                out[k.strip()] = v.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return out
+
+
+def _int(v) -> int | None:
+    try:
+        return int(str(v).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def machine() -> dict:
+    """CPU vendor, model name, family and model, cores, caches, the ISA flags of ISA_FLAGS it
+    has, nominal clock and memory: lscpu where present, else /proc/cpuinfo."""
+    ls, ci = _lscpu(), _cpuinfo()
+    flags = set((ls.get("Flags") or ci.get("flags", "")).split())
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    mhz = ci.get("cpu MHz")
+    return {
+        "vendor": ls.get("Vendor ID") or ci.get("vendor_id") or platform.machine(),
+        "model_name": ls.get("Model name") or ci.get("model name") or platform.processor(),
+        "family": _int(ls.get("CPU family") or ci.get("cpu family")),
+        "model": _int(ls.get("Model") or ci.get("model")),
+        "logical_cpus": os.cpu_count(),
+        "cores_per_socket": _int(ls.get("Core(s) per socket")),
+        "sockets": _int(ls.get("Socket(s)")),
+        "caches": {k: ls[k] for k in ("L1d cache", "L2 cache", "L3 cache") if ls.get(k)},
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "mhz": float(mhz) if mhz else None,
+        "memory_gib": mem,
+    }
+
+
+def cold_prefill(model, ids) -> tuple[float, int]:
+    """(seconds, cached tokens) of one prefill of ids on a fresh KV cache: the cached count is
+    the cache's hit tokens after it, 0 for a cold prefill."""
+    cache = KVCache(model, max_tokens=len(ids) + 16)
+    s = model.session(cache)
+    t0 = time.perf_counter()
+    s.prefill(ids)
+    dt = time.perf_counter() - t0
+    return dt, cache.stats().hit_tokens
 
 
 def prefill_seconds(model, ids) -> float:
     """Seconds of one cold prefill of ids (a fresh KV cache, no reuse)."""
-    s = model.session(KVCache(model, max_tokens=len(ids) + 16))
-    t0 = time.perf_counter()
-    s.prefill(ids)
-    return time.perf_counter() - t0
+    return cold_prefill(model, ids)[0]
 
 
 def decode_seconds(model, ids, n_tokens: int) -> float:
@@ -55,6 +140,12 @@ def decode_seconds(model, ids, n_tokens: int) -> float:
 def time_prefill(model, n: int, repeats: int) -> list[float]:
     ids = prompt_ids(model, n)
     return [prefill_seconds(model, ids) for _ in range(repeats)]
+
+
+def _prefill_runs(model, n: int, repeats: int) -> tuple[list[float], list[int]]:
+    ids = prompt_ids(model, n)
+    runs = [cold_prefill(model, ids) for _ in range(repeats)]
+    return [t for t, _ in runs], [c for _, c in runs]
 
 
 def time_decode(model, prompt_len: int, n_tokens: int, repeats: int) -> list[float]:
@@ -75,13 +166,14 @@ def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tok
         "weights": sorted({f"{w.kind}" + (f" (from {w.source_type})" if w.source_type else "")
                            for w in model.impl.weights()}),
         "threads": model.threads, "exact": model.exact, "kv_dtype": model.kv_dtype,
-        "machine": _cpu_name(), "date": date.today().isoformat(), "repeats": repeats,
+        "machine": machine(), "date": date.today().isoformat(), "repeats": repeats,
         "goinfer": config(), "prefill": [], "decode": [],
     }
     for n in lengths:
-        ts = time_prefill(model, n, repeats)
+        ts, cached = _prefill_runs(model, n, repeats)
         med = statistics.median(ts)
-        row = {"prompt_tokens": n, "median_s": med, "tok_s": n / med, "runs_s": ts}
+        row = {"prompt_tokens": n, "median_s": med, "tok_s": n / med, "runs_s": ts,
+               "cached_tokens": cached}
         res["prefill"].append(row)
         if log:
             log(f"prefill {n:>6} tokens: {n / med:9.1f} tok/s   (median of {repeats}: {med * 1e3:.1f} ms)")
@@ -101,7 +193,7 @@ def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tok
 
 def table(res: dict) -> str:
     lines = [f"model {res['model']} ({res['arch']}; weights {', '.join(res['weights'])})",
-             f"machine {res['machine']}, threads {res['threads']}, "
+             f"machine {res['machine']['model_name']}, threads {res['threads']}, "
              f"kernels {res['goinfer']['kernel_variant']}, KV cache {res['kv_dtype']}, {res['date']}",
              "", "| phase | prompt tokens | tok/s | median ms |", "|---|---|---|---|"]
     for r in res["prefill"]:

@@ -24,7 +24,8 @@ import goinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
+HELPERS = {"regime.py", "isolate.py", "report.py"}  # modules the scripts share, not benchmarks
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
 PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
          "shapes.py"}

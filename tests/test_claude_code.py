@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from goinfer.server.anthropic_request import DEFAULTS_ENV, parse_body
 from goinfer.server.app import create_app
 from goinfer.server.runner import prompt_ids
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
 from claude_code import (  # noqa: E402
     DEFAULTS,
     KEY,
@@ -145,3 +147,45 @@ def test_a_context_too_small_is_claude_codes_error(tmp_path):
     assert n > 8191 == m
     assert out.returncode != 0
     assert "prompt is too long" in (out.stdout + out.stderr).lower(), (out.stdout, out.stderr)
+
+
+def check_claude_code(res: dict) -> None:
+    """What benchmarks/claude_code.py --smoke wrote: its regime; two turns of Claude Code
+    (each 200 reply cut at the 8-token cap, which Claude Code reports and retries); every
+    request after the first reads from the cache at least all of the request before it, to the
+    cache's block size (Claude Code only appends, so the whole previous prompt is a prefix; the
+    reply it echoes may add more)."""
+    r0 = res["regime"]
+    assert r0["machine"]["vendor"] and r0["goinfer"]["kernel_variant"] and r0["date"]
+    assert res["claude_code"] and res["model"]["file"] and res["context"] == 8192
+    assert len(res["turns"]) == 2
+    reqs = [r for t in res["turns"] for r in t["requests"]]
+    assert reqs and all(r["status"] == 200 and r["stop_reason"] == "max_tokens" for r in reqs)
+    assert reqs[0]["cached_tokens"] == 0
+    block = res["kv_cache"]["block_size"]
+    for a, b in zip(reqs, reqs[1:]):
+        assert b["prompt_tokens"] > a["prompt_tokens"]
+        assert a["prompt_tokens"] // block * block <= b["cached_tokens"] < b["prompt_tokens"], \
+            (a, b)
+    s = res["summary"]
+    assert s["complete"] and s["requests"] == len(reqs)
+    assert len(s["warm_over_cold_ttft"]) == len(reqs) - 1
+    assert all(0 < x < 1 for x in s["warm_cached_fraction"])
+
+
+def test_benchmark_smoke(tmp_path):
+    """benchmarks/claude_code.py --smoke: the real claude -p on the tiny model, JSON with its
+    regime."""
+    out_json = tmp_path / "out.json"
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run([sys.executable, str(BENCH / "claude_code.py"), "--smoke", "--json",
+                          str(out_json)], cwd=work, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                             [str(BENCH.parent), os.environ.get("PYTHONPATH", "")])))
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    assert "llama.cpp: skipped" in out.stdout and "| turn | request |" in out.stdout
+    assert list(work.iterdir()) == []
+    res = json.loads(out_json.read_text())
+    assert res["regime"]["command"].startswith("python benchmarks/claude_code.py --smoke")
+    check_claude_code(res)
