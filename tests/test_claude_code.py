@@ -94,6 +94,9 @@ def test_claude_p_two_turns_from_the_cache(gemma):
     assert two.stdout.strip() == s["text"].strip()
     assert r["text"].strip() in json.dumps(s["call"].request["messages"], ensure_ascii=False)
     assert s["prompt_tokens"] > r["prompt_tokens"]
+    print(f"claude -p: {r['prompt_tokens']} prompt tokens, {r['cached_tokens']} cached; "
+          f"--continue: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
+          f"({100 * s['cached_tokens'] / s['prompt_tokens']:.1f}%)")
     assert s["cached_tokens"] >= 0.95 * s["prompt_tokens"], s
 
 
