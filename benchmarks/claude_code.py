@@ -360,7 +360,7 @@ def main(argv=None) -> dict:
             print(f"llama.cpp: failed ({str(e)[-300:]})", flush=True)
         else:  # the peer's interpreter, which may not be this one
             res["regime"]["peer"].update(installed=True, version=peer["version"],
-                                         system_info=peer["system_info"], python=python)
+                                         system_info=peer["system_info"])
             rows = iter(peer["rows"])
             for t in res["turns"]:
                 for r in t["requests"]:
