@@ -232,13 +232,15 @@ _NUMERIC = ("number", "integer")
 
 
 def _bound_numbers(schema):
-    """Copy of a schema with every number / integer schema bounded (above)."""
+    """Copy of a schema with every number / integer schema bounded (above), and without
+    ``propertyNames: {"type": "string"}`` (it says nothing: every key is a string; llguidance
+    does not implement propertyNames, and Claude Code's AskUserQuestion tool has one)."""
     if isinstance(schema, list):
         return [_bound_numbers(x) for x in schema]
     if not isinstance(schema, Mapping):
         return schema
     out = {k: (copy.deepcopy(v) if k in VALUE_KEYS else _bound_numbers(v))
-           for k, v in schema.items()}
+           for k, v in schema.items() if not (k == "propertyNames" and v == {"type": "string"})}
     ty = out.get("type")
     types = [ty] if isinstance(ty, str) else ty if isinstance(ty, list) else []
     if any(t in _NUMERIC for t in types if isinstance(t, str)):

@@ -55,6 +55,8 @@ class GenerationResult:
     tool_calls: list[dict] | None = None
     # chat with a reasoning model (goinfer/chat/channels.py): its thinking, apart from content
     reasoning_content: str | None = None
+    # the stop string that ended the text (None: a stop token, max_tokens, a grammar, ...)
+    stop_sequence: str | None = None
 
     def __post_init__(self) -> None:
         if self.content is None and self.tool_calls is None:
@@ -110,6 +112,7 @@ class Generation:
         self.accepted = 0
         self.done = max_tokens <= 0
         self._cut_by_string = False
+        self.stop_sequence: str | None = None  # the stop string that cut the text
         # a compiled constrained.Grammar -> this generation's Constraint (first mask starts now)
         self.constraint = None if grammar is None else grammar.start(model.vocab_size)
 
@@ -152,8 +155,8 @@ class Generation:
         self._spans.append((start, len(self.text)))
         cut = find_stop(self.text, self.stops, self.emitted)
         if cut is not None:
-            self.text, self.finish_reason, self.done = self.text[:cut], "stop", True
-            self._cut_by_string = True
+            self._cut(cut)
+            self.done = True
             if c is not None:
                 self.reason = "stop string (the output may not complete the grammar)"
             return ""
@@ -175,8 +178,7 @@ class Generation:
             self.text += self.decoder.flush()
             cut = find_stop(self.text, self.stops, self.emitted)
             if cut is not None:
-                self.text, self.finish_reason = self.text[:cut], "stop"
-                self._cut_by_string = True
+                self._cut(cut)
         if self._cut_by_string and self.want_logprobs:
             # tokens wholly inside the cut stop string are not part of the output
             cut = len(self.text)
@@ -188,6 +190,12 @@ class Generation:
         self.done = self._finished = True
         self.close()
         return piece
+
+    def _cut(self, cut: int) -> None:
+        """End the text where a stop string begins (at text[cut])."""
+        self.stop_sequence = next(x for x in self.stops if self.text.startswith(x, cut))
+        self.text, self.finish_reason = self.text[:cut], "stop"
+        self._cut_by_string = True
 
     def close(self) -> None:
         """Let go of the grammar's worker (a mask may still be computing after a cancel)."""
@@ -235,7 +243,8 @@ class Generation:
                                 cached_tokens=cached, completion_tokens=len(self.tokens),
                                 timings=timings,
                                 logprobs={"content": list(self.logprobs)}
-                                if self.want_logprobs else None, reason=self.reason)
+                                if self.want_logprobs else None, reason=self.reason,
+                                stop_sequence=self.stop_sequence)
 
 
 class Piece(str):

@@ -33,7 +33,7 @@ HELPERS = {"regime.py", "isolate.py", "report.py"}  # modules the scripts share,
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
 PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
-         "shapes.py", "speculative.py"}
+         "shapes.py", "speculative.py", "claude_code.py", "codex.py"}
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 REQUIRE_PEER = os.environ.get("GOINFER_REQUIRE_PEER") == "1"
 if str(BENCH) not in sys.path:  # the scripts import their helpers (regime, isolate, shapes)
@@ -350,6 +350,30 @@ def check_tool_defaults(res):
     for choice, x in m.items():
         assert sum(x["replies"].values()) == n, (choice, x)
     assert "0" not in m["required"]["calls_per_reply"]  # "required": every reply holds a call
+
+
+def check_claude_code(res: dict) -> None:
+    """What benchmarks/claude_code.py --smoke wrote: its regime; two turns of Claude Code
+    (each 200 reply cut at the 8-token cap, which Claude Code reports and retries); every
+    request after the first reads from the cache at least all of the request before it, to the
+    cache's block size (Claude Code only appends, so the whole previous prompt is a prefix; the
+    reply it echoes may add more)."""
+    r0 = res["regime"]
+    assert r0["machine"]["vendor"] and r0["goinfer"]["kernel_variant"] and r0["date"]
+    assert res["claude_code"] and res["model"]["file"] and res["context"] == 8192
+    assert len(res["turns"]) == 2
+    reqs = [r for t in res["turns"] for r in t["requests"]]
+    assert reqs and all(r["status"] == 200 and r["stop_reason"] == "max_tokens" for r in reqs)
+    assert reqs[0]["cached_tokens"] == 0
+    block = res["kv_cache"]["block_size"]
+    for a, b in zip(reqs, reqs[1:]):
+        assert b["prompt_tokens"] > a["prompt_tokens"]
+        assert a["prompt_tokens"] // block * block <= b["cached_tokens"] < b["prompt_tokens"], \
+            (a, b)
+    s = res["summary"]
+    assert s["complete"] and s["requests"] == len(reqs)
+    assert len(s["warm_over_cold_ttft"]) == len(reqs) - 1
+    assert all(0 < x < 1 for x in s["warm_cached_fraction"])
 
 
 CODEX_BLOCK = 16  # the KV cache's default block size

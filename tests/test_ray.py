@@ -287,6 +287,44 @@ def test_client_disconnect_cancels_the_job(cluster, model):
         time.sleep(0.05)
 
 
+def test_anthropic_messages_routed_by_prefix(cluster):
+    """The Messages API through the ingress (parsed by its own route, tokenized, routed by the
+    prompt's block chain): a conversation's later turns go to the replica that holds it and
+    come from its cache; streams keep Anthropic's event lines; errors keep its shape."""
+    import anthropic
+
+    c = anthropic.Anthropic(base_url=cluster.url, api_key=KEY, max_retries=0, timeout=120)
+    ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
+
+    def prefix_decisions() -> int:  # the router exists once a request went through it
+        return sum(r["decisions"].get("prefix", 0) for r in ingress.routing_stats.remote().result())
+
+    before = prefix_decisions()
+    conv = [{"role": "user", "content": "Turn one: list the files of the project."}]
+    system = "You are a careful coding agent. Answer in a few words, then stop."
+    seen = []
+    for turn in range(4):
+        raw = c.messages.with_raw_response.create(model="tiny", max_tokens=8, system=system,
+                                                  messages=conv, extra_body={"temperature": 0})
+        r = raw.parse()
+        u = r.usage
+        seen.append((raw.headers[REPLICA_HEADER], u.input_tokens + u.cache_read_input_tokens,
+                     u.cache_read_input_tokens))
+        conv += [{"role": "assistant", "content": r.content[0].text},
+                 {"role": "user", "content": f"Turn {turn + 2}: now read file {turn}."}]
+    assert len({rep for rep, _, _ in seen[1:]}) == 1, seen
+    for (_, prev_prompt, _), (_, _, cached) in zip(seen, seen[1:]):
+        assert cached >= prev_prompt - BLOCK, seen
+    assert prefix_decisions() - before >= 3
+    with c.messages.stream(model="tiny", max_tokens=8, system=system, messages=conv,
+                           extra_body={"temperature": 0}) as s:
+        final = s.get_final_message()
+    assert final.usage.cache_read_input_tokens >= seen[-1][1] - BLOCK
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="tiny", max_tokens=8, messages=conv, extra_body={"nope": 1})
+    assert e.value.body["type"] == "error" and "nope" in e.value.body["error"]["message"]
+
+
 # ============================================================================ benchmark
 
 

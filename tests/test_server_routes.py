@@ -101,7 +101,8 @@ def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_the_registry_lists_the_openai_routes():
+def test_the_registry_lists_the_routes():
     assert [r.path for r in ROUTES] == ["/v1/chat/completions", "/v1/completions",
-                                        "/v1/responses"]
+                                        "/v1/responses", "/v1/messages",
+                                        "/v1/messages/count_tokens"]
     assert route_for("/v1/completions") is ROUTES[1] and route_for("/v1/models") is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from goinfer.chat.channels import (
@@ -29,6 +29,7 @@ from goinfer.chat.formats.base import ToolFormat
 from goinfer.chat.grammar import marker, special
 from goinfer.chat.parser import CallParser
 from goinfer.chat.spec import ToolSpec, check_tools
+from goinfer.chat.system import in_place
 from goinfer.chat_template import _to_dicts, render_chat_template
 from goinfer.errors import ChatTemplateError, ToolError
 from goinfer.generation import Piece
@@ -252,17 +253,24 @@ def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
 
 
 def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None,
-                 template_kwargs: Mapping | None = None) -> ToolChat:
+                 template_kwargs: Mapping | None = None,
+                 unlisted: Collection[str] = (), system_in_place: bool = False) -> ToolChat:
     """Check the tool fields (ToolError), render the conversation with the model's chat
     template (ChatTemplateError; template_kwargs: more variables for it, e.g.
-    ``enable_thinking=False``) and write the reply's grammar."""
+    ``enable_thinking=False``) and write the reply's grammar.  unlisted: names of tools the
+    reply may call that the prompt's tool list leaves out (the conversation shows them where
+    it loads them: Anthropic's deferred tools).  system_in_place: system messages after the
+    first turn are rendered where they stand, whatever the template does with them
+    (goinfer/chat/system.py)."""
     spec = check_tools(tools, tool_choice, parallel_tool_calls)
     fmt = tool_format(model)
     messages = _to_dicts(getattr(messages, "messages", messages))
     system = model.defaults.system  # the model's own (an Ollama system layer), if the chat has none
     if system and not any(m.get("role") in ("system", "developer") for m in messages):
         messages = [{"role": "system", "content": system}, *messages]
-    msgs, template_tools = chat_inputs(messages, fmt, spec)
+    if system_in_place:
+        messages = in_place(messages, getattr(model, "chat_template", None) or "")
+    msgs, template_tools = chat_inputs(messages, fmt, _listed(spec, unlisted))
     if alternates_roles(getattr(model, "chat_template", None) or ""):
         msgs = join_same_roles(msgs)
     kwargs = dict(template_kwargs or {})
@@ -276,6 +284,14 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
         channels = channels.opened(prompt)
     return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer, channels),
                     model.tokenizer, channels)
+
+
+def _listed(spec: ToolSpec | None, unlisted: Collection[str]) -> ToolSpec | None:
+    """The spec the prompt renders: its tools but the unlisted ones (None: none left)."""
+    if spec is None or not unlisted:
+        return spec
+    shown = tuple(t for t in spec.tools if t.name not in unlisted)
+    return dataclasses.replace(spec, tools=shown) if shown else None
 
 
 # ============================================================================ alternating roles

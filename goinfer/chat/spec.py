@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from goinfer.chat_template import _to_dicts
-from goinfer.constrained import schema_error
+from goinfer.constrained import bound_numbers, schema_error
 from goinfer.errors import ToolError
 
 __all__ = ["Tool", "ToolSpec", "ToolCallDelta", "check_tools", "new_call_id", "NO_PARAMS"]
@@ -170,7 +170,7 @@ def _check_tool_list(tools) -> list[Tool]:
             raise ToolError(f"{param} must describe a JSON object (type 'object'): the arguments "
                             f"of a call are an object, got type {_show(params.get('type'))}",
                             param)
-        err = schema_error(json.dumps(params, sort_keys=True))
+        err = schema_error(json.dumps(bound_numbers(params), sort_keys=True))  # as grammars
         if err:
             raise ToolError(f"{param} is not a JSON schema goinfer can enforce: {err}", param)
         out.append(Tool(name, desc, json.loads(json.dumps(params)), strict))

@@ -3,9 +3,10 @@
     app = create_app(model)                # engine thread starts with the app's lifespan
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (each a translation
-module over the generic runner, runner.py; the Responses API's stored responses under
-/v1/responses/{id}), GET /v1/models, GET /health, GET /metrics.
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages
+and /v1/messages/count_tokens (each a translation module over the generic runner, runner.py; the
+Responses API's stored responses under /v1/responses/{id}), GET /v1/models, GET /health,
+GET /metrics.
 """
 from __future__ import annotations
 

@@ -51,6 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV cache size in tokens, shared by all requests (default: 2 x context)")
     kv_dtype_option(p)
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
+    p.add_argument("--anthropic-normalize",
+                   default=os.environ.get("GOINFER_ANTHROPIC_NORMALIZE", "all"),
+                   help="prompt normalisations of /v1/messages that keep the prefix cache across "
+                        "Claude Code's requests: 'all' (default), 'none', or a comma-separated "
+                        "list of billing_header, system_in_place, deferred_tools (default: "
+                        "$GOINFER_ANTHROPIC_NORMALIZE or all)")
+    p.add_argument("--anthropic-defaults",
+                   default=os.environ.get("GOINFER_ANTHROPIC_DEFAULTS", ""),
+                   help="a JSON object of temperature, top_p, top_k, stop_sequences for "
+                        "/v1/messages requests that do not set them (default: "
+                        "$GOINFER_ANTHROPIC_DEFAULTS or none)")
     p.add_argument("--log-level", default="info")
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")
     ray.add_argument("--replicas", type=int, default=None,
@@ -91,6 +102,18 @@ def run(args) -> int:
         print(f"goinfer serve: refusing to bind {args.host} without --api-key (anyone who can "
               "reach it could use the model); bind 127.0.0.1 or set an API key", file=sys.stderr)
         return 2
+    from goinfer.server import anthropic_request as ar
+    from goinfer.server.errors import APIError
+
+    for env, value, validate, name in (
+            (ar.NORMALIZE_ENV, args.anthropic_normalize, ar.Normalize.parse, "normalize"),
+            (ar.DEFAULTS_ENV, args.anthropic_defaults, ar.parse_defaults, "defaults")):
+        try:
+            validate(value)
+        except (ValueError, APIError) as e:
+            print(f"goinfer serve: --anthropic-{name}: {e}", file=sys.stderr)
+            return 2
+        os.environ[env] = value  # read by the route per request, in Ray's processes too
     if args.replicas is not None or args.ray_address:
         if not args.ray_address:  # a local Ray instance: its control plane on loopback only
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -40,6 +40,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from goinfer.server.anthropic_request import DEFAULTS_ENV, NORMALIZE_ENV
 from goinfer.server.errors import APIError
 from goinfer.server.route import ApiRoute
 from goinfer.server.routes import ROUTES, route_for
@@ -60,6 +61,7 @@ ROUTE_RETRIES = 3  # tries to place a request on a replica that takes it (a dead
 ASSIGNED_TTL_S = 600.0  # a request counted in flight this long without completing is forgotten
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 _DEFAULT_ROUTE = ApiRoute()  # any other path: errors in OpenAI's shape
+ROUTE_ENV = (NORMALIZE_ENV, DEFAULTS_ENV)  # settings routes read from the environment
 
 
 @dataclass
@@ -497,10 +499,13 @@ def build_app(spec: ReplicaSpec, replicas: int = 2, *, threads_per_replica: int 
     spec = ReplicaSpec(**dict(asdict(spec), threads=threads))
     per_replica = spec.max_batch + spec.max_queue + 1  # past it, the app's own 429 answers
     capacity = _cache_blocks(spec)
+    # the server's settings that routes read from the environment, for every node's actors
+    env = {k: os.environ[k] for k in ROUTE_ENV if k in os.environ}
+    runtime = {"runtime_env": {"env_vars": env}} if env else {}
     replica = serve.deployment(
         GoinferReplica, name="GoinferReplica", num_replicas=replicas,
         max_ongoing_requests=per_replica,
-        ray_actor_options={"num_cpus": threads},
+        ray_actor_options={"num_cpus": threads, **runtime},
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixRouter,
             request_router_kwargs={"policy": policy.name, "imbalance": policy.imbalance,
@@ -508,7 +513,7 @@ def build_app(spec: ReplicaSpec, replicas: int = 2, *, threads_per_replica: int 
         health_check_period_s=2, health_check_timeout_s=30)
     ingress = serve.deployment(GoinferIngress, name="GoinferIngress", num_replicas=1,
                                max_ongoing_requests=4 * replicas * per_replica,
-                               ray_actor_options={"num_cpus": 0})
+                               ray_actor_options={"num_cpus": 0, **runtime})
     return ingress.bind(replica.bind(spec), spec)
 
 

@@ -47,6 +47,15 @@ class Request:
     cache_key: str | None = None
     # the route's own options for shaping its reply (the runner does not read them)
     options: Any = None
+    # ---- Anthropic's Messages API (anthropic_messages.py)
+    # names of tools the reply may call that the prompt's tool list leaves out (deferred tools,
+    # shown where the conversation loads them)
+    unlisted_tools: frozenset[str] = frozenset()
+    # system messages after the first turn rendered where they stand (goinfer/chat/system.py)
+    system_in_place: bool = False
+    # max_tokens is a ceiling: cut to what the context leaves after the prompt (None: the
+    # prompt and max_tokens must fit the context, as OpenAI's API)
+    fit_max_tokens: bool = False
 
 
 # ============================================================================ events

@@ -56,6 +56,7 @@ class ReplyInfo:
     fingerprint: str
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_tokens: int = 0  # of the prompt (known before the reply starts)
 
 
 @dataclass
@@ -130,7 +131,8 @@ class ApiRoute:
         req = self.parse(body, srv.runner.model.vocab_size)
         self.bind(req, srv)
         run = await srv.runner.start(req)
-        info = ReplyInfo(srv.model_id, srv.fingerprint, self.new_id(srv))
+        info = ReplyInfo(srv.model_id, srv.fingerprint, self.new_id(srv),
+                         prompt_tokens=len(run.job.ids))
         if req.stream:
             srv.counts.add(self.path, 200)
             return EventStream(self._stream(srv.runner, run, info))
@@ -157,15 +159,17 @@ class ApiRoute:
 
 
 def authorize(headers, api_key: str | None) -> None:
-    """Raise APIError 401 unless headers carry 'Authorization: Bearer API_KEY' (None: open)."""
+    """Raise APIError 401 unless headers carry 'Authorization: Bearer API_KEY' or
+    'x-api-key: API_KEY' (Anthropic's header) (None: open)."""
     if api_key is None:
         return
     got = headers.get("authorization", "")
     scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             api_key.encode()):
-        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                       type="authentication_error", code="invalid_api_key",
+    if scheme.lower() != "bearer":
+        token = headers.get("x-api-key", "")
+    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or "
+                       "'x-api-key: KEY')", type="authentication_error", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
 
 

@@ -68,7 +68,8 @@ def prompt_ids(model, req: Request) -> tuple[list[int], ToolChat | None]:
         return list(req.prompt), None
     try:
         tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
-                          req.parallel_tool_calls, req.template_kwargs)
+                          req.parallel_tool_calls, req.template_kwargs, req.unlisted_tools,
+                          req.system_in_place)
     except ToolError as e:
         raise bad(str(e), e.param, "invalid_value", e) from None
     except ChatTemplateError as e:
@@ -145,6 +146,8 @@ class Runner:
         n_ctx = self.model.n_ctx
         cap = min(n_ctx, self.cache.max_tokens - self.cache.block_size)
         max_tokens = req.max_tokens
+        if req.fit_max_tokens and max_tokens is not None and len(ids) + max_tokens > cap:
+            max_tokens = None  # a ceiling: what the context leaves
         if max_tokens is None:
             if len(ids) >= cap:
                 msg = (f"this model's maximum context length is {cap} tokens, but the "
