@@ -233,3 +233,29 @@ def test_real_models_two_turn_tool_conversation(real_srv):
     assert r2.usage.prompt_tokens > r1.usage.prompt_tokens
     bs = real_srv.cache.block_size
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - bs
+
+
+# the schema a user writes: properties and required, nothing about other keys
+OPEN_ADD = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [None, False])
+def test_real_models_tool_schema_without_additional_properties_is_closed(real_srv, parallel):
+    """A tool schema with properties and no additionalProperties is a closed object (as
+    OpenAI and llama.cpp read it): Gemma 3 270M, left free to add keys, padded its arguments
+    ({"a": 2, "b": 3, "type": "object", ...}) until max_tokens; closed, it calls add(2, 3)."""
+    kw = {} if parallel is None else {"parallel_tool_calls": parallel}
+    r = real_srv.client().chat.completions.create(
+        model="tiny", messages=msgs("What is 2 plus 3? Use the tools.",
+                                    system="You are a helpful assistant."),
+        tools=OPEN_ADD, tool_choice="required", max_tokens=60, temperature=0, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    for c in ch.message.tool_calls:
+        args = json.loads(c.function.arguments)
+        assert set(args) == {"a", "b"}, c.function.arguments
