@@ -85,6 +85,31 @@ def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
     assert final.finish_reason == ch.finish_reason
 
 
+def test_allowed_tools_through_the_client(long_srv):
+    """tool_choice {"type": "allowed_tools", ...} as the openai SDK sends it (pydantic-ai does
+    when a step may use only some tools): 200, every call is of an allowed tool, "required"
+    makes one; the prompt keeps every tool (the same prompt tokens as "auto")."""
+    tools = TINY_TOOLS + [{"type": "function", "function": {"name": "reset", "parameters": {
+        "type": "object", "properties": {}}}}]
+    c = long_srv.client()
+    auto = c.chat.completions.create(model="tiny", messages=msgs("Set level 3."), tools=tools,
+                                     max_tokens=1, temperature=0)
+    for mode in ("required", "auto"):
+        choice = {"type": "allowed_tools", "allowed_tools": {
+            "mode": mode, "tools": [{"type": "function", "function": {"name": "set_level"}}]}}
+        r = c.chat.completions.create(model="tiny", messages=msgs("Set level 3."), tools=tools,
+                                      tool_choice=choice, max_tokens=100, temperature=1.0,
+                                      seed=3, parallel_tool_calls=False)
+        assert r.usage.prompt_tokens == auto.usage.prompt_tokens
+        calls = r.choices[0].message.tool_calls or []
+        if mode == "required":
+            assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        for t in calls:
+            assert t.function.name == "set_level"
+            jsonschema.validate(json.loads(t.function.arguments),
+                                TINY_TOOLS[0]["function"]["parameters"])
+
+
 def _common(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
