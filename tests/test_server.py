@@ -543,6 +543,32 @@ BAD_BODIES = [
      "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: nope"}, "grammar"),
+    # OpenAI's fields with a value goinfer cannot honour (it would change the reply)
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy",
+                                                               "format": "wav"}}, "audio"),
+    ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]},
+     "modalities"),
+    ({"messages": [{"role": "user", "content": "x"}], "web_search_options": {}},
+     "web_search_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "moderation": {
+        "model": "omni-moderation-latest"}}, "moderation"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_retention": "forever"},
+     "prompt_cache_retention"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_options": {"mode": "x"}},
+     "prompt_cache_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content",
+                                                                    "content": 5}},
+     "prediction"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f g"}]},
+     "functions[0].name"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "function_call": {"name": "g"}}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "function_call": "always"}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "function", "content": "1"}]},
+     "messages"),
 ]
 
 
@@ -579,6 +605,30 @@ def test_fuzzed_bodies_never_crash_the_server(srv):
         if r.status_code == 400:
             _err(r, 400)
     assert srv.cache.stats().blocks_used == 0
+
+
+# OpenAI's Chat Completions fields goinfer takes without acting on them (openai SDK's
+# completion_create_params): null, or a value that cannot change the reply
+NULL_FIELDS = ["audio", "prediction", "web_search_options", "functions", "function_call",
+               "moderation", "prompt_cache_options", "prompt_cache_retention", "modalities",
+               "service_tier", "store", "metadata", "reasoning_effort", "verbosity",
+               "prompt_cache_key", "safety_identifier", "user", "n", "stream_options", "seed"]
+NOOP_VALUES = {"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit",
+                                                                       "ttl": "30m"},
+               "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]},
+               "modalities": ["text"], "function_call": "none"}
+
+
+def test_openai_fields_null_or_without_effect_are_accepted(srv):
+    """Every field OpenAI defines, sent as null (as clients that fill in every field do), or
+    with a value that cannot change the reply: the same reply as without it."""
+    base = {"messages": msgs("say hi"), "max_tokens": 6, "temperature": 0}
+    want = srv.post("/v1/chat/completions", base).json()["choices"][0]["message"]
+    for body in [dict(base, **{k: None}) for k in NULL_FIELDS] + [
+            dict(base, **{k: v}) for k, v in NOOP_VALUES.items()]:
+        r = srv.post("/v1/chat/completions", body)
+        assert r.status_code == 200, (body, r.text)
+        assert r.json()["choices"][0]["message"] == want, body
 
 
 def test_malformed_and_oversized_requests(srv):

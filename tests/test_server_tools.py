@@ -110,6 +110,45 @@ def test_allowed_tools_through_the_client(long_srv):
                                 TINY_TOOLS[0]["function"]["parameters"])
 
 
+def test_deprecated_functions_work_as_tools(long_srv):
+    """functions / function_call (OpenAI's deprecated form, which some frameworks still
+    send): a forced call comes back as message.function_call with finish_reason
+    "function_call" (streamed as delta.function_call); a history in that form (an assistant
+    function_call, a "function" result) renders as the same history in tool form."""
+    fn = TINY_TOOLS[0]["function"]
+    c = long_srv.client()
+    kw = dict(model="tiny", messages=msgs("Set level 3."), functions=[fn],
+              function_call={"name": "set_level"}, max_tokens=100, temperature=0)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "function_call" and ch.message.tool_calls is None, ch
+    assert ch.message.function_call.name == "set_level"
+    jsonschema.validate(json.loads(ch.message.function_call.arguments), fn["parameters"])
+    name, args = None, ""
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for x in chunk.choices:
+            if x.delta.function_call is not None:
+                name = x.delta.function_call.name or name
+                args += x.delta.function_call.arguments or ""
+            finish = x.finish_reason or None
+    assert (name, args, finish) == ("set_level", ch.message.function_call.arguments,
+                                    "function_call")
+    call = {"name": "set_level", "arguments": ch.message.function_call.arguments}
+    old_form = msgs("Set level 3.") + [
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "set_level", "content": "done"}]
+    new_form = msgs("Set level 3.") + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call00001", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "done"}]
+    a = c.chat.completions.create(model="tiny", messages=old_form, functions=[fn], max_tokens=8,
+                                  temperature=0)
+    b = c.chat.completions.create(model="tiny", messages=new_form, tools=TINY_TOOLS,
+                                  parallel_tool_calls=False, max_tokens=8, temperature=0)
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
 def _common(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 

@@ -25,6 +25,7 @@ class Options:
     def __init__(self, include_usage: bool = False, return_tokens: bool = False):
         self.include_usage = include_usage  # stream_options.include_usage: a usage chunk
         self.return_tokens = return_tokens  # goinfer's extension: the reply's token ids
+        self.functions = False  # chat: the deprecated functions API (message.function_call)
 
 
 def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) -> Request:
