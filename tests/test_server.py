@@ -29,7 +29,7 @@ class Server:
     def __init__(self, model, cache=None, **kw):
         self.model = model
         self.cache = cache if cache is not None else KVCache(model, max_tokens=2048)
-        self.app = create_app(model, self.cache, model_id="tiny", **kw)
+        self.app = create_app(model, self.cache, **{"model_id": "tiny", **kw})
         self.engine = self.app.state.engine
         cfg = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
                              timeout_graceful_shutdown=1)
@@ -167,6 +167,21 @@ def test_models_health_metrics(srv):
                  "goinfer_queue_depth", "goinfer_kv_blocks{state=\"used\"}",
                  "goinfer_prefix_cache_hit_tokens_total"):
         assert name in text, name
+
+
+def test_models_retrieve(srv, model):
+    """GET /v1/models/{id} (client.models.retrieve): the served model, as listed; another id
+    is OpenAI's 404 (the SDK's NotFoundError); the API key applies."""
+    c = srv.client()
+    m = c.models.retrieve("tiny")
+    assert m.model_dump() == c.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    _err(httpx.get(srv.url + "/v1/models/org/some-model"), 404, "model_not_found")
+    with Server(model, api_key="k", model_id="org/name") as s:
+        assert httpx.get(s.url + "/v1/models/org/name").status_code == 401
+        assert s.client("k").models.retrieve("org/name").id == "org/name"
 
 
 @pytest.mark.parametrize("i", range(len(SETTINGS)))

@@ -4,7 +4,7 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/chat/completions, POST /v1/completions (each a translation module over the
-generic runner, runner.py), GET /v1/models, GET /health, GET /metrics.
+generic runner, runner.py), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics.
 """
 from __future__ import annotations
 
@@ -107,12 +107,27 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         return {"status": "ok", "model": st.model_id, "active": engine.n_active,
                 "queued": engine.queue_depth}
 
+    def model_object() -> dict:
+        return {"id": st.model_id, "object": "model", "created": st.started,
+                "owned_by": "goinfer"}
+
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request.headers, st.api_key)
         st.counts.add("/v1/models", 200)
-        return {"object": "list", "data": [{"id": st.model_id, "object": "model",
-                                            "created": st.started, "owned_by": "goinfer"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request):
+        """The served model (client.models.retrieve); another id: OpenAI's 404."""
+        authorize(request.headers, st.api_key)
+        if model != st.model_id:  # (counted under the route: ids are the client's to choose)
+            st.counts.add("/v1/models/{model}", 404)
+            e = APIError(404, f"The model '{model}' does not exist (this server serves "
+                         f"'{st.model_id}')", param="model", code="model_not_found")
+            return JSONResponse(e.body(), status_code=404)
+        st.counts.add("/v1/models/{model}", 200)
+        return model_object()
 
     @app.get("/metrics")
     async def get_metrics(request: Request):
