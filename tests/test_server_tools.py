@@ -117,7 +117,7 @@ def test_deprecated_functions_work_as_tools(long_srv):
     function_call, a "function" result) renders as the same history in tool form."""
     fn = TINY_TOOLS[0]["function"]
     c = long_srv.client()
-    kw = dict(model="tiny", messages=msgs("Set level 3."), functions=[fn],
+    kw = dict(model="tiny", messages=msgs("Please set the level to 4."), functions=[fn],
               function_call={"name": "set_level"}, max_tokens=100, temperature=0)
     r = c.chat.completions.create(**kw)
     ch = r.choices[0]
@@ -134,10 +134,10 @@ def test_deprecated_functions_work_as_tools(long_srv):
     assert (name, args, finish) == ("set_level", ch.message.function_call.arguments,
                                     "function_call")
     call = {"name": "set_level", "arguments": ch.message.function_call.arguments}
-    old_form = msgs("Set level 3.") + [
+    old_form = msgs("Please set the level to 4.") + [
         {"role": "assistant", "content": None, "function_call": call},
         {"role": "function", "name": "set_level", "content": "done"}]
-    new_form = msgs("Set level 3.") + [
+    new_form = msgs("Please set the level to 4.") + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call00001", "type": "function", "function": call}]},
         {"role": "tool", "tool_call_id": "call00001", "content": "done"}]
