@@ -530,7 +530,7 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"a": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1000}}, "logit_bias"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),  # over --max-batch
     ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
@@ -659,7 +659,7 @@ def test_malformed_and_oversized_requests(srv):
     _err(srv.post("/v1/chat/completions", content=big), 413, "body_too_large")
     _err(srv.post("/v1/completions", {"prompt": ""}), 400, param="prompt")
     _err(srv.post("/v1/completions", {"prompt": [1, 99999]}), 400, param="prompt")
-    _err(srv.post("/v1/completions", {"prompt": ["a", "b"]}), 400, param="prompt")
+    _err(srv.post("/v1/completions", {"prompt": ["a", ""]}), 400, param="prompt")
     _err(srv.post("/v1/completions", {"prompt": "x", "echo": True}), 400, param="echo")
     _err(srv.post("/v1/completions", {"prompt": "x", "best_of": 3}), 400, param="best_of")
     _err(srv.post("/v1/nope", {}), 404)
@@ -667,7 +667,7 @@ def test_malformed_and_oversized_requests(srv):
     assert r.status_code == 405 and "error" in r.json()
     # the openai client raises its typed error for a 400
     with pytest.raises(openai.BadRequestError):
-        srv.client().chat.completions.create(model="tiny", messages=msgs("x"), n=3)
+        srv.client().chat.completions.create(model="tiny", messages=msgs("x"), n=9)
 
 
 def test_context_length_exceeded(srv, model):

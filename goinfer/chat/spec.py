@@ -94,6 +94,7 @@ class ToolCallDelta:
     arguments: str = ""
     # streamed with logprobs: the entries of the tokens taken since the last item sent
     logprobs: list[dict] | None = field(default=None, compare=False, repr=False)
+    choice: int = field(default=0, compare=False, repr=False)  # the server's choice (n > 1)
 
     def as_openai(self) -> dict:
         if self.id is None:

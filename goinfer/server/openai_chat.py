@@ -40,6 +40,7 @@ class ChatCompletions(OpenAIRoute):
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
+    reply_object = "chat.completion"
 
     # ------------------------------------------------------------------ request
 
@@ -74,8 +75,7 @@ class ChatCompletions(OpenAIRoute):
 
     # ------------------------------------------------------------------ reply
 
-    def reply(self, result, req: Request, info: ReplyInfo) -> dict:
-        out = self.head(info, "chat.completion")
+    def choice(self, result, req: Request, index: int) -> dict:
         message = {"role": "assistant", "content": result.content}
         if result.reasoning_content is not None:
             message["reasoning_content"] = result.reasoning_content
@@ -85,39 +85,46 @@ class ChatCompletions(OpenAIRoute):
         if req.options.functions:
             message, finish = legacy.reply_message(message), legacy.finish_reason(finish)
         entries = result.logprobs["content"] if result.logprobs is not None else None
-        out["choices"] = [{"index": 0, "message": message, "logprobs": _logprobs(entries),
-                           "finish_reason": finish}]
-        return self.finish_reply(out, result, req)
+        return {"index": index, "message": message, "logprobs": _logprobs(entries),
+                "finish_reason": finish}
 
     def chunk(self, req: Request, info: ReplyInfo, delta: dict, logprobs=None,
-              finish: str | None = None) -> dict:
+              finish: str | None = None, choice: int = 0) -> dict:
         out = self.head(info, self.chunk_object)
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": _logprobs(logprobs),
+        out["choices"] = [{"index": choice, "delta": delta, "logprobs": _logprobs(logprobs),
                            "finish_reason": finish}]
         if req.options.include_usage:
             out["usage"] = None
         return out
 
     async def stream(self, events, req: Request, info: ReplyInfo):
-        yield sse(self.chunk(req, info, {"role": "assistant", "content": ""}))
+        for i in range(req.n_choices):
+            yield sse(self.chunk(req, info, {"role": "assistant", "content": ""}, choice=i))
+        results = {}
         async for ev in events:
             if isinstance(ev, Ping):
                 yield SSE_PING
             elif isinstance(ev, TextDelta):
-                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs))
+                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs,
+                                     choice=ev.choice))
             elif isinstance(ev, ReasoningDelta):
-                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs))
+                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs,
+                                     choice=ev.choice))
             elif isinstance(ev, ToolCallDelta):
                 delta = (legacy.stream_delta(ev) if req.options.functions
                          else {"tool_calls": [ev.as_openai()]})
-                yield sse(self.chunk(req, info, delta, ev.logprobs))
+                yield sse(self.chunk(req, info, delta, ev.logprobs, choice=ev.choice))
             elif isinstance(ev, Done):
                 finish = ev.result.finish_reason
                 if req.options.functions:
                     finish = legacy.finish_reason(finish)
-                end = self.chunk(req, info, {}, ev.logprobs, finish)
-                for x in self.last_chunks(end, ev.result, req, info):
-                    yield x
+                yield self.end_chunk(self.chunk(req, info, {}, ev.logprobs, finish, ev.choice),
+                                     ev.result)
+                results[ev.choice] = ev.result
+                if len(results) == req.n_choices:
+                    for x in self.last_chunks([results[i] for i in sorted(results)], req,
+                                              info):
+                        yield x
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
 
