@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/chat/completions, POST /v1/completions (each a translation module over the
-generic runner, runner.py), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics.
+generic runner, runner.py), GET /v1/models, GET /v1/models/{id}, POST /v1/embeddings
+(embeddings.py), POST /tokenize and /detokenize (tokens.py), GET /health, GET /metrics.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goinfer.kv_cache import KVCache
-from goinfer.server import metrics
+from goinfer.server import embeddings, metrics, tokens
 from goinfer.server.errors import APIError
 from goinfer.server.route import ApiRoute, Served, authorize, read_body
 from goinfer.server.routes import ROUTES
@@ -137,6 +138,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
 
     for route in routes:
         _mount(app, route, served)
+    embeddings.mount(app, served)  # POST /v1/embeddings
+    tokens.mount(app, served)  # POST /tokenize, /detokenize (llama.cpp's shapes)
     return app
 
 
