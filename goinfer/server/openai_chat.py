@@ -202,16 +202,11 @@ def _unhonoured(body: dict) -> None:
         if set(mods) - {"text"}:
             raise bad("only text output is supported ('modalities': ['text'])", "modalities",
                       "unsupported_value")
-    pred = body.get("prediction")
-    if pred is not None:  # a predicted output only makes OpenAI's reply faster, never other
-        content = pred.get("content") if isinstance(pred, dict) else None
-        if not isinstance(pred, dict) or pred.get("type") != "content" or set(pred) != {
-                "type", "content"} or not (isinstance(content, str) or isinstance(
-                    content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                           and isinstance(p.get("text"), str)
-                                           for p in content)):
-            raise bad("'prediction' must be {'type': 'content', 'content': a string or text "
-                      "parts}", "prediction", "invalid_value")
+    pred = body.get("prediction")  # a predicted output makes OpenAI's reply faster, not other
+    if pred is not None and not (isinstance(pred, dict) and set(pred) == {"type", "content"}
+                                 and pred["type"] == "content" and _is_text(pred["content"])):
+        raise bad("'prediction' must be {'type': 'content', 'content': a string or text parts}",
+                  "prediction", "invalid_value")
     ret = body.get("prompt_cache_retention")
     if ret is not None and ret not in CACHE_RETENTIONS:
         raise bad(f"'prompt_cache_retention' must be one of {list(CACHE_RETENTIONS)}, got "
@@ -222,6 +217,13 @@ def _unhonoured(body: dict) -> None:
                              or not isinstance(opts.get("ttl", ""), str)):
         raise bad("'prompt_cache_options' must be {'mode': 'implicit' | 'explicit', 'ttl': str}",
                   "prompt_cache_options", "invalid_value")
+
+
+def _is_text(content) -> bool:
+    """Is content a string or a list of text parts?"""
+    return isinstance(content, str) or isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content)
 
 
 def _template_kwargs(body: dict) -> dict:
