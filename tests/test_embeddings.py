@@ -156,6 +156,21 @@ def test_tokenize_detokenize(tok_srv):
     assert "".join(p["piece"] for p in pieces) == "the cat" and all("id" in p for p in pieces)
 
 
+def test_tokenize_adds_the_special_tokens_the_tokenizer_adds(emb_srv):
+    """add_special: the Hugging Face tokenizer's ids (Qwen3-Embedding's appends <|endoftext|>,
+    the token it pools); without it, the same ids but that one."""
+    s, _, path, _ = emb_srv
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path.parent / "hf" / "tokenizer.json"))
+    for text in TEXTS:
+        want = tok.encode(text).ids
+        full = s.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+        plain = s.post("/tokenize", {"content": text}).json()["tokens"]
+        assert full == want and plain == want[:-1], text
+        assert want[-1] == tok.token_to_id("<|endoftext|>")
+
+
 def test_tokenize_a_chat(tok_srv):
     """A Chat Completions body counts the chat prompt exactly as the chat route renders it
     (tools in the prompt included)."""
