@@ -266,6 +266,101 @@ def bound_numbers(schema):
     return b if b == schema or not schema_error(json.dumps(b, sort_keys=True)) else schema
 
 
+# ============================================================================ closed objects
+
+# By the letter of JSON Schema an object with "properties" and no "additionalProperties" admits
+# any other key too, and llguidance enforces it so: a small model pads such an object with keys
+# of its own until max_tokens ({"a": 2, "b": 3, "c": 4, "d": ...}).  OpenAI's structured
+# outputs and llama.cpp's schema converter read it as closed, and so does goinfer: every object
+# schema that declares properties (or patternProperties) and says nothing of
+# additionalProperties / unevaluatedProperties gets "additionalProperties": false, nested ones
+# too (properties, items, anyOf / oneOf / allOf branches, $defs ...).  An object is closed over
+# every key it declares: its properties, the keys it requires, and the properties of its inline
+# allOf branches (and, when it has properties of its own, of its anyOf / oneOf branches); those
+# branches are not closed themselves, or their intersection would be empty (as llama.cpp merges
+# allOf).  "additionalProperties": true or a schema keeps its meaning.
+_OBJECT_SAYS = ("additionalProperties", "unevaluatedProperties")
+_SCHEMA_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+                "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+                "prefixItems")  # hold a schema (or a list of schemas)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_BRANCHES = ("allOf", "anyOf", "oneOf")
+
+
+def _merged(schema: Mapping) -> list[Mapping]:
+    """The inline branches whose properties `schema` is closed over (see above)."""
+    keys = _BRANCHES if "properties" in schema else ("allOf",)
+    return [b for k in keys if isinstance(schema.get(k), list) for b in schema[k]
+            if isinstance(b, Mapping) and ("properties" in b or _merged(b))]
+
+
+def _declared(schema: Mapping) -> tuple[list[str], bool]:
+    """(the property names schema and its merged branches declare, does any of them say what
+    other keys may be)."""
+    props = schema.get("properties")
+    names = [n for n in props if isinstance(n, str)] if isinstance(props, Mapping) else []
+    says = any(k in schema for k in _OBJECT_SAYS)
+    for b in _merged(schema):
+        more, s = _declared(b)
+        names += more
+        says = says or s
+    return names, says
+
+
+def _close(schema, closed: bool = True):
+    """Copy of schema with its objects closed; closed=False: a merged branch, whose own keys
+    its parent is closed over (its nested objects are closed all the same)."""
+    if isinstance(schema, list):
+        return [_close(x) for x in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    merged = {id(b) for b in _merged(schema)}
+    out = {}
+    for k, v in schema.items():
+        if k in _SCHEMA_MAPS and isinstance(v, Mapping):
+            out[k] = {name: _close(s) for name, s in v.items()}
+        elif k in _BRANCHES and isinstance(v, list):
+            out[k] = [_close(b, id(b) not in merged) for b in v]
+        elif k in _SCHEMA_KEYS:
+            out[k] = _close(v)
+        else:
+            out[k] = copy.deepcopy(v)
+    props = out.get("properties", {})
+    if not closed or not isinstance(props, Mapping) or not (
+            "properties" in schema or "patternProperties" in schema or merged):
+        return out  # (properties that are not an object: the schema's error is kept)
+    names, says = _declared(schema)
+    if says:
+        return out
+    props = dict(props)
+    required = schema.get("required")
+    for n in names + (list(required) if isinstance(required, list) else []):
+        if isinstance(n, str) and n not in props:
+            props[n] = {}  # declared by a branch, or required: any value (the branch holds it)
+    out["properties"] = props
+    out["additionalProperties"] = False
+    return out
+
+
+def close_objects(schema):
+    """The schema with its objects closed (above), or as it is when the closed schema does not
+    compile where the schema does (an allOf $ref branch, closed in $defs, that the object adds
+    required keys to)."""
+    c = _close(schema)
+    if c == schema:
+        return schema
+    if schema_error(json.dumps(c, sort_keys=True)) and not schema_error(
+            json.dumps(schema, sort_keys=True)):
+        return schema
+    return c
+
+
+def enforced_schema(schema):
+    """A JSON schema as goinfer's grammars hold it: objects closed (close_objects), numbers
+    bounded (bound_numbers)."""
+    return bound_numbers(close_objects(schema))
+
+
 @functools.lru_cache(maxsize=256)
 def schema_error(schema_json: str) -> str:
     """'' if llguidance compiles the schema, else its message (first line)."""
@@ -278,12 +373,12 @@ def schema_error(schema_json: str) -> str:
 
 
 def json_schema_source(schema) -> str:
-    """llguidance grammar of a JSON schema (a dict, or True for any JSON value); its numbers
-    bounded (bound_numbers)."""
+    """llguidance grammar of a JSON schema (a dict, or True for any JSON value); its objects
+    closed and its numbers bounded (enforced_schema)."""
     try:
         text = json.dumps(schema)
         if isinstance(schema, dict):
-            text = json.dumps(bound_numbers(schema))
+            text = json.dumps(enforced_schema(schema))
     except (TypeError, ValueError) as e:
         raise GrammarError(f"the JSON schema is not JSON: {e}", "response_format") from None
     try:

@@ -13,6 +13,7 @@ import numpy as np
 
 from goinfer import hub, layout, memory
 from goinfer._threads import resolve_threads
+from goinfer.embeddings import pooling_of
 from goinfer.errors import ContextLengthError, ModelFormatError
 from goinfer.gguf import ConversionSummary, GGUFFile
 from goinfer.graph import GraphRunner
@@ -108,6 +109,7 @@ class Model:
         # the weights must fit in memory (mapped or not) before anything large is read
         memory.check_fits(gguf.native_bytes(), f"{self.name} (its weights in goinfer's layout)")
         self.chat_template = gguf.get("tokenizer.chat_template") or builtin_template(arch)
+        self.pooling = pooling_of(gguf)  # an embedding model's pooling (None: not one)
         # the tokenizer (~1 s for a 128k-token vocabulary) is built while the weights map (the
         # kernel populates the mapping without the GIL) or convert
         with ThreadPoolExecutor(1, thread_name_prefix="goinfer-tokenizer") as pool:
@@ -269,10 +271,11 @@ class Model:
 
     def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
                 all_logits: bool = False, state: RecurrentState | None = None,
-                snapshots: dict | None = None) -> np.ndarray:
+                snapshots: dict | None = None, hidden: bool = False) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
-        Returns logits of the last position (1, vocab), or of every position (T, vocab).
+        Returns logits of the last position (1, vocab), or of every position (T, vocab);
+        hidden=True: the final-normed hidden states instead ((1, d_model) / (T, d_model)).
         Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts).
         Hybrid models: ``state`` is the sequence's recurrent state after its first pos0 tokens,
         updated in place (None: a fresh one, only at pos0 = 0); ``snapshots`` {n: None} is
@@ -297,7 +300,7 @@ class Model:
             if state is not None:
                 rec = SeqRecurrent.with_snapshots(state, [n - 1 - pos0 - c0 for n in ns])
                 seq = seq + (rec,)
-            lg = self.forward_batch(cache, [seq])[0]
+            lg = self.forward_batch(cache, [seq], hidden=hidden)[0]
             if rec is not None:
                 for n, snap in zip(ns, rec.snapshots()):
                     snapshots[n] = snap
@@ -305,8 +308,9 @@ class Model:
                 out.append(lg)
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
 
-    def forward_batch(self, cache: KVCache, seqs) -> list:
+    def forward_batch(self, cache: KVCache, seqs, hidden: bool = False) -> list:
         """One forward step over several sequences sharing a KV cache (continuous batching).
+        hidden=True: final-normed hidden states (T, d_model) where logits would be.
 
         seqs: (block_table, tokens, pos0, want[, rec]) per sequence, want in "all" | "last" |
         "none"; rec (recurrent.SeqRecurrent) is required by hybrid models.  Returns per
@@ -350,10 +354,11 @@ class Model:
                 where.append(None)
             r0 += T
         batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
-                      np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from)
+                      np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from,
+                      hidden)
         with self._lock:
             logits = None
-            if self.graph is not None and GraphRunner.replayable(batch):
+            if self.graph is not None and not hidden and GraphRunner.replayable(batch):
                 logits = self.graph.decode(cache, batch)  # None: not replayed
             if logits is None:
                 logits = self.impl.forward(batch, cache.k, cache.v)
@@ -362,6 +367,14 @@ class Model:
     def logits(self, ids) -> np.ndarray:
         """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced (the
         same bits as a session's prefill or decode steps of ids)."""
+        return self._teacher_forced(ids, False)
+
+    def hidden_states(self, ids) -> np.ndarray:
+        """The final-normed hidden state of every position of ids, (len(ids), d_model) float32
+        (what goinfer/embeddings.py pools)."""
+        return self._teacher_forced(ids, True)
+
+    def _teacher_forced(self, ids, hidden: bool) -> np.ndarray:
         ids = list(ids)
         if not ids:
             raise ValueError("logits() needs at least one token")
@@ -371,7 +384,7 @@ class Model:
         bs = 16
         cache = KVCache(self, max_tokens=len(ids), block_size=bs)
         bt = np.array([cache.allocate() for _ in range(cache.n_blocks)], dtype=np.int32)
-        return self.forward(cache, bt, ids, 0, all_logits=True)
+        return self.forward(cache, bt, ids, 0, all_logits=True, hidden=hidden)
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, {self.config.describe()}, threads={self.threads})"

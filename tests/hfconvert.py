@@ -182,11 +182,13 @@ O200K_REGEX = (
 
 
 def write_tokenizer(d: Path, specials: list[str], bos: str | None, eos: str, pad: str | None,
-                    chat_template: str | None, vocab_size: int, regex: str | None = None) -> None:
+                    chat_template: str | None, vocab_size: int, regex: str | None = None,
+                    append: str | None = None) -> None:
     """A byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json) in d: 256 byte
     tokens, MERGES, the special tokens, <unusedN> fillers up to vocab_size.  regex: the split
-    regex of the pre-tokenizer (None: GPT-2's, ByteLevel's own)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    regex of the pre-tokenizer (None: GPT-2's, ByteLevel's own).  append: a special token
+    the tokenizer's post-processor appends to every text (Qwen3-Embedding's <|endoftext|>)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {c: i for i, c in enumerate(_byte_chars())}
     for a, b in MERGES:
@@ -206,6 +208,10 @@ def write_tokenizer(d: Path, specials: list[str], bos: str | None, eos: str, pad
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
+    if append is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"$A {append}", pair=f"$A {append} $B:1 {append}:1",
+            special_tokens=[(append, tok.token_to_id(append))])
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": bos,
@@ -255,6 +261,18 @@ def _qwen35moe_config(**over):
               bos_token_id=None, eos_token_id=258 + len(MERGES), pad_token_id=None)
     kw.update(over)
     return Qwen3_5MoeTextConfig(**kw)
+
+
+def _qwen3_config(**over):
+    from transformers import Qwen3Config
+
+    kw = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              rope_theta=10000.0, bos_token_id=None, eos_token_id=256 + len(MERGES),
+              pad_token_id=None)
+    kw.update(over)
+    return Qwen3Config(**kw)
 
 
 def _smollm3_config(**over):
@@ -372,6 +390,10 @@ GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_int
 
 # family -> (config maker, model class name, pre-tokenizer, specials, bos, eos, template, flags)
 FAMILIES = {
+    # with pooling=... built as Qwen3-Embedding is: tied embeddings, a sentence-transformers
+    # Pooling module, a tokenizer that appends <|endoftext|>
+    "qwen3": (_qwen3_config, "Qwen3ForCausalLM", "qwen2", QWEN_SPECIALS, None, "<|im_end|>",
+              "Qwen-Qwen3-0.6B", ()),
     "qwen35": (_qwen35_config, "Qwen3_5ForCausalLM", "qwen35", QWEN_SPECIALS, None,
                "<|im_end|>", "Qwen3.5-4B", ("--no-mtp",)),
     "qwen35moe": (_qwen35moe_config, "Qwen3_5MoeForCausalLM", "qwen35", QWEN_SPECIALS, None,
@@ -485,13 +507,33 @@ def _key(family, seed, over) -> str:
     return h.hexdigest()[:16]
 
 
+def write_pooling(d: Path, pooling: str) -> None:
+    """A sentence-transformers layout in d: modules.json (Transformer, Pooling, Normalize) and
+    1_Pooling/config.json with pooling ("mean", "cls" or "lasttoken"), what llama.cpp's
+    converter reads an embedding model's pooling_type from."""
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize"}]
+    (d / "modules.json").write_text(json.dumps(modules, indent=1), encoding="utf-8")
+    (d / "1_Pooling").mkdir(exist_ok=True)
+    cfg = {"pooling_mode_cls_token": pooling == "cls",
+           "pooling_mode_mean_tokens": pooling == "mean",
+           "pooling_mode_lasttoken": pooling == "lasttoken"}
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
+
 def build(family: str, seed: int = 0, outtype: str = "f32", sinks: bool = True,
-          mxfp4: bool = True, **over):
+          mxfp4: bool = True, pooling: str | None = None, **over):
     """(transformers model, GGUF path) of a tiny random model, cached across test sessions.
 
     gpt-oss: the converter reads the experts in MXFP4 (as OpenAI's checkpoints hold them), so
     the GGUF has MXFP4 expert tensors; transformers runs the same values in float32.
-    mxfp4=False: the float checkpoint is converted as is (F32 experts)."""
+    mxfp4=False: the float checkpoint is converted as is (F32 experts).
+    pooling ("mean", "cls", "lasttoken"): an embedding model, laid out as sentence-transformers
+    writes one (write_pooling), its tokenizer appending <|endoftext|> (as Qwen3-Embedding's)."""
     from transformers import AutoModelForCausalLM
 
     make_cfg, cls, pre, specials, bos, eos, tmpl, flags = FAMILIES[family]
@@ -500,6 +542,8 @@ def build(family: str, seed: int = 0, outtype: str = "f32", sinks: bool = True,
         key["sinks"] = False
     if not mxfp4:
         key["mxfp4"] = False
+    if pooling is not None:
+        key["pooling"] = pooling
     d = fixtures_home() / f"{family}-{_key(family, seed, key)}"
     gguf_path = d / "model.gguf"
     if not gguf_path.is_file():
@@ -513,7 +557,10 @@ def build(family: str, seed: int = 0, outtype: str = "f32", sinks: bool = True,
                         write_gemma4_tokenizer(tmp / "hf", template(tmpl), model.config.vocab_size)
                     else:
                         write_tokenizer(tmp / "hf", specials, bos, eos, None, template(tmpl),
-                                        model.config.vocab_size, REGEX.get(family))
+                                        model.config.vocab_size, REGEX.get(family),
+                                        "<|endoftext|>" if pooling else None)
+                    if pooling is not None:
+                        write_pooling(tmp / "hf", pooling)
                     src = tmp / "hf"
                     if family == "gpt-oss" and mxfp4:
                         src = tmp / "hf-mxfp4"

@@ -1,6 +1,7 @@
 """Hypothesis strategies for random JSON schemas that a generation can always complete within a
-few hundred tokens (strings, arrays and objects are bounded; objects allow no extra keys), and
-the validation-rate counter the constrained-decoding tests report."""
+few hundred tokens (strings, arrays and objects are bounded; objects allow no extra keys, by
+"additionalProperties": false or, closed=False, by goinfer reading an object that declares
+properties as closed), and the validation-rate counter the constrained-decoding tests report."""
 from __future__ import annotations
 
 import json
@@ -65,13 +66,15 @@ def _leaf(bounded):
     )
 
 
-def _containers(children):
+def _containers(children, closed: bool = True):
     @st.composite
     def obj(draw):
         keys = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
         props = {k: draw(children) for k in keys}
         req = [k for k in keys if draw(st.booleans())]
-        s = {"type": "object", "properties": props, "additionalProperties": False}
+        s = {"type": "object", "properties": props}
+        if closed:
+            s["additionalProperties"] = False
         if req:
             s["required"] = req
         return s
@@ -85,13 +88,28 @@ def _containers(children):
     return obj() | arr()
 
 
-def schemas(max_leaves: int = 5, bounded: bool = False):
+def schemas(max_leaves: int = 5, bounded: bool = False, closed: bool = True):
     """Random JSON schemas; the top level is an object (as response_format wants).  Strings,
     arrays and objects are always bounded; bounded=True also bounds every number's digits (both
     integer bounds, a multipleOf), so any output, even a random model's, ends within a few
-    hundred tokens."""
-    inner = st.recursive(_leaf(bounded), _containers, max_leaves=max_leaves)
-    return _containers(inner).filter(lambda s: s["type"] == "object")
+    hundred tokens.  closed=False: no object says "additionalProperties"."""
+    inner = st.recursive(_leaf(bounded), lambda c: _containers(c, closed), max_leaves=max_leaves)
+    return _containers(inner, closed).filter(lambda s: s["type"] == "object")
+
+
+def with_closed_objects(schema):
+    """The schema with "additionalProperties": false added to every object schema that declares
+    properties and says nothing of other keys (what JSON Schema would need to admit none)."""
+    if isinstance(schema, list):
+        return [with_closed_objects(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("enum", "const") else with_closed_objects(v))
+           for k, v in schema.items()}
+    if "properties" in schema:
+        out["properties"] = {k: with_closed_objects(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
 
 
 @dataclass

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tinymodels import load
 
 from goinfer import constrained
+from goinfer.chat import GENERIC, check_tools, parse_reply, tool_grammar
 from goinfer.constrained import Tag, compile_request, tags_grammar, token_view
 from goinfer.errors import GoinferError, GrammarError, RequestError
 from goinfer.sampling import Sampler, SamplingParams
@@ -248,14 +249,14 @@ def _tiny_prompt(model):
     return model.tokenize("Hi there", add_special=True)[:8] or [5]
 
 
-def _tiny_run(model, name, schema, seed, temperature):
+def _tiny_run(model, name, schema, seed, temperature, valid_for=None):
     """A random-weights model on a bounded schema, whitespace cut to one optional space (the
     schema's own x-guidance, passed through): every output ends well within max_tokens, so
-    every output must be complete, parse and validate."""
+    every output must be complete, parse and validate (against valid_for, if given)."""
     schema = dict(schema, **{"x-guidance": {"whitespace_pattern": r"\x20"}})
     r = model.session().generate(_tiny_prompt(model), max_tokens=1200, temperature=temperature,
                                  seed=seed, response_format=rf(schema))
-    RATE.check(name, r, schema)
+    RATE.check(name, r, schema if valid_for is None else valid_for)
     assert r.finish_reason == "stop"
 
 
@@ -273,6 +274,57 @@ def test_random_schemas_tiny_llama(llama, schema, seed, temperature):
 def test_random_schemas_tiny_gemma(gemma, schema, seed, temperature):
     """SentencePiece vocabulary with byte fallback (digits, quotes, braces are byte tokens)."""
     _tiny_run(gemma, "tiny-gemma (SentencePiece)", schema, seed, temperature)
+
+
+# ============================================================================ closed objects
+
+
+@settings(max_examples=30 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=schemas.schemas(bounded=True, closed=False), seed=st.integers(0, 2**31 - 1),
+       temperature=st.sampled_from([0.0, 1.0]))
+def test_objects_that_declare_properties_are_closed(llama, schema, seed, temperature):
+    """An object schema with properties and no additionalProperties admits no other key (as
+    OpenAI and llama.cpp read it): a random-weights model's output, under the schema as a
+    response_format and as a tool's parameters, is complete and validates against the schema
+    with "additionalProperties": false added to every object (jsonschema)."""
+    closed = schemas.with_closed_objects(schema)
+    _tiny_run(llama, "tiny-llama (objects without additionalProperties)", schema, seed,
+              temperature, valid_for=closed)
+    spec = check_tools([{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                       "required", False)
+    r = llama.session().generate(_tiny_prompt(llama), max_tokens=1200, temperature=temperature,
+                                 seed=seed, grammar=tool_grammar(spec, GENERIC, llama.tokenizer))
+    assert r.finish_reason == "stop" and r.reason == "grammar complete", r.text
+    _, calls = parse_reply(r.text, GENERIC, spec)
+    assert calls and len(calls) == 1, r.text
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), closed)
+
+
+def test_closing_keeps_what_a_schema_says():
+    """additionalProperties true or a schema keeps its meaning; allOf branches are merged (the
+    object is closed over all their keys, the branches stay open, so their intersection is not
+    empty); a required key the object does not declare stays allowed; an object without
+    properties (json_object) stays open."""
+    from goinfer.constrained import close_objects, schema_error
+
+    open_ = {"type": "object", "properties": {"a": {}}, "additionalProperties": True}
+    typed = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
+    assert close_objects(open_) == open_ and close_objects(typed) == typed
+    assert close_objects({"type": "object"}) == {"type": "object"}
+    both = {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                      {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    c = close_objects(both)
+    assert c["additionalProperties"] is False and set(c["properties"]) == {"a", "b"}
+    assert all("additionalProperties" not in b for b in c["allOf"])
+    assert not schema_error(json.dumps(c))
+    jsonschema.validate({"a": 1, "b": "x"}, c)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"a": 1, "b": "x", "c": 0}, c)
+    sloppy = {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}
+    c = close_objects(sloppy)
+    jsonschema.validate({"a": 1, "b": 2}, c)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"a": 1, "b": 2, "c": 3}, c)
 
 
 def _real_chat(model, schema, seed, temperature):

@@ -360,8 +360,9 @@ def test_converter_cache_layout():
     d = hfconvert.converter_dir()
     assert (d / "convert_hf_to_gguf.py").is_file() and (d / "LICENSE").is_file()
     assert "MIT" in (d / "LICENSE").read_text()
-    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["gemma4", "gpt-oss", "qwen35",
-                                                                  "qwen35moe", "smollm3"]
+    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["gemma4", "gpt-oss", "qwen3",
+                                                                  "qwen35", "qwen35moe",
+                                                                  "smollm3"]
 
 
 # ============================================================================ graph replay (hybrid)

@@ -123,8 +123,11 @@ def test_openai_client_streamed_and_not(cluster):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= BLOCK  # the same prompt again
     cmp = c.completions.create(model="tiny", prompt="the cat sat on", max_tokens=6, temperature=0)
     assert cmp.usage.completion_tokens <= 6 and cmp.choices[0].finish_reason in ("length", "stop")
-    bad = post(cluster, "/v1/chat/completions", {"messages": m, "n": 2})  # the app's own 400
+    bad = post(cluster, "/v1/chat/completions", {"messages": m, "n": 0})  # the app's own 400
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+    two = post(cluster, "/v1/chat/completions", {"messages": m, "n": 2, "max_tokens": 4,
+                                                 "seed": 1})  # n > 1 through a replica
+    assert two.status_code == 200 and [ch["index"] for ch in two.json()["choices"]] == [0, 1]
 
 
 # Requests sent to both servers; non-streaming ones return their token ids.

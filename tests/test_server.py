@@ -29,7 +29,7 @@ class Server:
     def __init__(self, model, cache=None, **kw):
         self.model = model
         self.cache = cache if cache is not None else KVCache(model, max_tokens=2048)
-        self.app = create_app(model, self.cache, model_id="tiny", **kw)
+        self.app = create_app(model, self.cache, **{"model_id": "tiny", **kw})
         self.engine = self.app.state.engine
         cfg = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
                              timeout_graceful_shutdown=1)
@@ -167,6 +167,21 @@ def test_models_health_metrics(srv):
                  "goinfer_queue_depth", "goinfer_kv_blocks{state=\"used\"}",
                  "goinfer_prefix_cache_hit_tokens_total"):
         assert name in text, name
+
+
+def test_models_retrieve(srv, model):
+    """GET /v1/models/{id} (client.models.retrieve): the served model, as listed; another id
+    is OpenAI's 404 (the SDK's NotFoundError); the API key applies."""
+    c = srv.client()
+    m = c.models.retrieve("tiny")
+    assert m.model_dump() == c.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    _err(httpx.get(srv.url + "/v1/models/org/some-model"), 404, "model_not_found")
+    with Server(model, api_key="k", model_id="org/name") as s:
+        assert httpx.get(s.url + "/v1/models/org/name").status_code == 401
+        assert s.client("k").models.retrieve("org/name").id == "org/name"
 
 
 @pytest.mark.parametrize("i", range(len(SETTINGS)))
@@ -515,7 +530,7 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"a": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1000}}, "logit_bias"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),  # over --max-batch
     ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
@@ -543,6 +558,32 @@ BAD_BODIES = [
      "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: nope"}, "grammar"),
+    # OpenAI's fields with a value goinfer cannot honour (it would change the reply)
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy",
+                                                               "format": "wav"}}, "audio"),
+    ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]},
+     "modalities"),
+    ({"messages": [{"role": "user", "content": "x"}], "web_search_options": {}},
+     "web_search_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "moderation": {
+        "model": "omni-moderation-latest"}}, "moderation"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_retention": "forever"},
+     "prompt_cache_retention"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_options": {"mode": "x"}},
+     "prompt_cache_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content",
+                                                                    "content": 5}},
+     "prediction"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f g"}]},
+     "functions[0].name"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "function_call": {"name": "g"}}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
+      "function_call": "always"}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "function", "content": "1"}]},
+     "messages"),
 ]
 
 
@@ -581,6 +622,30 @@ def test_fuzzed_bodies_never_crash_the_server(srv):
     assert srv.cache.stats().blocks_used == 0
 
 
+# OpenAI's Chat Completions fields goinfer takes without acting on them (openai SDK's
+# completion_create_params): null, or a value that cannot change the reply
+NULL_FIELDS = ["audio", "prediction", "web_search_options", "functions", "function_call",
+               "moderation", "prompt_cache_options", "prompt_cache_retention", "modalities",
+               "service_tier", "store", "metadata", "reasoning_effort", "verbosity",
+               "prompt_cache_key", "safety_identifier", "user", "n", "stream_options", "seed"]
+NOOP_VALUES = {"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit",
+                                                                       "ttl": "30m"},
+               "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]},
+               "modalities": ["text"], "function_call": "none"}
+
+
+def test_openai_fields_null_or_without_effect_are_accepted(srv):
+    """Every field OpenAI defines, sent as null (as clients that fill in every field do), or
+    with a value that cannot change the reply: the same reply as without it."""
+    base = {"messages": msgs("say hi"), "max_tokens": 6, "temperature": 0}
+    want = srv.post("/v1/chat/completions", base).json()["choices"][0]["message"]
+    for body in [dict(base, **{k: None}) for k in NULL_FIELDS] + [
+            dict(base, **{k: v}) for k, v in NOOP_VALUES.items()]:
+        r = srv.post("/v1/chat/completions", body)
+        assert r.status_code == 200, (body, r.text)
+        assert r.json()["choices"][0]["message"] == want, body
+
+
 def test_malformed_and_oversized_requests(srv):
     _err(srv.post("/v1/chat/completions", content=b"{not json"), 400, "invalid_json")
     _err(srv.post("/v1/chat/completions", content=b"\xff\xfe"), 400, "invalid_json")
@@ -594,7 +659,7 @@ def test_malformed_and_oversized_requests(srv):
     _err(srv.post("/v1/chat/completions", content=big), 413, "body_too_large")
     _err(srv.post("/v1/completions", {"prompt": ""}), 400, param="prompt")
     _err(srv.post("/v1/completions", {"prompt": [1, 99999]}), 400, param="prompt")
-    _err(srv.post("/v1/completions", {"prompt": ["a", "b"]}), 400, param="prompt")
+    _err(srv.post("/v1/completions", {"prompt": ["a", ""]}), 400, param="prompt")
     _err(srv.post("/v1/completions", {"prompt": "x", "echo": True}), 400, param="echo")
     _err(srv.post("/v1/completions", {"prompt": "x", "best_of": 3}), 400, param="best_of")
     _err(srv.post("/v1/nope", {}), 404)
@@ -602,7 +667,7 @@ def test_malformed_and_oversized_requests(srv):
     assert r.status_code == 405 and "error" in r.json()
     # the openai client raises its typed error for a 400
     with pytest.raises(openai.BadRequestError):
-        srv.client().chat.completions.create(model="tiny", messages=msgs("x"), n=3)
+        srv.client().chat.completions.create(model="tiny", messages=msgs("x"), n=9)
 
 
 def test_context_length_exceeded(srv, model):

@@ -99,3 +99,16 @@ def test_hybrid_models_do_not_draft(hybrid):
                                              logit_bias={"65": 6.0, "66": 6.0},
                                              return_tokens=True)).json()
     assert out["tokens"] == ref.tokens and out["timings"]["draft_n"] == 0
+
+
+def test_hybrid_n_choices_fork_the_recurrent_state(hybrid):
+    """n=3 on a hybrid model: each fork carries a copy of the prompt's recurrent state (and
+    shares its blocks), so choice i equals the request alone with seed + i."""
+    model = hybrid
+    prompt = [(3 * k) % 250 for k in range(40)]
+    with Server(model, KVCache(model, max_tokens=1024)) as s:
+        r = s.post("/v1/completions", dict(prompt=prompt, n=3, max_tokens=12, temperature=0.9,
+                                           seed=4, return_tokens=True)).json()
+    for i, c in enumerate(r["choices"]):
+        ref = lone(model, prompt=prompt, max_tokens=12, temperature=0.9, seed=4 + i)
+        assert c["tokens"] == ref.tokens

@@ -85,6 +85,70 @@ def test_streamed_tool_calls_carry_logprobs(long_srv, choice):
     assert final.finish_reason == ch.finish_reason
 
 
+def test_allowed_tools_through_the_client(long_srv):
+    """tool_choice {"type": "allowed_tools", ...} as the openai SDK sends it (pydantic-ai does
+    when a step may use only some tools): 200, every call is of an allowed tool, "required"
+    makes one; the prompt keeps every tool (the same prompt tokens as "auto")."""
+    tools = TINY_TOOLS + [{"type": "function", "function": {"name": "reset", "parameters": {
+        "type": "object", "properties": {}}}}]
+    c = long_srv.client()
+    auto = c.chat.completions.create(model="tiny", messages=msgs("Set level 3."), tools=tools,
+                                     max_tokens=1, temperature=0)
+    for mode in ("required", "auto"):
+        choice = {"type": "allowed_tools", "allowed_tools": {
+            "mode": mode, "tools": [{"type": "function", "function": {"name": "set_level"}}]}}
+        r = c.chat.completions.create(model="tiny", messages=msgs("Set level 3."), tools=tools,
+                                      tool_choice=choice, max_tokens=100, temperature=1.0,
+                                      seed=3, parallel_tool_calls=False)
+        assert r.usage.prompt_tokens == auto.usage.prompt_tokens
+        calls = r.choices[0].message.tool_calls or []
+        if mode == "required":
+            assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        for t in calls:
+            assert t.function.name == "set_level"
+            jsonschema.validate(json.loads(t.function.arguments),
+                                TINY_TOOLS[0]["function"]["parameters"])
+
+
+def test_deprecated_functions_work_as_tools(long_srv):
+    """functions / function_call (OpenAI's deprecated form, which some frameworks still
+    send): a forced call comes back as message.function_call with finish_reason
+    "function_call" (streamed as delta.function_call); a history in that form (an assistant
+    function_call, a "function" result) renders as the same history in tool form."""
+    fn = TINY_TOOLS[0]["function"]
+    c = long_srv.client()
+    kw = dict(model="tiny", messages=msgs("Please set the level to 4."), functions=[fn],
+              function_call={"name": "set_level"}, max_tokens=100, temperature=0)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "function_call" and ch.message.tool_calls is None, ch
+    assert ch.message.function_call.name == "set_level"
+    jsonschema.validate(json.loads(ch.message.function_call.arguments), fn["parameters"])
+    name, args = None, ""
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for x in chunk.choices:
+            if x.delta.function_call is not None:
+                name = x.delta.function_call.name or name
+                args += x.delta.function_call.arguments or ""
+            finish = x.finish_reason or None
+    assert (name, args, finish) == ("set_level", ch.message.function_call.arguments,
+                                    "function_call")
+    call = {"name": "set_level", "arguments": ch.message.function_call.arguments}
+    old_form = msgs("Please set the level to 4.") + [
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "set_level", "content": "done"}]
+    new_form = msgs("Please set the level to 4.") + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call00001", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "done"}]
+    a = c.chat.completions.create(model="tiny", messages=old_form, functions=[fn], max_tokens=8,
+                                  temperature=0)
+    b = c.chat.completions.create(model="tiny", messages=new_form, tools=TINY_TOOLS,
+                                  parallel_tool_calls=False, max_tokens=8, temperature=0)
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
 def _common(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -233,3 +297,29 @@ def test_real_models_two_turn_tool_conversation(real_srv):
     assert r2.usage.prompt_tokens > r1.usage.prompt_tokens
     bs = real_srv.cache.block_size
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - bs
+
+
+# the schema a user writes: properties and required, nothing about other keys
+OPEN_ADD = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [None, False])
+def test_real_models_tool_schema_without_additional_properties_is_closed(real_srv, parallel):
+    """A tool schema with properties and no additionalProperties is a closed object (as
+    OpenAI and llama.cpp read it): Gemma 3 270M, left free to add keys, padded its arguments
+    ({"a": 2, "b": 3, "type": "object", ...}) until max_tokens; closed, it calls add(2, 3)."""
+    kw = {} if parallel is None else {"parallel_tool_calls": parallel}
+    r = real_srv.client().chat.completions.create(
+        model="tiny", messages=msgs("What is 2 plus 3? Use the tools.",
+                                    system="You are a helpful assistant."),
+        tools=OPEN_ADD, tool_choice="required", max_tokens=60, temperature=0, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    for c in ch.message.tool_calls:
+        args = json.loads(c.function.arguments)
+        assert set(args) == {"a", "b"}, c.function.arguments

@@ -72,6 +72,17 @@ def spec(choice="auto", parallel=True, tools=TOOLS):
 
 NAMED_ADD = {"type": "function", "function": {"name": "add"}}
 
+
+def allowed(mode, *names, form="chat"):
+    """OpenAI's tool_choice allowing the named tools (form "responses": {"type", "name"})."""
+    tools = [{"type": "function", "function": {"name": n}} if form == "chat" else
+             {"type": "function", "name": n} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+CHOICES = {"add": NAMED_ADD, "allowed-add-auto": allowed("auto", "add"),
+           "allowed-add-required": allowed("required", "add")}
+
 # ============================================================================ checks
 
 
@@ -108,6 +119,17 @@ BAD = [
     (None, "required", None, "tool_choice"),
     (None, NAMED_ADD, None, "tool_choice"),
     (TOOLS, "auto", "yes", "parallel_tool_calls"),
+    (TOOLS, allowed("sometimes", "add"), None, "tool_choice.allowed_tools.mode"),
+    (TOOLS, allowed("auto"), None, "tool_choice.allowed_tools.tools"),
+    (TOOLS, allowed("auto", "add", "nope"), None, "tool_choice.allowed_tools.tools[1]"),
+    (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "custom", "custom": {"name": "add"}}]}}, None,
+     "tool_choice.allowed_tools.tools[0]"),
+    (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [NAMED_ADD],
+                                                        "extra": 1}}, None,
+     "tool_choice.allowed_tools"),
+    (TOOLS, {"type": "allowed_tools"}, None, "tool_choice"),
+    (None, allowed("required", "add"), None, "tool_choice.allowed_tools.tools[0]"),
 ]
 
 
@@ -131,6 +153,12 @@ def test_checked_tools():
     assert [t.name for t in n.callable] == ["add"] and n.forced and not n.many
     assert spec("none").callable == () and not spec("required", False).many
     assert s.tools[1].as_openai() == WEATHER
+    for form in ("chat", "responses"):
+        a = spec(allowed("required", "add", form=form))
+        assert [t.name for t in a.tools] == ["get_weather", "add"]  # all of them in the prompt
+        assert [t.name for t in a.callable] == ["add"] and a.forced and a.many
+    a = spec(allowed("auto", "add", "get_weather"), parallel=False)
+    assert [t.name for t in a.callable] == ["get_weather", "add"] and not a.forced
 
 
 # ============================================================================ formats
@@ -290,6 +318,13 @@ EXPECT = {  # (format, choice, parallel) -> replies accepted
     ("mistral", "required", False): {"w", "a", "a-id"},
     ("mistral", "add", True): {"a", "a-id"},
     ("mistral", "none", False): {"text", "empty", "bare"},
+    # allowed_tools: calls of the allowed tools only, "required" from the first token
+    ("generic", "allowed-add-auto", True): {"text", "empty", "a"},
+    ("generic", "allowed-add-required", True): {"a"},
+    ("llama3", "allowed-add-auto", True): {"text", "empty", "a"},
+    ("llama3", "allowed-add-required", False): {"a"},
+    ("mistral", "allowed-add-auto", True): {"text", "empty", "a", "a-id", "bare"},
+    ("mistral", "allowed-add-required", True): {"a", "a-id"},
 }
 
 
@@ -297,7 +332,7 @@ EXPECT = {  # (format, choice, parallel) -> replies accepted
 def test_grammar_accepts_exactly_the_valid_replies(key, tok, lltok):
     fmt_name, choice, parallel = key
     fmt = {"generic": T.GENERIC, "llama3": T.LLAMA3, "mistral": T.MISTRAL}[fmt_name]
-    g = T.tool_grammar(spec(NAMED_ADD if choice == "add" else choice, parallel), fmt, tok)
+    g = T.tool_grammar(spec(CHOICES.get(choice, choice), parallel), fmt, tok)
     got = {k for k, text in REPLIES[fmt_name].items() if accepts(lltok, tok, g, text)}
     assert got == EXPECT[key]
 
@@ -595,6 +630,26 @@ def test_chat_forced_calls_from_a_random_model_validate(tiny_model, seed):
         "name": "toggle"}}, **dict(kw, parallel_tool_calls=True))
     _check_calls(r, only="toggle")
     assert len(r.tool_calls) == 1  # a named function is called once
+
+
+@pytest.mark.parametrize("mode", ["required", "auto"])
+def test_chat_allowed_tools(tiny_model, mode):
+    """tool_choice allowed_tools: the prompt keeps every tool (the same prompt as "auto", so
+    the cached prefix holds across steps), calls are held to the allowed ones ("required":
+    from the first token; the grammar tests above hold "auto" once a call is opened)."""
+    from goinfer.chat import prepare_chat
+
+    choice = allowed(mode, "toggle")
+    assert prepare_chat(tiny_model, ASK, BOUNDED, choice).prompt == \
+        prepare_chat(tiny_model, ASK, BOUNDED, "auto").prompt
+    s = tiny_model.session()
+    for seed in range(3):
+        r = s.chat(ASK, tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0,
+                   seed=seed, parallel_tool_calls=False)
+        if mode == "required":
+            _check_calls(r, only="toggle")
+        else:
+            assert all(c["function"]["name"] == "toggle" for c in r.tool_calls or [])
 
 
 def test_chat_stream_gives_the_same_calls(tiny_model):

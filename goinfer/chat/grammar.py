@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from goinfer.constrained import VALUE_KEYS, bound_numbers
+from goinfer.constrained import VALUE_KEYS, enforced_schema
 from goinfer.errors import TokenizerError
 
 __all__ = ["JSON_LAYOUT", "ANY_TEXT", "text_without", "regex", "special", "marker",
@@ -52,9 +52,9 @@ def marker(tokenizer, text: str) -> str:
 
 
 def tool_parameters(tool) -> dict:
-    """A tool's parameter schema as grammars hold it: numbers bounded to what every JSON
-    reader keeps exact (constrained.bound_numbers)."""
-    return bound_numbers(tool.parameters)
+    """A tool's parameter schema as grammars hold it: objects closed, numbers bounded to what
+    every JSON reader keeps exact (constrained.enforced_schema)."""
+    return enforced_schema(tool.parameters)
 
 
 def json_rule(name: str, schema: Mapping) -> str:

@@ -58,13 +58,20 @@ class ToolSpec:
     choice: str  # "auto" | "none" | "required" | "function"
     function: str | None = None  # the function tool_choice names
     parallel: bool = True
+    # tool_choice {"type": "allowed_tools", ...}: the names of the tools the reply may call
+    # ("auto" or "required" among them); every tool stays in the prompt.  None: all of them
+    allowed: tuple[str, ...] | None = None
 
     @property
     def callable(self) -> tuple[Tool, ...]:
         """The tools the reply may call."""
         if self.choice == "function":
             return tuple(t for t in self.tools if t.name == self.function)
-        return self.tools if self.choice != "none" else ()
+        if self.choice == "none":
+            return ()
+        if self.allowed is not None:
+            return tuple(t for t in self.tools if t.name in self.allowed)
+        return self.tools
 
     @property
     def forced(self) -> bool:
@@ -87,6 +94,7 @@ class ToolCallDelta:
     arguments: str = ""
     # streamed with logprobs: the entries of the tokens taken since the last item sent
     logprobs: list[dict] | None = field(default=None, compare=False, repr=False)
+    choice: int = field(default=0, compare=False, repr=False)  # the server's choice (n > 1)
 
     def as_openai(self) -> dict:
         if self.id is None:
@@ -109,10 +117,10 @@ def check_tools(tools=None, tool_choice=None, parallel_tool_calls=None) -> ToolS
     else:
         raise ToolError(f"parallel_tool_calls must be a boolean, got {_show(parallel_tool_calls)}",
                         "parallel_tool_calls")
-    choice, function = _check_choice(tool_choice, checked)
+    choice, function, allowed = _check_choice(tool_choice, checked)
     if not checked:
         return None
-    return ToolSpec(tuple(checked), choice, function, parallel)
+    return ToolSpec(tuple(checked), choice, function, parallel, allowed)
 
 
 def _show(v) -> str:
@@ -177,26 +185,71 @@ def _check_tool_list(tools) -> list[Tool]:
     return out
 
 
-def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None]:
+_CHOICE_FORMS = ("'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}} "
+                 "or {'type': 'allowed_tools', 'allowed_tools': {'mode': 'auto' | 'required', "
+                 "'tools': [{'type': 'function', 'function': {'name': ...}}, ...]}}")
+
+
+def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None, tuple[str, ...] | None]:
+    """tool_choice -> (choice, the function it names, the names it allows)."""
     if choice is None:
-        return "auto", None
+        return "auto", None, None
     choice = _to_dicts(choice)
     if isinstance(choice, str):
         if choice not in _CHOICES:
-            raise ToolError(f"tool_choice must be one of {list(_CHOICES)} or "
-                            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+            raise ToolError(f"tool_choice must be one of {_CHOICE_FORMS}, got {choice!r}",
                             "tool_choice")
         if choice == "required" and not tools:
             raise ToolError("tool_choice 'required' needs tools", "tool_choice")
-        return choice, None
+        return choice, None, None
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        mode, allowed = _allowed_tools(choice, tools)
+        return mode, None, allowed
     if not isinstance(choice, Mapping) or choice.get("type") != "function" or not isinstance(
             choice.get("function"), Mapping) or not isinstance(choice["function"].get("name"), str):
-        raise ToolError("tool_choice must be 'auto', 'none', 'required' or "
-                        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {_show(choice)}",
+        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}",
                         "tool_choice")
-    name = choice["function"]["name"]
+    return "function", _known(choice["function"]["name"], tools, "tool_choice"), None
+
+
+def _known(name: str, tools: list[Tool], param: str) -> str:
+    """name, if it is the name of one of tools (ToolError otherwise)."""
     if not any(t.name == name for t in tools):
         have = [t.name for t in tools]
         raise ToolError(f"tool_choice names the function {name!r}, which is not in tools "
-                        f"({have if have else 'no tools given'})", "tool_choice")
-    return "function", name
+                        f"({have if have else 'no tools given'})", param)
+    return name
+
+
+def _allowed_tools(choice: Mapping, tools: list[Tool]) -> tuple[str, tuple[str, ...]]:
+    """OpenAI's {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}} -> (mode, the
+    names).  A listed tool is {"type": "function", "function": {"name": ...}} (or the Responses
+    API's {"type": "function", "name": ...}) and must be one of tools."""
+    P = "tool_choice.allowed_tools"
+    spec = choice.get("allowed_tools")
+    if set(choice) != {"type", "allowed_tools"} or not isinstance(spec, Mapping):
+        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}",
+                        "tool_choice")
+    unknown = set(spec) - {"mode", "tools"}
+    if unknown:
+        raise ToolError(f"{P} has unknown field(s) {sorted(unknown)}", P)
+    mode = spec.get("mode")
+    if mode not in ("auto", "required"):
+        raise ToolError(f"{P}.mode must be 'auto' or 'required', got {_show(mode)}", f"{P}.mode")
+    listed = spec.get("tools")
+    if not isinstance(listed, (list, tuple)) or not listed:
+        raise ToolError(f"{P}.tools must be a non-empty list of "
+                        "{'type': 'function', 'function': {'name': ...}}", f"{P}.tools")
+    names: list[str] = []
+    for i, t in enumerate(listed):
+        where = f"{P}.tools[{i}]"
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        name = fn.get("name") if isinstance(fn, Mapping) else (
+            t.get("name") if isinstance(t, Mapping) else None)
+        if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(name,
+                                                                                      str):
+            raise ToolError(f"{where} must be {{'type': 'function', 'function': {{'name': ...}}}}"
+                            f" (only function tools), got {_show(t)}", where)
+        if name not in names:
+            names.append(_known(name, tools, where))
+    return mode, tuple(names)

@@ -135,6 +135,7 @@ class Batch:
     segments: list[Segment]
     logit_rows: np.ndarray  # (R,) int64 rows that need logits
     fast_from: int | None = None  # rows at positions >= this run fast attention (None: none)
+    hidden: bool = False  # give the rows' final-normed hidden states (R, D), not logits
 
 
 # ============================================================================ RoPE

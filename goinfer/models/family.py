@@ -170,17 +170,21 @@ class Family:
             self.ops.scale(x, self.embed_scale, out=x, nthreads=self.threads)
         return x
 
-    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None,
+             hidden: bool = False) -> np.ndarray:
         """Final norm and LM head for the rows that need logits -> (len(rows), vocab) (in out
-        when given)."""
+        when given); hidden=True: the final-normed hidden states (len(rows), d_model) instead
+        (what embedding models pool)."""
         ops, cfg, S = self.ops, self.cfg, self.scratch
         R = len(rows)
         if R == 0:
-            return np.zeros((0, cfg.vocab_size), np.float32)
+            return np.zeros((0, cfg.d_model if hidden else cfg.vocab_size), np.float32)
         xr = x if R == x.shape[0] else ops.gather_rows(x, rows, out=S.get("xr", R, cfg.d_model),
                                                        nthreads=self.threads)  # (R, D)
         hr = ops.rmsnorm(xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model),
                          nthreads=self.threads)
+        if hidden:
+            return hr.copy()  # (R, D), out of the scratch buffer
         logits = np.empty((R, cfg.vocab_size), np.float32) if out is None else out
         self.mm(Act(ops, hr, S.qact(R, cfg.d_model), self.threads), self.lm_head, logits)
         if self.final_softcap > 0:  # tanh(logits / cap) * cap, per element

@@ -306,7 +306,7 @@ class Gemma4Family(Family):
                 ops.add(x, o, out=x, nthreads=nt)
             if L.out_scale != 1.0:
                 ops.scale(x, L.out_scale, out=x, nthreads=nt)
-        return self.head(x, batch.logit_rows, logits)
+        return self.head(x, batch.logit_rows, logits, batch.hidden)
 
     def per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Per-layer embeddings of the tokens, (T, L*P): (rmsnorm_P(x W / sqrt(D)) +

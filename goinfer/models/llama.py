@@ -88,7 +88,7 @@ class LlamaFamily(Family):
             ops.rmsnorm(x, L.ffn_norm, cfg.norm_eps, out=h, nthreads=nt)
             self.ffn_block(li, L, h, o)
             ops.add(x, o, out=x, nthreads=nt)
-        return self.head(x, batch.logit_rows, logits)
+        return self.head(x, batch.logit_rows, logits, batch.hidden)
 
     # ------------------------------------------------------------------ attention
 

@@ -254,7 +254,7 @@ class Qwen35Family(Family):
             ops.rmsnorm(x, L.ffn_norm, cfg.norm_eps, out=h, nthreads=nt)
             self.ffn_block(L, h, o)
             ops.add(x, o, out=x, nthreads=nt)
-        return self.head(x, batch.logit_rows, logits)
+        return self.head(x, batch.logit_rows, logits, batch.hidden)
 
     def attention_block(self, li: int, L: Qwen35LayerWeights, h, batch: Batch, kc, vc, out) -> None:
         """Gated attention: normed h (T, D) -> out (T, D); writes K/V."""

@@ -5,7 +5,8 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages
 and /v1/messages/count_tokens (each a translation module over the generic runner, runner.py; the
-Responses API's stored responses under /v1/responses/{id}), GET /v1/models, GET /health,
+Responses API's stored responses under /v1/responses/{id}), GET /v1/models, GET /v1/models/{id},
+POST /v1/embeddings (embeddings.py), POST /tokenize and /detokenize (tokens.py), GET /health,
 GET /metrics.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goinfer.kv_cache import KVCache
-from goinfer.server import metrics
+from goinfer.server import embeddings, metrics, tokens
 from goinfer.server.errors import APIError
 from goinfer.server.route import ApiRoute, Served, authorize, read_body
 from goinfer.server.routes import ROUTES
@@ -110,12 +111,27 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
         return {"status": "ok", "model": st.model_id, "active": engine.n_active,
                 "queued": engine.queue_depth}
 
+    def model_object() -> dict:
+        return {"id": st.model_id, "object": "model", "created": st.started,
+                "owned_by": "goinfer"}
+
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request.headers, st.api_key)
         st.counts.add("/v1/models", 200)
-        return {"object": "list", "data": [{"id": st.model_id, "object": "model",
-                                            "created": st.started, "owned_by": "goinfer"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request):
+        """The served model (client.models.retrieve); another id: OpenAI's 404."""
+        authorize(request.headers, st.api_key)
+        if model != st.model_id:  # (counted under the route: ids are the client's to choose)
+            st.counts.add("/v1/models/{model}", 404)
+            e = APIError(404, f"The model '{model}' does not exist (this server serves "
+                         f"'{st.model_id}')", param="model", code="model_not_found")
+            return JSONResponse(e.body(), status_code=404)
+        st.counts.add("/v1/models/{model}", 200)
+        return model_object()
 
     @app.get("/metrics")
     async def get_metrics(request: Request):
@@ -125,6 +141,8 @@ def create_app(model, cache: KVCache | None = None, *, model_id: str | None = No
 
     for route in routes:
         _mount(app, route, served)
+    embeddings.mount(app, served)  # POST /v1/embeddings
+    tokens.mount(app, served)  # POST /tokenize, /detokenize (llama.cpp's shapes)
     return app
 
 

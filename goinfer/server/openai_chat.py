@@ -12,6 +12,7 @@ from goinfer import logprobs as lp
 from goinfer.chat.spec import ToolCallDelta, check_tools
 from goinfer.errors import ToolError
 from goinfer.server import fields as F
+from goinfer.server import openai_functions as legacy
 from goinfer.server.errors import bad
 from goinfer.server.openai import COMMON, OpenAIRoute, common_request
 from goinfer.server.request import Done, Failed, Ping, ReasoningDelta, Request, TextDelta
@@ -21,11 +22,16 @@ __all__ = ["ChatCompletions", "CHAT_ONLY", "ROLES"]
 
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
              "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
-             "chat_template_kwargs",
+             "chat_template_kwargs", "functions", "function_call",
              # accepted and ignored: hints that do not change what a local model computes
              "reasoning_effort", "verbosity", "modalities", "prompt_cache_key",
-             "safety_identifier"}
+             "safety_identifier", "prompt_cache_retention", "prompt_cache_options", "prediction",
+             # accepted when null (no audio, web search or moderation here)
+             "audio", "web_search_options", "moderation"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+NOT_HERE = {"audio": "audio output", "web_search_options": "web search",
+            "moderation": "moderation"}
+CACHE_RETENTIONS = ("in_memory", "24h")
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 EFFORTS = ("low", "medium", "high")
 
@@ -34,6 +40,7 @@ class ChatCompletions(OpenAIRoute):
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
+    reply_object = "chat.completion"
 
     # ------------------------------------------------------------------ request
 
@@ -43,16 +50,18 @@ class ChatCompletions(OpenAIRoute):
         if not isinstance(msgs, list) or not msgs:
             raise bad("'messages' must be a non-empty list", "messages",
                       "invalid_type" if not isinstance(msgs, list) else "invalid_value")
-        req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+        req.messages = [_message(m, f"messages[{i}]")
+                        for i, m in enumerate(legacy.history(msgs))]
+        tools, choice, parallel, functions = legacy.tool_fields(body)
         try:
-            check_tools(body.get("tools"), body.get("tool_choice"),
-                        body.get("parallel_tool_calls"))
+            check_tools(tools, choice, parallel)
         except ToolError as e:
-            raise bad(str(e), e.param, "invalid_value") from None
-        req.tools = body.get("tools") or None
-        req.tool_choice = body.get("tool_choice")
-        req.parallel_tool_calls = body.get("parallel_tool_calls")
+            raise bad(str(e), legacy.param(e.param) if functions else e.param,
+                      "invalid_value") from None
+        req.tools, req.tool_choice, req.parallel_tool_calls = tools or None, choice, parallel
+        req.options.functions = functions
         F.boolean(body, "store", False)
+        _unhonoured(body)
         rf = body.get("response_format")
         if rf is not None and not isinstance(rf, dict):
             raise bad("'response_format' must be an object", "response_format", "invalid_type")
@@ -66,42 +75,56 @@ class ChatCompletions(OpenAIRoute):
 
     # ------------------------------------------------------------------ reply
 
-    def reply(self, result, req: Request, info: ReplyInfo) -> dict:
-        out = self.head(info, "chat.completion")
+    def choice(self, result, req: Request, index: int) -> dict:
         message = {"role": "assistant", "content": result.content}
         if result.reasoning_content is not None:
             message["reasoning_content"] = result.reasoning_content
         if result.tool_calls:
             message["tool_calls"] = result.tool_calls
+        finish = result.finish_reason
+        if req.options.functions:
+            message, finish = legacy.reply_message(message), legacy.finish_reason(finish)
         entries = result.logprobs["content"] if result.logprobs is not None else None
-        out["choices"] = [{"index": 0, "message": message, "logprobs": _logprobs(entries),
-                           "finish_reason": result.finish_reason}]
-        return self.finish_reply(out, result, req)
+        return {"index": index, "message": message, "logprobs": _logprobs(entries),
+                "finish_reason": finish}
 
     def chunk(self, req: Request, info: ReplyInfo, delta: dict, logprobs=None,
-              finish: str | None = None) -> dict:
+              finish: str | None = None, choice: int = 0) -> dict:
         out = self.head(info, self.chunk_object)
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": _logprobs(logprobs),
+        out["choices"] = [{"index": choice, "delta": delta, "logprobs": _logprobs(logprobs),
                            "finish_reason": finish}]
         if req.options.include_usage:
             out["usage"] = None
         return out
 
     async def stream(self, events, req: Request, info: ReplyInfo):
-        yield sse(self.chunk(req, info, {"role": "assistant", "content": ""}))
+        for i in range(req.n_choices):
+            yield sse(self.chunk(req, info, {"role": "assistant", "content": ""}, choice=i))
+        results = {}
         async for ev in events:
             if isinstance(ev, Ping):
                 yield SSE_PING
             elif isinstance(ev, TextDelta):
-                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs))
+                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs,
+                                     choice=ev.choice))
             elif isinstance(ev, ReasoningDelta):
-                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs))
+                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs,
+                                     choice=ev.choice))
             elif isinstance(ev, ToolCallDelta):
-                yield sse(self.chunk(req, info, {"tool_calls": [ev.as_openai()]}, ev.logprobs))
+                delta = (legacy.stream_delta(ev) if req.options.functions
+                         else {"tool_calls": [ev.as_openai()]})
+                yield sse(self.chunk(req, info, delta, ev.logprobs, choice=ev.choice))
             elif isinstance(ev, Done):
-                end = self.chunk(req, info, {}, ev.logprobs, ev.result.finish_reason)
-                for x in self.last_chunks(end, ev.result, req, info):
-                    yield x
+                finish = ev.result.finish_reason
+                if req.options.functions:
+                    finish = legacy.finish_reason(finish)
+                yield self.end_chunk(self.chunk(req, info, {}, ev.logprobs, finish, ev.choice),
+                                     ev.result)
+                results[ev.choice] = ev.result
+                if len(results) == req.n_choices:
+                    for x in self.last_chunks([results[i] for i in sorted(results)], req,
+                                              info):
+                        yield x
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
 
@@ -162,6 +185,45 @@ def _check_tool_calls(calls, where: str) -> None:
             raise bad(f"{where}.tool_calls[{j}] must be {{'id': str, 'type': 'function', "
                       "'function': {'name': str, 'arguments': str}}", "messages",
                       "invalid_value")
+
+
+def _unhonoured(body: dict) -> None:
+    """OpenAI's fields goinfer does not act on: null (clients that fill in every field send
+    them) or a value that cannot change the reply is accepted (cache hints, a predicted
+    output); a value that would change it is a 400 naming the field."""
+    for name, what in NOT_HERE.items():
+        if body.get(name) is not None:
+            raise bad(f"'{name}' is not supported: goinfer has no {what}", name,
+                      "unsupported_value")
+    mods = body.get("modalities")
+    if mods is not None:
+        if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+            raise bad("'modalities' must be a list of strings", "modalities", "invalid_type")
+        if set(mods) - {"text"}:
+            raise bad("only text output is supported ('modalities': ['text'])", "modalities",
+                      "unsupported_value")
+    pred = body.get("prediction")  # a predicted output makes OpenAI's reply faster, not other
+    if pred is not None and not (isinstance(pred, dict) and set(pred) == {"type", "content"}
+                                 and pred["type"] == "content" and _is_text(pred["content"])):
+        raise bad("'prediction' must be {'type': 'content', 'content': a string or text parts}",
+                  "prediction", "invalid_value")
+    ret = body.get("prompt_cache_retention")
+    if ret is not None and ret not in CACHE_RETENTIONS:
+        raise bad(f"'prompt_cache_retention' must be one of {list(CACHE_RETENTIONS)}, got "
+                  f"{json.dumps(ret)[:40]}", "prompt_cache_retention", "invalid_value")
+    opts = body.get("prompt_cache_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"mode", "ttl"}
+                             or opts.get("mode") not in (None, "implicit", "explicit")
+                             or not isinstance(opts.get("ttl", ""), str)):
+        raise bad("'prompt_cache_options' must be {'mode': 'implicit' | 'explicit', 'ttl': str}",
+                  "prompt_cache_options", "invalid_value")
+
+
+def _is_text(content) -> bool:
+    """Is content a string or a list of text parts?"""
+    return isinstance(content, str) or isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content)
 
 
 def _template_kwargs(body: dict) -> dict:

@@ -1,8 +1,8 @@
 """POST /v1/completions: OpenAI's (legacy) Completions API.
 
-Body -> Request (a raw prompt: text, BOS added, or token ids); events -> ``text_completion``
-chunks; logprobs in the legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs`` as
-dicts, ``text_offset``).
+Body -> Request (a raw prompt: text, BOS added, or token ids; or a batch of them, answered in
+order, n choices each); events -> ``text_completion`` chunks; logprobs in the legacy shape
+(``tokens``, ``token_logprobs``, ``top_logprobs`` as dicts, ``text_offset``).
 """
 from __future__ import annotations
 
@@ -17,32 +17,31 @@ __all__ = ["Completions", "COMPLETION_ONLY"]
 
 COMPLETION_ONLY = {"prompt", "echo", "logprobs", "suffix", "best_of"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+MAX_PROMPTS = 64  # prompts in one batch
 
 
 class Completions(OpenAIRoute):
     path = "/v1/completions"
     id_prefix = "cmpl-"
     chunk_object = "text_completion"
+    reply_object = "text_completion"
 
     def parse(self, body: dict, vocab_size: int) -> Request:
         req = common_request(body, "completion", COMMON | COMPLETION_ONLY, vocab_size)
         req.prompt_param = "prompt"
         p = body.get("prompt")
-        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-            p = p[0]  # a batch of one prompt
-        if isinstance(p, str):
-            if not p:
-                raise bad("'prompt' is empty", "prompt", "invalid_value")
-        elif isinstance(p, list) and p and all(F.is_int(t) for t in p):
-            if not all(0 <= t < vocab_size for t in p):
-                raise bad(f"'prompt' token ids must be in 0..{vocab_size - 1}", "prompt",
-                          "invalid_value")
-        elif isinstance(p, list) and len(p) > 1:
-            raise bad("only one prompt per request is supported", "prompt", "unsupported_value")
+        if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+            batch = p  # a batch: strings or lists of token ids
         else:
-            raise bad("'prompt' must be a non-empty string or a list of token ids", "prompt",
-                      "invalid_type")
-        req.prompt = p
+            batch = [p]
+        if len(batch) > MAX_PROMPTS:
+            raise bad(f"at most {MAX_PROMPTS} prompts per request, got {len(batch)}", "prompt",
+                      "invalid_value")
+        for x in batch:
+            _check_prompt(x, vocab_size)
+        req.prompt = batch[0]
+        if len(batch) > 1:
+            req.prompts = batch
         if req.max_tokens is None:
             req.max_tokens = DEFAULT_MAX_TOKENS
         if F.boolean(body, "echo", False):
@@ -55,39 +54,60 @@ class Completions(OpenAIRoute):
             raise bad("only best_of=1 is supported", "best_of", "unsupported_value")
         return req
 
-    def reply(self, result, req: Request, info: ReplyInfo) -> dict:
-        out = self.head(info, "text_completion")
+    def choice(self, result, req: Request, index: int) -> dict:
         entries = result.logprobs["content"] if result.logprobs is not None else None
-        out["choices"] = [{"index": 0, "text": result.text, "logprobs": _logprobs(entries),
-                           "finish_reason": result.finish_reason}]
-        return self.finish_reply(out, result, req)
+        return {"index": index, "text": result.text, "logprobs": _logprobs(entries),
+                "finish_reason": result.finish_reason}
 
     def chunk(self, req: Request, info: ReplyInfo, text: str, logprobs=None, offset: int = 0,
-              finish: str | None = None) -> dict:
+              finish: str | None = None, choice: int = 0) -> dict:
         """logprobs: the entries of this chunk's tokens; offset: characters of completion text
         sent before it (the legacy text_offset)."""
         out = self.head(info, self.chunk_object)
-        out["choices"] = [{"index": 0, "text": text, "logprobs": _logprobs(logprobs, offset),
-                           "finish_reason": finish}]
+        out["choices"] = [{"index": choice, "text": text,
+                           "logprobs": _logprobs(logprobs, offset), "finish_reason": finish}]
         if req.options.include_usage:
             out["usage"] = None
         return out
 
     async def stream(self, events, req: Request, info: ReplyInfo):
-        yield sse(self.chunk(req, info, ""))
-        sent = 0  # characters of completion text sent
+        for i in range(req.n_choices):
+            yield sse(self.chunk(req, info, "", choice=i))
+        sent: dict[int, int] = {}  # characters of completion text sent, per choice
+        results = {}
         async for ev in events:
             if isinstance(ev, Ping):
                 yield SSE_PING
             elif isinstance(ev, TextDelta):
-                yield sse(self.chunk(req, info, ev.text, ev.logprobs, sent))
-                sent += len(ev.text)
+                at = sent.get(ev.choice, 0)
+                yield sse(self.chunk(req, info, ev.text, ev.logprobs, at, choice=ev.choice))
+                sent[ev.choice] = at + len(ev.text)
             elif isinstance(ev, Done):
-                end = self.chunk(req, info, "", ev.logprobs, finish=ev.result.finish_reason)
-                for x in self.last_chunks(end, ev.result, req, info):
-                    yield x
+                end = self.chunk(req, info, "", ev.logprobs, finish=ev.result.finish_reason,
+                                 choice=ev.choice)
+                yield self.end_chunk(end, ev.result)
+                results[ev.choice] = ev.result
+                if len(results) == req.n_choices:
+                    for x in self.last_chunks([results[i] for i in sorted(results)], req,
+                                              info):
+                        yield x
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
+
+
+def _check_prompt(p, vocab_size: int) -> None:
+    """One prompt: a non-empty string or list of token ids of the vocabulary (400 naming
+    prompt)."""
+    if isinstance(p, str):
+        if not p:
+            raise bad("'prompt' is empty", "prompt", "invalid_value")
+    elif isinstance(p, list) and p and all(F.is_int(t) for t in p):
+        if not all(0 <= t < vocab_size for t in p):
+            raise bad(f"'prompt' token ids must be in 0..{vocab_size - 1}", "prompt",
+                      "invalid_value")
+    else:
+        raise bad("'prompt' must be a non-empty string, a list of token ids, or a list of "
+                  "those", "prompt", "invalid_type")
 
 
 def _logprobs(entries: list[dict] | None, offset: int = 0):

@@ -26,6 +26,10 @@ class Request:
     # text, tool_calls, tool_call_id, reasoning_content)
     messages: list[dict] = field(default_factory=list)
     prompt: str | list[int] | None = None  # completion: text (BOS added) or token ids
+    # completion: a batch of prompts (each a str or token ids), answered in order; prompt is
+    # then the first of them.  None: the one prompt
+    prompts: list | None = None
+    n: int = 1  # choices per prompt (each forks the prompt's session once it is computed)
     prompt_param: str = "messages"  # the wire field errors about the prompt name
     tools: list | None = None  # OpenAI's function tools (goinfer/chat/spec.py checks them)
     tool_choice: str | dict | None = None
@@ -57,8 +61,18 @@ class Request:
     # prompt and max_tokens must fit the context, as OpenAI's API)
     fit_max_tokens: bool = False
 
+    @property
+    def n_choices(self) -> int:
+        """Choices in the reply: n per prompt (choice p * n + i: prompt p's i-th)."""
+        return self.n * (len(self.prompts) if self.prompts else 1)
+
 
 # ============================================================================ events
+
+
+# Every event but Failed and Ping belongs to one choice (``choice``: 0 unless the request
+# asked for several, Request.n_choices); a stream of several choices interleaves them and ends
+# after the Done of each.
 
 
 @dataclass
@@ -68,6 +82,7 @@ class TextDelta:
 
     text: str
     logprobs: list[dict] | None = None
+    choice: int = 0
 
 
 @dataclass
@@ -76,19 +91,23 @@ class ReasoningDelta:
 
     text: str
     logprobs: list[dict] | None = None
+    choice: int = 0
 
 
 # ToolCallDelta (goinfer/chat/spec.py): a piece of a tool call (the first with its id and
-# name), its logprobs entries in .logprobs
+# name; .index is the call's place in the message), its logprobs entries in .logprobs, its
+# choice in .choice
 
 
 @dataclass
 class Done:
-    """The generation ended: the whole result (text, content, reasoning_content, tool_calls,
-    finish_reason, usage counts, timings) and the logprobs entries no event carried yet."""
+    """A choice's generation ended: the whole result (text, content, reasoning_content,
+    tool_calls, finish_reason, usage counts, timings) and the logprobs entries no event
+    carried yet."""
 
     result: GenerationResult
     logprobs: list[dict] | None = None
+    choice: int = 0
 
 
 @dataclass

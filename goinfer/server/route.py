@@ -9,6 +9,7 @@ and events become its wire reply, and how an error looks in its API:
         id_prefix = "my-"                             # of each reply's id
         def parse(self, body, vocab_size) -> Request  # the wire body (400s as APIError)
         def reply(self, result, req, info) -> dict    # the whole reply
+        def reply_all(self, results, req, info)       # several choices (OpenAI's n), if any
         async def stream(self, events, req, info)     # yields the streamed reply's bytes
         def error_body(self, e) -> dict               # an error in this API's shape
         def stream_error(self, e) -> bytes            # how an open stream ends in an error
@@ -89,6 +90,11 @@ class ApiRoute:
         """The finished generation -> the whole reply's JSON."""
         raise NotImplementedError
 
+    def reply_all(self, results: list[GenerationResult], req: Request, info: ReplyInfo) -> dict:
+        """Every choice's finished generation (Request.n_choices of them, in order) -> the
+        whole reply's JSON.  Default: the one choice's reply (an API without n)."""
+        return self.reply(results[0], req, info)
+
     def stream(self, events: AsyncIterator[Event], req: Request,
                info: ReplyInfo) -> AsyncIterator[bytes]:
         """The runner's events -> the streamed reply's bytes (server-sent events)."""
@@ -137,12 +143,12 @@ class ApiRoute:
             srv.counts.add(self.path, 200)
             return EventStream(self._stream(srv.runner, run, info))
         try:
-            result = await srv.runner.collect(run, _disconnected(request))
+            results = await srv.runner.collect_all(run, _disconnected(request))
         except ClientGone:
             srv.counts.add(self.path, 499)
             return Response(status_code=499)
         srv.counts.add(self.path, 200)
-        return JSONResponse(self.reply(result, req, info))
+        return JSONResponse(self.reply_all(results, req, info))
 
     async def _stream(self, runner: Runner, run, info: ReplyInfo) -> AsyncIterator[bytes]:
         events = runner.events(run)

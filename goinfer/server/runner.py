@@ -4,6 +4,11 @@
     async for ev in runner.events(run): ...    # streamed: TextDelta, ReasoningDelta,
                                                #   ToolCallDelta, Ping..., then Done or Failed
     result = await runner.collect(run, gone)   # whole: the finished GenerationResult
+    results = await runner.collect_all(run, gone)  # every choice's (Request.n_choices)
+
+A request of several choices (OpenAI's ``n``, a batch of completion prompts) is one engine job
+per prompt, each forking its session n - 1 times once its prompt is computed (scheduler.py);
+its events carry their choice, and the stream ends after the Done of each.
 
 Tokenizing (the chat template, ~ms to ~100 ms for long conversations) and compiling the
 constraint run in worker threads, never on the event loop.  A chat reply is parsed as it comes
@@ -15,8 +20,9 @@ before the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.concurrency import run_in_threadpool
 
@@ -50,9 +56,16 @@ class Run:
     """A request the engine accepted."""
 
     request: Request
-    job: Job
+    job: Job  # the first prompt's job
     queue: asyncio.Queue  # the engine's events, put by the engine thread
     chat: ToolChat | None  # the chat side (None: a raw prompt)
+    jobs: list[Job] = field(default_factory=list)  # one per prompt (a batch: several)
+
+    def cancel(self, engine) -> None:
+        """Cancel every job of the request (their forks with them)."""
+        for j in self.jobs or [self.job]:
+            if not j.cancelled:
+                engine.cancel(j)
 
 
 # ============================================================================ preparing
@@ -115,16 +128,35 @@ class Runner:
         """Tokenize and compile (worker threads), check the context, submit -> the Run.
         APIError: 400 (bad input, too long), 429 (the queue is full), 503 (shutting down)."""
         ids, tc = await run_in_threadpool(prompt_ids, self.model, req)
+        batch = [ids]
+        if req.prompts:  # a batch of completion prompts: the first one is req.prompt
+            batch = await run_in_threadpool(
+                lambda: [ids] + [prompt_ids(self.model, dataclasses.replace(req, prompt=p))[0]
+                                 for p in req.prompts[1:]])
         grammar = await run_in_threadpool(compile_constraint, self.model, req, tc)
-        job = self._job(req, ids)
-        job.grammar, job.logprobs = grammar, (req.logprobs, req.top_logprobs)
+        if req.n > self.engine.max_batch:
+            raise bad(f"'n' must be at most {self.engine.max_batch} (the server's batch size, "
+                      "--max-batch)", "n", "invalid_value")
+        jobs = [self._job(req, x) for x in batch]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
         def on_event(ev: EngineEvent) -> None:  # engine thread
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-        job.on_event = on_event
+        for p, job in enumerate(jobs):
+            job.grammar, job.logprobs = grammar, (req.logprobs, req.top_logprobs)
+            job.n, job.index, job.on_event = req.n, p * req.n, on_event
+        for k, job in enumerate(jobs):
+            try:
+                self._submit(job)
+            except APIError:
+                for j in jobs[:k]:  # a batch is taken whole or not at all
+                    self.engine.cancel(j)
+                raise
+        return Run(req, jobs[0], queue, tc, jobs)
+
+    def _submit(self, job: Job) -> None:
         try:
             self.engine.submit(job)
         except QueueFullError as e:
@@ -135,7 +167,6 @@ class Runner:
         except GoinferError as e:
             raise APIError(503, str(e), type="server_error", code="unavailable",
                            cause=e) from None
-        return Run(req, job, queue, tc)
 
     def _job(self, req: Request, ids: list[int]) -> Job:
         """The engine's job: the context checks (a 400 whose cause is a ContextLengthError
@@ -176,54 +207,67 @@ class Runner:
     async def collect(self, run: Run, gone: Awaitable) -> GenerationResult:
         """Wait for the whole result (its reply parsed); cancel the job if `gone` (the client
         closing the connection) completes first: ClientGone.  A failed generation raises its
-        APIError."""
+        APIError.  (A request of several choices: the first one's; see collect_all.)"""
+        return (await self.collect_all(run, gone))[0]
+
+    async def collect_all(self, run: Run, gone: Awaitable) -> list[GenerationResult]:
+        """Every choice's whole result, in choice order (collect's rules)."""
         gone = asyncio.ensure_future(gone)
+        results: dict[int, GenerationResult] = {}
         try:
-            while True:
+            while len(results) < run.request.n_choices:
                 get = asyncio.ensure_future(run.queue.get())
                 done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if get not in done:
                     get.cancel()
-                    self.engine.cancel(run.job)
+                    run.cancel(self.engine)
                     raise ClientGone
                 ev = get.result()
                 if ev.kind == "done":
-                    self._count_key(run, ev.result)
-                    return run.chat.finish(ev.result) if run.chat is not None else ev.result
-                if ev.kind == "error":
+                    if ev.index == 0:
+                        self._count_key(run, ev.result)
+                    results[ev.index] = (run.chat.finish(ev.result) if run.chat is not None
+                                         else ev.result)
+                elif ev.kind == "error":
                     raise engine_error(ev.error)
+            return [results[i] for i in sorted(results)]
         finally:
             gone.cancel()
-            if not run.job.cancelled:
-                self.engine.cancel(run.job)  # a no-op for a finished job; frees it on any exit
+            run.cancel(self.engine)  # a no-op for a finished job; frees it on any exit
 
     def _count_key(self, run: Run, result: GenerationResult) -> None:
         self.keys.add(run.request.cache_key, result.prompt_tokens, result.cached_tokens)
 
     async def events(self, run: Run) -> AsyncIterator[Event]:
         """The reply as events (see the module's docstring), a Ping whenever nothing came for
-        ping_interval seconds, and last Done or Failed.  Closing the iterator before that
-        cancels the job."""
+        ping_interval seconds, and last Done (one per choice) or Failed.  Closing the
+        iterator before that cancels the job."""
         tc = run.chat
-        parser = tc.parser() if tc is not None and tc.splits else None
+        parsed = tc is not None and tc.splits
+        parsers: dict = {}  # choice -> its reply's parser
         # a parsed reply: logprobs entries of text the parser has taken but not given out yet
         # (a marker held back, whitespace between calls) go with the next piece
-        carry: list[dict] = []
+        carry: dict[int, list[dict]] = {}
 
-        def pieces(items):
-            nonlocal carry
+        def parser(i: int):
+            if i not in parsers:
+                parsers[i] = tc.parser()
+            return parsers[i]
+
+        def pieces(items, i: int):
             for x in items:
-                lps, carry = carry or None, []
+                lps, carry[i] = carry.get(i) or None, []
                 if isinstance(x, Reasoning):
-                    yield ReasoningDelta(str(x), lps)
+                    yield ReasoningDelta(str(x), lps, i)
                 elif isinstance(x, str):
-                    yield TextDelta(x, lps)
+                    yield TextDelta(x, lps, i)
                 else:
                     assert isinstance(x, ToolCallDelta)
-                    x.logprobs = lps
+                    x.logprobs, x.choice = lps, i
                     yield x
 
         finished = False
+        left = run.request.n_choices
         get = None
         try:
             get = asyncio.ensure_future(run.queue.get())
@@ -233,22 +277,27 @@ class Runner:
                     yield Ping()
                     continue
                 ev = get.result()
+                i = ev.index
                 if ev.kind == "text":
-                    if parser is None:
-                        yield TextDelta(ev.text, ev.logprobs)
+                    if not parsed:
+                        yield TextDelta(ev.text, ev.logprobs, i)
                     else:
-                        carry += ev.logprobs or []
-                        for x in pieces(parser.push(ev.text)):
+                        carry[i] = carry.get(i, []) + (ev.logprobs or [])
+                        for x in pieces(parser(i).push(ev.text), i):
                             yield x
                 elif ev.kind == "done":
-                    finished = True
-                    self._count_key(run, ev.result)
-                    if parser is not None:
-                        for x in pieces(parser.finish()):
+                    if i == 0:
+                        self._count_key(run, ev.result)
+                    if parsed:
+                        p = parser(i)
+                        for x in pieces(p.finish(), i):
                             yield x
-                        tc.finish(ev.result, parser)
-                    yield Done(ev.result, carry or None)
-                    return
+                        tc.finish(ev.result, p)
+                    yield Done(ev.result, carry.pop(i, None) or None, i)
+                    left -= 1
+                    if left == 0:
+                        finished = True
+                        return
                 else:
                     finished = True
                     yield Failed(engine_error(ev.error))
@@ -258,4 +307,4 @@ class Runner:
             if get is not None:
                 get.cancel()
             if not finished:
-                self.engine.cancel(run.job)
+                run.cancel(self.engine)

@@ -21,6 +21,11 @@ every row; the engine samples from the rows in order while the draft holds, then
 session back to the accepted tokens.  Its rows batch with everyone else's and give the bits of
 decode steps, so its output is that of plain decoding.
 
+A request for n choices (OpenAI's ``n``) takes n seats: its prompt is computed once, and when
+it is done the job forks its session n - 1 times (the prompt's blocks shared; the partly
+filled last block copied on first write), each fork a job of its own sampling from the same
+logits with seed + i (choice i is what a lone request with that seed gives).
+
 When the cache cannot hold a step's new tokens, the youngest request is preempted: its blocks
 are released and it returns to the head of the queue, to be prefilled again later with the
 tokens it generated so far (batch-invariant numerics make this invisible in its output).
@@ -30,6 +35,7 @@ events back through the job's ``on_event`` callback, called on the engine thread
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -65,6 +71,7 @@ class Event:
     result: GenerationResult | None = None
     error: BaseException | None = None
     logprobs: list | None = None  # entries of the tokens of this text (when asked for)
+    index: int = 0  # the choice it belongs to (Job.index)
 
 
 _ids = itertools.count(1)
@@ -83,6 +90,9 @@ class Job:
     grammar: object | None = None  # a compiled constrained.Grammar
     logprobs: tuple[bool, int] = (False, 0)  # (on, top_logprobs)
     draft_tokens: int = 0  # speculative drafting: tokens per draft (0: off)
+    n: int = 1  # choices: n - 1 forks of the session once the prompt is done
+    index: int = 0  # the choice this job's events belong to (forks: index + i)
+    root: Job | None = None  # a fork: the job it was forked from (cancelled with it)
     id: int = field(default_factory=lambda: next(_ids))
     # ---- engine state
     cancelled: bool = False
@@ -97,11 +107,22 @@ class Job:
     t_submit: float = 0.0
     t_start: float | None = None  # first seated
     t_prompt: float | None = None  # prompt done (first logits)
+    forked: bool = False  # its n - 1 forks were made
 
     @property
     def need_tokens(self) -> int:
-        """KV positions this job may need at most."""
+        """KV positions this job may need at most (each fork alone as much)."""
         return len(self.ids) + self.max_tokens
+
+    @property
+    def seats(self) -> int:
+        """Seats in the batch it takes: its own, and its forks' still to be made."""
+        return 1 if self.forked else self.n
+
+    @property
+    def gone(self) -> bool:
+        """Cancelled (a fork: its root was)."""
+        return self.cancelled or (self.root is not None and self.root.cancelled)
 
 
 # ============================================================================ engine
@@ -185,6 +206,9 @@ class Engine:
                 "a larger --kv-tokens", n_tokens, self.cache.max_tokens - bs)
 
     def submit(self, job: Job) -> None:
+        if job.n > self.max_batch:
+            raise ValueError(f"a job of {job.n} choices needs {job.n} seats; the batch has "
+                             f"{self.max_batch}")
         self.check_fits(job.need_tokens)
         with self._cond:
             if self._stopping:
@@ -238,6 +262,7 @@ class Engine:
                     self._fail(job, e)
 
     def _send(self, job: Job, ev: Event) -> None:
+        ev.index = job.index
         try:
             job.on_event(ev)
         except Exception:  # a closed event loop, a gone client: nothing to tell
@@ -266,10 +291,10 @@ class Engine:
     def _reap(self) -> None:
         """Forget cancelled jobs, waiting or active; release their blocks."""
         with self._cond:
-            gone = [j for j in self._waiting if j.cancelled]
+            gone = [j for j in self._waiting if j.gone]
             for j in gone:
                 self._waiting.remove(j)
-        for j in [j for j in self._active if j.cancelled]:
+        for j in [j for j in self._active if j.gone]:
             self._release(j)
             self._active.remove(j)
             gone.append(j)
@@ -278,18 +303,20 @@ class Engine:
     def _room_for(self, job: Job) -> bool:
         """Heuristic admission check: blocks for the whole prompt plus one per active job."""
         bs = self.cache.block_size
-        need = -(-(len(job.ids) + (len(job.gen.tokens) if job.gen else 0)) // bs) + 1
+        need = -(-(len(job.ids) + (len(job.gen.tokens) if job.gen else 0)) // bs) + job.seats
         return need + len(self._active) <= self.cache.available_blocks()
 
     def _admit(self) -> None:
         """Give waiting jobs seats in the batch.  A job is seated in the cache (its prefix
         looked up) only when its prompt is first fed, so it reuses blocks that jobs admitted
         with it have computed by then (a shared system prompt is prefilled once)."""
-        while len(self._active) < self.max_batch:
+        while True:
             with self._cond:
                 if not self._waiting:
                     return
                 job = self._waiting[0]
+                if sum(j.seats for j in self._active) + job.seats > self.max_batch:
+                    return
                 if self._active and not self._room_for(job):
                     return  # wait for blocks to come back
                 self._waiting.popleft()
@@ -423,19 +450,50 @@ class Engine:
             job.prefilling = False
             if job.t_prompt is None:
                 job.t_prompt = t1
-            gen = job.gen
-            if want == "all":  # sample from the rows while the draft holds
-                spec = job.spec
-                spec.verified(toks, lg, job.session.n_tokens - len(toks))
-                while not gen.done and (row := spec.take(gen)) is not None:
-                    self._text(job, gen.push(row))
-                spec.settle(job.session)
-            elif not gen.done:
-                self._text(job, gen.push(lg))
-            if gen.done:
-                self._finish(job)
-            else:
-                job.pending = [gen.tokens[-1]]
+            forks = self._fork(job) if not job.forked else []
+            for j in [job] + forks:  # the choices of a prompt sample from its logits
+                self._sample(j, toks, lg, want)
+
+    def _sample(self, job: Job, toks: list[int], lg, want: str) -> None:
+        """Sample the job's next token(s) from the step's logits lg of its rows toks."""
+        gen = job.gen
+        if want == "all":  # sample from the rows while the draft holds
+            spec = job.spec
+            spec.verified(toks, lg, job.session.n_tokens - len(toks))
+            while not gen.done and (row := spec.take(gen)) is not None:
+                self._text(job, gen.push(row))
+            spec.settle(job.session)
+        elif not gen.done:
+            self._text(job, gen.push(lg))
+        if gen.done:
+            self._finish(job)
+        else:
+            job.pending = [gen.tokens[-1]]
+
+    def _fork(self, job: Job) -> list[Job]:
+        """The prompt of a job of n choices is done: its n - 1 other choices, each a job whose
+        session is a fork of the job's (the prompt's blocks shared), seeded seed + i, seated
+        right after it."""
+        job.forked = True
+        forks = []
+        for i in range(1, job.n):
+            p = job.params
+            if p.seed is not None:
+                p = dataclasses.replace(p, seed=p.seed + i)
+            f = Job(ids=job.ids, max_tokens=job.max_tokens, params=p, stops=job.stops,
+                    on_event=job.on_event, cache_salt=job.cache_salt, grammar=job.grammar,
+                    logprobs=job.logprobs, draft_tokens=job.draft_tokens, index=job.index + i,
+                    root=job, forked=True, cached=job.cached, prefilled=job.prefilled,
+                    t_submit=job.t_submit, t_start=job.t_start, t_prompt=job.t_prompt)
+            f.session = job.session.fork()
+            f.gen = Generation(self.model, f.ids, f.max_tokens, f.params, f.stops,
+                               grammar=f.grammar, logprobs=f.logprobs)
+            if f.draft_tokens and not self.model.hybrid:
+                f.spec = Speculation(f.ids, f.draft_tokens)
+            forks.append(f)
+        at = self._active.index(job) + 1
+        self._active[at:at] = forks
+        return forks
 
     def _finish(self, job: Job) -> None:
         gen = job.gen

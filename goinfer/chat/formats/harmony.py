@@ -18,7 +18,7 @@ from goinfer.chat.grammar import (
     tool_parameters,
 )
 from goinfer.chat.spec import ToolSpec
-from goinfer.constrained import bound_numbers
+from goinfer.constrained import enforced_schema
 
 
 class Harmony(ToolFormat):
@@ -80,7 +80,7 @@ class Harmony(ToolFormat):
         if rf is None or not isinstance(rf[1], dict):
             return None
         json_schema_source(rf[1])  # checked here, so an error names response_format
-        schema = dict(bound_numbers(rf[1]))
+        schema = dict(enforced_schema(rf[1]))
         schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
         g = self.grammar(ToolSpec((), "none"), tokenizer)
         head, _, rest = g.partition("\n")
