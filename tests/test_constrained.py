@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import jsonschema
 import numpy as np
 import pytest
-import schemas
-import tinygemma
+from fixtures import schemas
+from fixtures import tinygemma
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import constrained
 from goinfer.constrained import Tag, compile_request, tags_grammar, token_view

@@ -1,5 +1,5 @@
 """SmolLM3 (models/smollm3.py), Qwen3.5 dense and MoE (models/qwen35.py): tiny random-weight models
-written by llama.cpp's own converter (tests/hfconvert.py) against transformers float32 on the
+written by llama.cpp's own converter (fixtures/hfconvert.py) against transformers float32 on the
 same ids, and the numerics contract on them (tests/test_numerics.py's identities): prefill ==
 token-by-token decode == chunked prefill == 2 threads, bit for bit; on the hybrid Qwen3.5 also
 prefix reuse through state snapshots, an agent's growing context, truncate, fork, continuous
@@ -7,19 +7,19 @@ batching and save/load.
 
 Reference distance: llama.cpp itself reaches max |logit diff| 2.0e-3 against transformers on
 such tiny Qwen3.5 models (issue 16); goinfer is held to that and to float32 agreement
-(tinymodels.close: 1e-4 x logit scale), with identical top-1 everywhere."""
+(fixtures.compare.close: 1e-4 x logit scale), with identical top-1 everywhere."""
 from __future__ import annotations
 
 import json
 import warnings
 
 import gguf
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import assert_one_prefill_is_every_schedule, close, load
+from fixtures.compare import assert_one_prefill_is_every_schedule, close, hf_logits, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
@@ -84,7 +84,7 @@ def test_logits_match_transformers(family, kernels, request):
     m = load(path, reference=kernels == "reference")
     for n in (1, 7, 70):
         ids = ids_(n, n)
-        agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+        agree(m.logits(ids), hf_logits(hf, ids))
 
 
 QWEN_VARIANTS = {
@@ -106,7 +106,7 @@ def test_qwen35_variants_match_transformers(variant):
     assert m.config.recurrent == tuple(t == "linear_attention" for t in hf.config.layer_types)
     for n in (3, 50):
         ids = ids_(n, 9 + n)
-        agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+        agree(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_qwen35moe_config_and_experts(models):
@@ -139,7 +139,7 @@ def test_smollm3_nope_layers_matter(smollm3):
     m = load(path)
     assert m.config.rope_layers == tuple((i + 1) % 4 != 0 for i in range(8))
     ids = ids_(40, 3)
-    ref = hfconvert.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     agree(m.logits(ids), ref)
     m.config.rope_layers = (True,) * 8
     assert np.abs(m.logits(ids) - ref).max() > 100 * np.abs(load(path).logits(ids) - ref).max()
@@ -336,7 +336,7 @@ def test_mtp_head_is_skipped_with_a_warning(qwen35, tmp_path):
         m = load(p)
     assert m.config.n_layers == 4 and m.config.n_mtp == 1
     ids = ids_(20, 8)
-    agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+    agree(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_unsupported_features_get_typed_errors(qwen35, tmp_path):
@@ -364,21 +364,6 @@ def test_converter_cache_layout():
 
 
 # ============================================================================ graph replay (hybrid)
-
-
-@pytest.fixture
-def many_shares():
-    """Work thresholds at 0: every kernel splits its work over all threads."""
-    import importlib
-
-    mods = [importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention", "ssm")]
-    old = (mods[0]._set_min_ns_per_thread(0), mods[1]._set_grain(0), mods[2]._set_grain(0),
-           mods[3]._set_grain(0))
-    yield
-    mods[0]._set_min_ns_per_thread(old[0])
-    mods[1]._set_grain(old[1])
-    mods[2]._set_grain(old[2])
-    mods[3]._set_grain(old[3])
 
 
 def _decode_run(m, prompts, steps, fork_at=None):

@@ -1,5 +1,5 @@
 """Gemma 4 dense (models/gemma4.py): a tiny random-weight Gemma4ForCausalLM written by llama.cpp's
-own converter (tests/hfconvert.py "gemma4": sliding and global layers with different head dims
+own converter (fixtures/hfconvert.py "gemma4": sliding and global layers with different head dims
 and kv heads, k = v global layers, proportional RoPE, KV shared by the last 2 layers with a
 double-wide MLP, per-layer embeddings, layer output scales, a final softcap) against
 transformers float32 on the same ids; the numerics contract on it (prefill == decode steps ==
@@ -10,18 +10,18 @@ experts beside the dense MLP, router input scale, per-expert scales) likewise, a
 Reference distance: llama.cpp reaches max |logit diff| 1.4e-1 (top-1 99.7%) against
 transformers on the dense fixture, 9.6e-3 on the MoE one (benchmarks/families_reference.py
 --family gemma4; its CPU GELU rounds its input to float16 and reads a float16 table); goinfer is
-held to float32 agreement (tinymodels.close: 1e-4 x logit scale), far inside it, with
+held to float32 agreement (fixtures.compare.close: 1e-4 x logit scale), far inside it, with
 identical top-1."""
 from __future__ import annotations
 
 import gguf
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_families import _decode_run, many_shares, rewrite  # noqa: F401 (a fixture)
-from tinymodels import assert_one_prefill_is_every_schedule, close, load
+from test_families import _decode_run, rewrite
+from fixtures.compare import assert_one_prefill_is_every_schedule, close, hf_logits, load
 
 from goinfer import KVCache
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
@@ -76,7 +76,7 @@ def test_logits_match_transformers(variant, kernels, request):
     m = load(path, reference=kernels == "reference")
     for n in (1, 7, 70):  # 70: past the window (8) of the sliding layers
         ids = ids_(n, n)
-        agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+        agree(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_config_and_cache_layers(gemma4, models):
@@ -102,7 +102,7 @@ def test_parts_matter(gemma4):
     """Each Gemma 4 part moves the logits (so the comparison above can fail without it)."""
     hf, path = gemma4
     ids = ids_(30, 3)
-    ref = hfconvert.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
 
     def moved(edit):
         m = load(path)

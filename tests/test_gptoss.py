@@ -1,5 +1,5 @@
 """gpt-oss (models/gptoss.py): tiny random-weight models written by llama.cpp's own converter
-(tests/hfconvert.py) from a checkpoint whose experts are in gpt-oss's MXFP4 form, against
+(tests/fixtures/hfconvert.py) from a checkpoint whose experts are in gpt-oss's MXFP4 form, against
 transformers float32 on the same ids, and the numerics contract on them.
 
 Two references, because MXFP4 experts run in the int8 matmul path (activations quantized to
@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 import types
 
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import close, load, prefill_chunks
+from fixtures.compare import close, hf_logits, load, prefill_chunks
 
 from goinfer import KVCache
 from goinfer import _reference as R
@@ -109,7 +109,7 @@ def test_f32_experts_match_transformers(f32_experts, kernels):
     assert all(np.isfinite(L.sinks).all() for L in m.impl.layers)  # every head has a sink
     for n in (1, 7, 70):  # 70 > the window: sliding and global layers differ
         ids = ids_(n, n)
-        ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+        ours, ref = m.logits(ids), hf_logits(hf, ids)
         close(ours, ref)
         assert float(np.abs(ours - ref).max()) <= LLAMA_CPP_DISTANCE
         assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
@@ -129,7 +129,7 @@ def test_mxfp4_experts_match_transformers_on_int8_inputs(mxfp4_experts, kernels)
         m = load(path, reference=kernels == "reference")
         for n in (1, 7, 70):
             ids = ids_(n, n)
-            ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+            ours, ref = m.logits(ids), hf_logits(hf, ids)
             if not sinks:
                 close(ours, ref)
             assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
@@ -161,7 +161,7 @@ def test_sink_free_file_matches_transformers():
     assert all(L.sinks is None for L in m.impl.layers)
     for n in (7, 70):
         ids = ids_(n, n + 1)
-        ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+        ours, ref = m.logits(ids), hf_logits(hf, ids)
         close(ours, ref)
         assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
 
@@ -171,7 +171,7 @@ def test_parts_matter(f32_experts):
     the logits far from transformers when changed: the tests above would see them break."""
     hf, path = f32_experts
     ids = ids_(70, 4)
-    ref = hfconvert.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     base = float(np.abs(load(path).logits(ids) - ref).max())
     m = load(path)
     m.config.swa_layers = (False,) * 4
@@ -258,7 +258,7 @@ def test_fast_prefill_with_sinks(models, f32_experts):
     hf, path = f32_experts
     ids = ids[:600]
     reset_attention_counters()
-    fl, ref = load(path, exact_prefill=False).logits(ids), hfconvert.hf_logits(hf, ids)
+    fl, ref = load(path, exact_prefill=False).logits(ids), hf_logits(hf, ids)
     assert rows() == (512 * L, 88 * L)
     close(fl, ref)
     assert np.array_equal(fl.argmax(-1), ref.argmax(-1))

@@ -133,7 +133,7 @@ def test_set_amx_reports_and_errors():
 def test_amx_tiny_model_logits_identical(tiny, tmp_path):
     """Tiny llama with Q4_0 / Q4_1 / Q8_0 weights: prefill logits with AMX on == off, bit for bit."""
     import gguf
-    import tinymodels
+    from fixtures import tinymodels
 
     from goinfer.gguf import GGUFFile
     from goinfer.model import Model

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tinymodels
-from tinymodels import prefill_chunks
+from fixtures import tinymodels
+from fixtures.compare import prefill_chunks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import tinymodels
+from fixtures import tinymodels
 import uvicorn
 
 from goinfer import KVCache
