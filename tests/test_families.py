@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 
 import gguf
 from fixtures import hfconvert
@@ -19,9 +20,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.compare import assert_one_prefill_is_every_schedule, close, hf_logits, load
+from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
+                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
+                              load, note_512, pin_512)
 
 from goinfer import KVCache
+from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.batch import forward_sessions
 
@@ -163,16 +167,38 @@ def test_chat_templates_come_from_the_files(models):
 # ============================================================================ exact paths, bit for bit
 
 
-@SETTINGS
-@given(data=st.data(), family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]),
-       seed=st.integers(0, 10**6))
-def test_batching_threads_hypothesis(models, data, family, seed):
+def test_batching_threads_hypothesis(models):
     """exact_prefill, lengths across one PREFILL_CHUNK: one prefill == decode steps (the last up
-    to 40 tokens) == a random chunking == 2 threads."""
-    n = data.draw(st.integers(1, 560), label="n")
-    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4), label="cuts"))
+    to 40 tokens) == a random chunking == 2 threads.  511, 512, 513, 560 cut at 512 and 560 in
+    one call always run (on Qwen3.5: the recurrent state handed from one chunk to the next)."""
+    seen = Counter()
+    batching_threads(models, seen)
+    assert_crossed_512(seen)
+
+
+@SETTINGS
+@pin_512(family="qwen35", seed=4)
+@given(n=lengths(560), cuts=cut_points(),
+       family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]), seed=st.integers(0, 10**6))
+def batching_threads(models, seen, n, cuts, family, seed):
+    cuts = cuts_of(n, cuts)
+    note_512(seen, n, cuts)
     ids = ids_(n, seed)
     assert_one_prefill_is_every_schedule(*(models(family, 1, True), models(family, 2, True)), ids, cuts)
+
+
+@pytest.mark.parametrize("family", ["smollm3", "qwen35", "qwen35moe"])
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_long_prompt_across_512(models, request, family, exact):
+    """1100 tokens (three prefill chunks; in the default mode the attention layers' rows from 512
+    on the fast kernel): one prefill == 2 threads == cut at 512 and 1024 == decode steps for the
+    last 40, bit for bit, and the logits of every position against transformers'."""
+    m1, m2 = models(family, 1, exact), models(family, 2, exact)
+    ids = ids_(1100, 11)
+    reset_attention_counters()
+    assert_one_prefill_is_every_schedule(m1, m2, ids, [512, 1024])
+    assert (attention_counters()["fast_queries"] > 0) != exact
+    agree(m1.logits(ids), hf_logits(request.getfixturevalue(family)[0], ids))
 
 
 @SETTINGS
@@ -361,6 +387,13 @@ def test_converter_cache_layout():
     assert "MIT" in (d / "LICENSE").read_text()
     assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["gemma4", "gpt-oss", "qwen35",
                                                                   "qwen35moe", "smollm3"]
+
+
+@pytest.mark.parametrize("family", ["smollm3", "qwen35moe"])
+def test_threads_1_3_7(request, family, many_shares):
+    """1, 3 and 7 threads (odd counts split every kernel's work unevenly): the same bits for a
+    prefill across 512 and batched decode steps (Qwen3.5 MoE: ssm, moe and attention kernels)."""
+    assert_threads_agree(request.getfixturevalue(family)[1])
 
 
 # ============================================================================ graph replay (hybrid)

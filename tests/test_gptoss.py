@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import types
+from collections import Counter
 
 from fixtures import hfconvert
 import numpy as np
@@ -25,7 +26,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.compare import close, hf_logits, load, prefill_chunks
+from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
+                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
+                              load, note_512, pin_512)
 
 from goinfer import KVCache
 from goinfer import _reference as R
@@ -207,24 +210,43 @@ def test_yarn_tables_match_transformers(over):
 # ============================================================================ exact paths, bit for bit
 
 
-@SETTINGS
-@given(data=st.data(), seed=st.integers(0, 10**6))
-def test_batching_threads_hypothesis(models, data, seed):
+def test_batching_threads_hypothesis(models):
     """exact_prefill, lengths across one PREFILL_CHUNK: one prefill == decode steps (the last
-    up to 30) == a random chunking == 2 threads, with MXFP4 experts and sliding windows."""
-    n = data.draw(st.integers(1, 540), label="n")
-    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3), label="cuts"))
-    ids = ids_(n, seed)
-    m1, m2 = models(1), models(2)
-    one = prefill_chunks(m1, ids, [])
-    assert np.array_equal(one, prefill_chunks(m2, ids, []))
-    assert np.array_equal(one, prefill_chunks(m2, ids, cuts))
-    s = m1.session(KVCache(m1, max_tokens=1024))
-    k = max(1, n - 30)
-    last = s.prefill(ids[:k])
-    for t in ids[k:]:
-        last = s.decode(t)
-    assert np.array_equal(one, last)
+    up to 40) == a random chunking == 2 threads, with MXFP4 experts and sliding windows; 511,
+    512, 513, 560 cut at 512 and 560 in one call always run."""
+    seen = Counter()
+    batching_threads(models, seen)
+    assert_crossed_512(seen)
+
+
+@SETTINGS
+@pin_512(seed=7)
+@given(n=lengths(560), cuts=cut_points(), seed=st.integers(0, 10**6))
+def batching_threads(models, seen, n, cuts, seed):
+    cuts = cuts_of(n, cuts)
+    note_512(seen, n, cuts)
+    assert_one_prefill_is_every_schedule(models(1), models(2), ids_(n, seed), cuts)
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_long_prompt_across_512(models, f32_experts, exact):
+    """1100 tokens, MXFP4 experts: one prefill == 2 threads == cut at 512 and 1024 == decode
+    steps for the last 40, bit for bit (default mode: rows from 512 on the fast kernel); the
+    F32-expert file's logits of every position close to transformers' with the same top-1."""
+    ids = ids_(1100, 13)
+    reset_attention_counters()
+    assert_one_prefill_is_every_schedule(models(1, exact), models(2, exact), ids, [512, 1024])
+    assert (attention_counters()["fast_queries"] > 0) != exact
+    hf, path = f32_experts
+    ours, ref = load(path, exact_prefill=exact).logits(ids), hf_logits(hf, ids)
+    close(ours, ref)
+    assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_threads_1_3_7(mxfp4_experts, many_shares):
+    """1, 3 and 7 threads (odd counts split every kernel's work unevenly): the same bits for a
+    prefill across 512 and batched decode steps, MXFP4 experts."""
+    assert_threads_agree(mxfp4_experts[1])
 
 
 def test_fast_prefill_with_sinks(models, f32_experts):
