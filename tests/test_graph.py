@@ -27,6 +27,7 @@ MM = importlib.import_module("goinfer._kernels.matmul")
 OPS = importlib.import_module("goinfer._kernels.ops")
 ATT = importlib.import_module("goinfer._kernels.attention")
 GRAPH = importlib.import_module("goinfer._kernels.graph")
+SSM = importlib.import_module("goinfer._kernels.ssm")
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +166,22 @@ def test_threads_agree(tiny, many_shares):
     assert np.array_equal(one, two)
 
 
-def test_every_isa_variant(tiny, many_shares):
-    path = tiny("qwen2")[1]
+@pytest.mark.parametrize("arch", ["qwen2", "qwen35"])
+def test_every_isa_variant(tiny, arch, many_shares):
+    """Replayed decode == the Python path on every variant, every kernel module dispatching to
+    it; on Qwen3.5 (fixtures.hfconvert) the Gated DeltaNet steps (ssm kernels) too."""
+    if arch == "qwen35":
+        from fixtures import hfconvert
+
+        path = hfconvert.build("qwen35")[1]
+    else:
+        path = tiny(arch)[1]
     old = _config.variant()
     try:
         for v in _config.supported_variants():
             _config.set_variant(v)
+            for mod in (MM, OPS, ATT, SSM):
+                assert mod._variant_used() == v
             assert_replayed_same(path, 2, B=2, steps=5)
     finally:
         _config.set_variant(old)

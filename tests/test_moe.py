@@ -65,6 +65,7 @@ def _each(fn):
         res = []
         for v in VARIANTS:
             _config.set_variant(v)
+            assert moe_kernels._variant_used() == v  # the switch reached the kernel tables
             res += [fn(1), fn(2)]
         return res
     finally:

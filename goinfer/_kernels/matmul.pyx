@@ -12,7 +12,7 @@ from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
                                       swap_grain)
-from goinfer._kernels.dispatch cimport variant_table
+from goinfer._kernels.dispatch cimport table_variant, variant_table
 from goinfer._kernels.graph cimport Op, run_shares, share_fn
 
 import numpy as np
@@ -51,6 +51,13 @@ def _set_min_ns_per_thread(v):
 cdef inline const gi_matmul_ops *_ops() noexcept nogil:
     return <const gi_matmul_ops *>variant_table(&gi_matmul_ops_portable, &gi_matmul_ops_avx2,
                                                 &gi_matmul_ops_avx512)
+
+
+def _variant_used():
+    """Name of the variant whose table this module calls now (tests: dispatch follows
+    _config.set_variant)."""
+    return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2,
+                         &gi_matmul_ops_avx512)
 
 
 cdef inline void *_data(cnp.ndarray a) noexcept:
