@@ -16,6 +16,7 @@ from fixtures import tinymodels
 import uvicorn
 
 from goinfer import KVCache
+from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
 from goinfer.server.app import create_app
@@ -292,8 +293,10 @@ def test_concurrent_requests_equal_lone_requests(model):
             return s.client().chat.completions.create(model="tiny", messages=m,
                                                       max_tokens=n, **extra(body))
 
+        replays = model.graph.replays
         results = s.together(run, len(jobs), timeout=60)
         assert s.engine.peak_batch >= 4  # they really ran together
+        assert model.graph.replays - replays >= 30  # the decode steps ran as replayed graphs
         assert s.cache.stats().blocks_used == 0
     for (m, (_, kw), n), r in zip(jobs, results):
         ref = lone(model, chat=m, max_tokens=n, **kw)
@@ -333,11 +336,15 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
         t2 = threading.Thread(target=short_req)
         t2.start()
         s.wait(lambda: s.engine.queue_depth == 2, "short request queued")
-        steps0 = s.engine.steps
+        steps0, replays = s.engine.steps, m.graph.replays
+        reset_attention_counters()
         s.engine.resume()
         t1.join(60)
         t2.join(60)
         assert s.engine.steps - steps0 >= 1300 // 128  # chunked
+        L = m.config.n_layers  # prompt rows 512.. and the decode steps on the fast kernel:
+        assert attention_counters()["fast_queries"] >= (1300 - 512) * L
+        assert m.graph.replays - replays >= 5  # the decode steps of both
     assert order.index((3, "done")) < order.index((1300, "text"))
     ev = out["long"]
     first = next(e for e in ev if isinstance(e, dict) and e["choices"] and e["choices"][0]["text"])
@@ -433,8 +440,12 @@ def test_continuous_batch_across_512_equals_lone_requests(tiny):
             return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
                                                   max_tokens=40, return_tokens=True)).json()
 
+        replays = m.graph.replays
+        reset_attention_counters()
         results = s.together(run, len(bodies), timeout=120)
         assert s.engine.peak_batch >= 3
+        # decode steps were replayed graphs, and rows at positions >= 512 ran the fast kernel
+        assert m.graph.replays - replays >= 15 and attention_counters()["fast_queries"] > 0
     accepted = 0
     for body, p, r in zip(bodies, prompts, results):
         kw = {k: v for k, v in body.items() if not k.startswith("draft")}
