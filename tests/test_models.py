@@ -116,7 +116,7 @@ def test_int_weights_track_transformers(tiny, tmp_path):
         ours, ref = m.logits(ids), hf_logits(model, ids)
         cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
         top1 = (ours.argmax(1) == ref.argmax(1)).mean()
-        assert cos.min() > 0.99, (qtype.name, cos.min())
+        assert cos.min() > 0.995, (qtype.name, cos.min())  # measured 0.9971 (Q4_1) .. 0.9989
         assert top1 >= 0.9, (qtype.name, top1)
 
 
