@@ -170,6 +170,43 @@ def test_models_health_metrics(srv):
         assert name in text, name
 
 
+def prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {'name{labels}': value}"""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_metrics_values(model):
+    """/metrics counts what the requests did: the same 40-token prompt twice (the second reuses
+    two whole blocks of 16), their tokens, outcomes and HTTP codes, and an idle pool."""
+    ids = list(range(100, 140))
+    with Server(model, KVCache(model, max_tokens=2048)) as s:
+        rs = [s.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+              for _ in range(2)]
+        s.wait(lambda: s.engine.n_active == 0, "engine idle")
+        got = prometheus(httpx.get(s.url + "/metrics").text)
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rs]
+    assert cached == [0, 32]
+    done = sum(r["usage"]["completion_tokens"] for r in rs)
+    assert got['goinfer_requests_total{outcome="finished"}'] == 2
+    assert got['goinfer_requests_total{outcome="cancelled"}'] == 0
+    assert got["goinfer_prompt_tokens_total"] == 80
+    assert got["goinfer_prefix_cache_hit_tokens_total"] == 32
+    assert got["goinfer_prefill_tokens_total"] == 80 - 32
+    assert got["goinfer_completion_tokens_total"] == done > 0
+    codes = {k: v for k, v in got.items() if k.startswith("goinfer_http_requests_total")}
+    assert [v for k, v in codes.items() if "completions" in k and 'code="200"' in k] == [2], codes
+    assert got["goinfer_queue_depth"] == 0 and got["goinfer_active_requests"] == 0
+    assert got["goinfer_kv_block_tokens"] == 16 and got["goinfer_kv_blocks_total"] == 2048 // 16
+    assert got['goinfer_kv_blocks{state="used"}'] == 0
+    assert sum(got[f'goinfer_kv_blocks{{state="{k}"}}'] for k in ("used", "cached", "free")) == 128
+    assert got["goinfer_engine_steps_total"] >= done and got["goinfer_decode_tokens_total"] >= done - 2
+
+
 @pytest.mark.parametrize("i", range(len(SETTINGS)))
 def test_chat_equals_session_chat(srv, model, i):
     body, kw = SETTINGS[i]
