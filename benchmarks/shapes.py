@@ -281,7 +281,7 @@ SHAPES = {s.name: s for s in [
     # the smoke run's model: seconds to write, runs anywhere
     Shape("tiny", "(none: the smoke runs' model)", "llama", 64, 2, 4, 2, 16, 128, 512, 4096,
           10000.0, 1e-5, False, "bytes", template="chatml"),
-    # the smoke runs' Qwen3.5 and gpt-oss: the dims of tests/hfconvert.py's tiny configs, with
+    # the smoke runs' Qwen3.5 and gpt-oss: the dims of tests/fixtures/hfconvert.py's tiny configs, with
     # the tiny shape's 512 rows (the benchmarks draw prompt ids from 200 to vocab - 200)
     Shape("qwen3.5-tiny", "(none: the smoke runs' Qwen3.5)", "qwen35", 64, 4, 4, 2, 32, 96, 512,
           2048, 10000.0, 1e-6, False, "bytes", template="chatml", lin_k_heads=2, lin_v_heads=4,

@@ -44,7 +44,7 @@ def _kernels(use_reference: bool):
 class LoadOptions:
     """How a model is loaded and run: Model.load's and Model's keyword arguments.
 
-    threads: compute threads (None: GOINFER_THREADS, else the machine's physical cores).
+    threads: compute threads (None: OMP_NUM_THREADS, else the machine's physical cores).
     exact: float64 attention at every position (default: the fast float32 kernel for rows at
     positions >= 512, FAST_FROM); exact_prefill is its old name.
     context_length: the context to run with (None: the file's).

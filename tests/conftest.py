@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models (built once per test session) and the real SmolLM2."""
+"""Shared fixtures: tiny random models (built once per test session) and the real SmolLM2.
+The scaffolding they are built with is the package tests/fixtures/."""
 from __future__ import annotations
 
 import atexit
@@ -28,8 +29,6 @@ _LAYOUTS = tempfile.mkdtemp(prefix="goinfer-test-layouts-")
 os.environ.setdefault("GOINFER_LAYOUT_DIR", _LAYOUTS)
 atexit.register(shutil.rmtree, _LAYOUTS, True)
 
-import tinymodels  # noqa: E402
-
 # tests/frameworks is the agent-framework matrix: its own environments and its own run
 # (`make test-frameworks`), not part of this suite.
 collect_ignore = ["frameworks"]
@@ -48,12 +47,23 @@ def tiny(tiny_dir):
     def get(arch, seed=0, **over):
         key = (arch, seed, tuple(sorted(over.items())))
         if key not in made:
+            from fixtures import tinymodels  # torch: only the tests that use tiny models import it
+
             model = tinymodels.hf_model(arch, seed, **over)
             name = f"tiny-{arch}-{seed}-{abs(hash(key[2])) % 10**8}.gguf"
             made[key] = (model, tinymodels.write_gguf(model, arch, tiny_dir / name))
         return made[key]
 
     return get
+
+
+@pytest.fixture
+def many_shares():
+    """Work thresholds at 0: every kernel splits its work over all threads (fixtures.kernels)."""
+    from fixtures.kernels import many_shares as shares
+
+    with shares():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import threading
 import time
 
 import anthropic
-import hfconvert
+from fixtures import hfconvert
 import jsonschema
 import pytest
 from test_server import Server, lone
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer import generation as G

@@ -235,7 +235,7 @@ def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
     the file's bytes of those tensors, counted independently by gguf-py."""
     import gguf
     import limits
-    import tinymodels
+    from fixtures import tinymodels
 
     files = []
     for qt in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
@@ -624,11 +624,11 @@ def test_families_reference_smoke():
 # ============================================================================ shapes.py's families
 # The Qwen3.5 and gpt-oss shapes must be what llama.cpp's converter writes for those models: the
 # tiny shapes of both families against convert_hf_to_gguf.py's output on a transformers model of
-# the same config (tests/hfconvert.py, --outtype q8_0; gpt-oss with MXFP4 experts).
+# the same config (tests/fixtures/hfconvert.py, --outtype q8_0; gpt-oss with MXFP4 experts).
 
 
 def _hf_config(shape) -> dict:
-    """tests/hfconvert.py overrides that give the transformers config of a shapes.py shape."""
+    """fixtures/hfconvert.py overrides that give the transformers config of a shapes.py shape."""
     kw = dict(vocab_size=shape.vocab, hidden_size=shape.d_model, num_hidden_layers=shape.n_layers,
               num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_kv_heads,
               head_dim=shape.head_dim, max_position_embeddings=shape.context,
@@ -669,7 +669,7 @@ def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
     """Every <arch>.* key (type and value), tensor name, shape and type of the shape's file is
     what llama.cpp's converter writes for the same config (Q8_0 for what it quantizes, F32 for
     the rest, MXFP4 gpt-oss experts); and goinfer runs the file."""
-    import hfconvert
+    from fixtures import hfconvert
 
     import shapes
     shape = shapes.SHAPES[name]

@@ -6,7 +6,7 @@ Parser: real format strings (gpt-oss's harmony as its template and the model wri
 History: goinfer's OpenAI-shaped messages render through gpt-oss's own template exactly as
 transformers renders the same conversation in the shape that template documents ("thinking",
 arguments as objects).
-Server (official openai client): tiny gpt-oss and Qwen3.5 fixtures (tests/hfconvert.py, their
+Server (official openai client): tiny gpt-oss and Qwen3.5 fixtures (fixtures/hfconvert.py, their
 real chat templates) steered by logit_bias through the tools' grammar; reasoning_content and
 content checked against the raw reply (return_tokens, split here with a regex), streamed
 deltas against the whole reply, calls against their tools' schemas.
@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import re
 
-import hfconvert
+from fixtures import hfconvert
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_server import Server
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer.chat import channels as C

@@ -109,6 +109,21 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
         assert split["qk"]["seconds"] > 0 and split["av"]["seconds"] > 0
 
 
+def test_cli_run_prints_session_generate(tiny, capsys):
+    """`goinfer run` prints exactly the text Session.generate returns for the same prompt and
+    sampling flags (greedy, and seeded sampling with top-k / top-p / min-p / repeat penalty)."""
+    path = str(tiny("llama")[1])
+    m = goinfer.Model.load(path, threads=1, progress=False)
+    cases = [([], {}),
+             (["--temperature", "0.9", "--seed", "5", "--top-k", "40", "--top-p", "0.9",
+               "--min-p", "0.02", "--repeat-penalty", "1.3"],
+              dict(temperature=0.9, seed=5, top_k=40, top_p=0.9, min_p=0.02, repeat_penalty=1.3))]
+    for flags, kw in cases:
+        assert main(["run", path, "ab cd ef", "--max-tokens", "24", "--threads", "1", *flags]) == 0
+        ref = m.session().generate("ab cd ef", max_tokens=24, **kw)
+        assert capsys.readouterr().out == ref.text + "\n" and ref.completion_tokens > 0
+
+
 def test_cli_draft_gives_the_same_text(tiny, capsys):
     """--draft prompt_lookup: the same output as without, and the drafts are reported."""
     path = str(tiny("llama")[1])

@@ -168,3 +168,17 @@ def test_the_checker_finds_what_is_missing():
                      ("docs/design/kernels.md", "No such section")]
     kernels = ROOT / "docs" / "design" / "kernels.md"
     assert [_plain(t) in headings(kernels) for _, t in cited] == [True, False]
+
+
+def test_every_environment_variable_is_in_the_table():
+    """Every GOINFER_* variable the package, the tests, the benchmarks or the Makefile read is
+    listed in docs/configuration.md."""
+    import re
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    files = [p for d in ("goinfer", "tests", "benchmarks") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".py", ".pyx", ".c", ".h") and ".venv" not in p.parts]
+    files.append(ROOT / "Makefile")
+    used = {v for p in files for v in re.findall(r"GOINFER_[A-Z][A-Z_]*[A-Z]", p.read_text())}
+    missing = sorted(v for v in used if f"`{v}`" not in doc)
+    assert not missing, f"docs/configuration.md does not list {missing}"

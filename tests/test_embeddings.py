@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import base64
 
-import hfconvert
+from fixtures import hfconvert
 import httpx
 import numpy as np
 import openai
 import pytest
 from test_server import Server, msgs
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer.embeddings import embed

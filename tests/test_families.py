@@ -1,5 +1,5 @@
 """SmolLM3 (models/smollm3.py), Qwen3.5 dense and MoE (models/qwen35.py): tiny random-weight models
-written by llama.cpp's own converter (tests/hfconvert.py) against transformers float32 on the
+written by llama.cpp's own converter (fixtures/hfconvert.py) against transformers float32 on the
 same ids, and the numerics contract on them (tests/test_numerics.py's identities): prefill ==
 token-by-token decode == chunked prefill == 2 threads, bit for bit; on the hybrid Qwen3.5 also
 prefix reuse through state snapshots, an agent's growing context, truncate, fork, continuous
@@ -7,22 +7,26 @@ batching and save/load.
 
 Reference distance: llama.cpp itself reaches max |logit diff| 2.0e-3 against transformers on
 such tiny Qwen3.5 models (tests/tools/families_reference.py measures both engines); goinfer is
-held to that and to float32 agreement (tinymodels.close: 1e-4 x logit scale), with identical
+held to that and to float32 agreement (fixtures.compare.close: 1e-4 x logit scale), with identical
 top-1 everywhere."""
 from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 
 import gguf
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import assert_one_prefill_is_every_schedule, close, load
+from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
+                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
+                              load, note_512, pin_512)
 
 from goinfer import KVCache
+from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.batch import forward_sessions
 
@@ -85,7 +89,7 @@ def test_logits_match_transformers(family, kernels, request):
     m = load(path, reference=kernels == "reference")
     for n in (1, 7, 70):
         ids = ids_(n, n)
-        agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+        agree(m.logits(ids), hf_logits(hf, ids))
 
 
 QWEN_VARIANTS = {
@@ -107,7 +111,7 @@ def test_qwen35_variants_match_transformers(variant):
     assert m.config.recurrent == tuple(t == "linear_attention" for t in hf.config.layer_types)
     for n in (3, 50):
         ids = ids_(n, 9 + n)
-        agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+        agree(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_qwen35moe_config_and_experts(models):
@@ -140,7 +144,7 @@ def test_smollm3_nope_layers_matter(smollm3):
     m = load(path)
     assert m.config.rope_layers == tuple((i + 1) % 4 != 0 for i in range(8))
     ids = ids_(40, 3)
-    ref = hfconvert.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     agree(m.logits(ids), ref)
     m.config.rope_layers = (True,) * 8
     assert np.abs(m.logits(ids) - ref).max() > 100 * np.abs(load(path).logits(ids) - ref).max()
@@ -164,16 +168,38 @@ def test_chat_templates_come_from_the_files(models):
 # ============================================================================ exact paths, bit for bit
 
 
-@SETTINGS
-@given(data=st.data(), family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]),
-       seed=st.integers(0, 10**6))
-def test_batching_threads_hypothesis(models, data, family, seed):
+def test_batching_threads_hypothesis(models):
     """exact_prefill, lengths across one PREFILL_CHUNK: one prefill == decode steps (the last up
-    to 40 tokens) == a random chunking == 2 threads."""
-    n = data.draw(st.integers(1, 560), label="n")
-    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4), label="cuts"))
+    to 40 tokens) == a random chunking == 2 threads.  511, 512, 513, 560 cut at 512 and 560 in
+    one call always run (on Qwen3.5: the recurrent state handed from one chunk to the next)."""
+    seen = Counter()
+    batching_threads(models, seen)
+    assert_crossed_512(seen)
+
+
+@SETTINGS
+@pin_512(family="qwen35", seed=4)
+@given(n=lengths(560), cuts=cut_points(),
+       family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]), seed=st.integers(0, 10**6))
+def batching_threads(models, seen, n, cuts, family, seed):
+    cuts = cuts_of(n, cuts)
+    note_512(seen, n, cuts)
     ids = ids_(n, seed)
     assert_one_prefill_is_every_schedule(*(models(family, 1, True), models(family, 2, True)), ids, cuts)
+
+
+@pytest.mark.parametrize("family", ["smollm3", "qwen35", "qwen35moe"])
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_long_prompt_across_512(models, request, family, exact):
+    """1100 tokens (three prefill chunks; in the default mode the attention layers' rows from 512
+    on the fast kernel): one prefill == 2 threads == cut at 512 and 1024 == decode steps for the
+    last 40, bit for bit, and the logits of every position against transformers'."""
+    m1, m2 = models(family, 1, exact), models(family, 2, exact)
+    ids = ids_(1100, 11)
+    reset_attention_counters()
+    assert_one_prefill_is_every_schedule(m1, m2, ids, [512, 1024])
+    assert (attention_counters()["fast_queries"] > 0) != exact
+    agree(m1.logits(ids), hf_logits(request.getfixturevalue(family)[0], ids))
 
 
 @SETTINGS
@@ -337,7 +363,7 @@ def test_mtp_head_is_skipped_with_a_warning(qwen35, tmp_path):
         m = load(p)
     assert m.config.n_layers == 4 and m.config.n_mtp == 1
     ids = ids_(20, 8)
-    agree(m.logits(ids), hfconvert.hf_logits(hf, ids))
+    agree(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_unsupported_features_get_typed_errors(qwen35, tmp_path):
@@ -365,22 +391,14 @@ def test_converter_cache_layout():
                                                                   "smollm3"]
 
 
+@pytest.mark.parametrize("family", ["smollm3", "qwen35moe"])
+def test_threads_1_3_7(request, family, many_shares):
+    """1, 3 and 7 threads (odd counts split every kernel's work unevenly): the same bits for a
+    prefill across 512 and batched decode steps (Qwen3.5 MoE: ssm, moe and attention kernels)."""
+    assert_threads_agree(request.getfixturevalue(family)[1])
+
+
 # ============================================================================ graph replay (hybrid)
-
-
-@pytest.fixture
-def many_shares():
-    """Work thresholds at 0: every kernel splits its work over all threads."""
-    import importlib
-
-    mods = [importlib.import_module(f"goinfer._kernels.{n}") for n in ("matmul", "ops", "attention", "ssm")]
-    old = (mods[0]._set_min_ns_per_thread(0), mods[1]._set_grain(0), mods[2]._set_grain(0),
-           mods[3]._set_grain(0))
-    yield
-    mods[0]._set_min_ns_per_thread(old[0])
-    mods[1]._set_grain(old[1])
-    mods[2]._set_grain(old[2])
-    mods[3]._set_grain(old[3])
 
 
 def _decode_run(m, prompts, steps, fork_at=None):

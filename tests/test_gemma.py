@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tinygemma
-from tinymodels import close, load
+from fixtures import tinygemma
+from fixtures.compare import close, hf_logits, load
 
 from goinfer import KVCache
 from goinfer.chat_template import builtin_template
@@ -43,7 +43,7 @@ def test_logits_match_transformers(tiny_gemma, kernels):
     m = load(path, reference=kernels == "reference")
     for n in (1, 5, WINDOW + 1, 20, 45):
         ids = random_ids(n, n)
-        close(m.logits(ids), tinygemma.hf_logits(hf, ids))
+        close(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_config_read_from_file(tiny_gemma):
@@ -88,7 +88,7 @@ def test_variants_match_transformers(tmp_path, variant):
     assert m.config.swa_layers == tuple(t == "sliding_attention" for t in hf.config.layer_types)
     for n in (3, 30):
         ids = random_ids(n, 7 + n)
-        close(m.logits(ids), tinygemma.hf_logits(hf, ids))
+        close(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_pattern_of_wrong_length_is_refused(tmp_path):

@@ -6,7 +6,7 @@ response template of transformers serve), at once and streamed in any split (Hyp
 Format: chosen from Gemma 4's templates (the tiny fixture's, llama.cpp's).
 History: goinfer's OpenAI-shaped messages (arguments as JSON text, content None) render
 through Gemma 4's template exactly as transformers renders the same conversation.
-Server (official openai client): the tiny gemma4 fixture (tests/hfconvert.py) held by the
+Server (official openai client): the tiny gemma4 fixture (tests/fixtures/hfconvert.py) held by the
 grammar to a call whose arguments validate against the tool's schema, the stream giving the
 same call, then the result goes back through the template and the next turn reuses the
 cached prompt.
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 
-import hfconvert
+from fixtures import hfconvert
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_channels import raw_text, stream_parts, tid
 from test_server import Server
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer.chat import channels as C

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
-from ggufsplit import split_gguf
+from fixtures.ggufsplit import split_gguf
 
 from goinfer import gguf_split, layout
 from goinfer.errors import ModelFormatError

@@ -1,5 +1,5 @@
 """gpt-oss (models/gptoss.py): tiny random-weight models written by llama.cpp's own converter
-(tests/hfconvert.py) from a checkpoint whose experts are in gpt-oss's MXFP4 form, against
+(tests/fixtures/hfconvert.py) from a checkpoint whose experts are in gpt-oss's MXFP4 form, against
 transformers float32 on the same ids, and the numerics contract on them.
 
 Two references, because MXFP4 experts run in the int8 matmul path (activations quantized to
@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import math
 import types
+from collections import Counter
 
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import close, load, prefill_chunks
+from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
+                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
+                              load, note_512, pin_512)
 
 from goinfer import KVCache
 from goinfer import _reference as R
@@ -109,7 +112,7 @@ def test_f32_experts_match_transformers(f32_experts, kernels):
     assert all(np.isfinite(L.sinks).all() for L in m.impl.layers)  # every head has a sink
     for n in (1, 7, 70):  # 70 > the window: sliding and global layers differ
         ids = ids_(n, n)
-        ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+        ours, ref = m.logits(ids), hf_logits(hf, ids)
         close(ours, ref)
         assert float(np.abs(ours - ref).max()) <= LLAMA_CPP_DISTANCE
         assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
@@ -129,7 +132,7 @@ def test_mxfp4_experts_match_transformers_on_int8_inputs(mxfp4_experts, kernels)
         m = load(path, reference=kernels == "reference")
         for n in (1, 7, 70):
             ids = ids_(n, n)
-            ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+            ours, ref = m.logits(ids), hf_logits(hf, ids)
             if not sinks:
                 close(ours, ref)
             assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
@@ -161,7 +164,7 @@ def test_sink_free_file_matches_transformers():
     assert all(L.sinks is None for L in m.impl.layers)
     for n in (7, 70):
         ids = ids_(n, n + 1)
-        ours, ref = m.logits(ids), hfconvert.hf_logits(hf, ids)
+        ours, ref = m.logits(ids), hf_logits(hf, ids)
         close(ours, ref)
         assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
 
@@ -171,7 +174,7 @@ def test_parts_matter(f32_experts):
     the logits far from transformers when changed: the tests above would see them break."""
     hf, path = f32_experts
     ids = ids_(70, 4)
-    ref = hfconvert.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     base = float(np.abs(load(path).logits(ids) - ref).max())
     m = load(path)
     m.config.swa_layers = (False,) * 4
@@ -207,24 +210,43 @@ def test_yarn_tables_match_transformers(over):
 # ============================================================================ exact paths, bit for bit
 
 
-@SETTINGS
-@given(data=st.data(), seed=st.integers(0, 10**6))
-def test_batching_threads_hypothesis(models, data, seed):
+def test_batching_threads_hypothesis(models):
     """exact_prefill, lengths across one PREFILL_CHUNK: one prefill == decode steps (the last
-    up to 30) == a random chunking == 2 threads, with MXFP4 experts and sliding windows."""
-    n = data.draw(st.integers(1, 540), label="n")
-    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3), label="cuts"))
-    ids = ids_(n, seed)
-    m1, m2 = models(1), models(2)
-    one = prefill_chunks(m1, ids, [])
-    assert np.array_equal(one, prefill_chunks(m2, ids, []))
-    assert np.array_equal(one, prefill_chunks(m2, ids, cuts))
-    s = m1.session(KVCache(m1, max_tokens=1024))
-    k = max(1, n - 30)
-    last = s.prefill(ids[:k])
-    for t in ids[k:]:
-        last = s.decode(t)
-    assert np.array_equal(one, last)
+    up to 40) == a random chunking == 2 threads, with MXFP4 experts and sliding windows; 511,
+    512, 513, 560 cut at 512 and 560 in one call always run."""
+    seen = Counter()
+    batching_threads(models, seen)
+    assert_crossed_512(seen)
+
+
+@SETTINGS
+@pin_512(seed=7)
+@given(n=lengths(560), cuts=cut_points(), seed=st.integers(0, 10**6))
+def batching_threads(models, seen, n, cuts, seed):
+    cuts = cuts_of(n, cuts)
+    note_512(seen, n, cuts)
+    assert_one_prefill_is_every_schedule(models(1), models(2), ids_(n, seed), cuts)
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_long_prompt_across_512(models, f32_experts, exact):
+    """1100 tokens, MXFP4 experts: one prefill == 2 threads == cut at 512 and 1024 == decode
+    steps for the last 40, bit for bit (default mode: rows from 512 on the fast kernel); the
+    F32-expert file's logits of every position close to transformers' with the same top-1."""
+    ids = ids_(1100, 13)
+    reset_attention_counters()
+    assert_one_prefill_is_every_schedule(models(1, exact), models(2, exact), ids, [512, 1024])
+    assert (attention_counters()["fast_queries"] > 0) != exact
+    hf, path = f32_experts
+    ours, ref = load(path, exact_prefill=exact).logits(ids), hf_logits(hf, ids)
+    close(ours, ref)
+    assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_threads_1_3_7(mxfp4_experts, many_shares):
+    """1, 3 and 7 threads (odd counts split every kernel's work unevenly): the same bits for a
+    prefill across 512 and batched decode steps, MXFP4 experts."""
+    assert_threads_agree(mxfp4_experts[1])
 
 
 def test_fast_prefill_with_sinks(models, f32_experts):
@@ -258,7 +280,7 @@ def test_fast_prefill_with_sinks(models, f32_experts):
     hf, path = f32_experts
     ids = ids[:600]
     reset_attention_counters()
-    fl, ref = load(path, exact_prefill=False).logits(ids), hfconvert.hf_logits(hf, ids)
+    fl, ref = load(path, exact_prefill=False).logits(ids), hf_logits(hf, ids)
     assert rows() == (512 * L, 88 * L)
     close(fl, ref)
     assert np.array_equal(fl.argmax(-1), ref.argmax(-1))

@@ -9,17 +9,17 @@ events that must rebuild a plan.  Counters prove that the graph ran (replays / c
 from __future__ import annotations
 
 import importlib
+from functools import partial
 
 import numpy as np
 import pytest
-import tinygemma
-import tinymodels
+from fixtures import compare, tinygemma, tinymodels
 from gguf import GGMLQuantizationType as QT
 
 from goinfer import _kernels, _reference
 from goinfer._kernels import _config
 from goinfer.gguf import GGUFFile
-from goinfer.kv_cache import KVCache
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, KVCache
 from goinfer.model import Model
 from goinfer.batch import decode_batch
 
@@ -27,16 +27,7 @@ MM = importlib.import_module("goinfer._kernels.matmul")
 OPS = importlib.import_module("goinfer._kernels.ops")
 ATT = importlib.import_module("goinfer._kernels.attention")
 GRAPH = importlib.import_module("goinfer._kernels.graph")
-
-
-@pytest.fixture
-def many_shares():
-    """Work thresholds at 0: every kernel splits its work over all threads."""
-    old = (MM._set_min_ns_per_thread(0), OPS._set_grain(0), ATT._set_grain(0))
-    yield
-    MM._set_min_ns_per_thread(old[0])
-    OPS._set_grain(old[1])
-    ATT._set_grain(old[2])
+SSM = importlib.import_module("goinfer._kernels.ssm")
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +36,8 @@ def gemma_path(tmp_path_factory):
     return tinygemma.write_gguf(hf, tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf")
 
 
-def load(path, threads=1, graph=True, **kw):
-    return Model(GGUFFile(path), threads=threads, progress=False, graph=graph, **kw)
+# the product's KV storage (f16: the graph's own conversions), the graph on unless graph=False
+load = partial(compare.load, kv_dtype=DEFAULT_KV_DTYPE, graph=True)
 
 
 def run_decode(m, prompts, steps, block_size=4, max_tokens=400):
@@ -175,12 +166,22 @@ def test_threads_agree(tiny, many_shares):
     assert np.array_equal(one, two)
 
 
-def test_every_isa_variant(tiny, many_shares):
-    path = tiny("qwen2")[1]
+@pytest.mark.parametrize("arch", ["qwen2", "qwen35"])
+def test_every_isa_variant(tiny, arch, many_shares):
+    """Replayed decode == the Python path on every variant, every kernel module dispatching to
+    it; on Qwen3.5 (fixtures.hfconvert) the Gated DeltaNet steps (ssm kernels) too."""
+    if arch == "qwen35":
+        from fixtures import hfconvert
+
+        path = hfconvert.build("qwen35")[1]
+    else:
+        path = tiny(arch)[1]
     old = _config.variant()
     try:
         for v in _config.supported_variants():
             _config.set_variant(v)
+            for mod in (MM, OPS, ATT, SSM):
+                assert mod._variant_used() == v
             assert_replayed_same(path, 2, B=2, steps=5)
     finally:
         _config.set_variant(old)
@@ -291,7 +292,7 @@ def test_moe_decode_bit_identical(tiny_dir, arch, qtype, threads, many_shares):
     """MoE decode steps replayed: routing, grouping, every expert in one matmul_experts per
     projection, fold (and qwen2moe's shared expert) give the Python path's bits, while the
     chosen experts change from step to step and sequence to sequence (one plan serves them)."""
-    import tinymoe
+    from fixtures import tinymoe
 
     _, path = tinymoe.build_moe(arch, tiny_dir, qtype=qtype)
     m = assert_replayed_same(path, threads, B=3, steps=8)

@@ -1,4 +1,4 @@
-"""Hugging Face names against a local server that speaks the hub's endpoints (tests/hfserver.py;
+"""Hugging Face names against a local server that speaks the hub's endpoints (fixtures/hfserver.py;
 HF_ENDPOINT points at it, nothing goes to the internet): which file a name picks, where it
 lands (the Hugging Face cache), the LFS sha256 check (a corrupted download is removed), a
 download resumed after a broken connection, HF_TOKEN, offline mode with no request made."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hfserver import FakeHub
+from fixtures.hfserver import FakeHub
 
 from goinfer import hub, hub_hf
 from goinfer.errors import DownloadError, ModelNotFoundError, UnsupportedTensorTypeError
@@ -286,7 +286,7 @@ def test_pull_follows_the_repo(fake, env):
 def test_split_repo_and_model_load(fake, env, tiny, tmp_path):
     """A split GGUF in a repo subfolder: both parts are fetched, the model loads from the first,
     and its logits are the unsplit file's."""
-    from ggufsplit import split_gguf
+    from fixtures.ggufsplit import split_gguf
 
     from goinfer.model import Model
 

@@ -1,4 +1,5 @@
 """The import graph of goinfer/ has no cycles: each layer imports only the layers below it.
+And the kernel tests run without torch: neither the suite's conftest nor their fixtures import it.
 
 Every import counts, at module level or inside a function (an import deferred into a function
 still ties the two modules together).  ``from a import b`` is an edge to ``a.b`` when that is a
@@ -7,6 +8,8 @@ module, else to ``a``; a package's ``__init__`` is not implied by importing one 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "goinfer"
@@ -124,3 +127,22 @@ def test_the_session_knows_no_messages():
     assert {"goinfer.blocks", "goinfer.generation", "goinfer.state_track"} <= below
     assert not {m for m in below if m == "goinfer.chat" or m.startswith("goinfer.chat.")}
     assert "goinfer.session" in reachable(g, "goinfer.chat.session")
+
+
+# ============================================================================ the suite's own imports
+
+
+def test_kernel_tests_import_no_torch():
+    """Collecting the kernel tests (conftest, their fixtures, the modules themselves) in a fresh
+    interpreter leaves torch and transformers unimported."""
+    tests = Path(__file__).resolve().parent
+    files = sorted(p.name for p in tests.glob("test_kernels_*.py"))
+    assert "test_kernels_ops.py" in files and "test_kernels_ssm.py" in files
+    code = ("import sys, pytest\n"
+            f"rc = pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', *{files!r}])\n"
+            "print('heavy imports:', sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+            "sys.exit(rc)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tests, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "heavy imports: []" in r.stdout, r.stdout[-2000:]

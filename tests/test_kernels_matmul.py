@@ -39,6 +39,7 @@ U = 2.0**-24  # float32 unit roundoff
 def variant(name):
     old = _config.variant()
     _config.set_variant(name)
+    assert K._variant_used() == name  # the switch reached the kernel tables
     try:
         yield
     finally:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goinfer import _reference as R
 from goinfer._kernels import _config, ssm
 
 VARIANTS = _config.supported_variants()
-SETTINGS = settings(max_examples=25, deadline=None)
+# per variant: the variant fixture holds for all of a test's examples
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -31,8 +33,13 @@ def _force_threads():
 def variant(request):
     old = _config.variant()
     _config.set_variant(request.param)
+    assert ssm._variant_used() == request.param  # the switch reached the kernel tables
     yield request.param
     _config.set_variant(old)
+
+
+def test_dispatch_follows_config(variant):
+    assert ssm._variant_used() == variant == _config.variant()
 
 
 def delta_inputs(rng, T, Hk, Hv, dk, dv, pad=3):
@@ -45,13 +52,14 @@ def delta_inputs(rng, T, Hk, Hv, dk, dv, pad=3):
     return qkv, ab, A, dt, state
 
 
+# dv: below, at and past the vector kernels' column passes (AVX2: 4 x 8 columns a pass)
 shapes = st.tuples(st.integers(1, 40), st.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (3, 6)]),
-                   st.sampled_from([4, 16, 33]), st.sampled_from([1, 8, 16, 21, 40, 130]))
+                   st.sampled_from([4, 16, 33]), st.sampled_from([1, 8, 16, 21, 32, 40, 64, 130]))
 
 
 @SETTINGS
 @given(shape=shapes, seed=st.integers(0, 2**31), threads=st.sampled_from([1, 2]))
-def test_gated_delta_bit_exact_with_reference(shape, seed, threads):
+def test_gated_delta_bit_exact_with_reference(variant, shape, seed, threads):
     T, (Hk, Hv), dk, dv = shape
     qkv, ab, A, dt, s0 = delta_inputs(np.random.default_rng(seed), T, Hk, Hv, dk, dv)
     s1, s2 = s0.copy(), s0.copy()
@@ -60,13 +68,15 @@ def test_gated_delta_bit_exact_with_reference(shape, seed, threads):
     assert np.array_equal(got, want) and np.array_equal(s1, s2)
 
 
-def test_gated_delta_same_bits_in_every_variant():
-    qkv, ab, A, dt, s0 = delta_inputs(np.random.default_rng(1), 9, 2, 4, 32, 24)
+@pytest.mark.parametrize("dv", [24, 32, 64, 130])
+def test_gated_delta_same_bits_in_every_variant(dv):
+    qkv, ab, A, dt, s0 = delta_inputs(np.random.default_rng(1), 9, 2, 4, 32, dv)
     res = []
     old = _config.variant()
     try:
         for v in VARIANTS:
             _config.set_variant(v)
+            assert ssm._variant_used() == v
             s = s0.copy()
             res.append((ssm.gated_delta(qkv, ab, A, dt, s, 2, nthreads=2), s))
     finally:
@@ -77,7 +87,7 @@ def test_gated_delta_same_bits_in_every_variant():
 
 @SETTINGS
 @given(T=st.integers(2, 30), seed=st.integers(0, 2**31), data=st.data())
-def test_gated_delta_split_calls_and_snapshots(T, seed, data):
+def test_gated_delta_split_calls_and_snapshots(variant, T, seed, data):
     """One call over T tokens == any split into calls (the prefill/decode identity), and a
     snapshot after row r == the state after the first r + 1 tokens."""
     qkv, ab, A, dt, s0 = delta_inputs(np.random.default_rng(seed), T, 2, 4, 16, 16)
@@ -100,7 +110,7 @@ def test_gated_delta_split_calls_and_snapshots(T, seed, data):
 @SETTINGS
 @given(T=st.integers(1, 30), C=st.sampled_from([1, 5, 16, 40, 130]), K=st.sampled_from([1, 2, 4]),
        seed=st.integers(0, 2**31), threads=st.sampled_from([1, 2]))
-def test_ssm_conv_against_reference(T, C, K, seed, threads):
+def test_ssm_conv_against_reference(variant, T, C, K, seed, threads):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((T, C + 2)).astype(np.float32)[:, :C]
     wT = rng.standard_normal((K, C)).astype(np.float32)

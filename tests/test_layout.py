@@ -10,18 +10,18 @@ import os
 import subprocess
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
-import tinymodels
+from fixtures import compare, tinymodels
 from goinfer import layout, memory
 from goinfer.errors import InsufficientMemoryError
 from goinfer.gguf import GGUFFile
-from goinfer.kv_cache import KVCache
-from goinfer.model import Model
+from goinfer.kv_cache import DEFAULT_KV_DTYPE, KVCache
 
 
 
@@ -41,8 +41,7 @@ def q4_path(tmp_path_factory):
     return tinymodels.write_gguf(model, "llama", path, qtype=gguf.GGMLQuantizationType.Q4_0)
 
 
-def _load(path, **kw):
-    return Model(GGUFFile(path), threads=1, progress=False, **kw)
+_load = partial(compare.load, kv_dtype=DEFAULT_KV_DTYPE)  # the product's KV storage
 
 
 IDS = np.random.default_rng(7).integers(0, 320, 40).tolist()
@@ -85,8 +84,8 @@ def test_cached_load_is_mapped_and_bit_identical(which, q4_path, tiny, layouts):
 
 
 def test_moe_and_gemma_families_are_cached(tmp_path, layouts):
-    import tinygemma
-    import tinymoe
+    from fixtures import tinygemma
+    from fixtures import tinymoe
 
     _, moe_path = tinymoe.build_moe("qwen2moe", tmp_path, seed=3)
     gm = tinygemma.hf_model(seed=2)
@@ -140,7 +139,7 @@ def test_hybrid_sink_mxfp4_families_are_cached(family, layouts):
     (sinks, biases, MXFP4 experts): the build and the mapped load run every weight from the
     file, with the bits and logits of a load without the cache; a corrupt or stale file of
     these families is rebuilt with a warning."""
-    import hfconvert
+    from fixtures import hfconvert
 
     path = hfconvert.build(family)[1]
     ids = IDS[:24]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tinymodels
-from tinymodels import close, load
+from fixtures import tinymodels
+from fixtures.compare import close, hf_logits, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +25,7 @@ def test_logits_match_transformers(tiny, arch, kernels):
     rng = np.random.default_rng(1)
     for n in (1, 7, 33):
         ids = rng.integers(0, hf.config.vocab_size, n).tolist()
-        close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+        close(m.logits(ids), hf_logits(hf, ids))
 
 
 @pytest.mark.parametrize("arch, dtype", [("llama", "f16"), ("qwen2", "f16"), ("qwen3", "f16"),
@@ -54,7 +54,7 @@ def test_kv_dtype_stays_close_to_transformers(tiny, arch, dtype, cos_min):
     hf, path = tiny(arch)
     m = load(path, kv_dtype=dtype)
     ids = np.random.default_rng(6).integers(0, hf.config.vocab_size, 40).tolist()
-    ours, ref = m.logits(ids).astype(np.float64), tinymodels.hf_logits(hf, ids).astype(np.float64)
+    ours, ref = m.logits(ids).astype(np.float64), hf_logits(hf, ids).astype(np.float64)
     cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
     assert float(cos.min()) >= cos_min, float(cos.min())
     assert not np.array_equal(ours, load(path).logits(ids))  # the rounding did happen
@@ -72,7 +72,7 @@ def test_incremental_decode_matches_transformers(tiny, arch):
     hf, path = tiny(arch)
     m = load(path)
     ids = np.random.default_rng(2).integers(0, 320, 40).tolist()
-    ref = tinymodels.hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     s = m.session()
     got = [s.prefill(ids[:9])] + [s.decode(t) for t in ids[9:]]
     close(np.stack(got), ref[8:])
@@ -90,7 +90,7 @@ def test_random_configs_match_transformers(tmp_path_factory, arch, heads, tied, 
     m = load(path)
     assert m.config.tied_embeddings == tied
     ids = np.random.default_rng(seed).integers(0, 320, n).tolist()
-    close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+    close(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_int_weights_track_transformers(tiny, tmp_path):
@@ -113,10 +113,10 @@ def test_int_weights_track_transformers(tiny, tmp_path):
         m = load(path)
         assert {w.kind for L in m.impl.layers for w in L.weights()} == {qtype.name.lower()}
         ids = np.random.default_rng(3).integers(0, 320, 48).tolist()
-        ours, ref = m.logits(ids), tinymodels.hf_logits(model, ids)
+        ours, ref = m.logits(ids), hf_logits(model, ids)
         cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
         top1 = (ours.argmax(1) == ref.argmax(1)).mean()
-        assert cos.min() > 0.99, (qtype.name, cos.min())
+        assert cos.min() > 0.995, (qtype.name, cos.min())  # measured 0.9971 (Q4_1) .. 0.9989
         assert top1 >= 0.9, (qtype.name, top1)
 
 

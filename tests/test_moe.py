@@ -17,10 +17,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-import tinymodels
-import tinymoe
+from fixtures import tinymoe
 import torch
-from tinymodels import close, load
+from fixtures.compare import close, hf_logits, load
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -66,6 +65,7 @@ def _each(fn):
         res = []
         for v in VARIANTS:
             _config.set_variant(v)
+            assert moe_kernels._variant_used() == v  # the switch reached the kernel tables
             res += [fn(1), fn(2)]
         return res
     finally:
@@ -302,7 +302,7 @@ def test_logits_match_transformers(tiny_moe, arch, kernels):
     rng = np.random.default_rng(1)
     for n in (1, 7, 33):
         ids = rng.integers(0, hf.config.vocab_size, n).tolist()
-        close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+        close(m.logits(ids), hf_logits(hf, ids))
 
 
 ROUTING_MARGIN = 1e-4  # router logits closer than this at the top-k boundary: a near tie
@@ -334,7 +334,7 @@ def test_random_configs_match_transformers(tmp_path_factory, arch, n_expert, dat
     path = tinymoe.write_moe_gguf(hf, arch, tmp_path_factory.mktemp("moe") / "m.gguf")
     m = load(path)
     assert (m.config.n_expert, m.config.n_expert_used) == (n_expert, k)
-    close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+    close(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_dense_layers_inside_an_moe_model(tmp_path):
@@ -343,7 +343,7 @@ def test_dense_layers_inside_an_moe_model(tmp_path):
     m = load(tinymoe.write_moe_gguf(hf, "qwen2moe", tmp_path / "mixed.gguf"))
     assert m.impl.layers[0].moe is not None and m.impl.layers[1].moe is None
     ids = np.random.default_rng(6).integers(0, 320, 25).tolist()
-    close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+    close(m.logits(ids), hf_logits(hf, ids))
 
 
 def test_config_follows_llama_cpp(tiny_moe):
@@ -366,7 +366,7 @@ def test_expert_weights_norm_key_is_honoured(tmp_path):
     m = load(path)
     assert m.config.norm_topk
     ids = np.random.default_rng(4).integers(0, 320, 20).tolist()
-    close(m.logits(ids), tinymodels.hf_logits(hf, ids))
+    close(m.logits(ids), hf_logits(hf, ids))
     plain = load(tinymoe.write_moe_gguf(hf, "qwen2moe", tmp_path / "p.gguf"))
     assert not np.allclose(plain.logits(ids), m.logits(ids), atol=1e-3)  # the flag matters
 
@@ -390,7 +390,7 @@ def test_quantized_experts_track_transformers(tiny_moe, tmp_path):
         kinds = {w.kind for L in m.impl.layers for w in L.moe.weights()}
         assert kinds == {"q4_0", "f32"}, kinds  # experts q4_0, router f32
         ids = np.random.default_rng(3).integers(0, 320, 48).tolist()
-        ours, ref = m.logits(ids), tinymodels.hf_logits(model, ids)
+        ours, ref = m.logits(ids), hf_logits(model, ids)
         cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
         assert np.median(cos) > 0.998 and cos.min() > 0.9, (arch, np.median(cos), cos.min())
         assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.85, arch

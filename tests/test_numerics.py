@@ -16,13 +16,15 @@ tests/data/smollm2_fast_goldens.npz).
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tinymodels
-from tinymodels import prefill_chunks
-from hypothesis import HealthCheck, given, settings
+from fixtures import tinymodels
+from fixtures.compare import (assert_crossed_512, assert_threads_agree, cut_points, cuts_of,
+                              lengths, note_512, pin_512, prefill_chunks)
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from goinfer import KVCache
@@ -106,11 +108,6 @@ def expected_rows(model, p0, p1):
     return L * (p1 - p0 - n_fast), L * n_fast
 
 
-def lengths():
-    """prompt lengths: anywhere up to 700, often crossing the 512 floor"""
-    return st.one_of(st.integers(1, 700), st.integers(FAST_FROM - 40, FAST_FROM + 100))
-
-
 SETTINGS = settings(max_examples=8, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
@@ -119,14 +116,22 @@ SETTINGS = settings(max_examples=8, deadline=None,
 
 
 @pytest.mark.parametrize("exact", MODES)
-@SETTINGS
-@given(data=st.data(), heads=st.sampled_from(HEADS), seed=st.integers(0, 10**6))
-def test_batching_threads_hypothesis(models, exact, data, heads, seed):
+def test_batching_threads_hypothesis(models, exact):
     """One prefill == 2 threads == a random chunking == two calls cut at N/3 == decode steps
-    (all N up to DECODE_MAX, crossing 512 when N is in 513..640), bit for bit; each run's attention rows are counted
-    per kernel: exactly the rows on each side of 512 (default) or all exact."""
-    n = data.draw(lengths(), label="n")
-    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4), label="cuts"))
+    (all N up to DECODE_MAX, crossing 512 when N is in 513..640), bit for bit; each run's
+    attention rows are counted per kernel: exactly the rows on each side of 512 (default) or
+    all exact.  511, 512, 513, 560 cut at 512 and 560 in one call always run."""
+    seen = Counter()
+    batching_threads(models, exact, seen)
+    assert_crossed_512(seen)
+
+
+@SETTINGS
+@pin_512(heads=(4, 2), seed=5)
+@given(n=lengths(640), cuts=cut_points(), heads=st.sampled_from(HEADS), seed=st.integers(0, 10**6))
+def batching_threads(models, exact, seen, n, cuts, heads, seed):
+    cuts = cuts_of(n, cuts)
+    note_512(seen, n, cuts)
     ids = ids_(n, seed)
     m1, m2 = models(heads, 1, exact), models(heads, 2, exact)
     want = expected_rows(m1, 0, n)
@@ -166,30 +171,55 @@ def test_prefix_reuse_hypothesis(models, exact, data, heads, seed, block_size):
 
 
 @pytest.mark.parametrize("exact", MODES)
-@SETTINGS
-@given(data=st.data(), seed=st.integers(0, 10**6), threads=st.sampled_from([1, 2]))
-def test_batch_composition_hypothesis(models, exact, data, seed, threads):
+def test_batch_composition_hypothesis(models, exact):
     """Two or three sequences fed together through forward_sessions in random pieces (often
     one token each: a decode batch, replayed as a graph), each on its own side of 512 or
     crossing it: every logits row each sequence gets equals the teacher-forced logits of its
-    tokens alone (Model.logits, one call), bit for bit."""
+    tokens alone (Model.logits, one call), bit for bit.  Batches with rows at 511 and 512, a
+    piece starting at 512 and a piece across it always run."""
+    seen = Counter()
+    batch_composition(models, exact, seen)
+    for case in ("row 511", "row 512", "piece from 512", "piece across 512"):
+        assert seen[case], (case, seen)
+
+
+@SETTINGS
+@example(lens=[511, 513, 520], starts=[505, 508, 500], takes=[1], seed=3, threads=2)
+@example(lens=[560, 600], starts=[512, 400], takes=[17, 64, 1], seed=4, threads=1)
+@given(lens=st.lists(st.integers(2, 600), min_size=2, max_size=3),
+       starts=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+       takes=st.lists(st.sampled_from([1, 1, 1, 2, 17, 64]), min_size=1, max_size=6),
+       seed=st.integers(0, 10**6), threads=st.sampled_from([1, 2]))
+def batch_composition(models, exact, seen, lens, starts, takes, seed, threads):
     m = models((8, 2), threads, exact)
-    k = data.draw(st.integers(2, 3), label="sequences")
-    seqs = [ids_(data.draw(st.integers(2, 600), label="n"), seed + i) for i in range(k)]
-    starts = [data.draw(st.integers(1, len(s) - 1), label="start") for s in seqs]
-    cache = KVCache(m, max_tokens=sum(len(s) for s in seqs) + 64 * k)
+    k = len(lens)
+    seqs = [ids_(n, seed + i) for i, n in enumerate(lens)]
+    starts = [min(max(1, f if isinstance(f, int) else int(f * n)), n - 1)
+              for f, n in zip(starts, lens)]
+    cache = KVCache(m, max_tokens=sum(lens) + 64 * k)
     ref = [m.logits(s) for s in seqs]
     sess = [m.session(cache) for _ in seqs]
     for i, s in enumerate(sess):  # a solo prefill up to a random start
         assert np.array_equal(s.prefill(seqs[i][:starts[i]]), ref[i][starts[i] - 1])
     pos = list(starts)
+    step = 0
     while any(p < len(ids) for p, ids in zip(pos, seqs)):
         who = [i for i in range(k) if pos[i] < len(seqs[i])]
-        items = [(sess[i], seqs[i][pos[i]:pos[i] + data.draw(st.sampled_from([1, 1, 1, 2, 17, 64]),
-                                                               label="take")]) for i in who]
+        items = [(sess[i], seqs[i][pos[i]:pos[i] + takes[(step + i) % len(takes)]]) for i in who]
+        step += 1
         for i, (_, toks), lg in zip(who, items, forward_sessions(items)):
-            pos[i] += len(toks)
+            p0, pos[i] = pos[i], pos[i] + len(toks)
+            seen["row 511"] += len(who) > 1 and p0 <= 511 < pos[i]  # in a batch
+            seen["row 512"] += len(who) > 1 and p0 <= 512 < pos[i]
+            seen["piece from 512"] += p0 == 512 and len(toks) > 1
+            seen["piece across 512"] += p0 < 512 < pos[i] - 1
             assert np.array_equal(lg, ref[i][pos[i] - 1]), (i, pos[i])
+
+
+def test_threads_1_3_7(tiny_paths, many_shares):
+    """1, 3 and 7 threads (odd counts split every kernel's work unevenly): the same bits for a
+    prefill across 512 and batched decode steps, in the default mode."""
+    assert_threads_agree(tiny_paths[(8, 2)], context_length=CTX)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "q8_0"])

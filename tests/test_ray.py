@@ -111,7 +111,8 @@ def test_openai_client_streamed_and_not(cluster):
     full = raw.parse()
     d = full.model_dump()
     assert full.usage.completion_tokens == 20 or full.choices[0].finish_reason == "stop"
-    assert full.usage.prompt_tokens_details.cached_tokens >= 0
+    cached = full.usage.prompt_tokens_details.cached_tokens  # whole blocks of 16, never all
+    assert cached % 16 == 0 and 0 <= cached < full.usage.prompt_tokens, cached
     assert d["timings"]["prompt_n"] + d["timings"]["cache_n"] == full.usage.prompt_tokens
     chunks = list(c.chat.completions.create(model="tiny", messages=m, max_tokens=20, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
-import tinygemma
-import tinymodels
-import tinymoe
-from tinymodels import load
+from fixtures import tinygemma
+from fixtures import tinymodels
+from fixtures import tinymoe
+from fixtures.compare import load
 
 from goinfer import KVCache, graph, layout
 from goinfer.gguf import GGUFFile

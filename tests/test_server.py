@@ -3,6 +3,7 @@ openai client and raw httpx.  Results of batched, concurrent, chunked or preempt
 must equal Session.generate / ChatSession.chat of the same request alone (exact numerics)."""
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -12,10 +13,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import tinymodels
+from fixtures import tinymodels
 import uvicorn
 
 from goinfer import KVCache
+from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
 from goinfer.server.app import create_app
@@ -184,6 +186,43 @@ def test_models_retrieve(srv, model):
         assert s.client("k").models.retrieve("org/name").id == "org/name"
 
 
+def prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {'name{labels}': value}"""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_metrics_values(model):
+    """/metrics counts what the requests did: the same 40-token prompt twice (the second reuses
+    two whole blocks of 16), their tokens, outcomes and HTTP codes, and an idle pool."""
+    ids = list(range(100, 140))
+    with Server(model, KVCache(model, max_tokens=2048)) as s:
+        rs = [s.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+              for _ in range(2)]
+        s.wait(lambda: s.engine.n_active == 0, "engine idle")
+        got = prometheus(httpx.get(s.url + "/metrics").text)
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rs]
+    assert cached == [0, 32]
+    done = sum(r["usage"]["completion_tokens"] for r in rs)
+    assert got['goinfer_requests_total{outcome="finished"}'] == 2
+    assert got['goinfer_requests_total{outcome="cancelled"}'] == 0
+    assert got["goinfer_prompt_tokens_total"] == 80
+    assert got["goinfer_prefix_cache_hit_tokens_total"] == 32
+    assert got["goinfer_prefill_tokens_total"] == 80 - 32
+    assert got["goinfer_completion_tokens_total"] == done > 0
+    codes = {k: v for k, v in got.items() if k.startswith("goinfer_http_requests_total")}
+    assert [v for k, v in codes.items() if "completions" in k and 'code="200"' in k] == [2], codes
+    assert got["goinfer_queue_depth"] == 0 and got["goinfer_active_requests"] == 0
+    assert got["goinfer_kv_block_tokens"] == 16 and got["goinfer_kv_blocks_total"] == 2048 // 16
+    assert got['goinfer_kv_blocks{state="used"}'] == 0
+    assert sum(got[f'goinfer_kv_blocks{{state="{k}"}}'] for k in ("used", "cached", "free")) == 128
+    assert got["goinfer_engine_steps_total"] >= done and got["goinfer_decode_tokens_total"] >= done - 2
+
+
 @pytest.mark.parametrize("i", range(len(SETTINGS)))
 def test_chat_equals_session_chat(srv, model, i):
     body, kw = SETTINGS[i]
@@ -307,8 +346,10 @@ def test_concurrent_requests_equal_lone_requests(model):
             return s.client().chat.completions.create(model="tiny", messages=m,
                                                       max_tokens=n, **extra(body))
 
+        replays = model.graph.replays
         results = s.together(run, len(jobs), timeout=60)
         assert s.engine.peak_batch >= 4  # they really ran together
+        assert model.graph.replays - replays >= 30  # the decode steps ran as replayed graphs
         assert s.cache.stats().blocks_used == 0
     for (m, (_, kw), n), r in zip(jobs, results):
         ref = lone(model, chat=m, max_tokens=n, **kw)
@@ -348,11 +389,15 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
         t2 = threading.Thread(target=short_req)
         t2.start()
         s.wait(lambda: s.engine.queue_depth == 2, "short request queued")
-        steps0 = s.engine.steps
+        steps0, replays = s.engine.steps, m.graph.replays
+        reset_attention_counters()
         s.engine.resume()
         t1.join(60)
         t2.join(60)
         assert s.engine.steps - steps0 >= 1300 // 128  # chunked
+        L = m.config.n_layers  # prompt rows 512.. and the decode steps on the fast kernel:
+        assert attention_counters()["fast_queries"] >= (1300 - 512) * L
+        assert m.graph.replays - replays >= 5  # the decode steps of both
     assert order.index((3, "done")) < order.index((1300, "text"))
     ev = out["long"]
     first = next(e for e in ev if isinstance(e, dict) and e["choices"] and e["choices"][0]["text"])
@@ -448,8 +493,12 @@ def test_continuous_batch_across_512_equals_lone_requests(tiny):
             return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
                                                   max_tokens=40, return_tokens=True)).json()
 
+        replays = m.graph.replays
+        reset_attention_counters()
         results = s.together(run, len(bodies), timeout=120)
         assert s.engine.peak_batch >= 3
+        # decode steps were replayed graphs, and rows at positions >= 512 ran the fast kernel
+        assert m.graph.replays - replays >= 15 and attention_counters()["fast_queries"] > 0
     accepted = 0
     for body, p, r in zip(bodies, prompts, results):
         kw = {k: v for k, v in body.items() if not k.startswith("draft")}
@@ -735,6 +784,16 @@ def _active_cancelled(engine) -> bool:
     return any(j.cancelled for j in engine._active) or any(j.cancelled for j in engine._waiting)
 
 
+def _holds(engine, max_tokens: int) -> bool:
+    """a job asking for max_tokens is waiting or running (read from another thread: retried)"""
+    for _ in range(100):
+        try:
+            return any(j.max_tokens == max_tokens for j in [*engine._active, *engine._waiting])
+        except RuntimeError:  # the engine changed the collection meanwhile
+            continue
+    return False
+
+
 def test_streaming_disconnect_cancels_and_frees_blocks(tiny):
     # a long context so the generation cannot end before we hang up
     model = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=8192)
@@ -784,12 +843,19 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
         def ctx():
             return s.post("/v1/completions", {"prompt": [3] * 600})
 
+        held = itertools.count()
+
         def hang_up():
-            try:
-                s.post("/v1/completions", {"prompt": "x", "max_tokens": 300,
-                                     "logit_bias": {"65": 100}}, timeout=0.05)
-            except httpx.TimeoutException:
-                return "cancelled"
+            """a non-streaming request abandoned once the engine holds its job (not after a
+            client timeout, which may fire before the server has it)"""
+            n = 300 + next(held)  # its job's max_tokens, unique: how we find it
+            body = json.dumps({"prompt": "x", "max_tokens": n, "logit_bias": {"65": 100}}).encode()
+            host, port = s.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                             b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                s.wait(lambda: _holds(s.engine, n), "the engine holds the request")
+            return "cancelled"
 
         def hang_up_stream():
             with httpx.stream("POST", s.url + "/v1/chat/completions", timeout=30, json={
@@ -808,7 +874,7 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
             t.join(60)
         s.wait(lambda: s.engine.n_active == 0 and s.engine.queue_depth == 0, "engine idle")
         assert s.cache.stats().blocks_used == 0
-        assert s.engine.n_cancelled >= 1
+        assert s.engine.n_cancelled >= 8  # the 4 hang-ups (each held) and the 4 dropped streams
         codes = {f.__name__: set() for f in (good, bad, ctx)}
         for f, r in zip(fns, out):
             if f.__name__ in codes:

@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 from test_server import Server, extra, lone, msgs, sse_events
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer.model import Model

@@ -6,7 +6,7 @@ snapshot or from scratch).  Every result equals the same request alone (exact nu
 from __future__ import annotations
 
 
-import hfconvert
+from fixtures import hfconvert
 import numpy as np
 import pytest
 from test_server import SETTINGS, Server, extra, lone, msgs

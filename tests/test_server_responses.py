@@ -16,9 +16,9 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-import tinymodels
+from fixtures import tinymodels
 from test_server import Server, lone, msgs
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 from goinfer.chat.request import alternates_roles, join_same_roles

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 from test_server import BAD_BODIES, Server, msgs
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache, hub
 from goinfer.model import Model

@@ -20,10 +20,10 @@ import re
 import sys
 from pathlib import Path
 
-import hfconvert
+from fixtures import hfconvert
 import pytest
 from test_server import Server, msgs, sse_events
-from tinymodels import load
+from fixtures.compare import load
 
 from goinfer import KVCache
 
@@ -100,7 +100,7 @@ QWEN_CASES = [
 
 def tiny_server(tmp: Path) -> Server:
     """A tiny llama with room for the built-in tool prompt (~740 tokens of bytes)."""
-    import tinymodels
+    from fixtures import tinymodels
 
     hf = tinymodels.hf_model("llama", 5, max_position_embeddings=4096)
     m = load(tinymodels.write_gguf(hf, "llama", tmp / "wire-tiny.gguf"))

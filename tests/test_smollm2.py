@@ -40,7 +40,7 @@ def test_top1_agreement_with_transformers(smollm2, hf_smollm2):
     cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
     # Q4_1 weights with int8 activations vs float32 activations: llama.cpp reaches 95-97% here.
     assert agree >= 0.93, agree
-    assert float(np.median(cos)) > 0.99
+    assert float(np.median(cos)) > 0.9995  # measured 0.99997
 
 
 def test_prefill_equals_decode_300_tokens(smollm2):

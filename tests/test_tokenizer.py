@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-import llama_cpp_vocab
+from fixtures import llama_cpp_vocab
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -143,7 +143,7 @@ def test_shipped_smollm2_metadata_matches_the_gguf():
 # The corpus goldens above all use SmolLM2's vocabulary, which has no multi-digit tokens, so
 # several pre-tokenizers give the same ids there.  llama.cpp's test-tokenizer-0 cases (the
 # texts and ids of models/ggml-vocab-NAME.gguf.inp/.out) run on the real vocabularies
-# (tests/data/llama_cpp_vocab, reduced to what the texts can reach: tests/llama_cpp_vocab.py):
+# (tests/data/llama_cpp_vocab, reduced to what the texts can reach: fixtures/llama_cpp_vocab.py):
 # Llama 3's digit triples and ignore_merges, Qwen2's single digits, GPT-2, StarCoder, and
 # two SentencePiece vocabularies.
 

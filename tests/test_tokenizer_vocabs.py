@@ -1,14 +1,14 @@
 """Tokenizers of real vocabularies against llama.cpp's own tokenizer tests: the vocab-only GGUFs
 of llama.cpp's models/ directory (ggml-vocab-<name>.gguf) with their test inputs (.inp) and
 the token ids llama.cpp's test-tokenizer-0 expects for them (.out; add_special=False,
-parse_special=False), fetched with the converter (tests/hfconvert.py).
+parse_special=False), fetched with the converter (tests/fixtures/hfconvert.py).
 
 qwen35: Qwen3.5's pre-tokenizer; llama-bpe: Llama 3's; gemma-4: the "gemma4" tokenizer model
 (SentencePiece-style BPE with merges, newline runs, byte fallback)."""
 from __future__ import annotations
 
-import hfconvert
-import llama_cpp_vocab
+from fixtures import hfconvert
+from fixtures import llama_cpp_vocab
 import pytest
 
 from goinfer.gguf import GGUFFile

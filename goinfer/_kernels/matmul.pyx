@@ -54,6 +54,13 @@ cdef inline const gi_matmul_ops *_ops() noexcept nogil:
                                                 &gi_matmul_ops_avx512)
 
 
+def _variant_used():
+    """Name of the variant whose kernel table matmul, quantize_act and get_rows call now
+    (tests: dispatch follows _config.set_variant)."""
+    return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2,
+                         &gi_matmul_ops_avx512)
+
+
 cdef inline void *_data(cnp.ndarray a) noexcept:
     return cnp.PyArray_DATA(a)
 
@@ -248,12 +255,6 @@ def _threads_used(w, int64_t M, nthreads):
     cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
                         check_threads(nthreads))
     return p.n_rt * p.n_mt
-
-
-def _variant_used():
-    """Name of the variant whose kernel table matmul, quantize_act and get_rows call now
-    (tests: dispatch follows _config.set_variant)."""
-    return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2, &gi_matmul_ops_avx512)
 
 
 # ============================================================================ argument records

@@ -26,7 +26,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, rows_view,
                                       swap_grain, typed)
-from goinfer._kernels.dispatch cimport variant_table
+from goinfer._kernels.dispatch cimport table_variant, variant_table
 from goinfer._kernels.graph cimport Op, bound, run_shares, share_fn
 
 cnp.import_array()
@@ -66,6 +66,12 @@ def _set_grain(g):
 cdef inline const gi_ssm_ops *_table() noexcept nogil:
     return <const gi_ssm_ops *>variant_table(&gi_ssm_ops_portable, &gi_ssm_ops_avx2,
                                              &gi_ssm_ops_avx512)
+
+
+def _variant_used():
+    """Name of the variant whose table this module calls now (tests: dispatch follows
+    _config.set_variant)."""
+    return table_variant(_table(), &gi_ssm_ops_portable, &gi_ssm_ops_avx2, &gi_ssm_ops_avx512)
 
 
 cdef object _f32(object a, str name):

@@ -1,7 +1,7 @@
 """Reference distances of the newer families: goinfer and llama.cpp, each against transformers
-float32, on the same tiny random-weight models (tests/hfconvert.py: llama.cpp's own converter
-writes the GGUF both engines read) and the same ids.  It lives with the test fixtures it is
-built on (hfconvert, tinymodels); tests/test_benchmarks.py runs its --smoke.
+float32, on the same tiny random-weight models (tests/fixtures/hfconvert.py: llama.cpp's own
+converter writes the GGUF both engines read) and the same ids.  It lives with the test fixtures
+it is built on (fixtures.hfconvert, fixtures.compare); tests/test_benchmarks.py runs its --smoke.
 
 Per family and engine: max |logit difference| over every position of ids of lengths 1, 7, 70
 and 300, and the share of positions whose top-1 token agrees; also goinfer vs llama.cpp.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-TESTS = str(Path(__file__).resolve().parent.parent)  # tests/: hfconvert, tinymodels
+TESTS = str(Path(__file__).resolve().parent.parent)  # tests/: the fixtures package
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
@@ -62,8 +62,8 @@ def distance(a, b):
 
 
 def measure(label, family, opts, lengths, threads, use_llama):
-    import hfconvert
-    from tinymodels import load
+    from fixtures import hfconvert
+    from fixtures.compare import hf_logits, load
 
     opts = dict(opts)
     truncate_yarn = opts.pop("truncate_yarn", False)
@@ -79,7 +79,7 @@ def measure(label, family, opts, lengths, threads, use_llama):
     worst_g, agree_g, worst_l, agree_l, worst_gl, agree_gl, n = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0
     for T in lengths:
         ids = np.random.default_rng(1000 + T).integers(0, m.vocab_size, T).tolist()
-        ref = hfconvert.hf_logits(hf, ids)
+        ref = hf_logits(hf, ids)
         ours = m.logits(ids)
         rows["logit_scale"] = max(rows["logit_scale"], float(np.abs(ref).max()))
         d, a = distance(ours, ref)

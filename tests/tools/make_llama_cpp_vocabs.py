@@ -42,8 +42,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from llama_cpp_vocab import DIR as OUT  # noqa: E402
-from llama_cpp_vocab import NAMES, metadata, read_cases  # noqa: E402  (NAMES: the vocabularies
+from fixtures.llama_cpp_vocab import DIR as OUT  # noqa: E402
+from fixtures.llama_cpp_vocab import NAMES, metadata, read_cases  # noqa: E402  (NAMES: the vocabularies
 # whose tokenizer goinfer supports: byte-level BPE with a known pre-tokenizer, SentencePiece)
 KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
         "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
