@@ -7,7 +7,7 @@ bit against the untrimmed paths (Model.logits, which keeps every block's window 
 every step each window slot that no block holds is filled with NaN: a read of KV that was let
 go turns the logits to NaN.  Then prefix reuse: where a prompt resumes (kept points) and what
 a resume elsewhere costs, agent turns, forks, continuous batching and graph replay, drafts,
-truncation, save/load, and the bytes held."""
+truncation, save/load, the bytes held, and the server (batching, turns, preemption)."""
 from __future__ import annotations
 
 import json
@@ -332,3 +332,87 @@ def test_bytes_held(families):
     assert sf.window == 0 and sf.bytes_held == sf.blocks_used * sf.bytes_per_block
     assert st.bytes_held < 0.35 * sf.bytes_held  # 1 of 7 layers global, windows kept: 4 points
     assert "6 layers keep a 8-token window" in repr(c)
+
+
+# ============================================================================ the server
+
+
+def _untrimmed_lone(m, prompt, **kw):
+    """The reference: the request alone on a fresh cache that keeps every window."""
+    s = m.session(KVCache(m, max_tokens=2048, block_size=BS, trim_windows=False))
+    return s.generate(prompt, **kw)
+
+
+def test_server_batches_and_turns(families):
+    """Through the OpenAI-compatible server on a trimming cache: requests several windows long
+    admitted together (decode steps and prompt chunks of 16 in one forward step, trimmed
+    between steps) each equal the request alone on an untrimmed cache; then an agent's turns,
+    each resending its history: the cached tokens reported are the untrimmed cache's (to the
+    block boundary before), and each turn's reply is the cold run's."""
+    from test_server import Server
+
+    _, m, vocab = families("gemma3")
+    shared = ids_(40, 30, vocab)
+    prompts = [shared + ids_(20 + 17 * i, 31 + i, vocab) for i in range(5)]
+    settings = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0),
+                dict(temperature=1.0, top_p=0.9, seed=5), dict(temperature=0.0)]
+    cache = trimmed(m, max_tokens=2048)
+    with Server(m, cache, max_batch=8, prefill_chunk=16) as s:
+        def run(i):
+            return s.client().completions.create(model="tiny", prompt=prompts[i],
+                                                 max_tokens=12 + 3 * i,
+                                                 extra_body={"return_tokens": True},
+                                                 **settings[i])
+
+        results = s.together(run, len(prompts), timeout=120)
+        assert s.engine.peak_batch >= 3
+        poison_free_slots(cache)
+        history, turns = [], []
+        for turn in range(4):
+            prompt = history + ids_(30 + 11 * turn, 40 + turn, vocab)
+            r = s.client().completions.create(model="tiny", prompt=prompt, max_tokens=8,
+                                              temperature=0, extra_body={"return_tokens": True})
+            poison_free_slots(cache)
+            turns.append((prompt, r.model_dump()["tokens"],
+                          r.usage.prompt_tokens_details.cached_tokens))
+            history = prompt + r.model_dump()["tokens"]
+        assert cache.stats().blocks_used == 0
+        st = cache.stats()
+        assert st.blocks_windowed < st.blocks_cached / 2  # the windows were trimmed
+    for i, r in enumerate(results):
+        ref = _untrimmed_lone(m, prompts[i], max_tokens=12 + 3 * i, **settings[i])
+        assert r.model_dump()["tokens"] == ref.tokens
+    full = KVCache(m, max_tokens=2048, block_size=BS, trim_windows=False)
+    for turn, (prompt, tokens, cached) in enumerate(turns):
+        assert tokens == _untrimmed_lone(m, prompt, max_tokens=8, temperature=0.0).tokens
+        want = full.stats().hit_tokens
+        s_full = m.session(full)
+        assert s_full.generate(prompt, max_tokens=8, temperature=0.0).tokens == tokens
+        want = full.stats().hit_tokens - want  # what the untrimmed cache reuses
+        s_full.reset()
+        assert want - want % BS - BS <= cached <= want
+        if turn:
+            assert cached >= len(turns[turn - 1][0]) - BS  # the previous prompt, at least
+
+
+def test_server_preemption_on_a_trimmed_cache(families):
+    """A trimming cache too small for every request: requests wait or are preempted and
+    recomputed (resuming at a kept point, or from the start), each result equals the request
+    alone."""
+    from test_server import Server
+
+    _, m, vocab = families("gpt-oss")
+    cache = KVCache(m, max_tokens=160, block_size=BS)  # 40 blocks
+    prompts = [ids_(20 + 9 * i, 50 + i, vocab) for i in range(4)]
+    with Server(m, cache, max_batch=4) as s:
+        def run(i):
+            return s.client().completions.create(model="tiny", prompt=prompts[i], max_tokens=40,
+                                                 temperature=0.8, seed=i,
+                                                 extra_body={"return_tokens": True})
+
+        results = s.together(run, 4, timeout=120)
+        assert s.engine.n_preempted > 0  # the path under test ran
+        assert cache.stats().blocks_used == 0
+    for i, r in enumerate(results):
+        ref = _untrimmed_lone(m, prompts[i], max_tokens=40, temperature=0.8, seed=i)
+        assert r.model_dump()["tokens"] == ref.tokens
