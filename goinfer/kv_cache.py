@@ -24,9 +24,9 @@ computed, or of a point where a prompt may resume.  They live in a pool of their
 window slots: a block gets a slot when it is first written and loses it when a session's
 window moves past it and nothing else holds it (``retain_window`` / ``release_window``: the
 sessions' windows, the kept points); what a released session still held stays with its cached
-blocks until they are evicted.  The other layers' K/V stays with the block as before.  A kept point (a block
-boundary, keyed by the chain hash of the block before it) holds the window KV of the blocks
-its next position reads; a session can resume only where every such block still has it
+blocks until they are evicted.  The other layers' K/V stays with the block as before.  A
+kept point (a block boundary, keyed by the chain hash of the block before it) holds the window
+KV of the blocks its next position reads; a session can resume only where every such block still has it
 (goinfer/blocks.py says which points are kept; a resume elsewhere recomputes from the nearest
 earlier one).
 """
