@@ -36,6 +36,7 @@ def forward_sessions(items) -> list[np.ndarray]:
         s.table.reserve(len(toks))
     seqs, snaps = [], []
     for s, toks, want in items:
+        s.table.trim_window(s.n_tokens)  # the window KV behind its next position goes
         seq = (s.block_table, toks, s.n_tokens, want)
         if s.track is not None:
             due = s.track.due_snapshots(len(toks))

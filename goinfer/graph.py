@@ -13,7 +13,8 @@ thread holds nobody up: it claims nothing).  Each op computes the same tiles / r
 work items with the same C code as the Python path, so logits are bit-identical.
 
 Everything a plan points to is persistent: the plan's own input buffers (tokens, positions,
-slots, block tables, logits), the model's scratch buffers, weights, RoPE tables and the KV
+slots, block tables, and a cache that trims sliding windows their window slots and tables,
+logits), the model's scratch buffers, weights, RoPE tables and the KV
 cache (a plan keeps every array it points into alive: when the model's scratch is regrown for
 a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
 one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
@@ -214,6 +215,10 @@ class DecodePlan:
         self.positions = np.zeros(T, np.int32)  # (T,)
         self.slots = np.zeros(T, np.int64)  # (T,)
         self.tables = np.zeros((B, self.max_blocks), np.int32)  # (B, max_blocks)
+        # a cache that trims sliding windows: those layers' slots and tables (window slots)
+        self.windowed = bool(cache.window)
+        self.wslots = np.zeros(T, np.int64) if self.windowed else None  # (T,)
+        self.wtables = np.zeros((B, self.max_blocks), np.int32) if self.windowed else None
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (T, vocab)
         self.rows = np.arange(T, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
@@ -236,9 +241,13 @@ class DecodePlan:
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
         self.slots[:] = batch.slots
+        if self.windowed:
+            self.wslots[:] = batch.wslots
         for i, seg in enumerate(batch.segments):
             need = int(batch.positions[seg.stop - 1]) // self.block_size + 1
             self.tables[i, :need] = seg.block_table[:need]
+            if self.windowed:
+                self.wtables[i, :need] = seg.window_table[:need]
         if self.spec is not None:
             n_lin = self.spec.n_lin
             for i, seg in enumerate(batch.segments):
@@ -281,7 +290,8 @@ class DecodePlan:
         self.rope_limit = min((r.tables(n_pos)[0].shape[0] for r in ropes.values()),
                               default=self.max_pos + 1)
         st = self.starts
-        segs = [Segment(st[i], st[i + 1], self.tables[i]) for i in range(B)]
+        segs = [Segment(st[i], st[i + 1], self.tables[i],
+                        window_table=self.wtables[i] if self.windowed else None) for i in range(B)]
         slot_of = {}  # address of a capture state view -> (slot table, index)
         if self.spec is not None:  # stand-in states: the ops read the real ones through slots
             n_lin = self.spec.n_lin
@@ -291,7 +301,8 @@ class DecodePlan:
                 for li in range(n_lin):
                     slot_of[state.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
                     slot_of[state.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
-        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from)
+        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from,
+                      wslots=self.wslots)
         self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
         old = impl.ops
@@ -377,9 +388,9 @@ class GraphRunner:
         if self.disabled or m.impl.ops is not m.kernels:  # (supported() was checked at load)
             return None
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
-            bt = seg.block_table
-            if len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
-                return None  # the Python path raises the kernel's error
+            for bt in (seg.block_table, seg.window_table):  # (window slots: < n_blocks too)
+                if bt is not None and len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
+                    return None  # the Python path raises the kernel's error
         spec = self.spec
         if spec is not None and not all(seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec)
                                         for seg in batch.segments):

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -271,12 +272,15 @@ class Model:
 
     def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
                 all_logits: bool = False, state: RecurrentState | None = None,
-                snapshots: dict | None = None, hidden: bool = False) -> np.ndarray:
+                snapshots: dict | None = None, hidden: bool = False,
+                between_chunks: Callable[[int], None] | None = None) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
         Returns logits of the last position (1, vocab), or of every position (T, vocab);
         hidden=True: the final-normed hidden states instead ((1, d_model) / (T, d_model)).
-        Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts).
+        Long inputs run in chunks of PREFILL_CHUNK rows (a row's bits do not depend on the cuts);
+        between_chunks(c) is called before each chunk after the first, tokens[:c] computed (a
+        session commits them and lets go of the window KV behind its next position).
         Hybrid models: ``state`` is the sequence's recurrent state after its first pos0 tokens,
         updated in place (None: a fresh one, only at pos0 = 0); ``snapshots`` {n: None} is
         filled with copies of the state after the first n tokens, pos0 < n <= pos0 + T."""
@@ -293,6 +297,8 @@ class Model:
         out = []
         for c0 in range(0, T, PREFILL_CHUNK):
             c1 = min(T, c0 + PREFILL_CHUNK)
+            if c0 and between_chunks is not None:
+                between_chunks(c0)
             want = "all" if all_logits else ("last" if c1 == T else "none")
             seq = (block_table, tokens[c0:c1], pos0 + c0, want)
             ns = [n for n in want_snaps if pos0 + c0 < n <= pos0 + c1]
@@ -317,9 +323,10 @@ class Model:
         sequence logits (T, vocab) / (1, vocab) / None.  Each sequence's rows give the same bits
         as running it alone (rows are independent in every matmul; attention reads only the
         sequence's own blocks, and its kernel is chosen by the row's position; the recurrence
-        reads only the sequence's own state)."""
+        reads only the sequence's own state).  Sliding-window layers whose KV the cache trims
+        write and read window slots (KVCache.window_table: the blocks written get one now)."""
         bs = cache.block_size
-        toks, poss, slots, segs, rows, where = [], [], [], [], [], []
+        toks, poss, slots, wslots, segs, rows, where = [], [], [], [], [], [], []
         r0 = 0
         for item in seqs:
             bt, tokens, pos0, want = item[:4]
@@ -342,7 +349,11 @@ class Model:
             toks.append(tokens)
             poss.append(pos)
             slots.append(bt[pos // bs].astype(np.int64) * bs + pos % bs)
-            segs.append(Segment(r0, r0 + T, bt, rec))
+            wbt = None
+            if cache.window:
+                wbt = cache.window_table(bt, pos0, T)
+                wslots.append(wbt[pos // bs].astype(np.int64) * bs + pos % bs)
+            segs.append(Segment(r0, r0 + T, bt, rec, wbt))
             n_rows = sum(len(r) for r in rows)
             if want == "all":
                 rows.append(np.arange(r0, r0 + T, dtype=np.int64))
@@ -355,7 +366,7 @@ class Model:
             r0 += T
         batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
                       np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from,
-                      hidden)
+                      hidden=hidden, wslots=np.concatenate(wslots) if cache.window else None)
         with self._lock:
             logits = None
             if self.graph is not None and not hidden and GraphRunner.replayable(batch):

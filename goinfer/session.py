@@ -11,6 +11,11 @@ came from cache.  A session knows tokens only: ``Model.session()`` returns a Cha
 Its parts: the block table (goinfer/blocks.py), for a hybrid model where its recurrent state
 can resume (goinfer/state_track.py), and the token loop of one generation
 (goinfer/generation.py).
+
+Where a session can resume: anywhere, unless it carries a recurrent state (hybrid models:
+where the state is known) or its cache trims sliding-window layers (where the window KV
+before the point is kept, blocks.py); then it resumes at the nearest such point at or before
+the one it wants and recomputes the tokens between (both constraints at once when both apply).
 """
 from __future__ import annotations
 
@@ -74,18 +79,15 @@ class Session:
     close = reset
 
     def truncate(self, n: int) -> None:
-        """Keep the first n tokens.  (A hybrid model resumes from the latest recurrent state
-        at or before n and recomputes the tokens between it and n.)"""
+        """Keep the first n tokens.  (Where the session cannot resume at n, module docstring,
+        it resumes at the nearest point before and recomputes the tokens between it and n.)"""
         if not 0 <= n <= self.n_tokens:
             raise ValueError(f"cannot truncate {self.n_tokens} tokens to {n}")
-        if self.track is not None:
-            gap = self.table.tokens[:n]
-            p = self.track.resume_point(n)
-            self.track.rewind(p)
-            if p < n:
-                self._compute(gap[p:])
-            return
-        self.table.truncate(n)
+        p = self._resume_point(n)
+        gap = self.table.tokens[p:n]
+        self._rewind(p)
+        if gap:
+            self._compute(gap)
 
     def drop_reserved(self) -> None:
         """Give back blocks reserved past the held tokens (a draft that was not fed)."""
@@ -102,31 +104,98 @@ class Session:
     # ------------------------------------------------------------------ computing tokens
 
     def _compute(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Compute ids at the end of the session (reserve, forward, commit) -> logits (T', V)."""
+        """Compute ids at the end of the session (reserve, forward, commit) -> logits (T', V).
+        With trimmed sliding windows each chunk of a long input is committed as soon as it is
+        computed and the window KV behind the next one let go (BlockTable.trim_window)."""
         self.table.reserve(len(ids))
         snaps = None
         state = None
         if self.track is not None:
             snaps = {n: None for n in self.track.due_snapshots(len(ids))}
             state = self.track.state
-        logits = self.model.forward(self.cache, self.block_table, ids, self.n_tokens,
-                                    all_logits=all_logits, state=state, snapshots=snaps)
-        self.table.commit(ids)
+        done = 0
+        n0 = self.n_tokens
+
+        def next_chunk(c: int) -> None:  # ids[:c] computed
+            nonlocal done
+            self.table.commit(ids[done:c])
+            done = c
+            self.table.trim_window(n0 + c)
+
+        self.table.trim_window(n0)
+        logits = self.model.forward(self.cache, self.block_table, ids, n0, all_logits=all_logits,
+                                    state=state, snapshots=snaps,
+                                    between_chunks=next_chunk if self.table.trims else None)
+        self.table.commit(ids[done:])
         if snaps:
             self.track.keep_snapshots(snaps)
         return logits
 
+    # ------------------------------------------------------------------ resume points
+
+    @property
+    def _resumes_at_points(self) -> bool:
+        """Can the session resume only at some token counts (module docstring)?"""
+        return self.track is not None or self.table.trims
+
+    def _resume_point(self, n: int) -> int:
+        """The largest token count <= n (held) where the session can resume."""
+        while True:
+            p = n if self.track is None else self.track.resume_point(n)
+            p = self.table.resume_point(p)
+            if p == n:
+                return n
+            n = p
+
+    def _rewind(self, n: int) -> None:
+        """Go back to n tokens, a _resume_point."""
+        if self.track is not None:
+            self.track.rewind(n)
+        else:
+            self.table.truncate(n)
+
+    def _last_point(self, hashes: list[bytes], blocks: list[int], lo: int, hi: int) -> int:
+        """The largest block count m in (lo, hi] where a session holding the chain (hashes,
+        blocks) of full blocks could resume from the cache (a stored state snapshot there,
+        the window KV before it), or lo."""
+        m, bs = hi, self.cache.block_size
+        while m > lo:
+            if self.track is not None and not self.track.has_snapshot(hashes[m - 1]):
+                m -= 1
+                continue
+            j = self.table.window_gap(blocks, m * bs)
+            if j < 0:
+                return m
+            m = j
+        return lo
+
+    def _cached_point(self, ids: list[int], limit: int) -> tuple[int, int]:
+        """(tokens of ids[:limit] in the shared cache's longest chain, the deepest point of
+        that chain where a session could resume)."""
+        hashes, blocks = self.table.cached_chain(ids, limit)
+        bs = self.cache.block_size
+        return len(blocks) * bs, self._last_point(hashes, blocks, 0, len(blocks)) * bs
+
     def _extend_from_cache(self, ids: list[int], limit: int) -> int:
-        """Append cached full blocks matching ids[:limit] (the session must be block aligned);
-        a hybrid model keeps them up to the last stored state snapshot.  -> tokens appended."""
+        """Append cached full blocks matching ids[:limit] (the session must be block aligned),
+        up to the last point where the session can resume.  -> tokens appended."""
+        n0 = self.n_tokens
         i = self.table.extend_from_cache(ids, limit)
-        if self.track is not None and i:
-            i = self.track.back_to_snapshot(self.n_tokens - i, i)
-        return i
+        if not i or not self._resumes_at_points:
+            return i
+        bs = self.cache.block_size
+        t = self.table
+        m = self._last_point(t.hashes, t.blocks, n0 // bs, (n0 + i) // bs)
+        if self.track is not None:
+            self.track.back_to(n0, m * bs)
+        else:
+            t.truncate(m * bs)
+        return m * bs - n0
 
     def _mark_prompt_end(self) -> None:
         if self.track is not None:
             self.track.mark_prompt_end()
+        self.table.keep_point_at(self.n_tokens)
 
     # ------------------------------------------------------------------ low level
 
@@ -152,9 +221,12 @@ class Session:
             logits = self._compute(rest)
         except BaseException:  # e.g. CacheFullError: give the reused blocks back
             if self.n_tokens > n0:
-                self.table.truncate(n0)
+                p = self.table.resume_point(n0)  # n0, unless its window KV went meanwhile
+                if self.track is not None and p < n0:
+                    p = 0
+                self.table.truncate(p)
                 if self.track is not None:
-                    if state is not None:
+                    if state is not None and p == n0:
                         self.track.state.load(state)
                     else:
                         self.track.state.clear()
@@ -180,13 +252,18 @@ class Session:
         later.  Returns the number of tokens reused."""
         limit = len(ids) - 1  # always prefill at least one token
         lcp = min(_common_prefix(self.table.tokens, ids), limit)
-        if self.track is not None:  # hybrid: resume where a recurrent state is known
-            own = self.track.resume_point(lcp)
-            if self.track.cached_snapshot_point(ids, limit) > own:
-                self.track.rewind(0)
-                return self._extend_from_cache(ids, limit)
-            self.track.rewind(own)
-            return own
+        if self._resumes_at_points:  # the best point held here or in the cache
+            own = self._resume_point(lcp)
+            chain, cached = self._cached_point(ids, limit)
+            if cached > own:
+                self._rewind(0)
+                got = self._extend_from_cache(ids, limit)
+            else:
+                self._rewind(own)
+                got = own
+            # where this prompt leaves what is held: the next one like it resumes there
+            self.table.keep_point_at(max(lcp, chain))
+            return got
         bs = self.cache.block_size
         base = (lcp // bs) * bs
         # Would the shared cache give more than our own history?  Probe from the block boundary.
@@ -214,6 +291,7 @@ class Session:
         more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
         rest = ids[reused + more:]
         self.cache.count_hits(reused + more, len(rest))  # own history counts as a hit too
+        self.table.keep_point_at(len(ids))  # the prompt's end, once computed
         return rest, reused + more
 
     # ------------------------------------------------------------------ generation

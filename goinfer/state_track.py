@@ -10,7 +10,6 @@ SNAPSHOT_EVERY blocks, shared by every session of the cache).
 from __future__ import annotations
 
 from goinfer.blocks import BlockTable
-from goinfer.kv_cache import root_hash
 from goinfer.recurrent import RecurrentState
 
 __all__ = ["StateTrack"]
@@ -72,38 +71,18 @@ class StateTrack:
         for m in [m for m in self.marks if m > n]:
             del self.marks[m]
 
-    def back_to_snapshot(self, n0: int, added: int) -> int:
-        """Blocks covering tokens [n0, n0 + added) were just appended from the cache: keep
-        them up to the last one that ends at a stored state snapshot, load that state, drop
-        the rest.  Returns the tokens kept."""
-        t = self.table
-        bs, store = t.block_size, t.cache.states
-        keep = 0
-        for b in range(n0 // bs + 1, (n0 + added) // bs + 1):
-            snap = store.get(t.hashes[b - 1])
-            if snap is not None:
-                keep, state = b * bs - n0, snap
-        if keep:
-            self.state.load(state)
-        t.truncate(n0 + keep)
-        return keep
+    def has_snapshot(self, h: bytes) -> bool:
+        """Is a state snapshot stored after the full block with chain hash h?"""
+        return h in self.table.cache.states
 
-    def cached_snapshot_point(self, ids: list[int], limit: int) -> int:
-        """How many tokens of ids[:limit] the shared cache can serve from the start: the end
-        of the deepest cached block chain of ids that has a state snapshot."""
+    def back_to(self, n0: int, n: int) -> None:
+        """Blocks past n0 (where the live state is) were just appended from the cache: keep
+        them up to n (n0, or a block boundary with a stored snapshot), load its state, drop
+        the rest."""
         t = self.table
-        bs, store = t.block_size, t.cache.states
-        parent, best, i = root_hash(t.cache_salt), 0, 0
-        while i + bs <= limit:
-            h = t.hash_of(parent, ids[i:i + bs], i // bs)
-            b = t.cache.lookup(h)
-            if b is None:
-                break
-            t.cache.release([b])
-            parent, i = h, i + bs
-            if h in store:
-                best = i
-        return best
+        if n > n0:
+            self.state.load(t.cache.states.get(t.hashes[n // t.block_size - 1]))
+        t.truncate(n)
 
     # ------------------------------------------------------------------ snapshots while computing
 

@@ -97,6 +97,11 @@ class ModelConfig:
         """(n_kv_heads, head_dim) of every KV cache layer, in order."""
         return ((self.n_kv_heads, self.head_dim),) * self.n_kv_layers
 
+    def kv_windows(self) -> tuple[int, ...]:
+        """Sliding window in tokens of every KV cache layer, in order (0: full attention): the
+        window of the layers that attend over it (cache layer j is layer j here)."""
+        return tuple(self.window(j) for j in range(self.n_kv_layers))
+
     @property
     def state_spec(self) -> StateSpec | None:
         """The recurrent state a sequence carries besides its KV (goinfer/recurrent.py), or None."""
@@ -125,6 +130,11 @@ class Segment:
     stop: int
     block_table: np.ndarray  # (n_blocks_seq,) int32
     rec: object = None  # hybrid models: the sequence's recurrent.SeqRecurrent (state, snapshots)
+    window_table: np.ndarray | None = None  # (n_blocks_seq,) int32 window slots (KVCache.window_table)
+
+    def table_for(self, window: int) -> np.ndarray:
+        """The block table a layer with this sliding window (0: none) attends through."""
+        return self.window_table if window and self.window_table is not None else self.block_table
 
 
 @dataclass
@@ -136,6 +146,12 @@ class Batch:
     logit_rows: np.ndarray  # (R,) int64 rows that need logits
     fast_from: int | None = None  # rows at positions >= this run fast attention (None: none)
     hidden: bool = False  # give the rows' final-normed hidden states (R, D), not logits
+    wslots: np.ndarray | None = None  # (T,) int64 slots in the sliding-window layers (None: slots)
+
+    def slots_for(self, window: int) -> np.ndarray:
+        """The cache slots a layer with this sliding window (0: none) writes: a trimmed
+        window layer's are window slots (KVCache.window_table), every other layer's blocks."""
+        return self.wslots if window and self.wslots is not None else self.slots
 
 
 # ============================================================================ RoPE

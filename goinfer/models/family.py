@@ -196,7 +196,8 @@ class Family:
         """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  A row at a
         position below batch.fast_from runs the exact kernel, a row at or above it the float32
         tiled one (a segment crossing it is two calls; its positions ascend).  sinks (H,)
-        float32: attention sink logits (gpt-oss), given to either kernel."""
+        float32: attention sink logits (gpt-oss), given to either kernel.  A sliding-window
+        layer reads its window slots (Segment.table_for)."""
         if scale is None:
             scale = 1.0 / float(np.sqrt(self.cfg.head_dim))
         extra = {} if sinks is None else {"sinks": sinks}
@@ -207,7 +208,7 @@ class Family:
             for a, b, fast in ((seg.start, split, False), (split, seg.stop, True)):
                 if b > a:
                     kernel = self.ops.attention_fast if fast else self.ops.attention
-                    kernel(q[a:b], kc, vc, seg.block_table, batch.positions[a:b], scale, window,
+                    kernel(q[a:b], kc, vc, seg.table_for(window), batch.positions[a:b], scale, window,
                            softcap, out=out[a:b], nthreads=self.threads, **extra)
         return out
 

@@ -133,10 +133,10 @@ class LlamaFamily(Family):
             cos, sin = rope.tables(int(batch.positions.max()) + 1)
             ops.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
             ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
-        ops.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
+        window = self.layer_window(li)
+        ops.kv_write(kc, vc, k, v, batch.slots_for(window), nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
-                          self.layer_window(li), self.attn_softcap, self.attn_scale,
-                          self.layer_sinks(li, L))
+                          window, self.attn_softcap, self.attn_scale, self.layer_sinks(li, L))
         nq = cfg.n_heads * cfg.head_dim
         self.mm(Act(ops, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 

@@ -68,6 +68,10 @@ class Qwen35Config(ModelConfig):
         """Layers that hold KV: the full-attention ones."""
         return self.n_layers - sum(self.recurrent)
 
+    def kv_windows(self) -> tuple[int, ...]:
+        """Its attention layers attend over every earlier position."""
+        return (0,) * self.n_kv_layers
+
     @property
     def state_spec(self) -> StateSpec:
         Hk, Hv, d = self.n_k_heads_lin, self.n_v_heads_lin, self.d_state
