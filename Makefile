@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 MODEL ?= smollm2-135m
 PROMPT ?= In two sentences, why does prefill speed matter for AI agents?
 
-.PHONY: run test test-frameworks venv install install-test dev bench bench-peers-smoke bench-report clean wheel
+.PHONY: run test test-frameworks lint format venv install install-test dev bench bench-peers-smoke bench-report clean wheel
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,24 @@ test-frameworks: .venv-frameworks-openai3/.installed .venv-frameworks-openai2/.i
 	../../.venv-frameworks-openai2/bin/python -m pytest $(FW_OPENAI2) || rc=1; \
 	exit $$rc
 
+# Lint and type check (.ci/run runs it): ruff (rules and format, pyproject.toml [tool.ruff]) and
+# mypy on the public API ([tool.mypy]), in an environment of their own with pinned versions.
+LINT_VENV := .venv-lint
+LINT_TOOLS := "ruff==0.17.6" "mypy==2.4.1"
+$(LINT_VENV)/.installed:
+	$(PY) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install -q $(LINT_TOOLS)
+	touch $@
+
+lint: $(LINT_VENV)/.installed
+	$(LINT_VENV)/bin/ruff check .
+	$(LINT_VENV)/bin/ruff format --check .
+	$(LINT_VENV)/bin/mypy
+
+format: $(LINT_VENV)/.installed
+	$(LINT_VENV)/bin/ruff check --fix .
+	$(LINT_VENV)/bin/ruff format .
+
 bench: install
 	$(VENV)/bin/goinfer bench $(MODEL)
 
@@ -79,7 +97,7 @@ bench: install
 # this tree (`make dev PY=$(PEER_PY)` first).
 PEER_PY ?= $(VPY)
 PEER_PATH ?=
-PEER_TESTS := smoke and (agent_loop or agreement or memory or peers or perplexity or shapes or speculative) or llama_cpp
+PEER_TESTS := smoke and (agent_loop or agreement or memory or peers or perplexity or shapes or speculative or claude_code or codex) or llama_cpp
 bench-peers-smoke:
 	cd tests && PYTHONPATH=$(CURDIR)$(if $(PEER_PATH),:$(PEER_PATH)) GOINFER_REQUIRE_PEER=1 \
 	  $(PEER_PY) -m pytest -q -p no:cacheprovider \
@@ -99,4 +117,4 @@ dev:
 	  cmake --build build/dev && cp build/dev/*.so goinfer/_kernels/'
 
 clean:
-	rm -rf build dist $(VENV) .venv-frameworks-* goinfer/_kernels/*.so
+	rm -rf build dist $(VENV) .venv-frameworks-* $(LINT_VENV) goinfer/_kernels/*.so

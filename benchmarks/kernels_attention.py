@@ -144,7 +144,7 @@ def decode(args) -> list[dict]:
                                  "fast_ms": wf * 1e3, "fast_GBs": nbytes / wf * 1e-9})
                     print(f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
                           f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}", flush=True)
-                del layers
+                layers.clear()  # free this shape's caches before the next one
     return rows
 
 

@@ -467,7 +467,7 @@ def _speed_plot(plt, d):
     cells = _latest(d["runs"], "peers")
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2))
     cmap = plt.get_cmap("tab10")
-    for i, (f, c) in enumerate(cells.items()):
+    for i, (_f, c) in enumerate(cells.items()):
         color = cmap(i % 10)
         for ax, kind, xs in ((a, "prefill", (512, 2048)), (b, "decode", ("short", "long"))):
             pts_g, pts_p = [], []

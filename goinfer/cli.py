@@ -4,8 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from typing import TYPE_CHECKING
+
 from goinfer.cli_options import exact_option, kv_dtype_option
 from goinfer.errors import GoinferError
+
+if TYPE_CHECKING:
+    from goinfer.generation import GenerationResult
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -61,7 +66,7 @@ def _drafts(t) -> str:
     return f" (drafts: {t.draft_accepted} of {t.draft_tokens} accepted)" if t.draft_tokens else ""
 
 
-def _stream(session, method, arg, sampling) -> object:
+def _stream(session, method, arg, sampling) -> GenerationResult:
     result = None
     for piece in getattr(session, method)(arg, stream=True, **sampling):
         if isinstance(piece, str):
@@ -70,6 +75,8 @@ def _stream(session, method, arg, sampling) -> object:
         else:
             result = piece
     sys.stdout.write("\n")
+    if result is None:
+        raise RuntimeError("generation ended without a result")
     return result
 
 

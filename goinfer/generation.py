@@ -67,7 +67,7 @@ class GenerationResult:
 
     def message(self) -> dict:
         """The reply as an assistant message, to append to the conversation."""
-        m = {"role": "assistant", "content": self.content}
+        m: dict = {"role": "assistant", "content": self.content}
         if self.reasoning_content is not None:
             m["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
@@ -143,7 +143,7 @@ class Generation:
                 self.reason = c.reason
             return ""
         state = "more" if c is None else c.advance(t)
-        if state == "rejected":  # not a valid continuation after all: a dead end
+        if c is not None and state == "rejected":  # not a valid continuation: a dead end
             self.finish_reason, self.done, self.reason = "stop", True, c.reason
             return ""
         if self.want_logprobs:
@@ -160,7 +160,7 @@ class Generation:
             if c is not None:
                 self.reason = "stop string (the output may not complete the grammar)"
             return ""
-        if state == "end":
+        if c is not None and state == "end":
             self.finish_reason, self.done, self.reason = "stop", True, c.reason
         if len(self.tokens) >= self.max_tokens:
             self.done = True

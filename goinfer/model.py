@@ -167,7 +167,7 @@ class Model:
         except (TypeError, ValueError) as e:
             raise ModelFormatError(f"{src.name}: its parameters {m.defaults.sampling} are not "
                                    f"usable: {e}") from None
-        m.cache  # created now: its first blocks fault in while the caller gets ready (kv_cache.py)
+        m.cache  # noqa: B018 - created now: its first blocks fault in while the caller gets ready (kv_cache.py)
         return m
 
     # ------------------------------------------------------------------ text
@@ -300,14 +300,14 @@ class Model:
             if c0 and between_chunks is not None:
                 between_chunks(c0)
             want = "all" if all_logits else ("last" if c1 == T else "none")
-            seq = (block_table, tokens[c0:c1], pos0 + c0, want)
+            seq: tuple = (block_table, tokens[c0:c1], pos0 + c0, want)
             ns = [n for n in want_snaps if pos0 + c0 < n <= pos0 + c1]
             rec = None
             if state is not None:
                 rec = SeqRecurrent.with_snapshots(state, [n - 1 - pos0 - c0 for n in ns])
                 seq = seq + (rec,)
             lg = self.forward_batch(cache, [seq], hidden=hidden)[0]
-            if rec is not None:
+            if rec is not None and snapshots is not None:
                 for n, snap in zip(ns, rec.snapshots()):
                     snapshots[n] = snap
             if lg is not None:
@@ -326,7 +326,13 @@ class Model:
         reads only the sequence's own state).  Sliding-window layers whose KV the cache trims
         write and read window slots (KVCache.window_table: the blocks written get one now)."""
         bs = cache.block_size
-        toks, poss, slots, wslots, segs, rows, where = [], [], [], [], [], [], []
+        toks: list[np.ndarray] = []  # per sequence (T_i,) int32, and so on
+        poss: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        wslots: list[np.ndarray] = []
+        segs: list[Segment] = []
+        rows: list[np.ndarray] = []
+        where: list[tuple[int, int] | None] = []  # each sequence's rows of the logits
         r0 = 0
         for item in seqs:
             bt, tokens, pos0, want = item[:4]

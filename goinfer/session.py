@@ -98,6 +98,7 @@ class Session:
         other = type(self)(self.model, self.cache, cache_salt=self.cache_salt)
         self.table.share_into(other.table)
         if self.track is not None:
+            assert other.track is not None  # the same model: the same kind of session
             self.track.share_into(other.track)
         return other
 
@@ -127,7 +128,7 @@ class Session:
                                     state=state, snapshots=snaps,
                                     between_chunks=next_chunk if self.table.trims else None)
         self.table.commit(ids[done:])
-        if snaps:
+        if snaps and self.track is not None:
             self.track.keep_snapshots(snaps)
         return logits
 

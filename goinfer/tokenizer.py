@@ -704,6 +704,6 @@ class StreamDecoder:
 
 
 # Chat templates live in their own module; re-exported here for convenience.
-from .chat_template import builtin_template, render_chat_template
+from .chat_template import builtin_template, render_chat_template  # noqa: E402
 
 __all__ += ["builtin_template", "render_chat_template"]

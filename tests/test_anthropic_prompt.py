@@ -41,8 +41,9 @@ def gemma():
                       progress=False)
 
 
-def render(tm, body, norm: Normalize = Normalize()):
+def render(tm, body, norm: Normalize | None = None):
     """(token ids, prompt text) of a Messages body, as the server renders it."""
+    norm = Normalize() if norm is None else norm
     ids, tc = prompt_ids(tm, parse_body(body, tm.vocab_size, normalize=norm, defaults={}))
     return ids, tc.prompt
 

@@ -54,7 +54,8 @@ PLACEHOLDERS = ("NAME", "FILE", "PATH", "MODEL", "DIR")  # as in `benchmarks/NAM
 def _pattern(token: str) -> str:
     """A token as an fnmatch pattern: <name>, a placeholder word and * stand for any part."""
     p = re.sub(r"<[^>/]*>", "*", token)
-    return re.sub(r"(?<![A-Za-z0-9_])(?:%s)(?![A-Za-z0-9_])" % "|".join(PLACEHOLDERS), "*", p)
+    alt = "|".join(PLACEHOLDERS)
+    return re.sub(rf"(?<![A-Za-z0-9_])(?:{alt})(?![A-Za-z0-9_])", "*", p)
 
 
 def exists_from_root(token: str) -> bool:
@@ -86,7 +87,8 @@ def backticked_paths(text: str) -> list[str]:
 def prose_paths(text: str) -> list[str]:
     text = re.sub(r"`[^`\n]+`", " ", text)  # backticked spans are checked above
     text = re.sub(r"\]\([^)]*\)", "]", text)  # so are link targets
-    pat = r"(?<![\w/.<>-])((?:%s)[\w.<>*/-]*[\w*>/])" % "|".join(re.escape(t) for t in TOP)
+    alt = "|".join(re.escape(t) for t in TOP)
+    pat = rf"(?<![\w/.<>-])((?:{alt})[\w.<>*/-]*[\w*>/])"
     return [m.rstrip(".") for m in re.findall(pat, text)]
 
 

@@ -542,7 +542,7 @@ def test_hostile_tensor_infos(tmpfile):
         "unknown type id": (tinfo("w", [32, 2], 99, 0), UnsupportedTensorTypeError, "'w'.*99"),
         "row not whole blocks": (tinfo("w", [48, 1], 2, 0), ModelFormatError, "block size"),
     }
-    for what, (info, exc, msg) in cases.items():
+    for _what, (info, exc, msg) in cases.items():
         with pytest.raises(exc, match=msg):
             GGUFFile(tmpfile(build([], [info], data)))
     # duplicate tensor names

@@ -195,7 +195,7 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
             m = [{"role": "user", "content": f"{words[i]}: conversation {i}, first question."}]
             where[i] = []
             start.wait()
-            for turn in range(2):
+            for _ in range(2):
                 raw = c.chat.completions.with_raw_response.create(
                     model="tiny", messages=m, max_tokens=128, temperature=0)
                 where[i].append(raw.headers[REPLICA_HEADER])

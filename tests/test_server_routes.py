@@ -53,12 +53,12 @@ class Toy(ApiRoute):
 
 
 @pytest.fixture(scope="module")
-def toy_srv(model):
+def toy_srv(model):  # noqa: F811 - the fixture imported above
     with Server(model, routes=ROUTES + (Toy(),)) as s:
         yield s
 
 
-def test_a_route_module_is_served_beside_the_others(toy_srv, model):
+def test_a_route_module_is_served_beside_the_others(toy_srv, model):  # noqa: F811
     m = msgs("Tell me about routes.")
     ref = lone(model, chat=m, max_tokens=12, temperature=0.0)
     r = toy_srv.post("/v1/toy", {"say": "Tell me about routes.", "most": 12})
@@ -80,7 +80,7 @@ def test_a_route_module_is_served_beside_the_others(toy_srv, model):
     assert c.choices[0].message.content == ref.content
 
 
-def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):
+def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):  # noqa: F811
     r = toy_srv.post("/v1/toy", {"say": 5})
     assert r.status_code == 400
     assert r.json() == {"oops": {"kind": "invalid_request_error", "text": "'say' must be a string",

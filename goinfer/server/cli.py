@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from goinfer.cli_options import exact_option, kv_dtype_option
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
@@ -180,7 +181,7 @@ class Client:
         replica (the X-Goinfer-Replica header of a server on Ray Serve, else None)."""
         body = dict(body, stream=True, stream_options={"include_usage": True})
         t0 = time.perf_counter()
-        out = {"text": "", "chunks": 0, "pings": 0, "ttft_s": None, "usage": None,
+        out: dict[str, Any] = {"text": "", "chunks": 0, "pings": 0, "ttft_s": None, "usage": None,
                "timings": None, "finish_reason": None, "done": False}
         with urllib.request.urlopen(self._req(path, body), timeout=600) as r:
             out["replica"] = r.headers.get("x-goinfer-replica")
@@ -283,7 +284,8 @@ def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
         text = full["choices"][0]["message"]["content"]
         row("streaming chunks", s["chunks"] if s else 0, "", "stream done: "
             + ("yes" if s and s["done"] else "no"))
-        row("streaming text equals non-streaming", int(bool(s) and s["text"] == text), "bool")
+        row("streaming text equals non-streaming", int(s is not None and s["text"] == text),
+            "bool")
     except Exception as e:  # noqa: BLE001
         fail("streaming", e)
         text = ""

@@ -460,7 +460,7 @@ class GoinferIngress:
                                      headers=headers, media_type=media)
         parts = []
         try:
-            async for kind, data in gen:
+            async for _kind, data in gen:
                 parts.append(data)
         except RayError as e:
             err = replica_failed(e, replica)

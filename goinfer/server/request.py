@@ -122,4 +122,4 @@ class Ping:
     """Nothing else came for a while (a long prefill): keeps the connection alive."""
 
 
-Event = Union[TextDelta, ReasoningDelta, ToolCallDelta, Done, Failed, Ping]
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Done | Failed | Ping
