@@ -17,6 +17,7 @@ re-encoded copy); --also: more GGUFs run by goinfer on the same windows, reporte
 --smoke: the tiny shape (benchmarks/shapes.py), one short window (the test suite); llama.cpp
 is skipped (with a message) when llama-cpp-python is not installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import regime
 
 
@@ -47,7 +47,9 @@ def main(argv=None):
     ap.add_argument("--bos", action="store_true", help="start every window with BOS")
     ap.add_argument("--reference", default=None, help="GGUF for transformers and llama.cpp")
     ap.add_argument("--also", action="append", default=[], help="another GGUF for goinfer")
-    ap.add_argument("--smoke", action="store_true", help="tiny model, one short window (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny model, one short window (the test suite)"
+    )
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
@@ -77,16 +79,17 @@ def main(argv=None):
     path = Path(args.model).resolve()
     ref_path = Path(args.reference).resolve() if args.reference else path
     kvs = [k for k in args.kv_dtype.split(",") if k]
-    gm = goinfer.Model.load(str(path), threads=args.threads, exact=args.exact,
-                            progress=False, kv_dtype=kvs[0])
+    gm = goinfer.Model.load(
+        str(path), threads=args.threads, exact=args.exact, progress=False, kv_dtype=kvs[0]
+    )
     engines = {"goinfer": gm}
     for kv in kvs[1:]:
         engines[f"goinfer kv={kv}"] = copy.copy(gm)
         engines[f"goinfer kv={kv}"].kv_dtype = kv
     for extra in args.also:
         engines[f"goinfer:{Path(extra).name}"] = goinfer.Model.load(
-            str(Path(extra).resolve()), threads=args.threads, exact=args.exact,
-            progress=False)
+            str(Path(extra).resolve()), threads=args.threads, exact=args.exact, progress=False
+        )
     text = "\n\n".join(Path(t).read_text() for t in args.text)
     ids = gm.tokenize(text)
     head = [gm.tokenizer.bos_id] if args.bos else []
@@ -98,7 +101,7 @@ def main(argv=None):
     i = 0
     n_pos = 0
     while n_pos < args.positions:
-        w = head + ids[i:i + body]
+        w = head + ids[i : i + body]
         windows.append(w)
         n_pos += len(w) - 1  # logits at position t predict token t+1
         i += len(w) - len(head)
@@ -107,13 +110,20 @@ def main(argv=None):
     if not args.no_llama_cpp:
         from llama_cpp import Llama
 
-        llm = Llama(str(ref_path), n_ctx=args.window, n_batch=args.window, logits_all=True,
-                    n_threads=args.threads, verbose=False)
+        llm = Llama(
+            str(ref_path),
+            n_ctx=args.window,
+            n_batch=args.window,
+            logits_all=True,
+            n_threads=args.threads,
+            verbose=False,
+        )
         ll_ids = llm.tokenize(text.encode(), add_bos=False, special=True)
-        tok_match = ll_ids[:len(ids)] == ids and len(ll_ids) == len(ids)
+        tok_match = ll_ids[: len(ids)] == ids and len(ll_ids) == len(ids)
     torch.set_num_threads(args.threads)
-    hf = AutoModelForCausalLM.from_pretrained(str(ref_path.parent), gguf_file=ref_path.name,
-                                              torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(ref_path.parent), gguf_file=ref_path.name, torch_dtype=torch.float32
+    ).eval()
 
     rows = {k: [] for k in [*engines, "llama.cpp"]}
     cos = {k: [] for k in rows}
@@ -134,24 +144,37 @@ def main(argv=None):
             t0 = time.perf_counter()
             llm.eval(w)
             t_ll += time.perf_counter() - t0
-            theirs = np.array(llm.scores[:len(w)], dtype=np.float32)[:-1]
+            theirs = np.array(llm.scores[: len(w)], dtype=np.float32)[:-1]
             rows["llama.cpp"].append(theirs.argmax(1) == ref.argmax(1))
             cos["llama.cpp"].append(cosine_rows(theirs, ref))
             gi_vs_ll.append(theirs.argmax(1) == ours.argmax(1))
 
-    res = {"benchmark": "agreement",
-           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(path), "reference": ref_path.name, "bos": args.bos,
-           "window": args.window, "positions": int(sum(len(r) for r in rows["goinfer"])),
-           "texts": [Path(t).name for t in args.text], "kv_dtypes": kvs,
-           "goinfer_weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
-                                      for w in gm.impl.weights()})}
+    res = {
+        "benchmark": "agreement",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(path),
+        "reference": ref_path.name,
+        "bos": args.bos,
+        "window": args.window,
+        "positions": int(sum(len(r) for r in rows["goinfer"])),
+        "texts": [Path(t).name for t in args.text],
+        "kv_dtypes": kvs,
+        "goinfer_weights": sorted(
+            {
+                w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                for w in gm.impl.weights()
+            }
+        ),
+    }
     for k in rows:
         if rows[k]:
             r = np.concatenate(rows[k])
             c = np.concatenate(cos[k])
-            res[k] = {"top1_agreement_with_transformers": float(r.mean()),
-                      "mean_logit_cosine": float(c.mean()), "min_logit_cosine": float(c.min())}
+            res[k] = {
+                "top1_agreement_with_transformers": float(r.mean()),
+                "mean_logit_cosine": float(c.mean()),
+                "min_logit_cosine": float(c.min()),
+            }
     if gi_vs_ll:
         res["goinfer_vs_llama.cpp_top1"] = float(np.concatenate(gi_vs_ll).mean())
         res["llama.cpp_tokenization_identical"] = bool(tok_match)

@@ -18,6 +18,7 @@ callgrind  instructions of one decode step (valgrind callgrind, one thread): the
          process for 68 minus 4 decode steps on the 30-layer tiny llama of
          benchmarks/decode_fixed_cost.py, divided by 64, graph on and off.  Load-independent.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,22 @@ def decode(builds: list[str], threads: int, tokens: int, rounds: int, model: str
     for _ in range(rounds):
         for graph in (1, 0):
             for i, b in enumerate(builds):
-                out = subprocess.run([sys.executable, "-c", DECODE_CHILD, str(threads), str(tokens),
-                                      str(graph), model], env=_env(b), cwd=b, check=True,
-                                     capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        DECODE_CHILD,
+                        str(threads),
+                        str(tokens),
+                        str(graph),
+                        model,
+                    ],
+                    env=_env(b),
+                    cwd=b,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 key = f"{i}/graph={graph}"
                 runs.setdefault(key, []).append(r["ms_per_token"])
@@ -84,17 +98,34 @@ STEPS = (4, 68)  # decode steps of the two counted runs; their difference is 64 
 
 
 def _steps_cmd(model: str, graph: int, n: int) -> list[str]:
-    return [sys.executable, str(HERE / "decode_fixed_cost.py"), "steps", model, "--graph", str(graph),
-            "--n", str(n)]
+    return [
+        sys.executable,
+        str(HERE / "decode_fixed_cost.py"),
+        "steps",
+        model,
+        "--graph",
+        str(graph),
+        "--n",
+        str(n),
+    ]
 
 
 def _instructions(build: str, env: dict, model: str, graph: int, n: int) -> int:
     """Instructions of the whole process under callgrind."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                        *_steps_cmd(model, graph, n)], env=env, cwd=build, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                *_steps_cmd(model, graph, n),
+            ],
+            env=env,
+            cwd=build,
+            check=True,
+            capture_output=True,
+        )
         for line in out.read_text().splitlines():
             if line.startswith("summary:") or line.startswith("totals:"):
                 return int(line.split()[1])
@@ -107,8 +138,12 @@ def callgrind(builds: list[str]) -> dict:
     so every counted run loads the same way."""
     with tempfile.TemporaryDirectory() as tmp:
         model = str(Path(tmp) / "t30.gguf")
-        subprocess.run([sys.executable, str(HERE / "decode_fixed_cost.py"), "write-tiny", model],
-                       env=_env(builds[0]), check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(HERE / "decode_fixed_cost.py"), "write-tiny", model],
+            env=_env(builds[0]),
+            check=True,
+            capture_output=True,
+        )
         res = {}
         for i, b in enumerate(builds):
             env = dict(_env(b, threads=1), PYTHONHASHSEED="0", GOINFER_LAYOUT_DIR=tmp)
@@ -131,14 +166,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--callgrind", action="store_true", help="also count instructions per step")
     regime.add_json_arg(ap)
-    ap.add_argument("--smoke", action="store_true",
-                    help="the environment's goinfer against itself, tiny shape, one short run")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the environment's goinfer against itself, tiny shape, one short run",
+    )
     a = ap.parse_args(argv)
     reg = regime.header(a.threads, argv=argv)
     model, tmp = "", None
     if a.smoke:
-        import goinfer
         from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
+
+        import goinfer
 
         tmp = tempfile.TemporaryDirectory()
         model = str(smoke_model(tmp.name))
@@ -148,10 +187,24 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("give two build directories (or --smoke)")
     d = decode(a.builds, a.threads, a.tokens, a.rounds, model)  # --rounds 0: callgrind only
     if not d["facts"]:
-        cfg = [json.loads(subprocess.run(
-            [sys.executable, "-c", "import goinfer, json, sys; print(json.dumps([goinfer.config(), "
-             "sys.modules['goinfer._kernels.matmul'].__file__.rsplit('/', 1)[-1]]))"],
-            env=_env(b), cwd=b, check=True, capture_output=True, text=True).stdout) for b in a.builds]
+        cfg = [
+            json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import goinfer, json, sys; print(json.dumps([goinfer.config(), "
+                        "sys.modules['goinfer._kernels.matmul'].__file__.rsplit('/', 1)[-1]]))",
+                    ],
+                    env=_env(b),
+                    cwd=b,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+            for b in a.builds
+        ]
         d["facts"] = {str(i): {"config": c, "kernels": k} for i, (c, k) in enumerate(cfg)}
     first = d["facts"]["0"]["config"]
     res = {
@@ -159,14 +212,17 @@ def main(argv: list[str] | None = None) -> dict:
         "regime": reg,
         "variant": first["kernel_variant"],
         "python": first["python"],
-        "model": ("tiny shape (--smoke)" if a.smoke else
-                  "smollm2-135m (SmolLM2-135M-Instruct Q4_1)") + ", 64-token prompt",
+        "model": (
+            "tiny shape (--smoke)" if a.smoke else "smollm2-135m (SmolLM2-135M-Instruct Q4_1)"
+        )
+        + ", 64-token prompt",
         "threads": a.threads,
         "tokens": a.tokens,
         "rounds": a.rounds,
         "builds": {lab: d["facts"][str(i)]["kernels"] for i, lab in enumerate(a.labels)},
         "load_average": [round(x, 2) for x in d["load_average"]],
-        "medians": {}, "spread": {},
+        "medians": {},
+        "spread": {},
     }
     for key, v in d["runs_ms_per_token"].items():
         i, graph = key.split("/")
@@ -177,14 +233,18 @@ def main(argv: list[str] | None = None) -> dict:
     for graph in (1, 0) if a.rounds else ():  # B/A within each round: load drift cancels
         ra, rb = (d["runs_ms_per_token"][f"{i}/graph={graph}"] for i in (0, 1))
         ratios = [y / x for x, y in zip(ra, rb)]
-        res["medians"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = \
-            round(statistics.median(ratios), 4)
-        res["spread"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = \
-            [round(min(ratios), 4), round(max(ratios), 4)]
+        res["medians"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = round(
+            statistics.median(ratios), 4
+        )
+        res["spread"][f"{a.labels[1]}/{a.labels[0]} graph={graph} paired ms/token ratio"] = [
+            round(min(ratios), 4),
+            round(max(ratios), 4),
+        ]
     if a.callgrind:
         cg = callgrind(a.builds)
         res["callgrind_instructions_per_step"] = {
-            f"{a.labels[int(k.split('/')[0])]}/{k.split('/')[1]}": round(v) for k, v in cg.items()}
+            f"{a.labels[int(k.split('/')[0])]}/{k.split('/')[1]}": round(v) for k, v in cg.items()
+        }
     print(json.dumps(res, indent=1))
     return regime.finish(res, a.json)
 

@@ -27,6 +27,7 @@ sampled token, as goinfer's.
 Also the helpers the test suite drives Claude Code with (tests/test_claude_code.py): Recorder,
 serve, claude_path, run_claude, replies.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -128,8 +129,10 @@ class Recorder:
             elif msg["type"] == "http.response.body":
                 chunk = msg.get("body", b"")
                 call.raw += chunk
-                if call.t_first is None and (b"content_block_delta" in chunk or (
-                        chunk and not call.raw.startswith(b"event:"))):
+                if call.t_first is None and (
+                    b"content_block_delta" in chunk
+                    or (chunk and not call.raw.startswith(b"event:"))
+                ):
                     call.t_first = time.perf_counter()
                 if not msg.get("more_body", False):
                     call.t_end = time.perf_counter()
@@ -143,8 +146,11 @@ def serve(app, port: int = 0):
     """Run an ASGI app with uvicorn in a thread on loopback -> its base URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+        )
+    )
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
     deadline = time.time() + 60
@@ -173,22 +179,45 @@ def claude_path() -> Path | None:
 
 def claude_env(url: str, home: Path, *, context: int, max_output: int, key: str = KEY) -> dict:
     """The environment Claude Code runs in against a local server (docs/agents.md)."""
-    keep = {k: v for k, v in os.environ.items()
-            if k in ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER", "SHELL")}
-    return dict(keep, HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=key,
-                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-                CLAUDE_CODE_AUTO_COMPACT_WINDOW=str(context),
-                CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output))
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if k in ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER", "SHELL")
+    }
+    return dict(
+        keep,
+        HOME=str(home),
+        ANTHROPIC_BASE_URL=url,
+        ANTHROPIC_API_KEY=key,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        CLAUDE_CODE_AUTO_COMPACT_WINDOW=str(context),
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output),
+    )
 
 
-def run_claude(env: dict, cwd: Path, prompt: str, model: str, *, resume: bool = False,
-               extra: tuple[str, ...] = (), timeout: float = 1800) -> subprocess.CompletedProcess:
+def run_claude(
+    env: dict,
+    cwd: Path,
+    prompt: str,
+    model: str,
+    *,
+    resume: bool = False,
+    extra: tuple[str, ...] = (),
+    timeout: float = 1800,
+) -> subprocess.CompletedProcess:
     """`claude -p PROMPT --model MODEL [--continue]` in cwd."""
     args = [str(claude_path()), "-p", prompt, "--model", model, *extra]
     if resume:
         args.append("--continue")
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        args,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def replies(calls: list[Call]) -> list[dict]:
@@ -199,17 +228,28 @@ def replies(calls: list[Call]) -> list[dict]:
             continue
         r = c.reply()
         u = r["usage"]
-        prompt = u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0) + \
-            u.get("cache_creation_input_tokens", 0)
-        out.append(dict(r, status=c.status, prompt_tokens=prompt,
-                        cached_tokens=u.get("cache_read_input_tokens", 0),
-                        ttft_s=c.ttft_s, total_s=(c.t_end or c.t0) - c.t0, call=c))
+        prompt = (
+            u.get("input_tokens", 0)
+            + u.get("cache_read_input_tokens", 0)
+            + u.get("cache_creation_input_tokens", 0)
+        )
+        out.append(
+            dict(
+                r,
+                status=c.status,
+                prompt_tokens=prompt,
+                cached_tokens=u.get("cache_read_input_tokens", 0),
+                ttft_s=c.ttft_s,
+                total_s=(c.t_end or c.t0) - c.t0,
+                call=c,
+            )
+        )
     return out
 
 
 # ============================================================================ the peer
 
-PEER = r'''
+PEER = r"""
 import json, sys, time
 import llama_cpp
 from llama_cpp import Llama
@@ -241,16 +281,22 @@ for p in prompts:
 info = llama_cpp.llama_print_system_info()
 info = (info.decode() if isinstance(info, bytes) else str(info)).strip()
 print(json.dumps({"version": llama_cpp.__version__, "system_info": info, "rows": rows}))
-'''
+"""
 
 
 def run_peer(python: str, path: str, threads: int, prompts: list[list[int]]) -> dict:
     n_ctx = max(len(p) for p in prompts) + 64
-    out = subprocess.run([python, "-c", PEER, path, str(threads), str(n_ctx)],
-                         input=json.dumps(prompts), capture_output=True, text=True, timeout=7200)
+    out = subprocess.run(
+        [python, "-c", PEER, path, str(threads), str(n_ctx)],
+        input=json.dumps(prompts),
+        capture_output=True,
+        text=True,
+        timeout=7200,
+    )
     if out.returncode != 0:
-        raise RuntimeError(f"the llama.cpp peer failed (exit {out.returncode}): "
-                           f"{out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the llama.cpp peer failed (exit {out.returncode}): {out.stderr[-2000:]}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -277,21 +323,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-output", type=int, default=64, help="CLAUDE_CODE_MAX_OUTPUT_TOKENS")
-    ap.add_argument("--defaults", default=json.dumps(DEFAULTS),
-                    help="the server's --anthropic-defaults (JSON)")
-    ap.add_argument("--peer-python", default=None,
-                    help="a Python with llama_cpp (default: this one if it has it, else skip)")
+    ap.add_argument(
+        "--defaults", default=json.dumps(DEFAULTS), help="the server's --anthropic-defaults (JSON)"
+    )
+    ap.add_argument(
+        "--peer-python",
+        default=None,
+        help="a Python with llama_cpp (default: this one if it has it, else skip)",
+    )
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--smoke", action="store_true",
-                    help="the tiny model, a short system prompt and no tools, 2 turns, no peer: "
-                         "the plumbing (its random text is cut at 8 tokens, which Claude Code "
-                         "reports as an error and retries, exit 1)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny model, a short system prompt and no tools, 2 turns, no peer: "
+        "the plumbing (its random text is cut at 8 tokens, which Claude Code "
+        "reports as an error and retries, exit 1)",
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     claude = claude_path()
     if claude is None:
-        raise SystemExit("claude-agent-sdk is not installed (pip install claude-agent-sdk): its "
-                         "wheel ships the claude executable")
+        raise SystemExit(
+            "claude-agent-sdk is not installed (pip install claude-agent-sdk): its "
+            "wheel ships the claude executable"
+        )
     tmp = tempfile.TemporaryDirectory(prefix="goinfer-claude-")
     root = Path(tmp.name)
     extra: tuple[str, ...] = ()
@@ -300,14 +355,25 @@ def main(argv=None) -> dict:
         from shapes import smoke_model  # benchmarks/ is on sys.path when run as a script
 
         args.model, args.turns, args.max_output, args.no_llama_cpp = (
-            str(smoke_model(root / "models")), 2, 8, True)
+            str(smoke_model(root / "models")),
+            2,
+            8,
+            True,
+        )
         # the tiny model reads bytes: Claude Code's own prompt would not fit, a short one does
         extra, ctx = ("--system-prompt", "You are a helpful assistant.", "--tools", ""), 8192
     python = None if args.no_llama_cpp else peer_python(args.peer_python)
     if python is None:
-        print("llama.cpp: skipped (" + ("--smoke / --no-llama-cpp" if args.no_llama_cpp else
-                                        "llama-cpp-python is not installed; --peer-python") + ")",
-              flush=True)
+        print(
+            "llama.cpp: skipped ("
+            + (
+                "--smoke / --no-llama-cpp"
+                if args.no_llama_cpp
+                else "llama-cpp-python is not installed; --peer-python"
+            )
+            + ")",
+            flush=True,
+        )
 
     from goinfer import hub
     from goinfer.kv_cache import KVCache
@@ -322,32 +388,54 @@ def main(argv=None) -> dict:
     name = Path(path).stem if args.model.endswith(".gguf") else args.model
     cache = KVCache(model)
     app = Recorder(create_app(model, cache, model_id=name, api_key=KEY))
-    res = {"benchmark": "claude_code",
-           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(path), "context": model.n_ctx,
-           "kv_cache": {"tokens": cache.max_tokens, "block_size": cache.block_size},
-           "server": "goinfer serve (create_app, default KV cache) + claude -p",
-           "claude_code": claude_version(claude), "defaults": json.loads(args.defaults),
-           "turns": []}
+    res = {
+        "benchmark": "claude_code",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(path),
+        "context": model.n_ctx,
+        "kv_cache": {"tokens": cache.max_tokens, "block_size": cache.block_size},
+        "server": "goinfer serve (create_app, default KV cache) + claude -p",
+        "claude_code": claude_version(claude),
+        "defaults": json.loads(args.defaults),
+        "turns": [],
+    }
     home, work = root / "home", root / "work"
     home.mkdir()
     work.mkdir()
-    prompts = ["Say hi.", "Now say hello.", "Name one colour.", "Name one fruit.",
-               "Say goodbye."]
+    prompts = ["Say hi.", "Now say hello.", "Name one colour.", "Name one fruit.", "Say goodbye."]
     with serve(app) as url:
         env = claude_env(url, home, context=model.n_ctx, max_output=args.max_output)
         for turn in range(args.turns):
             n0 = len(app.calls)
             t0 = time.perf_counter()
-            out = run_claude(env, work, prompts[turn % len(prompts)], name, resume=turn > 0,
-                             extra=extra)
+            out = run_claude(
+                env, work, prompts[turn % len(prompts)], name, resume=turn > 0, extra=extra
+            )
             wall = time.perf_counter() - t0
             rows = replies(app.calls[n0:])
-            res["turns"].append({"turn": turn + 1, "exit": out.returncode, "wall_s": wall,
-                                 "stdout": out.stdout.strip()[-200:], "requests": [
-                                     {k: r[k] for k in ("status", "prompt_tokens",
-                                                        "cached_tokens", "ttft_s", "total_s",
-                                                        "stop_reason", "text")} for r in rows]})
+            res["turns"].append(
+                {
+                    "turn": turn + 1,
+                    "exit": out.returncode,
+                    "wall_s": wall,
+                    "stdout": out.stdout.strip()[-200:],
+                    "requests": [
+                        {
+                            k: r[k]
+                            for k in (
+                                "status",
+                                "prompt_tokens",
+                                "cached_tokens",
+                                "ttft_s",
+                                "total_s",
+                                "stop_reason",
+                                "text",
+                            )
+                        }
+                        for r in rows
+                    ],
+                }
+            )
             for r in rows:
                 r["ids"] = prompt_ids(model, parse_body(r["call"].request, model.vocab_size))[0]
             res["turns"][-1]["_ids"] = [r["ids"] for r in rows]
@@ -359,8 +447,9 @@ def main(argv=None) -> dict:
             res["peer_failed"] = str(e)[-2000:]
             print(f"llama.cpp: failed ({str(e)[-300:]})", flush=True)
         else:  # the peer's interpreter, which may not be this one
-            res["regime"]["peer"].update(installed=True, version=peer["version"],
-                                         system_info=peer["system_info"])
+            res["regime"]["peer"].update(
+                installed=True, version=peer["version"], system_info=peer["system_info"]
+            )
             rows = iter(peer["rows"])
             for t in res["turns"]:
                 for r in t["requests"]:
@@ -379,37 +468,57 @@ def summary(res) -> dict:
     if not reqs or any(r["ttft_s"] is None for r in reqs):
         return {"requests": len(reqs), "complete": False}
     cold, warm = reqs[0], reqs[1:]
-    out = {"requests": len(reqs), "complete": True, "cold_ttft_s": cold["ttft_s"],
-           "cold_prompt_tokens": cold["prompt_tokens"],
-           "warm_cached_fraction": [r["cached_tokens"] / r["prompt_tokens"] for r in warm],
-           "warm_over_cold_ttft": [r["ttft_s"] / cold["ttft_s"] for r in warm]}
+    out = {
+        "requests": len(reqs),
+        "complete": True,
+        "cold_ttft_s": cold["ttft_s"],
+        "cold_prompt_tokens": cold["prompt_tokens"],
+        "warm_cached_fraction": [r["cached_tokens"] / r["prompt_tokens"] for r in warm],
+        "warm_over_cold_ttft": [r["ttft_s"] / cold["ttft_s"] for r in warm],
+    }
     out["every_warm_at_most_a_tenth"] = bool(warm) and max(out["warm_over_cold_ttft"]) <= 0.1
     return out
 
 
 def table(res) -> str:
     g, m = res["regime"], res["model"]
-    lines = [f"{m['file']} ({m['quantization']}), context {res['context']}, {g['threads']} "
-             f"threads, {g['machine'].get('model_name', '?')}, Claude Code {res['claude_code']}, "
-             f"{g['date']}, load {g['load_avg_start'][0]:.1f}",
-             "", "| turn | request | exit | prompt tokens | cached | cached % | TTFT ms | "
-             "llama.cpp cold prefill ms | llama.cpp warm ms (reused) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{m['file']} ({m['quantization']}), context {res['context']}, {g['threads']} "
+        f"threads, {g['machine'].get('model_name', '?')}, Claude Code {res['claude_code']}, "
+        f"{g['date']}, load {g['load_avg_start'][0]:.1f}",
+        "",
+        "| turn | request | exit | prompt tokens | cached | cached % | TTFT ms | "
+        "llama.cpp cold prefill ms | llama.cpp warm ms (reused) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for t in res["turns"]:
         for i, r in enumerate(t["requests"]):
             p = r.get("llama_cpp")
-            peer = (f"{p['cold_s'] * 1e3:.0f} | {p['warm_s'] * 1e3:.0f} ({p['warm_common']})"
-                    if p else "- | -")
+            peer = (
+                f"{p['cold_s'] * 1e3:.0f} | {p['warm_s'] * 1e3:.0f} ({p['warm_common']})"
+                if p
+                else "- | -"
+            )
             ttft = f"{r['ttft_s'] * 1e3:.0f}" if r["ttft_s"] is not None else "-"
-            pct = f"{100 * r['cached_tokens'] / r['prompt_tokens']:.1f}" if r["prompt_tokens"] \
+            pct = (
+                f"{100 * r['cached_tokens'] / r['prompt_tokens']:.1f}"
+                if r["prompt_tokens"]
                 else "-"
-            lines.append(f"| {t['turn']} | {i + 1} | {t['exit']} | {r['prompt_tokens']} | "
-                         f"{r['cached_tokens']} | {pct} | {ttft} | {peer} |")
+            )
+            lines.append(
+                f"| {t['turn']} | {i + 1} | {t['exit']} | {r['prompt_tokens']} | "
+                f"{r['cached_tokens']} | {pct} | {ttft} | {peer} |"
+            )
     s = res.get("summary", {})
     if s.get("complete") and s["warm_over_cold_ttft"]:
-        lines += ["", "warm TTFT / cold TTFT: " + ", ".join(
-            f"{x:.3f}" for x in s["warm_over_cold_ttft"]) + " (target: each at most 0.1: "
-            + ("met" if s["every_warm_at_most_a_tenth"] else "NOT met") + ")"]
+        lines += [
+            "",
+            "warm TTFT / cold TTFT: "
+            + ", ".join(f"{x:.3f}" for x in s["warm_over_cold_ttft"])
+            + " (target: each at most 0.1: "
+            + ("met" if s["every_warm_at_most_a_tenth"] else "NOT met")
+            + ")",
+        ]
     return "\n".join(lines)
 
 

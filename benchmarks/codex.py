@@ -28,6 +28,7 @@ llama.cpp runs in a process of its own (when llama-cpp-python is installed, else
 each request a cold prefill of its whole prompt, and a warm one on one live `Llama` that held
 the previous request (llama.cpp's own prefix reuse); time to the first sampled token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,15 +49,27 @@ import regime
 
 HERE = Path(__file__).resolve()
 KEY = "goinfer-benchmark-key"
-GREETING = {"type": "object", "properties": {"greeting": {"type": "string",
-                                                          "enum": ["hello", "hi", "hey"]}},
-            "required": ["greeting"], "additionalProperties": False}
+GREETING = {
+    "type": "object",
+    "properties": {"greeting": {"type": "string", "enum": ["hello", "hi", "hey"]}},
+    "required": ["greeting"],
+    "additionalProperties": False,
+}
 PROMPTS = ["Greet me.", "Greet me again.", "One more greeting.", "And another.", "Last one."]
 # --smoke: the tiny model reads bytes; Codex's own prompt (its 17k-character base instructions,
 # its permissions and environment blocks, its tools) would not fit, a short one does
-LEAN = ("-c", "include_permissions_instructions=false",
-        "-c", "include_environment_context=false", "-c", "features.multi_agent=false",
-        "-c", "web_search=\"disabled\"", "-c", "features.goals=false")
+LEAN = (
+    "-c",
+    "include_permissions_instructions=false",
+    "-c",
+    "include_environment_context=false",
+    "-c",
+    "features.multi_agent=false",
+    "-c",
+    'web_search="disabled"',
+    "-c",
+    "features.goals=false",
+)
 
 
 # ============================================================================ recording
@@ -117,8 +130,10 @@ class Recorder:
             elif msg["type"] == "http.response.body":
                 chunk = msg.get("body", b"")
                 call.raw += chunk
-                if call.t_first is None and (b"response.output_item.added" in chunk or (
-                        chunk and not call.raw.startswith(b"event:"))):
+                if call.t_first is None and (
+                    b"response.output_item.added" in chunk
+                    or (chunk and not call.raw.startswith(b"event:"))
+                ):
                     call.t_first = time.perf_counter()
                 if not msg.get("more_body", False):
                     call.t_end = time.perf_counter()
@@ -132,8 +147,11 @@ def serve(app):
     """Run an ASGI app with uvicorn in a thread on loopback -> its base URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
+        )
+    )
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
     deadline = time.time() + 60
@@ -161,21 +179,44 @@ def codex_path() -> Path | None:
     return p if p.exists() else None
 
 
-def run_codex(codex: Path, url: str, home: Path, model: str, *args: str,
-              timeout: float = 3600) -> subprocess.CompletedProcess:
+def run_codex(
+    codex: Path, url: str, home: Path, model: str, *args: str, timeout: float = 3600
+) -> subprocess.CompletedProcess:
     """codex -c <goinfer as the provider> ARGS, in home/work, with HOME and CODEX_HOME there."""
-    provider = ["-c", "model_provider=goinfer", "-c", "model_providers.goinfer.name=goinfer",
-                "-c", f"model_providers.goinfer.base_url={url}/v1",
-                "-c", "model_providers.goinfer.wire_api=responses",
-                "-c", "model_providers.goinfer.env_key=GOINFER_API_KEY", "-c", f"model={model}"]
+    provider = [
+        "-c",
+        "model_provider=goinfer",
+        "-c",
+        "model_providers.goinfer.name=goinfer",
+        "-c",
+        f"model_providers.goinfer.base_url={url}/v1",
+        "-c",
+        "model_providers.goinfer.wire_api=responses",
+        "-c",
+        "model_providers.goinfer.env_key=GOINFER_API_KEY",
+        "-c",
+        f"model={model}",
+    ]
     work = home / "work"
     work.mkdir(exist_ok=True)
     (home / ".codex").mkdir(exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CODEX_HOME": str(home / ".codex"),
-           "TERM": "dumb", "GOINFER_API_KEY": KEY, "RUST_LOG": "error"}
-    return subprocess.run([str(codex), *provider, *args], cwd=work, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "TERM": "dumb",
+        "GOINFER_API_KEY": KEY,
+        "RUST_LOG": "error",
+    }
+    return subprocess.run(
+        [str(codex), *provider, *args],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def codex_version(codex: Path) -> str:
@@ -207,11 +248,13 @@ def goinfer_side(spec: dict) -> dict:
             return req
 
     route = NoCalls()
-    model = Model.load(spec["model"], threads=spec["threads"], context_length=spec["ctx"],
-                       progress=False)
+    model = Model.load(
+        spec["model"], threads=spec["threads"], context_length=spec["ctx"], progress=False
+    )
     routes = tuple(r for r in ROUTES if r.path != route.path) + (route,)
-    app = Recorder(create_app(model, KVCache(model), model_id=spec["name"], api_key=KEY,
-                              routes=routes))
+    app = Recorder(
+        create_app(model, KVCache(model), model_id=spec["name"], api_key=KEY, routes=routes)
+    )
     codex = Path(spec["codex"])
     root = Path(spec["tmp"])
     schema = root / "schema.json"
@@ -226,20 +269,31 @@ def goinfer_side(spec: dict) -> dict:
             n0 = len(app.calls)
             t0 = time.perf_counter()
             out = run_codex(codex, url, root, spec["name"], *args, prompt)
-            turns.append({"turn": turn + 1, "command": ("codex exec resume --last " if turn
-                                                         else "codex exec ") + repr(prompt),
-                "exit": out.returncode, "wall_s": time.perf_counter() - t0,
-                "stdout_tail": out.stdout.strip()[-300:],
-                "stderr_tail": out.stderr.strip()[-300:] if out.returncode else "",
-                "calls": list(range(n0, len(app.calls)))})
+            turns.append(
+                {
+                    "turn": turn + 1,
+                    "command": ("codex exec resume --last " if turn else "codex exec ")
+                    + repr(prompt),
+                    "exit": out.returncode,
+                    "wall_s": time.perf_counter() - t0,
+                    "stdout_tail": out.stdout.strip()[-300:],
+                    "stderr_tail": out.stderr.strip()[-300:] if out.returncode else "",
+                    "calls": list(range(n0, len(app.calls))),
+                }
+            )
         served = list(app.calls)
         # cold: every request again, its prefix hashed apart (a fresh cache_salt)
         cold = []
         for c in served:
             body = dict(json.loads(c.body), cache_salt=uuid.uuid4().hex)
             n0 = len(app.calls)
-            with httpx.stream("POST", url + "/v1/responses", json=body, timeout=3600,
-                              headers={"Authorization": f"Bearer {KEY}"}) as r:
+            with httpx.stream(
+                "POST",
+                url + "/v1/responses",
+                json=body,
+                timeout=3600,
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r:
                 r.read()
             cold.append(app.calls[n0])
     prompts = []
@@ -261,17 +315,24 @@ def row(warm: Call, cold: Call, n_items: int) -> dict:
     cu = c["response"].get("usage") or {}
     prompt = u.get("input_tokens", 0)
     cached = (u.get("input_tokens_details") or {}).get("cached_tokens", 0)
-    return {"http_status": warm.status, "status": w["response"].get("status"),
-            "input_items": n_items,
-            "output": [o["type"] for o in w["response"].get("output") or []],
-            "events": w["events"], "prompt_tokens": prompt, "cached_tokens": cached,
-            "cached_fraction": cached / prompt if prompt else 0.0,
-            "ttft_s": None if warm.t_first is None else warm.t_first - warm.t0,
-            "total_s": None if warm.t_end is None else warm.t_end - warm.t0,
-            "cold": {"http_status": cold.status, "prompt_tokens": cu.get("input_tokens", 0),
-                     "cached_tokens": (cu.get("input_tokens_details") or {}).get(
-                         "cached_tokens", 0),
-                     "ttft_s": None if cold.t_first is None else cold.t_first - cold.t0}}
+    return {
+        "http_status": warm.status,
+        "status": w["response"].get("status"),
+        "input_items": n_items,
+        "output": [o["type"] for o in w["response"].get("output") or []],
+        "events": w["events"],
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_fraction": cached / prompt if prompt else 0.0,
+        "ttft_s": None if warm.t_first is None else warm.t_first - warm.t0,
+        "total_s": None if warm.t_end is None else warm.t_end - warm.t0,
+        "cold": {
+            "http_status": cold.status,
+            "prompt_tokens": cu.get("input_tokens", 0),
+            "cached_tokens": (cu.get("input_tokens_details") or {}).get("cached_tokens", 0),
+            "ttft_s": None if cold.t_first is None else cold.t_first - cold.t0,
+        },
+    }
 
 
 def llama_side(spec: dict) -> dict:
@@ -283,8 +344,15 @@ def llama_side(spec: dict) -> dict:
     n_ctx = max(len(p) for p in prompts) + 64
 
     def mk():
-        return Llama(spec["model"], n_ctx=n_ctx, n_batch=512, n_threads=spec["threads"],
-                     n_threads_batch=spec["threads"], flash_attn=True, verbose=False)
+        return Llama(
+            spec["model"],
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=spec["threads"],
+            n_threads_batch=spec["threads"],
+            flash_attn=True,
+            verbose=False,
+        )
 
     def first_token(llm, p) -> float:
         t0 = time.perf_counter()
@@ -295,13 +363,20 @@ def llama_side(spec: dict) -> dict:
     live, cold = mk(), mk()
     rows = []
     for p in prompts:
-        held = live._input_ids[:live.n_tokens].tolist()
-        common = next((i for i, (a, b) in enumerate(zip(held, p)) if a != b), min(len(held),
-                                                                                len(p)))
+        held = live._input_ids[: live.n_tokens].tolist()
+        common = next(
+            (i for i, (a, b) in enumerate(zip(held, p)) if a != b), min(len(held), len(p))
+        )
         warm = first_token(live, p)
         cold.reset()
-        rows.append({"prompt_tokens": len(p), "warm_common": common, "warm_ttft_s": warm,
-                     "cold_ttft_s": first_token(cold, p)})
+        rows.append(
+            {
+                "prompt_tokens": len(p),
+                "warm_common": common,
+                "warm_ttft_s": warm,
+                "cold_ttft_s": first_token(cold, p),
+            }
+        )
     return {"rows": rows, "system_info": regime.system_info()}
 
 
@@ -319,15 +394,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--smoke", action="store_true",
-                    help="the tiny model, Codex with a short prompt, 2 turns (llama.cpp too when "
-                    "it is installed)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny model, Codex with a short prompt, 2 turns (llama.cpp too when "
+        "it is installed)",
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     codex = codex_path()
     if codex is None:
-        raise SystemExit("openai-codex-cli-bin is not installed (pip install "
-                         "openai-codex-cli-bin): its wheel ships the codex executable")
+        raise SystemExit(
+            "openai-codex-cli-bin is not installed (pip install "
+            "openai-codex-cli-bin): its wheel ships the codex executable"
+        )
     peer = regime.peer("llama.cpp")
     if args.no_llama_cpp:
         print("llama.cpp: skipped (--no-llama-cpp)", flush=True)
@@ -350,23 +430,36 @@ def main(argv=None) -> dict:
         extra, ctx = (*LEAN, "-c", f"model_instructions_file={json.dumps(str(brief))}"), 16384
     path = str(hub.resolve(args.model, progress=False))
     name = Path(path).stem if args.model.endswith(".gguf") else args.model
-    res = {"benchmark": "codex",
-           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(path), "codex": codex_version(codex),
-           "serving": "tool_choice none on every request; --output-schema: a one-word greeting"}
+    res = {
+        "benchmark": "codex",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(path),
+        "codex": codex_version(codex),
+        "serving": "tool_choice none on every request; --output-schema: a one-word greeting",
+    }
     if args.smoke:
         res["codex_overrides"] = list(extra[:-1]) + ["model_instructions_file=<one line>"]
     home = root / "home"
     home.mkdir()
-    spec = {"engine": "goinfer", "model": path, "name": name, "threads": args.threads,
-            "ctx": ctx, "turns": args.turns, "codex": str(codex), "tmp": str(home),
-            "extra": list(extra)}
+    spec = {
+        "engine": "goinfer",
+        "model": path,
+        "name": name,
+        "threads": args.threads,
+        "ctx": ctx,
+        "turns": args.turns,
+        "codex": str(codex),
+        "tmp": str(home),
+        "extra": list(extra),
+    }
     got = isolate.run_child(HERE, spec)
     res["turns"], prompts = got["turns"], got["prompts"]
     res["processes"] = {"parent": os.getpid(), "goinfer": [got["pid"]]}
     if not args.no_llama_cpp and prompts:
-        peer_out = isolate.run_child(HERE, {"engine": "llama.cpp", "model": path,
-                                            "threads": args.threads, "prompts": prompts})
+        peer_out = isolate.run_child(
+            HERE,
+            {"engine": "llama.cpp", "model": path, "threads": args.threads, "prompts": prompts},
+        )
         res["regime"]["peer"]["system_info"] = peer_out["system_info"]
         res["processes"]["llama.cpp"] = [peer_out["pid"]]
         rows = iter(peer_out["rows"])
@@ -384,21 +477,28 @@ def summary(turns: list[dict]) -> dict:
     """Per request after the first: the cached fraction of its prompt and cold TTFT / warm TTFT;
     the first request's cold/warm (both cold: about 1)."""
     rows = [r for t in turns for r in t["requests"]]
-    ratio = [r["cold"]["ttft_s"] / r["ttft_s"] if r["ttft_s"] and r["cold"]["ttft_s"] else None
-             for r in rows]
-    return {"requests": len(rows), "cached_fraction": [round(r["cached_fraction"], 4)
-                                                       for r in rows],
-            "cold_over_warm_ttft": [None if x is None else round(x, 2) for x in ratio],
-            "exits": [t["exit"] for t in turns]}
+    ratio = [
+        r["cold"]["ttft_s"] / r["ttft_s"] if r["ttft_s"] and r["cold"]["ttft_s"] else None
+        for r in rows
+    ]
+    return {
+        "requests": len(rows),
+        "cached_fraction": [round(r["cached_fraction"], 4) for r in rows],
+        "cold_over_warm_ttft": [None if x is None else round(x, 2) for x in ratio],
+        "exits": [t["exit"] for t in turns],
+    }
 
 
 def table(res: dict) -> str:
     g, m = res["regime"], res["model"]
-    lines = [f"{m['file']} ({m['quantization']}), {g['threads']} threads, {res['codex']}, "
-             f"{g['date']}, load {g['load_avg_start'][0]:.1f} -> {g['load_avg_end'][0]:.1f}",
-             "", "| turn | request | HTTP | status | prompt tokens | cached | warm TTFT ms | "
-             "cold TTFT ms | cold / warm | llama.cpp cold ms | llama.cpp warm ms (reused) |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{m['file']} ({m['quantization']}), {g['threads']} threads, {res['codex']}, "
+        f"{g['date']}, load {g['load_avg_start'][0]:.1f} -> {g['load_avg_end'][0]:.1f}",
+        "",
+        "| turn | request | HTTP | status | prompt tokens | cached | warm TTFT ms | "
+        "cold TTFT ms | cold / warm | llama.cpp cold ms | llama.cpp warm ms (reused) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def ms(x):
         return "-" if x is None else f"{x * 1e3:.0f}"
@@ -406,16 +506,23 @@ def table(res: dict) -> str:
     for t in res["turns"]:
         for i, r in enumerate(t["requests"]):
             p = r.get("llama_cpp")
-            peer = (f"{ms(p['cold_ttft_s'])} | {ms(p['warm_ttft_s'])} ({p['warm_common']})"
-                    if p else "- | -")
-            ratio = (f"{r['cold']['ttft_s'] / r['ttft_s']:.1f}" if r["ttft_s"] and
-                     r["cold"]["ttft_s"] else "-")
-            lines.append(f"| {t['turn']} | {i + 1} | {r['http_status']} | {r['status']} | "
-                         f"{r['prompt_tokens']} | {r['cached_tokens']} | {ms(r['ttft_s'])} | "
-                         f"{ms(r['cold']['ttft_s'])} | {ratio} | {peer} |")
+            peer = (
+                f"{ms(p['cold_ttft_s'])} | {ms(p['warm_ttft_s'])} ({p['warm_common']})"
+                if p
+                else "- | -"
+            )
+            ratio = (
+                f"{r['cold']['ttft_s'] / r['ttft_s']:.1f}"
+                if r["ttft_s"] and r["cold"]["ttft_s"]
+                else "-"
+            )
+            lines.append(
+                f"| {t['turn']} | {i + 1} | {r['http_status']} | {r['status']} | "
+                f"{r['prompt_tokens']} | {r['cached_tokens']} | {ms(r['ttft_s'])} | "
+                f"{ms(r['cold']['ttft_s'])} | {ratio} | {peer} |"
+            )
     lines.append("")
-    lines.append("exit codes: " + ", ".join(f"turn {t['turn']}: {t['exit']}"
-                                             for t in res["turns"]))
+    lines.append("exit codes: " + ", ".join(f"turn {t['turn']}: {t['exit']}" for t in res["turns"]))
     return "\n".join(lines)
 
 

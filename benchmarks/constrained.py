@@ -18,6 +18,7 @@ computation alone (ms per token, replaying the schema run's tokens through a fre
 which is what the overlap hides.  Prints the load average: numbers taken on a busy machine
 are not speed claims.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,26 +28,40 @@ import tempfile
 import time
 
 import numpy as np
-
 import regime
+
 from goinfer import constrained
 from goinfer.constrained import compile_request
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["people"],
-    "properties": {"people": {"type": "array", "minItems": 200, "items": {
-        "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-        "properties": {"name": {"type": "string", "maxLength": 24},
-                       "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                       "city": {"type": "string", "maxLength": 24}}}}},
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["people"],
+    "properties": {
+        "people": {
+            "type": "array",
+            "minItems": 200,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "age", "city"],
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "city": {"type": "string", "maxLength": 24},
+                },
+            },
+        }
+    },
 }
 PROMPT = [{"role": "user", "content": "List people with their name, age and city as JSON."}]
 
 
 def tiny_model(d: str):
     """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
-    from goinfer import Model
     from shapes import smoke_model
+
+    from goinfer import Model
 
     return Model.load(str(smoke_model(d)), threads=1, progress=False)
 
@@ -66,14 +81,23 @@ def run(model, mode: str, n: int) -> dict:
         r = s.generate("List people as JSON:", **kw)
     s.reset()
     constrained.OVERLAP = True
-    return {"tok_s": r.timings.decode_tok_s, "n": r.completion_tokens, "tokens": r.tokens,
-            "finish": r.finish_reason}
+    return {
+        "tok_s": r.timings.decode_tok_s,
+        "n": r.completion_tokens,
+        "tokens": r.tokens,
+        "finish": r.finish_reason,
+    }
 
 
 def mask_ms(model, tokens: list[int]) -> float:
     """Mean ms to compute one mask (and unpack it) along the schema run's tokens."""
-    g = compile_request(model.tokenizer, response_format={
-        "type": "json_schema", "json_schema": {"name": "people", "schema": SCHEMA}})
+    g = compile_request(
+        model.tokenizer,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "people", "schema": SCHEMA},
+        },
+    )
     c = g.start(model.vocab_size)
     c.close()
     t = []
@@ -114,14 +138,23 @@ def main(argv=None) -> dict:
             last[m] = r
     med = {m: statistics.median(v) for m, v in runs.items()}
     ms = mask_ms(model, last["schema"]["tokens"])
-    res = {"benchmark": "constrained", "regime": regime.header(model.threads, argv=argv),
-           "model": regime.model(model.path), "tokens": a.tokens, "reps": a.reps,
-           "tok_s": runs, "median_tok_s": med, "mask_ms_per_token": ms,
-           "tokens_decoded": {m: r["n"] for m, r in last.items()},
-           "schema_output_start": model.detokenize(last["schema"]["tokens"])[:80]}
+    res = {
+        "benchmark": "constrained",
+        "regime": regime.header(model.threads, argv=argv),
+        "model": regime.model(model.path),
+        "tokens": a.tokens,
+        "reps": a.reps,
+        "tok_s": runs,
+        "median_tok_s": med,
+        "mask_ms_per_token": ms,
+        "tokens_decoded": {m: r["n"] for m, r in last.items()},
+        "schema_output_start": model.detokenize(last["schema"]["tokens"])[:80],
+    }
     load = res["regime"]["load_avg_start"][0]
-    print(f"{model.name}: {a.tokens} decode tokens, {a.reps} alternating reps, threads "
-          f"{model.threads}, load average {load:.1f}")
+    print(
+        f"{model.name}: {a.tokens} decode tokens, {a.reps} alternating reps, threads "
+        f"{model.threads}, load average {load:.1f}"
+    )
     print(f"{'mode':<14}{'decode tok/s (median)':>24}{'vs plain':>12}")
     for m in modes:
         print(f"{m:<14}{med[m]:>24.1f}{100.0 * (med[m] / med['plain'] - 1):>+11.1f}%")

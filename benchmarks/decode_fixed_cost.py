@@ -20,6 +20,7 @@ next to the numbers.  The tiny model is benchmarks/shapes.py's tiny shape with 3
 own work is small, so the time per token is the fixed cost.  Each row records the steps the
 graph replayed (goinfer.graph's counter) and that the Python path has no graph.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import regime
+
 from goinfer import KVCache, hub
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
@@ -50,7 +51,9 @@ def tiny_model_path(out: str) -> Path:
 def measure(path, threads: int, ctx: int, n: int, reps: int) -> dict:
     """ms/token of n greedy decode steps after a ctx-token prompt, per path, reps alternating runs."""
     ids = (list(range(100, 1100)) * (ctx // 1000 + 1))[:ctx]
-    models = {g: Model(GGUFFile(path), threads=threads, progress=False, graph=g) for g in (False, True)}
+    models = {
+        g: Model(GGUFFile(path), threads=threads, progress=False, graph=g) for g in (False, True)
+    }
     caches = {g: KVCache(m, max_tokens=ctx + n + 64) for g, m in models.items()}
     res = {False: [], True: []}
     for _ in range(reps):
@@ -62,8 +65,12 @@ def measure(path, threads: int, ctx: int, n: int, reps: int) -> dict:
                 lg = s.decode(int(np.argmax(lg)))
             res[g].append((time.perf_counter() - t0) / n * 1e3)
             s.reset()
-    return {"python": res[False], "graph": res[True], "graph_replays": models[True].graph.replays,
-            "python_path_has_graph": models[False].graph is not None}
+    return {
+        "python": res[False],
+        "graph": res[True],
+        "graph_replays": models[True].graph.replays,
+        "python_path_has_graph": models[False].graph is not None,
+    }
 
 
 def steps(path, graph: bool, n: int) -> None:
@@ -100,8 +107,11 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes to run meanwhile")
-    ap.add_argument("--smoke", action="store_true",
-                    help="the 2-layer tiny shape of benchmarks/shapes.py, one short run (the test suite)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the 2-layer tiny shape of benchmarks/shapes.py, one short run (the test suite)",
+    )
     regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
@@ -111,23 +121,45 @@ def main(argv=None) -> dict | None:
         path = smoke_model(tmp.name)
         a.ctx, a.threads, a.tokens, a.reps, a.busy = [64], [1], 4, 1, 0
     else:
-        path = tiny_model_path(tmp.name) if a.model == "tiny" else hub.resolve("smollm2-135m", progress=False)
-    res = {"benchmark": "decode_fixed_cost", "regime": regime.header(None, argv=argv),
-           "model": regime.model(path), "busy": a.busy, "tokens": a.tokens, "reps": a.reps, "rows": []}
+        path = (
+            tiny_model_path(tmp.name)
+            if a.model == "tiny"
+            else hub.resolve("smollm2-135m", progress=False)
+        )
+    res = {
+        "benchmark": "decode_fixed_cost",
+        "regime": regime.header(None, argv=argv),
+        "model": regime.model(path),
+        "busy": a.busy,
+        "tokens": a.tokens,
+        "reps": a.reps,
+        "rows": [],
+    }
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
     try:
         for ctx in a.ctx:
             for th in a.threads:
                 r = measure(path, th, ctx, a.tokens, a.reps)
                 py, gr = statistics.median(r["python"]), statistics.median(r["graph"])
-                res["rows"].append({"context": ctx, "threads": th, "python_ms_per_token": py,
-                                    "graph_ms_per_token": gr, "ratio": py / gr,
-                                    "runs_python_ms": r["python"], "runs_graph_ms": r["graph"],
-                                    "graph_replays": r["graph_replays"],
-                                    "python_path_has_graph": r["python_path_has_graph"]})
-                print(f"{a.model} ctx {ctx} threads {th} busy {a.busy}: python {py:.3f} ms/token, "
-                      f"graph {gr:.3f} ms/token ({py / gr:.2f}x); min {min(r['python']):.3f} / "
-                      f"{min(r['graph']):.3f}; graph replays {r['graph_replays']}", flush=True)
+                res["rows"].append(
+                    {
+                        "context": ctx,
+                        "threads": th,
+                        "python_ms_per_token": py,
+                        "graph_ms_per_token": gr,
+                        "ratio": py / gr,
+                        "runs_python_ms": r["python"],
+                        "runs_graph_ms": r["graph"],
+                        "graph_replays": r["graph_replays"],
+                        "python_path_has_graph": r["python_path_has_graph"],
+                    }
+                )
+                print(
+                    f"{a.model} ctx {ctx} threads {th} busy {a.busy}: python {py:.3f} ms/token, "
+                    f"graph {gr:.3f} ms/token ({py / gr:.2f}x); min {min(r['python']):.3f} / "
+                    f"{min(r['graph']):.3f}; graph replays {r['graph_replays']}",
+                    flush=True,
+                )
     finally:
         for p in busy:
             p.kill()

@@ -12,13 +12,13 @@ weight conversions and int8 activations cost in agreement (see benchmarks/agreem
     to see one conversion at a time.
 --smoke: both copies of the tiny shape (benchmarks/shapes.py), loaded back (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
 
 import gguf
 import numpy as np
-
 import regime
 
 
@@ -28,17 +28,28 @@ def main(argv=None):
     ap.add_argument("dst", nargs="?")
     ap.add_argument("--values", choices=["original", "native"])
     ap.add_argument("--types", default="", help="with --values native: only these GGUF types")
-    ap.add_argument("--smoke", action="store_true", help="copy the tiny shape both ways (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="copy the tiny shape both ways (the test suite)"
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
-        return regime.finish({"benchmark": "float_copy", "regime": regime.header(1, argv=argv),
-                              "copies": smoke()}, args.json)
+        return regime.finish(
+            {"benchmark": "float_copy", "regime": regime.header(1, argv=argv), "copies": smoke()},
+            args.json,
+        )
     if not (args.src and args.dst and args.values):
         ap.error("SRC, DST and --values are needed (or --smoke)")
     copy(args.src, args.dst, args.values, args.types)
-    return regime.finish({"benchmark": "float_copy", "regime": regime.header(None, argv=argv),
-                          "model": regime.model(args.src), "copy": regime.model(args.dst)}, args.json)
+    return regime.finish(
+        {
+            "benchmark": "float_copy",
+            "regime": regime.header(None, argv=argv),
+            "model": regime.model(args.src),
+            "copy": regime.model(args.dst),
+        },
+        args.json,
+    )
 
 
 def smoke() -> list[dict]:
@@ -63,8 +74,13 @@ def smoke() -> list[dict]:
             lg = m.logits(ids)
             cos = float((lg * ref).sum() / np.linalg.norm(lg) / np.linalg.norm(ref))
             print(f"smoke: {values} float32 copy loads; logit cosine with the Q4_0 file {cos:.4f}")
-            out.append({"values": values, "tensor_types": sorted(regime.model(dst)["tensor_bytes"]),
-                        "logit_cosine_with_source": cos})
+            out.append(
+                {
+                    "values": values,
+                    "tensor_types": sorted(regime.model(dst)["tensor_bytes"]),
+                    "logit_cosine_with_source": cos,
+                }
+            )
     return out
 
 

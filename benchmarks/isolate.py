@@ -2,6 +2,7 @@
 (`python SCRIPT --child`), hands it a JSON spec on stdin, and reads the child's results from
 the last line of its stdout.  Only one engine's process exists at a time, so neither engine's
 weights, threads or caches disturb the other's timings."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,29 @@ import sys
 from pathlib import Path
 
 
-def run_child(script: str | Path, spec: dict, timeout: float = 7200, env: dict | None = None) -> dict:
+def run_child(
+    script: str | Path, spec: dict, timeout: float = 7200, env: dict | None = None
+) -> dict:
     """Run `python script --child` with spec as JSON on stdin -> the JSON its last line prints."""
-    out = subprocess.run([sys.executable, str(script), "--child"], input=json.dumps(spec),
-                         capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(
+        [sys.executable, str(script), "--child"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if out.returncode != 0:
-        raise RuntimeError(f"{Path(script).name} child ({spec.get('engine')}) failed with exit "
-                           f"code {out.returncode}:\n{out.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{Path(script).name} child ({spec.get('engine')}) failed with exit "
+            f"code {out.returncode}:\n{out.stderr[-4000:]}"
+        )
     lines = out.stdout.strip().splitlines()
     if not lines:
-        raise RuntimeError(f"{Path(script).name} child ({spec.get('engine')}) printed nothing:\n"
-                           f"{out.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{Path(script).name} child ({spec.get('engine')}) printed nothing:\n"
+            f"{out.stderr[-4000:]}"
+        )
     return json.loads(lines[-1])
 
 

@@ -23,13 +23,13 @@ prefill (T queries at positions 0..T-1 over the T keys just written).  Median (a
 repeated calls, wall clock, in ms, and GFLOP/s counting 4 * hd flops per (query head, visible key): 2*hd for QK
 and 2*hd for AV (the exp and the softmax bookkeeping are not counted).
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 
 import numpy as np
-
 import regime
 
 from goinfer._kernels import _config, attention, attention_fast, kv_write
@@ -69,10 +69,14 @@ def bench(fn, min_time=None, max_reps=200):
 def fast_vs_exact(args) -> list[dict]:
     rows = []
     rng = np.random.default_rng(0)
-    print(f"variant {_config.variant()}, block {BS}, causal prefill of n tokens; "
-          f"median of {args.reps} alternating calls")
-    print(f"{'shape':<10}{'n':>6}{'thr':>4}{'exact ms':>10}{'cpu':>9}{'GF/s':>7}"
-          f"{'fast ms':>10}{'cpu':>9}{'GF/s':>7}{'x wall':>8}{'x cpu':>7}")
+    print(
+        f"variant {_config.variant()}, block {BS}, causal prefill of n tokens; "
+        f"median of {args.reps} alternating calls"
+    )
+    print(
+        f"{'shape':<10}{'n':>6}{'thr':>4}{'exact ms':>10}{'cpu':>9}{'GF/s':>7}"
+        f"{'fast ms':>10}{'cpu':>9}{'GF/s':>7}{'x wall':>8}{'x cpu':>7}"
+    )
     for shape in args.shapes:
         h, n_kv, hd = (int(v) for v in shape.split("x"))
         for n in args.lengths:
@@ -89,19 +93,35 @@ def fast_vs_exact(args) -> list[dict]:
                 for _ in range(args.reps):
                     for name in res:
                         c0, t0 = time.process_time(), time.perf_counter()
-                        fns[name](q, k_cache, v_cache, bt, q_pos, 1 / np.sqrt(hd), out=out,
-                                  nthreads=nt)
+                        fns[name](
+                            q, k_cache, v_cache, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt
+                        )
                         res[name].append((time.perf_counter() - t0, time.process_time() - c0))
-                (we, ce), (wf, cf) = (np.median(np.array(res[k]), axis=0) for k in ("exact", "fast"))
-                rows.append({"table": "prefill", "shape": shape, "n": n, "threads": nt,
-                             "exact_ms": we * 1e3, "exact_cpu_ms": ce * 1e3, "fast_ms": wf * 1e3,
-                             "fast_cpu_ms": cf * 1e3, "exact_GFs": flops / we * 1e-9,
-                             "fast_GFs": flops / wf * 1e-9, "speedup_wall": we / wf,
-                             "speedup_cpu": ce / cf if cf > 0 else None})
-                print(f"{shape:<10}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
-                      f"{flops / we * 1e-9:>7.1f}{wf * 1e3:>10.1f}{cf * 1e3:>9.1f}"
-                      f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf if cf > 0 else 0:>7.2f}",
-                      flush=True)
+                (we, ce), (wf, cf) = (
+                    np.median(np.array(res[k]), axis=0) for k in ("exact", "fast")
+                )
+                rows.append(
+                    {
+                        "table": "prefill",
+                        "shape": shape,
+                        "n": n,
+                        "threads": nt,
+                        "exact_ms": we * 1e3,
+                        "exact_cpu_ms": ce * 1e3,
+                        "fast_ms": wf * 1e3,
+                        "fast_cpu_ms": cf * 1e3,
+                        "exact_GFs": flops / we * 1e-9,
+                        "fast_GFs": flops / wf * 1e-9,
+                        "speedup_wall": we / wf,
+                        "speedup_cpu": ce / cf if cf > 0 else None,
+                    }
+                )
+                print(
+                    f"{shape:<10}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
+                    f"{flops / we * 1e-9:>7.1f}{wf * 1e3:>10.1f}{cf * 1e3:>9.1f}"
+                    f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf if cf > 0 else 0:>7.2f}",
+                    flush=True,
+                )
     return rows
 
 
@@ -109,17 +129,22 @@ def decode(args) -> list[dict]:
     """one decode step's attention over every layer, per storage type and kernel"""
     rows = []
     rng = np.random.default_rng(0)
-    print(f"variant {_config.variant()}, block {BS}, decode (T=1) over all layers; median of "
-          f"{args.reps} alternating steps; GB/s: bytes of K and V read per step / time")
-    print(f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
-          f"{'GB/s':>7}")
+    print(
+        f"variant {_config.variant()}, block {BS}, decode (T=1) over all layers; median of "
+        f"{args.reps} alternating steps; GB/s: bytes of K and V read per step / time"
+    )
+    print(
+        f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
+        f"{'GB/s':>7}"
+    )
     for shape in args.shapes:
         h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
         for n in args.lengths:
             for dt in args.kv_dtypes:
                 layers = [make_cache(n, rng, n_kv, hd, dt) for _ in range(n_layers)]
-                nbytes = n_layers * n * sum(
-                    c.nbytes / c.shape[0] / BS for c in layers[0][:2])  # K and V of n tokens
+                nbytes = (
+                    n_layers * n * sum(c.nbytes / c.shape[0] / BS for c in layers[0][:2])
+                )  # K and V of n tokens
                 q = rng.standard_normal((1, h, hd)).astype(np.float32)
                 q_pos = np.array([n - 1], np.int32)
                 out = np.empty_like(q)
@@ -139,11 +164,24 @@ def decode(args) -> list[dict]:
                             step(name)
                             res[name].append(time.perf_counter() - t0)
                     we, wf = (float(np.median(res[k])) for k in ("exact", "fast"))
-                    rows.append({"table": "decode", "shape": shape, "n": n, "kv_dtype": dt,
-                                 "threads": nt, "exact_ms": we * 1e3, "exact_GBs": nbytes / we * 1e-9,
-                                 "fast_ms": wf * 1e3, "fast_GBs": nbytes / wf * 1e-9})
-                    print(f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
-                          f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}", flush=True)
+                    rows.append(
+                        {
+                            "table": "decode",
+                            "shape": shape,
+                            "n": n,
+                            "kv_dtype": dt,
+                            "threads": nt,
+                            "exact_ms": we * 1e3,
+                            "exact_GBs": nbytes / we * 1e-9,
+                            "fast_ms": wf * 1e3,
+                            "fast_GBs": nbytes / wf * 1e-9,
+                        }
+                    )
+                    print(
+                        f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
+                        f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}",
+                        flush=True,
+                    )
                 layers.clear()  # free this shape's caches before the next one
     return rows
 
@@ -158,12 +196,20 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--decode", action="store_true", help="decode attention over all layers")
     ap.add_argument("--kv-dtypes", nargs="+", default=["f32", "f16", "q8_0"])
-    ap.add_argument("--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)"
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     global MIN_TIME
-    cases = [("decode", 64), ("decode", 512), ("decode", 2048), ("decode", 8192),
-             ("prefill", 512), ("prefill", 2048)]
+    cases = [
+        ("decode", 64),
+        ("decode", 512),
+        ("decode", 2048),
+        ("decode", 8192),
+        ("prefill", 512),
+        ("prefill", 2048),
+    ]
     if args.variant:
         _config.set_variant(args.variant)
     res = {"benchmark": "kernels_attention", "regime": regime.header(None, argv=argv), "rows": []}
@@ -200,13 +246,24 @@ def main(argv=None):
         out = np.empty_like(q)
         flops = 4.0 * HD * keys * H
         for nt in args.threads:
-            t, tmin = bench(lambda: attention(q, k_cache, v_cache, bt, q_pos, scale, out=out,
-                                              nthreads=nt))
-            res["rows"].append({"table": "exact", "case": kind, "n": n, "threads": nt,
-                                "median_ms": t * 1e3, "min_ms": tmin * 1e3,
-                                "GFs": flops / t * 1e-9})
-            print(f"{kind + ' ' + str(n):<16}{nt:>8}{t * 1e3:>11.3f}{flops / t * 1e-9:>9.2f}"
-                  f"{tmin * 1e3:>9.3f}{flops / tmin * 1e-9:>9.2f}")
+            t, tmin = bench(
+                lambda: attention(q, k_cache, v_cache, bt, q_pos, scale, out=out, nthreads=nt)
+            )
+            res["rows"].append(
+                {
+                    "table": "exact",
+                    "case": kind,
+                    "n": n,
+                    "threads": nt,
+                    "median_ms": t * 1e3,
+                    "min_ms": tmin * 1e3,
+                    "GFs": flops / t * 1e-9,
+                }
+            )
+            print(
+                f"{kind + ' ' + str(n):<16}{nt:>8}{t * 1e3:>11.3f}{flops / t * 1e-9:>9.2f}"
+                f"{tmin * 1e3:>9.3f}{flops / tmin * 1e-9:>9.2f}"
+            )
     return regime.finish(res, args.json)
 
 

@@ -20,6 +20,7 @@ Column thr: requested threads, "2>1" when the work is too small and the kernel u
 Times are medians of 7 samples; on a shared machine 2-thread rows suffer most from noise.
 --smoke: one shape, M 1 and 16, one thread, minimal timing (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,9 @@ import sys
 import time
 
 import numpy as np
+import regime
 
 import goinfer._kernels  # noqa: F401
-import regime
 from goinfer._kernels import _config
 from goinfer.quant import quantize_weight
 
@@ -113,19 +114,31 @@ def cpu_ghz():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
-    ap.add_argument("--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k"])
+    ap.add_argument(
+        "--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k"]
+    )
     ap.add_argument("--variant", default=None)
     ap.add_argument("--set", default="smollm2", choices=sorted(SETS), help="which model's shapes")
-    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                    help="cpu: CPU seconds of the process divided by the threads used (a shared, "
-                         "loaded machine: the rate per core while running, not what a user sees)")
+    ap.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="cpu: CPU seconds of the process divided by the threads used (a shared, "
+        "loaded machine: the rate per core while running, not what a user sees)",
+    )
     ap.add_argument("--shapes", type=int, nargs="+", default=None, help="indices into SHAPES")
-    ap.add_argument("--cold-mb", type=float, default=256.0, help="bytes of weight copies for cold GEMV")
+    ap.add_argument(
+        "--cold-mb", type=float, default=256.0, help="bytes of weight copies for cold GEMV"
+    )
     ap.add_argument("--min-time", type=float, default=0.15)
-    ap.add_argument("--smoke", action="store_true", help="one shape, minimal timing (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="one shape, minimal timing (the test suite)"
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
@@ -135,14 +148,25 @@ def main(argv=None):
         _config.set_variant(args.variant)
     ghz = cpu_ghz()
     peak = peak_ops_per_cycle(_config.variant()) * ghz
-    res = {"benchmark": "kernels_matmul", "regime": regime.header(None, argv=argv), "set": args.set,
-           "clock": args.clock, "ghz": ghz, "peak_GOPs_per_core": peak, "rows": [],
-           "quantize_act": []}
-    print(f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, cpu ~{ghz:.2f} GHz (nominal): "
-          f"int8 peak per core ~{peak:.0f} GOP/s ({peak_ops_per_cycle(_config.variant())} ops/cycle)")
+    res = {
+        "benchmark": "kernels_matmul",
+        "regime": regime.header(None, argv=argv),
+        "set": args.set,
+        "clock": args.clock,
+        "ghz": ghz,
+        "peak_GOPs_per_core": peak,
+        "rows": [],
+        "quantize_act": [],
+    }
+    print(
+        f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, cpu ~{ghz:.2f} GHz (nominal): "
+        f"int8 peak per core ~{peak:.0f} GOP/s ({peak_ops_per_cycle(_config.variant())} ops/cycle)"
+    )
     rng = np.random.default_rng(0)
-    hdr = (f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "
-           f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s} {'peak':>5s}")
+    hdr = (
+        f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "
+        f"{'GB/s hot':>8s} {'us cold':>9s} {'GB/s cold':>9s} {'GOP/s':>7s} {'peak':>5s}"
+    )
     print(hdr)
     print("-" * len(hdr))
     SHAPES_ = SETS[args.set]
@@ -166,34 +190,68 @@ def main(argv=None):
                     clock = time.perf_counter
                     if args.clock == "cpu":
                         clock = lambda used=used: time.process_time() / used  # noqa: E731
-                    t = median_time(lambda: K.matmul(xq, w, out, nthreads=nt), args.min_time, clock=clock)
+                    t = median_time(
+                        lambda: K.matmul(xq, w, out, nthreads=nt), args.min_time, clock=clock
+                    )
                     gops = 2.0 * M * n_out * n_in / t / 1e9
                     if M == 1:
                         if copies is None:
                             n = max(2, int(args.cold_mb * 2**20 / w.nbytes))
-                            copies = [quantize_weight(W, kind) if i == 0 else
-                                      type(w)(w.kind, w.n_out, w.n_in, w.qs.copy(), w.d.copy(),
-                                              None if w.m is None else w.m.copy())
-                                      for i in range(n)]
+                            copies = [
+                                quantize_weight(W, kind)
+                                if i == 0
+                                else type(w)(
+                                    w.kind,
+                                    w.n_out,
+                                    w.n_in,
+                                    w.qs.copy(),
+                                    w.d.copy(),
+                                    None if w.m is None else w.m.copy(),
+                                )
+                                for i in range(n)
+                            ]
                         it = iter(range(10**12))
 
                         def cold():
                             K.matmul(xq, copies[next(it) % len(copies)], out, nthreads=nt)
 
                         tc = median_time(cold, args.min_time)
-                        res["rows"].append({"shape": name.strip(), "kind": kind, "M": M, "threads": nt,
-                                            "threads_used": used, "us": t * 1e6,
-                                            "hot_GBs": w.nbytes / t / 1e9, "cold_us": tc * 1e6,
-                                            "cold_GBs": w.nbytes / tc / 1e9, "GOPs": gops})
-                        print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
-                              f"{w.nbytes / t / 1e9:8.1f} {tc * 1e6:9.1f} {w.nbytes / tc / 1e9:9.1f} {gops:7.1f}")
+                        res["rows"].append(
+                            {
+                                "shape": name.strip(),
+                                "kind": kind,
+                                "M": M,
+                                "threads": nt,
+                                "threads_used": used,
+                                "us": t * 1e6,
+                                "hot_GBs": w.nbytes / t / 1e9,
+                                "cold_us": tc * 1e6,
+                                "cold_GBs": w.nbytes / tc / 1e9,
+                                "GOPs": gops,
+                            }
+                        )
+                        print(
+                            f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
+                            f"{w.nbytes / t / 1e9:8.1f} {tc * 1e6:9.1f} {w.nbytes / tc / 1e9:9.1f} {gops:7.1f}"
+                        )
                     else:
                         frac = f"{100 * gops / (peak * used):4.0f}%" if peak > 0 else ""
-                        res["rows"].append({"shape": name.strip(), "kind": kind, "M": M, "threads": nt,
-                                            "threads_used": used, "us": t * 1e6, "GOPs": gops,
-                                            "fraction_of_peak": gops / (peak * used) if peak > 0 else None})
-                        print(f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
-                              f"{'':8s} {'':9s} {'':9s} {gops:7.1f} {frac:>5s}")
+                        res["rows"].append(
+                            {
+                                "shape": name.strip(),
+                                "kind": kind,
+                                "M": M,
+                                "threads": nt,
+                                "threads_used": used,
+                                "us": t * 1e6,
+                                "GOPs": gops,
+                                "fraction_of_peak": gops / (peak * used) if peak > 0 else None,
+                            }
+                        )
+                        print(
+                            f"{name:21s} {kind:5s} {M:4d} {thr:>5s} {t * 1e6:10.1f}  "
+                            f"{'':8s} {'':9s} {'':9s} {gops:7.1f} {frac:>5s}"
+                        )
             copies = None
     # activation quantization
     for M, n_in in [(1, 576), (512, 576), (512, 1536)]:
@@ -201,9 +259,12 @@ def main(argv=None):
         qa = K.quantize_act(x)
         for nt in args.threads:
             t = median_time(lambda: K.quantize_act(x, qa, nthreads=nt), args.min_time)
-            res["quantize_act"].append({"M": M, "n_in": n_in, "threads": nt, "us": t * 1e6,
-                                        "GBs": x.nbytes / t / 1e9})
-            print(f"quantize_act {M}x{n_in}, {nt} thr: {t * 1e6:.1f} us ({x.nbytes / t / 1e9:.1f} GB/s of float32 in)")
+            res["quantize_act"].append(
+                {"M": M, "n_in": n_in, "threads": nt, "us": t * 1e6, "GBs": x.nbytes / t / 1e9}
+            )
+            print(
+                f"quantize_act {M}x{n_in}, {nt} thr: {t * 1e6:.1f} us ({x.nbytes / t / 1e9:.1f} GB/s of float32 in)"
+            )
     return regime.finish(res, args.json)
 
 

@@ -10,6 +10,7 @@ One layer's calls at a shape HKxHVxD (key heads x value heads x head dim; Qwen3.
 denormals).  Per variant, median and min wall ms of --repeats calls, and for gated_delta the
 state bytes a call streams through (3 x HV x D x D x 4 bytes per token: two reads, one write).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import statistics
 import time
 
 import numpy as np
-
 import regime
+
 from goinfer._kernels import _config, ssm
 
 
@@ -52,10 +53,16 @@ def run(T: int, Hk: int, Hv: int, d: int, threads: int, variant: str, repeats: i
     old = _config.variant()
     _config.set_variant(variant)
     try:
-        gd = timed(lambda: ssm.gated_delta(x["qkv"], x["ab"], x["A"], x["dt"], x["state"].copy(),
-                                           Hk, nthreads=threads), repeats)
-        cv = timed(lambda: ssm.ssm_conv(x["qkv"], x["wT"], x["conv_state"].copy(),
-                                        nthreads=threads), repeats)
+        gd = timed(
+            lambda: ssm.gated_delta(
+                x["qkv"], x["ab"], x["A"], x["dt"], x["state"].copy(), Hk, nthreads=threads
+            ),
+            repeats,
+        )
+        cv = timed(
+            lambda: ssm.ssm_conv(x["qkv"], x["wT"], x["conv_state"].copy(), nthreads=threads),
+            repeats,
+        )
     finally:
         _config.set_variant(old)
     gbs = 3 * Hv * d * d * 4 * T / (gd[0] * 1e-3) / 1e9
@@ -67,7 +74,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--T", type=int, default=512, help="tokens per call")
     ap.add_argument("--heads", default="16x32x128", help="HKxHVxD (Qwen3.5-4B: 16x32x128)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variant", nargs="*", default=None, help="ISA variants (default: all supported)")
+    ap.add_argument(
+        "--variant", nargs="*", default=None, help="ISA variants (default: all supported)"
+    )
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--smoke", action="store_true", help="tiny shape, one repeat (the test suite)")
     regime.add_json_arg(ap)
@@ -88,10 +97,21 @@ def main(argv=None) -> dict:
         r = run(args.T, Hk, Hv, d, args.threads, v, args.repeats)
         rows.append(r)
         (gm, gn), (cm, cn) = r["gated_delta_ms"], r["ssm_conv_ms"]
-        print(f"| {v} | {gm:.2f} ({gn:.2f}) | {r['state_gb_s']:.1f} | {cm:.2f} ({cn:.2f}) |", flush=True)
-    return regime.finish({"benchmark": "kernels_ssm", "regime": hdr,
-                          "T": args.T, "heads": [Hk, Hv, d], "repeats": args.repeats, "rows": rows},
-                         args.json)
+        print(
+            f"| {v} | {gm:.2f} ({gn:.2f}) | {r['state_gb_s']:.1f} | {cm:.2f} ({cn:.2f}) |",
+            flush=True,
+        )
+    return regime.finish(
+        {
+            "benchmark": "kernels_ssm",
+            "regime": hdr,
+            "T": args.T,
+            "heads": [Hk, Hv, d],
+            "repeats": args.repeats,
+            "rows": rows,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

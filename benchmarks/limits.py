@@ -30,6 +30,7 @@ AVX-512 VNNI 2 VPDPBUSD x 64 MACs, AVX2 2 VPMADDUBSW x 32 MACs) x the nominal cl
 threads; the best GEMM rate of the kernel itself is in
 benchmarks/kernels_matmul.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import regime
 from kernels_matmul import cpu_ghz, peak_ops_per_cycle
 
@@ -87,8 +87,13 @@ def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> d
         rates = [q.get() for _ in ps]
         for p in ps:
             p.join()
-    return {"GBs": sum(rates) / 1e9, "processes": threads, "buffer_bytes_per_process": n_bytes,
-            "per_process_GBs": [r / 1e9 for r in rates], "reps": reps}
+    return {
+        "GBs": sum(rates) / 1e9,
+        "processes": threads,
+        "buffer_bytes_per_process": n_bytes,
+        "per_process_GBs": [r / 1e9 for r in rates],
+        "reps": reps,
+    }
 
 
 def weight_bytes(model) -> dict[str, int]:
@@ -141,19 +146,31 @@ def bytes_per_token(model) -> dict:
     f = file_decode_bytes(model.path)
     by_kind = weight_bytes(model)
     mine = sum(by_kind.values())
-    return {"file": Path(model.path).name, "file_bytes": f["bytes"], "file_by_type": f["by_type"],
-            "head_tied": f["head_tied"], "goinfer_bytes": mine, "goinfer_by_kind": by_kind,
-            "goinfer_over_file": mine / f["bytes"]}
+    return {
+        "file": Path(model.path).name,
+        "file_bytes": f["bytes"],
+        "file_by_type": f["by_type"],
+        "head_tied": f["head_tied"],
+        "goinfer_bytes": mine,
+        "goinfer_by_kind": by_kind,
+        "goinfer_over_file": mine / f["bytes"],
+    }
 
 
 def print_bytes(rows: list[dict]) -> None:
-    print("| file | file's bytes a decode step reads | goinfer's decode reads | ratio | goinfer's kinds |")
+    print(
+        "| file | file's bytes a decode step reads | goinfer's decode reads | ratio | goinfer's kinds |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
-        kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(r["goinfer_by_kind"].items(),
-                                                                     key=lambda kv: -kv[1]))
-        print(f"| {r['file']} | {r['file_bytes'] / 1e6:.1f} MB | {r['goinfer_bytes'] / 1e6:.1f} MB | "
-              f"{r['goinfer_over_file']:.4f} | {kinds} |")
+        kinds = ", ".join(
+            f"{k} {v / 1e6:.1f} MB"
+            for k, v in sorted(r["goinfer_by_kind"].items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"| {r['file']} | {r['file_bytes'] / 1e6:.1f} MB | {r['goinfer_bytes'] / 1e6:.1f} MB | "
+            f"{r['goinfer_over_file']:.4f} | {kinds} |"
+        )
 
 
 def prefill_ops(model, tokens: int) -> float:
@@ -164,14 +181,23 @@ def prefill_ops(model, tokens: int) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="*", default=["smollm2-135m"],
-                    help="a model name or GGUF path (several with --bytes)")
-    ap.add_argument("--bytes", action="store_true",
-                    help="only the bytes per token of each model (no timing, no bandwidth)")
+    ap.add_argument(
+        "model",
+        nargs="*",
+        default=["smollm2-135m"],
+        help="a model name or GGUF path (several with --bytes)",
+    )
+    ap.add_argument(
+        "--bytes",
+        action="store_true",
+        help="only the bytes per token of each model (no timing, no bandwidth)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="64,2048")
     ap.add_argument("--prefill", default="512,2048")
-    ap.add_argument("--smoke", action="store_true", help="tiny model, small buffers (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny model, small buffers (the test suite)"
+    )
     regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     import tempfile
@@ -188,10 +214,16 @@ def main(argv=None):
         a.model, a.contexts, a.prefill = [str(smoke_model(tmp.name))], "64", "64"
         n_bytes, reps = 16 << 20, 1
     if a.bytes:
-        res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv), "bytes_per_token": []}
+        res = {
+            "benchmark": "limits",
+            "regime": regime.header(a.threads, argv=argv),
+            "bytes_per_token": [],
+        }
         for name in a.model:
             model = goinfer.Model.load(name, threads=a.threads, progress=False)
-            res["bytes_per_token"].append({**bytes_per_token(model), "model": regime.model(model.path)})
+            res["bytes_per_token"].append(
+                {**bytes_per_token(model), "model": regime.model(model.path)}
+            )
             del model
         print_bytes(res["bytes_per_token"])
         tmp.cleanup()
@@ -200,39 +232,63 @@ def main(argv=None):
         ap.error("one model per timed run (several only with --bytes)")
     bw = {"one_core": read_bandwidth(1, n_bytes, reps)}
     bw["threads"] = read_bandwidth(a.threads, n_bytes, reps) if a.threads > 1 else bw["one_core"]
-    print(f"memory read bandwidth: one core {bw['one_core']['GBs']:.1f} GB/s, "
-          f"{a.threads} processes {bw['threads']['GBs']:.1f} GB/s")
+    print(
+        f"memory read bandwidth: one core {bw['one_core']['GBs']:.1f} GB/s, "
+        f"{a.threads} processes {bw['threads']['GBs']:.1f} GB/s"
+    )
     model = goinfer.Model.load(a.model[0], threads=a.threads, progress=False)
-    res = {"benchmark": "limits", "regime": regime.header(a.threads, argv=argv),
-           "model": regime.model(model.path), "bytes_per_token": [bytes_per_token(model)],
-           "bandwidth": bw, "decode": [], "prefill": []}
+    res = {
+        "benchmark": "limits",
+        "regime": regime.header(a.threads, argv=argv),
+        "model": regime.model(model.path),
+        "bytes_per_token": [bytes_per_token(model)],
+        "bandwidth": bw,
+        "decode": [],
+        "prefill": [],
+    }
     print_bytes(res["bytes_per_token"])
     bw_threads = bw["threads"]["GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
-        tok_s = 1.0 / statistics.median(bench.time_decode(model, ctx, 4 if a.smoke else 32,
-                                                          1 if a.smoke else 3))
+        tok_s = 1.0 / statistics.median(
+            bench.time_decode(model, ctx, 4 if a.smoke else 32, 1 if a.smoke else 3)
+        )
         gbs = b["total"] * tok_s / 1e9
-        row = {"context": ctx, "bytes_per_token": b, "tok_s": tok_s, "GBs": gbs,
-               "fraction_of_bandwidth": gbs / bw_threads}
+        row = {
+            "context": ctx,
+            "bytes_per_token": b,
+            "tok_s": tok_s,
+            "GBs": gbs,
+            "fraction_of_bandwidth": gbs / bw_threads,
+        }
         res["decode"].append(row)
-        print(f"decode after {ctx}: {b['total'] / 1e6:.1f} MB/token (weights "
-              f"{b['weights'] / 1e6:.1f}, KV {b['kv'] / 1e6:.1f}) x {tok_s:.1f} tok/s = "
-              f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the measured bandwidth")
+        print(
+            f"decode after {ctx}: {b['total'] / 1e6:.1f} MB/token (weights "
+            f"{b['weights'] / 1e6:.1f}, KV {b['kv'] / 1e6:.1f}) x {tok_s:.1f} tok/s = "
+            f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the measured bandwidth"
+        )
     ghz = cpu_ghz()
-    ops = peak_ops_per_cycle(_config.variant())      # the running variant's int8 ops per cycle
+    ops = peak_ops_per_cycle(_config.variant())  # the running variant's int8 ops per cycle
     peak = ops * ghz * a.threads
     for n in (int(c) for c in a.prefill.split(",")):
         p = profile.run(model, n, decode_tokens=1)["prefill"]
         mm = p["matmul"]["seconds"]
         gops = prefill_ops(model, n) / mm / 1e9
-        row = {"tokens": n, "tok_s": p["tok_s"], "matmul_seconds": mm,
-               "matmul_share": p["matmul"]["share"], "int8_GOPs": gops, "peak_GOPs": peak}
+        row = {
+            "tokens": n,
+            "tok_s": p["tok_s"],
+            "matmul_seconds": mm,
+            "matmul_share": p["matmul"]["share"],
+            "int8_GOPs": gops,
+            "peak_GOPs": peak,
+        }
         res["prefill"].append(row)
         share = f"{100 * gops / peak:.0f}%" if peak else "(no peak stated)"
-        print(f"prefill {n}: {p['tok_s']:.0f} tok/s, matmul {100 * p['matmul']['share']:.0f}% of "
-              f"the time at {gops:.0f} int8 GOP/s = {share} of the "
-              f"{peak:.0f} GOP/s peak of {_config.variant()} ({a.threads} x {ops} ops/cycle x {ghz:.2f} GHz)")
+        print(
+            f"prefill {n}: {p['tok_s']:.0f} tok/s, matmul {100 * p['matmul']['share']:.0f}% of "
+            f"the time at {gops:.0f} int8 GOP/s = {share} of the "
+            f"{peak:.0f} GOP/s peak of {_config.variant()} ({a.threads} x {ops} ops/cycle x {ghz:.2f} GHz)"
+        )
     tmp.cleanup()
     return regime.finish(res, a.json)
 

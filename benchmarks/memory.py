@@ -24,6 +24,7 @@ medians.  The page cache is warm for every run but goinfer's first (the file was
 --smoke: the tiny shape (benchmarks/shapes.py), short prefill, one repeat; the llama.cpp side is
 skipped (with a message) when llama-cpp-python is not installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,9 +97,23 @@ print(json.dumps({"load_s": load_s, "source": src, "rss_load": after_load["VmRSS
 
 def run_child(engine: str, path: str, args, fa: bool, layout_dir: str) -> dict:
     env = dict(os.environ, GOINFER_LAYOUT_DIR=layout_dir, OMP_NUM_THREADS=str(args.threads))
-    out = subprocess.run([sys.executable, "-c", CHILD, engine, path, str(args.prefill),
-                          str(args.decode), str(args.threads), "1" if fa else "0"],
-                         env=env, capture_output=True, text=True, timeout=7200)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            engine,
+            path,
+            str(args.prefill),
+            str(args.decode),
+            str(args.threads),
+            "1" if fa else "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=7200,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{engine} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -115,13 +130,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layout-dir", default=None,
-                    help="goinfer's layout cache directory (default: a fresh temporary one)")
+    ap.add_argument(
+        "--layout-dir",
+        default=None,
+        help="goinfer's layout cache directory (default: a fresh temporary one)",
+    )
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both",
-                    help="llama.cpp's flash attention (its lowest-memory setting is on)")
-    ap.add_argument("--no-first-load", action="store_true",
-                    help="skip goinfer's separate first-load run (the layout cache is built already)")
+    ap.add_argument(
+        "--flash-attn",
+        choices=["on", "off", "both"],
+        default="both",
+        help="llama.cpp's flash attention (its lowest-memory setting is on)",
+    )
+    ap.add_argument(
+        "--no-first-load",
+        action="store_true",
+        help="skip goinfer's separate first-load run (the layout cache is built already)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny model, short run (the test suite)")
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
@@ -135,37 +160,68 @@ def main(argv=None) -> dict:
         ap.error("a model path is needed (or --smoke)")
     layout_dir = args.layout_dir or str(Path(tmp.name) / "layouts")
     engines = [("goinfer", False)]
-    res = {"benchmark": "memory", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(args.model), "prefill": args.prefill, "decode": args.decode,
-           "repeats": args.repeats, "one_process_per_run": True, "runs": {}}
+    res = {
+        "benchmark": "memory",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(args.model),
+        "prefill": args.prefill,
+        "decode": args.decode,
+        "repeats": args.repeats,
+        "one_process_per_run": True,
+        "runs": {},
+    }
     if args.no_llama_cpp:
         peer = "skipped (--no-llama-cpp)"
     elif not res["regime"]["peer"]["installed"]:
         peer = "skipped (llama-cpp-python is not installed)"
     else:
-        engines += [("llama.cpp", fa) for fa in {"on": [True], "off": [False],
-                                                 "both": [False, True]}[args.flash_attn]]
+        engines += [
+            ("llama.cpp", fa)
+            for fa in {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
+        ]
         peer = f"llama-cpp-python {res['regime']['peer']['version']}"
-    print(f"{Path(args.model).name}: prefill {args.prefill} + decode {args.decode}, "
-          f"{args.threads} threads; llama.cpp: {peer}", flush=True)
-    label = {("goinfer", False): "goinfer", ("llama.cpp", False): "llama.cpp",
-             ("llama.cpp", True): "llama.cpp + flash attention"}
+    print(
+        f"{Path(args.model).name}: prefill {args.prefill} + decode {args.decode}, "
+        f"{args.threads} threads; llama.cpp: {peer}",
+        flush=True,
+    )
+    label = {
+        ("goinfer", False): "goinfer",
+        ("llama.cpp", False): "llama.cpp",
+        ("llama.cpp", True): "llama.cpp + flash attention",
+    }
     if not args.no_first_load:
         first = run_child("goinfer", args.model, args, False, layout_dir)
         res["goinfer_first_load"] = first
-        print(f"goinfer first load ({first['source']}): {first['load_s']:.2f} s, peak RSS "
-              f"{_gb(first['peak_rss'])} GB", flush=True)
+        print(
+            f"goinfer first load ({first['source']}): {first['load_s']:.2f} s, peak RSS "
+            f"{_gb(first['peak_rss'])} GB",
+            flush=True,
+        )
     for _ in range(args.repeats):
         for eng, fa in engines:
             r = run_child(eng, args.model, args, fa, layout_dir)
             res["runs"].setdefault(label[eng, fa], []).append(r)
-            print(f"  {label[eng, fa]}: load {r['load_s']:.2f} s ({r['source']}), RSS after load "
-                  f"{_gb(r['rss_load'])} GB, peak {_gb(r['peak_rss'])} GB (anon {_gb(r['anon_end'] or 0)}"
-                  f" + file {_gb(r['file_end'] or 0)} at the end)", flush=True)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in ("load_s", "rss_load", "peak_rss",
-                                                              "prefill_s", "prefill_tok_s",
-                                                              "decode_tok_s")}
-           for k, v in res["runs"].items()}
+            print(
+                f"  {label[eng, fa]}: load {r['load_s']:.2f} s ({r['source']}), RSS after load "
+                f"{_gb(r['rss_load'])} GB, peak {_gb(r['peak_rss'])} GB (anon {_gb(r['anon_end'] or 0)}"
+                f" + file {_gb(r['file_end'] or 0)} at the end)",
+                flush=True,
+            )
+    med = {
+        k: {
+            f: statistics.median(r[f] for r in v)
+            for f in (
+                "load_s",
+                "rss_load",
+                "peak_rss",
+                "prefill_s",
+                "prefill_tok_s",
+                "decode_tok_s",
+            )
+        }
+        for k, v in res["runs"].items()
+    }
     res["median"] = med
     print(table(res))
     tmp.cleanup()
@@ -175,22 +231,29 @@ def main(argv=None) -> dict:
 def table(res) -> str:
     med = res["median"]
     r0 = res["regime"]
-    lines = [f"{res['model']['file']}, {r0['threads']} threads, prefill {res['prefill']} + decode "
-             f"{res['decode']}, medians of {res['repeats']} fresh processes, {r0['date']}, load "
-             f"{r0['load_avg_start'][0]:.1f}",
-             "", "| engine | load s | first prefill s | RSS after load GB | peak RSS GB | peak / llama.cpp's lowest |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"{res['model']['file']}, {r0['threads']} threads, prefill {res['prefill']} + decode "
+        f"{res['decode']}, medians of {res['repeats']} fresh processes, {r0['date']}, load "
+        f"{r0['load_avg_start'][0]:.1f}",
+        "",
+        "| engine | load s | first prefill s | RSS after load GB | peak RSS GB | peak / llama.cpp's lowest |",
+        "|---|---|---|---|---|---|",
+    ]
     peers = [v["peak_rss"] for k, v in med.items() if k != "goinfer"]
     best = min(peers) if peers else None
     f = res.get("goinfer_first_load")
     if f:
         ratio = f"{f['peak_rss'] / best:.2f}x" if best else ""
-        lines.append(f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {f['prefill_s']:.3f} | "
-                     f"{_gb(f['rss_load'])} | {_gb(f['peak_rss'])} | {ratio} |")
+        lines.append(
+            f"| goinfer, first load ({f['source']}) | {f['load_s']:.2f} | {f['prefill_s']:.3f} | "
+            f"{_gb(f['rss_load'])} | {_gb(f['peak_rss'])} | {ratio} |"
+        )
     for k, v in med.items():
         ratio = f"{v['peak_rss'] / best:.2f}x" if best else ""
-        lines.append(f"| {k} | {v['load_s']:.2f} | {v['prefill_s']:.3f} | {_gb(v['rss_load'])} | "
-                     f"{_gb(v['peak_rss'])} | {ratio} |")
+        lines.append(
+            f"| {k} | {v['load_s']:.2f} | {v['prefill_s']:.3f} | {_gb(v['rss_load'])} | "
+            f"{_gb(v['peak_rss'])} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

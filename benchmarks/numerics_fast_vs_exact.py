@@ -24,6 +24,7 @@ the fast path's top-1 agreement is read.
 
 --smoke: the tiny shape (benchmarks/shapes.py), one 520-token prompt, both modes (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ import os
 import time
 
 import numpy as np
-
 import regime
+
 from goinfer import KVCache, Model, fidelity
 from goinfer._kernels import attention_counters, reset_attention_counters
 
@@ -42,8 +43,12 @@ from goinfer._kernels import attention_counters, reset_attention_counters
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="smollm2-135m", help="a GGUF or a registered name")
-    ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "tests",
-                                                   "data", "tokenizer_corpus.txt"))
+    ap.add_argument(
+        "--text",
+        default=os.path.join(
+            os.path.dirname(__file__), "..", "tests", "data", "tokenizer_corpus.txt"
+        ),
+    )
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
@@ -51,8 +56,11 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny model, one prompt (the test suite)")
     ap.add_argument("--kv-dtype", default="f16", help="the fast model's KV cache type")
     ap.add_argument("--exact-kv-dtype", default="f32", help="the exact model's KV cache type")
-    ap.add_argument("--exact-only", action="store_true",
-                    help="the second model is exact too (compare two KV cache types)")
+    ap.add_argument(
+        "--exact-only",
+        action="store_true",
+        help="the second model is exact too (compare two KV cache types)",
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
@@ -70,9 +78,15 @@ def main(argv=None):
 
     args.model = str(hub.resolve(args.model, progress=False))
     if args.noise_floor:
-        return regime.finish({"benchmark": "numerics_noise_floor",
-                              "regime": regime.header(args.threads, argv=argv),
-                              "model": regime.model(args.model), "rows": noise_floor(args)}, args.json)
+        return regime.finish(
+            {
+                "benchmark": "numerics_noise_floor",
+                "regime": regime.header(args.threads, argv=argv),
+                "model": regime.model(args.model),
+                "rows": noise_floor(args),
+            },
+            args.json,
+        )
     hdr = regime.header(args.threads, argv=argv)
     fast = Model.load(args.model, threads=args.threads, progress=False, kv_dtype=args.kv_dtype)
     fast.exact = args.exact_only
@@ -100,20 +114,38 @@ def main(argv=None):
         cos_last = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
         cmp = fidelity.compare(exact, fast, np.asarray(ids, np.int32), n, n, progress=False)
         (we, ce), (wf, cf) = (np.median(np.array(times[k]), axis=0) for k in ("exact", "fast"))
-        row = dict(n=n, cos_last=cos_last, same_last_argmax=bool(a.argmax() == b.argmax()),
-                   top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
-                   cos_min=cmp.cosine_min, nll_exact=cmp.nll_a, nll_fast=cmp.nll_b,
-                   exact_wall_s=we, exact_cpu_s=ce, fast_wall_s=wf, fast_cpu_s=cf,
-                   speedup_wall=we / wf, speedup_cpu=ce / cf if cf > 0 else None,
-                   fast_queries=counts["fast"]["fast_queries"],
-                   exact_queries_of_fast=counts["fast"]["exact_queries"],
-                   fast_queries_of_exact=counts["exact"]["fast_queries"])
+        row = dict(
+            n=n,
+            cos_last=cos_last,
+            same_last_argmax=bool(a.argmax() == b.argmax()),
+            top1_agreement=cmp.top1_agreement,
+            cos_mean=cmp.cosine_mean,
+            cos_min=cmp.cosine_min,
+            nll_exact=cmp.nll_a,
+            nll_fast=cmp.nll_b,
+            exact_wall_s=we,
+            exact_cpu_s=ce,
+            fast_wall_s=wf,
+            fast_cpu_s=cf,
+            speedup_wall=we / wf,
+            speedup_cpu=ce / cf if cf > 0 else None,
+            fast_queries=counts["fast"]["fast_queries"],
+            exact_queries_of_fast=counts["fast"]["exact_queries"],
+            fast_queries_of_exact=counts["exact"]["fast_queries"],
+        )
         rows.append(row)
         print(json.dumps(row), flush=True)
-    res = dict(benchmark="numerics_fast_vs_exact", regime=hdr, model=regime.model(args.model),
-               text=os.path.basename(args.text), kv_dtype=args.kv_dtype,
-               exact_kv_dtype=args.exact_kv_dtype, exact_only=args.exact_only, reps=args.reps,
-               rows=rows)
+    res = dict(
+        benchmark="numerics_fast_vs_exact",
+        regime=hdr,
+        model=regime.model(args.model),
+        text=os.path.basename(args.text),
+        kv_dtype=args.kv_dtype,
+        exact_kv_dtype=args.exact_kv_dtype,
+        exact_only=args.exact_only,
+        reps=args.reps,
+        rows=rows,
+    )
     return regime.finish(res, args.json)
 
 
@@ -141,8 +173,15 @@ def noise_floor(args) -> list[dict]:
     rows = []
     for n in args.lengths:
         cmp = fidelity.compare(exact, noisy, ids_all[:n], n, n, progress=False)
-        rows.append(dict(n=n, top1_agreement=cmp.top1_agreement, cos_mean=cmp.cosine_mean,
-                         cos_min=cmp.cosine_min, nll_diff=cmp.nll_diff_mean))
+        rows.append(
+            dict(
+                n=n,
+                top1_agreement=cmp.top1_agreement,
+                cos_mean=cmp.cosine_mean,
+                cos_min=cmp.cosine_min,
+                nll_diff=cmp.nll_diff_mean,
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

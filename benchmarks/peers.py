@@ -31,6 +31,7 @@ the achieved fraction of it.
 MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.
 --smoke: the tiny shape, one short run of each row, bandwidth on a small buffer (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-
 import isolate
+import numpy as np
 import regime
 
 HERE = Path(__file__).resolve()
@@ -58,8 +58,9 @@ class GoinferEngine:
         from goinfer import bench
 
         self.bench = bench
-        self.model = goinfer.Model.load(path, threads=threads, exact=exact, progress=False,
-                                        kv_dtype=kv_dtype)
+        self.model = goinfer.Model.load(
+            path, threads=threads, exact=exact, progress=False, kv_dtype=kv_dtype
+        )
 
     def prefill(self, ids) -> tuple[float, int]:
         return self.bench.cold_prefill(self.model, ids)
@@ -69,18 +70,31 @@ class GoinferEngine:
 
     def facts(self) -> dict:
         """Native weight kinds and the GGUF types they came from; where the weights came from."""
-        return {"load_source": self.model.load_info.source,
-                "weights": sorted({w.kind + (f" (from {w.source_type})" if w.source_type else "")
-                                   for w in self.model.impl.weights()})}
+        return {
+            "load_source": self.model.load_info.source,
+            "weights": sorted(
+                {
+                    w.kind + (f" (from {w.source_type})" if w.source_type else "")
+                    for w in self.model.impl.weights()
+                }
+            ),
+        }
 
 
 class LlamaCppEngine:
     def __init__(self, path: str, threads: int, n_ctx: int, flash_attn: bool):
         from llama_cpp import Llama
 
-        self.llm = Llama(path, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_ubatch=512,
-                         n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
-                         verbose=False)
+        self.llm = Llama(
+            path,
+            n_ctx=n_ctx,
+            n_batch=min(n_ctx, 2048),
+            n_ubatch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=flash_attn,
+            verbose=False,
+        )
 
     def prefill(self, ids) -> tuple[float, int]:
         self.llm.reset()  # eval() drops cached positions >= n_tokens: a cold prefill
@@ -116,8 +130,9 @@ class TransformersEngine:
         torch.set_num_threads(threads)
         self.torch = torch
         p = Path(path)
-        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                          dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(p.parent), gguf_file=p.name, dtype=torch.float32
+        ).eval()
 
     def prefill(self, ids) -> tuple[float, int]:
         with self.torch.no_grad():
@@ -144,9 +159,16 @@ def child() -> None:
         e = TransformersEngine(spec["model"], spec["threads"])
     load_s = time.perf_counter() - t0
     e.prefill(spec["warmup"])
-    out = {"load_s": load_s, "prefill": [e.prefill(ids) for ids in spec["prefill"]],
-           "decode": ([e.decode(ids, spec["decode_tokens"]) for ids in spec["decode"]]
-                      if kind != "transformers" else []), **e.facts()}
+    out = {
+        "load_s": load_s,
+        "prefill": [e.prefill(ids) for ids in spec["prefill"]],
+        "decode": (
+            [e.decode(ids, spec["decode_tokens"]) for ids in spec["decode"]]
+            if kind != "transformers"
+            else []
+        ),
+        **e.facts(),
+    }
     isolate.child_reply(out)
 
 
@@ -183,15 +205,30 @@ def engines_of(args, have_llama: bool) -> list[dict]:
     out = []
     if not args.no_goinfer:
         for k in kvs:
-            out.append({"label": "goinfer" + (f" {k}" if len(kvs) > 1 else ""), "engine": "goinfer",
-                        "options": {"exact": False, "kv_dtype": k}})
+            out.append(
+                {
+                    "label": "goinfer" + (f" {k}" if len(kvs) > 1 else ""),
+                    "engine": "goinfer",
+                    "options": {"exact": False, "kv_dtype": k},
+                }
+            )
         if args.exact:
-            out.append({"label": "goinfer" + (f" {kvs[0]}" if len(kvs) > 1 else "") + " (exact)",
-                        "engine": "goinfer", "options": {"exact": True, "kv_dtype": kvs[0]}})
+            out.append(
+                {
+                    "label": "goinfer" + (f" {kvs[0]}" if len(kvs) > 1 else "") + " (exact)",
+                    "engine": "goinfer",
+                    "options": {"exact": True, "kv_dtype": kvs[0]},
+                }
+            )
     if have_llama:
         for fa in {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]:
-            out.append({"label": "llama.cpp" + (" flash-attn" if fa else ""), "engine": "llama.cpp",
-                        "options": {"flash_attn": fa}})
+            out.append(
+                {
+                    "label": "llama.cpp" + (" flash-attn" if fa else ""),
+                    "engine": "llama.cpp",
+                    "options": {"flash_attn": fa},
+                }
+            )
     if args.transformers:
         out.append({"label": "transformers float32", "engine": "transformers", "options": {}})
     return out
@@ -215,17 +252,31 @@ def main(argv=None) -> dict:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
-    ap.add_argument("--exact", "--exact-prefill", dest="exact", action="store_true",
-                    help="also run goinfer with exact=True (float64 attention everywhere)")
+    ap.add_argument(
+        "--exact",
+        "--exact-prefill",
+        dest="exact",
+        action="store_true",
+        help="also run goinfer with exact=True (float64 attention everywhere)",
+    )
     ap.add_argument("--kv-dtype", default="f16", help="goinfer KV cache type(s), comma-separated")
     ap.add_argument("--transformers", action="store_true", help="also time transformers prefill")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--no-goinfer", action="store_true", help="llama.cpp only")
-    ap.add_argument("--bandwidth", type=float, default=None,
-                    help="the machine's read bandwidth in GB/s (limits.py) for the decode fractions")
-    ap.add_argument("--measure-bandwidth", action="store_true",
-                    help="measure it first (limits.py's streaming read, the same threads)")
-    ap.add_argument("--smoke", action="store_true", help="tiny model, one short run (the test suite)")
+    ap.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help="the machine's read bandwidth in GB/s (limits.py) for the decode fractions",
+    )
+    ap.add_argument(
+        "--measure-bandwidth",
+        action="store_true",
+        help="measure it first (limits.py's streaming read, the same threads)",
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny model, one short run (the test suite)"
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     from goinfer import bench
@@ -257,41 +308,65 @@ def main(argv=None) -> dict:
         ctx = g.arch_get("context_length")
         tok = Tokenizer.from_metadata(g.metadata)
     if ctx is not None and need > ctx:
-        ap.error(f"the rows need {need} tokens of context (longest prompt, or decode prompt "
-                 f"+ --decode-tokens); {Path(args.model).name} has {ctx}")
+        ap.error(
+            f"the rows need {need} tokens of context (longest prompt, or decode prompt "
+            f"+ --decode-tokens); {Path(args.model).name} has {ctx}"
+        )
     engines = engines_of(args, have_llama)
     if not engines:
         ap.error("no engine left to run (--no-goinfer without llama-cpp-python)")
 
     vocab = SimpleNamespace(tokenizer=tok, vocab_size=tok.vocab_size)
-    spec = {"model": str(Path(args.model).resolve()), "threads": args.threads, "n_ctx": need + 64,
-            "decode_tokens": args.decode_tokens, "warmup": bench.prompt_ids(vocab, 64, seed=7),
-            "prefill": [bench.prompt_ids(vocab, n, seed=n) for n in lengths],
-            "decode": [bench.prompt_ids(vocab, p, seed=10_000 + p) for p in dprompts]}
-    res = {"benchmark": "peers", "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(args.model),
-           "settings": {"repeats": args.repeats, "prompt_lengths": lengths, "decode_prompts": dprompts,
-                        "decode_tokens": args.decode_tokens, "flash_attn": args.flash_attn,
-                        "kv_dtypes": [k for k in args.kv_dtype.split(",") if k],
-                        "engines": [e["label"] for e in engines], "one_process_per_engine": True},
-           "prefill": [], "decode": []}
+    spec = {
+        "model": str(Path(args.model).resolve()),
+        "threads": args.threads,
+        "n_ctx": need + 64,
+        "decode_tokens": args.decode_tokens,
+        "warmup": bench.prompt_ids(vocab, 64, seed=7),
+        "prefill": [bench.prompt_ids(vocab, n, seed=n) for n in lengths],
+        "decode": [bench.prompt_ids(vocab, p, seed=10_000 + p) for p in dprompts],
+    }
+    res = {
+        "benchmark": "peers",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(args.model),
+        "settings": {
+            "repeats": args.repeats,
+            "prompt_lengths": lengths,
+            "decode_prompts": dprompts,
+            "decode_tokens": args.decode_tokens,
+            "flash_attn": args.flash_attn,
+            "kv_dtypes": [k for k in args.kv_dtype.split(",") if k],
+            "engines": [e["label"] for e in engines],
+            "one_process_per_engine": True,
+        },
+        "prefill": [],
+        "decode": [],
+    }
     if args.measure_bandwidth or args.bandwidth:
         if args.bandwidth:
             res["bandwidth"] = {"GBs": args.bandwidth, "source": "given (--bandwidth)"}
         else:
             from limits import read_bandwidth
 
-            res["bandwidth"] = {**read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 5),
-                                "source": "measured (limits.read_bandwidth)"}
-        print(f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s ({res['bandwidth']['source']})",
-              flush=True)
+            res["bandwidth"] = {
+                **read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 5),
+                "source": "measured (limits.read_bandwidth)",
+            }
+        print(
+            f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s ({res['bandwidth']['source']})",
+            flush=True,
+        )
 
     # the engines alternate, each alone in its own process: goinfer, llama.cpp, goinfer, ...
     runs = {e["label"]: [] for e in engines}
     for _ in range(args.repeats):
         for e in engines:
             runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
-    res["processes"] = {"parent": os.getpid(), **{k: [r["pid"] for r in v] for k, v in runs.items()}}
+    res["processes"] = {
+        "parent": os.getpid(),
+        **{k: [r["pid"] for r in v] for k, v in runs.items()},
+    }
     first = {k: v[0] for k, v in runs.items()}
     g = next((first[e["label"]] for e in engines if e["engine"] == "goinfer"), None)
     res["goinfer_load"] = g["load_source"] if g else "not run"
@@ -305,23 +380,36 @@ def main(argv=None) -> dict:
         secs = {k: [r["prefill"][i][0] for r in v] for k, v in runs.items()}
         tok_s = {k: n / statistics.median(v) for k, v in secs.items()}
         best, ratio = _ratios(tok_s)
-        res["prefill"].append({"prompt_tokens": n, "tok_s": tok_s, "runs_s": secs, "best_peer": best,
-                               "ratio": ratio,
-                               "cached_tokens": {k: [r["prefill"][i][1] for r in v]
-                                                 for k, v in runs.items()}})
+        res["prefill"].append(
+            {
+                "prompt_tokens": n,
+                "tok_s": tok_s,
+                "runs_s": secs,
+                "best_peer": best,
+                "ratio": ratio,
+                "cached_tokens": {k: [r["prefill"][i][1] for r in v] for k, v in runs.items()},
+            }
+        )
     wbytes = decode_weight_bytes(args.model) if dprompts else None
     res["weight_bytes_per_token"] = wbytes
     for i, p in enumerate(dprompts):
         secs = {k: [r["decode"][i] for r in v] for k, v in runs.items() if v[0]["decode"]}
         tok_s = {k: 1.0 / statistics.median(v) for k, v in secs.items()}
         best, ratio = _ratios(tok_s)
-        row = {"prompt_tokens": p, "tokens": args.decode_tokens, "tok_s": tok_s,
-               "runs_s_per_token": secs, "best_peer": best, "ratio": ratio,
-               "weight_bytes_per_token": wbytes,
-               "weight_GBs": {k: wbytes * v / 1e9 for k, v in tok_s.items()}}
+        row = {
+            "prompt_tokens": p,
+            "tokens": args.decode_tokens,
+            "tok_s": tok_s,
+            "runs_s_per_token": secs,
+            "best_peer": best,
+            "ratio": ratio,
+            "weight_bytes_per_token": wbytes,
+            "weight_GBs": {k: wbytes * v / 1e9 for k, v in tok_s.items()},
+        }
         if "bandwidth" in res:
-            row["fraction_of_bandwidth"] = {k: v / res["bandwidth"]["GBs"]
-                                            for k, v in row["weight_GBs"].items()}
+            row["fraction_of_bandwidth"] = {
+                k: v / res["bandwidth"]["GBs"] for k, v in row["weight_GBs"].items()
+            }
         res["decode"].append(row)
     print(table(res))
     tmp.cleanup()
@@ -333,22 +421,28 @@ def table(res) -> str:
     engine of the row, and the decode rows' weight GB/s (and fraction of the bandwidth)."""
     r0 = res["regime"]
     peer = r0["peer"]
-    lines = [f"{res['model']['file']} ({res['model']['quantization']}), {r0['threads']} threads, "
-             f"{r0['machine']['model_name']}, goinfer {r0['goinfer']['kernel_variant']}"
-             f"{' + AMX' if r0['goinfer']['amx'] else ''}, {r0['date']}, medians of "
-             f"{res['settings']['repeats']} alternating runs, each engine in its own process; "
-             f"llama-cpp-python {peer['version'] if peer['installed'] else 'not installed'}; "
-             f"goinfer weights: {', '.join(res['goinfer_weights'])}"]
+    lines = [
+        f"{res['model']['file']} ({res['model']['quantization']}), {r0['threads']} threads, "
+        f"{r0['machine']['model_name']}, goinfer {r0['goinfer']['kernel_variant']}"
+        f"{' + AMX' if r0['goinfer']['amx'] else ''}, {r0['date']}, medians of "
+        f"{res['settings']['repeats']} alternating runs, each engine in its own process; "
+        f"llama-cpp-python {peer['version'] if peer['installed'] else 'not installed'}; "
+        f"goinfer weights: {', '.join(res['goinfer_weights'])}"
+    ]
     for kind, key, fmt in (("prefill", "prefill", ".0f"), ("decode after", "decode", ".1f")):
         for r in res[key]:
             parts = [f"{k} {v:{fmt}}" for k, v in r["tok_s"].items()]
             parts += [f"{k} x{v:.2f} of llama.cpp's best" for k, v in r["ratio"].items()]
             if "fraction_of_bandwidth" in r:
-                parts += [f"{k} {100 * v:.0f}% of {res['bandwidth']['GBs']:.1f} GB/s"
-                          for k, v in r["fraction_of_bandwidth"].items()]
+                parts += [
+                    f"{k} {100 * v:.0f}% of {res['bandwidth']['GBs']:.1f} GB/s"
+                    for k, v in r["fraction_of_bandwidth"].items()
+                ]
             lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")
     if res["decode"]:
-        lines.append(f"decode reads {res['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token")
+        lines.append(
+            f"decode reads {res['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
+        )
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ speed: the same file loaded twice (Q6_K as q6_k, Q6_K as q8_0, whatever the vari
     divided by the threads (the rate while running on a loaded machine).
 --smoke: all three on the tiny shape (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,6 @@ import contextlib
 import json
 
 import numpy as np
-
 import regime
 
 
@@ -69,8 +69,18 @@ def byte_table(path) -> list[dict]:
     from goinfer.gguf import GGUFFile, native_target
     from goinfer.quant import ROWS
 
-    per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32,
-           "mxfp4": 17 / 32, "q6_k": 210 / 256, "q4_k": 144 / 256, "q5_k": 176 / 256}
+    per = {
+        "f32": 4.0,
+        "f16": 2.0,
+        "bf16": 2.0,
+        "q4_0": 18 / 32,
+        "q4_1": 20 / 32,
+        "q8_0": 34 / 32,
+        "mxfp4": 17 / 32,
+        "q6_k": 210 / 256,
+        "q4_k": 144 / 256,
+        "q5_k": 176 / 256,
+    }
     g = GGUFFile(path)
     rows: dict[str, dict] = {}
     for name in g.tensor_names:
@@ -86,20 +96,29 @@ def byte_table(path) -> list[dict]:
             continue
         padded = n_el // shape[-2] * (-(-shape[-2] // ROWS) * ROWS)
         r["native"] += int(padded * per[native_target(tname, "avx2")[0]])
-        r["q8_0"] += int(padded * per["q8_0" if tname == "Q6_K" else native_target(tname, "avx2")[0]])
+        r["q8_0"] += int(
+            padded * per["q8_0" if tname == "Q6_K" else native_target(tname, "avx2")[0]]
+        )
     out = sorted(rows.values(), key=lambda r: -r["file"])
-    out.append({"type": "total", **{k: sum(r[k] for r in out) for k in ("tensors", "file", "native", "q8_0")}})
+    out.append(
+        {
+            "type": "total",
+            **{k: sum(r[k] for r in out) for k in ("tensors", "file", "native", "q8_0")},
+        }
+    )
     return out
 
 
 def print_bytes(path) -> list[dict]:
     rows = byte_table(path)
     print(f"{path}")
-    print(f"| GGUF type | tensors | MB in the GGUF | MB, Q6_K as q6_k | MB, Q6_K as q8_0 |")
+    print("| GGUF type | tensors | MB in the GGUF | MB, Q6_K as q6_k | MB, Q6_K as q8_0 |")
     print("|---|---|---|---|---|")
     for r in rows:
         f, n, q = (r[k] / 1e6 for k in ("file", "native", "q8_0"))
-        print(f"| {r['type']} | {r['tensors']} | {f:.1f} | {n:.1f} ({n / f - 1:+.0%}) | {q:.1f} ({q / f - 1:+.0%}) |")
+        print(
+            f"| {r['type']} | {r['tensors']} | {f:.1f} | {n:.1f} ({n / f - 1:+.0%}) | {q:.1f} ({q / f - 1:+.0%}) |"
+        )
     return rows
 
 
@@ -118,16 +137,28 @@ def agreement(path, reference, text, ctx: int, max_tokens: int, threads: int | N
             m = Model.load(path, threads=threads, layout_cache=False, progress=False)
         kinds = sorted({f"{r.source_type}->{r.kind}" for r in m.conversions.rows})
         r = compare(ref, m, ids, ctx=ctx, stride=ctx, progress=False)
-        row = {"q6_k as": label, "top1": r.top1_agreement, "cos_mean": r.cosine_mean, "cos_min": r.cosine_min,
-               "nll_ref": r.nll_a, "nll": r.nll_b, "positions": r.n_scored, "conversions": kinds}
+        row = {
+            "q6_k as": label,
+            "top1": r.top1_agreement,
+            "cos_mean": r.cosine_mean,
+            "cos_min": r.cosine_min,
+            "nll_ref": r.nll_a,
+            "nll": r.nll_b,
+            "positions": r.n_scored,
+            "conversions": kinds,
+        }
         print(json.dumps(row))
         res.append(row)
         del m
-    print("| Q6_K loaded as | positions | top-1 vs the file's exact values | mean logit cosine | min cosine | NLL (ref) |")
+    print(
+        "| Q6_K loaded as | positions | top-1 vs the file's exact values | mean logit cosine | min cosine | NLL (ref) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in res:
-        print(f"| {r['q6_k as']} | {r['positions']} | {100 * r['top1']:.2f}% | {r['cos_mean']:.5f} | "
-              f"{r['cos_min']:.4f} | {r['nll']:.4f} ({r['nll_ref']:.4f}) |")
+        print(
+            f"| {r['q6_k as']} | {r['positions']} | {100 * r['top1']:.2f}% | {r['cos_mean']:.5f} | "
+            f"{r['cos_min']:.4f} | {r['nll']:.4f} ({r['nll_ref']:.4f}) |"
+        )
     return res
 
 
@@ -146,25 +177,32 @@ def paired(path, reference, text, ctx: int, n_windows: int, threads: int | None)
     agree = dict.fromkeys(models, 0)
     n = 0
     for w in range(n_windows):
-        seq = (bos + list(ids[w * ctx:(w + 1) * ctx]))[:ctx]
+        seq = (bos + list(ids[w * ctx : (w + 1) * ctx]))[:ctx]
         if len(seq) < 2:
             break
         lr = ref.logits(seq).astype(np.float64)  # (T, V)
         for label, m in models.items():
             lg = m.logits(seq).astype(np.float64)
-            err[label].append(np.sqrt(((lg - lr) ** 2).mean(1) / (lr ** 2).mean(1)))  # (T,)
+            err[label].append(np.sqrt(((lg - lr) ** 2).mean(1) / (lr**2).mean(1)))  # (T,)
             agree[label] += int((lg.argmax(1) == lr.argmax(1)).sum())
         n += len(seq)
     e6, e8 = np.concatenate(err["q6_k"]), np.concatenate(err["q8_0"])
-    res = {"positions": n, "top1": {k: v / n for k, v in agree.items()},
-           "median_err": {"q6_k": float(np.median(e6)), "q8_0": float(np.median(e8))},
-           "mean_err": {"q6_k": float(e6.mean()), "q8_0": float(e8.mean())},
-           "q6_k_closer": float((e6 < e8).mean())}
+    res = {
+        "positions": n,
+        "top1": {k: v / n for k, v in agree.items()},
+        "median_err": {"q6_k": float(np.median(e6)), "q8_0": float(np.median(e8))},
+        "mean_err": {"q6_k": float(e6.mean()), "q8_0": float(e8.mean())},
+        "q6_k_closer": float((e6 < e8).mean()),
+    }
     print(json.dumps(res))
-    print("| Q6_K loaded as | positions | top-1 vs the file's exact values | median / mean relative logit error | closer than the other at |")
+    print(
+        "| Q6_K loaded as | positions | top-1 vs the file's exact values | median / mean relative logit error | closer than the other at |"
+    )
     print("|---|---|---|---|---|")
     for k, e, c in (("q6_k", e6, res["q6_k_closer"]), ("q8_0", e8, float((e8 < e6).mean()))):
-        print(f"| {k} | {n} | {100 * res['top1'][k]:.2f}% | {np.median(e):.5f} / {e.mean():.5f} | {100 * c:.1f}% of positions |")
+        print(
+            f"| {k} | {n} | {100 * res['top1'][k]:.2f}% | {np.median(e):.5f} / {e.mean():.5f} | {100 * c:.1f}% of positions |"
+        )
     return res
 
 
@@ -198,7 +236,9 @@ def speed(path, prompt: int, decode: int, rounds: int, threads: int | None, cloc
                 tok = int(s.decode(tok).argmax())
             t2 = now()
             times[label].append((t1 - t0, t2 - t1))
-            print(f"round {r} {label}: prefill {prompt / (t1 - t0):.1f} tok/s, decode {decode / (t2 - t1):.1f} tok/s")
+            print(
+                f"round {r} {label}: prefill {prompt / (t1 - t0):.1f} tok/s, decode {decode / (t2 - t1):.1f} tok/s"
+            )
     res = {}
     print(f"| Q6_K as | prefill {prompt} tok/s | decode {decode} tok/s | rounds |")
     print("|---|---|---|---|")
@@ -224,14 +264,18 @@ def smoke() -> dict:
         copy(str(src), str(ref), "original", "")
         text = Path(d) / "t.txt"
         text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
-        out["agreement"] = agreement(str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1)
+        out["agreement"] = agreement(
+            str(src), str(ref), str(text), ctx=32, max_tokens=64, threads=1
+        )
         out["paired"] = paired(str(src), str(ref), str(text), ctx=16, n_windows=2, threads=1)
         out["speed"] = speed(str(src), prompt=8, decode=2, rounds=1, threads=1, clock="cpu")
     return out
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("what", nargs="?", choices=["bytes", "agreement", "paired", "speed"])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--reference", help="agreement: float32 copy with the file's exact values")
@@ -244,7 +288,9 @@ def main(argv=None):
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"])
-    ap.add_argument("--smoke", action="store_true", help="both measurements on the tiny shape (the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="both measurements on the tiny shape (the test suite)"
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     res = {"benchmark": "q6k", "regime": regime.header(args.threads, argv=argv)}
@@ -255,16 +301,23 @@ def main(argv=None):
         ap.error("bytes|agreement|paired|speed MODEL (or --smoke)")
     res["model"] = regime.model(args.model)
     if args.what in ("agreement", "paired") and not args.reference:
-        ap.error(f"{args.what} needs --reference F32.gguf (benchmarks/float_copy.py --values original)")
+        ap.error(
+            f"{args.what} needs --reference F32.gguf (benchmarks/float_copy.py --values original)"
+        )
     if args.what == "bytes":
         res["bytes"] = print_bytes(args.model)
     elif args.what == "paired":
-        res["paired"] = paired(args.model, args.reference, args.text, args.ctx, args.windows, args.threads)
+        res["paired"] = paired(
+            args.model, args.reference, args.text, args.ctx, args.windows, args.threads
+        )
     elif args.what == "speed":
-        res["speed"] = speed(args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock)
+        res["speed"] = speed(
+            args.model, args.prompt, args.decode, args.rounds, args.threads, args.clock
+        )
     else:
-        res["agreement"] = agreement(args.model, args.reference, args.text, args.ctx, args.max_tokens,
-                                     args.threads)
+        res["agreement"] = agreement(
+            args.model, args.reference, args.text, args.ctx, args.max_tokens, args.threads
+        )
     return regime.finish(res, args.json)
 
 

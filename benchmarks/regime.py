@@ -12,6 +12,7 @@ writes it as JSON to --json PATH when given:
     model       the GGUF file by name, its file type (quantization), architecture, size and the
                 bytes held per tensor type
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,14 +39,24 @@ def peer(name: str = "llama.cpp") -> dict:
     if name != "llama.cpp":
         raise ValueError(f"unknown peer {name!r}")
     if importlib.util.find_spec("llama_cpp") is None:
-        return {"name": "llama.cpp", "package": "llama-cpp-python", "installed": False,
-                "version": None, "system_info": None}
+        return {
+            "name": "llama.cpp",
+            "package": "llama-cpp-python",
+            "installed": False,
+            "version": None,
+            "system_info": None,
+        }
     try:
         version = importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
         version = None
-    return {"name": "llama.cpp", "package": "llama-cpp-python", "installed": True,
-            "version": version, "system_info": None}
+    return {
+        "name": "llama.cpp",
+        "package": "llama-cpp-python",
+        "installed": True,
+        "version": version,
+        "system_info": None,
+    }
 
 
 def system_info() -> str:
@@ -78,21 +89,33 @@ def model(path: str | os.PathLike) -> dict:
         quant = LlamaFileType(int(ft)).name.removeprefix("MOSTLY_") if ft is not None else None
     except ValueError:
         quant = str(ft)
-    return {"file": p.name, "quantization": quant, "arch": arch, "size_bytes": p.stat().st_size,
-            "tensor_bytes": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
+    return {
+        "file": p.name,
+        "quantization": quant,
+        "arch": arch,
+        "size_bytes": p.stat().st_size,
+        "tensor_bytes": dict(sorted(per.items(), key=lambda kv: -kv[1])),
+    }
 
 
-def header(threads: int | None = None, *, argv: list[str] | None = None,
-           peer_name: str | None = None) -> dict:
+def header(
+    threads: int | None = None, *, argv: list[str] | None = None, peer_name: str | None = None
+) -> dict:
     """The regime at the start of a run (finish() adds the end)."""
     import goinfer
     from goinfer import bench
 
     now = datetime.now(timezone.utc)
-    return {"date": now.date().isoformat(), "time_utc": now.strftime("%H:%M:%S"),
-            "command": _command(argv), "machine": bench.machine(), "goinfer": goinfer.config(),
-            "threads": threads, "load_avg_start": list(os.getloadavg()),
-            "peer": peer(peer_name) if peer_name else None}
+    return {
+        "date": now.date().isoformat(),
+        "time_utc": now.strftime("%H:%M:%S"),
+        "command": _command(argv),
+        "machine": bench.machine(),
+        "goinfer": goinfer.config(),
+        "threads": threads,
+        "load_avg_start": list(os.getloadavg()),
+        "peer": peer(peer_name) if peer_name else None,
+    }
 
 
 def finish(res: dict, json_path: str | None) -> dict:
@@ -111,5 +134,9 @@ def _plain(x):
 
 
 def add_json_arg(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--json", default=None, metavar="PATH",
-                    help="write the results (with their regime) to this JSON file")
+    ap.add_argument(
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="write the results (with their regime) to this JSON file",
+    )

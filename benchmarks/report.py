@@ -13,6 +13,7 @@ run log did not keep is null).  For each model file and column the latest run in
 order gives the cell.  "measurements" files hold other tables (numerics, fidelity, kernels) as
 they were logged.  The plots need matplotlib (the bench / docs extra).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,21 @@ DOC = ROOT / "docs" / "benchmarks.md"
 IMG = ROOT / "docs" / "img"
 
 # the sections of "Other measurements", in this order
-SECTIONS = ["Fidelity of the weights", "Numerics: exact vs fast", "KV cache storage types",
-            "Per-token fixed cost", "Where prefill time goes", "AMX prefill GEMM",
-            "Q6_K in Q4_K_M files", "AVX2 prefill GEMM", "Mixture of Experts",
-            "Constrained decoding", "OpenMP wait policy", "Sampling", "Release wheel: abi3"]
+SECTIONS = [
+    "Fidelity of the weights",
+    "Numerics: exact vs fast",
+    "KV cache storage types",
+    "Per-token fixed cost",
+    "Where prefill time goes",
+    "AMX prefill GEMM",
+    "Q6_K in Q4_K_M files",
+    "AVX2 prefill GEMM",
+    "Mixture of Experts",
+    "Constrained decoding",
+    "OpenMP wait policy",
+    "Sampling",
+    "Release wheel: abi3",
+]
 
 
 def load_results(where: Path = RESULTS) -> list[dict]:
@@ -87,8 +99,13 @@ def provenance(r: dict) -> str:
     p = r.get("provenance")
     if p is None:  # a script's own output
         g = r["regime"]
-        p = {"date": g["date"], "time_utc": g.get("time_utc"), "command": g["command"],
-             "load_avg": f"{g['load_avg_start'][0]:.1f}", "transcribed": False}
+        p = {
+            "date": g["date"],
+            "time_utc": g.get("time_utc"),
+            "command": g["command"],
+            "load_avg": f"{g['load_avg_start'][0]:.1f}",
+            "transcribed": False,
+        }
     when = p["date"] + (f" {p['time_utc']} UTC" if p.get("time_utc") else "")
     load = f", load average {p['load_avg']}" if p.get("load_avg") else ""
     note = "; ".join(x for x in (p.get("note"), r.get("note")) if x)
@@ -97,8 +114,9 @@ def provenance(r: dict) -> str:
 
 
 def table(cols: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(r) + " |" for r in rows])
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 def model_label(m: dict) -> str:
@@ -120,7 +138,7 @@ def _cell(row: dict, notes: Notes, run: dict) -> str:
         r = (row.get("ratio") or {}).get(k)
         if r is None and best:
             r = row["tok_s"][k] / row["tok_s"][best]
-        tag = k[len("goinfer"):].strip()
+        tag = k[len("goinfer") :].strip()
         p = f"{num(row['tok_s'][k])} / {num(row['tok_s'][best]) if best else '-'} = {ratio(r)}"
         parts.append(f"{tag}: {p}" if tag else p)
     extra = f" ({row['note']})" if row.get("note") else ""
@@ -143,8 +161,12 @@ def _latest(runs: list[dict], bench: str) -> dict:
     return cells
 
 
-PEER_COLS = [(("prefill", 512), "prefill 512"), (("prefill", 2048), "prefill 2048"),
-             (("decode", "short"), "decode after 64"), (("decode", "long"), "decode after ~4k")]
+PEER_COLS = [
+    (("prefill", 512), "prefill 512"),
+    (("prefill", 2048), "prefill 2048"),
+    (("decode", "short"), "decode after 64"),
+    (("decode", "long"), "decode after ~4k"),
+]
 
 
 def peers_section(d: dict, notes: Notes) -> list[str]:
@@ -167,8 +189,15 @@ def peers_section(d: dict, notes: Notes) -> list[str]:
                 s = f"after {n}: {s}"
             row.append(s)
         rows.append(row)
-    return ["goinfer's tok/s / llama.cpp's best engine's tok/s = **ratio** (above 1: goinfer "
-            "is faster):", ""] + table(["model (file)"] + [t for _, t in PEER_COLS], rows) + [""]
+    return (
+        [
+            "goinfer's tok/s / llama.cpp's best engine's tok/s = **ratio** (above 1: goinfer "
+            "is faster):",
+            "",
+        ]
+        + table(["model (file)"] + [t for _, t in PEER_COLS], rows)
+        + [""]
+    )
 
 
 def agent_section(d: dict, notes: Notes) -> list[str]:
@@ -186,21 +215,43 @@ def agent_section(d: dict, notes: Notes) -> list[str]:
             rt = run.get("ratio_per_turn")
             r = rt[i] if rt else (best / gr["ttft_s"] if best and gr.get("ttft_s") else None)
             ms = lambda s: "-" if s is None else f"{s * 1e3:,.0f}"  # noqa: E731
-            rows.append([str(i + 1), num(gr.get("prompt_tokens")) if gr.get("prompt_tokens") else "-",
-                         f"{num(gr.get('cached_tokens')) if gr.get('cached_tokens') is not None else '-'}"
-                         f" / {ms(gr.get('ttft_s'))}",
-                         ms(c[i]["ttft_s"]) if c else "-", ms(best), ratio(r)])
-        out += [f"Agent loop, {model_label(run['model'])}, {run['transcript']} transcript "
-                f"{notes.mark(run)}: time to first token per turn (ms; llama.cpp's best of a live "
-                f"`Llama` and one with `LlamaRAMCache`):", ""]
-        out += table(["turn", "prompt tokens", "goinfer cached / TTFT", "goinfer cold TTFT",
-                      "llama.cpp TTFT", "llama.cpp / goinfer"], rows) + [""]
+            rows.append(
+                [
+                    str(i + 1),
+                    num(gr.get("prompt_tokens")) if gr.get("prompt_tokens") else "-",
+                    f"{num(gr.get('cached_tokens')) if gr.get('cached_tokens') is not None else '-'}"
+                    f" / {ms(gr.get('ttft_s'))}",
+                    ms(c[i]["ttft_s"]) if c else "-",
+                    ms(best),
+                    ratio(r),
+                ]
+            )
+        out += [
+            f"Agent loop, {model_label(run['model'])}, {run['transcript']} transcript "
+            f"{notes.mark(run)}: time to first token per turn (ms; llama.cpp's best of a live "
+            f"`Llama` and one with `LlamaRAMCache`):",
+            "",
+        ]
+        out += table(
+            [
+                "turn",
+                "prompt tokens",
+                "goinfer cached / TTFT",
+                "goinfer cold TTFT",
+                "llama.cpp TTFT",
+                "llama.cpp / goinfer",
+            ],
+            rows,
+        ) + [""]
         sl = run.get("save_load")
         if sl:
-            out += [f"After the last turn goinfer's cache ({sl['blocks']} blocks) saved in "
-                    f"{sl['save_s'] * 1e3:.0f} ms and loaded in {sl['load_s'] * 1e3:.0f} ms; the last "
-                    f"prompt from the loaded cache: {sl['ttft_after_load_s'] * 1e3:.0f} ms to the first "
-                    f"token, against {sl['cold_prefill_s']:.1f} s for a cold prefill of it.", ""]
+            out += [
+                f"After the last turn goinfer's cache ({sl['blocks']} blocks) saved in "
+                f"{sl['save_s'] * 1e3:.0f} ms and loaded in {sl['load_s'] * 1e3:.0f} ms; the last "
+                f"prompt from the loaded cache: {sl['ttft_after_load_s'] * 1e3:.0f} ms to the first "
+                f"token, against {sl['cold_prefill_s']:.1f} s for a cold prefill of it.",
+                "",
+            ]
     return out
 
 
@@ -222,18 +273,37 @@ def memory_section(d: dict, notes: Notes) -> list[str]:
 
         lr = rat.get("load_s")
         pr = rat.get("peak_rss")
-        rows.append([f"{model_label(run['model'])} {notes.mark(run)}",
-                     f"{run['prefill']:,} + {run['decode']}",
-                     pair("load_s", num, fastest) + (f" = {ratio(lr)}" if lr else ""),
-                     pair("rss_load", gb, fastest),
-                     pair("peak_rss", gb, lowest) + (f" = {ratio(pr)}" if pr else ""),
-                     pair("prefill_s", num, fastest)])
+        rows.append(
+            [
+                f"{model_label(run['model'])} {notes.mark(run)}",
+                f"{run['prefill']:,} + {run['decode']}",
+                pair("load_s", num, fastest) + (f" = {ratio(lr)}" if lr else ""),
+                pair("rss_load", gb, fastest),
+                pair("peak_rss", gb, lowest) + (f" = {ratio(pr)}" if pr else ""),
+                pair("prefill_s", num, fastest),
+            ]
+        )
     if not rows:
         return []
-    return (["Load and memory (each engine in a fresh process; goinfer maps its layout cache, "
-             "llama.cpp its GGUF; goinfer / llama.cpp, against llama.cpp's lowest peak):", ""]
-            + table(["model", "prefill + decode tokens", "load s", "RSS after load GB", "peak RSS GB",
-                     "first prefill s"], rows) + [""])
+    return (
+        [
+            "Load and memory (each engine in a fresh process; goinfer maps its layout cache, "
+            "llama.cpp its GGUF; goinfer / llama.cpp, against llama.cpp's lowest peak):",
+            "",
+        ]
+        + table(
+            [
+                "model",
+                "prefill + decode tokens",
+                "load s",
+                "RSS after load GB",
+                "peak RSS GB",
+                "first prefill s",
+            ],
+            rows,
+        )
+        + [""]
+    )
 
 
 def limits_section(d: dict, notes: Notes) -> list[str]:
@@ -244,19 +314,28 @@ def limits_section(d: dict, notes: Notes) -> list[str]:
         parts = []
         bw = run.get("bandwidth")
         if bw:
-            parts.append(f"read bandwidth {num(bw['one_core']['GBs'])} GB/s on one core, "
-                         f"{num(bw['threads']['GBs'])} GB/s on all threads")
+            parts.append(
+                f"read bandwidth {num(bw['one_core']['GBs'])} GB/s on one core, "
+                f"{num(bw['threads']['GBs'])} GB/s on all threads"
+            )
         for r in run["decode"]:
             b = r["bytes_per_token"]
-            parts.append(f"decode after {r['context']:,}: {b['total'] / 1e6:.1f} MB/token x "
-                         f"{num(r['tok_s'])} tok/s = {num(r['GBs'])} GB/s, "
-                         f"**{100 * r['fraction_of_bandwidth']:.0f}%** of the bandwidth")
+            parts.append(
+                f"decode after {r['context']:,}: {b['total'] / 1e6:.1f} MB/token x "
+                f"{num(r['tok_s'])} tok/s = {num(r['GBs'])} GB/s, "
+                f"**{100 * r['fraction_of_bandwidth']:.0f}%** of the bandwidth"
+            )
         for r in run["prefill"]:
-            share = (f", matmuls {100 * r['matmul_share']:.0f}% of the time"
-                     if r.get("matmul_share") is not None else "")
-            parts.append(f"prefill {r['tokens']:,}{share}: {num(r['int8_GOPs'])} int8 GOP/s, "
-                         f"**{100 * r['fraction_of_peak']:.0f}%** of the {num(r['peak_GOPs'])} GOP/s "
-                         f"nominal peak")
+            share = (
+                f", matmuls {100 * r['matmul_share']:.0f}% of the time"
+                if r.get("matmul_share") is not None
+                else ""
+            )
+            parts.append(
+                f"prefill {r['tokens']:,}{share}: {num(r['int8_GOPs'])} int8 GOP/s, "
+                f"**{100 * r['fraction_of_peak']:.0f}%** of the {num(r['peak_GOPs'])} GOP/s "
+                f"nominal peak"
+            )
         out.append(f"- {model_label(run['model'])} {notes.mark(run)}: " + "; ".join(parts) + ".")
     if out:
         out = ["How close to the machine's limits (`benchmarks/limits.py`):", ""] + out + [""]
@@ -269,21 +348,40 @@ def speculative_section(d: dict, notes: Notes) -> list[str]:
         if run.get("benchmark") != "speculative":
             continue
         t0 = run["tasks"][0]
-        cols = ["task", "goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD",
-                "accepted / drafted", "speed-up goinfer", "speed-up llama.cpp"]
+        cols = [
+            "task",
+            "goinfer",
+            "goinfer + draft",
+            "llama.cpp",
+            "llama.cpp + PLD",
+            "accepted / drafted",
+            "speed-up goinfer",
+            "speed-up llama.cpp",
+        ]
         rows = []
         for t in run["tasks"]:
             acc = f"{t['accepted']} / {t['drafted']}" if "accepted" in t else "-"
             what = f" ({t['rename']}, {t['prompt_tokens']} tokens)" if "rename" in t else ""
-            rows.append([t["task"] + what,
-                         num(t.get("goinfer")), num(t.get("goinfer + draft")), num(t.get("llama.cpp")),
-                         num(t.get("llama.cpp + PLD")), acc, ratio(t.get("speedup_goinfer")),
-                         ratio(t.get("speedup_llama_cpp"))])
+            rows.append(
+                [
+                    t["task"] + what,
+                    num(t.get("goinfer")),
+                    num(t.get("goinfer + draft")),
+                    num(t.get("llama.cpp")),
+                    num(t.get("llama.cpp + PLD")),
+                    acc,
+                    ratio(t.get("speedup_goinfer")),
+                    ratio(t.get("speedup_llama_cpp")),
+                ]
+            )
         keep = [i for i, c in enumerate(cols) if any(r[i] not in ("-", "") for r in rows)]
-        out += [f"Speculative decoding on the copy-heavy task, {model_label(run['model'])} "
-                f"{notes.mark(run)} (decode tok/s; greedy, {run['max_tokens']} tokens, "
-                f"`draft_tokens={run['draft_tokens']}`): geometric mean speed-up with drafting "
-                f"**{run['geomean_speedup_goinfer']:.2f}x**, identical text.", ""]
+        out += [
+            f"Speculative decoding on the copy-heavy task, {model_label(run['model'])} "
+            f"{notes.mark(run)} (decode tok/s; greedy, {run['max_tokens']} tokens, "
+            f"`draft_tokens={run['draft_tokens']}`): geometric mean speed-up with drafting "
+            f"**{run['geomean_speedup_goinfer']:.2f}x**, identical text.",
+            "",
+        ]
         out += table([cols[i] for i in keep], [[r[i] for i in keep] for r in rows]) + [""]
         del t0
     return out
@@ -294,11 +392,17 @@ def machine_line(d: dict) -> str:
     isa = ", ".join(m.get("isa") or [])
     g = d.get("goinfer") or {}
     p = d.get("peer") or {}
-    s = [f"Machine: {m.get('description', m.get('model_name'))}" + (f"; ISA: {isa}" if isa else "") + "."]
+    s = [
+        f"Machine: {m.get('description', m.get('model_name'))}"
+        + (f"; ISA: {isa}" if isa else "")
+        + "."
+    ]
     if g:
         how = f" ({g['selected_by']})" if g.get("selected_by") else ""
-        s.append(f"goinfer kernel variant `{g['kernel_variant']}`, AMX {'on' if g.get('amx') else 'off'}"
-                 f"{how}, {d.get('threads')} threads.")
+        s.append(
+            f"goinfer kernel variant `{g['kernel_variant']}`, AMX {'on' if g.get('amx') else 'off'}"
+            f"{how}, {d.get('threads')} threads."
+        )
     if p:
         build = f", built with {p['build']}" if p.get("build") else ""
         info = f" (its system info: {p['system_info']})" if p.get("system_info") else ""
@@ -403,8 +507,13 @@ def render(docs: list[dict], plots: dict[str, list[str]] | None = None) -> str:
         if d["_name"].endswith("__measurements"):
             continue
         notes = Notes()
-        body = (peers_section(d, notes) + agent_section(d, notes) + memory_section(d, notes)
-                + limits_section(d, notes) + speculative_section(d, notes))
+        body = (
+            peers_section(d, notes)
+            + agent_section(d, notes)
+            + memory_section(d, notes)
+            + limits_section(d, notes)
+            + speculative_section(d, notes)
+        )
         out += [f"### {d['machine_class']}: {d['regime']}", "", machine_line(d), ""]
         for png in (plots or {}).get(d["_name"], []):
             out += [f"![{Path(png).stem}](img/{Path(png).name})", ""]
@@ -510,7 +619,9 @@ def _agent_plot(plt, d):
         x = [r["prompt_tokens"] for r in eng["goinfer (reuse)"]]
         peers = [k for k in eng if k.startswith("llama.cpp")]
         best = [min(eng[k][i]["ttft_s"] for k in peers) for i in range(len(x))]
-        ax.plot(x, [r["ttft_s"] for r in eng["goinfer (reuse)"]], "o-", label="goinfer (prefix reuse)")
+        ax.plot(
+            x, [r["ttft_s"] for r in eng["goinfer (reuse)"]], "o-", label="goinfer (prefix reuse)"
+        )
         ax.plot(x, [r["ttft_s"] for r in eng["goinfer (cold)"]], "^:", label="goinfer (cold)")
         ax.plot(x, best, "s--", label="llama.cpp (best)")
         ax.set_title(f"{model_label(run['model'])}, {run['transcript']} transcript", fontsize=9)
@@ -525,7 +636,9 @@ def _agent_plot(plt, d):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md is out of date")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/benchmarks.md is out of date"
+    )
     ap.add_argument("--no-plots", action="store_true", help="write the markdown only")
     args = ap.parse_args(argv)
     docs = load_results()
@@ -534,8 +647,11 @@ def main(argv=None) -> int:
     if args.check:
         missing = [n for ns in names.values() for n in ns if not (IMG / n).is_file()]
         if DOC.read_text() != text or missing:
-            print(f"{DOC.name} is not what benchmarks/results renders to (or plots are missing: "
-                  f"{missing}); run python benchmarks/report.py", file=sys.stderr)
+            print(
+                f"{DOC.name} is not what benchmarks/results renders to (or plots are missing: "
+                f"{missing}); run python benchmarks/report.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     DOC.write_text(text)

@@ -9,6 +9,7 @@ Logits: float32, standard normal x 2.5 ("flat": the nucleus holds most of the vo
 the same with 200 tokens raised by 12 ("peaked": an LM's usual shape).  Temperature 0.8.
 Medians of --calls calls, the best of --rounds alternating rounds (the machine is shared).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,17 @@ import statistics
 import time
 
 import numpy as np
-
 import regime
+
 from goinfer.sampling import Sampler, SamplingParams
 
-SETTINGS = [dict(), dict(top_k=40), dict(top_p=0.95), dict(min_p=0.05),
-            dict(top_k=40, top_p=0.95, min_p=0.05)]
+SETTINGS = [
+    dict(),
+    dict(top_k=40),
+    dict(top_p=0.95),
+    dict(min_p=0.05),
+    dict(top_k=40, top_p=0.95, min_p=0.05),
+]
 
 
 def full_sort_sample(s: Sampler, logits) -> int:
@@ -60,15 +66,24 @@ def main(argv=None) -> dict:
     ap.add_argument("--smoke", action="store_true", help="small vocabulary, one round")
     regime.add_json_arg(ap)
     a = ap.parse_args(argv)
-    res = {"benchmark": "sampling", "regime": regime.header(1, argv=argv), "vocab": a.vocab,
-           "calls": a.calls, "rounds": a.rounds, "temperature": 0.8, "rows": []}
+    res = {
+        "benchmark": "sampling",
+        "regime": regime.header(1, argv=argv),
+        "vocab": a.vocab,
+        "calls": a.calls,
+        "rounds": a.rounds,
+        "temperature": 0.8,
+        "rows": [],
+    }
     if a.smoke:
         a.vocab, a.calls, a.rounds = 4096, 3, 1
     rng = np.random.default_rng(0)
     flat = (rng.standard_normal(a.vocab) * 2.5).astype(np.float32)
     peaked = flat + np.where(np.arange(a.vocab) < 200, 12.0, 0.0).astype(np.float32)
-    print(f"vocabulary {a.vocab}, temperature 0.8, ms per sampled step (median of {a.calls}, "
-          f"best of {a.rounds} alternating rounds)")
+    print(
+        f"vocabulary {a.vocab}, temperature 0.8, ms per sampled step (median of {a.calls}, "
+        f"best of {a.rounds} alternating rounds)"
+    )
     print("| logits | setting | full sort | goinfer | ratio |\n|---|---|---|---|---|")
     for name, z in (("flat", flat), ("peaked", peaked)):
         for kw in SETTINGS:
@@ -79,8 +94,15 @@ def main(argv=None) -> dict:
                 ours.append(median_ms(lambda: s.sample(z), a.calls))
             b, o = min(base), min(ours)
             label = ", ".join(f"{k}={v}" for k, v in kw.items()) or "temperature only"
-            res["rows"].append({"logits": name, "setting": label, "full_sort_ms": b, "goinfer_ms": o,
-                                "ratio": b / o})
+            res["rows"].append(
+                {
+                    "logits": name,
+                    "setting": label,
+                    "full_sort_ms": b,
+                    "goinfer_ms": o,
+                    "ratio": b / o,
+                }
+            )
             print(f"| {name} | {label} | {b:.1f} | {o:.1f} | {b / o:.1f}x |")
     return regime.finish(res, a.json)
 

@@ -12,6 +12,7 @@ of time to first token and of request latency, measured by the client.  Prints a
 table and writes JSON with every request's numbers.  --smoke: the tiny shape
 (benchmarks/shapes.py), one client, one short request per mode (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,25 +25,45 @@ import urllib.request
 from pathlib import Path
 
 import regime
+
 from goinfer.server.cli import Client, free_port
 
-SYSTEM = ("You are a coding agent working in a large repository. You can read files, run tests "
-          "and edit code. Always explain what you are about to do in one short sentence, then "
-          "do it. Keep answers short. The repository contains a Python package with a C "
-          "extension, a test suite that takes about a minute, benchmarks and documentation. "
-          "When a test fails, read the failure, find the smallest change that fixes it and run "
-          "the tests again. Never delete tests. Prefer plain names and small functions. "
-          "Report what you changed and why at the end of every turn.")
-QUESTIONS = ["How do I list the files of the project?", "What does a failing test tell me?",
-             "Name two ways to speed up a Python loop.", "What is a KV cache?",
-             "Why do agents resend their whole context?", "What is continuous batching?",
-             "How should I name a helper that parses dates?", "When is a benchmark honest?"]
+SYSTEM = (
+    "You are a coding agent working in a large repository. You can read files, run tests "
+    "and edit code. Always explain what you are about to do in one short sentence, then "
+    "do it. Keep answers short. The repository contains a Python package with a C "
+    "extension, a test suite that takes about a minute, benchmarks and documentation. "
+    "When a test fails, read the failure, find the smallest change that fixes it and run "
+    "the tests again. Never delete tests. Prefer plain names and small functions. "
+    "Report what you changed and why at the end of every turn."
+)
+QUESTIONS = [
+    "How do I list the files of the project?",
+    "What does a failing test tell me?",
+    "Name two ways to speed up a Python loop.",
+    "What is a KV cache?",
+    "Why do agents resend their whole context?",
+    "What is continuous batching?",
+    "How should I name a helper that parses dates?",
+    "When is a benchmark honest?",
+]
 
 
 def start_server(model: str, max_batch: int, threads: int | None, extra: list[str]):
     port = free_port()
-    cmd = [sys.executable, "-m", "goinfer.cli", "serve", model, "--port", str(port),
-           "--max-batch", str(max_batch), "--log-level", "warning"] + extra
+    cmd = [
+        sys.executable,
+        "-m",
+        "goinfer.cli",
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--max-batch",
+        str(max_batch),
+        "--log-level",
+        "warning",
+    ] + extra
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -83,18 +104,31 @@ def run_level(url: str, clients: int, requests: int, max_tokens: int, ban: list[
     def client(i: int) -> None:
         for k in range(requests):
             q = QUESTIONS[(i * requests + k) % len(QUESTIONS)]
-            body = {"model": "m", "max_tokens": max_tokens, "temperature": 0,
-                    "logit_bias": {str(t): -100 for t in ban},
-                    "messages": [{"role": "system", "content": SYSTEM},
-                                 {"role": "user", "content": f"(client {i}, turn {k}) {q}"}]}
+            body = {
+                "model": "m",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "logit_bias": {str(t): -100 for t in ban},
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"(client {i}, turn {k}) {q}"},
+                ],
+            }
             s = c.stream("/chat/completions", body)
             u = s["usage"] or {}
             with lock:
-                recs.append({"client": i, "ttft_s": s["ttft_s"], "latency_s": s["total_s"],
-                             "completion_tokens": u.get("completion_tokens", 0),
-                             "prompt_tokens": u.get("prompt_tokens", 0),
-                             "cached_tokens": (u.get("prompt_tokens_details") or {}).get(
-                                 "cached_tokens", 0)})
+                recs.append(
+                    {
+                        "client": i,
+                        "ttft_s": s["ttft_s"],
+                        "latency_s": s["total_s"],
+                        "completion_tokens": u.get("completion_tokens", 0),
+                        "prompt_tokens": u.get("prompt_tokens", 0),
+                        "cached_tokens": (u.get("prompt_tokens_details") or {}).get(
+                            "cached_tokens", 0
+                        ),
+                    }
+                )
 
     t0 = time.perf_counter()
     ths = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -103,8 +137,12 @@ def run_level(url: str, clients: int, requests: int, max_tokens: int, ban: list[
     for t in ths:
         t.join()
     wall = time.perf_counter() - t0
-    return {"clients": clients, "wall_s": wall, "requests": recs,
-            "tok_s": sum(r["completion_tokens"] for r in recs) / wall}
+    return {
+        "clients": clients,
+        "wall_s": wall,
+        "requests": recs,
+        "tok_s": sum(r["completion_tokens"] for r in recs) / wall,
+    }
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -152,35 +190,53 @@ def main(argv=None) -> dict:
                 r = run_level(servers[name][1], n, args.requests, args.max_tokens, ban)
                 results[name].append(r)
                 ttft = [x["ttft_s"] for x in r["requests"] if x["ttft_s"] is not None]
-                print(f"{name:>14} clients={n}: {r['tok_s']:.1f} tok/s, TTFT p50 "
-                      f"{pct(ttft, 50) * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{name:>14} clients={n}: {r['tok_s']:.1f} tok/s, TTFT p50 "
+                    f"{pct(ttft, 50) * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
     if "OMP_WAIT_POLICY" in os.environ:
         hdr["command"] = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} {hdr['command']}"
-    res = {"benchmark": "server_load", "regime": hdr, "model": regime.model(model_path(args.model)),
-           "settings": {"levels": levels, "max_tokens": args.max_tokens,
-                        "requests_per_client": args.requests, "batch": args.batch},
-           "results": results}
+    res = {
+        "benchmark": "server_load",
+        "regime": hdr,
+        "model": regime.model(model_path(args.model)),
+        "settings": {
+            "levels": levels,
+            "max_tokens": args.max_tokens,
+            "requests_per_client": args.requests,
+            "batch": args.batch,
+        },
+        "results": results,
+    }
     regime.finish(res, None)
-    lines = ["| mode | clients | requests | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | "
-             "latency p50 ms | latency p99 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| mode | clients | requests | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | "
+        "latency p50 ms | latency p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, n in enumerate(levels):
         for name in modes:
             r = results[name][i]
             ttft = [x["ttft_s"] * 1e3 for x in r["requests"] if x["ttft_s"] is not None]
             lat = [x["latency_s"] * 1e3 for x in r["requests"]]
-            lines.append(f"| {name} | {n} | {len(r['requests'])} | {r['tok_s']:.1f} | "
-                         f"{pct(ttft, 50):.0f} | {pct(ttft, 99):.0f} | {pct(lat, 50):.0f} | "
-                         f"{pct(lat, 99):.0f} |")
+            lines.append(
+                f"| {name} | {n} | {len(r['requests'])} | {r['tok_s']:.1f} | "
+                f"{pct(ttft, 50):.0f} | {pct(ttft, 99):.0f} | {pct(lat, 50):.0f} | "
+                f"{pct(lat, 99):.0f} |"
+            )
     print("\n".join(lines))
     lb, la = hdr["load_avg_start"], hdr["load_avg_end"]
-    print(f"\n{hdr['date']}, {hdr['machine']['model_name']}, load average before "
-          f"{lb[0]:.1f}/{lb[1]:.1f}/{lb[2]:.1f}, after {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}; "
-          f"`{hdr['command']}`")
+    print(
+        f"\n{hdr['date']}, {hdr['machine']['model_name']}, load average before "
+        f"{lb[0]:.1f}/{lb[1]:.1f}/{lb[2]:.1f}, after {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}; "
+        f"`{hdr['command']}`"
+    )
     tmp.cleanup()
     return regime.finish(res, args.json)
 

@@ -23,6 +23,7 @@ Decode tok/s: goinfer's result.timings.decode_tok_s (sampled tokens after the fi
 time after the prompt); llama.cpp's (streamed tokens - 1) / (time from the first streamed
 token to the last).  Medians over repeats, per task; speed-up = with drafting / without.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,31 @@ import regime
 HERE = Path(__file__).resolve()
 DATA = HERE.parent.parent / "tests" / "data" / "tokenizer_corpus.txt"
 SEP = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
-SKIP = {"return", "import", "class", "while", "raise", "yield", "False", "None", "True",
-        "lambda", "assert", "except", "finally", "global", "continue", "break", "print",
-        "isinstance", "string", "object", "float", "range", "append"}
+SKIP = {
+    "return",
+    "import",
+    "class",
+    "while",
+    "raise",
+    "yield",
+    "False",
+    "None",
+    "True",
+    "lambda",
+    "assert",
+    "except",
+    "finally",
+    "global",
+    "continue",
+    "break",
+    "print",
+    "isinstance",
+    "string",
+    "object",
+    "float",
+    "range",
+    "append",
+}
 
 
 # ============================================================================ the task
@@ -52,8 +75,11 @@ SKIP = {"return", "import", "class", "while", "raise", "yield", "False", "None",
 
 def tasks(n: int, lines: int = 40) -> list[dict]:
     """n tasks: {"name", "excerpt", "old", "new", "messages"} from Python files of the corpus."""
-    docs = [d for d in DATA.read_text(encoding="utf-8").split(SEP)
-            if d.isascii() and ("def " in d or "class " in d)]
+    docs = [
+        d
+        for d in DATA.read_text(encoding="utf-8").split(SEP)
+        if d.isascii() and ("def " in d or "class " in d)
+    ]
     out = []
     for doc in docs:
         body = "\n".join(doc.strip("\n").splitlines()[:lines]) + "\n"
@@ -62,11 +88,19 @@ def tasks(n: int, lines: int = 40) -> list[dict]:
             continue
         old = words.most_common(1)[0][0]
         new = old + "_new" if not old.endswith("_") else old + "new"
-        msgs = [{"role": "system", "content": "You are a careful coding agent. When asked to "
-                 "edit a file, reply with the complete updated file in one code block."},
-                {"role": "user", "content": f"Here is the file module{len(out)}.py:\n\n```python\n"
-                 f"{body}```\n\nRename `{old}` to `{new}` everywhere in this file. Reply with "
-                 "the complete updated file and nothing else."}]
+        msgs = [
+            {
+                "role": "system",
+                "content": "You are a careful coding agent. When asked to "
+                "edit a file, reply with the complete updated file in one code block.",
+            },
+            {
+                "role": "user",
+                "content": f"Here is the file module{len(out)}.py:\n\n```python\n"
+                f"{body}```\n\nRename `{old}` to `{new}` everywhere in this file. Reply with "
+                "the complete updated file and nothing else.",
+            },
+        ]
         out.append({"name": f"module{len(out)}.py", "old": old, "new": new, "messages": msgs})
         if len(out) == n:
             break
@@ -81,8 +115,13 @@ def goinfer_run(model, ids, max_tokens, draft, k):
 
     s = model.session(KVCache(model, max_tokens=len(ids) + max_tokens + 64))
     r = s.generate(ids, max_tokens=max_tokens, draft=draft, draft_tokens=k)
-    return {"text": r.text, "tokens": r.completion_tokens, "decode_tok_s": r.timings.decode_tok_s,
-            "drafted": r.timings.draft_tokens, "accepted": r.timings.draft_accepted}
+    return {
+        "text": r.text,
+        "tokens": r.completion_tokens,
+        "decode_tok_s": r.timings.decode_tok_s,
+        "drafted": r.timings.draft_tokens,
+        "accepted": r.timings.draft_accepted,
+    }
 
 
 def llama_run(llm, ids, max_tokens):
@@ -103,8 +142,13 @@ ENGINES = ("goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD")
 def child() -> None:
     """One engine over every task once: {"runs": [per task]}; or the tasks' prompt ids."""
     spec = isolate.child_spec()
-    kind, path, threads, k, n = (spec["engine"], spec["model"], spec["threads"],
-                                 spec["draft_tokens"], spec["max_tokens"])
+    kind, path, threads, k, n = (
+        spec["engine"],
+        spec["model"],
+        spec["threads"],
+        spec["draft_tokens"],
+        spec["max_tokens"],
+    )
     if kind == "prompts":
         import goinfer
 
@@ -129,8 +173,15 @@ def child() -> None:
         kw = {}
         if kind == "llama.cpp + PLD":  # a draft model needs logits_all=True (score buffer)
             kw = dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k), logits_all=True)
-        llm = Llama(path, n_ctx=spec["n_ctx"], n_threads=threads, n_threads_batch=threads,
-                    flash_attn=True, verbose=False, **kw)
+        llm = Llama(
+            path,
+            n_ctx=spec["n_ctx"],
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=True,
+            verbose=False,
+            **kw,
+        )
         llama_run(llm, ids_of[0][:64], 2)  # warm-up
         out["runs"] = [llama_run(llm, ids, n) for ids in ids_of]
         out["system_info"] = regime.system_info()
@@ -146,8 +197,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--smoke", action="store_true",
-                    help="1 task, 64 tokens, 1 repeat (llama.cpp too when it is installed)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 task, 64 tokens, 1 repeat (llama.cpp too when it is installed)",
+    )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
@@ -167,35 +221,53 @@ def main(argv=None) -> dict:
 
         args.model = str(smoke_model(tmp.name))
     path = str(hub.resolve(args.model or "smollm2-135m", progress=False))
-    spec = {"model": path, "threads": args.threads, "draft_tokens": args.draft_tokens,
-            "max_tokens": args.max_tokens, "tasks": args.tasks}
+    spec = {
+        "model": path,
+        "threads": args.threads,
+        "draft_tokens": args.draft_tokens,
+        "max_tokens": args.max_tokens,
+        "tasks": args.tasks,
+    }
     todo = isolate.run_child(HERE, {**spec, "engine": "prompts"})["tasks"]
     spec.update(todo=todo, n_ctx=max(len(t["ids"]) for t in todo) + args.max_tokens + 64)
     names = [e for e in ENGINES if not (args.no_llama_cpp and e.startswith("llama"))]
-    res = {"benchmark": "speculative",
-           "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
-           "model": regime.model(path), "draft_tokens": args.draft_tokens,
-           "max_tokens": args.max_tokens, "repeats": args.repeats, "one_process_per_engine": True,
-           "tasks": []}
+    res = {
+        "benchmark": "speculative",
+        "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
+        "model": regime.model(path),
+        "draft_tokens": args.draft_tokens,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "one_process_per_engine": True,
+        "tasks": [],
+    }
     # each engine alone in its own process, every task once, alternating engine by engine
     runs: dict[str, list] = {n: [] for n in names}
     for _ in range(args.repeats):
         for n in names:
             runs[n].append(isolate.run_child(HERE, {**spec, "engine": n}))
-    res["processes"] = {"parent": os.getpid(), **{n: [r["pid"] for r in rs] for n, rs in runs.items()}}
+    res["processes"] = {
+        "parent": os.getpid(),
+        **{n: [r["pid"] for r in rs] for n, rs in runs.items()},
+    }
     for n in names:
         if "system_info" in runs[n][0]:
             res["regime"]["peer"]["system_info"] = runs[n][0]["system_info"]
     for i, t in enumerate(todo):
-        row = {"task": t["name"], "rename": f"{t['old']} -> {t['new']}",
-               "prompt_tokens": len(t["ids"])}
+        row = {
+            "task": t["name"],
+            "rename": f"{t['old']} -> {t['new']}",
+            "prompt_tokens": len(t["ids"]),
+        }
         texts = {}
         for n in names:
             rs = [r["runs"][i] for r in runs[n]]
-            row[n] = {"decode_tok_s": statistics.median(r["decode_tok_s"] for r in rs),
-                      "runs_decode_tok_s": [r["decode_tok_s"] for r in rs],
-                      "tokens": rs[0]["tokens"],
-                      "same_text_every_repeat": len({r["text"] for r in rs}) == 1}
+            row[n] = {
+                "decode_tok_s": statistics.median(r["decode_tok_s"] for r in rs),
+                "runs_decode_tok_s": [r["decode_tok_s"] for r in rs],
+                "tokens": rs[0]["tokens"],
+                "same_text_every_repeat": len({r["text"] for r in rs}) == 1,
+            }
             if "accepted" in rs[0]:
                 row[n].update(drafted=rs[0]["drafted"], accepted=rs[0]["accepted"])
             texts[n] = rs[0]["text"]
@@ -215,28 +287,43 @@ def main(argv=None) -> dict:
 
 
 def table(res) -> str:
-    names = [n for n in ("goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD")
-             if n in res["tasks"][0]]
+    names = [
+        n
+        for n in ("goinfer", "goinfer + draft", "llama.cpp", "llama.cpp + PLD")
+        if n in res["tasks"][0]
+    ]
     r0 = res["regime"]
-    lines = [f"{res['model']['file']}, {r0['threads']} threads, K = {res['draft_tokens']}, "
-             f"{r0['date']}, load {r0['load_avg_start'][0]:.1f}", "",
-             "| task | prompt | tokens | " + " | ".join(f"{n} tok/s" for n in names)
-             + " | accepted / drafted | speed-up goinfer | speed-up llama.cpp |",
-             "|" + "---|" * (5 + len(names))]
+    lines = [
+        f"{res['model']['file']}, {r0['threads']} threads, K = {res['draft_tokens']}, "
+        f"{r0['date']}, load {r0['load_avg_start'][0]:.1f}",
+        "",
+        "| task | prompt | tokens | "
+        + " | ".join(f"{n} tok/s" for n in names)
+        + " | accepted / drafted | speed-up goinfer | speed-up llama.cpp |",
+        "|" + "---|" * (5 + len(names)),
+    ]
     ups = []
     for r in res["tasks"]:
         up = r["goinfer + draft"]["decode_tok_s"] / r["goinfer"]["decode_tok_s"]
         ups.append(up)
-        lup = (f"{r['llama.cpp + PLD']['decode_tok_s'] / r['llama.cpp']['decode_tok_s']:.2f}x"
-               if "llama.cpp" in r else "-")
+        lup = (
+            f"{r['llama.cpp + PLD']['decode_tok_s'] / r['llama.cpp']['decode_tok_s']:.2f}x"
+            if "llama.cpp" in r
+            else "-"
+        )
         d = r["goinfer + draft"]
-        lines.append(f"| {r['task']} ({r['rename']}) | {r['prompt_tokens']} | "
-                     f"{r['goinfer']['tokens']} | "
-                     + " | ".join(f"{r[n]['decode_tok_s']:.1f}" for n in names)
-                     + f" | {d['accepted']} / {d['drafted']} | {up:.2f}x | {lup} |")
+        lines.append(
+            f"| {r['task']} ({r['rename']}) | {r['prompt_tokens']} | "
+            f"{r['goinfer']['tokens']} | "
+            + " | ".join(f"{r[n]['decode_tok_s']:.1f}" for n in names)
+            + f" | {d['accepted']} / {d['drafted']} | {up:.2f}x | {lup} |"
+        )
     gm = statistics.geometric_mean(ups) if ups else 0.0
-    lines += ["", f"goinfer with drafting / without (geometric mean): {gm:.2f}x; identical text: "
-              f"{all(r['goinfer_identical'] for r in res['tasks'])}"]
+    lines += [
+        "",
+        f"goinfer with drafting / without (geometric mean): {gm:.2f}x; identical text: "
+        f"{all(r['goinfer_identical'] for r in res['tasks'])}",
+    ]
     return "\n".join(lines)
 
 

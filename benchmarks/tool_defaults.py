@@ -12,6 +12,7 @@ A reply is "ok" when it ends by itself with finish_reason "tool_calls" and valid
 ("required"), or with "tool_calls" and valid calls or "stop" and content ("auto").  A reply that
 reaches max_tokens is "length".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,28 +25,50 @@ import time
 import regime
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "integer", "minimum": 0}, "b": {"type": "number"}},
-            "required": ["a", "b"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-QUESTIONS = ["What is the weather in Paris? Use the tools.",
-             "What is 2 plus 3? Use the tools.",
-             "Is it colder in Oslo or in Rome right now?"]
+QUESTIONS = [
+    "What is the weather in Paris? Use the tools.",
+    "What is 2 plus 3? Use the tools.",
+    "Is it colder in Oslo or in Rome right now?",
+]
 
 
 def tiny_model(d: str):
     """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
-    import goinfer
     from shapes import smoke_model
+
+    import goinfer
 
     return goinfer.Model.load(str(smoke_model(d)), threads=1, progress=False)
 
@@ -60,8 +83,9 @@ class Serve:
         from goinfer.server.app import create_app
 
         self.app = create_app(model, KVCache(model, max_tokens=4096), model_id="m")
-        self.uv = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
-                                                log_level="warning"))
+        self.uv = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
 
     def __enter__(self):
@@ -71,8 +95,9 @@ class Serve:
         port = self.uv.servers[0].sockets[0].getsockname()[1]
         import openai
 
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                             max_retries=0, timeout=600)
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
+        )
 
     def __exit__(self, *exc):
         self.uv.should_exit = True
@@ -97,8 +122,9 @@ def verdict(choice, ch) -> str:
     return f"bad:{ch.finish_reason}"
 
 
-def run(client, seeds: list[int | None], max_tokens: int, show: bool,
-        choices=("required", "auto")) -> dict:
+def run(
+    client, seeds: list[int | None], max_tokens: int, show: bool, choices=("required", "auto")
+) -> dict:
     out = {}
     for choice in choices:
         tally, n_calls, dups = collections.Counter(), collections.Counter(), 0
@@ -106,20 +132,31 @@ def run(client, seeds: list[int | None], max_tokens: int, show: bool,
             for seed in seeds:
                 kw = {"temperature": 0} if seed is None else {"seed": seed}
                 r = client.chat.completions.create(
-                    model="m", messages=[SYSTEM, {"role": "user", "content": q}], tools=TOOLS,
-                    tool_choice=choice, max_tokens=max_tokens, **kw)
+                    model="m",
+                    messages=[SYSTEM, {"role": "user", "content": q}],
+                    tools=TOOLS,
+                    tool_choice=choice,
+                    max_tokens=max_tokens,
+                    **kw,
+                )
                 ch = r.choices[0]
                 v = verdict(choice, ch)
                 tally[v] += 1
-                calls = [(c.function.name, c.function.arguments)
-                         for c in ch.message.tool_calls or []]
+                calls = [
+                    (c.function.name, c.function.arguments) for c in ch.message.tool_calls or []
+                ]
                 n_calls[len(calls)] += 1
                 dups += len(calls) - len(set(calls))
                 if show:
-                    print(f"  {choice:8s} seed={seed} {v:7s} {ch.finish_reason:10s} "
-                          f"{calls} {ch.message.content!r:.60}")
-        out[choice] = {"replies": dict(tally), "calls_per_reply": dict(sorted(n_calls.items())),
-                       "duplicate_calls": dups}
+                    print(
+                        f"  {choice:8s} seed={seed} {v:7s} {ch.finish_reason:10s} "
+                        f"{calls} {ch.message.content!r:.60}"
+                    )
+        out[choice] = {
+            "replies": dict(tally),
+            "calls_per_reply": dict(sorted(n_calls.items())),
+            "duplicate_calls": dups,
+        }
     return out
 
 
@@ -129,12 +166,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, default=5, help="sampled runs per question (T=1)")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--show", action="store_true", help="print every reply")
-    ap.add_argument("--choices", nargs="+", default=["required", "auto"],
-                    choices=["required", "auto"])
+    ap.add_argument(
+        "--choices", nargs="+", default=["required", "auto"], choices=["required", "auto"]
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny random model, one seed")
-    ap.add_argument("--without", nargs="+", default=[], choices=["fold", "bounds"],
-                    help="turn off the end folding after calls (Constraint.fold_end) or the "
-                         "number bounds in call arguments, to compare")
+    ap.add_argument(
+        "--without",
+        nargs="+",
+        default=[],
+        choices=["fold", "bounds"],
+        help="turn off the end folding after calls (Constraint.fold_end) or the "
+        "number bounds in call arguments, to compare",
+    )
     regime.add_json_arg(ap)
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
@@ -147,20 +190,31 @@ def main(argv=None) -> dict:
     if "bounds" in a.without:
         grammar.bound_numbers = lambda schema: schema  # every tool schema goes through it
 
-    models = [tiny_model(tmp.name)] if a.smoke else [
-        goinfer.Model.load(m, threads=None, progress=False) for m in a.models]
+    models = (
+        [tiny_model(tmp.name)]
+        if a.smoke
+        else [goinfer.Model.load(m, threads=None, progress=False) for m in a.models]
+    )
     if a.smoke:
         a.seeds, a.max_tokens = 1, 160
     seeds = [None] + list(range(a.seeds))  # None: greedy
-    res = {"benchmark": "tool_defaults", "regime": regime.header(None, argv=argv),
-           "seeds": a.seeds, "max_tokens": a.max_tokens, "questions": len(QUESTIONS),
-           "without": a.without, "models": {}}
+    res = {
+        "benchmark": "tool_defaults",
+        "regime": regime.header(None, argv=argv),
+        "seeds": a.seeds,
+        "max_tokens": a.max_tokens,
+        "questions": len(QUESTIONS),
+        "without": a.without,
+        "models": {},
+    }
     result = res["models"]
     for model in models:
         with Serve(model) as client:
-            print(f"{model.name}: {len(QUESTIONS)} questions x (greedy + {a.seeds} seeds), "
-                  f"max_tokens {a.max_tokens}, parallel_tool_calls default"
-                  + (f", without {' and '.join(a.without)}" if a.without else ""))
+            print(
+                f"{model.name}: {len(QUESTIONS)} questions x (greedy + {a.seeds} seeds), "
+                f"max_tokens {a.max_tokens}, parallel_tool_calls default"
+                + (f", without {' and '.join(a.without)}" if a.without else "")
+            )
             result[model.name] = r = run(client, seeds, a.max_tokens, a.show, a.choices)
             for choice, x in r.items():
                 print(f"  {choice:8s} {x}")

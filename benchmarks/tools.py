@@ -12,6 +12,7 @@ prompt (tools in it) and the same number of tokens (stop tokens banned), "plain"
 grammar and "auto" with it, alternated run by run and reported as medians.  Prints the load
 average: numbers taken on a busy machine are not speed claims.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,31 +22,52 @@ import tempfile
 import time
 
 import numpy as np
-
 import regime
-from goinfer import constrained
+
 from goinfer import chat as T
+from goinfer import constrained
 from goinfer.constrained import compile_request
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1}},
-            "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "top_k": {"type": "integer", "minimum": 1},
+                },
+                "required": ["query"],
+            },
+        },
+    },
 ]
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
 def tiny_model(d: str):
     """The smoke runs' tiny shape (benchmarks/shapes.py; ChatML template), one thread."""
-    from goinfer import Model
     from shapes import smoke_model
+
+    from goinfer import Model
 
     return Model.load(str(smoke_model(d)), threads=1, progress=False)
 
@@ -109,23 +131,33 @@ def main(argv=None) -> dict:
             last[mode] = r
     med = {k: statistics.median(v) for k, v in runs.items()}
     out = {
-        "benchmark": "tools", "regime": hdr, "model": regime.model(model.path),
-        "format": tc.fmt.name, "prompt_tokens": len(ids), "tokens_decoded": {
-            k: len(v["tokens"]) for k, v in last.items()},
-        "tokens": a.tokens, "runs": a.runs,
-        "plain_tok_s": med["plain"], "auto_tok_s": med["auto"],
+        "benchmark": "tools",
+        "regime": hdr,
+        "model": regime.model(model.path),
+        "format": tc.fmt.name,
+        "prompt_tokens": len(ids),
+        "tokens_decoded": {k: len(v["tokens"]) for k, v in last.items()},
+        "tokens": a.tokens,
+        "runs": a.runs,
+        "plain_tok_s": med["plain"],
+        "auto_tok_s": med["auto"],
         "auto_vs_plain": med["auto"] / med["plain"] if med["plain"] else float("nan"),
         "mask_ms_per_token": mask_ms(model, tc.grammar, last["auto"]["tokens"]),
-        "setup_ms_first": setup[0], "setup_ms_median": statistics.median(setup[1:] or setup),
+        "setup_ms_first": setup[0],
+        "setup_ms_median": statistics.median(setup[1:] or setup),
         "same_tokens": last["auto"]["tokens"] == last["plain"]["tokens"],
     }
-    print(f"{model.name} ({out['format']} tool format), prompt {len(ids)} tokens, "
-          f"{a.tokens} decoded, {a.runs} runs per mode, load average {hdr['load_avg_start'][0]:.1f}")
+    print(
+        f"{model.name} ({out['format']} tool format), prompt {len(ids)} tokens, "
+        f"{a.tokens} decoded, {a.runs} runs per mode, load average {hdr['load_avg_start'][0]:.1f}"
+    )
     print(f"  decode plain          {med['plain']:8.1f} tok/s")
     print(f"  decode tools 'auto'   {med['auto']:8.1f} tok/s   ({out['auto_vs_plain']:.3f}x)")
     print(f"  grammar mask + advance {out['mask_ms_per_token']:7.3f} ms/token (hidden by overlap)")
-    print(f"  request set-up        {out['setup_ms_first']:8.1f} ms first, "
-          f"{out['setup_ms_median']:.2f} ms after (grammar cached)")
+    print(
+        f"  request set-up        {out['setup_ms_first']:8.1f} ms first, "
+        f"{out['setup_ms_median']:.2f} ms after (grammar cached)"
+    )
     print(f"  same tokens with and without the grammar: {out['same_tokens']}")
     print(json.dumps({k: v for k, v in out.items() if k != "regime"}))
     del model

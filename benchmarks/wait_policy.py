@@ -13,6 +13,7 @@ machine.  Measured: prefill of 512 tokens (ms) and decode after 64 tokens (ms/to
 of --repeats; settings alternate within each load.  --smoke: the tiny shape
 (benchmarks/shapes.py), goinfer's setting, no added load, one repeat (the test suite).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,11 @@ SETTINGS = {
 
 
 def env_for(name: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GOINFER_WAIT_POLICY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GOINFER_WAIT_POLICY")
+    }
     if name.startswith("spin"):
         env["GOMP_SPINCOUNT"] = name[4:]
     else:
@@ -76,9 +80,9 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny model, one run (the test suite)")
     regime.add_json_arg(ap)
     a = ap.parse_args(argv)
-    from goinfer import hub
-
     import tempfile
+
+    from goinfer import hub
 
     tmp = tempfile.TemporaryDirectory()
     if a.smoke:
@@ -96,24 +100,40 @@ def main(argv=None):
         try:
             for _ in range(a.repeats):
                 for s in settings:
-                    out = subprocess.run([sys.executable, "-c", CHILD, path, str(a.threads)],
-                                         env=env_for(s), capture_output=True, text=True,
-                                         check=True, timeout=1800)
+                    out = subprocess.run(
+                        [sys.executable, "-c", CHILD, path, str(a.threads)],
+                        env=env_for(s),
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=1800,
+                    )
                     runs[s].append(json.loads(out.stdout.strip().splitlines()[-1]))
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait()
         for s in settings:
-            row = {"load": load, "setting": s,
-                   "prefill_ms": statistics.median(r["prefill_ms"] for r in runs[s]),
-                   "decode_ms": statistics.median(r["decode_ms"] for r in runs[s]),
-                   "runs": runs[s]}
+            row = {
+                "load": load,
+                "setting": s,
+                "prefill_ms": statistics.median(r["prefill_ms"] for r in runs[s]),
+                "decode_ms": statistics.median(r["decode_ms"] for r in runs[s]),
+                "runs": runs[s],
+            }
             rows.append(row)
-            print(f"{load:7s} {s:9s} prefill 512: {row['prefill_ms']:8.1f} ms   "
-                  f"decode: {row['decode_ms']:8.2f} ms/token", flush=True)
-    res = {"benchmark": "wait_policy", "regime": hdr, "model": regime.model(path),
-           "repeats": a.repeats, "rows": rows}
+            print(
+                f"{load:7s} {s:9s} prefill 512: {row['prefill_ms']:8.1f} ms   "
+                f"decode: {row['decode_ms']:8.2f} ms/token",
+                flush=True,
+            )
+    res = {
+        "benchmark": "wait_policy",
+        "regime": hdr,
+        "model": regime.model(path),
+        "repeats": a.repeats,
+        "rows": rows,
+    }
     tmp.cleanup()
     return regime.finish(res, a.json)
 

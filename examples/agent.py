@@ -14,6 +14,7 @@ again every step, as agents do; the tools stay in the prompt whatever tool_choic
 prompt only grows and the cached prefix is reused: each step prints how many prompt tokens
 came from the cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,32 @@ def add(a: float, b: float) -> dict:
 
 FUNCTIONS = {"get_weather": get_weather, "add": add}
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "City name, e.g. Paris"}},
-            "required": ["city"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "number"}, "b": {"type": "number"}},
-            "required": ["a", "b"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "City name, e.g. Paris"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 QUESTIONS = ["What is the weather in Paris?", "And in Tokyo?", "What is 12.5 plus 30?"]
 
@@ -69,8 +86,14 @@ def library_backend(model_name: str, max_tokens: int):
     print(f"model: {model.name} (goinfer library)")
 
     def step(messages, tool_choice):
-        r = session.chat(messages, max_tokens=max_tokens, tools=TOOLS, tool_choice=tool_choice,
-                         parallel_tool_calls=False, temperature=0.0)
+        r = session.chat(
+            messages,
+            max_tokens=max_tokens,
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            parallel_tool_calls=False,
+            temperature=0.0,
+        )
         return r.message(), r.prompt_tokens, r.cached_tokens
 
     return step
@@ -84,9 +107,15 @@ def server_backend(url: str, model_name: str | None, max_tokens: int):
     print(f"model: {model_name} at {url}")
 
     def step(messages, tool_choice):
-        r = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS,
-                                           tool_choice=tool_choice, parallel_tool_calls=False,
-                                           max_tokens=max_tokens, temperature=0)
+        r = client.chat.completions.create(
+            model=model_name,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            parallel_tool_calls=False,
+            max_tokens=max_tokens,
+            temperature=0,
+        )
         m = r.choices[0].message.model_dump(exclude_none=True)
         details = r.usage.prompt_tokens_details
         return m, r.usage.prompt_tokens, (details.cached_tokens or 0) if details else 0
@@ -104,8 +133,11 @@ def main(argv=None) -> None:
     ap.add_argument("--model", dest="server_model", help="model name to ask the server for")
     ap.add_argument("--max-tokens", type=int, default=48)
     a = ap.parse_args(argv)
-    step = (server_backend(a.server, a.server_model, a.max_tokens) if a.server
-            else library_backend(a.model, a.max_tokens))
+    step = (
+        server_backend(a.server, a.server_model, a.max_tokens)
+        if a.server
+        else library_backend(a.model, a.max_tokens)
+    )
 
     messages = [{"role": "system", "content": "You are a helpful assistant. Use the tools."}]
     for question in QUESTIONS:
@@ -117,8 +149,10 @@ def main(argv=None) -> None:
             print(f"  [{prompt_tokens} prompt tokens, {cached} from cache]")
             for call in reply.get("tool_calls") or []:
                 result = run_tool(call)
-                print(f"  tool call: {call['function']['name']}({call['function']['arguments']})"
-                      f" -> {result}")
+                print(
+                    f"  tool call: {call['function']['name']}({call['function']['arguments']})"
+                    f" -> {result}"
+                )
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
             if not reply.get("tool_calls"):
                 print(f"assistant: {(reply.get('content') or '').strip()}")

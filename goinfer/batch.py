@@ -1,5 +1,6 @@
 """One forward step over several sessions of one model and KVCache, run as one batch (the
 server's engine step, goinfer/server/scheduler.py; the batch-invariance tests)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ never a control, user-defined, unknown or unused token such as ``<|im_start|>`` 
 row): the cost of a forward step does not depend on which tokens they are.  Every prefill runs
 cold (a fresh KV cache, no reuse); each row records the cached tokens its prefills found (0).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,23 @@ def prompt_ids(model, n: int, seed: int = 0) -> list[int]:
 # ============================================================================ the machine
 
 # ISA flags that decide which kernels run (goinfer's variants, AMX, llama.cpp's builds)
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw",
-             "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16", "amx_tile", "amx_int8")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi2",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512vbmi",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+)
 
 
 def _lscpu() -> dict[str, str]:
@@ -154,53 +170,94 @@ def time_decode(model, prompt_len: int, n_tokens: int, repeats: int) -> list[flo
     return [decode_seconds(model, ids, n_tokens) for _ in range(repeats)]
 
 
-def run(model, prompt_lengths=(128, 512, 2048), decode_prompts=(64,), decode_tokens: int = 64,
-        repeats: int = 3, warmup: bool = True, log=print) -> dict:
+def run(
+    model,
+    prompt_lengths=(128, 512, 2048),
+    decode_prompts=(64,),
+    decode_tokens: int = 64,
+    repeats: int = 3,
+    warmup: bool = True,
+    log=print,
+) -> dict:
     from goinfer import config
 
     lengths = [n for n in prompt_lengths if n + 1 <= model.n_ctx]
     if warmup:
         time_prefill(model, min(64, model.n_ctx - 1), 1)
     res = {
-        "model": model.name, "path": str(model.path), "arch": model.config.arch,
-        "weights": sorted({f"{w.kind}" + (f" (from {w.source_type})" if w.source_type else "")
-                           for w in model.impl.weights()}),
-        "threads": model.threads, "exact": model.exact, "kv_dtype": model.kv_dtype,
-        "machine": machine(), "date": date.today().isoformat(), "repeats": repeats,
-        "goinfer": config(), "prefill": [], "decode": [],
+        "model": model.name,
+        "path": str(model.path),
+        "arch": model.config.arch,
+        "weights": sorted(
+            {
+                f"{w.kind}" + (f" (from {w.source_type})" if w.source_type else "")
+                for w in model.impl.weights()
+            }
+        ),
+        "threads": model.threads,
+        "exact": model.exact,
+        "kv_dtype": model.kv_dtype,
+        "machine": machine(),
+        "date": date.today().isoformat(),
+        "repeats": repeats,
+        "goinfer": config(),
+        "prefill": [],
+        "decode": [],
     }
     for n in lengths:
         ts, cached = _prefill_runs(model, n, repeats)
         med = statistics.median(ts)
-        row = {"prompt_tokens": n, "median_s": med, "tok_s": n / med, "runs_s": ts,
-               "cached_tokens": cached}
+        row = {
+            "prompt_tokens": n,
+            "median_s": med,
+            "tok_s": n / med,
+            "runs_s": ts,
+            "cached_tokens": cached,
+        }
         res["prefill"].append(row)
         if log:
-            log(f"prefill {n:>6} tokens: {n / med:9.1f} tok/s   (median of {repeats}: {med * 1e3:.1f} ms)")
+            log(
+                f"prefill {n:>6} tokens: {n / med:9.1f} tok/s   (median of {repeats}: {med * 1e3:.1f} ms)"
+            )
     for p in decode_prompts:
         if p + decode_tokens > model.n_ctx:
             continue
         ts = time_decode(model, p, decode_tokens, repeats)
         med = statistics.median(ts)
-        row = {"prompt_tokens": p, "tokens": decode_tokens, "median_s_per_token": med,
-               "tok_s": 1.0 / med, "runs_s_per_token": ts}
+        row = {
+            "prompt_tokens": p,
+            "tokens": decode_tokens,
+            "median_s_per_token": med,
+            "tok_s": 1.0 / med,
+            "runs_s_per_token": ts,
+        }
         res["decode"].append(row)
         if log:
-            log(f"decode after {p:>5} tokens: {1 / med:9.1f} tok/s   ({med * 1e3:.2f} ms/token, "
-                f"{decode_tokens} tokens, median of {repeats})")
+            log(
+                f"decode after {p:>5} tokens: {1 / med:9.1f} tok/s   ({med * 1e3:.2f} ms/token, "
+                f"{decode_tokens} tokens, median of {repeats})"
+            )
     return res
 
 
 def table(res: dict) -> str:
-    lines = [f"model {res['model']} ({res['arch']}; weights {', '.join(res['weights'])})",
-             f"machine {res['machine']['model_name']}, threads {res['threads']}, "
-             f"kernels {res['goinfer']['kernel_variant']}, KV cache {res['kv_dtype']}, {res['date']}",
-             "", "| phase | prompt tokens | tok/s | median ms |", "|---|---|---|---|"]
+    lines = [
+        f"model {res['model']} ({res['arch']}; weights {', '.join(res['weights'])})",
+        f"machine {res['machine']['model_name']}, threads {res['threads']}, "
+        f"kernels {res['goinfer']['kernel_variant']}, KV cache {res['kv_dtype']}, {res['date']}",
+        "",
+        "| phase | prompt tokens | tok/s | median ms |",
+        "|---|---|---|---|",
+    ]
     for r in res["prefill"]:
-        lines.append(f"| prefill | {r['prompt_tokens']} | {r['tok_s']:.1f} | {r['median_s'] * 1e3:.1f} |")
+        lines.append(
+            f"| prefill | {r['prompt_tokens']} | {r['tok_s']:.1f} | {r['median_s'] * 1e3:.1f} |"
+        )
     for r in res["decode"]:
-        lines.append(f"| decode ({r['tokens']} tokens) | {r['prompt_tokens']} | {r['tok_s']:.1f} | "
-                     f"{r['median_s_per_token'] * 1e3:.2f}/token |")
+        lines.append(
+            f"| decode ({r['tokens']} tokens) | {r['prompt_tokens']} | {r['tok_s']:.1f} | "
+            f"{r['median_s_per_token'] * 1e3:.2f}/token |"
+        )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ A session can resume at n only where every block a query at n reads still has it
 (``resumable``); elsewhere it resumes at the nearest earlier such point and recomputes the
 tokens between (``resume_point``): never a wrong result, at most a recompute.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -66,7 +67,7 @@ class BlockTable:
         last full block's end: the next turn of a conversation usually resumes there)."""
         if keep_point and self.trims:
             self._keep_point(len(self.hashes))
-        self.cache.release_window(self.blocks[self._wlo[0]:], keep=True)
+        self.cache.release_window(self.blocks[self._wlo[0] :], keep=True)
         self._wlo[0] = 0
         self.cache.release(self.blocks)
         self.blocks.clear()
@@ -74,10 +75,10 @@ class BlockTable:
         self.tokens.clear()
         self.points_due.clear()
 
-    def share_into(self, other: "BlockTable") -> None:
+    def share_into(self, other: BlockTable) -> None:
         """Make the empty table `other` hold this one's tokens in the same blocks (retained)."""
         self.cache.retain(self.blocks)
-        self.cache.retain_window(self.blocks[self._wlo[0]:])
+        self.cache.retain_window(self.blocks[self._wlo[0] :])
         other.blocks.extend(self.blocks)
         other.hashes.extend(self.hashes)
         other.tokens.extend(self.tokens)
@@ -88,11 +89,11 @@ class BlockTable:
         too).  The window KV a query at n reads is held again if the cache still has it."""
         keep = -(-n // self.block_size)
         if keep < len(self.blocks):
-            self.cache.release_window(self.blocks[max(keep, self._wlo[0]):], keep=True)
+            self.cache.release_window(self.blocks[max(keep, self._wlo[0]) :], keep=True)
             self._wlo[0] = min(self._wlo[0], keep)
             self.cache.release(self.blocks[keep:])
             del self.blocks[keep:]
-        del self.hashes[n // self.block_size:]
+        del self.hashes[n // self.block_size :]
         del self.tokens[n:]
         self.points_due = {m for m in self.points_due if m > n // self.block_size}
         if self.trims:
@@ -122,7 +123,10 @@ class BlockTable:
         if n + n_new > self.model.n_ctx:
             raise ContextLengthError(
                 f"{n + n_new} tokens exceed the context length {self.model.n_ctx} of "
-                f"{self.model.name} ({n} held + {n_new} new)", n + n_new, self.model.n_ctx)
+                f"{self.model.name} ({n} held + {n_new} new)",
+                n + n_new,
+                self.model.n_ctx,
+            )
         bs = self.block_size
         bi = n // bs  # the partly filled block, if n % bs
         cow = n % bs != 0 and not self.cache.writable(self.blocks[bi])
@@ -153,7 +157,7 @@ class BlockTable:
         every = self.cache.window_point_every if self.trims else 0
         for bi in range(len(self.hashes), len(self.tokens) // bs):
             mode = self.block_mode(bi)
-            parent, toks = self.parent_hash(), self.tokens[bi * bs:(bi + 1) * bs]
+            parent, toks = self.parent_hash(), self.tokens[bi * bs : (bi + 1) * bs]
             h = block_hash(parent, toks, mode, self.cache_salt)
             self.hashes.append(h)
             self.cache.commit(self.blocks[bi], h, parent, toks, mode)
@@ -169,7 +173,7 @@ class BlockTable:
             return 0
         i = 0
         while i + bs <= limit:
-            chunk = ids[i:i + bs]
+            chunk = ids[i : i + bs]
             h = self.hash_of(self.parent_hash(), chunk, len(self.blocks))
             b = self.cache.lookup(h)
             if b is None:
@@ -189,7 +193,7 @@ class BlockTable:
         blocks: list[int] = []
         parent, i = root_hash(self.cache_salt), 0
         while i + bs <= limit:
-            h = self.hash_of(parent, ids[i:i + bs], i // bs)
+            h = self.hash_of(parent, ids[i : i + bs], i // bs)
             b = self.cache.lookup(h)
             if b is None:
                 break
@@ -265,6 +269,6 @@ class BlockTable:
 
 def _release_all(cache: KVCache, blocks: list[int], wlo: list[int]) -> None:
     if blocks:
-        cache.release_window(blocks[wlo[0]:], keep=True)
+        cache.release_window(blocks[wlo[0] :], keep=True)
         cache.release(blocks)
         blocks.clear()

@@ -39,10 +39,16 @@ def _raise_exception(message: Any) -> None:
 
 
 def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
 ) -> str:
     # Unlike Jinja's own tojson, no HTML escaping, and non-ASCII stays as it is.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -99,7 +105,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
         # Jinja would hand back an undefined value that only fails when used further; a template
         # that touches an unsafe attribute at all is hostile, so fail right away.
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +117,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 @functools.lru_cache(maxsize=32)
 def _compile(template: str) -> jinja2.Template:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _Sandbox(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -214,7 +224,9 @@ def render_chat_template(
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template does not compile: {e}") from e
     except Exception as e:
-        raise ChatTemplateError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
+        raise ChatTemplateError(
+            f"the chat template does not compile: {type(e).__name__}: {e}"
+        ) from e
 
     msgs = _prepare_messages(messages)
     if tools is not None:
@@ -224,7 +236,9 @@ def render_chat_template(
     if documents is not None:
         for d in documents:
             if not isinstance(d, Mapping):
-                raise ChatTemplateError("documents must be a list of dicts with 'title' and 'text' keys")
+                raise ChatTemplateError(
+                    "documents must be a list of dicts with 'title' and 'text' keys"
+                )
     variables = _plain({"bos_token": bos_token, "eos_token": eos_token, **extra})
     try:
         return compiled.render(

@@ -1,9 +1,9 @@
 """Command line: goinfer pull | list | run | chat | serve | bench | profile | perplexity | compare | config."""
+
 from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from goinfer.cli_options import exact_option, kv_dtype_option
@@ -14,9 +14,14 @@ if TYPE_CHECKING:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a model name (see `goinfer list`; hf.co/ORG/REPO[:QUANT], an "
-                   "Ollama name) or a path to a .gguf (a split one: its first part)")
-    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
+    p.add_argument(
+        "model",
+        help="a model name (see `goinfer list`; hf.co/ORG/REPO[:QUANT], an "
+        "Ollama name) or a path to a .gguf (a split one: its first part)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="kernel threads (default: physical cores)"
+    )
     exact_option(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
     kv_dtype_option(p)
@@ -33,33 +38,56 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
     from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
 
-    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
-                   help="speculative drafting (the same output; faster when the reply copies "
-                   "from the prompt)")
-    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
-                   help=f"the most tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
+    p.add_argument(
+        "--draft",
+        choices=["none", *DRAFTS],
+        default="none",
+        help="speculative drafting (the same output; faster when the reply copies from the prompt)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=DEFAULT_DRAFT_TOKENS,
+        help=f"the most tokens per draft (default {DEFAULT_DRAFT_TOKENS})",
+    )
 
 
 def _load(args):
     from goinfer.model import Model
 
-    return Model.load(args.model, threads=args.threads, exact=args.exact,
-                      context_length=args.ctx, kv_dtype=args.kv_dtype)
+    return Model.load(
+        args.model,
+        threads=args.threads,
+        exact=args.exact,
+        context_length=args.ctx,
+        kv_dtype=args.kv_dtype,
+    )
 
 
 def _sampling(args) -> dict:
-    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                seed=args.seed, stop=args.stop,
-                draft=None if args.draft == "none" else args.draft, draft_tokens=args.draft_tokens)
+    return dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+        stop=args.stop,
+        draft=None if args.draft == "none" else args.draft,
+        draft_tokens=args.draft_tokens,
+    )
 
 
 def _stats(r, file=None) -> None:
     file = file or sys.stderr
     t = r.timings
-    print(f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
-          f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
-          f"{t.decode_tok_s:.1f} tok/s{_drafts(t)} | finish: {r.finish_reason}]", file=file)
+    print(
+        f"\n[prompt {r.prompt_tokens} tokens ({r.cached_tokens} cached): prefill "
+        f"{t.prefill_tok_s:.1f} tok/s in {t.prefill_ms:.0f} ms | {r.completion_tokens} tokens: decode "
+        f"{t.decode_tok_s:.1f} tok/s{_drafts(t)} | finish: {r.finish_reason}]",
+        file=file,
+    )
 
 
 def _drafts(t) -> str:
@@ -141,8 +169,14 @@ def cmd_bench(args) -> int:
     model = _load(args)
     lengths = [int(x) for x in args.prompt_lengths.split(",") if x]
     decode_prompts = [int(x) for x in args.decode_prompts.split(",") if x]
-    res = bench.run(model, lengths, decode_prompts, args.decode_tokens, args.repeats,
-                    log=lambda m: print(m, file=sys.stderr))
+    res = bench.run(
+        model,
+        lengths,
+        decode_prompts,
+        args.decode_tokens,
+        args.repeats,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     print(bench.table(res))
     if args.json:
         with open(args.json, "w") as f:
@@ -157,8 +191,13 @@ def cmd_perplexity(args) -> int:
     from goinfer import fidelity
     from goinfer.model import Model
 
-    model = Model.load(args.model, threads=args.threads, exact=args.exact,
-                       context_length=args.model_ctx, kv_dtype=args.kv_dtype)
+    model = Model.load(
+        args.model,
+        threads=args.threads,
+        exact=args.exact,
+        context_length=args.model_ctx,
+        kv_dtype=args.kv_dtype,
+    )
     ids = fidelity.read_ids(model, args.file, args.max_tokens, args.skip_tokens)
     r = fidelity.perplexity(model, ids, args.ctx, args.stride)
     print(r.summary())
@@ -196,10 +235,15 @@ def _fidelity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=1024, help="window length in tokens (default 1024)")
     p.add_argument("--stride", type=int, default=None, help="window step (default ctx/2)")
     p.add_argument("--max-tokens", type=int, default=None, help="use only the first N tokens")
-    p.add_argument("--skip-tokens", type=int, default=0,
-                   help="start at this token of the text (default 0)")
-    p.add_argument("--model-ctx", type=int, default=None,
-                   help="the model's context length (default: the file's)")
+    p.add_argument(
+        "--skip-tokens", type=int, default=0, help="start at this token of the text (default 0)"
+    )
+    p.add_argument(
+        "--model-ctx",
+        type=int,
+        default=None,
+        help="the model's context length (default: the file's)",
+    )
     p.add_argument("--json", default=None, help="also write the result as JSON here")
 
 
@@ -234,21 +278,35 @@ def cmd_config(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="goinfer", description="Fast CPU inference of open-weight LLMs.")
+    ap = argparse.ArgumentParser(
+        prog="goinfer", description="Fast CPU inference of open-weight LLMs."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("pull", help="download a model: a registered name (into GOINFER_HOME), "
-                       "hf.co/ORG/REPO[:QUANT] or ORG/REPO[:QUANT] (into the Hugging Face cache); "
-                       "a model pulled with Ollama is used where it is")
-    p.add_argument("name", help="a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
-                   "hf.co/ORG/REPO/FILE.gguf, an Ollama name (llama3.2, qwen3:4b) or a .gguf path")
+    p = sub.add_parser(
+        "pull",
+        help="download a model: a registered name (into GOINFER_HOME), "
+        "hf.co/ORG/REPO[:QUANT] or ORG/REPO[:QUANT] (into the Hugging Face cache); "
+        "a model pulled with Ollama is used where it is",
+    )
+    p.add_argument(
+        "name",
+        help="a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
+        "hf.co/ORG/REPO/FILE.gguf, an Ollama name (llama3.2, qwen3:4b) or a .gguf path",
+    )
     p.add_argument("--force", action="store_true", help="download again even if present")
-    p.add_argument("--no-layout", action="store_true",
-                   help="do not build the layout cache (the converted weights) now")
+    p.add_argument(
+        "--no-layout",
+        action="store_true",
+        help="do not build the layout cache (the converted weights) now",
+    )
     p.set_defaults(fn=cmd_pull)
 
-    p = sub.add_parser("list", help="models goinfer loads by name: its registered ones (pulled "
-                       "or not), the Hugging Face cache's GGUFs, the Ollama store's")
+    p = sub.add_parser(
+        "list",
+        help="models goinfer loads by name: its registered ones (pulled "
+        "or not), the Hugging Face cache's GGUFs, the Ollama store's",
+    )
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("run", help="generate a continuation of a raw prompt")
@@ -273,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prefill and decode speed")
     _model_args(p)
     p.add_argument("--prompt-lengths", default="128,512,2048")
-    p.add_argument("--decode-prompts", default="64,2048",
-                   help="prompt lengths before the decode measurement")
+    p.add_argument(
+        "--decode-prompts", default="64,2048", help="prompt lengths before the decode measurement"
+    )
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None, help="write the JSON result here (default: stdout)")
@@ -292,8 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="teacher-forced agreement of two settings over a text")
     p.add_argument("model", help="the model for settings without model=")
     p.add_argument("file", help="a UTF-8 text file")
-    p.add_argument("--a", required=True, help="settings A: key=value,... (model, exact, "
-                   "threads, kv_dtype), e.g. exact=true or kv_dtype=f32")
+    p.add_argument(
+        "--a",
+        required=True,
+        help="settings A: key=value,... (model, exact, "
+        "threads, kv_dtype), e.g. exact=true or kv_dtype=f32",
+    )
     p.add_argument("--b", required=True, help="settings B, e.g. exact=false")
     _fidelity_args(p)
     p.set_defaults(fn=cmd_compare)

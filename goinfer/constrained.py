@@ -48,6 +48,7 @@ name them (``<|im_start|>`` or ``<[id]>``) and JSON or text never contains them.
 EOS is the tokenizer's eos; when the mask allows EOS (the grammar may end here) every stop
 token of the tokenizer (eos, eot, end of turn) is allowed and ends the output.
 """
+
 from __future__ import annotations
 
 import copy
@@ -135,7 +136,7 @@ class TokenView:
         """The id of the special token whose text is ``text``, or None."""
         return self._special.get(text)
 
-    def compile(self, source: str, kind: str, param: str) -> "Grammar":
+    def compile(self, source: str, kind: str, param: str) -> Grammar:
         """Validate and compile an llguidance grammar (cached) -> Grammar; GrammarError."""
         with self._lock:
             g = self._cache.get(source)
@@ -147,8 +148,9 @@ class TokenView:
             raise GrammarError(f"{_what(kind)} cannot be enforced: {_short(msgs[0])}", param)
         proto = llg.LLMatcher(self.ll, source, log_level=0)
         if proto.is_error():
-            raise GrammarError(f"{_what(kind)} cannot be enforced: {_short(proto.get_error())}",
-                               param)
+            raise GrammarError(
+                f"{_what(kind)} cannot be enforced: {_short(proto.get_error())}", param
+            )
         g = Grammar(kind=kind, source=source, param=param, view=self, _proto=proto)
         with self._lock:
             self.n_compiled += 1
@@ -181,8 +183,12 @@ def token_view(tokenizer) -> TokenView:
 
 
 def _what(kind: str) -> str:
-    return {"json_schema": "the JSON schema", "json_object": "json_object",
-            "lark": "the grammar", "regex": "the regex"}.get(kind, kind)
+    return {
+        "json_schema": "the JSON schema",
+        "json_object": "json_object",
+        "lark": "the grammar",
+        "regex": "the regex",
+    }.get(kind, kind)
 
 
 def _short(msg: str) -> str:
@@ -210,7 +216,7 @@ class Grammar:
     # tool_choice "auto": from the call marker on, never in the free text before it)
     calls_begun: Callable[[list[int], str], bool] | None = None
 
-    def start(self, n_logits: int | None = None) -> "Constraint":
+    def start(self, n_logits: int | None = None) -> Constraint:
         return Constraint(self, n_logits)
 
 
@@ -239,8 +245,11 @@ def _bound_numbers(schema):
         return [_bound_numbers(x) for x in schema]
     if not isinstance(schema, Mapping):
         return schema
-    out = {k: (copy.deepcopy(v) if k in VALUE_KEYS else _bound_numbers(v))
-           for k, v in schema.items() if not (k == "propertyNames" and v == {"type": "string"})}
+    out = {
+        k: (copy.deepcopy(v) if k in VALUE_KEYS else _bound_numbers(v))
+        for k, v in schema.items()
+        if not (k == "propertyNames" and v == {"type": "string"})
+    }
     ty = out.get("type")
     types = [ty] if isinstance(ty, str) else ty if isinstance(ty, list) else []
     if any(t in _NUMERIC for t in types if isinstance(t, str)):
@@ -280,9 +289,20 @@ def bound_numbers(schema):
 # branches are not closed themselves, or their intersection would be empty (as llama.cpp merges
 # allOf).  "additionalProperties": true or a schema keeps its meaning.
 _OBJECT_SAYS = ("additionalProperties", "unevaluatedProperties")
-_SCHEMA_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
-                "prefixItems")  # hold a schema (or a list of schemas)
+_SCHEMA_KEYS = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+    "prefixItems",
+)  # hold a schema (or a list of schemas)
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _BRANCHES = ("allOf", "anyOf", "oneOf")
 
@@ -290,8 +310,13 @@ _BRANCHES = ("allOf", "anyOf", "oneOf")
 def _merged(schema: Mapping) -> list[Mapping]:
     """The inline branches whose properties `schema` is closed over (see above)."""
     keys = _BRANCHES if "properties" in schema else ("allOf",)
-    return [b for k in keys if isinstance(schema.get(k), list) for b in schema[k]
-            if isinstance(b, Mapping) and ("properties" in b or _merged(b))]
+    return [
+        b
+        for k in keys
+        if isinstance(schema.get(k), list)
+        for b in schema[k]
+        if isinstance(b, Mapping) and ("properties" in b or _merged(b))
+    ]
 
 
 def _declared(schema: Mapping) -> tuple[list[str], bool]:
@@ -326,8 +351,11 @@ def _close(schema, closed: bool = True):
         else:
             out[k] = copy.deepcopy(v)
     props = out.get("properties", {})
-    if not closed or not isinstance(props, Mapping) or not (
-            "properties" in schema or "patternProperties" in schema or merged):
+    if (
+        not closed
+        or not isinstance(props, Mapping)
+        or not ("properties" in schema or "patternProperties" in schema or merged)
+    ):
         return out  # (properties that are not an object: the schema's error is kept)
     names, says = _declared(schema)
     if says:
@@ -350,7 +378,8 @@ def close_objects(schema):
     if c == schema:
         return schema
     if schema_error(json.dumps(c, sort_keys=True)) and not schema_error(
-            json.dumps(schema, sort_keys=True)):
+        json.dumps(schema, sort_keys=True)
+    ):
         return schema
     return c
 
@@ -383,7 +412,8 @@ def json_schema_source(schema) -> str:
         raise GrammarError(f"the JSON schema is not JSON: {e}", "response_format") from None
     try:
         return llg.LLMatcher.grammar_from_json_schema(
-            text, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            text, defaults={"whitespace_pattern": JSON_WHITESPACE}
+        )
     except (ValueError, TypeError) as e:
         raise GrammarError(f"the JSON schema is invalid: {_short(e)}", "response_format") from None
 
@@ -396,20 +426,24 @@ def _response_format_schema(rf) -> tuple[str, object] | None:
     kind = rf.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
     if kind not in allowed:
-        raise GrammarError(f"'response_format.type' must be one of {sorted(allowed)}, got "
-                           f"{json.dumps(kind)[:40]}", P)
+        raise GrammarError(
+            f"'response_format.type' must be one of {sorted(allowed)}, got {json.dumps(kind)[:40]}",
+            P,
+        )
     extra = set(rf) - allowed[kind]
     if extra:
-        raise GrammarError(f"'response_format' of type {kind!r} has unknown fields "
-                           f"{sorted(extra)}", P)
+        raise GrammarError(
+            f"'response_format' of type {kind!r} has unknown fields {sorted(extra)}", P
+        )
     if kind == "text":
         return None
     if kind == "json_object":
         return kind, {"type": "object"}
     js = rf.get("json_schema")
     if not isinstance(js, dict):
-        raise GrammarError("'response_format.json_schema' must be an object with 'name' and "
-                           "'schema'", P)
+        raise GrammarError(
+            "'response_format.json_schema' must be an object with 'name' and 'schema'", P
+        )
     extra = set(js) - {"name", "schema", "strict", "description"}
     if extra:
         raise GrammarError(f"'response_format.json_schema' has unknown fields {sorted(extra)}", P)
@@ -424,8 +458,7 @@ def _response_format_schema(rf) -> tuple[str, object] | None:
         raise GrammarError("'response_format.json_schema.description' must be a string", P)
     schema = js.get("schema", True)  # no schema: any JSON value
     if not isinstance(schema, (dict, bool)):
-        raise GrammarError("'response_format.json_schema.schema' must be a JSON schema object",
-                           P)
+        raise GrammarError("'response_format.json_schema.schema' must be a JSON schema object", P)
     if schema is False:
         raise GrammarError("the JSON schema 'false' accepts nothing", P)
     # strict or not, the schema is enforced exactly (goinfer has no looser mode to offer)
@@ -444,14 +477,16 @@ def request_source(response_format=None, grammar=None) -> tuple[str, str, str] |
         return None
     if isinstance(grammar, str):
         kind, text = "lark", grammar
-    elif isinstance(grammar, dict) and len(grammar) == 1 and next(iter(grammar)) in ("regex",
-                                                                                     "lark"):
+    elif (
+        isinstance(grammar, dict) and len(grammar) == 1 and next(iter(grammar)) in ("regex", "lark")
+    ):
         kind, text = next(iter(grammar.items()))
         if not isinstance(text, str):
             raise GrammarError(f"'grammar.{kind}' must be a string", "grammar")
     else:
-        raise GrammarError("'grammar' must be a Lark grammar string, {'lark': str} or "
-                           "{'regex': str}", "grammar")
+        raise GrammarError(
+            "'grammar' must be a Lark grammar string, {'lark': str} or {'regex': str}", "grammar"
+        )
     if not text.strip():
         raise GrammarError(f"the {kind} is empty", "grammar")
     if kind == "regex":
@@ -491,8 +526,15 @@ class Tag:
     end: str = ""
 
 
-def tags_grammar(tokenizer, tags, *, lazy: bool = True, min_count: int | None = None,
-                 max_count: int | None = None, text: str = r"(.|\n)*") -> str:
+def tags_grammar(
+    tokenizer,
+    tags,
+    *,
+    lazy: bool = True,
+    min_count: int | None = None,
+    max_count: int | None = None,
+    text: str = r"(.|\n)*",
+) -> str:
     """A Lark grammar (llguidance's) for output made of tagged segments.
 
     lazy=True: free text (matching the regex ``text``) in which any tag may start; the grammar
@@ -508,14 +550,23 @@ def tags_grammar(tokenizer, tags, *, lazy: bool = True, min_count: int | None = 
     if lo < 0 or (max_count is not None and max_count < max(lo, 1)):
         raise GrammarError(f"bad segment count bounds {min_count}..{max_count}", "tools")
     view = token_view(tokenizer)
-    lines = [f"TEXT: /{text}/", "WS: /[ \\t\\r\\n]+/",
-             "tag: " + " | ".join(f"tag_{i}" for i in range(len(tags)))]
+    lines = [
+        f"TEXT: /{text}/",
+        "WS: /[ \\t\\r\\n]+/",
+        "tag: " + " | ".join(f"tag_{i}" for i in range(len(tags))),
+    ]
     for i, t in enumerate(tags):
         if not isinstance(t.trigger, str) or not t.trigger:
             raise GrammarError("a tag's trigger must be a non-empty string", "tools")
-        body = " ".join(x for x in (
-            _lit(t.begin), "" if t.schema is None else "%json " + json.dumps(t.schema),
-            _lit(t.end)) if x)
+        body = " ".join(
+            x
+            for x in (
+                _lit(t.begin),
+                "" if t.schema is None else "%json " + json.dumps(t.schema),
+                _lit(t.end),
+            )
+            if x
+        )
         sid = view.special_id(t.trigger)
         if sid is not None:
             head = f"<[{sid}]>"
@@ -600,8 +651,10 @@ class Constraint:
         ok, self.accepting = fut.result() if fut is not None else self._compute()
         self.n_masks += 1
         if ok is None or not ok.any():
-            self.reason = ("grammar dead end: no token of the vocabulary continues the output "
-                           f"({self._detail()})")
+            self.reason = (
+                "grammar dead end: no token of the vocabulary continues the output "
+                f"({self._detail()})"
+            )
             return None
         return ok
 
@@ -610,8 +663,9 @@ class Constraint:
         err = m.get_error().strip().splitlines()
         return f"llguidance: {m.stop_reason()}" + (f": {_short(err[0])}" if err else "")
 
-    def fold_end(self, logits: np.ndarray, mask: np.ndarray, tokens=(), text: str = ""
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def fold_end(
+        self, logits: np.ndarray, mask: np.ndarray, tokens=(), text: str = ""
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(logits, mask) to sample from.  Where the output may end (``accepting``) under a
         grammar with ``end_takes_forbidden`` (and once ``calls_begun(tokens, text)`` of the
         output so far): the most likely stop token gets the log of the summed probability
@@ -654,8 +708,10 @@ class Constraint:
         self.close()  # a mask still being computed reads the matcher: let it finish first
         m = self.matcher
         if not m.consume_token(int(token)):
-            self.reason = ("grammar dead end: the sampled token does not continue the output "
-                           f"({self._detail()})")
+            self.reason = (
+                "grammar dead end: the sampled token does not continue the output "
+                f"({self._detail()})"
+            )
             return "rejected"
         if m.is_stopped():
             if m.is_accepting() and not m.is_error():

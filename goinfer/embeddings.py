@@ -13,6 +13,7 @@ embeddings") and llama.cpp's server do.
 A text's tokens are the model's with its special tokens (add_special: BOS and, where the GGUF
 asks for it, EOS: Qwen3-Embedding's tokenizer appends <|endoftext|>, the token it pools).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,11 @@ def embed(model, inputs: list[list[int]]) -> np.ndarray:
     an empty input; ContextLengthError for one longer than the context."""
     pooling = getattr(model, "pooling", None)
     if pooling is None:
-        raise RequestError(f"{model.name} is not an embedding model (its GGUF has no mean, CLS "
-                           "or last-token pooling_type)", "model")
+        raise RequestError(
+            f"{model.name} is not an embedding model (its GGUF has no mean, CLS "
+            "or last-token pooling_type)",
+            "model",
+        )
     out = np.empty((len(inputs), model.config.d_model), np.float32)
     for i, ids in enumerate(inputs):
         if not ids:

@@ -1,4 +1,5 @@
 """Typed exceptions.  Every error goinfer raises on bad input is one of these."""
+
 from __future__ import annotations
 
 

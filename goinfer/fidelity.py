@@ -17,13 +17,14 @@ SETTINGS: comma-separated key=value pairs; keys: model (a name or path; default:
 exact (true/false; exact_prefill is its old name), threads (int).  E.g. ``--a exact=true
 --b exact=false`` or ``--a model=q4_1.gguf --b model=q8_0.gguf``.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -66,8 +67,9 @@ class _Runner:
 
     def __init__(self, model, ctx: int):
         if ctx > model.n_ctx:
-            raise ContextLengthError(f"window of {ctx} tokens exceeds the context length "
-                                     f"{model.n_ctx} of {model.name}")
+            raise ContextLengthError(
+                f"window of {ctx} tokens exceeds the context length {model.n_ctx} of {model.name}"
+            )
         self.model = model
         self.cache = KVCache(model, max_tokens=ctx, block_size=16)
         self.bt = np.array([self.cache.allocate() for _ in range(self.cache.n_blocks)], np.int32)
@@ -82,12 +84,12 @@ class _Runner:
         for c0 in range(0, e - b, PREFILL_CHUNK):
             c1 = min(e - b, c0 + PREFILL_CHUNK)
             want = "all" if c1 > first else "none"
-            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0:b + c1], c0, want) + rec])[0]
+            lg = m.forward_batch(self.cache, [(self.bt, ids[b + c0 : b + c1], c0, want) + rec])[0]
             if lg is None:
                 continue
             lo, hi = max(c0, first), min(c1, e - b - 1)
             if hi > lo:
-                yield b + lo, lg[lo - c0:hi - c0]
+                yield b + lo, lg[lo - c0 : hi - c0]
 
 
 def _progress(total: int, desc: str, show: bool):
@@ -118,14 +120,17 @@ class PerplexityResult:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"{self.model}: perplexity {self.perplexity:.4f} (mean NLL {self.nll:.5f}) over "
-                f"{self.n_scored} tokens, {self.n_windows} windows of {self.ctx} (stride "
-                f"{self.stride}), exact={self.exact}, threads={self.threads}, "
-                f"{self.tokens_per_second:.1f} tok/s")
+        return (
+            f"{self.model}: perplexity {self.perplexity:.4f} (mean NLL {self.nll:.5f}) over "
+            f"{self.n_scored} tokens, {self.n_windows} windows of {self.ctx} (stride "
+            f"{self.stride}), exact={self.exact}, threads={self.threads}, "
+            f"{self.tokens_per_second:.1f} tok/s"
+        )
 
 
-def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
-               progress: bool = True) -> PerplexityResult:
+def perplexity(
+    model, ids, ctx: int = 1024, stride: int | None = None, *, progress: bool = True
+) -> PerplexityResult:
     """Perplexity of model over token ids with sliding windows (see the module doc)."""
     ids = np.asarray(ids, dtype=np.int32)
     stride = ctx // 2 if stride is None else stride
@@ -137,7 +142,7 @@ def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
     try:
         for b, e, s in wins:
             for p, lg in run.rows(ids, b, e, s):
-                nll = _log_softmax_at(lg, ids[p + 1:p + 1 + len(lg)])
+                nll = _log_softmax_at(lg, ids[p + 1 : p + 1 + len(lg)])
                 total += float(nll.sum())
                 n += len(nll)
             bar.update(e - b)
@@ -145,11 +150,20 @@ def perplexity(model, ids, ctx: int = 1024, stride: int | None = None, *,
     finally:
         bar.close()
     dt = time.perf_counter() - t0
-    return PerplexityResult(model=model.name, exact=model.exact,
-                            threads=model.threads, ctx=ctx, stride=stride, n_tokens=len(ids),
-                            n_windows=len(wins), n_scored=n, nll=total / n,
-                            perplexity=math.exp(total / n), seconds=dt,
-                            tokens_per_second=work / dt if dt > 0 else 0.0)
+    return PerplexityResult(
+        model=model.name,
+        exact=model.exact,
+        threads=model.threads,
+        ctx=ctx,
+        stride=stride,
+        n_tokens=len(ids),
+        n_windows=len(wins),
+        n_scored=n,
+        nll=total / n,
+        perplexity=math.exp(total / n),
+        seconds=dt,
+        tokens_per_second=work / dt if dt > 0 else 0.0,
+    )
 
 
 # ============================================================================ compare
@@ -168,8 +182,9 @@ def parse_settings(text: str) -> dict:
         key = key.strip().replace("-", "_")
         key = SETTING_ALIASES.get(key, key)
         if not sep or key not in SETTING_KEYS:
-            raise ValueError(f"bad setting {part!r}: expected key=value with key in "
-                             f"{', '.join(SETTING_KEYS)}")
+            raise ValueError(
+                f"bad setting {part!r}: expected key=value with key in {', '.join(SETTING_KEYS)}"
+            )
         val = val.strip()
         if key == "exact":
             if val.lower() not in ("true", "false", "1", "0", "yes", "no"):
@@ -196,8 +211,12 @@ def load_pair(default_model: str, a: dict, b: dict, **load_kw):
     from goinfer.model import Model
 
     def full(s):
-        return (s.get("model", default_model), s.get("threads"), s.get("exact", False),
-                s.get("kv_dtype", DEFAULT_KV_DTYPE))
+        return (
+            s.get("model", default_model),
+            s.get("threads"),
+            s.get("exact", False),
+            s.get("kv_dtype", DEFAULT_KV_DTYPE),
+        )
 
     (pa, ta, ea, ka), (pb, tb, eb, kb) = full(a), full(b)
     ma = Model.load(pa, threads=ta, exact=ea, kv_dtype=ka, **load_kw)
@@ -231,15 +250,25 @@ class CompareResult:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"a={self.a} b={self.b}: top-1 agreement {self.top1_agreement:.4f}, logit cosine "
-                f"mean {self.cosine_mean:.6f} min {self.cosine_min:.6f} (position "
-                f"{self.worst_position}), NLL a {self.nll_a:.5f} b {self.nll_b:.5f}, mean "
-                f"NLL diff (b - a) {self.nll_diff_mean:+.6f} over {self.n_scored} tokens")
+        return (
+            f"a={self.a} b={self.b}: top-1 agreement {self.top1_agreement:.4f}, logit cosine "
+            f"mean {self.cosine_mean:.6f} min {self.cosine_min:.6f} (position "
+            f"{self.worst_position}), NLL a {self.nll_a:.5f} b {self.nll_b:.5f}, mean "
+            f"NLL diff (b - a) {self.nll_diff_mean:+.6f} over {self.n_scored} tokens"
+        )
 
 
-def compare(model_a, model_b, ids, ctx: int = 1024, stride: int | None = None, *,
-            settings_a: dict | None = None, settings_b: dict | None = None,
-            progress: bool = True) -> CompareResult:
+def compare(
+    model_a,
+    model_b,
+    ids,
+    ctx: int = 1024,
+    stride: int | None = None,
+    *,
+    settings_a: dict | None = None,
+    settings_b: dict | None = None,
+    progress: bool = True,
+) -> CompareResult:
     """Teacher-forced comparison of two models (or settings) over the same windows."""
     ids = np.asarray(ids, dtype=np.int32)
     if model_a.vocab_size != model_b.vocab_size:
@@ -255,7 +284,7 @@ def compare(model_a, model_b, ids, ctx: int = 1024, stride: int | None = None, *
     try:
         for b, e, s in wins:
             for (p, la), (_, lb) in zip(ra.rows(ids, b, e, s), rb.rows(ids, b, e, s)):
-                tgt = ids[p + 1:p + 1 + len(la)]
+                tgt = ids[p + 1 : p + 1 + len(la)]
                 x, y = la.astype(np.float64), lb.astype(np.float64)
                 cos = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
                 agree += int((la.argmax(1) == lb.argmax(1)).sum())
@@ -269,11 +298,22 @@ def compare(model_a, model_b, ids, ctx: int = 1024, stride: int | None = None, *
             bar.update(e - b)
     finally:
         bar.close()
-    return CompareResult(a=settings_a or {}, b=settings_b or {}, ctx=ctx, stride=stride,
-                         n_tokens=len(ids), n_scored=n, top1_agreement=agree / n,
-                         cosine_mean=cos_sum / n, cosine_min=cos_min, nll_a=nll_a / n,
-                         nll_b=nll_b / n, nll_diff_mean=(nll_b - nll_a) / n,
-                         seconds=time.perf_counter() - t0, worst_position=worst)
+    return CompareResult(
+        a=settings_a or {},
+        b=settings_b or {},
+        ctx=ctx,
+        stride=stride,
+        n_tokens=len(ids),
+        n_scored=n,
+        top1_agreement=agree / n,
+        cosine_mean=cos_sum / n,
+        cosine_min=cos_min,
+        nll_a=nll_a / n,
+        nll_b=nll_b / n,
+        nll_diff_mean=(nll_b - nll_a) / n,
+        seconds=time.perf_counter() - t0,
+        worst_position=worst,
+    )
 
 
 def read_ids(model, path, max_tokens: int | None = None, skip_tokens: int = 0) -> np.ndarray:

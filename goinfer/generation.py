@@ -6,6 +6,7 @@ of a stop string.  ``Session.generate`` and the server's scheduler both drive on
 give the same tokens and text.  ``GenerationResult`` (with its ``Timings``) is what a
 generation returns; a stream gives text pieces first (``Piece`` when they carry logprobs).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -87,8 +88,17 @@ class Generation:
     ``Session.generate`` and the server's scheduler both drive one of these, so they give the
     same tokens and text."""
 
-    def __init__(self, model, ids: list[int], max_tokens: int, params: SamplingParams,
-                 stops: list[str], *, grammar=None, logprobs: tuple[bool, int] = (False, 0)):
+    def __init__(
+        self,
+        model,
+        ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stops: list[str],
+        *,
+        grammar=None,
+        logprobs: tuple[bool, int] = (False, 0),
+    ):
         tok = model.tokenizer
         self.tokenizer = tok
         self.reason: str | None = None
@@ -134,8 +144,11 @@ class Generation:
         t = self.sampler.sample(z, mask)
         if t < 0:  # logit_bias -inf on every token left: nothing can be drawn
             self.finish_reason, self.done = "stop", True
-            self.reason = ("grammar dead end: logit_bias bans every token the grammar allows"
-                           if c is not None else "logit_bias bans every token")
+            self.reason = (
+                "grammar dead end: logit_bias bans every token the grammar allows"
+                if c is not None
+                else "logit_bias bans every token"
+            )
             return ""
         if t in self.stop_ids and (c is None or c.ends(t)):
             self.finish_reason, self.done = "stop", True
@@ -167,7 +180,7 @@ class Generation:
         if c is not None and not self.done:
             c.prefetch()  # the next mask, while the caller runs the next forward pass
         if len(self.text) - self.hold > self.emitted:
-            piece = self.text[self.emitted:len(self.text) - self.hold]
+            piece = self.text[self.emitted : len(self.text) - self.hold]
             self.emitted = len(self.text) - self.hold
             return piece
         return ""
@@ -182,10 +195,11 @@ class Generation:
         if self._cut_by_string and self.want_logprobs:
             # tokens wholly inside the cut stop string are not part of the output
             cut = len(self.text)
-            keep = [i for i in range(len(self.logprobs))
-                    if i < self._lp_sent or self._spans[i][0] < cut]
+            keep = [
+                i for i in range(len(self.logprobs)) if i < self._lp_sent or self._spans[i][0] < cut
+            ]
             self.logprobs = [self.logprobs[i] for i in keep]
-        piece = self.text[self.emitted:]
+        piece = self.text[self.emitted :]
         self.emitted = len(self.text)
         self.done = self._finished = True
         self.close()
@@ -213,7 +227,7 @@ class Generation:
         if not self._finished:
             while n < len(self.logprobs) and self._spans[n][1] <= self.emitted:
                 n += 1
-        out = self.logprobs[self._lp_sent:n]
+        out = self.logprobs[self._lp_sent : n]
         self._lp_sent = n
         return out
 
@@ -227,8 +241,9 @@ class Generation:
         """text as a stream item: plain str, or a Piece with the logprobs of its tokens."""
         return Piece(text, self.take_logprobs()) if self.want_logprobs else text
 
-    def result(self, cached: int, prefilled: int, t0: float, t1: float, t2: float
-               ) -> GenerationResult:
+    def result(
+        self, cached: int, prefilled: int, t0: float, t1: float, t2: float
+    ) -> GenerationResult:
         """The GenerationResult, timed from t0 (start) to t1 (prompt done) to t2 (end)."""
         n_decode = max(0, self.n_steps - 1)
         timings = Timings(
@@ -236,15 +251,23 @@ class Generation:
             prefill_tok_s=prefilled / (t1 - t0) if t1 > t0 else 0.0,
             decode_ms=(t2 - t1) * 1e3,
             decode_tok_s=n_decode / (t2 - t1) if t2 > t1 and n_decode else 0.0,
-            prefill_tokens=prefilled, decode_tokens=n_decode, draft_tokens=self.drafted,
-            draft_accepted=self.accepted)
-        return GenerationResult(text=self.text, tokens=list(self.tokens),
-                                finish_reason=self.finish_reason, prompt_tokens=cached + prefilled,
-                                cached_tokens=cached, completion_tokens=len(self.tokens),
-                                timings=timings,
-                                logprobs={"content": list(self.logprobs)}
-                                if self.want_logprobs else None, reason=self.reason,
-                                stop_sequence=self.stop_sequence)
+            prefill_tokens=prefilled,
+            decode_tokens=n_decode,
+            draft_tokens=self.drafted,
+            draft_accepted=self.accepted,
+        )
+        return GenerationResult(
+            text=self.text,
+            tokens=list(self.tokens),
+            finish_reason=self.finish_reason,
+            prompt_tokens=cached + prefilled,
+            cached_tokens=cached,
+            completion_tokens=len(self.tokens),
+            timings=timings,
+            logprobs={"content": list(self.logprobs)} if self.want_logprobs else None,
+            reason=self.reason,
+            stop_sequence=self.stop_sequence,
+        )
 
 
 class Piece(str):
@@ -262,12 +285,17 @@ def constraint_of(model, response_format=None, grammar=None):
     """The compiled grammar of a request for this model (None: unconstrained); GrammarError."""
     if response_format is None and grammar is None:
         return None
-    if isinstance(response_format, dict) and response_format.get("type") == "text" and \
-            grammar is None and set(response_format) == {"type"}:
+    if (
+        isinstance(response_format, dict)
+        and response_format.get("type") == "text"
+        and grammar is None
+        and set(response_format) == {"type"}
+    ):
         return None
     from goinfer.constrained import compile_request  # llguidance is loaded on first use
 
     return compile_request(model.tokenizer, response_format=response_format, grammar=grammar)
+
 
 # ============================================================================ stops
 

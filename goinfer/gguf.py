@@ -12,6 +12,7 @@ corrupt, truncated or hostile file raises ``ModelFormatError`` and never an Inde
 KeyError / struct.error from inside the reader.  Block decoding is our own vectorized NumPy
 (goinfer/gguf_decode.py; docs/design/gguf.md, "Conversions", has the formulas of every type).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,9 +28,27 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from goinfer import gguf_split
 from goinfer.errors import GoinferError, ModelFormatError, UnsupportedTensorTypeError
-from goinfer.gguf_decode import (F32_DECODERS, PLAIN_DTYPES, f16_at, nibbles32, q5_codes, q6k_parts,
-                                 qk_parts, requant_q8)
-from goinfer.quant import GROUP, ROWS, QWeight, pack_float, pack_mxfp4, pack_q4, pack_q6k, pack_q8, pack_qk
+from goinfer.gguf_decode import (
+    F32_DECODERS,
+    PLAIN_DTYPES,
+    f16_at,
+    nibbles32,
+    q5_codes,
+    q6k_parts,
+    qk_parts,
+    requant_q8,
+)
+from goinfer.quant import (
+    GROUP,
+    ROWS,
+    QWeight,
+    pack_float,
+    pack_mxfp4,
+    pack_q4,
+    pack_q6k,
+    pack_q8,
+    pack_qk,
+)
 
 __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "native_target"]
 
@@ -82,11 +101,16 @@ _SUPPORTED_VERSIONS = (2, 3)
 
 # Smallest encoding of each metadata value type, to reject absurd array lengths up front.
 _SCALAR_NP = {
-    GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"),
-    GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
-    GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"),
-    GGUFValueType.FLOAT32: np.dtype("<f4"), GGUFValueType.BOOL: np.dtype("bool"),
-    GGUFValueType.UINT64: np.dtype("<u8"), GGUFValueType.INT64: np.dtype("<i8"),
+    GGUFValueType.UINT8: np.dtype("<u1"),
+    GGUFValueType.INT8: np.dtype("<i1"),
+    GGUFValueType.UINT16: np.dtype("<u2"),
+    GGUFValueType.INT16: np.dtype("<i2"),
+    GGUFValueType.UINT32: np.dtype("<u4"),
+    GGUFValueType.INT32: np.dtype("<i4"),
+    GGUFValueType.FLOAT32: np.dtype("<f4"),
+    GGUFValueType.BOOL: np.dtype("bool"),
+    GGUFValueType.UINT64: np.dtype("<u8"),
+    GGUFValueType.INT64: np.dtype("<i8"),
     GGUFValueType.FLOAT64: np.dtype("<f8"),
 }
 
@@ -151,8 +175,9 @@ class _Reader(GGUFReader):
         try:
             GGUFValueType(int(raw_type))
         except ValueError:
-            raise ModelFormatError(f"metadata value at offset {orig_offs} has unknown type "
-                                   f"{int(raw_type)}") from None
+            raise ModelFormatError(
+                f"metadata value at offset {orig_offs} has unknown type {int(raw_type)}"
+            ) from None
         if int(raw_type) != GGUFValueType.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
         size = self._plain.shape[0]
@@ -163,22 +188,26 @@ class _Reader(GGUFReader):
         try:
             itype = GGUFValueType(int(raw_itype[0]))
         except ValueError:
-            raise ModelFormatError(f"metadata array at offset {orig_offs} has unknown element "
-                                   f"type {int(raw_itype[0])}") from None
+            raise ModelFormatError(
+                f"metadata array at offset {orig_offs} has unknown element type {int(raw_itype[0])}"
+            ) from None
         if itype == GGUFValueType.ARRAY:
             raise ModelFormatError(f"nested metadata arrays (offset {orig_offs}) are not supported")
         elem_min = 8 if itype == GGUFValueType.STRING else _SCALAR_NP[itype].itemsize
         if n * elem_min > size - offs:
-            raise ModelFormatError(f"metadata array at offset {orig_offs} claims {n} elements "
-                                   f"of {itype.name}, more than the {size - offs} bytes left")
+            raise ModelFormatError(
+                f"metadata array at offset {orig_offs} claims {n} elements "
+                f"of {itype.name}, more than the {size - offs} bytes left"
+            )
         if itype == GGUFValueType.STRING and _string_array is not None:
             try:
                 holder, offs = _string_array(self._plain, offs, n)
             except EOFError as e:
                 raise _Short(str(e)) from None
             except UnicodeDecodeError:
-                raise ModelFormatError(f"a string of the array at offset {orig_offs} is not valid "
-                                       "UTF-8") from None
+                raise ModelFormatError(
+                    f"a string of the array at offset {orig_offs} is not valid UTF-8"
+                ) from None
         elif itype == GGUFValueType.STRING:
             holder = np.empty(n, dtype=object)
             mv = self._mv
@@ -210,10 +239,13 @@ class _Reader(GGUFReader):
                 gtype = GGMLQuantizationType(tid)
             except ValueError:
                 raise UnsupportedTensorTypeError(
-                    f"tensor {name!r} has unknown GGML type id {tid}") from None
+                    f"tensor {name!r} has unknown GGML type id {tid}"
+                ) from None
             nd = int(n_dims[0])
             if not 1 <= nd <= _MAX_DIMS:
-                raise ModelFormatError(f"tensor {name!r} has {nd} dimensions (1..{_MAX_DIMS} allowed)")
+                raise ModelFormatError(
+                    f"tensor {name!r} has {nd} dimensions (1..{_MAX_DIMS} allowed)"
+                )
             ne = [int(x) for x in dims]
             if min(ne) < 1 or max(ne) > 1 << 40:
                 raise ModelFormatError(f"tensor {name!r} has absurd dimensions {ne}")
@@ -222,14 +254,17 @@ class _Reader(GGUFReader):
                 n_el *= x
             bs, ts = GGML_QUANT_SIZES[gtype]
             if ne[0] % bs:
-                raise ModelFormatError(f"tensor {name!r} ({gtype.name}) has rows of {ne[0]} "
-                                       f"elements, not a multiple of its block size {bs}")
+                raise ModelFormatError(
+                    f"tensor {name!r} ({gtype.name}) has rows of {ne[0]} "
+                    f"elements, not a multiple of its block size {bs}"
+                )
             n_bytes = n_el // bs * ts
             begin = start_offs + int(offset_tensor[0])
             if begin + n_bytes > size:
                 raise ModelFormatError(
                     f"tensor {name!r} data [{begin}, {begin + n_bytes}) extends past the end "
-                    f"of the file ({size} bytes)")
+                    f"of the file ({size} bytes)"
+                )
         super()._build_tensors(start_offs, fields)
 
 
@@ -272,16 +307,20 @@ class ConversionSummary:
         return [dict(vars(r)) for r in self.rows]
 
     @classmethod
-    def from_dicts(cls, rows: list[dict]) -> "ConversionSummary":
+    def from_dicts(cls, rows: list[dict]) -> ConversionSummary:
         return cls([ConversionRow(**r) for r in rows])
 
     def __str__(self) -> str:
         if not self.rows:
             return "no tensors loaded"
-        lines = [f"{'type':<6} {'-> kind':<15} {'how':<11} {'tensors':>7} {'MB in':>9} {'MB out':>9}"]
+        lines = [
+            f"{'type':<6} {'-> kind':<15} {'how':<11} {'tensors':>7} {'MB in':>9} {'MB out':>9}"
+        ]
         for r in sorted(self.rows, key=lambda r: -r.bytes_in):
-            lines.append(f"{r.source_type:<6} {'-> ' + r.kind:<15} {r.how:<11} {r.count:>7} "
-                         f"{r.bytes_in / 1e6:>9.2f} {r.bytes_out / 1e6:>9.2f}")
+            lines.append(
+                f"{r.source_type:<6} {'-> ' + r.kind:<15} {r.how:<11} {r.count:>7} "
+                f"{r.bytes_in / 1e6:>9.2f} {r.bytes_out / 1e6:>9.2f}"
+            )
         tot_in = sum(r.bytes_in for r in self.rows)
         tot_out = sum(r.bytes_out for r in self.rows)
         n = sum(r.count for r in self.rows)
@@ -314,8 +353,16 @@ class _Part:
             raise _wrap(path, "truncated file", e) from None
         except UnicodeDecodeError as e:
             raise _wrap(path, "a metadata key or tensor name is not valid UTF-8", e) from None
-        except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
-                MemoryError, OSError) as e:
+        except (
+            ValueError,
+            KeyError,
+            IndexError,
+            TypeError,
+            OverflowError,
+            struct.error,
+            MemoryError,
+            OSError,
+        ) as e:
             raise _wrap(path, "cannot parse GGUF header", e) from None
         r = self.reader
         if r.byte_order != "I":
@@ -329,25 +376,37 @@ class _Part:
         with open(self.path, "rb") as fh:
             head = fh.read(24)
         if len(head) < 4 or head[:4] != b"GGUF":
-            raise ModelFormatError(f"{self.path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+            raise ModelFormatError(
+                f"{self.path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')"
+            )
         if len(head) < 24:
-            raise ModelFormatError(f"{self.path}: truncated file ({self.size} bytes, "
-                                   "the GGUF header alone needs 24)")
+            raise ModelFormatError(
+                f"{self.path}: truncated file ({self.size} bytes, the GGUF header alone needs 24)"
+            )
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
         if version & 0xFFFF == 0 and version:
             raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
         if version not in _SUPPORTED_VERSIONS:
-            raise ModelFormatError(f"{self.path}: unsupported GGUF version {version} "
-                                   f"(goinfer reads versions {', '.join(map(str, _SUPPORTED_VERSIONS))})")
+            raise ModelFormatError(
+                f"{self.path}: unsupported GGUF version {version} "
+                f"(goinfer reads versions {', '.join(map(str, _SUPPORTED_VERSIONS))})"
+            )
         room = self.size - 24
         if n_kv > room // 13:  # smallest key/value: 8-byte length, 4-byte type, 1-byte value
-            raise ModelFormatError(f"{self.path}: absurd metadata count {n_kv} for a {self.size}-byte file")
+            raise ModelFormatError(
+                f"{self.path}: absurd metadata count {n_kv} for a {self.size}-byte file"
+            )
         if n_tensors > room // 24:  # smallest tensor info: name length, n_dims, type, offset
-            raise ModelFormatError(f"{self.path}: absurd tensor count {n_tensors} for a {self.size}-byte file")
+            raise ModelFormatError(
+                f"{self.path}: absurd tensor count {n_tensors} for a {self.size}-byte file"
+            )
 
     def metadata(self) -> dict[str, object]:
-        return {key: _decode_field(self.path, key, f) for key, f in self.reader.fields.items()
-                if not key.startswith("GGUF.")}
+        return {
+            key: _decode_field(self.path, key, f)
+            for key, f in self.reader.fields.items()
+            if not key.startswith("GGUF.")
+        }
 
     def digest_into(self, h) -> None:
         """The file size, the header (metadata + tensor infos, bytes [0, data_offset)) and 256
@@ -409,8 +468,9 @@ class GGUFFile:
                 try:
                     part = _Part(p)
                 except FileNotFoundError:
-                    raise ModelFormatError(f"{self.path}: part {i + 1} of {count} of this split "
-                                           f"model is missing: {p}") from None
+                    raise ModelFormatError(
+                        f"{self.path}: part {i + 1} of {count} of this split model is missing: {p}"
+                    ) from None
                 gguf_split.check_part(p, part.metadata(), i, count, n_tensors)
                 self._parts.append(part)
         self.parts: list[Path] = [p.path for p in self._parts]
@@ -419,14 +479,17 @@ class GGUFFile:
         for part in self._parts:
             for t in part.reader.tensors:
                 if t.name in self._tensors:
-                    raise ModelFormatError(f"{part.path}: tensor {t.name!r} is also in an earlier "
-                                           "part of this model")
+                    raise ModelFormatError(
+                        f"{part.path}: tensor {t.name!r} is also in an earlier part of this model"
+                    )
                 self._tensors[t.name] = t
         if count > 1:
             gguf_split.check_tensor_count(self.path, self.metadata, len(self._tensors), count)
         # name -> (GGUF type name, NumPy-order shape); kept after close()
-        self._infos = {n: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
-                       for n, t in self._tensors.items()}
+        self._infos = {
+            n: (t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+            for n, t in self._tensors.items()
+        }
         self.tensor_names: list[str] = list(self._tensors)
         self._summary = ConversionSummary()
         self._fingerprint: str | None = None
@@ -475,8 +538,9 @@ class GGUFFile:
         try:
             return self._infos[name]
         except KeyError:
-            raise ModelFormatError(f"{self.path}: no tensor named {name!r} "
-                                   f"({len(self._infos)} tensors in the file)") from None
+            raise ModelFormatError(
+                f"{self.path}: no tensor named {name!r} ({len(self._infos)} tensors in the file)"
+            ) from None
 
     def _rows(self, name: str):
         """Raw bytes of a tensor as rows: (type name, NumPy shape, uint8 (n_rows, row_bytes))."""
@@ -485,16 +549,19 @@ class GGUFFile:
         raw = np.asarray(t.data).reshape(-1).view(np.uint8)
         n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
         if raw.size != t.n_bytes or raw.size % n_rows:
-            raise ModelFormatError(f"{self.path}: tensor {name!r} has {raw.size} bytes, "
-                                   f"expected {t.n_bytes} for {tname} {shape}")
+            raise ModelFormatError(
+                f"{self.path}: tensor {name!r} has {raw.size} bytes, "
+                f"expected {t.n_bytes} for {tname} {shape}"
+            )
         return tname, shape, raw.reshape(n_rows, raw.size // n_rows)
 
     def load_f32(self, name: str) -> np.ndarray:
         """Any supported stored type -> float32 array in NumPy shape (for norms, biases, small tensors)."""
         tname, shape, rows = self._rows(name)
         if tname not in _F32_TYPES:
-            raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
-                                             "which goinfer cannot decode")
+            raise UnsupportedTensorTypeError(
+                f"{self.path}: tensor {name!r} is stored as {tname}, which goinfer cannot decode"
+            )
         out = self._decode_f32(tname, rows).reshape(shape)
         self._summary.add(tname, "f32 (dense)", "dequantize", rows.nbytes, out.nbytes)
         return out
@@ -518,9 +585,11 @@ class GGUFFile:
         """A 2-D tensor (n_out, n_in) -> QWeight in the nearest native kind (see NATIVE_TARGET)."""
         tname, shape, rows = self._rows(name)
         if len(shape) != 2:
-            raise ModelFormatError(f"{self.path}: load_weight needs a 2-D tensor, {name!r} has "
-                                   f"shape {shape} (use load_f32 for vectors, load_experts for "
-                                   "stacked expert tensors)")
+            raise ModelFormatError(
+                f"{self.path}: load_weight needs a 2-D tensor, {name!r} has "
+                f"shape {shape} (use load_f32 for vectors, load_experts for "
+                "stacked expert tensors)"
+            )
         return self._weight_from_rows(name, tname, rows, *shape)
 
     def load_experts(self, name: str) -> list[QWeight]:
@@ -530,22 +599,33 @@ class GGUFFile:
         copy of the whole stack is made)."""
         tname, shape, rows = self._rows(name)
         if len(shape) != 3:
-            raise ModelFormatError(f"{self.path}: load_experts needs a 3-D tensor (n_expert, "
-                                   f"n_out, n_in), {name!r} has shape {shape}")
+            raise ModelFormatError(
+                f"{self.path}: load_experts needs a 3-D tensor (n_expert, "
+                f"n_out, n_in), {name!r} has shape {shape}"
+            )
         n_expert, n_out, n_in = shape
-        return [self._weight_from_rows(f"{name}[{e}]", tname, rows[e * n_out:(e + 1) * n_out],
-                                       n_out, n_in) for e in range(n_expert)]
+        return [
+            self._weight_from_rows(
+                f"{name}[{e}]", tname, rows[e * n_out : (e + 1) * n_out], n_out, n_in
+            )
+            for e in range(n_expert)
+        ]
 
-    def _weight_from_rows(self, name: str, tname: str, rows: np.ndarray, n_out: int,
-                          n_in: int) -> QWeight:
+    def _weight_from_rows(
+        self, name: str, tname: str, rows: np.ndarray, n_out: int, n_in: int
+    ) -> QWeight:
         """Raw rows (n_out, row_bytes) of a matrix stored as tname -> QWeight."""
         if tname not in NATIVE_TARGET:
-            raise UnsupportedTensorTypeError(f"{self.path}: tensor {name!r} is stored as {tname}, "
-                                             "which goinfer can neither run nor convert")
+            raise UnsupportedTensorTypeError(
+                f"{self.path}: tensor {name!r} is stored as {tname}, "
+                "which goinfer can neither run nor convert"
+            )
         kind, how = native_target(tname)
         if kind in ("f32", "f16", "bf16"):
             dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[kind]
-            w = pack_float(kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname)
+            w = pack_float(
+                kind, rows.view(dt).astype(np.dtype(dt).newbyteorder("="), copy=False), tname
+            )
         else:
             w = self._convert_blocks(tname, kind, rows, n_out, n_in)
         w.source_type = tname
@@ -601,7 +681,9 @@ class GGUFFile:
         if tname == "MXFP4":  # e8m0 byte, 16 bytes of codes: the same codes and exponents
             return pack_mxfp4(nibbles32(b[..., 1:17]).reshape(R, K), b[..., 0].reshape(R, G))
         if tname == "Q4_1":
-            return pack_q4("q4_1", nibbles32(b[..., 4:20]).reshape(R, K), f16_at(b, 0), f16_at(b, 2))
+            return pack_q4(
+                "q4_1", nibbles32(b[..., 4:20]).reshape(R, K), f16_at(b, 0), f16_at(b, 2)
+            )
         if tname in ("Q4_K", "Q5_K"):  # the same codes, packed scales and mins, d and dmin
             q, scm, d, dmin = qk_parts(b, 4 if tname == "Q4_K" else 5)
             return pack_qk(kind, q.reshape(R, K), scm, d, dmin)
@@ -622,9 +704,18 @@ class GGUFFile:
             n_mat = n_el // (n_in * n_out)
             kind = native_target(tname)[0]
             padded = -(-n_out // ROWS) * ROWS * n_in  # elements incl. padding rows
-            per = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                   "q8_0": 34 / 32, "mxfp4": 17 / 32, "q6_k": 210 / 256, "q4_k": 144 / 256,
-                   "q5_k": 176 / 256}[kind]
+            per = {
+                "f32": 4.0,
+                "f16": 2.0,
+                "bf16": 2.0,
+                "q4_0": 18 / 32,
+                "q4_1": 20 / 32,
+                "q8_0": 34 / 32,
+                "mxfp4": 17 / 32,
+                "q6_k": 210 / 256,
+                "q4_k": 144 / 256,
+                "q5_k": 176 / 256,
+            }[kind]
             total += int(n_mat * padded * per)
         return total
 
@@ -656,7 +747,7 @@ class GGUFFile:
         self._parts = None
         self._tensors = {}
 
-    def __enter__(self) -> "GGUFFile":
+    def __enter__(self) -> GGUFFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -664,8 +755,10 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         parts = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
-        return (f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
-                f"{len(self.tensor_names)} tensors{parts})")
+        return (
+            f"GGUFFile({str(self.path)!r}, arch={self.arch!r}, v{self.version}, "
+            f"{len(self.tensor_names)} tensors{parts})"
+        )
 
 
 if __name__ == "__main__":  # python -m goinfer.gguf FILE: header and conversion summary

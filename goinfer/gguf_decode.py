@@ -8,14 +8,25 @@
 The formulas of every type are in docs/design/gguf.md ("Conversions"); goinfer/gguf.py uses these
 to load a tensor in its native kind.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from goinfer.quant import GROUP, MXFP4_VALUES, e8m0_half, unpack_scale_min
 
-__all__ = ["QK_K", "F32_DECODERS", "PLAIN_DTYPES", "f16_at", "nibbles32", "q5_codes", "q4k_parts",
-           "qk_parts", "q6k_parts", "requant_q8"]
+__all__ = [
+    "QK_K",
+    "F32_DECODERS",
+    "PLAIN_DTYPES",
+    "f16_at",
+    "nibbles32",
+    "q5_codes",
+    "q4k_parts",
+    "qk_parts",
+    "q6k_parts",
+    "requant_q8",
+]
 
 QK_K = 256  # super-block size of the k-quants
 
@@ -39,7 +50,9 @@ def nibbles32(qs: np.ndarray) -> np.ndarray:
 def q5_codes(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
     """5-bit codes 0..31 of Q5_0/Q5_1: (R, nb, ts) -> (R, nb, 32) uint8."""
     qh = np.ascontiguousarray(b[..., qh_at : qh_at + 4]).view("<u4")  # (R, nb, 1)
-    hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (R, nb, 32), bit j -> code j
+    hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(
+        np.uint8
+    )  # (R, nb, 32), bit j -> code j
     return nibbles32(b[..., qs_at : qs_at + 16]) | (hi << 4)
 
 
@@ -48,21 +61,30 @@ def qk_parts(b: np.ndarray, bits: int):
     and mins (R, nb, 12) uint8 (as stored), d, dmin (R, nb) float16."""
     # Q4_K: d (0:2), dmin (2:4), scales (4:16), qs (16:144); Q5_K: qh (16:48) before qs (48:176)
     at = 16 if bits == 4 else 48
-    qs = b[..., at:at + 128].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
-    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(b.shape[:-1] + (8, 32))  # sub-block 2c + half
+    qs = b[..., at : at + 128].reshape(b.shape[:-1] + (4, 32))  # 4 chunks of 32 bytes
+    q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(
+        b.shape[:-1] + (8, 32)
+    )  # sub-block 2c + half
     if bits == 5:  # bit s of qh[l] is the 5th bit of sub-block s, element l
         qh = b[..., 16:48]
         q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
-    return (q.reshape(b.shape[:-1] + (256,)), np.ascontiguousarray(b[..., 4:16]), f16_at(b, 0),
-            f16_at(b, 2))
+    return (
+        q.reshape(b.shape[:-1] + (256,)),
+        np.ascontiguousarray(b[..., 4:16]),
+        f16_at(b, 0),
+        f16_at(b, 2),
+    )
 
 
 def q4k_parts(b: np.ndarray):
     """Q4_K -> codes (R, nb, 8, 32) uint8, d*sc (R, nb, 8) f32, dmin*mn (R, nb, 8) f32."""
     q, scm, d, dmin = qk_parts(b, 4)
     sc, mn = unpack_scale_min(scm)
-    return (q.reshape(b.shape[:-1] + (8, 32)), d.astype(np.float32)[..., None] * sc.astype(np.float32),
-            dmin.astype(np.float32)[..., None] * mn.astype(np.float32))
+    return (
+        q.reshape(b.shape[:-1] + (8, 32)),
+        d.astype(np.float32)[..., None] * sc.astype(np.float32),
+        dmin.astype(np.float32)[..., None] * mn.astype(np.float32),
+    )
 
 
 def _f32_q4_0(b):
@@ -104,7 +126,9 @@ def _f32_q2_k(b):
     dl = f16_at(b, 80).astype(np.float32)[..., None] * (s & 15).astype(np.float32)  # (R, nb, 16)
     ml = f16_at(b, 82).astype(np.float32)[..., None] * (s >> 4).astype(np.float32)
     qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32))  # 2 halves of 32 bytes
-    q = (qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (R, nb, 2, 4, 32): e = 128h + 32j + l
+    q = (
+        qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]
+    ) & 3  # (R, nb, 2, 4, 32): e = 128h + 32j + l
     q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
     return (dl[..., None] * q - ml[..., None]).reshape(b.shape[:-1] + (QK_K,))
 
@@ -120,7 +144,9 @@ def _f32_q3_k(b):
     dl = f16_at(b, 108).astype(np.float32)[..., None] * sc  # (R, nb, 16)
     qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32))
     q = ((qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).astype(np.int8)  # (R, nb, 2, 4, 32)
-    bit = (hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (R, nb, 8, 32): bit 4h+j
+    bit = (
+        hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]
+    ) & 1  # (R, nb, 8, 32): bit 4h+j
     q = q - ((1 - bit.reshape(q.shape)).astype(np.int8) << 2)  # subtract 4 where the bit is clear
     q = q.reshape(b.shape[:-1] + (16, 16)).astype(np.float32)
     return (dl[..., None] * q).reshape(b.shape[:-1] + (QK_K,))
@@ -165,12 +191,27 @@ def _f32_q8_k(b):
 
 
 F32_DECODERS = {
-    "Q4_0": _f32_q4_0, "Q4_1": _f32_q4_1, "Q5_0": _f32_q5_0, "Q5_1": _f32_q5_1,
-    "Q8_0": _f32_q8_0, "MXFP4": _f32_mxfp4, "Q2_K": _f32_q2_k, "Q3_K": _f32_q3_k, "Q4_K": _f32_q4_k,
-    "Q5_K": _f32_q5_k, "Q6_K": _f32_q6_k, "Q8_K": _f32_q8_k,
+    "Q4_0": _f32_q4_0,
+    "Q4_1": _f32_q4_1,
+    "Q5_0": _f32_q5_0,
+    "Q5_1": _f32_q5_1,
+    "Q8_0": _f32_q8_0,
+    "MXFP4": _f32_mxfp4,
+    "Q2_K": _f32_q2_k,
+    "Q3_K": _f32_q3_k,
+    "Q4_K": _f32_q4_k,
+    "Q5_K": _f32_q5_k,
+    "Q6_K": _f32_q6_k,
+    "Q8_K": _f32_q8_k,
 }
 PLAIN_DTYPES = {
-    "F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "F64": "<f8",
+    "I8": "i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
 }
 
 

@@ -15,6 +15,7 @@ without ``split.count``, or with ``split.count`` 1, is a whole model.
 GGUFFile (goinfer/gguf.py) opens the first part and with it all the others; the checks here
 name the part that is missing or does not belong.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,18 @@ from pathlib import Path
 
 from goinfer.errors import ModelFormatError
 
-__all__ = ["KEY_NO", "KEY_COUNT", "KEY_TENSORS", "parse_part_name", "part_name", "part_paths",
-           "model_stem", "split_count", "check_part", "check_tensor_count"]
+__all__ = [
+    "KEY_NO",
+    "KEY_COUNT",
+    "KEY_TENSORS",
+    "parse_part_name",
+    "part_name",
+    "part_paths",
+    "model_stem",
+    "split_count",
+    "check_part",
+    "check_tensor_count",
+]
 
 KEY_NO = "split.no"
 KEY_COUNT = "split.count"
@@ -64,15 +75,18 @@ def part_paths(first: Path, count: int) -> list[Path]:
     if parsed is None:
         raise ModelFormatError(
             f"{first}: the first part of a split model ({KEY_COUNT} = {count}) but its name does "
-            f"not say where the other parts are (expected PREFIX-00001-of-{count:05d}.gguf)")
+            f"not say where the other parts are (expected PREFIX-00001-of-{count:05d}.gguf)"
+        )
     prefix, no, n_named = parsed
     if no != 1:
-        raise ModelFormatError(f"{first}: named part {no} of {n_named}, but its {KEY_NO} says it "
-                               "is the first part")
+        raise ModelFormatError(
+            f"{first}: named part {no} of {n_named}, but its {KEY_NO} says it is the first part"
+        )
     if n_named != count:
-        raise ModelFormatError(f"{first}: named as one of {n_named} parts, but its {KEY_COUNT} "
-                               f"is {count}")
-    ext = first.name[-len(".gguf"):]  # the name's own case
+        raise ModelFormatError(
+            f"{first}: named as one of {n_named} parts, but its {KEY_COUNT} is {count}"
+        )
+    ext = first.name[-len(".gguf") :]  # the name's own case
     return [first.with_name(f"{prefix}-{i:05d}-of-{count:05d}{ext}") for i in range(1, count + 1)]
 
 
@@ -102,8 +116,10 @@ def split_count(path: Path, meta: dict) -> int:
     if no != 0:
         parsed = parse_part_name(path.name)
         first = path.with_name(part_name(parsed[0], 1, parsed[2])) if parsed else "its first part"
-        raise ModelFormatError(f"{path} is part {no + 1} of a model split in {count} parts: "
-                               f"load the first part, {first}")
+        raise ModelFormatError(
+            f"{path} is part {no + 1} of a model split in {count} parts: "
+            f"load the first part, {first}"
+        )
     return count
 
 
@@ -113,23 +129,31 @@ def check_part(path: Path, meta: dict, index: int, count: int, n_tensors: int | 
     no = _int_key(path, meta, KEY_NO)
     n = _int_key(path, meta, KEY_COUNT)
     if no is None or n is None:
-        raise ModelFormatError(f"{path}: not a part of a split model (no {KEY_NO} / {KEY_COUNT}), "
-                               f"expected part {index + 1} of {count}")
+        raise ModelFormatError(
+            f"{path}: not a part of a split model (no {KEY_NO} / {KEY_COUNT}), "
+            f"expected part {index + 1} of {count}"
+        )
     if n != count:
-        raise ModelFormatError(f"{path}: a part of a model split in {n} parts, expected {count} "
-                               "(a part of another model?)")
+        raise ModelFormatError(
+            f"{path}: a part of a model split in {n} parts, expected {count} "
+            "(a part of another model?)"
+        )
     if no != index:
-        raise ModelFormatError(f"{path}: says it is part {no + 1} of {count}, expected part "
-                               f"{index + 1}")
+        raise ModelFormatError(
+            f"{path}: says it is part {no + 1} of {count}, expected part {index + 1}"
+        )
     t = _int_key(path, meta, KEY_TENSORS)
     if n_tensors is not None and t is not None and t != n_tensors:
-        raise ModelFormatError(f"{path}: {KEY_TENSORS} is {t}, the first part says {n_tensors} "
-                               "(a part of another model?)")
+        raise ModelFormatError(
+            f"{path}: {KEY_TENSORS} is {t}, the first part says {n_tensors} "
+            "(a part of another model?)"
+        )
 
 
 def check_tensor_count(first: Path, meta: dict, found: int, count: int) -> None:
     """All parts together must hold the tensors the first part announces."""
     want = _int_key(first, meta, KEY_TENSORS)
     if want is not None and want != found:
-        raise ModelFormatError(f"{first}: the {count} parts hold {found} tensors, "
-                               f"{KEY_TENSORS} says {want}")
+        raise ModelFormatError(
+            f"{first}: the {count} parts hold {found} tensors, {KEY_TENSORS} says {want}"
+        )

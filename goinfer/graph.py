@@ -47,6 +47,7 @@ steps (one row per sequence) are replayed for them: a hybrid model never drafts 
 advanced in place over a draft's rows, cannot be cut back to the accepted ones), so it has no
 verify steps, and any other step with several rows runs the Python path.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -82,23 +83,34 @@ class CaptureError(RuntimeError):
 
 
 def _bind_modules():
-    m = {n: importlib.import_module(f"goinfer._kernels.{n}")
-         for n in ("matmul", "ops", "attention", "ssm", "moe")}
+    m = {
+        n: importlib.import_module(f"goinfer._kernels.{n}")
+        for n in ("matmul", "ops", "attention", "ssm", "moe")
+    }
     return {
-        "quantize_act": m["matmul"].bind_quantize_act, "matmul": m["matmul"].bind_matmul,
+        "quantize_act": m["matmul"].bind_quantize_act,
+        "matmul": m["matmul"].bind_matmul,
         "matmul_experts": m["matmul"].bind_matmul_experts,
-        "get_rows": m["matmul"].bind_get_rows, "rmsnorm": m["ops"].bind_rmsnorm,
-        "swiglu": m["ops"].bind_swiglu, "swiglu_oai": m["ops"].bind_swiglu_oai,
+        "get_rows": m["matmul"].bind_get_rows,
+        "rmsnorm": m["ops"].bind_rmsnorm,
+        "swiglu": m["ops"].bind_swiglu,
+        "swiglu_oai": m["ops"].bind_swiglu_oai,
         "gelu_tanh_mul": m["ops"].bind_gelu_tanh_mul,
-        "add": m["ops"].bind_add, "add_bias": m["ops"].bind_add_bias,
-        "copy2d": m["ops"].bind_copy2d, "scale": m["ops"].bind_scale, "rope": m["ops"].bind_rope,
+        "add": m["ops"].bind_add,
+        "add_bias": m["ops"].bind_add_bias,
+        "copy2d": m["ops"].bind_copy2d,
+        "scale": m["ops"].bind_scale,
+        "rope": m["ops"].bind_rope,
         "softcap": m["ops"].bind_softcap,
         "gather_rows": m["ops"].bind_gather_rows,
-        "kv_write": m["attention"].bind_kv_write, "attention": m["attention"].bind_attention,
+        "kv_write": m["attention"].bind_kv_write,
+        "attention": m["attention"].bind_attention,
         "attention_fast": m["attention"].bind_attention_fast,
-        "ssm_conv": m["ssm"].bind_ssm_conv, "gated_delta": m["ssm"].bind_gated_delta,
+        "ssm_conv": m["ssm"].bind_ssm_conv,
+        "gated_delta": m["ssm"].bind_gated_delta,
         "sigmoid_mul": m["ssm"].bind_sigmoid_mul,
-        "moe_route": m["moe"].bind_moe_route, "moe_group": m["moe"].bind_moe_group,
+        "moe_route": m["moe"].bind_moe_route,
+        "moe_group": m["moe"].bind_moe_group,
         "moe_fold": m["moe"].bind_moe_fold,
     }, m["attention"]
 
@@ -155,8 +167,14 @@ def _same_attention_group(prev, cur) -> bool:
     segment)."""
     (_, pa, pk), (_, ca, ck) = prev, cur
     qb, ob = pa[0].base, pk["out"].base
-    return (qb is not None and ob is not None and qb is ca[0].base and ob is ck["out"].base
-            and pa[1] is ca[1] and pa[2] is ca[2])
+    return (
+        qb is not None
+        and ob is not None
+        and qb is ca[0].base
+        and ob is ck["out"].base
+        and pa[1] is ca[1]
+        and pa[2] is ca[2]
+    )
 
 
 def place_barriers(ops, calls) -> None:
@@ -167,8 +185,12 @@ def place_barriers(ops, calls) -> None:
     behind a barrier) and write disjoint rows of out and the running thread's scratch row."""
     prev_call = None
     for i, (op, call) in enumerate(zip(ops, calls)):
-        grouped = (prev_call is not None and call[0] in ATTENTION and prev_call[0] in ATTENTION
-                   and _same_attention_group(prev_call, call))
+        grouped = (
+            prev_call is not None
+            and call[0] in ATTENTION
+            and prev_call[0] in ATTENTION
+            and _same_attention_group(prev_call, call)
+        )
         op.barrier = not (i == 0 or grouped)
         if op.nshares > 0:
             prev_call = call
@@ -187,10 +209,15 @@ def attention_key(impl, batch: Batch) -> tuple:
     hw = impl.cfg.n_heads * impl.cfg.head_dim
     key = []
     for seg in batch.segments:
-        pos = batch.positions[seg.start:seg.stop]
+        pos = batch.positions[seg.start : seg.stop]
         k = len(pos) if ff is None else int(np.searchsorted(pos, ff))
-        threaded = () if impl.threads <= 1 else tuple(
-            len(p) * hw * (int(p[-1]) + 1) >= grain for p in (pos[:k], pos[k:]) if len(p))
+        threaded = (
+            ()
+            if impl.threads <= 1
+            else tuple(
+                len(p) * hw * (int(p[-1]) + 1) >= grain for p in (pos[:k], pos[k:]) if len(p)
+            )
+        )
         key.append((len(pos), k, threaded))
     return tuple(key)
 
@@ -254,15 +281,21 @@ class DecodePlan:
                 st = seg.rec.state
                 c0, cs = st.conv.ctypes.data, st.conv.strides[0]
                 s0, ss = st.ssm.ctypes.data, st.ssm.strides[0]
-                self.conv_slots[i * n_lin:(i + 1) * n_lin] = [c0 + li * cs for li in range(n_lin)]
-                self.ssm_slots[i * n_lin:(i + 1) * n_lin] = [s0 + li * ss for li in range(n_lin)]
+                self.conv_slots[i * n_lin : (i + 1) * n_lin] = [c0 + li * cs for li in range(n_lin)]
+                self.ssm_slots[i * n_lin : (i + 1) * n_lin] = [s0 + li * ss for li in range(n_lin)]
 
     def fits(self, batch: Batch, cache, attn_key: tuple) -> bool:
         """Can this plan run the batch (whose attention_key is attn_key) as captured?"""
         pmax = int(batch.positions.max())
-        return (cache.k is self.k and cache.v is self.v and self.impl.threads == self.threads
-                and self._kernels._config.variant() == self.variant and pmax < self.rope_limit
-                and pmax <= self.max_pos and attn_key == self.attn_key)
+        return (
+            cache.k is self.k
+            and cache.v is self.v
+            and self.impl.threads == self.threads
+            and self._kernels._config.variant() == self.variant
+            and pmax < self.rope_limit
+            and pmax <= self.max_pos
+            and attn_key == self.attn_key
+        )
 
     def run(self) -> np.ndarray:
         """One step over the loaded inputs -> logits (T, vocab), a fresh array."""
@@ -284,14 +317,23 @@ class DecodePlan:
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
         # RoPE tables: grown now for the largest position seen, never during the capture
-        ropes = {id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers))
-                 if r is not None}
+        ropes = {
+            id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers)) if r is not None
+        }
         n_pos = int(self.positions.max()) + 1
-        self.rope_limit = min((r.tables(n_pos)[0].shape[0] for r in ropes.values()),
-                              default=self.max_pos + 1)
+        self.rope_limit = min(
+            (r.tables(n_pos)[0].shape[0] for r in ropes.values()), default=self.max_pos + 1
+        )
         st = self.starts
-        segs = [Segment(st[i], st[i + 1], self.tables[i],
-                        window_table=self.wtables[i] if self.windowed else None) for i in range(B)]
+        segs = [
+            Segment(
+                st[i],
+                st[i + 1],
+                self.tables[i],
+                window_table=self.wtables[i] if self.windowed else None,
+            )
+            for i in range(B)
+        ]
         slot_of = {}  # address of a capture state view -> (slot table, index)
         if self.spec is not None:  # stand-in states: the ops read the real ones through slots
             n_lin = self.spec.n_lin
@@ -301,8 +343,9 @@ class DecodePlan:
                 for li in range(n_lin):
                     slot_of[state.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
                     slot_of[state.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
-        batch = Batch(self.tokens, self.positions, self.slots, segs, self.rows, fast_from,
-                      wslots=self.wslots)
+        batch = Batch(
+            self.tokens, self.positions, self.slots, segs, self.rows, fast_from, wslots=self.wslots
+        )
         self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)
         old = impl.ops
@@ -313,9 +356,14 @@ class DecodePlan:
             impl.ops = old
         # one scratch serves every attention of the graph: a row per thread
         att = importlib.import_module("goinfer._kernels.attention")
-        per = max([att.attention_scratch(*a, **kw, max_pos=self.max_pos,
-                                         fast=name == "attention_fast")
-                   for name, a, kw in rec.calls if name in ATTENTION] + [8])
+        per = max(
+            [
+                att.attention_scratch(*a, **kw, max_pos=self.max_pos, fast=name == "attention_fast")
+                for name, a, kw in rec.calls
+                if name in ATTENTION
+            ]
+            + [8]
+        )
         self.scratch = np.zeros((self.threads, per), np.float64)  # (threads, per)
         ops, calls = [], []
         for call in rec.calls:
@@ -328,7 +376,7 @@ class DecodePlan:
                     raise CaptureError(f"{name} on a state the plan does not know")
                 kw = dict(kw, state_slot=slot_of[state.ctypes.data])
             op = binders[name](*a, **kw)
-            for o in (op if isinstance(op, list) else [op]):  # gated_delta: two ops
+            for o in op if isinstance(op, list) else [op]:  # gated_delta: two ops
                 ops.append(o)
                 calls.append(call)
         place_barriers(ops, calls)
@@ -355,9 +403,10 @@ def _replayable_state(rec, spec) -> bool:
     if rec is None or len(rec.snap_rows):
         return False
     st = rec.state
-    return all(a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
-               and a.flags.writeable for a, shape in ((st.conv, spec.conv_shape),
-                                                      (st.ssm, spec.ssm_shape)))
+    return all(
+        a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+        for a, shape in ((st.conv, spec.conv_shape), (st.ssm, spec.ssm_shape))
+    )
 
 
 class GraphRunner:
@@ -379,8 +428,9 @@ class GraphRunner:
     def replayable(batch: Batch) -> bool:
         """Logits for every row, at most MAX_ROWS rows per sequence (decode and verify steps;
         prefill chunks want the last row only)."""
-        return (len(batch.logit_rows) == len(batch.tokens)
-                and all(seg.stop - seg.start <= MAX_ROWS for seg in batch.segments))
+        return len(batch.logit_rows) == len(batch.tokens) and all(
+            seg.stop - seg.start <= MAX_ROWS for seg in batch.segments
+        )
 
     def decode(self, cache, batch: Batch):
         """Logits (T, vocab) of a replayable batch by a plan, or None (use the Python path)."""
@@ -389,11 +439,16 @@ class GraphRunner:
             return None
         for seg in batch.segments:  # block ids are checked here, not in the replayed kernels
             for bt in (seg.block_table, seg.window_table):  # (window slots: < n_blocks too)
-                if bt is not None and len(bt) and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks):
+                if (
+                    bt is not None
+                    and len(bt)
+                    and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks)
+                ):
                     return None  # the Python path raises the kernel's error
         spec = self.spec
-        if spec is not None and not all(seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec)
-                                        for seg in batch.segments):
+        if spec is not None and not all(
+            seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec) for seg in batch.segments
+        ):
             return None  # hybrid: decode steps only; a snapshot is due (or an odd state)
         plans = self._plans.setdefault(cache, {})
         key = attention_key(m.impl, batch)

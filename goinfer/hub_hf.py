@@ -21,6 +21,7 @@ if another tool put it in the cache), and a file that does not match is removed 
 huggingface_hub resumes a broken connection with a range request.  With ``HF_HUB_OFFLINE=1`` no
 request is made: the name resolves among the files already cached.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,23 @@ from goinfer import gguf_split
 from goinfer.errors import DownloadError, ModelNotFoundError, UnsupportedTensorTypeError
 from goinfer.paths import goinfer_home
 
-__all__ = ["HFRef", "RepoFile", "Candidate", "CachedModel", "parse", "is_explicit", "endpoint",
-           "cache_dir", "offline", "quant_tag", "candidates", "choose", "resolve", "list_cached",
-           "DEFAULT_QUANT"]
+__all__ = [
+    "HFRef",
+    "RepoFile",
+    "Candidate",
+    "CachedModel",
+    "parse",
+    "is_explicit",
+    "endpoint",
+    "cache_dir",
+    "offline",
+    "quant_tag",
+    "candidates",
+    "choose",
+    "resolve",
+    "list_cached",
+    "DEFAULT_QUANT",
+]
 
 DEFAULT_QUANT = "Q4_K_M"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -47,8 +62,10 @@ _HOSTS = ("hf.co/", "huggingface.co/")
 _ID = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
 _NAME_RE = re.compile(rf"^(?P<repo>{_ID}/{_ID})(?::(?P<quant>[A-Za-z0-9._-]+))?$")
 _FILE_RE = re.compile(rf"^(?P<repo>{_ID}/{_ID})/(?P<file>[^:]+\.gguf)$", re.IGNORECASE)
-_TAG_RE = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|MXFP4(?:_MOE)?))$",
-                     re.IGNORECASE)
+_TAG_RE = re.compile(
+    r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|MXFP4(?:_MOE)?))$",
+    re.IGNORECASE,
+)
 _NOT_MODELS = ("mmproj", "imatrix")
 _HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")  # huggingface_hub's clients
 _CHUNK = 1 << 22
@@ -87,7 +104,7 @@ def parse(name: str, quant: str | None = None) -> HFRef | None:
     s = _strip_scheme(name.strip())
     host = next((h for h in _HOSTS if s.startswith(h)), None)
     if host:
-        s = s[len(host):]
+        s = s[len(host) :]
         m = _FILE_RE.match(s)
         if m and ".." not in m["file"].split("/"):
             if quant:
@@ -179,8 +196,10 @@ def _rank(tag: str) -> tuple:
     base = _base_type(tag)
     if not tag or base is None:
         return (99,)
-    bits = {"BF16": 16, "F16": 16, "F32": 32, "MXFP4": 4}.get(base) or int(re.search(r"\d", base)[0])
-    suffix = tag.upper().removeprefix("UD-")[len(base):].lstrip("_")
+    bits = {"BF16": 16, "F16": 16, "F32": 32, "MXFP4": 4}.get(base) or int(
+        re.search(r"\d", base)[0]
+    )
+    suffix = tag.upper().removeprefix("UD-")[len(base) :].lstrip("_")
     order = {"M": 0, "S": 1, "": 2, "L": 3, "XL": 3}
     return (abs(bits - 4), -bits, order.get(suffix, 4), tag)
 
@@ -242,8 +261,9 @@ def choose(cands: list[Candidate], ref: HFRef, where: str) -> Candidate:
         want = ref.filename.lower()
         hits = [c for c in cands if any(f.path.lower() == want for f in c.files)]
         if not hits:
-            raise ModelNotFoundError(f"{ref}: {where} has no file {ref.filename}; its models: "
-                                     f"{_listing(cands)}")
+            raise ModelNotFoundError(
+                f"{ref}: {where} has no file {ref.filename}; its models: {_listing(cands)}"
+            )
         return hits[0]
     if ref.quant:
         want = ref.quant.upper()
@@ -252,8 +272,9 @@ def choose(cands: list[Candidate], ref: HFRef, where: str) -> Candidate:
             pat = re.compile(rf"(?:^|[-._/]){re.escape(want)}(?:[-._/]|$)", re.IGNORECASE)
             hits = [c for c in cands if pat.search(c.path)]
         if not hits:
-            raise ModelNotFoundError(f"{ref}: {where} has no {ref.quant} file; its models: "
-                                     f"{_listing(cands)}")
+            raise ModelNotFoundError(
+                f"{ref}: {where} has no {ref.quant} file; its models: {_listing(cands)}"
+            )
         best = hits
     else:
         best = [c for c in cands if c.tag == DEFAULT_QUANT]
@@ -262,18 +283,22 @@ def choose(cands: list[Candidate], ref: HFRef, where: str) -> Candidate:
             if not usable:
                 raise UnsupportedTensorTypeError(
                     f"{ref}: goinfer runs none of the quantizations in {where} "
-                    f"({_listing(cands)}); see docs/models.md for the types it runs")
+                    f"({_listing(cands)}); see docs/models.md for the types it runs"
+                )
             top = min(_rank(c.tag) for c in usable)
             best = [c for c in usable if _rank(c.tag) == top]
     if len(best) > 1:
-        raise ModelNotFoundError(f"{ref}: {len(best)} models in {where} match: "
-                                 f"{'; '.join(c.label() for c in best)}; name one as "
-                                 f"hf.co/{ref.repo}/FILE")
+        raise ModelNotFoundError(
+            f"{ref}: {len(best)} models in {where} match: "
+            f"{'; '.join(c.label() for c in best)}; name one as "
+            f"hf.co/{ref.repo}/FILE"
+        )
     c = best[0]
     if _runnable(c.tag) is False:
         raise UnsupportedTensorTypeError(
             f"{ref}: {c.path} is {c.tag}, a type goinfer cannot run (docs/models.md); "
-            f"{where} has: {_listing(cands)}")
+            f"{where} has: {_listing(cands)}"
+        )
     return c
 
 
@@ -291,8 +316,11 @@ def _cached(repo: str, revision: str) -> tuple[str | None, list[RepoFile], dict[
     elif (d / "snapshots" / revision).is_dir():
         commit = revision
     elif (d / "snapshots").is_dir():
-        snaps = sorted((p for p in (d / "snapshots").iterdir() if p.is_dir()),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
+        snaps = sorted(
+            (p for p in (d / "snapshots").iterdir() if p.is_dir()),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
         commit = snaps[0].name if snaps else None
     if not commit or not (d / "snapshots" / commit).is_dir():
         return None, [], {}
@@ -303,9 +331,14 @@ def _cached(repo: str, revision: str) -> tuple[str | None, list[RepoFile], dict[
             continue
         rel = p.relative_to(snap).as_posix()
         blob = Path(os.path.realpath(p)).name
-        files.append(RepoFile(rel, p.stat().st_size,
-                              blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None,
-                              blob if re.fullmatch(r"[0-9a-f]{40}", blob) else None))
+        files.append(
+            RepoFile(
+                rel,
+                p.stat().st_size,
+                blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None,
+                blob if re.fullmatch(r"[0-9a-f]{40}", blob) else None,
+            )
+        )
         local[rel] = p
     return commit, files, local
 
@@ -371,9 +404,17 @@ def _verify(local: Path, f: RepoFile, progress: bool) -> None:
         h = hashlib.sha256() if kind == "sha256" else hashlib.sha1(b"blob %d\0" % key["size"])
         from tqdm.auto import tqdm
 
-        with open(real, "rb") as fh, tqdm(total=key["size"], unit="B", unit_scale=True,
-                                          desc=f"checking {f.path.rsplit('/', 1)[-1]}",
-                                          leave=False, disable=None if progress else True) as bar:
+        with (
+            open(real, "rb") as fh,
+            tqdm(
+                total=key["size"],
+                unit="B",
+                unit_scale=True,
+                desc=f"checking {f.path.rsplit('/', 1)[-1]}",
+                leave=False,
+                disable=None if progress else True,
+            ) as bar,
+        ):
             while chunk := fh.read(_CHUNK):
                 h.update(chunk)
                 bar.update(len(chunk))
@@ -388,8 +429,10 @@ def _verify(local: Path, f: RepoFile, progress: bool) -> None:
     for p in {real, Path(local)}:  # the blob, and the snapshot's link to it
         with contextlib.suppress(OSError):
             p.unlink()
-    raise DownloadError(f"{f.path}: the downloaded file has {got}; it was removed from the "
-                        f"cache ({real.parent}), pull again")
+    raise DownloadError(
+        f"{f.path}: the downloaded file has {got}; it was removed from the "
+        f"cache ({real.parent}), pull again"
+    )
 
 
 # ============================================================================ the hub
@@ -398,18 +441,26 @@ def _verify(local: Path, f: RepoFile, progress: bool) -> None:
 @contextlib.contextmanager
 def _hub_errors(ref: HFRef):
     """huggingface_hub's exceptions -> goinfer's."""
-    from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                       OfflineModeIsEnabled, RepositoryNotFoundError,
-                                       RevisionNotFoundError)
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         yield
     except GatedRepoError as e:
-        raise DownloadError(f"{ref}: {ref.repo} is gated: accept its terms on the hub and set "
-                            f"HF_TOKEN ({_first_line(e)})") from None
+        raise DownloadError(
+            f"{ref}: {ref.repo} is gated: accept its terms on the hub and set "
+            f"HF_TOKEN ({_first_line(e)})"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelNotFoundError(f"{ref}: no model repo {ref.repo} at {endpoint()} (a private "
-                                 "one needs HF_TOKEN)") from None
+        raise ModelNotFoundError(
+            f"{ref}: no model repo {ref.repo} at {endpoint()} (a private one needs HF_TOKEN)"
+        ) from None
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"{ref}: {ref.repo} has no revision {ref.revision!r}") from None
     except EntryNotFoundError as e:
@@ -423,8 +474,9 @@ def _hub_errors(ref: HFRef):
     except Exception as e:  # the HTTP client's transport errors (not OSError subclasses)
         if type(e).__module__.split(".")[0] not in _HTTP_MODULES:
             raise
-        raise DownloadError(f"{ref}: cannot reach {endpoint()}: {type(e).__name__}: "
-                            f"{_first_line(e)}") from None
+        raise DownloadError(
+            f"{ref}: cannot reach {endpoint()}: {type(e).__name__}: {_first_line(e)}"
+        ) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -437,8 +489,11 @@ def _bars(progress: bool):
     if progress:
         yield
         return
-    from huggingface_hub.utils import (are_progress_bars_disabled, disable_progress_bars,
-                                       enable_progress_bars)
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
 
     was = are_progress_bars_disabled()
     disable_progress_bars()
@@ -454,10 +509,13 @@ def _list_repo(ref: HFRef) -> tuple[str, list[RepoFile]]:
     from huggingface_hub import HfApi
 
     with _hub_errors(ref):
-        info = HfApi(endpoint=endpoint()).model_info(ref.repo, revision=ref.revision,
-                                                     files_metadata=True)
-    files = [RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
-             for s in info.siblings or []]
+        info = HfApi(endpoint=endpoint()).model_info(
+            ref.repo, revision=ref.revision, files_metadata=True
+        )
+    files = [
+        RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
+        for s in info.siblings or []
+    ]
     if not info.sha:
         raise DownloadError(f"{ref}: {endpoint()} gave no commit for {ref.repo}")
     return info.sha, files
@@ -468,13 +526,20 @@ def _download(ref: HFRef, commit: str, cand: Candidate, *, force: bool, progress
 
     if not cand.complete:
         have = ", ".join(f.path for f in cand.files)
-        raise ModelNotFoundError(f"{ref}: {cand.path} is one of {cand.count} parts, the repo "
-                                 f"lists only {have}")
+        raise ModelNotFoundError(
+            f"{ref}: {cand.path} is one of {cand.count} parts, the repo lists only {have}"
+        )
     paths = []
     for f in cand.files:
         with _hub_errors(ref), _bars(progress):
-            p = hf_hub_download(ref.repo, f.path, revision=commit, cache_dir=str(cache_dir()),
-                                endpoint=endpoint(), force_download=force)
+            p = hf_hub_download(
+                ref.repo,
+                f.path,
+                revision=commit,
+                cache_dir=str(cache_dir()),
+                endpoint=endpoint(),
+                force_download=force,
+            )
         _verify(Path(p), f, progress)
         paths.append(Path(p))
     if ref.revision != commit:
@@ -488,8 +553,14 @@ def _check_local(cand: Candidate, local: dict[str, Path], progress: bool) -> Pat
     return local[cand.path]
 
 
-def resolve(ref: HFRef, *, download: bool = True, progress: bool = True,
-            refresh: bool = False, force: bool = False) -> Path:
+def resolve(
+    ref: HFRef,
+    *,
+    download: bool = True,
+    progress: bool = True,
+    refresh: bool = False,
+    force: bool = False,
+) -> Path:
     """The local path of the GGUF ``ref`` names (the first part of a split model).
 
     A file with the asked tag already cached is used without a request, unless refresh (what
@@ -503,12 +574,15 @@ def resolve(ref: HFRef, *, download: bool = True, progress: bool = True,
             raise DownloadError(f"{ref}: cannot download again in offline mode (HF_HUB_OFFLINE)")
         hit = _from_cache(ref, strict=False)
         if hit is None:
-            raise ModelNotFoundError(f"{ref}: offline (HF_HUB_OFFLINE) and {ref.repo} is not in "
-                                     f"the Hugging Face cache ({cache_dir()})")
+            raise ModelNotFoundError(
+                f"{ref}: offline (HF_HUB_OFFLINE) and {ref.repo} is not in "
+                f"the Hugging Face cache ({cache_dir()})"
+            )
         return _check_local(hit[0], hit[1], progress)
     if not download:
-        raise ModelNotFoundError(f"{ref} is not in the Hugging Face cache ({cache_dir()}); "
-                                 f"run `goinfer pull {ref}`")
+        raise ModelNotFoundError(
+            f"{ref} is not in the Hugging Face cache ({cache_dir()}); run `goinfer pull {ref}`"
+        )
     try:
         commit, files = _list_repo(ref)
     except DownloadError as e:
@@ -538,7 +612,7 @@ def list_cached() -> list[CachedModel]:
     if not root.is_dir():
         return out
     for d in sorted(root.glob("models--*--*")):
-        repo = d.name[len("models--"):].replace("--", "/", 1)
+        repo = d.name[len("models--") :].replace("--", "/", 1)
         _commit, files, local = _cached(repo, "main")
         cands = [c for c in candidates(files) if c.complete]
         tags = [c.tag for c in cands]

@@ -14,6 +14,7 @@ parameters (stop, temperature, num_ctx, ...); ``...image.template`` a chat templ
 template language, ``...image.system`` a system message; its ``config`` blob says the model's
 family and file type (the quantization).
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,12 @@ def parse(name: str) -> OllamaName | None:
         ns, model = parts
     else:
         (model,) = parts
-    ok = (_HOST_RE.fullmatch(host) and _NS_RE.fullmatch(ns) and _PART_RE.fullmatch(model)
-          and _PART_RE.fullmatch(tag))
+    ok = (
+        _HOST_RE.fullmatch(host)
+        and _NS_RE.fullmatch(ns)
+        and _PART_RE.fullmatch(model)
+        and _PART_RE.fullmatch(tag)
+    )
     return OllamaName(host, ns, model, tag) if ok else None
 
 
@@ -143,15 +148,21 @@ def _read(root: Path, manifest: Path, name: OllamaName) -> OllamaModel:
     model = by_type.get(MODEL)
     if model is None:
         kinds = ", ".join(sorted(by_type)) or "none"
-        raise ModelNotFoundError(f"{name} in the Ollama store ({manifest}) has no GGUF model "
-                                 f"layer ({MODEL}); its layers: {kinds}")
+        raise ModelNotFoundError(
+            f"{name} in the Ollama store ({manifest}) has no GGUF model "
+            f"layer ({MODEL}); its layers: {kinds}"
+        )
     path = _blob(root, model.get("digest"), manifest)
     if not path.is_file():
-        raise ModelNotFoundError(f"{name}: the Ollama store's manifest {manifest} names the "
-                                 f"blob {path}, which is missing")
+        raise ModelNotFoundError(
+            f"{name}: the Ollama store's manifest {manifest} names the "
+            f"blob {path}, which is missing"
+        )
     size = path.stat().st_size
     if isinstance(model.get("size"), int) and model["size"] != size:
-        raise ModelFormatError(f"{path}: {size} bytes, the manifest {manifest} says {model['size']}")
+        raise ModelFormatError(
+            f"{path}: {size} bytes, the manifest {manifest} says {model['size']}"
+        )
 
     def text(layer: dict | None) -> str | None:
         if layer is None:
@@ -178,9 +189,17 @@ def _read(root: Path, manifest: Path, name: OllamaName) -> OllamaModel:
         except ValueError:
             config = {}
     config = config if isinstance(config, dict) else {}
-    return OllamaModel(str(name), path, size, manifest, params, template,
-                       text(by_type.get(SYSTEM)), config.get("model_family"),
-                       config.get("file_type"))
+    return OllamaModel(
+        str(name),
+        path,
+        size,
+        manifest,
+        params,
+        template,
+        text(by_type.get(SYSTEM)),
+        config.get("model_family"),
+        config.get("file_type"),
+    )
 
 
 def find(name: str) -> OllamaModel | None:

@@ -30,6 +30,7 @@ KV of the blocks its next position reads; a session can resume only where every 
 (goinfer/blocks.py says which points are kept; a resume elsewhere recomputes from the nearest
 earlier one).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,10 @@ def check_kv_dtype(dtype, head_dim: int | None = None) -> str:
     if dtype not in KV_DTYPES:
         raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
     if dtype == "q8_0" and head_dim is not None and head_dim % 32 != 0:
-        raise ValueError(f"a q8_0 KV cache quantizes blocks of 32 values along head_dim; this "
-                         f"model's head_dim is {head_dim}: use f16 or f32")
+        raise ValueError(
+            f"a q8_0 KV cache quantizes blocks of 32 values along head_dim; this "
+            f"model's head_dim is {head_dim}: use f16 or f32"
+        )
     return dtype
 
 
@@ -142,12 +145,14 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray, list[int]]:
     try:
         with open(path, "rb") as f:
             head = f.read(len(_MAGIC) + 12)
-            if len(head) < len(_MAGIC) + 12 or head[:len(_MAGIC)] != _MAGIC:
+            if len(head) < len(_MAGIC) + 12 or head[: len(_MAGIC)] != _MAGIC:
                 raise CacheFileError(f"{path}: not a goinfer KV cache file")
-            version, hlen = struct.unpack("<IQ", head[len(_MAGIC):])
+            version, hlen = struct.unpack("<IQ", head[len(_MAGIC) :])
             if version not in (1, _VERSION, _VERSION_WINDOWS):
-                raise CacheFileError(f"{path}: cache file version {version} (this goinfer reads "
-                                     f"1 to {_VERSION_WINDOWS})")
+                raise CacheFileError(
+                    f"{path}: cache file version {version} (this goinfer reads "
+                    f"1 to {_VERSION_WINDOWS})"
+                )
             if hlen > _MAX_HEADER:
                 raise CacheFileError(f"{path}: header of {hlen} bytes is implausible")
             hb = f.read(hlen)
@@ -166,8 +171,9 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray, list[int]]:
                 if not win <= set(range(len(geom))):
                     raise ValueError("window_layers out of range")
                 full = bs * _geometry_bytes(header["dtype"], geom)
-                short = bs * _geometry_bytes(header["dtype"], [g for i, g in enumerate(geom)
-                                                               if i not in win])
+                short = bs * _geometry_bytes(
+                    header["dtype"], [g for i, g in enumerate(geom) if i not in win]
+                )
                 offsets = [0]
                 for meta in header["blocks"]:
                     offsets.append(offsets[-1] + (full if meta.get("window", True) else short))
@@ -180,8 +186,9 @@ def _read_cache_file(path) -> tuple[dict, np.ndarray, list[int]]:
     except OSError as e:
         raise CacheFileError(f"{path}: cannot read ({e})") from None
     if len(data) != nbytes:
-        raise CacheFileError(f"{path}: payload is {len(data)} bytes, expected {nbytes} "
-                             "(truncated or trailing data)")
+        raise CacheFileError(
+            f"{path}: payload is {len(data)} bytes, expected {nbytes} (truncated or trailing data)"
+        )
     if hashlib.sha256(data).hexdigest() != header.get("payload_sha256"):
         raise CacheFileError(f"{path}: checksum mismatch (corrupt file)")
     return header, np.frombuffer(data, dtype=np.uint8), offsets
@@ -238,10 +245,19 @@ class KVCache:
     dropped first.
     """
 
-    def __init__(self, model, max_tokens: int | None = None, block_size: int = 16,
-                 max_bytes: int | None = None, dtype: str | None = None, *,
-                 snapshot_every: int = SNAPSHOT_EVERY, max_snapshots: int = MAX_SNAPSHOTS,
-                 trim_windows: bool = True, window_point_every: int | None = None):
+    def __init__(
+        self,
+        model,
+        max_tokens: int | None = None,
+        block_size: int = 16,
+        max_bytes: int | None = None,
+        dtype: str | None = None,
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        max_snapshots: int = MAX_SNAPSHOTS,
+        trim_windows: bool = True,
+        window_point_every: int | None = None,
+    ):
         cfg = model.config
         if not isinstance(block_size, int) or block_size < 1 or block_size > 1024:
             raise ValueError(f"block_size must be an int in 1..1024, got {block_size!r}")
@@ -264,7 +280,8 @@ class KVCache:
         self.window_layers = tuple(j for j, w in enumerate(windows) if w > 0)
         self.window = max((windows[j] for j in self.window_layers), default=0)
         self.bytes_per_block_window = block_size * _geometry_bytes(
-            self.dtype, [geom[j] for j in self.window_layers])
+            self.dtype, [geom[j] for j in self.window_layers]
+        )
         # blocks a point at a block boundary needs: those holding its window's earlier keys
         self.window_span = -(-(self.window - 1) // block_size) if self.window else 0
         if window_point_every is None:
@@ -278,11 +295,15 @@ class KVCache:
             n_blocks = int(max_bytes) // self.bytes_per_block
         else:
             if max_tokens is None:  # 2 x context, within half the memory available now
-                max_tokens = default_max_tokens(cfg.context_length, self.bytes_per_block // block_size)
+                max_tokens = default_max_tokens(
+                    cfg.context_length, self.bytes_per_block // block_size
+                )
             n_blocks = -(-int(max_tokens) // block_size)
         if n_blocks < 1:
-            raise ValueError("the KV cache budget is smaller than one block "
-                             f"({self.bytes_per_block} bytes, {block_size} tokens)")
+            raise ValueError(
+                "the KV cache budget is smaller than one block "
+                f"({self.bytes_per_block} bytes, {block_size} tokens)"
+            )
         self.n_blocks = n_blocks
         self.k: np.ndarray | list[np.ndarray]  # one array of every layer, or one per layer
         self.v: np.ndarray | list[np.ndarray]
@@ -303,7 +324,8 @@ class KVCache:
         # (goinfer/memory.py, "first touch"); the rest is touched only as it fills
         nb = min(n_blocks, -(-PREFAULT_TOKENS // block_size))
         self._populating = populate_async(
-            [(a.ctypes.data, nb * a.strides[0]) for a in per_layer], keep_alive=(self.k, self.v))
+            [(a.ctypes.data, nb * a.strides[0]) for a in per_layer], keep_alive=(self.k, self.v)
+        )
         # hybrid models: recurrent-state snapshots every snapshot_every blocks (recurrent.py)
         spec = cfg.state_spec
         self.states = StateStore(spec, snapshot_every, max_snapshots) if spec is not None else None
@@ -344,7 +366,8 @@ class KVCache:
             else:
                 raise CacheFullError(
                     f"KV cache full: all {self.n_blocks} blocks ({self.max_tokens} tokens) are held "
-                    "by live sessions; close or reset sessions, or create a larger KVCache")
+                    "by live sessions; close or reset sessions, or create a larger KVCache"
+                )
             self._wref[b] = 0  # a fresh block: no window KV until it is written
             self._drop_window(b)
             self._ref[b] = 1
@@ -415,16 +438,21 @@ class KVCache:
             if li not in wl:
                 yield (li, b) if other is None else (li, b, other)
             elif window:
-                rows = (int(self._wslot[b]),) if other is None else (
-                    int(self._wslot[b]), int(self._wslot[other]))
+                rows = (
+                    (int(self._wslot[b]),)
+                    if other is None
+                    else (int(self._wslot[b]), int(self._wslot[other]))
+                )
                 yield (li, *rows)
 
     def _block_bytes(self, b: int, window: bool = True) -> tuple[bytes, bytes]:
         """Block b's K and V bytes as saved: every layer's, layer by layer (without the
         sliding-window layers unless window)."""
         rows = list(self._layer_rows(b, window))
-        return (b"".join(np.ascontiguousarray(self.k[li][r]).tobytes() for li, r in rows),
-                b"".join(np.ascontiguousarray(self.v[li][r]).tobytes() for li, r in rows))
+        return (
+            b"".join(np.ascontiguousarray(self.k[li][r]).tobytes() for li, r in rows),
+            b"".join(np.ascontiguousarray(self.v[li][r]).tobytes() for li, r in rows),
+        )
 
     def _set_block(self, b: int, kb: np.ndarray, vb: np.ndarray, window: bool = True) -> None:
         """Write block b from its saved K and V bytes (uint8 arrays; the window layers' only if
@@ -434,7 +462,7 @@ class KVCache:
             for li, r in self._layer_rows(b, window):
                 a = arrs[li]
                 n = a[r].nbytes
-                a[r] = src[o:o + n].view(a.dtype).reshape(a.shape[1:])
+                a[r] = src[o : o + n].view(a.dtype).reshape(a.shape[1:])
                 o += n
 
     # ------------------------------------------------------------------ sliding-window layers
@@ -449,21 +477,25 @@ class KVCache:
             return block_table
         bs = self.block_size
         first, w0, last = max(0, pos0 - self.window + 1) // bs, pos0 // bs, (pos0 + n - 1) // bs
-        ids = np.asarray(block_table[:last + 1], dtype=np.int64)
+        ids = np.asarray(block_table[: last + 1], dtype=np.int64)
         if len(ids) <= last or ids.min() < 0 or ids.max() >= self.n_blocks:
-            raise ValueError(f"block ids must lie in [0, {self.n_blocks}) for positions up to "
-                             f"{pos0 + n - 1}, got {ids.tolist()[:8]}...")
+            raise ValueError(
+                f"block ids must lie in [0, {self.n_blocks}) for positions up to "
+                f"{pos0 + n - 1}, got {ids.tolist()[:8]}..."
+            )
         out = np.zeros(len(block_table), np.int32)  # (n_blocks_seq,)
         with self._lock:
             for b in ids[w0:]:
                 if self._wslot[b] < 0:
                     self._wslot[b] = heapq.heappop(self._wfree)
-            out[:last + 1] = self._wslot[ids]
+            out[: last + 1] = self._wslot[ids]
         gone = np.flatnonzero(out[first:w0] < 0)
         if len(gone):
             j = first + int(gone[0])
-            raise RuntimeError(f"the sliding-window KV of block {j} (tokens {j * bs}..{j * bs + bs - 1}) "
-                               f"was released, but position {pos0} reads it")
+            raise RuntimeError(
+                f"the sliding-window KV of block {j} (tokens {j * bs}..{j * bs + bs - 1}) "
+                f"was released, but position {pos0} reads it"
+            )
         out[out < 0] = 0
         return out
 
@@ -521,7 +553,9 @@ class KVCache:
             if key in self._points:
                 self._points.move_to_end(key)
                 return True
-            if any(self._block_of.get(h) != b or self._wslot[b] < 0 for h, b in zip(hashes, blocks)):
+            if any(
+                self._block_of.get(h) != b or self._wslot[b] < 0 for h, b in zip(hashes, blocks)
+            ):
                 return False
             self._points[key] = tuple(int(b) for b in blocks)
             self._point_blocks += len(blocks)
@@ -603,23 +637,36 @@ class KVCache:
             # sliding-window layers: a block without its window KV is saved without them
             win = [not self.window or self._wslot[b] >= 0 for b in blocks]
             header = {
-                "format": _FORMAT, "fingerprint": self.model_fingerprint,
-                "block_size": self.block_size, "n_layers": self.n_layers,
-                "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
+                "format": _FORMAT,
+                "fingerprint": self.model_fingerprint,
+                "block_size": self.block_size,
+                "n_layers": self.n_layers,
+                "n_kv_heads": self.n_kv_heads,
+                "head_dim": self.head_dim,
+                "dtype": self.dtype,
                 "layers": self.layers,
-                "blocks": [{"hash": self._hash_of[b].hex(), "parent": self._meta[b][0].hex(),
-                            "mode": self._meta[b][2], "tokens": list(self._meta[b][1]),
-                            **({} if w else {"window": False})}
-                           for b, w in zip(blocks, win)],
+                "blocks": [
+                    {
+                        "hash": self._hash_of[b].hex(),
+                        "parent": self._meta[b][0].hex(),
+                        "mode": self._meta[b][2],
+                        "tokens": list(self._meta[b][1]),
+                        **({} if w else {"window": False}),
+                    }
+                    for b, w in zip(blocks, win)
+                ],
             }
             version = _VERSION if all(win) else _VERSION_WINDOWS
             if not all(win):
                 header["window_layers"] = list(self.window_layers)
             if self._points:  # kept points, as the chain hashes of their blocks
-                header["points"] = [[self._hash_of[b].hex() for b in span]
-                                    for span in self._points.values()]
+                header["points"] = [
+                    [self._hash_of[b].hex() for b in span] for span in self._points.values()
+                ]
             sha = hashlib.sha256()
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+            fd, tmp = tempfile.mkstemp(
+                prefix=path.name + ".", suffix=".tmp", dir=path.parent or "."
+            )
             try:
                 with os.fdopen(fd, "wb") as f:
                     # payload first into the temp file after a placeholder header: we need its hash
@@ -673,10 +720,14 @@ class KVCache:
             model, path = args[0], args[1]
             header, payload, offsets = _read_cache_file(path)
             n = len(header["blocks"])
-            cache = self_or_cls(model, block_size=int(header["block_size"]), dtype=header["dtype"],
-                                max_tokens=kwargs.pop("max_tokens", None) or max(
-                                    (n + 1) * int(header["block_size"]), 2 * model.config.context_length),
-                                **kwargs)
+            cache = self_or_cls(
+                model,
+                block_size=int(header["block_size"]),
+                dtype=header["dtype"],
+                max_tokens=kwargs.pop("max_tokens", None)
+                or max((n + 1) * int(header["block_size"]), 2 * model.config.context_length),
+                **kwargs,
+            )
             cache._insert(header, payload, offsets)
             if cache.states is not None:
                 cache.states.load(states_path(path), cache.model_fingerprint)
@@ -690,23 +741,34 @@ class KVCache:
         return n
 
     def _insert(self, header: dict, payload: np.ndarray, offsets: list[int]) -> int:
-        want = dict(fingerprint=self.model_fingerprint, block_size=self.block_size,
-                    n_layers=self.n_layers, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                    layers=self.layers)
+        want = dict(
+            fingerprint=self.model_fingerprint,
+            block_size=self.block_size,
+            n_layers=self.n_layers,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            layers=self.layers,
+        )
         for k, v in want.items():
             if header.get(k) != v:
-                raise CacheFileError(f"cache file {k} {header.get(k)!r} does not match this cache "
-                                     f"({v!r}): it was saved for another model or geometry")
+                raise CacheFileError(
+                    f"cache file {k} {header.get(k)!r} does not match this cache "
+                    f"({v!r}): it was saved for another model or geometry"
+                )
         if header["dtype"] != self.dtype:
             # not converted: a later layer's K/V depend on the attention over the earlier
             # layers' stored values, so converted blocks would not be this cache's blocks
-            raise CacheFileError(f"cache file holds {header['dtype']} keys and values, this cache "
-                                 f"stores {self.dtype}: load it with KVCache.load(model, path) "
-                                 f"(a cache of the file's type) or recompute the prefix")
+            raise CacheFileError(
+                f"cache file holds {header['dtype']} keys and values, this cache "
+                f"stores {self.dtype}: load it with KVCache.load(model, path) "
+                f"(a cache of the file's type) or recompute the prefix"
+            )
         saved_win = header.get("window_layers")
         if saved_win is not None and self.window and tuple(saved_win) != self.window_layers:
-            raise CacheFileError(f"cache file trims the sliding window of layers {saved_win}, this "
-                                 f"cache of layers {list(self.window_layers)}")
+            raise CacheFileError(
+                f"cache file trims the sliding window of layers {saved_win}, this "
+                f"cache of layers {list(self.window_layers)}"
+            )
         loaded = 0
         with self._lock:
             for i, meta in enumerate(header["blocks"]):
@@ -717,10 +779,10 @@ class KVCache:
                 if not self._free and not self._lru:
                     break  # full of blocks in use: keep what fitted (heads first)
                 b = self.allocate()
-                row = payload[offsets[i]:offsets[i + 1]]
+                row = payload[offsets[i] : offsets[i + 1]]
                 if window and self.window:
                     self._wslot[b] = heapq.heappop(self._wfree)
-                self._set_block(b, row[:len(row) // 2], row[len(row) // 2:], window)
+                self._set_block(b, row[: len(row) // 2], row[len(row) // 2 :], window)
                 self._ref[b] = 0
                 self._hash_of[b] = h
                 self._block_of[h] = b
@@ -743,15 +805,24 @@ class KVCache:
             windowed = int((self._wslot >= 0).sum()) if self.window else held
             per_window = self.bytes_per_block_window if self.window else 0
             return CacheStats(
-                block_size=self.block_size, blocks_total=self.n_blocks, blocks_used=used,
-                blocks_cached=len(self._lru), blocks_free=len(self._free),
-                hit_tokens=self.hit_tokens, miss_tokens=self.miss_tokens,
-                evictions=self.evictions, bytes_total=self.n_blocks * self.bytes_per_block,
-                bytes_per_block=self.bytes_per_block, dtype=self.dtype,
+                block_size=self.block_size,
+                blocks_total=self.n_blocks,
+                blocks_used=used,
+                blocks_cached=len(self._lru),
+                blocks_free=len(self._free),
+                hit_tokens=self.hit_tokens,
+                miss_tokens=self.miss_tokens,
+                evictions=self.evictions,
+                bytes_total=self.n_blocks * self.bytes_per_block,
+                bytes_per_block=self.bytes_per_block,
+                dtype=self.dtype,
                 bytes_per_token=self.bytes_per_token,
                 bytes_held=held * (self.bytes_per_block - per_window) + windowed * per_window,
-                window=self.window, window_layers=len(self.window_layers),
-                blocks_windowed=windowed, window_points=len(self._points))
+                window=self.window,
+                window_layers=len(self.window_layers),
+                blocks_windowed=windowed,
+                window_points=len(self._points),
+            )
 
     def clear(self) -> None:
         """Forget every cached (unreferenced) block and every kept point; blocks in use are
@@ -766,8 +837,10 @@ class KVCache:
 
     def __repr__(self) -> str:
         s = self.stats()
-        win = (f", {s.window_layers} layers keep a {s.window}-token window" if s.window else "")
-        return (f"KVCache({s.blocks_total} blocks x {s.block_size} tokens, {s.dtype}, used "
-                f"{s.blocks_used}, cached {s.blocks_cached}, free {s.blocks_free}, "
-                f"{s.bytes_total / 2**20:.0f} MiB, {s.bytes_per_token} bytes/token{win}, held "
-                f"{s.bytes_held / 2**20:.1f} MiB)")
+        win = f", {s.window_layers} layers keep a {s.window}-token window" if s.window else ""
+        return (
+            f"KVCache({s.blocks_total} blocks x {s.block_size} tokens, {s.dtype}, used "
+            f"{s.blocks_used}, cached {s.blocks_cached}, free {s.blocks_free}, "
+            f"{s.bytes_total / 2**20:.0f} MiB, {s.bytes_per_token} bytes/token{win}, held "
+            f"{s.bytes_held / 2**20:.1f} MiB)"
+        )

@@ -40,6 +40,7 @@ goes to a temporary file in the same directory, fsynced and renamed into place; 
 (a full disk, a read-only directory), the temporary file is removed, a warning says why, and
 the model loads from the GGUF into process memory as if the cache were off.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,7 +91,12 @@ class _WriteFailed(Exception):
 
 def enabled_by_env() -> bool:
     """GOINFER_LAYOUT_CACHE=0 turns the layout cache off (default on)."""
-    return os.environ.get("GOINFER_LAYOUT_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return os.environ.get("GOINFER_LAYOUT_CACHE", "1").strip().lower() not in (
+        "0",
+        "false",
+        "off",
+        "no",
+    )
 
 
 def cache_dir() -> Path:
@@ -176,7 +182,7 @@ class _Writer:
         flat = a.reshape(-1).view(np.uint8)
         crc = 0
         for i in range(0, flat.size, _CHUNK):
-            chunk = flat[i:i + _CHUNK]
+            chunk = flat[i : i + _CHUNK]
             crc = zlib.crc32(chunk, crc)
             self._write(memoryview(chunk))
         self.table.append([off, int(a.nbytes), a.dtype.str, list(a.shape), crc])
@@ -220,8 +226,14 @@ class _Writer:
             return {"d": {str(k): self.encode(v) for k, v in obj.items()}}
         name = type(obj).__name__
         if name in self._classes and dataclasses.is_dataclass(obj):
-            return {"c": name, "f": {f.name: self.encode(getattr(obj, f.name))
-                                     for f in dataclasses.fields(obj) if f.init}}
+            return {
+                "c": name,
+                "f": {
+                    f.name: self.encode(getattr(obj, f.name))
+                    for f in dataclasses.fields(obj)
+                    if f.init
+                },
+            }
         raise TypeError(f"layout cache: cannot store a {name}")
 
     def finish(self, header: dict) -> None:
@@ -284,8 +296,9 @@ class Layout:
     def array(self, i: int) -> np.ndarray:
         off, nbytes, dt, shape, _ = self.header["arrays"][i]
         dtype = np.dtype(dt)
-        return np.frombuffer(self.mm, dtype=dtype, count=nbytes // dtype.itemsize,
-                             offset=off).reshape(shape)
+        return np.frombuffer(
+            self.mm, dtype=dtype, count=nbytes // dtype.itemsize, offset=off
+        ).reshape(shape)
 
     def weights(self, classes: dict[str, type]):
         """The weights tree, its dataclasses rebuilt from classes (weight_classes)."""
@@ -391,12 +404,16 @@ def _check_arrays(lay: Layout) -> None:
     for i, (off, nbytes, _dt, _shape, crc) in enumerate(lay.header["arrays"]):
         got = 0
         for p in range(off, off + nbytes, _CHUNK):
-            got = zlib.crc32(memoryview(lay.mm)[p:min(p + _CHUNK, off + nbytes)], got)
+            got = zlib.crc32(memoryview(lay.mm)[p : min(p + _CHUNK, off + nbytes)], got)
         if got != crc:
-            raise LayoutError(f"{lay.path}: array {i} (at byte {off}) fails its checksum (corrupt file)")
+            raise LayoutError(
+                f"{lay.path}: array {i} (at byte {off}) fails its checksum (corrupt file)"
+            )
 
 
-def open_layout(path: Path, expect: dict, *, full_check: bool = False, populate: bool = True) -> Layout:
+def open_layout(
+    path: Path, expect: dict, *, full_check: bool = False, populate: bool = True
+) -> Layout:
     """Map a layout file read-only after the checks of every load (see the module docstring);
     raises LayoutError if it is stale or corrupt, FileNotFoundError if it is not there."""
     with open(path, "rb") as fh:
@@ -471,8 +488,13 @@ def _bar(progress: bool, total: int, desc: str):
 
 
 def _expect(g, family, variant: str) -> dict:
-    return {"format": "goinfer-layout", "layout_version": LAYOUT_VERSION,
-            "fingerprint": g.fingerprint, "variant": variant, "family": family.__name__}
+    return {
+        "format": "goinfer-layout",
+        "layout_version": LAYOUT_VERSION,
+        "fingerprint": g.fingerprint,
+        "variant": variant,
+        "family": family.__name__,
+    }
 
 
 def _from_gguf(g, family, cfg, progress: bool, name: str, keep):
@@ -496,10 +518,16 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
             g.release_pages()  # the GGUF's pages were read once; the layout replaces them
         from goinfer._version import __version__
 
-        header.update(goinfer_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      gguf={"path": str(g.path), "size": g.file_size,
-                            "parts": len(getattr(g, "parts", ()) or (g.path,))},
-                      conversions=g.conversion_summary().as_dicts())
+        header.update(
+            goinfer_version=__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            gguf={
+                "path": str(g.path),
+                "size": g.file_size,
+                "parts": len(getattr(g, "parts", ()) or (g.path,)),
+            },
+            conversions=g.conversion_summary().as_dicts(),
+        )
         w.finish(header)
         w.commit()
     finally:
@@ -526,20 +554,28 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
     with _lock(path):
         try:
             lay = open_layout(path, expect)
-            return lay.weights(classes), LoadInfo("layout", path, conversions=lay.header.get("conversions"))
+            return lay.weights(classes), LoadInfo(
+                "layout", path, conversions=lay.header.get("conversions")
+            )
         except (FileNotFoundError, NotADirectoryError):
             pass  # not built yet
         except (LayoutError, OSError, ValueError) as e:
-            warnings.warn(f"goinfer: rebuilding the layout cache of {name}: {e}", LayoutWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"goinfer: rebuilding the layout cache of {name}: {e}", LayoutWarning, stacklevel=3
+            )
         try:
             lay = _build(g, family, cfg, path, expect, progress, name)
-            return lay.weights(classes), LoadInfo("built", path, conversions=lay.header.get("conversions"))
+            return lay.weights(classes), LoadInfo(
+                "built", path, conversions=lay.header.get("conversions")
+            )
         except _WriteFailed as e:
             err = e.__cause__ or e
-            warnings.warn(f"goinfer: could not write the layout cache of {name} to {path.parent} "
-                          f"({err}); loading from the GGUF (the next load will try again)",
-                          LayoutWarning, stacklevel=3)
+            warnings.warn(
+                f"goinfer: could not write the layout cache of {name} to {path.parent} "
+                f"({err}); loading from the GGUF (the next load will try again)",
+                LayoutWarning,
+                stacklevel=3,
+            )
             g.conversion_summary().rows.clear()  # the failed build's partial counts
             return None, LoadInfo("gguf", reason=f"write failed: {err}")
 

@@ -10,6 +10,7 @@ as OpenAI documents it.  Chat shape, per generated token::
 ``legacy()`` turns a list of those into the /v1/completions shape (tokens, token_logprobs,
 top_logprobs as {token: logprob} dicts, text_offset).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,17 +26,23 @@ def check_request(logprobs, top_logprobs) -> tuple[bool, int]:
         raise RequestError(f"logprobs must be True or False, got {logprobs!r}", "logprobs")
     if top_logprobs is None:
         top_logprobs = 0
-    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, (int, np.integer)) or \
-            not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise RequestError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
-                           f"{top_logprobs!r}", "top_logprobs")
+    if (
+        isinstance(top_logprobs, bool)
+        or not isinstance(top_logprobs, (int, np.integer))
+        or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS
+    ):
+        raise RequestError(
+            f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}",
+            "top_logprobs",
+        )
     if top_logprobs and not logprobs:
         raise RequestError("top_logprobs needs logprobs=True", "top_logprobs")
     return bool(logprobs), int(top_logprobs)
 
 
-def log_softmax_at(logits: np.ndarray, token: int,
-                   top: int) -> tuple[float, list[tuple[int, float]]]:
+def log_softmax_at(
+    logits: np.ndarray, token: int, top: int
+) -> tuple[float, list[tuple[int, float]]]:
     """(logprob of token, [(id, logprob)] of the `top` most likely, best first, ties by id)
     under log-softmax(logits), computed in float64."""
     z = np.asarray(logits, dtype=np.float64).reshape(-1)  # (vocab,)

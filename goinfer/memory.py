@@ -11,6 +11,7 @@ process memory (no layout cache).  The KV cache is not counted: it is sized at i
 (goinfer/kv_cache.py, bounded by half of what is available then) and its pages are touched only
 as tokens fill them.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,10 +65,19 @@ def _stat_value(path: str, keys: tuple[str, ...]) -> int:
 def _cgroup_available() -> int | None:
     """Bytes the cgroup may still use (limit - usage + its inactive file cache), or None."""
     for limit_f, usage_f, stat_f, keys in (
-            ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
-             "/sys/fs/cgroup/memory.stat", ("inactive_file",)),
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-             "/sys/fs/cgroup/memory/memory.stat", ("total_inactive_file", "inactive_file"))):
+        (
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/memory.current",
+            "/sys/fs/cgroup/memory.stat",
+            ("inactive_file",),
+        ),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            "/sys/fs/cgroup/memory/memory.stat",
+            ("total_inactive_file", "inactive_file"),
+        ),
+    ):
         limit, usage = _read_int(limit_f), _read_int(usage_f)
         if limit is None or usage is None:
             continue
@@ -103,7 +113,12 @@ def check_fits(needed: int, what: str) -> None:
     count as available: MemAvailable includes reclaimable page cache.  GOINFER_SKIP_MEMORY_CHECK=1
     turns the check off (e.g. to run a model from a memory-mapped file that does not fit,
     re-reading it from disk per token)."""
-    if os.environ.get("GOINFER_SKIP_MEMORY_CHECK", "").strip().lower() in ("1", "true", "yes", "on"):
+    if os.environ.get("GOINFER_SKIP_MEMORY_CHECK", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    ):
         return
     avail = available_bytes()
     if avail is None or needed <= avail:
@@ -114,7 +129,10 @@ def check_fits(needed: int, what: str) -> None:
         f"{what} needs {_gb(needed)} ({needed} bytes) of memory; {_gb(avail)} ({avail} bytes) "
         f"are available{tot}. Close other programs, use a smaller or more quantized model, or set "
         "GOINFER_SKIP_MEMORY_CHECK=1 to try anyway (a memory-mapped model that does not fit is "
-        "re-read from disk at every token)", needed, avail)
+        "re-read from disk at every token)",
+        needed,
+        avail,
+    )
 
 
 def default_max_tokens(context_length: int, bytes_per_token: int) -> int:
@@ -147,6 +165,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def _madvise():
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         f = libc.madvise
         f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -174,7 +193,8 @@ def populate(ranges) -> bool:
 def populate_async(ranges, keep_alive=None) -> threading.Thread:
     """populate(ranges) in a daemon thread, started; keep_alive: objects owning the memory
     (the thread holds them until it is done)."""
-    t = threading.Thread(target=lambda: (populate(ranges), keep_alive), daemon=True,
-                         name="goinfer-populate")
+    t = threading.Thread(
+        target=lambda: (populate(ranges), keep_alive), daemon=True, name="goinfer-populate"
+    )
     t.start()
     return t

@@ -1,14 +1,15 @@
 """Model: load a GGUF, hold its weights and tokenizer, run the forward step over a batch."""
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -69,16 +70,25 @@ class LoadOptions:
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(f"unknown model option(s) {', '.join(unknown)}; the options are "
-                            f"{', '.join(sorted(names))}")
+            raise TypeError(
+                f"unknown model option(s) {', '.join(unknown)}; the options are "
+                f"{', '.join(sorted(names))}"
+            )
         return dataclasses.replace(self, **overrides)
 
 
 class Model:
     """A loaded model.  ``Model.load("smollm2-135m")`` or ``Model.load("path/to/file.gguf")``."""
 
-    def __init__(self, gguf: GGUFFile, options: LoadOptions | None = None, *,
-                 name: str | None = None, _reference_kernels: bool = False, **overrides):
+    def __init__(
+        self,
+        gguf: GGUFFile,
+        options: LoadOptions | None = None,
+        *,
+        name: str | None = None,
+        _reference_kernels: bool = False,
+        **overrides,
+    ):
         """A model from an open GGUF file; options (LoadOptions) and keyword overrides of its
         fields (threads=, exact=, ...) say how it is loaded and run; name: what it is called
         (default: the file's stem)."""
@@ -97,8 +107,9 @@ class Model:
         self.sampling_defaults = SamplingParams()
         self.fingerprint = gguf.fingerprint
         self.threads = resolve_threads(opts.threads)
-        self.exact = bool(opts.exact if opts.exact_prefill is None else
-                          opts.exact or opts.exact_prefill)
+        self.exact = bool(
+            opts.exact if opts.exact_prefill is None else opts.exact or opts.exact_prefill
+        )
         self.kv_dtype = opts.kv_dtype  # storage type of the KV caches made for this model
         self.kernels = _kernels(_reference_kernels)
         for _, hd in set(self.config.kv_geometry()):
@@ -115,9 +126,14 @@ class Model:
         # kernel populates the mapping without the GIL) or convert
         with ThreadPoolExecutor(1, thread_name_prefix="goinfer-tokenizer") as pool:
             tokenizer = pool.submit(Tokenizer.from_metadata, gguf.metadata)
-            weights, self.load_info = layout.load(gguf, family, self.config,
-                                                  enabled=opts.layout_cache,
-                                                  progress=opts.progress, name=self.name)
+            weights, self.load_info = layout.load(
+                gguf,
+                family,
+                self.config,
+                enabled=opts.layout_cache,
+                progress=opts.progress,
+                name=self.name,
+            )
             if weights is not None:  # mapped from the layout cache
                 self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
                 del weights
@@ -126,28 +142,50 @@ class Model:
                 if opts.progress:
                     from tqdm.auto import tqdm
 
-                    bar = tqdm(total=self.config.n_layers, desc=f"loading {self.name}",
-                               unit="layer", leave=False, disable=None)
+                    bar = tqdm(
+                        total=self.config.n_layers,
+                        desc=f"loading {self.name}",
+                        unit="layer",
+                        leave=False,
+                        disable=None,
+                    )
                 try:
-                    self.impl = family(gguf, self.config, self.kernels, self.threads,
-                                       progress=bar.update if bar is not None else None)
+                    self.impl = family(
+                        gguf,
+                        self.config,
+                        self.kernels,
+                        self.threads,
+                        progress=bar.update if bar is not None else None,
+                    )
                 finally:
                     if bar is not None:
                         bar.close()
             self.tokenizer = tokenizer.result()
-        self.conversions = (ConversionSummary.from_dicts(self.load_info.conversions)
-                            if self.load_info.source == "layout" else gguf.conversion_summary())
+        self.conversions = (
+            ConversionSummary.from_dicts(self.load_info.conversions)
+            if self.load_info.source == "layout"
+            else gguf.conversion_summary()
+        )
         self.load_seconds = time.perf_counter() - t0
         self._lock = threading.RLock()
         self._cache: KVCache | None = None
         # decode steps replayed as one C graph (goinfer/graph.py); None: GOINFER_GRAPH (on)
         graph = graph_enabled_by_env() if opts.graph is None else opts.graph
-        self.graph = GraphRunner(self) if graph and graph_supported(self.impl, self.kernels) else None
+        self.graph = (
+            GraphRunner(self) if graph and graph_supported(self.impl, self.kernels) else None
+        )
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike = hub.DEFAULT_MODEL, threads: int | None = None,
-             exact: bool | None = None, *, options: LoadOptions | None = None,
-             quant: str | None = None, **overrides) -> Model:
+    def load(
+        cls,
+        name_or_path: str | os.PathLike = hub.DEFAULT_MODEL,
+        threads: int | None = None,
+        exact: bool | None = None,
+        *,
+        options: LoadOptions | None = None,
+        quant: str | None = None,
+        **overrides,
+    ) -> Model:
         """Load a model by name or path (goinfer/hub.py): a registered model (pulled on first
         use), a local .gguf file (a split one by its first part), a Hugging Face repo
         (``hf.co/ORG/REPO[:QUANT]`` or ``ORG/REPO``, fetched into the Hugging Face cache; quant
@@ -165,14 +203,17 @@ class Model:
         try:
             m.sampling_defaults = SamplingParams(**m.defaults.sampling)
         except (TypeError, ValueError) as e:
-            raise ModelFormatError(f"{src.name}: its parameters {m.defaults.sampling} are not "
-                                   f"usable: {e}") from None
+            raise ModelFormatError(
+                f"{src.name}: its parameters {m.defaults.sampling} are not usable: {e}"
+            ) from None
         m.cache  # noqa: B018 - created now: its first blocks fault in while the caller gets ready (kv_cache.py)
         return m
 
     # ------------------------------------------------------------------ text
 
-    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids, skip_special: bool = False) -> str:
@@ -193,13 +234,19 @@ class Model:
         if not self.chat_template:
             from goinfer.errors import ChatTemplateError
 
-            raise ChatTemplateError(f"{self.name} has no chat template and {self.config.arch!r} "
-                                    "has no built-in one; use generate() with a raw prompt")
+            raise ChatTemplateError(
+                f"{self.name} has no chat template and {self.config.arch!r} "
+                "has no built-in one; use generate() with a raw prompt"
+            )
         tok = self.tokenizer
         return render_chat_template(
-            self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
             bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
-            eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "", **kwargs)
+            eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "",
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ cache and sessions
 
@@ -270,10 +317,19 @@ class Model:
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, cache: KVCache, block_table: np.ndarray, tokens, pos0: int, *,
-                all_logits: bool = False, state: RecurrentState | None = None,
-                snapshots: dict | None = None, hidden: bool = False,
-                between_chunks: Callable[[int], None] | None = None) -> np.ndarray:
+    def forward(
+        self,
+        cache: KVCache,
+        block_table: np.ndarray,
+        tokens,
+        pos0: int,
+        *,
+        all_logits: bool = False,
+        state: RecurrentState | None = None,
+        snapshots: dict | None = None,
+        hidden: bool = False,
+        between_chunks: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
         """Run tokens at positions pos0.. of one sequence whose blocks are block_table.
 
         Returns logits of the last position (1, vocab), or of every position (T, vocab);
@@ -290,8 +346,10 @@ class Model:
             raise ValueError("forward needs at least one token")
         if self.hybrid and state is None:
             if pos0 != 0:
-                raise ValueError(f"{self.name} is a hybrid model: continuing a sequence at "
-                                 f"position {pos0} needs its recurrent state (state=)")
+                raise ValueError(
+                    f"{self.name} is a hybrid model: continuing a sequence at "
+                    f"position {pos0} needs its recurrent state (state=)"
+                )
             state = self.new_state()
         want_snaps = sorted(n for n in (snapshots or {}) if pos0 < n <= pos0 + T)
         out = []
@@ -338,8 +396,10 @@ class Model:
             bt, tokens, pos0, want = item[:4]
             rec = item[4] if len(item) > 4 else None
             if self.hybrid and rec is None:
-                raise ValueError(f"{self.name} is a hybrid model: every sequence of a forward "
-                                 "batch needs its recurrent state")
+                raise ValueError(
+                    f"{self.name} is a hybrid model: every sequence of a forward "
+                    "batch needs its recurrent state"
+                )
             tokens = np.asarray(tokens, dtype=np.int32)
             T = len(tokens)
             if T == 0:
@@ -370,16 +430,23 @@ class Model:
             else:
                 where.append(None)
             r0 += T
-        batch = Batch(np.concatenate(toks), np.concatenate(poss), np.concatenate(slots), segs,
-                      np.concatenate(rows) if rows else np.zeros(0, np.int64), self.fast_from,
-                      hidden=hidden, wslots=np.concatenate(wslots) if cache.window else None)
+        batch = Batch(
+            np.concatenate(toks),
+            np.concatenate(poss),
+            np.concatenate(slots),
+            segs,
+            np.concatenate(rows) if rows else np.zeros(0, np.int64),
+            self.fast_from,
+            hidden=hidden,
+            wslots=np.concatenate(wslots) if cache.window else None,
+        )
         with self._lock:
             logits = None
             if self.graph is not None and not hidden and GraphRunner.replayable(batch):
                 logits = self.graph.decode(cache, batch)  # None: not replayed
             if logits is None:
                 logits = self.impl.forward(batch, cache.k, cache.v)
-        return [None if w is None else logits[w[0]:w[1]] for w in where]
+        return [None if w is None else logits[w[0] : w[1]] for w in where]
 
     def logits(self, ids) -> np.ndarray:
         """Logits of every position of ids, (len(ids), vocab) float32, teacher-forced (the
@@ -397,7 +464,8 @@ class Model:
             raise ValueError("logits() needs at least one token")
         if len(ids) > self.n_ctx:
             raise ContextLengthError(
-                f"{len(ids)} tokens exceed the context length {self.n_ctx} of {self.name}")
+                f"{len(ids)} tokens exceed the context length {self.n_ctx} of {self.name}"
+            )
         bs = 16
         cache = KVCache(self, max_tokens=len(ids), block_size=bs)
         bt = np.array([cache.allocate() for _ in range(cache.n_blocks)], dtype=np.int32)

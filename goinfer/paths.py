@@ -1,6 +1,7 @@
 """Where goinfer keeps its files: GOINFER_HOME (default ~/.cache/goinfer), holding models/
 (registered models), layouts/ (weight layout caches) and verified/ (checksum stamps of
 Hugging Face files)."""
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@ compiled call, which releases the GIL and runs its own OpenMP region).  Families
   moe        routing and expert dispatch kernels
   other      norms, RoPE, activations, residual adds, and Python between kernel calls
 """
+
 from __future__ import annotations
 
 import time
@@ -22,9 +23,16 @@ from goinfer.errors import ContextLengthError
 from goinfer.kv_cache import KVCache
 
 FAMILY = {
-    "quantize_act": "matmul", "matmul": "matmul", "matmul_experts": "matmul", "get_rows": "matmul",
-    "attention": "attention", "attention_fast": "attention", "kv_write": "attention",
-    "moe_route": "moe", "moe_group": "moe", "moe_fold": "moe",
+    "quantize_act": "matmul",
+    "matmul": "matmul",
+    "matmul_experts": "matmul",
+    "get_rows": "matmul",
+    "attention": "attention",
+    "attention_fast": "attention",
+    "kv_write": "attention",
+    "moe_route": "moe",
+    "moe_group": "moe",
+    "moe_fold": "moe",
 }
 
 
@@ -65,8 +73,13 @@ def _attention_phases(proxy: _TimedKernels, phase_seconds: dict) -> dict:
     shares of the kernels' phase timers."""
     wall = proxy.seconds.get("attention", 0.0) + proxy.seconds.get("attention_fast", 0.0)
     timed = sum(phase_seconds.values())
-    return {ph: {"seconds": wall * t / timed if timed else 0.0, "share_of_attention": t / timed if timed else 0.0}
-            for ph, t in phase_seconds.items()}
+    return {
+        ph: {
+            "seconds": wall * t / timed if timed else 0.0,
+            "share_of_attention": t / timed if timed else 0.0,
+        }
+        for ph, t in phase_seconds.items()
+    }
 
 
 def _families(proxy: _TimedKernels, total: float) -> dict:
@@ -74,24 +87,36 @@ def _families(proxy: _TimedKernels, total: float) -> dict:
     for name, s in proxy.seconds.items():
         fam[FAMILY.get(name, "other")] += s
     fam["other"] += max(0.0, total - sum(proxy.seconds.values()))
-    out = {f: {"seconds": fam.get(f, 0.0), "share": fam.get(f, 0.0) / total if total else 0.0}
-           for f in ("matmul", "attention", "moe", "other")}
-    out["kernels"] = {n: {"seconds": s, "calls": proxy.calls[n]} for n, s in sorted(proxy.seconds.items())}
+    out = {
+        f: {"seconds": fam.get(f, 0.0), "share": fam.get(f, 0.0) / total if total else 0.0}
+        for f in ("matmul", "attention", "moe", "other")
+    }
+    out["kernels"] = {
+        n: {"seconds": s, "calls": proxy.calls[n]} for n, s in sorted(proxy.seconds.items())
+    }
     return out
 
 
 def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
     """Profile one cold prefill of prompt_tokens and decode_tokens decode steps after it."""
     if prompt_tokens + decode_tokens + 1 > model.n_ctx:
-        raise ContextLengthError(f"{prompt_tokens} prompt + {decode_tokens} decode tokens exceed the "
-                                 f"context of {model.n_ctx}: lower --prompt-tokens or raise --ctx")
+        raise ContextLengthError(
+            f"{prompt_tokens} prompt + {decode_tokens} decode tokens exceed the "
+            f"context of {model.n_ctx}: lower --prompt-tokens or raise --ctx"
+        )
     ids = prompt_ids(model, prompt_tokens)
     cache = KVCache(model, max_tokens=prompt_tokens + decode_tokens + 16)
     s = model.session(cache)
     model.session(KVCache(model, max_tokens=80)).prefill(ids[:64])  # warm-up
-    res = {"model": model.name, "threads": model.threads, "prompt_tokens": prompt_tokens,
-           "decode_tokens": decode_tokens, "fast_from": model.fast_from,
-           "kv_dtype": cache.dtype, "kv_bytes_per_token": cache.bytes_per_token}
+    res = {
+        "model": model.name,
+        "threads": model.threads,
+        "prompt_tokens": prompt_tokens,
+        "decode_tokens": decode_tokens,
+        "fast_from": model.fast_from,
+        "kv_dtype": cache.dtype,
+        "kv_bytes_per_token": cache.bytes_per_token,
+    }
     proxy = _TimedKernels(model.kernels)
     old = _swap(model, proxy)
     was_timing = attention_phase_timing(True)
@@ -100,16 +125,24 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
         t0 = time.perf_counter()
         logits = s.prefill(ids)
         total = time.perf_counter() - t0
-        res["prefill"] = {"seconds": total, "tok_s": prompt_tokens / total, **_families(proxy, total),
-                          "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
+        res["prefill"] = {
+            "seconds": total,
+            "tok_s": prompt_tokens / total,
+            **_families(proxy, total),
+            "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True)),
+        }
         proxy = _TimedKernels(model.kernels)
         model.impl.ops = proxy
         t0 = time.perf_counter()
         for _ in range(decode_tokens):
             logits = s.decode(int(np.argmax(logits)))
         total = time.perf_counter() - t0
-        res["decode"] = {"seconds": total, "tok_s": decode_tokens / total, **_families(proxy, total),
-                         "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True))}
+        res["decode"] = {
+            "seconds": total,
+            "tok_s": decode_tokens / total,
+            **_families(proxy, total),
+            "attention_phases": _attention_phases(proxy, attention_phase_seconds(reset=True)),
+        }
     finally:
         model.impl.ops = old
         attention_phase_timing(was_timing)
@@ -119,20 +152,34 @@ def run(model, prompt_tokens: int, decode_tokens: int = 16) -> dict:
 def table(res: dict) -> str:
     ff = res["fast_from"]
     attn = "exact attention" if ff is None else f"fast attention from position {ff}"
-    lines = [f"{res['model']}: prefill {res['prompt_tokens']} tokens ({attn}), {res['decode_tokens']} "
-             f"decode steps, {res['threads']} threads, KV cache {res['kv_dtype']} "
-             f"({res['kv_bytes_per_token']} bytes/token)", "",
-             "| phase | total ms | tok/s | matmul | attention | moe | other |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{res['model']}: prefill {res['prompt_tokens']} tokens ({attn}), {res['decode_tokens']} "
+        f"decode steps, {res['threads']} threads, KV cache {res['kv_dtype']} "
+        f"({res['kv_bytes_per_token']} bytes/token)",
+        "",
+        "| phase | total ms | tok/s | matmul | attention | moe | other |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for ph in ("prefill", "decode"):
         r = res[ph]
-        lines.append(f"| {ph} | {r['seconds'] * 1e3:.1f} | {r['tok_s']:.1f} | "
-                     + " | ".join(f"{r[f]['share'] * 100:.1f}%" for f in ("matmul", "attention", "moe", "other"))
-                     + " |")
+        lines.append(
+            f"| {ph} | {r['seconds'] * 1e3:.1f} | {r['tok_s']:.1f} | "
+            + " | ".join(
+                f"{r[f]['share'] * 100:.1f}%" for f in ("matmul", "attention", "moe", "other")
+            )
+            + " |"
+        )
     lines += ["", "| phase | attention QK ms | softmax ms | AV ms |", "|---|---|---|---|"]
     for ph in ("prefill", "decode"):
         a = res[ph]["attention_phases"]
-        lines.append(f"| {ph} | " + " | ".join(f"{a[k]['seconds'] * 1e3:.1f} ({a[k]['share_of_attention'] * 100:.0f}%)"
-                                              for k in ("qk", "softmax", "av")) + " |")
+        lines.append(
+            f"| {ph} | "
+            + " | ".join(
+                f"{a[k]['seconds'] * 1e3:.1f} ({a[k]['share_of_attention'] * 100:.0f}%)"
+                for k in ("qk", "softmax", "av")
+            )
+            + " |"
+        )
     lines += ["", "| phase | kernel | calls | ms |", "|---|---|---|---|"]
     for ph in ("prefill", "decode"):
         for n, k in res[ph]["kernels"].items():

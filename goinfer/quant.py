@@ -43,6 +43,7 @@ k = 4c + j in bit c and of k = 16 + 4c + j in bit 4 + c (c = 0..3).  ``d`` [rb, 
 d of row rb*16+r in super-block b, [rb, b, 1, r] its dmin; ``m`` [rb, b, i, r] is packed byte i
 of that row and super-block.  4.5 (5.5) bits per weight, as in the GGUF.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -108,12 +109,16 @@ class QAct:
     sa: np.ndarray  # (M, G) float32   da * asum
 
     @staticmethod
-    def empty(M: int, K: int) -> "QAct":
+    def empty(M: int, K: int) -> QAct:
         G = K // GROUP
-        return QAct(np.zeros((M, K), np.int8), np.zeros((M, G), np.float32),
-                    np.zeros((M, G), np.int32), np.zeros((M, G), np.float32))
+        return QAct(
+            np.zeros((M, K), np.int8),
+            np.zeros((M, G), np.float32),
+            np.zeros((M, G), np.int32),
+            np.zeros((M, G), np.float32),
+        )
 
-    def rows(self, m: int) -> "QAct":
+    def rows(self, m: int) -> QAct:
         """The first m rows (views), for scratch buffers sized for the largest batch."""
         return QAct(self.qa[:m], self.da[:m], self.asum[:m], self.sa[:m])
 
@@ -134,8 +139,9 @@ def _check_k(n_in: int) -> None:
         raise ValueError(f"quantized weights need n_in divisible by {GROUP}, got {n_in}")
 
 
-def pack_q4(kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None,
-            source_type: str = "") -> QWeight:
+def pack_q4(
+    kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None, source_type: str = ""
+) -> QWeight:
     """q (n_out, K) uint8 nibbles 0..15, d (n_out, G) float16 [, m (n_out, G) float16] -> QWeight."""
     assert kind in ("q4_0", "q4_1")
     n_out, K = q.shape
@@ -147,10 +153,14 @@ def pack_q4(kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None
     lo = q[:, :, :, 0].transpose(0, 2, 3, 1, 4)
     hi = q[:, :, :, 1].transpose(0, 2, 3, 1, 4)
     qs = np.ascontiguousarray(lo | (hi << 4))
-    dd = np.ascontiguousarray(_pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    dd = np.ascontiguousarray(
+        _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1)
+    )
     mm = None
     if kind == "q4_1":
-        mm = np.ascontiguousarray(_pad_rows(np.asarray(m, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+        mm = np.ascontiguousarray(
+            _pad_rows(np.asarray(m, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1)
+        )
     return QWeight(kind, n_out, K, qs, dd, mm, source_type)
 
 
@@ -158,7 +168,9 @@ def pack_mxfp4(codes: np.ndarray, e: np.ndarray, source_type: str = "") -> QWeig
     """codes (n_out, K) uint8 0..15 (e2m1, sign in bit 3), e (n_out, G) uint8 e8m0 -> QWeight mxfp4."""
     w = pack_q4("q4_0", codes, np.zeros(np.shape(e), np.float16), None, source_type)
     n_rb, G = w.n_rb, w.n_in // GROUP
-    ee = np.ascontiguousarray(_pad_rows(np.asarray(e, np.uint8), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    ee = np.ascontiguousarray(
+        _pad_rows(np.asarray(e, np.uint8), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1)
+    )
     return QWeight("mxfp4", w.n_out, w.n_in, w.qs, ee, None, source_type)
 
 
@@ -176,8 +188,12 @@ def pack_q6k(q: np.ndarray, sc: np.ndarray, d: np.ndarray, source_type: str = ""
     y = (b[:, :, 0::2] & 15) | ((b[:, :, 1::2] & 15) << 4)  # lines 4, 5: c = 2p, 2p + 1
     qs = np.ascontiguousarray(np.concatenate([x, y], axis=2))
     ss = _pad_rows(np.asarray(sc, np.int8), n_rb).reshape(n_rb, ROWS, G, 2).transpose(0, 2, 1, 3)
-    dd = _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, K // QK_K).transpose(0, 2, 1)
-    return QWeight("q6_k", n_out, K, qs, np.ascontiguousarray(dd), np.ascontiguousarray(ss), source_type)
+    dd = (
+        _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, K // QK_K).transpose(0, 2, 1)
+    )
+    return QWeight(
+        "q6_k", n_out, K, qs, np.ascontiguousarray(dd), np.ascontiguousarray(ss), source_type
+    )
 
 
 def q6k_codes(w: QWeight):
@@ -214,8 +230,14 @@ def unpack_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def pack_qk(kind: str, q: np.ndarray, scm: np.ndarray, d: np.ndarray, dmin: np.ndarray,
-            source_type: str = "") -> QWeight:
+def pack_qk(
+    kind: str,
+    q: np.ndarray,
+    scm: np.ndarray,
+    d: np.ndarray,
+    dmin: np.ndarray,
+    source_type: str = "",
+) -> QWeight:
     """q4_k / q5_k: q (n_out, K) uint8 codes (0..15 / 0..31), scm (n_out, K/256, 12) uint8 packed
     scales and mins (pack_scale_min), d, dmin (n_out, K/256) float16 -> QWeight."""
     assert kind in ("q4_k", "q5_k")
@@ -229,11 +251,13 @@ def pack_qk(kind: str, q: np.ndarray, scm: np.ndarray, d: np.ndarray, dmin: np.n
     if kind == "q5_k":  # line 4: bit c <- bit 4 of k = 4c + j, bit 4 + c <- of k = 16 + 4c + j
         t = (_pad_rows(q, n_rb) >> 4).reshape(n_rb, ROWS, G, 2, 4, 4).astype(np.uint8)
         t = t.transpose(0, 2, 4, 1, 5, 3)  # (rb, g, c, r, j, half)
-        sh = (np.arange(4, dtype=np.uint8)[:, None, None, None] + 4 * np.arange(2, dtype=np.uint8))
+        sh = np.arange(4, dtype=np.uint8)[:, None, None, None] + 4 * np.arange(2, dtype=np.uint8)
         bits = (t << sh).sum(axis=(2, 5), dtype=np.uint16).astype(np.uint8)  # (rb, g, r, j)
         qs = np.ascontiguousarray(np.concatenate([qs, bits[:, :, None]], axis=2))
-    dd = np.stack([_pad_rows(np.asarray(d, np.float16), n_rb), _pad_rows(np.asarray(dmin, np.float16), n_rb)],
-                  axis=1)  # (n_rb*16, 2, nb)
+    dd = np.stack(
+        [_pad_rows(np.asarray(d, np.float16), n_rb), _pad_rows(np.asarray(dmin, np.float16), n_rb)],
+        axis=1,
+    )  # (n_rb*16, 2, nb)
     dd = np.ascontiguousarray(dd.reshape(n_rb, ROWS, 2, nb).transpose(0, 3, 2, 1))
     ss = _pad_rows(np.asarray(scm, np.uint8).reshape(n_out, nb, 12), n_rb)
     ss = np.ascontiguousarray(ss.reshape(n_rb, ROWS, nb, 12).transpose(0, 2, 3, 1))
@@ -268,7 +292,9 @@ def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
     n_rb = (n_out + ROWS - 1) // ROWS
     q = _pad_rows(np.asarray(q, dtype=np.int8), n_rb).reshape(n_rb, ROWS, G, 8, 4)
     qs = np.ascontiguousarray(q.transpose(0, 2, 3, 1, 4))
-    dd = np.ascontiguousarray(_pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1))
+    dd = np.ascontiguousarray(
+        _pad_rows(np.asarray(d, np.float16), n_rb).reshape(n_rb, ROWS, G).transpose(0, 2, 1)
+    )
     return QWeight("q8_0", n_out, K, qs, dd, None, source_type)
 
 
@@ -322,7 +348,9 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
         q = np.clip(np.floor((wg - mn[..., None]) * inv[..., None] + 0.5), 0, 15).astype(np.uint8)
-        return pack_q4("q4_1", q.reshape(n_out, K), d.astype(np.float16), mn.astype(np.float16), source_type)
+        return pack_q4(
+            "q4_1", q.reshape(n_out, K), d.astype(np.float16), mn.astype(np.float16), source_type
+        )
     if kind == "q8_0":
         amax = np.abs(wg).max(axis=2)
         d = (amax / 127.0).astype(np.float32)
@@ -343,7 +371,9 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
             raise ValueError(f"q6_k weights need n_in divisible by {QK_K}, got {K}")
         w16 = w.reshape(n_out, K // 16, 16)
         s = np.abs(w16).max(axis=2) / 32.0  # (n_out, K/16)
-        d = (s.reshape(n_out, K // QK_K, 16).max(axis=2) / 127.0).astype(np.float16)  # (n_out, K/256)
+        d = (s.reshape(n_out, K // QK_K, 16).max(axis=2) / 127.0).astype(
+            np.float16
+        )  # (n_out, K/256)
         df = np.repeat(d.astype(np.float32), 16, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             sc = np.where(df > 0, np.rint(s / df), 0).clip(-128, 127).astype(np.int8)
@@ -351,7 +381,10 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
             q = np.where(eff[..., None] > 0, np.rint(w16 / eff[..., None]) + 32, 32)
         q = np.clip(q, 0, 63).astype(np.uint8).reshape(n_out, K)
         return pack_q6k(q, sc, d, source_type)
-    if kind in ("q4_k", "q5_k"):  # a simple rule (not llama.cpp's search): per 32 min/max, 6-bit sc, mn
+    if kind in (
+        "q4_k",
+        "q5_k",
+    ):  # a simple rule (not llama.cpp's search): per 32 min/max, 6-bit sc, mn
         if K % QK_K:
             raise ValueError(f"{kind} weights need n_in divisible by {QK_K}, got {K}")
         nq = 15 if kind == "q4_k" else 31
@@ -362,7 +395,9 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
         dmin = (sb(-lo).max(axis=2) / 63).astype(np.float16)
         with np.errstate(divide="ignore", invalid="ignore"):
             sc = np.where(d[..., None] > 0, np.rint(sb(scale) / d.astype(np.float32)[..., None]), 0)
-            mn = np.where(dmin[..., None] > 0, np.rint(sb(-lo) / dmin.astype(np.float32)[..., None]), 0)
+            mn = np.where(
+                dmin[..., None] > 0, np.rint(sb(-lo) / dmin.astype(np.float32)[..., None]), 0
+            )
             sc, mn = sc.clip(0, 63).astype(np.uint8), mn.clip(0, 63).astype(np.uint8)
             ds = (d.astype(np.float32)[..., None] * sc).reshape(n_out, G)
             dm = (dmin.astype(np.float32)[..., None] * mn).reshape(n_out, G)
@@ -385,5 +420,12 @@ def concat_rows(ws: list[QWeight]) -> QWeight | None:
         return None
     cat = lambda arrs: None if arrs[0] is None else np.concatenate(arrs, axis=0)  # noqa: E731
     src = "+".join(sorted({w.source_type for w in ws if w.source_type}))
-    return QWeight(ws[0].kind, sum(w.n_out for w in ws), ws[0].n_in, cat([w.qs for w in ws]),
-                   cat([w.d for w in ws]), cat([w.m for w in ws]), src)
+    return QWeight(
+        ws[0].kind,
+        sum(w.n_out for w in ws),
+        ws[0].n_in,
+        cat([w.qs for w in ws]),
+        cat([w.d for w in ws]),
+        cat([w.m for w in ws]),
+        src,
+    )

@@ -20,6 +20,7 @@ n tokens needs the state *at* n.  So:
   agent's next turn, which usually diverges right after the previous prompt (a reply that the
   template re-renders differently) or extends the whole history, prefills only its new suffix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,13 +74,13 @@ class RecurrentState:
     ssm: np.ndarray
 
     @classmethod
-    def zeros(cls, spec: StateSpec) -> "RecurrentState":
+    def zeros(cls, spec: StateSpec) -> RecurrentState:
         return cls(np.zeros(spec.conv_shape, np.float32), np.zeros(spec.ssm_shape, np.float32))
 
-    def copy(self) -> "RecurrentState":
+    def copy(self) -> RecurrentState:
         return RecurrentState(self.conv.copy(), self.ssm.copy())
 
-    def load(self, other: "RecurrentState") -> None:
+    def load(self, other: RecurrentState) -> None:
         """Become a copy of other (in place: the arrays stay the same objects)."""
         self.conv[...] = other.conv
         self.ssm[...] = other.ssm
@@ -104,7 +105,7 @@ class SeqRecurrent:
     snap_ssm: np.ndarray | None = None  # (n, n_lin, Hv, dk, dv)
 
     @classmethod
-    def with_snapshots(cls, state: RecurrentState, rows) -> "SeqRecurrent":
+    def with_snapshots(cls, state: RecurrentState, rows) -> SeqRecurrent:
         rows = np.asarray(rows, dtype=np.int32)
         n = len(rows)
         conv = np.empty((n,) + state.conv.shape, np.float32) if n else None
@@ -118,7 +119,9 @@ class SeqRecurrent:
         return self.snap_rows, self.snap_conv[:, i], self.snap_ssm[:, i]
 
     def snapshots(self) -> list[RecurrentState]:
-        return [RecurrentState(self.snap_conv[s], self.snap_ssm[s]) for s in range(len(self.snap_rows))]
+        return [
+            RecurrentState(self.snap_conv[s], self.snap_ssm[s]) for s in range(len(self.snap_rows))
+        ]
 
 
 # ============================================================================ the cache's store
@@ -131,7 +134,9 @@ class StateStore:
     ``every``: a snapshot is stored at every every-th block boundary; ``max_snapshots``: the
     least recently used are dropped beyond it.  Memory: max_snapshots * StateSpec.nbytes."""
 
-    def __init__(self, spec: StateSpec, every: int = SNAPSHOT_EVERY, max_snapshots: int = MAX_SNAPSHOTS):
+    def __init__(
+        self, spec: StateSpec, every: int = SNAPSHOT_EVERY, max_snapshots: int = MAX_SNAPSHOTS
+    ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"snapshot_every must be a positive int, got {every!r}")
         if not isinstance(max_snapshots, int) or max_snapshots < 0:
@@ -185,9 +190,19 @@ class StateStore:
         fingerprint and a sha256 of the arrays.  Returns the count."""
         items = self.items()
         spec = self.spec
-        conv = np.stack([s.conv for _, s in items]) if items else np.zeros((0,) + spec.conv_shape, np.float32)
-        ssm = np.stack([s.ssm for _, s in items]) if items else np.zeros((0,) + spec.ssm_shape, np.float32)
-        hashes = np.array([np.frombuffer(h, np.uint8) for h, _ in items], np.uint8).reshape(len(items), -1)
+        conv = (
+            np.stack([s.conv for _, s in items])
+            if items
+            else np.zeros((0,) + spec.conv_shape, np.float32)
+        )
+        ssm = (
+            np.stack([s.ssm for _, s in items])
+            if items
+            else np.zeros((0,) + spec.ssm_shape, np.float32)
+        )
+        hashes = np.array([np.frombuffer(h, np.uint8) for h, _ in items], np.uint8).reshape(
+            len(items), -1
+        )
         meta = np.array([fingerprint, _digest(hashes, conv, ssm)])
         path = Path(path)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
@@ -217,8 +232,12 @@ class StateStore:
         if meta.shape != (2,) or str(meta[0]) != fingerprint:
             raise CacheFileError(f"{path}: state snapshots of another model")
         n = len(hashes)
-        if (conv.shape != (n,) + self.spec.conv_shape or ssm.shape != (n,) + self.spec.ssm_shape
-                or conv.dtype != np.float32 or ssm.dtype != np.float32):
+        if (
+            conv.shape != (n,) + self.spec.conv_shape
+            or ssm.shape != (n,) + self.spec.ssm_shape
+            or conv.dtype != np.float32
+            or ssm.dtype != np.float32
+        ):
             raise CacheFileError(f"{path}: state snapshots of another geometry")
         if str(meta[1]) != _digest(hashes, conv, ssm):
             raise CacheFileError(f"{path}: checksum mismatch (corrupt file)")

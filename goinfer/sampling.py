@@ -5,6 +5,7 @@ do not): logit bias -> repetition penalties -> grammar mask -> top-k -> top-p ->
 temperature -> draw.  temperature == 0 is greedy (argmax; ties go to the lower token id) after
 bias, penalties and the mask.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,20 +34,32 @@ class SamplingParams:
             if not ok:
                 raise ValueError(msg)
 
-        check(np.isfinite(self.temperature) and self.temperature >= 0,
-              f"temperature must be >= 0, got {self.temperature}")
-        check(isinstance(self.top_k, (int, np.integer)) and self.top_k >= 0,
-              f"top_k must be an int >= 0, got {self.top_k}")
+        check(
+            np.isfinite(self.temperature) and self.temperature >= 0,
+            f"temperature must be >= 0, got {self.temperature}",
+        )
+        check(
+            isinstance(self.top_k, (int, np.integer)) and self.top_k >= 0,
+            f"top_k must be an int >= 0, got {self.top_k}",
+        )
         check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
-        check(np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
-              f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        check(isinstance(self.repeat_last_n, (int, np.integer)) and self.repeat_last_n >= 0,
-              f"repeat_last_n must be an int >= 0, got {self.repeat_last_n}")
-        check(-2.0 <= self.presence_penalty <= 2.0,
-              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        check(-2.0 <= self.frequency_penalty <= 2.0,
-              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        check(
+            np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
+            f"repeat_penalty must be > 0, got {self.repeat_penalty}",
+        )
+        check(
+            isinstance(self.repeat_last_n, (int, np.integer)) and self.repeat_last_n >= 0,
+            f"repeat_last_n must be an int >= 0, got {self.repeat_last_n}",
+        )
+        check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+        )
+        check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+        )
         if self.logit_bias:
             clean = {}
             for k, v in self.logit_bias.items():
@@ -54,8 +67,12 @@ class SamplingParams:
                     tid = int(k)
                     val = float(v)
                 except (TypeError, ValueError):
-                    raise ValueError(f"logit_bias maps token ids to numbers, got {k!r}: {v!r}") from None
-                check(np.isfinite(val) or val == -np.inf, f"logit_bias value for {tid} is not finite")
+                    raise ValueError(
+                        f"logit_bias maps token ids to numbers, got {k!r}: {v!r}"
+                    ) from None
+                check(
+                    np.isfinite(val) or val == -np.inf, f"logit_bias value for {tid} is not finite"
+                )
                 clean[tid] = val
             self.logit_bias = clean
 
@@ -64,9 +81,12 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def sampling_params(params: SamplingParams | None = None, overrides: Mapping | None = None,
-                    caller: str = "generate",
-                    default: SamplingParams | None = None) -> SamplingParams:
+def sampling_params(
+    params: SamplingParams | None = None,
+    overrides: Mapping | None = None,
+    caller: str = "generate",
+    default: SamplingParams | None = None,
+) -> SamplingParams:
     """params (default: `default`, else SamplingParams()) with the fields `overrides` names
     replaced, as ``generate(prompt, params, temperature=0.7)`` takes them.  TypeError for a keyword that
     is no field of SamplingParams (naming it, as Python does for `caller`'s own keywords),
@@ -81,8 +101,7 @@ def sampling_params(params: SamplingParams | None = None, overrides: Mapping | N
     if params is None:
         return SamplingParams(**overrides)
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"{caller}() params must be a SamplingParams, got "
-                        f"{type(params).__name__}")
+        raise TypeError(f"{caller}() params must be a SamplingParams, got {type(params).__name__}")
     return dataclasses.replace(params, **overrides) if overrides else params
 
 
@@ -100,7 +119,9 @@ class Sampler:
         if self.params.logit_bias:
             bad = [t for t in self.params.logit_bias if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"logit_bias token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+                raise ValueError(
+                    f"logit_bias token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}"
+                )
 
     def accept(self, token: int) -> None:
         self.history.append(token)
@@ -114,7 +135,7 @@ class Sampler:
             ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
             z[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float64)
         if p.repeat_penalty != 1.0 and p.repeat_last_n > 0 and self.history:
-            ids = np.unique(np.asarray(self.history[-p.repeat_last_n:], dtype=np.int64))
+            ids = np.unique(np.asarray(self.history[-p.repeat_last_n :], dtype=np.int64))
             v = z[ids]
             z[ids] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
         if (p.presence_penalty or p.frequency_penalty) and self.generated:

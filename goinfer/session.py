@@ -17,10 +17,11 @@ where the state is known) or its cache trims sliding-window layers (where the wi
 before the point is kept, blocks.py); then it resumes at the nearest such point at or before
 the one it wants and recomputes the tokens between (both constraints at once when both apply).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class Session:
         """Give back blocks reserved past the held tokens (a draft that was not fed)."""
         self.table.truncate(self.n_tokens)
 
-    def fork(self) -> "Session":
+    def fork(self) -> Session:
         """A new session sharing every block; a partly filled block is copied on first write."""
         other = type(self)(self.model, self.cache, cache_salt=self.cache_salt)
         self.table.share_into(other.table)
@@ -124,9 +125,16 @@ class Session:
             self.table.trim_window(n0 + c)
 
         self.table.trim_window(n0)
-        logits = self.model.forward(self.cache, self.block_table, ids, n0, all_logits=all_logits,
-                                    state=state, snapshots=snaps,
-                                    between_chunks=next_chunk if self.table.trims else None)
+        logits = self.model.forward(
+            self.cache,
+            self.block_table,
+            ids,
+            n0,
+            all_logits=all_logits,
+            state=state,
+            snapshots=snaps,
+            between_chunks=next_chunk if self.table.trims else None,
+        )
         self.table.commit(ids[done:])
         if snaps and self.track is not None:
             self.track.keep_snapshots(snaps)
@@ -212,8 +220,10 @@ class Session:
         if self.n_tokens + len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {self.n_tokens + len(ids)} tokens exceeds the context length "
-                f"{self.model.n_ctx} of {self.model.name}", self.n_tokens + len(ids),
-                self.model.n_ctx)
+                f"{self.model.n_ctx} of {self.model.name}",
+                self.n_tokens + len(ids),
+                self.model.n_ctx,
+            )
         n0 = self.n_tokens
         state = self.track.state.copy() if self.track is not None and n0 else None
         reused = self._extend_from_cache(ids, len(ids) - 1)
@@ -287,21 +297,36 @@ class Session:
         if len(ids) > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens exceeds the context length "
-                f"{self.model.n_ctx} of {self.model.name}", len(ids), self.model.n_ctx)
+                f"{self.model.n_ctx} of {self.model.name}",
+                len(ids),
+                self.model.n_ctx,
+            )
         reused = self._reuse_prefix(ids)
         more = self._extend_from_cache(ids[reused:], len(ids) - reused - 1)
-        rest = ids[reused + more:]
+        rest = ids[reused + more :]
         self.cache.count_hits(reused + more, len(rest))  # own history counts as a hit too
         self.table.keep_point_at(len(ids))  # the prompt's end, once computed
         return rest, reused + more
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompt, params: SamplingParams | None = None, *, max_tokens: int = 64,
-                 stream: bool = False, stop=None, response_format=None, grammar=None,
-                 logprobs: bool = False, top_logprobs: int = 0, draft: str | None = None,
-                 draft_tokens: int = DEFAULT_DRAFT_TOKENS, add_special: bool = True,
-                 **overrides):
+    def generate(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        *,
+        max_tokens: int = 64,
+        stream: bool = False,
+        stop=None,
+        response_format=None,
+        grammar=None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        draft: str | None = None,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        add_special: bool = True,
+        **overrides,
+    ):
         """Generate a continuation of the whole prompt (text or token ids).
 
         params: the sampling settings (goinfer.SamplingParams; default: the model's
@@ -345,10 +370,15 @@ class Session:
         if len(ids) + max_tokens > self.model.n_ctx:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context "
-                f"length {self.model.n_ctx} of {self.model.name}", len(ids) + max_tokens,
-                self.model.n_ctx)
-        extra = dict(grammar=constraint_of(self.model, response_format, grammar),
-                     logprobs=_lp.check_request(logprobs, top_logprobs), draft_tokens=k)
+                f"length {self.model.n_ctx} of {self.model.name}",
+                len(ids) + max_tokens,
+                self.model.n_ctx,
+            )
+        extra = dict(
+            grammar=constraint_of(self.model, response_format, grammar),
+            logprobs=_lp.check_request(logprobs, top_logprobs),
+            draft_tokens=k,
+        )
         gen = self._generate(ids, int(max_tokens), params, stops, **extra)
         if stream:
             return gen
@@ -357,14 +387,22 @@ class Session:
                 return item
         raise RuntimeError("generation ended without a result")  # pragma: no cover
 
-    def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: list[str], grammar=None, logprobs=(False, 0),
-                  draft_tokens: int = 0) -> Iterator:
+    def _generate(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stops: list[str],
+        grammar=None,
+        logprobs=(False, 0),
+        draft_tokens: int = 0,
+    ) -> Iterator:
         t0 = time.perf_counter()
         rest, cached = self.prepare_prompt(ids)
         # made before the prefill: a grammar's first mask is computed while the prompt runs
-        gen = Generation(self.model, ids, max_tokens, params, stops, grammar=grammar,
-                         logprobs=logprobs)
+        gen = Generation(
+            self.model, ids, max_tokens, params, stops, grammar=grammar, logprobs=logprobs
+        )
         logits = self._compute(rest)[-1]
         self._mark_prompt_end()
         t1 = time.perf_counter()
@@ -372,8 +410,9 @@ class Session:
         while not gen.done:
             if gen.n_steps > 0:
                 try:
-                    logits = (self.decode(gen.tokens[-1]) if spec is None
-                              else spec.next_logits(self, gen))
+                    logits = (
+                        self.decode(gen.tokens[-1]) if spec is None else spec.next_logits(self, gen)
+                    )
                 except CacheFullError:
                     # the reply is lost with the error: hold the prompt only (a prefix of what
                     # this call was asked to hold), its blocks kept for a retry, the rest freed

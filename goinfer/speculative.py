@@ -23,6 +23,7 @@ drafts are accepted (copy-heavy replies) and the draft length adapts to recent a
 ``next_logits`` for the logits after each token) and the server's engine (``feed``, then
 ``verified`` with the rows of its batched forward pass, then ``take`` per sample) drive it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,33 +44,39 @@ def check_draft(draft, draft_tokens) -> int:
         return 0
     if draft not in DRAFTS:
         raise RequestError(f"draft must be None or one of {list(DRAFTS)}, got {draft!r}", "draft")
-    if (not isinstance(draft_tokens, (int, np.integer)) or isinstance(draft_tokens, bool)
-            or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS):
-        raise RequestError(f"draft_tokens must be an int in 1..{MAX_DRAFT_TOKENS}, got "
-                           f"{draft_tokens!r}", "draft_tokens")
+    if (
+        not isinstance(draft_tokens, (int, np.integer))
+        or isinstance(draft_tokens, bool)
+        or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS
+    ):
+        raise RequestError(
+            f"draft_tokens must be an int in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens!r}",
+            "draft_tokens",
+        )
     return int(draft_tokens)
 
 
 # ============================================================================ drafting
 
 
-def prompt_lookup(context: np.ndarray, k: int, ngram_max: int = NGRAM_MAX,
-                  ngram_min: int = NGRAM_MIN) -> list[int]:
+def prompt_lookup(
+    context: np.ndarray, k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN
+) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the longest n-gram
     (ngram_max .. ngram_min tokens) ending context (L,) int; [] when none occurs."""
     L = len(context)
     if k <= 0:
         return []
     for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
-        pat = context[L - n:]
+        pat = context[L - n :]
         # starts i in 0 .. L-n-1: context[i:i+n] == pat and a token follows it before the end
-        hit = context[:L - n] == pat[0]
+        hit = context[: L - n] == pat[0]
         for j in range(1, n):
-            hit &= context[j:L - n + j] == pat[j]
+            hit &= context[j : L - n + j] == pat[j]
         idx = np.flatnonzero(hit)
         if len(idx):
             i = int(idx[-1]) + n
-            return context[i:i + k].tolist()
+            return context[i : i + k].tolist()
     return []
 
 

@@ -7,6 +7,7 @@ copies taken at prompt ends: the next request usually resumes there; the two mos
 kept) and the state snapshots the KVCache stores for some full blocks (``StateStore``: every
 SNAPSHOT_EVERY blocks, shared by every session of the cache).
 """
+
 from __future__ import annotations
 
 from goinfer.blocks import BlockTable
@@ -25,7 +26,7 @@ class StateTrack:
         self.state.clear()
         self.marks.clear()
 
-    def share_into(self, other: "StateTrack") -> None:
+    def share_into(self, other: StateTrack) -> None:
         other.state.load(self.state)
         other.marks.update(self.marks)  # marks are never written: shared
 

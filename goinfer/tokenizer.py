@@ -76,7 +76,13 @@ _END_OF_TURN_TEXTS = frozenset(
 # Tokens llama.cpp treats as control tokens whatever the file says, so that they are not matched
 # in text when parse_special=False.  "</s>" is among them (Gemma 3 stores it as a user-defined
 # HTML tag); it is left out of the stop tokens, since Gemma writes it as part of HTML.
-_FORCED_CONTROL_TEXTS = _END_OF_TURN_TEXTS | {"</s>", "<eos>", "<|tool_response>", "<|flush|>", "<|calls|>"}
+_FORCED_CONTROL_TEXTS = _END_OF_TURN_TEXTS | {
+    "</s>",
+    "<eos>",
+    "<|tool_response>",
+    "<|flush|>",
+    "<|calls|>",
+}
 
 _SPACE_MARK = "\u2581"  # '▁', SentencePiece's visible space
 _NEWLINE_RUNS = re.compile(r"[^\n]+|\n+")  # gemma4's word split
@@ -245,11 +251,16 @@ class Tokenizer:
             raise TokenizerError("the vocabulary is empty (tokenizer.ggml.tokens)")
         types = [TOKEN_TYPE.NORMAL] * n if token_types is None else [int(t) for t in token_types]
         if len(types) != n:
-            raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+            raise TokenizerError(
+                f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens"
+            )
 
         # Some names are control tokens whatever the file says (llama.cpp does this too).
         for i, t in enumerate(tokens):
-            if t in _FORCED_CONTROL_TEXTS and types[i] in (TOKEN_TYPE.NORMAL, TOKEN_TYPE.USER_DEFINED):
+            if t in _FORCED_CONTROL_TEXTS and types[i] in (
+                TOKEN_TYPE.NORMAL,
+                TOKEN_TYPE.USER_DEFINED,
+            ):
                 types[i] = TOKEN_TYPE.CONTROL
 
         self._model_name = model
@@ -258,7 +269,13 @@ class Tokenizer:
         self._types = types
         self._ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
 
-        for name, v in (("bos", bos_id), ("eos", eos_id), ("eot", eot_id), ("eom", eom_id), ("unk", unk_id)):
+        for name, v in (
+            ("bos", bos_id),
+            ("eos", eos_id),
+            ("eot", eot_id),
+            ("eom", eom_id),
+            ("unk", unk_id),
+        ):
             if v is not None and not 0 <= v < n:
                 raise TokenizerError(f"{name} token id {v} is outside the vocabulary (0..{n - 1})")
         self._bos = bos_id
@@ -270,7 +287,9 @@ class Tokenizer:
         if model == "gpt2":
             regexes, ignore_merges, default_bos = self._bpe_pre(pre)
             self._spm = False
-            self._add_space_prefix = bool(add_space_prefix) if add_space_prefix is not None else False
+            self._add_space_prefix = (
+                bool(add_space_prefix) if add_space_prefix is not None else False
+            )
             self._hf = self._build_byte_level(tokens, merges, regexes, ignore_merges)
         elif model == "gemma4":
             default_bos = True
@@ -283,10 +302,14 @@ class Tokenizer:
             self._spm = True
             self._add_space_prefix = True if add_space_prefix is None else bool(add_space_prefix)
             if scores is None:
-                raise TokenizerError("a 'llama' (SentencePiece) vocabulary needs tokenizer.ggml.scores")
+                raise TokenizerError(
+                    "a 'llama' (SentencePiece) vocabulary needs tokenizer.ggml.scores"
+                )
             scores = [float(s) for s in scores]
             if len(scores) != n:
-                raise TokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
+                raise TokenizerError(
+                    f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens"
+                )
             self._hf = self._build_spm(tokens, scores, unk_id)
         else:
             raise TokenizerError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model)")
@@ -294,7 +317,8 @@ class Tokenizer:
         self._add_bos = default_bos if add_bos is None else bool(add_bos)
         self._add_eos = bool(add_eos)
         stops = {i for i in (eos_id, eot_id, eom_id) if i is not None} | {
-            self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids}
+            self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids
+        }
         if "<|return|>" in self._ids and "<|call|>" in self._ids and "<|end|>" in self._ids:
             # harmony (gpt-oss): <|end|> closes one message of a reply (the analysis before the
             # final answer), <|return|> and <|call|> end the reply (llama.cpp does the same)
@@ -309,7 +333,9 @@ class Tokenizer:
         ]
         special.sort(key=lambda i: -len(tokens[i].encode("utf-8")))
         self._special_all = [(tokens[i], i) for i in special]
-        self._special_user = [(t, i) for t, i in self._special_all if types[i] == TOKEN_TYPE.USER_DEFINED]
+        self._special_user = [
+            (t, i) for t, i in self._special_all if types[i] == TOKEN_TYPE.USER_DEFINED
+        ]
 
         self._bytes_cache: list[bytes | None] = [None] * n
 
@@ -397,7 +423,7 @@ class Tokenizer:
             k = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
             if k < 0:
                 raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-            a, b = m[:k], m[k + 1:]
+            a, b = m[:k], m[k + 1 :]
             if a in vocab and b in vocab and (a + b) in vocab:
                 pairs.append((a, b))
         try:
@@ -490,7 +516,9 @@ class Tokenizer:
             except (TypeError, ValueError):
                 raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
         if not 0 <= token_id < len(self._tokens):
-            raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})")
+            raise TokenizerError(
+                f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})"
+            )
 
     # ---- encoding ------------------------------------------------------------------------
 
@@ -507,7 +535,9 @@ class Tokenizer:
         out: list[int] = []
         if add_special and self._add_bos:
             if self._bos is None:
-                raise TokenizerError("the vocabulary asks for a BOS token but has no tokenizer.ggml.bos_token_id")
+                raise TokenizerError(
+                    "the vocabulary asks for a BOS token but has no tokenizer.ggml.bos_token_id"
+                )
             out.append(self._bos)
         if text:
             pieces = self._partition(text, parse_special)
@@ -519,7 +549,9 @@ class Tokenizer:
                 out.extend(self._encode_bpe(pieces))
         if add_special and self._add_eos:
             if self._eos is None:
-                raise TokenizerError("the vocabulary asks for an EOS token but has no tokenizer.ggml.eos_token_id")
+                raise TokenizerError(
+                    "the vocabulary asks for an EOS token but has no tokenizer.ggml.eos_token_id"
+                )
             out.append(self._eos)
         return out
 
@@ -533,7 +565,9 @@ class Tokenizer:
         pieces = self._partition(text, False)
         if self._model_name == "gemma4":
             return self._encode_gemma4(pieces)
-        return self._encode_spm(pieces, prefix_space=False) if self._spm else self._encode_bpe(pieces)
+        return (
+            self._encode_spm(pieces, prefix_space=False) if self._spm else self._encode_bpe(pieces)
+        )
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special tokens out of `text`: a list of plain-text pieces and token ids."""

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random models (built once per test session) and the real SmolLM2.
 The scaffolding they are built with is the package tests/fixtures/."""
+
 from __future__ import annotations
 
 import atexit
@@ -19,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 # test sets no max_examples) to look for failures:
 #   cd tests && HYPOTHESIS_PROFILE=explore ../.venv/bin/python -m pytest -p no:cacheprovider .
 settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True,
-                          max_examples=5 * settings.default.max_examples)
+settings.register_profile(
+    "explore", derandomize=False, print_blob=True, max_examples=5 * settings.default.max_examples
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Layout caches of the models the tests load (goinfer/layout.py) go to a directory of this run:

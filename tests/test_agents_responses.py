@@ -4,6 +4,7 @@ official client's structured output on SmolLM2, and the Codex CLI itself (``code
 ``codex exec resume --last`` against Gemma 3 270M: exit 0 with the model's reply, a
 function-call round trip through Codex, and the resumed session's prompt served from the
 prefix cache)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,13 +49,21 @@ class City(pydantic.BaseModel):
 
 def test_structured_output_on_a_real_model(smol):
     c = smol.client()
-    r = c.responses.parse(model="smollm2-135m", text_format=City, max_output_tokens=120,
-                          input="Describe Paris as JSON (name, country, population).",
-                          temperature=0)
+    r = c.responses.parse(
+        model="smollm2-135m",
+        text_format=City,
+        max_output_tokens=120,
+        input="Describe Paris as JSON (name, country, population).",
+        temperature=0,
+    )
     assert r.status == "completed" and isinstance(r.output_parsed, City)
-    with c.responses.stream(model="smollm2-135m", text_format=City, max_output_tokens=120,
-                            input="Describe Paris as JSON (name, country, population).",
-                            temperature=0) as st:
+    with c.responses.stream(
+        model="smollm2-135m",
+        text_format=City,
+        max_output_tokens=120,
+        input="Describe Paris as JSON (name, country, population).",
+        temperature=0,
+    ) as st:
         streamed = st.get_final_response()
     assert streamed.output_parsed == r.output_parsed
 
@@ -67,9 +76,9 @@ def _agent_run(url: str, streamed: bool):
     from agents import Agent, ModelSettings, Runner, function_tool
 
     agents.set_tracing_disabled(True)  # it would send traces to OpenAI
-    agents.set_default_openai_client(openai.AsyncOpenAI(base_url=url + "/v1", api_key="x",
-                                                        max_retries=0),
-                                     use_for_tracing=False)
+    agents.set_default_openai_client(
+        openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0), use_for_tracing=False
+    )
     agents.set_default_openai_api("responses")
     calls: list[tuple[str, str]] = []
 
@@ -87,10 +96,15 @@ def _agent_run(url: str, streamed: bool):
 
     # a 135M model does not call a tool by itself: the first turn forces get_weather; the
     # Agent then resets tool_choice (its default), so the next turn answers
-    agent = Agent(name="assistant", instructions="Answer with the tools' results.",
-                  tools=[get_weather, get_time], model="smollm2-135m",
-                  model_settings=ModelSettings(tool_choice="get_weather", temperature=0,
-                                               max_tokens=60, parallel_tool_calls=False))
+    agent = Agent(
+        name="assistant",
+        instructions="Answer with the tools' results.",
+        tools=[get_weather, get_time],
+        model="smollm2-135m",
+        model_settings=ModelSettings(
+            tool_choice="get_weather", temperature=0, max_tokens=60, parallel_tool_calls=False
+        ),
+    )
     question = "What is the weather in Paris?"
     if not streamed:
         return Runner.run_sync(agent, question, max_turns=4), calls
@@ -149,29 +163,54 @@ class Scripted(Responses):
 def _codex(url: str, home, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     import codex_cli_bin
 
-    provider = ["-c", "model_provider=goinfer", "-c", "model_providers.goinfer.name=goinfer",
-                "-c", f"model_providers.goinfer.base_url={url}/v1",
-                "-c", "model_providers.goinfer.wire_api=responses",
-                "-c", "model_providers.goinfer.env_key=GOINFER_API_KEY",
-                "-c", "model=gemma3-270m"]
+    provider = [
+        "-c",
+        "model_provider=goinfer",
+        "-c",
+        "model_providers.goinfer.name=goinfer",
+        "-c",
+        f"model_providers.goinfer.base_url={url}/v1",
+        "-c",
+        "model_providers.goinfer.wire_api=responses",
+        "-c",
+        "model_providers.goinfer.env_key=GOINFER_API_KEY",
+        "-c",
+        "model=gemma3-270m",
+    ]
     work = home / "work"
     work.mkdir(exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CODEX_HOME": str(home / ".codex"),
-           "TERM": "dumb", "GOINFER_API_KEY": "local", "RUST_LOG": "error"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "TERM": "dumb",
+        "GOINFER_API_KEY": "local",
+        "RUST_LOG": "error",
+    }
     (home / ".codex").mkdir(exist_ok=True)
-    return subprocess.run([str(codex_cli_bin.bundled_codex_path()), *provider, *args], cwd=work,
-                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(codex_cli_bin.bundled_codex_path()), *provider, *args],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-GREETING = {"type": "object", "properties": {"greeting": {"type": "string",
-                                                          "enum": ["hello", "hi", "hey"]}},
-            "required": ["greeting"], "additionalProperties": False}
+GREETING = {
+    "type": "object",
+    "properties": {"greeting": {"type": "string", "enum": ["hello", "hi", "hey"]}},
+    "required": ["greeting"],
+    "additionalProperties": False,
+}
 
 
 def _answer(resp: dict) -> str:
-    return "".join(p["text"] for o in resp["output"] if o["type"] == "message"
-                   for p in o["content"])
+    return "".join(
+        p["text"] for o in resp["output"] if o["type"] == "message" for p in o["content"]
+    )
 
 
 def test_codex_exec_and_resume_on_gemma(tmp_path):
@@ -182,8 +221,15 @@ def test_codex_exec_and_resume_on_gemma(tmp_path):
     routes = tuple(r for r in ROUTES if r.path != route.path) + (route,)
     with Server(m, KVCache(m, max_tokens=32768), routes=routes) as s:
         t0 = time.time()
-        first = _codex(s.url, tmp_path, "exec", "--skip-git-repo-check", "--output-schema",
-                       str(schema), "Greet me.")
+        first = _codex(
+            s.url,
+            tmp_path,
+            "exec",
+            "--skip-git-repo-check",
+            "--output-schema",
+            str(schema),
+            "Greet me.",
+        )
         t1 = time.time()
         assert first.returncode == 0, first.stderr[-2000:]
         n_first = len(route.replies)
@@ -195,8 +241,17 @@ def test_codex_exec_and_resume_on_gemma(tmp_path):
         answer = _answer(route.replies[n_first - 1])
         assert json.loads(answer)["greeting"] in ("hello", "hi", "hey")
         assert answer in first.stdout
-        resumed = _codex(s.url, tmp_path, "exec", "--skip-git-repo-check", "--output-schema",
-                         str(schema), "resume", "--last", "Greet me again.")
+        resumed = _codex(
+            s.url,
+            tmp_path,
+            "exec",
+            "--skip-git-repo-check",
+            "--output-schema",
+            str(schema),
+            "resume",
+            "--last",
+            "Greet me again.",
+        )
         t2 = time.time()
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         last = route.replies[-1]
@@ -210,18 +265,27 @@ def test_codex_exec_and_resume_on_gemma(tmp_path):
         assert all(b["tools"] == route.bodies[0]["tools"] for b in route.bodies)
         assert route.replies[0]["tools_left_out"] == ["web_search"]
         metrics = httpx.get(s.url + "/metrics", timeout=30).text
-        statuses = re.findall(r'goinfer_http_requests_total\{route="/v1/responses",'
-                              r'code="(\d+)"\} (\d+)', metrics)
-        assert re.search(rf'goinfer_cache_key_requests_total\{{key="{keys.pop()}"\}} '
-                         rf'{len(route.bodies)}', metrics)
+        statuses = re.findall(
+            r'goinfer_http_requests_total\{route="/v1/responses",'
+            r'code="(\d+)"\} (\d+)',
+            metrics,
+        )
+        assert re.search(
+            rf'goinfer_cache_key_requests_total\{{key="{keys.pop()}"\}} '
+            rf"{len(route.bodies)}",
+            metrics,
+        )
     # the transcript: each request Codex sent, and what it got
     for i, (b, r) in enumerate(zip(route.bodies, route.replies)):
         u = r["usage"]
-        print(f"{'exec' if i < n_first else 'resume'} #{i + 1}: {len(b['input'])} input items "
-              f"-> {r['status']}, {[o['type'] for o in r['output']]}, {u['input_tokens']} "
-              f"prompt tokens, {u['input_tokens_details']['cached_tokens']} cached")
+        print(
+            f"{'exec' if i < n_first else 'resume'} #{i + 1}: {len(b['input'])} input items "
+            f"-> {r['status']}, {[o['type'] for o in r['output']]}, {u['input_tokens']} "
+            f"prompt tokens, {u['input_tokens_details']['cached_tokens']} cached"
+        )
     print(f"HTTP statuses of POST /v1/responses: {dict(statuses)}")
-    print(f"codex exec: {t1 - t0:.1f} s ({n_first} requests), resume: {t2 - t1:.1f} s "
-          f"({len(route.replies) - n_first} requests); resumed prompt {u['input_tokens']} "
-          f"tokens, {u['input_tokens_details']['cached_tokens']} cached")
-
+    print(
+        f"codex exec: {t1 - t0:.1f} s ({n_first} requests), resume: {t2 - t1:.1f} s "
+        f"({len(route.replies) - n_first} requests); resumed prompt {u['input_tokens']} "
+        f"tokens, {u['input_tokens_details']['cached_tokens']} cached"
+    )

@@ -6,6 +6,7 @@ Gemma 3 270M's tokenizer and chat template.
 Each request of a session must render as an extension of the one before (the prefix cache
 keeps all of it), whatever moved in the JSON between them; each prompt normalisation is what
 makes its case hold (turned off, the case breaks), and none drops anything the client sent."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from goinfer import hub
-from goinfer.model import Model
 from goinfer.chat.system import in_place, renders_system_in_place
 from goinfer.chat_template import GEMMA_TEMPLATE
+from goinfer.model import Model
 from goinfer.server.anthropic_request import (
     BILLING_HEADER,
     Normalize,
@@ -37,8 +38,7 @@ SMOLLM2_TEMPLATE = DATA / "chat_templates" / "HuggingFaceTB-SmolLM2-135M-Instruc
 
 @pytest.fixture(scope="module")
 def gemma():
-    return Model.load(str(hub.resolve("gemma3-270m", progress=False)), threads=1,
-                      progress=False)
+    return Model.load(str(hub.resolve("gemma3-270m", progress=False)), threads=1, progress=False)
 
 
 def render(tm, body, norm: Normalize | None = None):
@@ -80,12 +80,15 @@ def test_the_recordings_cover_what_changes_between_requests():
     first = requests("cc_text")[0]["body"]
     assert first["system"][0]["text"].startswith(BILLING_HEADER)
     assert first["messages"][1]["role"] == "system" and isinstance(
-        first["messages"][1]["content"], list)
+        first["messages"][1]["content"], list
+    )
     assert isinstance(requests("cc_text")[1]["body"]["messages"][1]["content"], str)
     names = [[t["name"] for t in r["body"]["tools"]] for r in requests("cc_sdk_ts")]
     assert names[0] != names[1] and "mcp__wx__get_weather" in names[1]
-    assert any(m["role"] == "system" and "date has changed" in json.dumps(m["content"])
-               for m in requests("cc_date")[-1]["body"]["messages"][2:])
+    assert any(
+        m["role"] == "system" and "date has changed" in json.dumps(m["content"])
+        for m in requests("cc_date")[-1]["body"]["messages"][2:]
+    )
     marks = [json.dumps(r["body"]["messages"]).count("cache_control") for r in requests("cc_text")]
     assert all(marks)
 
@@ -99,7 +102,7 @@ def test_each_request_extends_the_one_before(gemma, key):
     for r in stream:
         ids, _ = render(gemma, r["body"])
         if prev is not None:
-            assert ids[:len(prev)] == prev, (r["run"], r["n"], common(prev, ids), len(prev))
+            assert ids[: len(prev)] == prev, (r["run"], r["n"], common(prev, ids), len(prev))
             assert len(ids) > len(prev)
         prev = ids
 
@@ -156,22 +159,24 @@ def test_deferred_tools(gemma):
     the second request breaks the first one's prefix inside the tool list."""
     one, two = (r["body"] for r in requests("cc_sdk_ts")[:2])
     (i1, t1), (i2, t2) = render(gemma, one), render(gemma, two)
-    assert i2[:len(i1)] == i1
+    assert i2[: len(i1)] == i1
     assert "DeferredToolPlaceholder" not in t2
     assert "Get the weather for a city" not in t1  # (its name is in the deferred list)
-    load = t2.index('<function>{"description": "Get the weather for a city", "name": '
-                    '"mcp__wx__get_weather"')
+    load = t2.index(
+        '<function>{"description": "Get the weather for a city", "name": "mcp__wx__get_weather"'
+    )
     assert load > t2.index("select:mcp__wx__get_weather")  # where ToolSearch's result is
     req = parse_body(two, gemma.vocab_size, defaults={})
     assert "mcp__wx__get_weather" in {t["function"]["name"] for t in req.tools}  # callable now
     assert "DeferredToolPlaceholder" not in {t["function"]["name"] for t in req.tools}
-    assert "mcp__wx__get_weather" not in {t["function"]["name"] for t in parse_body(
-        one, gemma.vocab_size, defaults={}).tools}  # not before it is loaded
+    assert "mcp__wx__get_weather" not in {
+        t["function"]["name"] for t in parse_body(one, gemma.vocab_size, defaults={}).tools
+    }  # not before it is loaded
     off = Normalize(deferred_tools=False)
     o1, o2 = render(gemma, one, off)[0], render(gemma, two, off)[0]
     n = common(o1, o2)
     assert n < len(o1)
-    assert '"name": "' in gemma.tokenizer.decode(o1[n - 40:n + 5])  # inside the tool list
+    assert '"name": "' in gemma.tokenizer.decode(o1[n - 40 : n + 5])  # inside the tool list
 
 
 def test_block_lists_and_strings_render_alike(gemma):
@@ -180,13 +185,16 @@ def test_block_lists_and_strings_render_alike(gemma):
     for m in as_string["messages"]:
         if isinstance(m["content"], list) and all(b["type"] == "text" for b in m["content"]):
             m["content"] = "".join(b["text"] for b in m["content"])
-    as_string["system"] = [as_string["system"][0], {"type": "text", "text": "".join(
-        b["text"] for b in as_string["system"][1:])}]
+    as_string["system"] = [
+        as_string["system"][0],
+        {"type": "text", "text": "".join(b["text"] for b in as_string["system"][1:])},
+    ]
     assert render(gemma, as_string)[0] == render(gemma, body)[0]
 
 
-@pytest.mark.parametrize("run", ["cc_text", "cc_tool", "cc_sdk_ts", "cc_think_sig", "cc_sub",
-                                 "cc_websearch", "cc_inter"])
+@pytest.mark.parametrize(
+    "run", ["cc_text", "cc_tool", "cc_sdk_ts", "cc_think_sig", "cc_sub", "cc_websearch", "cc_inter"]
+)
 def test_nothing_the_client_sent_is_dropped(gemma, run):
     """Every text the request holds is in its prompt (the billing header and the deferred
     tools not yet loaded aside): system blocks, message and tool-result text, thinking, tool
@@ -197,8 +205,11 @@ def test_nothing_the_client_sent_is_dropped(gemma, run):
         texts = [b["text"] for b in body["system"] if not b["text"].startswith(BILLING_HEADER)]
         loaded = set()
         for m in body["messages"]:
-            blocks = [{"type": "text", "text": m["content"]}] if isinstance(
-                m["content"], str) else m["content"]
+            blocks = (
+                [{"type": "text", "text": m["content"]}]
+                if isinstance(m["content"], str)
+                else m["content"]
+            )
             for b in blocks:
                 if b["type"] == "text":
                     texts.append(b["text"])
@@ -208,7 +219,7 @@ def test_nothing_the_client_sent_is_dropped(gemma, run):
                     texts += [b["name"], json.dumps(b["input"], ensure_ascii=False)]
                 elif b["type"] == "tool_result":
                     c = b["content"]
-                    for x in ([{"type": "text", "text": c}] if isinstance(c, str) else c):
+                    for x in [{"type": "text", "text": c}] if isinstance(c, str) else c:
                         if x["type"] == "text":
                             texts.append(x["text"])
                         else:
@@ -227,14 +238,22 @@ def test_nothing_the_client_sent_is_dropped(gemma, run):
 def test_system_in_place_by_template():
     smol = SMOLLM2_TEMPLATE.read_text()
     assert renders_system_in_place(smol) and not renders_system_in_place(GEMMA_TEMPLATE)
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
-            {"role": "system", "content": "E"}, {"role": "assistant", "content": "A"},
-            {"role": "system", "content": "D"}, {"role": "user", "content": "U2"}]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U1"},
+        {"role": "system", "content": "E"},
+        {"role": "assistant", "content": "A"},
+        {"role": "system", "content": "D"},
+        {"role": "user", "content": "U2"},
+    ]
     assert in_place(msgs, smol) is msgs  # the template shows them where they are
     assert in_place(msgs, GEMMA_TEMPLATE) == [
-        {"role": "system", "content": "S"}, {"role": "user", "content": "U1\n\nE"},
-        {"role": "assistant", "content": "A"}, {"role": "user", "content": "D"},
-        {"role": "user", "content": "U2"}]
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U1\n\nE"},
+        {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "D"},
+        {"role": "user", "content": "U2"},
+    ]
     # the conversation up to the reply renders as a prefix of what comes after it
     from goinfer.chat_template import render_chat_template as rt
 
@@ -261,12 +280,34 @@ def test_thinking_signatures():
 
 
 def test_tool_reference_to_an_unknown_tool(gemma):
-    body = {"model": "m", "max_tokens": 4, "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch",
-                                           "input": {"query": "select:Nope"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
-            {"type": "tool_reference", "tool_name": "Nope"}]}]}]}
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "t1",
+                        "name": "ToolSearch",
+                        "input": {"query": "select:Nope"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "tool_reference", "tool_name": "Nope"}],
+                    }
+                ],
+            },
+        ],
+    }
     with pytest.raises(APIError) as e:
         parse_body(body, gemma.vocab_size, defaults={})
     assert e.value.status == 400 and "Nope" in e.value.message

@@ -12,6 +12,7 @@ tree has no compiled .so; PYTHONPATH's in development), never the source tree pu
 the script: each run sees goinfer only through a link in a fresh directory, and an import hook
 (sitecustomize, inherited by the script's child processes) fails any import of goinfer that
 would come from elsewhere."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,8 +33,17 @@ BENCH = ROOT / "benchmarks"
 HELPERS = {"regime.py", "isolate.py", "report.py"}  # modules the scripts share, not benchmarks
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 # scripts with a llama.cpp side: without llama-cpp-python they must say it was skipped
-PEERS = {"agent_loop.py", "agreement.py", "memory.py", "peers.py", "perplexity_llamacpp.py",
-         "shapes.py", "speculative.py", "claude_code.py", "codex.py"}
+PEERS = {
+    "agent_loop.py",
+    "agreement.py",
+    "memory.py",
+    "peers.py",
+    "perplexity_llamacpp.py",
+    "shapes.py",
+    "speculative.py",
+    "claude_code.py",
+    "codex.py",
+}
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 REQUIRE_PEER = os.environ.get("GOINFER_REQUIRE_PEER") == "1"
 if str(BENCH) not in sys.path:  # the scripts import their helpers (regime, isolate, shapes)
@@ -69,10 +79,18 @@ def _env(tmp_path: Path) -> dict:
     site.mkdir()
     (site / "goinfer").symlink_to(Path(goinfer.__file__).resolve().parent)
     (site / "sitecustomize.py").write_text(GUARD)
-    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-            if p and not (Path(p) / "goinfer").is_dir()]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site)] + keep), OMP_NUM_THREADS="1",
-                GOINFER_TEST_SITE=str(site), GOINFER_LAYOUT_DIR=str(tmp_path / "layouts"))
+    keep = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and not (Path(p) / "goinfer").is_dir()
+    ]
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(site)] + keep),
+        OMP_NUM_THREADS="1",
+        GOINFER_TEST_SITE=str(site),
+        GOINFER_LAYOUT_DIR=str(tmp_path / "layouts"),
+    )
 
 
 def test_guard_catches_the_source_tree(tmp_path):
@@ -83,14 +101,16 @@ def test_guard_catches_the_source_tree(tmp_path):
     env = _env(tmp_path)
     good = tmp_path / "good.py"
     good.write_text("import goinfer\nprint(goinfer.__file__)\n")
-    out = subprocess.run([sys.executable, str(good)], cwd=work, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(good)], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(tmp_path / "site")), out.stdout
     bad = tmp_path / "bad.py"
     bad.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport goinfer\n")
-    out = subprocess.run([sys.executable, str(bad)], cwd=work, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(bad)], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode != 0 and "not the environment's package" in out.stderr, out.stderr
 
 
@@ -175,8 +195,14 @@ def check_float_copy(res):
 
 def check_kernels_attention(res):
     kinds = [(r["table"], r.get("kv_dtype")) for r in res["rows"]]
-    assert kinds == [("prefill", None), ("decode", "f32"), ("decode", "f16"), ("decode", "q8_0"),
-                     ("exact", None), ("exact", None)]
+    assert kinds == [
+        ("prefill", None),
+        ("decode", "f32"),
+        ("decode", "f16"),
+        ("decode", "q8_0"),
+        ("exact", None),
+        ("exact", None),
+    ]
     for r in res["rows"]:
         assert all(_pos(r[k]) for k in r if k.endswith("_ms")), r
 
@@ -235,13 +261,15 @@ def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
     the file's bytes of those tensors, counted independently by gguf-py."""
     import gguf
     import limits
+
     from fixtures import tinymodels
 
     files = []
     for qt in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
         model, _ = tiny("llama", 0)
-        files.append(str(tinymodels.write_gguf(model, "llama", tmp_path / f"{qt.name}.gguf",
-                                               qtype=qt)))
+        files.append(
+            str(tinymodels.write_gguf(model, "llama", tmp_path / f"{qt.name}.gguf", qtype=qt))
+        )
     res = limits.main(["--bytes", *files, "--threads", "1"])
     assert [r["file"] for r in res["bytes_per_token"]] == ["Q4_0.gguf", "Q8_0.gguf"]
     for f, r in zip(files, res["bytes_per_token"]):
@@ -285,7 +313,9 @@ def check_peers(res):
     _alone(res)
     if _peer_ran(res):
         assert p["best_peer"] == "llama.cpp" and _pos(p["ratio"]["goinfer"])
-        assert _pos(d["fraction_of_bandwidth"]["llama.cpp"]) and res["regime"]["peer"]["system_info"]
+        assert (
+            _pos(d["fraction_of_bandwidth"]["llama.cpp"]) and res["regime"]["peer"]["system_info"]
+        )
     else:
         assert list(p["tok_s"]) == ["goinfer"] and p["ratio"] == {}
 
@@ -307,15 +337,19 @@ def check_q6k(res):
 
 
 def check_ray_load(res):
-    assert [r["config"] for r in res["rows"]] == ["1 replica", "2 replicas, prefix",
-                                                  "2 replicas, random"]
+    assert [r["config"] for r in res["rows"]] == [
+        "1 replica",
+        "2 replicas, prefix",
+        "2 replicas, random",
+    ]
     for r in res["rows"]:
         assert r["requests"] == r["agents"] * r["turns"] and _pos(r["tok_s"])
 
 
 def check_sampling(res):
-    assert len(res["rows"]) == 10 and all(_pos(r["goinfer_ms"]) and _pos(r["full_sort_ms"])
-                                          for r in res["rows"])
+    assert len(res["rows"]) == 10 and all(
+        _pos(r["goinfer_ms"]) and _pos(r["full_sort_ms"]) for r in res["rows"]
+    )
 
 
 def check_server_load(res):
@@ -368,8 +402,10 @@ def check_claude_code(res: dict) -> None:
     block = res["kv_cache"]["block_size"]
     for a, b in zip(reqs, reqs[1:]):
         assert b["prompt_tokens"] > a["prompt_tokens"]
-        assert a["prompt_tokens"] // block * block <= b["cached_tokens"] < b["prompt_tokens"], \
-            (a, b)
+        assert a["prompt_tokens"] // block * block <= b["cached_tokens"] < b["prompt_tokens"], (
+            a,
+            b,
+        )
     s = res["summary"]
     assert s["complete"] and s["requests"] == len(reqs)
     assert len(s["warm_over_cold_ttft"]) == len(reqs) - 1
@@ -416,8 +452,11 @@ def check_wait_policy(res):
     assert r["setting"] == "goinfer" and _pos(r["prefill_ms"]) and _pos(r["decode_ms"])
 
 
-CHECKS = {name[len("check_"):] + ".py": fn for name, fn in dict(globals()).items()
-          if name.startswith("check_")}
+CHECKS = {
+    name[len("check_") :] + ".py": fn
+    for name, fn in dict(globals()).items()
+    if name.startswith("check_")
+}
 
 
 def test_every_script_is_covered():
@@ -437,14 +476,23 @@ def test_smoke(name, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     out_json = tmp_path / "out.json"
-    out = subprocess.run([sys.executable, str(BENCH / name), "--smoke", "--json", str(out_json)],
-                         cwd=work, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"{name} --smoke failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    out = subprocess.run(
+        [sys.executable, str(BENCH / name), "--smoke", "--json", str(out_json)],
+        cwd=work,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (
+        f"{name} --smoke failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    )
     assert out.stdout.strip(), f"{name} --smoke printed nothing"
     if name in PEERS and not HAVE_LLAMA_CPP:
         assert "skipped" in out.stdout, f"{name} did not say that llama.cpp was skipped"
-    assert sorted(p.name for p in work.iterdir()) == [], \
+    assert sorted(p.name for p in work.iterdir()) == [], (
         f"{name} --smoke left files in the working directory"
+    )
     res = json.loads(out_json.read_text())
     r0 = res["regime"]
     assert r0["machine"]["vendor"] and r0["goinfer"]["kernel_variant"] and r0["date"]
@@ -458,8 +506,20 @@ def test_kernels_attention_decode_table():
     """kernels_attention --decode gives one row per storage type and thread count."""
     import kernels_attention
 
-    res = kernels_attention.main(["--decode", "--lengths", "600", "--shapes", "4x2x64x2",
-                                  "--threads", "1", "2", "--reps", "1"])
+    res = kernels_attention.main(
+        [
+            "--decode",
+            "--lengths",
+            "600",
+            "--shapes",
+            "4x2x64x2",
+            "--threads",
+            "1",
+            "2",
+            "--reps",
+            "1",
+        ]
+    )
     got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
     assert got == {(dt, t) for dt in ("f32", "f16", "q8_0") for t in (1, 2)}
     assert all(r["n"] == 600 and _pos(r["fast_GBs"]) for r in res["rows"])
@@ -512,8 +572,9 @@ def test_bench_run_cold_prefills(smoke_path):
     from goinfer import Model, bench
 
     m = Model.load(smoke_path, threads=1, progress=False)
-    res = bench.run(m, prompt_lengths=(64, 128), decode_prompts=(16,), decode_tokens=2, repeats=2,
-                    log=None)
+    res = bench.run(
+        m, prompt_lengths=(64, 128), decode_prompts=(16,), decode_tokens=2, repeats=2, log=None
+    )
     assert [r["prompt_tokens"] for r in res["prefill"]] == [64, 128]
     for r in res["prefill"]:
         assert r["cached_tokens"] == [0, 0] and _pos(r["tok_s"]) and len(r["runs_s"]) == 2
@@ -529,9 +590,8 @@ def test_bench_run_cold_prefills(smoke_path):
 def test_peers_weight_bytes_per_decode_step(smoke_path):
     """peers.py's bytes per decode step against gguf-py's own tensor sizes: every tensor but
     the embedding, plus one embedding row (the tiny shape has its own output matrix)."""
-    from gguf import GGUFReader
-
     import peers
+    from gguf import GGUFReader
 
     r = GGUFReader(smoke_path)
     sizes = {t.name: int(t.n_bytes) for t in r.tensors}
@@ -543,26 +603,43 @@ def test_peers_weight_bytes_per_decode_step(smoke_path):
 
 def test_peers_llama_cpp_only(tmp_path, capsys):
     """peers.py --no-goinfer runs llama.cpp alone; its rows hold llama.cpp's engine only."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)"
+    )
+    import peers
     import shapes
 
-    import peers
-
     path = str(shapes.smoke_model(tmp_path))
-    res = peers.main([path, "--no-goinfer", "--threads", "1", "--prompt-lengths", "64",
-                      "--decode-prompts", "16", "--decode-tokens", "2", "--repeats", "1",
-                      "--flash-attn", "off"])
+    res = peers.main(
+        [
+            path,
+            "--no-goinfer",
+            "--threads",
+            "1",
+            "--prompt-lengths",
+            "64",
+            "--decode-prompts",
+            "16",
+            "--decode-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--flash-attn",
+            "off",
+        ]
+    )
     assert list(res["prefill"][0]["tok_s"]) == ["llama.cpp"]
     assert list(res["decode"][0]["tok_s"]) == ["llama.cpp"] and res["goinfer_load"] == "not run"
 
 
 @pytest.mark.parametrize("side", ["--no-llama-cpp", "--no-goinfer"])
-def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys, monkeypatch, side):
+def test_peers_rows_longer_than_the_context_fail_before_any_run(
+    tmp_path, capsys, monkeypatch, side
+):
     """A decode row past the model's context is refused at the start, before any engine
     process starts, naming both lengths."""
-    import shapes
-
     import peers
+    import shapes
 
     path = str(shapes.smoke_model(tmp_path))
     from goinfer import Model
@@ -570,8 +647,22 @@ def test_peers_rows_longer_than_the_context_fail_before_any_run(tmp_path, capsys
     ctx = Model.load(path, progress=False).config.context_length
     monkeypatch.setattr(peers.isolate, "run_child", lambda *a, **k: pytest.fail("an engine ran"))
     with pytest.raises(SystemExit):
-        peers.main([path, side, "--threads", "1", "--prompt-lengths", "16",
-                    "--decode-prompts", str(ctx), "--decode-tokens", "2", "--repeats", "1"])
+        peers.main(
+            [
+                path,
+                side,
+                "--threads",
+                "1",
+                "--prompt-lengths",
+                "16",
+                "--decode-prompts",
+                str(ctx),
+                "--decode-tokens",
+                "2",
+                "--repeats",
+                "1",
+            ]
+        )
     err = capsys.readouterr().err
     assert f"need {ctx + 2} tokens" in err and f"has {ctx}" in err
 
@@ -598,8 +689,9 @@ def test_speculative_same_text_with_drafts(tiny_path, capsys):
 def test_agent_loop_turns_reuse_the_prefix(tiny_path, transcript, capsys):
     import agent_loop
 
-    res = agent_loop.main([tiny_path, "--smoke", "--threads", "1", "--no-llama-cpp",
-                           "--transcript", transcript])
+    res = agent_loop.main(
+        [tiny_path, "--smoke", "--threads", "1", "--no-llama-cpp", "--transcript", transcript]
+    )
     g = res["engines"]["goinfer (reuse)"]
     assert len(g) == 2 and g[1]["cached_tokens"] > 0  # the second turn reused the first
     assert res["save_load"]["cached_after_load"] > 0
@@ -614,7 +706,8 @@ def test_families_reference_smoke():
     """The reference-distance tool (beside the fixtures it uses): goinfer within float32
     rounding of transformers on the Qwen3.5 fixture."""
     spec = importlib.util.spec_from_file_location(
-        "families_reference", ROOT / "tests" / "tools" / "families_reference.py")
+        "families_reference", ROOT / "tests" / "tools" / "families_reference.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     (row,) = mod.main(["--smoke", "--no-llama"])
@@ -629,25 +722,50 @@ def test_families_reference_smoke():
 
 def _hf_config(shape) -> dict:
     """fixtures/hfconvert.py overrides that give the transformers config of a shapes.py shape."""
-    kw = dict(vocab_size=shape.vocab, hidden_size=shape.d_model, num_hidden_layers=shape.n_layers,
-              num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_kv_heads,
-              head_dim=shape.head_dim, max_position_embeddings=shape.context,
-              rms_norm_eps=shape.norm_eps, tie_word_embeddings=shape.tied)
+    kw = dict(
+        vocab_size=shape.vocab,
+        hidden_size=shape.d_model,
+        num_hidden_layers=shape.n_layers,
+        num_attention_heads=shape.n_heads,
+        num_key_value_heads=shape.n_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.context,
+        rms_norm_eps=shape.norm_eps,
+        tie_word_embeddings=shape.tied,
+    )
     if shape.arch == "qwen35":
-        kw.update(intermediate_size=shape.d_ff, linear_num_key_heads=shape.lin_k_heads,
-                  linear_num_value_heads=shape.lin_v_heads, linear_key_head_dim=shape.lin_head_dim,
-                  linear_value_head_dim=shape.lin_head_dim, linear_conv_kernel_dim=shape.conv_kernel,
-                  rope_parameters={"rope_type": "default", "rope_theta": shape.rope_base,
-                                   "partial_rotary_factor": shape.rope_dims / shape.head_dim,
-                                   "mrope_section": list(shape.rope_sections[:3]),
-                                   "mrope_interleaved": True})
+        kw.update(
+            intermediate_size=shape.d_ff,
+            linear_num_key_heads=shape.lin_k_heads,
+            linear_num_value_heads=shape.lin_v_heads,
+            linear_key_head_dim=shape.lin_head_dim,
+            linear_value_head_dim=shape.lin_head_dim,
+            linear_conv_kernel_dim=shape.conv_kernel,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": shape.rope_base,
+                "partial_rotary_factor": shape.rope_dims / shape.head_dim,
+                "mrope_section": list(shape.rope_sections[:3]),
+                "mrope_interleaved": True,
+            },
+        )
     else:
         factor, orig, fast, slow = shape.yarn
-        kw.update(intermediate_size=shape.d_ff, num_local_experts=shape.n_expert,
-                  num_experts_per_tok=shape.n_expert_used, sliding_window=shape.sliding_window,
-                  rope_parameters={"rope_type": "yarn", "rope_theta": shape.rope_base,
-                                   "factor": factor, "beta_fast": fast, "beta_slow": slow,
-                                   "truncate": False, "original_max_position_embeddings": orig})
+        kw.update(
+            intermediate_size=shape.d_ff,
+            num_local_experts=shape.n_expert,
+            num_experts_per_tok=shape.n_expert_used,
+            sliding_window=shape.sliding_window,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": shape.rope_base,
+                "factor": factor,
+                "beta_fast": fast,
+                "beta_slow": slow,
+                "truncate": False,
+                "original_max_position_embeddings": orig,
+            },
+        )
     return kw
 
 
@@ -657,21 +775,27 @@ def _layout(path) -> tuple[dict, dict]:
 
     r = GGUFReader(str(path))
     arch = r.fields["general.architecture"].contents()
-    keys = {k: (tuple(int(t) for t in f.types), f.contents()) for k, f in r.fields.items()
-            if k.startswith(arch + ".") or k == "general.architecture"}
+    keys = {
+        k: (tuple(int(t) for t in f.types), f.contents())
+        for k, f in r.fields.items()
+        if k.startswith(arch + ".") or k == "general.architecture"
+    }
     tensors = {t.name: (tuple(int(n) for n in t.shape), t.tensor_type.name) for t in r.tensors}
     return keys, tensors
 
 
-@pytest.mark.parametrize("name,family,qtype", [("qwen3.5-tiny", "qwen35", "Q8_0"),
-                                               ("gpt-oss-tiny", "gpt-oss", "MXFP4_MOE")])
+@pytest.mark.parametrize(
+    "name,family,qtype",
+    [("qwen3.5-tiny", "qwen35", "Q8_0"), ("gpt-oss-tiny", "gpt-oss", "MXFP4_MOE")],
+)
 def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
     """Every <arch>.* key (type and value), tensor name, shape and type of the shape's file is
     what llama.cpp's converter writes for the same config (Q8_0 for what it quantizes, F32 for
     the rest, MXFP4 gpt-oss experts); and goinfer runs the file."""
+    import shapes
+
     from fixtures import hfconvert
 
-    import shapes
     shape = shapes.SHAPES[name]
     _, ref = hfconvert.build(family, outtype="q8_0", **_hf_config(shape))
     ours = shapes.make(shape, qtype, tmp_path, pure=True, vocab="bytes", log=None)
@@ -684,8 +808,11 @@ def test_family_shape_is_the_converters(name, family, qtype, tmp_path):
 @pytest.mark.parametrize("name,qtype", [("qwen3.5-tiny", "Q4_0"), ("gpt-oss-tiny", "MXFP4_MOE")])
 def test_family_shape_loads_in_llama_cpp(name, qtype, tmp_path):
     """llama.cpp (llama-cpp-python, the benchmark environment) loads and runs the shape's file."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)")
+    pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (benchmark env only)"
+    )
     import shapes
+
     path = shapes.make(shapes.SHAPES[name], qtype, tmp_path, pure=True, vocab="bytes", log=None)
     lc = shapes.llama_cpp_logits(path, [1, 2, 3, 4, 5])
     assert lc.shape == (5, shapes.SHAPES[name].vocab) and np.isfinite(lc).all()
@@ -707,8 +834,9 @@ def test_report_is_up_to_date_with_the_results():
 
     docs = report.load_results()
     names = report.plot_names(docs)
-    assert report.DOC.read_text() == report.render(docs, names), \
+    assert report.DOC.read_text() == report.render(docs, names), (
         "docs/benchmarks.md is out of date: run python benchmarks/report.py"
+    )
     for n in (n for ns in names.values() for n in ns):
         assert (report.IMG / n).is_file() and (report.IMG / n).stat().st_size < 64 << 10, n
 
@@ -738,14 +866,21 @@ def test_transcribed_ratios_match_their_rates():
                     best = row["tok_s"][row["best_peer"]]
                     for k, r in row["ratio"].items():
                         if r is not None:
-                            assert abs(row["tok_s"][k] / best / r - 1) < 0.05, (d["_name"], run["model"], row)
+                            assert abs(row["tok_s"][k] / best / r - 1) < 0.05, (
+                                d["_name"],
+                                run["model"],
+                                row,
+                            )
             if run.get("benchmark") == "memory":
                 med, rat = run["median"], run.get("ratio") or {}
                 peers = [v for k, v in med.items() if k != "goinfer"]
                 for key in ("peak_rss", "load_s"):
                     if rat.get(key):
                         best = min(v[key] for v in peers if v.get(key))
-                        assert abs(med["goinfer"][key] / best / rat[key] - 1) < 0.1, (run["model"], key)
+                        assert abs(med["goinfer"][key] / best / rat[key] - 1) < 0.1, (
+                            run["model"],
+                            key,
+                        )
             if run.get("benchmark") == "agent_loop" and run.get("ratio_per_turn"):
                 eng = run["engines"]
                 peers = [k for k in eng if k.startswith("llama.cpp")]

@@ -11,28 +11,47 @@ real chat templates) steered by logit_bias through the tools' grammar; reasoning
 content checked against the raw reply (return_tokens, split here with a regex), streamed
 deltas against the whole reply, calls against their tools' schemas.
 """
+
 from __future__ import annotations
 
 import json
 import re
 
-from fixtures import hfconvert
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_server import Server
+
+from fixtures import hfconvert
 from fixtures.compare import load
-
 from goinfer import KVCache
-from goinfer.chat import channels as C
 from goinfer import chat as T
+from goinfer.chat import channels as C
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-LEVEL = {"type": "function", "function": {"name": "set_level", "parameters": {
-    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["level"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+LEVEL = {
+    "type": "function",
+    "function": {
+        "name": "set_level",
+        "parameters": {
+            "type": "object",
+            "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["level"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def spec(*tools, choice="auto"):
@@ -51,44 +70,99 @@ ARGS = '{"city": "Paris"}'
 # (tool format, channels, reply text, reasoning, content, calls [(name, arguments)])
 PARSES = [
     # gpt-oss: analysis, then a call as the model writes it (recipient after the channel)
-    (T.HARMONY, HARMONY, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
-     f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}",
-     "Need the weather.", None, [("get_weather", ARGS)]),
+    (
+        T.HARMONY,
+        HARMONY,
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+        f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}",
+        "Need the weather.",
+        None,
+        [("get_weather", ARGS)],
+    ),
     # ... the recipient before the channel, as the template writes calls in the history
-    (T.HARMONY, HARMONY, f" to=functions.get_weather<|channel|>commentary json<|message|>{ARGS}"
-     "<|call|>", None, None, [("get_weather", ARGS)]),
+    (
+        T.HARMONY,
+        HARMONY,
+        f" to=functions.get_weather<|channel|>commentary json<|message|>{ARGS}<|call|>",
+        None,
+        None,
+        [("get_weather", ARGS)],
+    ),
     # analysis then final (the stop token <|return|> is not in the text)
-    (T.HARMONY, HARMONY, "<|channel|>analysis<|message|>Say hi.<|end|><|start|>assistant"
-     "<|channel|>final<|message|>Hello!", "Say hi.", "Hello!", []),
+    (
+        T.HARMONY,
+        HARMONY,
+        "<|channel|>analysis<|message|>Say hi.<|end|><|start|>assistant"
+        "<|channel|>final<|message|>Hello!",
+        "Say hi.",
+        "Hello!",
+        [],
+    ),
     (T.HARMONY, HARMONY, "<|channel|>final<|message|>Just this.", None, "Just this.", []),
     # a call to a function not offered: its message stays visible as content
-    (T.HARMONY, HARMONY, "<|channel|>commentary to=functions.other <|constrain|>json"
-     '<|message|>{"a": 1}', None, '{"a": 1}', []),
+    (
+        T.HARMONY,
+        HARMONY,
+        '<|channel|>commentary to=functions.other <|constrain|>json<|message|>{"a": 1}',
+        None,
+        '{"a": 1}',
+        [],
+    ),
     # not harmony at all: all content
     (T.HARMONY, HARMONY, "plain words", None, "plain words", []),
     # Qwen3.5: the prompt opened the block
-    (T.GENERIC, OPEN, "\nThe user wants Paris.\n</think>\n\n<tool_call>\n"
-     f'{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>', "The user wants Paris.",
-     None, [("get_weather", ARGS)]),
+    (
+        T.GENERIC,
+        OPEN,
+        "\nThe user wants Paris.\n</think>\n\n<tool_call>\n"
+        f'{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>',
+        "The user wants Paris.",
+        None,
+        [("get_weather", ARGS)],
+    ),
     (T.HERMES, OPEN, "\nHmm.\n</think>\n\nIt is sunny.", "Hmm.", "It is sunny.", []),
     # SmolLM3 / Qwen3: the model opens the block itself
     (T.HERMES, SELF, "<think>\nPlan.\n</think>\nDone.", "Plan.", "Done.", []),
     (T.HERMES, SELF, "No thinking here.", None, "No thinking here.", []),
     # thinking turned off in the prompt (Qwen3.5 writes an empty block there)
-    (T.HERMES, SELF, f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>',
-     None, None, [("get_weather", ARGS)]),
+    (
+        T.HERMES,
+        SELF,
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>',
+        None,
+        None,
+        [("get_weather", ARGS)],
+    ),
     # Qwen3.5 / Qwen3-Coder XML calls (the layout the template's tool prompt shows): a string
     # value as written (several lines), any other as JSON; after a think block; two calls
-    (T.QWEN_XML, OPEN, "\nPlan.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
-     "<parameter=city>\nNew York\nState\n</parameter>\n</function>\n</tool_call>", "Plan.",
-     None, [("get_weather", '{"city": "New York\\nState"}')]),
-    (T.QWEN_XML, SELF, "Setting it.\n\n<tool_call>\n<function=set_level>\n<parameter=level>\n3"
-     "\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
-     "<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>", None, "Setting it.",
-     [("set_level", '{"level": 3}'), ("get_weather", '{"city": "42"}')]),
+    (
+        T.QWEN_XML,
+        OPEN,
+        "\nPlan.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nNew York\nState\n</parameter>\n</function>\n</tool_call>",
+        "Plan.",
+        None,
+        [("get_weather", '{"city": "New York\\nState"}')],
+    ),
+    (
+        T.QWEN_XML,
+        SELF,
+        "Setting it.\n\n<tool_call>\n<function=set_level>\n<parameter=level>\n3"
+        "\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>",
+        None,
+        "Setting it.",
+        [("set_level", '{"level": 3}'), ("get_weather", '{"city": "42"}')],
+    ),
     # an XML block naming no offered function stays content
-    (T.QWEN_XML, SELF, "<tool_call>\n<function=nope>\n</function>\n</tool_call>", None,
-     "<tool_call>\n<function=nope>\n</function>\n</tool_call>", []),
+    (
+        T.QWEN_XML,
+        SELF,
+        "<tool_call>\n<function=nope>\n</function>\n</tool_call>",
+        None,
+        "<tool_call>\n<function=nope>\n</function>\n</tool_call>",
+        [],
+    ),
     # cut short inside the reasoning (max_tokens): all of it is reasoning
     (T.GENERIC, OPEN, "\nStill thinking about", "Still thinking about", "", []),
 ]
@@ -120,17 +194,24 @@ def streamed(fmt, channels, text, cuts):
     # reasoning comes before the answer
     kinds = [isinstance(x, C.Reasoning) for x in items]
     assert kinds == sorted(kinds, reverse=True)
-    return reasoning, (None if calls and not content else content), [tuple(calls[k]) for k in
-                                                                      sorted(calls)]
+    return (
+        reasoning,
+        (None if calls and not content else content),
+        [tuple(calls[k]) for k in sorted(calls)],
+    )
 
 
 @pytest.mark.parametrize("fmt,channels,text,reasoning,content,calls", PARSES)
-def test_replies_split_into_reasoning_content_and_calls(fmt, channels, text, reasoning, content,
-                                                        calls):
+def test_replies_split_into_reasoning_content_and_calls(
+    fmt, channels, text, reasoning, content, calls
+):
     assert whole(fmt, channels, text) == (reasoning, content, calls)
     for step in (1, 2, 5, len(text)):
-        assert streamed(fmt, channels, text, range(0, len(text), step)) == (reasoning, content,
-                                                                            calls)
+        assert streamed(fmt, channels, text, range(0, len(text), step)) == (
+            reasoning,
+            content,
+            calls,
+        )
 
 
 @settings(max_examples=120, deadline=None)
@@ -185,34 +266,61 @@ def test_harmony_history_renders_as_transformers_does(gptoss):
     from transformers import AutoTokenizer
 
     path, m = gptoss
-    ours = [{"role": "user", "content": "Weather in Paris and Rome?"},
-            {"role": "assistant", "content": None, "reasoning_content": "Two cities.",
-             "tool_calls": [
-                 {"id": "call_1", "type": "function",
-                  "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-                 {"id": "call_2", "type": "function",
-                  "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "rain"}]
-    theirs = [{"role": "user", "content": "Weather in Paris and Rome?"},
-              {"role": "assistant", "thinking": "Two cities", "tool_calls": [
-                  {"type": "function", "function": {"name": "get_weather",
-                                                    "arguments": {"city": "Paris"}}}]},
-              {"role": "assistant", "tool_calls": [
-                  {"type": "function", "function": {"name": "get_weather",
-                                                    "arguments": {"city": "Rome"}}}]},
-              {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rain"}]
+    ours = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Two cities.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+    ]
+    theirs = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "thinking": "Two cities",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "rain"},
+    ]
     theirs[1]["thinking"] += "."
     tools = [dict(WEATHER, function=dict(WEATHER["function"], description=""))]
     tok = AutoTokenizer.from_pretrained(path.parent / "hf")
-    want = tok.apply_chat_template(theirs, tools=tools, tokenize=False,
-                                   add_generation_prompt=True)
+    want = tok.apply_chat_template(theirs, tools=tools, tokenize=False, add_generation_prompt=True)
     tc = T.prepare_chat(m, ours, [WEATHER])
     date = re.compile(r"Current date: \d{4}-\d\d-\d\d")
     assert date.sub("", tc.prompt) == date.sub("", want)
     assert "<|channel|>analysis<|message|>Two cities.<|end|>" in tc.prompt
     assert tc.prompt.endswith("<|start|>assistant")
-
 
 
 # ============================================================================ through the server
@@ -253,9 +361,9 @@ def oss_srv(gptoss):
         yield s, m
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "set_level"}}, "none",
-                                    "auto"])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "set_level"}}, "none", "auto"]
+)
 def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
     """gpt-oss, steered into its analysis channel (logit_bias on <|channel|> and on "a" after
     it, and on <|end|> so the analysis is short): reasoning_content is the analysis message of the raw
@@ -263,11 +371,21 @@ def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
     schema with finish_reason "tool_calls"; the stream sends the same, reasoning first."""
     srv, m = oss_srv
     c = srv.client()
-    bias = {str(tid(m, "<|channel|>")): 10, str(tid(m, "a")): 10, str(tid(m, "<|end|>")): 8,
-            str(tid(m, "<|return|>")): 6}
-    kw = dict(model="tiny", messages=[{"role": "user", "content": "Set level 3."}],
-              tools=[LEVEL], tool_choice=choice, max_tokens=160, temperature=0,
-              logit_bias=bias)
+    bias = {
+        str(tid(m, "<|channel|>")): 10,
+        str(tid(m, "a")): 10,
+        str(tid(m, "<|end|>")): 8,
+        str(tid(m, "<|return|>")): 6,
+    }
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Set level 3."}],
+        tools=[LEVEL],
+        tool_choice=choice,
+        max_tokens=160,
+        temperature=0,
+        logit_bias=bias,
+    )
     r = c.chat.completions.create(extra_body={"return_tokens": True}, **kw)
     ch = r.choices[0]
     raw = raw_text(m, r.model_extra["tokens"])
@@ -288,8 +406,9 @@ def test_gptoss_reasoning_and_calls_through_the_server(oss_srv, choice):
     assert reasoning == ch.message.model_extra["reasoning_content"]
     assert content == ch.message.content
     assert [tuple(v) for v in calls.values()] == [
-        (t.function.name, t.function.arguments) for t in ch.message.tool_calls or []]
-    assert kinds[0] == "r" and "r" not in kinds[kinds.index("r") + kinds.count("r"):]
+        (t.function.name, t.function.arguments) for t in ch.message.tool_calls or []
+    ]
+    assert kinds[0] == "r" and "r" not in kinds[kinds.index("r") + kinds.count("r") :]
 
 
 def test_gptoss_tool_round_trip(oss_srv):
@@ -299,24 +418,38 @@ def test_gptoss_tool_round_trip(oss_srv):
     c = srv.client()
     bias = {str(tid(m, " ")): 10}  # " to=functions...": straight to the call
     msgs = [{"role": "user", "content": "Set level 3."}]
-    r = c.chat.completions.create(model="tiny", messages=msgs, tools=[LEVEL],
-                                  tool_choice="required", max_tokens=120, temperature=0,
-                                  logit_bias=bias, extra_body={"return_tokens": True})
+    r = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        tools=[LEVEL],
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+        logit_bias=bias,
+        extra_body={"return_tokens": True},
+    )
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
     first = T.prepare_chat(m, msgs, [LEVEL]).prompt
-    msgs += [msg.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "ok"}]
-    r2 = c.chat.completions.create(model="tiny", messages=msgs, tools=[LEVEL], tool_choice="none",
-                                   max_tokens=40, temperature=0,
-                                   logit_bias={str(tid(m, "f")): 10})
+    msgs += [
+        msg.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "ok"},
+    ]
+    r2 = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        tools=[LEVEL],
+        tool_choice="none",
+        max_tokens=40,
+        temperature=0,
+        logit_bias={str(tid(m, "f")): 10},
+    )
     prompt = T.prepare_chat(m, msgs, [LEVEL]).prompt
-    assert "<|start|>functions.set_level to=assistant<|channel|>commentary<|message|>\"ok\"" \
-        in prompt
+    assert '<|start|>functions.set_level to=assistant<|channel|>commentary<|message|>"ok"' in prompt
     # the call as the grammar has the model write it is the template's text for it: the next
     # prompt repeats the first prompt and the reply verbatim (then <|call|>, the stop token)
     raw = raw_text(m, r.model_extra["tokens"])
-    assert prompt.startswith(first + raw + "<|call|>"), (raw, prompt[len(first):])
+    assert prompt.startswith(first + raw + "<|call|>"), (raw, prompt[len(first) :])
     assert r2.usage.prompt_tokens == len(m.tokenize_chat(prompt))
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
     assert "<|" not in (r2.choices[0].message.content or "")
@@ -335,9 +468,15 @@ def test_qwen35_think_block_then_call(qwen_srv):
     thought of the raw reply, the call validates, the stream gives the same, thought first."""
     srv, m = qwen_srv
     c = srv.client()
-    kw = dict(model="tiny", messages=[{"role": "user", "content": "Set level 3."}],
-              tools=[LEVEL], tool_choice="required", max_tokens=120, temperature=0,
-              logit_bias={str(tid(m, "</think>")): 1})
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Set level 3."}],
+        tools=[LEVEL],
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+        logit_bias={str(tid(m, "</think>")): 1},
+    )
     r = c.chat.completions.create(extra_body={"return_tokens": True}, **kw)
     ch = r.choices[0]
     raw = raw_text(m, r.model_extra["tokens"])
@@ -353,8 +492,10 @@ def test_qwen35_think_block_then_call(qwen_srv):
     assert kinds[0] == "r" and kinds[-1] == "t" and kinds.count("r") == kinds.index("t")
     # the call goes back through the template as the very text the model wrote (XML format)
     assert raw.split("</think>", 1)[1].lstrip().startswith("<tool_call>\n<function=set_level>")
-    msgs = kw["messages"] + [ch.message.model_dump(exclude_none=True), {
-        "role": "tool", "tool_call_id": call.id, "content": "done"}]
+    msgs = kw["messages"] + [
+        ch.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "done"},
+    ]
     assert raw.split("</think>", 1)[1].strip() in T.prepare_chat(m, msgs, [LEVEL]).prompt
     r2 = c.chat.completions.create(**dict(kw, messages=msgs, max_tokens=4, tool_choice="none"))
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
@@ -366,19 +507,30 @@ def test_qwen35_thinking_off(qwen_srv):
     srv, m = qwen_srv
     c = srv.client()
     msgs = [{"role": "user", "content": "Set level 3."}]
-    r = c.chat.completions.create(model="tiny", messages=msgs, tools=[LEVEL],
-                                  tool_choice="required", max_tokens=80, temperature=0,
-                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    r = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        tools=[LEVEL],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     prompt = T.prepare_chat(m, msgs, [LEVEL], template_kwargs={"enable_thinking": False}).prompt
     assert prompt.endswith("<think>\n\n</think>\n\n")
     assert r.usage.prompt_tokens == len(m.tokenize_chat(prompt))
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls" and "reasoning_content" not in ch.message.model_extra
-    jsonschema.validate(json.loads(ch.message.tool_calls[0].function.arguments),
-                        LEVEL["function"]["parameters"])
+    jsonschema.validate(
+        json.loads(ch.message.tool_calls[0].function.arguments), LEVEL["function"]["parameters"]
+    )
     with pytest.raises(Exception) as e:
-        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
-                                  extra_body={"chat_template_kwargs": {"messages": []}})
+        c.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=2,
+            extra_body={"chat_template_kwargs": {"messages": []}},
+        )
     assert e.value.body["param"] == "chat_template_kwargs"
 
 
@@ -398,22 +550,38 @@ def test_qwen35_xml_history_renders_as_transformers_does(qwen35):
     from transformers import AutoTokenizer
 
     path, m = qwen35
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "set_level", "arguments": '{"level": 3}'}}
-    ours = [{"role": "user", "content": "Set level 3."},
-            {"role": "assistant", "content": None, "reasoning_content": "Easy.",
-             "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
-    theirs = [ours[0], {"role": "assistant", "content": "", "reasoning_content": "Easy.",
-                        "tool_calls": [{"type": "function", "function": {
-                            "name": "set_level", "arguments": {"level": 3}}}]}, ours[2]]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "set_level", "arguments": '{"level": 3}'},
+    }
+    ours = [
+        {"role": "user", "content": "Set level 3."},
+        {"role": "assistant", "content": None, "reasoning_content": "Easy.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
+    theirs = [
+        ours[0],
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Easy.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "set_level", "arguments": {"level": 3}}}
+            ],
+        },
+        ours[2],
+    ]
     tok = AutoTokenizer.from_pretrained(path.parent / "hf")
-    want = tok.apply_chat_template(theirs, tools=[LEVEL], tokenize=False,
-                                   add_generation_prompt=True)
+    want = tok.apply_chat_template(
+        theirs, tools=[LEVEL], tokenize=False, add_generation_prompt=True
+    )
     tc = T.prepare_chat(m, ours, [LEVEL])
     assert tc.fmt is T.QWEN_XML and tc.prompt == want
-    block = ("<tool_call>\n<function=set_level>\n<parameter=level>\n3\n</parameter>\n"
-             "</function>\n</tool_call>")
+    block = (
+        "<tool_call>\n<function=set_level>\n<parameter=level>\n3\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
     assert block in tc.prompt
     p = tc.parser(eager=False)  # the prompt opened a think block
     p.push("</think>\n\n" + block)
@@ -428,16 +596,16 @@ def test_smollm3_model_opens_its_think_block(tmp_path):
     _, path = hfconvert.build("smollm3")
     m = load(path)
     bias = {tid(m, "<think>"): 10, tid(m, "</think>"): 1}
-    kw = dict(tools=[LEVEL], tool_choice="required", max_tokens=120, temperature=0,
-              logit_bias=bias)
+    kw = dict(tools=[LEVEL], tool_choice="required", max_tokens=120, temperature=0, logit_bias=bias)
     msgs = [{"role": "user", "content": "Set level 3."}]
     r = m.session().chat(msgs, **kw)
     raw = m.tokenizer.decode(r.tokens)
     assert raw.startswith("<think>"), raw
-    assert r.reasoning_content == raw[len("<think>"):].split("</think>", 1)[0].strip()
+    assert r.reasoning_content == raw[len("<think>") :].split("</think>", 1)[0].strip()
     assert r.finish_reason == "tool_calls" and r.content is None
-    jsonschema.validate(json.loads(r.tool_calls[0]["function"]["arguments"]),
-                        LEVEL["function"]["parameters"])
+    jsonschema.validate(
+        json.loads(r.tool_calls[0]["function"]["arguments"]), LEVEL["function"]["parameters"]
+    )
     items = list(m.session().chat(msgs, stream=True, **kw))
     assert "".join(x for x in items if isinstance(x, C.Reasoning)) == r.reasoning_content
     deltas = [x for x in items if isinstance(x, T.ToolCallDelta)]
@@ -456,18 +624,27 @@ def test_gptoss_structured_output_in_the_final_channel(oss_srv):
     schema = LEVEL["function"]["parameters"]
     bias = {str(tid(m, "a")): 10, str(tid(m, "<|end|>")): 14}
     r = c.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "A level?"}], max_tokens=120,
-        temperature=0, logit_bias=bias, extra_body={"return_tokens": True},
-        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        model="tiny",
+        messages=[{"role": "user", "content": "A level?"}],
+        max_tokens=120,
+        temperature=0,
+        logit_bias=bias,
+        extra_body={"return_tokens": True},
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
     raw = raw_text(m, r.model_extra["tokens"])
     msg = r.choices[0].message
     assert HARMONY_SPLIT.search(raw), raw  # an (empty) analysis message, then the final one
-    assert msg.model_extra.get("reasoning_content") == (HARMONY_SPLIT.search(raw).group(1)
-                                                        or None)
+    assert msg.model_extra.get("reasoning_content") == (HARMONY_SPLIT.search(raw).group(1) or None)
     assert raw.endswith("<|channel|>final<|message|>" + msg.content)
     jsonschema.validate(json.loads(msg.content), schema)
     with pytest.raises(Exception) as e:
-        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                  response_format={"type": "json_schema", "json_schema": {
-                                      "name": "x", "schema": {"type": "nonsense"}}})
+        c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        )
     assert e.value.body["param"] == "response_format"

@@ -9,6 +9,7 @@ The Gemma 3 270M goinfer ships is the pretrained model, which does not end a cha
 itself: the server gets request defaults (greedy, a reply ends at its first line break) as
 `goinfer serve --anthropic-defaults` gives them, so each turn is one request with a reply that
 ends.  About 1-2 minutes on 2 cores: one cold prefill of the prompt, the rest from the cache."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,7 @@ def defaults():
 @pytest.fixture(scope="module")
 def gemma(defaults, tmp_path_factory):
     """goinfer serve gemma3-270m (its default KV cache), recorded; a HOME and a project."""
-    model = Model.load(str(hub.resolve("gemma3-270m", progress=False)), threads=2,
-                       progress=False)
+    model = Model.load(str(hub.resolve("gemma3-270m", progress=False)), threads=2, progress=False)
     app = Recorder(create_app(model, KVCache(model), model_id="gemma3-270m", api_key=KEY))
     root = tmp_path_factory.mktemp("claude")
     (root / "home").mkdir()
@@ -93,9 +93,11 @@ def test_claude_p_two_turns_from_the_cache(gemma):
     assert two.stdout.strip() == s["text"].strip()
     assert r["text"].strip() in json.dumps(s["call"].request["messages"], ensure_ascii=False)
     assert s["prompt_tokens"] > r["prompt_tokens"]
-    print(f"claude -p: {r['prompt_tokens']} prompt tokens, {r['cached_tokens']} cached; "
-          f"--continue: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
-          f"({100 * s['cached_tokens'] / s['prompt_tokens']:.1f}%)")
+    print(
+        f"claude -p: {r['prompt_tokens']} prompt tokens, {r['cached_tokens']} cached; "
+        f"--continue: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
+        f"({100 * s['cached_tokens'] / s['prompt_tokens']:.1f}%)"
+    )
     assert s["cached_tokens"] >= 0.95 * s["prompt_tokens"], s
 
 
@@ -106,8 +108,12 @@ def test_agent_sdk_query(gemma):
     app, env, work, model = gemma
     n0 = len(app.calls)
     opts = claude_agent_sdk.ClaudeAgentOptions(
-        cwd=str(work), env=dict(env), model="gemma3-270m", cli_path=str(claude_path()),
-        system_prompt={"type": "preset", "preset": "claude_code"})
+        cwd=str(work),
+        env=dict(env),
+        model="gemma3-270m",
+        cli_path=str(claude_path()),
+        system_prompt={"type": "preset", "preset": "claude_code"},
+    )
 
     async def ask():
         return [m async for m in claude_agent_sdk.query(prompt="Say hi.", options=opts)]
@@ -116,8 +122,13 @@ def test_agent_sdk_query(gemma):
     (r,) = replies(app.calls[n0:])
     result = [m for m in msgs if isinstance(m, claude_agent_sdk.ResultMessage)]
     assert result and not result[-1].is_error, msgs
-    said = [b.text for m in msgs if isinstance(m, claude_agent_sdk.AssistantMessage)
-            for b in m.content if isinstance(b, claude_agent_sdk.TextBlock)]
+    said = [
+        b.text
+        for m in msgs
+        if isinstance(m, claude_agent_sdk.AssistantMessage)
+        for b in m.content
+        if isinstance(b, claude_agent_sdk.TextBlock)
+    ]
     assert said == [r["text"]] and r["status"] == 200
     cli = next(c for c in app.calls if c.path == "/v1/messages")  # claude -p's first
 
@@ -133,8 +144,7 @@ def test_a_context_too_small_is_claude_codes_error(tmp_path):
     """SmolLM2-135M's 8k context cannot hold Claude Code's prompt: a 400 in the wording Claude
     Code reads ("prompt is too long: N tokens > M maximum"), which it reports and does not
     retry."""
-    model = Model.load(str(hub.resolve("smollm2-135m", progress=False)), threads=1,
-                       progress=False)
+    model = Model.load(str(hub.resolve("smollm2-135m", progress=False)), threads=1, progress=False)
     app = Recorder(create_app(model, KVCache(model), model_id="smollm2-135m", api_key=KEY))
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()

@@ -1,5 +1,6 @@
 """Command line and package-level facts: show_config, threads, CLI commands on a tiny model,
 typed errors for bad model files."""
+
 from __future__ import annotations
 
 import io
@@ -31,11 +32,16 @@ def test_python_m_goinfer_is_the_command():
     import subprocess
     import sys
 
-    ok = subprocess.run([sys.executable, "-m", "goinfer", "--help"], capture_output=True,
-                        text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "goinfer", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert ok.returncode == 0 and "serve" in ok.stdout and "pull" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "goinfer", "no-such-command"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "goinfer", "no-such-command"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no-such-command" in bad.stderr
 
 
@@ -46,11 +52,20 @@ def _config_in_fresh_process(**env):
     import subprocess
     import sys
 
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GOINFER_WAIT_POLICY")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GOINFER_WAIT_POLICY")
+    }
     code = "import json, os, goinfer; print(json.dumps([goinfer.config()['wait_policy'], os.environ.get('GOMP_SPINCOUNT')]))"
-    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
-                         text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
@@ -93,12 +108,34 @@ def test_cli_run_chat_bench(tiny, capsys, tmp_path):
     assert main(["chat", path, "--prompt", "hi", "--system", "be brief", "--max-tokens", "3"]) == 0
     assert "finish" in capsys.readouterr().err
     js = tmp_path / "b.json"
-    assert main(["bench", path, "--prompt-lengths", "16,32", "--decode-prompts", "8",
-                 "--decode-tokens", "4", "--repeats", "1", "--json", str(js)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                path,
+                "--prompt-lengths",
+                "16,32",
+                "--decode-prompts",
+                "8",
+                "--decode-tokens",
+                "4",
+                "--repeats",
+                "1",
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     res = json.loads(js.read_text())
-    assert [r["prompt_tokens"] for r in res["prefill"]] == [16, 32] and res["decode"][0]["tok_s"] > 0
+    assert [r["prompt_tokens"] for r in res["prefill"]] == [16, 32] and res["decode"][0][
+        "tok_s"
+    ] > 0
     pj = tmp_path / "p.json"
-    assert main(["profile", path, "--prompt-tokens", "40", "--decode-tokens", "2", "--json", str(pj)]) == 0
+    assert (
+        main(["profile", path, "--prompt-tokens", "40", "--decode-tokens", "2", "--json", str(pj)])
+        == 0
+    )
     assert "| prefill |" in capsys.readouterr().out
     prof = json.loads(pj.read_text())
     for ph in ("prefill", "decode"):  # the attention kernels' time split into its phases
@@ -114,10 +151,26 @@ def test_cli_run_prints_session_generate(tiny, capsys):
     sampling flags (greedy, and seeded sampling with top-k / top-p / min-p / repeat penalty)."""
     path = str(tiny("llama")[1])
     m = goinfer.Model.load(path, threads=1, progress=False)
-    cases = [([], {}),
-             (["--temperature", "0.9", "--seed", "5", "--top-k", "40", "--top-p", "0.9",
-               "--min-p", "0.02", "--repeat-penalty", "1.3"],
-              dict(temperature=0.9, seed=5, top_k=40, top_p=0.9, min_p=0.02, repeat_penalty=1.3))]
+    cases = [
+        ([], {}),
+        (
+            [
+                "--temperature",
+                "0.9",
+                "--seed",
+                "5",
+                "--top-k",
+                "40",
+                "--top-p",
+                "0.9",
+                "--min-p",
+                "0.02",
+                "--repeat-penalty",
+                "1.3",
+            ],
+            dict(temperature=0.9, seed=5, top_k=40, top_p=0.9, min_p=0.02, repeat_penalty=1.3),
+        ),
+    ]
     for flags, kw in cases:
         assert main(["run", path, "ab cd ef", "--max-tokens", "24", "--threads", "1", *flags]) == 0
         ref = m.session().generate("ab cd ef", max_tokens=24, **kw)
@@ -127,8 +180,17 @@ def test_cli_run_prints_session_generate(tiny, capsys):
 def test_cli_draft_gives_the_same_text(tiny, capsys):
     """--draft prompt_lookup: the same output as without, and the drafts are reported."""
     path = str(tiny("llama")[1])
-    args = ["run", path, "ab ab ab ab ab ab ab", "--max-tokens", "48", "--threads", "1",
-            "--temperature", "0"]
+    args = [
+        "run",
+        path,
+        "ab ab ab ab ab ab ab",
+        "--max-tokens",
+        "48",
+        "--threads",
+        "1",
+        "--temperature",
+        "0",
+    ]
     assert main(args) == 0
     plain = capsys.readouterr()
     assert main(args + ["--draft", "prompt_lookup", "--draft-tokens", "4"]) == 0

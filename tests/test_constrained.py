@@ -4,6 +4,7 @@ in Session.generate / Generation.
 Goldens are independent of the code under test: outputs are checked with `json` and
 `jsonschema`, logprobs against a float64 log-softmax of Model.logits (teacher-forced), and
 constrained greedy steps against an argmax over the raw logits restricted to the allowed set."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,17 @@ from types import SimpleNamespace
 import jsonschema
 import numpy as np
 import pytest
-from fixtures import schemas
-from fixtures import tinygemma
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.compare import load
 
+from fixtures import schemas, tinygemma
+from fixtures.compare import load
 from goinfer import constrained
 from goinfer.chat import GENERIC, check_tools, parse_reply, tool_grammar
 from goinfer.constrained import Tag, compile_request, tags_grammar, token_view
 from goinfer.errors import GoinferError, GrammarError, RequestError
-from goinfer.sampling import Sampler, SamplingParams
 from goinfer.generation import Generation
+from goinfer.sampling import Sampler, SamplingParams
 from goinfer.tokenizer import TOKEN_TYPE, Tokenizer
 
 # ============================================================================ fixtures
@@ -54,8 +54,9 @@ def llama(tiny):
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
     hf = tinygemma.hf_model(0, num_hidden_layers=2)
-    return load(tinygemma.write_gguf(hf, tmp_path_factory.mktemp("cgemma") / "g.gguf"),
-                context_length=1536)
+    return load(
+        tinygemma.write_gguf(hf, tmp_path_factory.mktemp("cgemma") / "g.gguf"), context_length=1536
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +72,22 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
 
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+}
 
 
 def rf(schema, name="x", strict=True):
-    return {"type": "json_schema",
-            "json_schema": {"name": name, "schema": schema, "strict": strict}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": name, "schema": schema, "strict": strict},
+    }
 
 
 # ============================================================================ tokenizer view
@@ -110,7 +119,7 @@ def test_token_view_matches_goinfer_tokenizer(which, llama, gemma, smollm2):
 
 def test_encode_fragment(gemma, smollm2):
     for tok in (gemma.tokenizer, smollm2.tokenizer):
-        for text in [" the cat", "Hello, world!", "{\"a\": 1}", "<|im_end|> x"]:
+        for text in [" the cat", "Hello, world!", '{"a": 1}', "<|im_end|> x"]:
             ids = tok.encode_fragment(text)
             assert b"".join(tok.token_bytes(i) for i in ids).decode() == text
             assert not any(tok.is_control(i) for i in ids)  # special text stays text
@@ -121,26 +130,57 @@ def test_encode_fragment(gemma, smollm2):
 
 
 BAD = [
-    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}), "response_format", "Invalid type"),
-    (dict(response_format=rf({"type": "array", "uniqueItems": True})), "response_format", "uniqueItems"),
-    (dict(response_format=rf({"type": "string", "pattern": "(?=a)b"})), "response_format", "look-around"),
-    (dict(response_format=rf({"type": "integer", "minimum": 5, "maximum": 3})), "response_format", "minimum"),
+    (
+        dict(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "foo"}},
+            }
+        ),
+        "response_format",
+        "Invalid type",
+    ),
+    (
+        dict(response_format=rf({"type": "array", "uniqueItems": True})),
+        "response_format",
+        "uniqueItems",
+    ),
+    (
+        dict(response_format=rf({"type": "string", "pattern": "(?=a)b"})),
+        "response_format",
+        "look-around",
+    ),
+    (
+        dict(response_format=rf({"type": "integer", "minimum": 5, "maximum": 3})),
+        "response_format",
+        "minimum",
+    ),
     (dict(response_format=rf({"$ref": "#/$defs/nope"})), "response_format", "nope"),
-    (dict(response_format=rf({"type": "object", "properties": 3})), "response_format", "properties"),
+    (
+        dict(response_format=rf({"type": "object", "properties": 3})),
+        "response_format",
+        "properties",
+    ),
     (dict(response_format=rf({"enum": {1, 2}})), "response_format", "not JSON"),
     (dict(response_format={"type": "json_schema"}), "response_format", "json_schema"),
-    (dict(response_format={"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}), "response_format", "strict"),
+    (
+        dict(
+            response_format={"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}
+        ),
+        "response_format",
+        "strict",
+    ),
     (dict(response_format={"type": "xml"}), "response_format", "type"),
     (dict(response_format={"type": "json_object", "schema": {}}), "response_format", "unknown"),
     (dict(response_format="json"), "response_format", "object"),
     (dict(grammar="start: foo"), "grammar", "unknown name"),
-    (dict(grammar="start: <nosuch> \"a\""), "grammar", "special token"),
-    (dict(grammar="start: (\"a\""), "grammar", ""),
+    (dict(grammar='start: <nosuch> "a"'), "grammar", "special token"),
+    (dict(grammar='start: ("a"'), "grammar", ""),
     (dict(grammar={"regex": "(ab"}), "grammar", "regex"),
     (dict(grammar={"regex": 5}), "grammar", "string"),
     (dict(grammar={"glob": "*"}), "grammar", "regex"),
     (dict(grammar="   "), "grammar", "empty"),
-    (dict(grammar="start: \"a\"", response_format={"type": "json_object"}), "grammar", "not both"),
+    (dict(grammar='start: "a"', response_format={"type": "json_object"}), "grammar", "not both"),
 ]
 
 
@@ -160,10 +200,15 @@ def test_bad_input_raises_typed_error_before_any_token(llama, kw, param, words):
     assert s.generate([5, 6, 7], max_tokens=4).tokens == before.tokens
 
 
-@pytest.mark.parametrize("kw,param", [(dict(logprobs=True, top_logprobs=21), "top_logprobs"),
-                                      (dict(top_logprobs=2), "top_logprobs"),
-                                      (dict(logprobs="yes"), "logprobs"),
-                                      (dict(logprobs=True, top_logprobs=-1), "top_logprobs")])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (dict(top_logprobs=2), "top_logprobs"),
+        (dict(logprobs="yes"), "logprobs"),
+        (dict(logprobs=True, top_logprobs=-1), "top_logprobs"),
+    ],
+)
 def test_bad_logprobs_arguments(llama, kw, param):
     with pytest.raises(RequestError) as e:
         llama.session().generate([5, 6], max_tokens=2, **kw)
@@ -172,8 +217,9 @@ def test_bad_logprobs_arguments(llama, kw, param):
 
 def test_text_format_is_unconstrained(llama):
     a = llama.session().generate([5, 6, 7], max_tokens=12, temperature=0.9, seed=3)
-    b = llama.session().generate([5, 6, 7], max_tokens=12, temperature=0.9, seed=3,
-                                 response_format={"type": "text"})
+    b = llama.session().generate(
+        [5, 6, 7], max_tokens=12, temperature=0.9, seed=3, response_format={"type": "text"}
+    )
     assert a.tokens == b.tokens and b.reason is None
 
 
@@ -182,8 +228,9 @@ def test_same_schema_compiles_once(llama):
     schema = {"type": "object", "properties": {"q": {"type": "integer", "minimum": 17}}}
     n = view.n_compiled
     g1 = compile_request(llama.tokenizer, response_format=rf(schema))
-    g2 = compile_request(llama.tokenizer, response_format=rf(json.loads(json.dumps(schema)),
-                                                                name="other"))
+    g2 = compile_request(
+        llama.tokenizer, response_format=rf(json.loads(json.dumps(schema)), name="other")
+    )
     assert g1 is g2 and view.n_compiled == n + 1
     assert compile_request(llama.tokenizer, response_format=g1) is g1  # a compiled one passes
 
@@ -192,9 +239,13 @@ def test_same_schema_compiles_once(llama):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
-       top_k=st.sampled_from([0, 1, 5]), top_p=st.sampled_from([1.0, 0.9, 0.3]),
-       min_p=st.sampled_from([0.0, 0.1]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    top_k=st.sampled_from([0, 1, 5]),
+    top_p=st.sampled_from([1.0, 0.9, 0.3]),
+    min_p=st.sampled_from([0.0, 0.1]),
+)
 def test_all_allowed_mask_changes_nothing(seed, temperature, top_k, top_p, min_p):
     """An all-true mask leaves every sampler's choice (and its rng stream) as without one."""
     z = np.random.default_rng(seed).normal(0, 3, 97).astype(np.float32)
@@ -205,8 +256,12 @@ def test_all_allowed_mask_changes_nothing(seed, temperature, top_k, top_p, min_p
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), temperature=st.sampled_from([0.0, 0.7, 1.5]),
-       top_k=st.sampled_from([0, 3]), top_p=st.sampled_from([1.0, 0.5]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([0.0, 0.7, 1.5]),
+    top_k=st.sampled_from([0, 3]),
+    top_p=st.sampled_from([1.0, 0.5]),
+)
 def test_masked_tokens_are_never_drawn(seed, temperature, top_k, top_p):
     rng = np.random.default_rng(seed)
     z = rng.normal(0, 3, 64).astype(np.float32)
@@ -229,7 +284,7 @@ def test_constrained_greedy_is_masked_argmax(smollm2):
     assert r.reason == "grammar complete"
     jsonschema.validate(json.loads(r.text), PERSON)
     ids = smollm2.tokenize_chat(smollm2.apply_chat_template(msgs))
-    ref = smollm2.logits(ids + r.tokens)[len(ids) - 1:]  # (n + 1, vocab)
+    ref = smollm2.logits(ids + r.tokens)[len(ids) - 1 :]  # (n + 1, vocab)
     c = compile_request(smollm2.tokenizer, response_format=rf(PERSON)).start(smollm2.vocab_size)
     overridden = 0
     for i, t in enumerate(r.tokens):
@@ -254,23 +309,34 @@ def _tiny_run(model, name, schema, seed, temperature, valid_for=None):
     schema's own x-guidance, passed through): every output ends well within max_tokens, so
     every output must be complete, parse and validate (against valid_for, if given)."""
     schema = dict(schema, **{"x-guidance": {"whitespace_pattern": r"\x20"}})
-    r = model.session().generate(_tiny_prompt(model), max_tokens=1200, temperature=temperature,
-                                 seed=seed, response_format=rf(schema))
+    r = model.session().generate(
+        _tiny_prompt(model),
+        max_tokens=1200,
+        temperature=temperature,
+        seed=seed,
+        response_format=rf(schema),
+    )
     RATE.check(name, r, schema if valid_for is None else valid_for)
     assert r.finish_reason == "stop"
 
 
 @settings(max_examples=40 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schema=schemas.schemas(bounded=True), seed=st.integers(0, 2**31 - 1),
-       temperature=st.sampled_from([0.0, 1.0]))
+@given(
+    schema=schemas.schemas(bounded=True),
+    seed=st.integers(0, 2**31 - 1),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
 def test_random_schemas_tiny_llama(llama, schema, seed, temperature):
     """Byte-level BPE vocabulary, random weights: whatever is chosen parses and validates."""
     _tiny_run(llama, "tiny-llama (BPE)", schema, seed, temperature)
 
 
 @settings(max_examples=40 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schema=schemas.schemas(bounded=True), seed=st.integers(0, 2**31 - 1),
-       temperature=st.sampled_from([0.0, 1.0]))
+@given(
+    schema=schemas.schemas(bounded=True),
+    seed=st.integers(0, 2**31 - 1),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
 def test_random_schemas_tiny_gemma(gemma, schema, seed, temperature):
     """SentencePiece vocabulary with byte fallback (digits, quotes, braces are byte tokens)."""
     _tiny_run(gemma, "tiny-gemma (SentencePiece)", schema, seed, temperature)
@@ -280,20 +346,35 @@ def test_random_schemas_tiny_gemma(gemma, schema, seed, temperature):
 
 
 @settings(max_examples=30 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schema=schemas.schemas(bounded=True, closed=False), seed=st.integers(0, 2**31 - 1),
-       temperature=st.sampled_from([0.0, 1.0]))
+@given(
+    schema=schemas.schemas(bounded=True, closed=False),
+    seed=st.integers(0, 2**31 - 1),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
 def test_objects_that_declare_properties_are_closed(llama, schema, seed, temperature):
     """An object schema with properties and no additionalProperties admits no other key (as
     OpenAI and llama.cpp read it): a random-weights model's output, under the schema as a
     response_format and as a tool's parameters, is complete and validates against the schema
     with "additionalProperties": false added to every object (jsonschema)."""
     closed = schemas.with_closed_objects(schema)
-    _tiny_run(llama, "tiny-llama (objects without additionalProperties)", schema, seed,
-              temperature, valid_for=closed)
-    spec = check_tools([{"type": "function", "function": {"name": "f", "parameters": schema}}],
-                       "required", False)
-    r = llama.session().generate(_tiny_prompt(llama), max_tokens=1200, temperature=temperature,
-                                 seed=seed, grammar=tool_grammar(spec, GENERIC, llama.tokenizer))
+    _tiny_run(
+        llama,
+        "tiny-llama (objects without additionalProperties)",
+        schema,
+        seed,
+        temperature,
+        valid_for=closed,
+    )
+    spec = check_tools(
+        [{"type": "function", "function": {"name": "f", "parameters": schema}}], "required", False
+    )
+    r = llama.session().generate(
+        _tiny_prompt(llama),
+        max_tokens=1200,
+        temperature=temperature,
+        seed=seed,
+        grammar=tool_grammar(spec, GENERIC, llama.tokenizer),
+    )
     assert r.finish_reason == "stop" and r.reason == "grammar complete", r.text
     _, calls = parse_reply(r.text, GENERIC, spec)
     assert calls and len(calls) == 1, r.text
@@ -311,8 +392,12 @@ def test_closing_keeps_what_a_schema_says():
     typed = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
     assert close_objects(open_) == open_ and close_objects(typed) == typed
     assert close_objects({"type": "object"}) == {"type": "object"}
-    both = {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                      {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    both = {
+        "allOf": [
+            {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"properties": {"b": {"type": "string"}}, "required": ["b"]},
+        ]
+    }
     c = close_objects(both)
     assert c["additionalProperties"] is False and set(c["properties"]) == {"a", "b"}
     assert all("additionalProperties" not in b for b in c["allOf"])
@@ -328,10 +413,14 @@ def test_closing_keeps_what_a_schema_says():
 
 
 def _real_chat(model, schema, seed, temperature):
-    msgs = [{"role": "user", "content": "Answer with a JSON object: "
-             + json.dumps(schema)[:300]}]
-    return model.session().chat(msgs, max_tokens=REAL_MAX_TOKENS, temperature=temperature,
-                                seed=seed, response_format=rf(schema))
+    msgs = [{"role": "user", "content": "Answer with a JSON object: " + json.dumps(schema)[:300]}]
+    return model.session().chat(
+        msgs,
+        max_tokens=REAL_MAX_TOKENS,
+        temperature=temperature,
+        seed=seed,
+        response_format=rf(schema),
+    )
 
 
 # Real models on unbounded-number schemas: an output may run to max_tokens (a model writing
@@ -345,8 +434,11 @@ def _real_schemas(model, name: str, n: int, min_complete: int) -> None:
     before = list(RATE.runs.get(name, [0, 0, 0]))
 
     @settings(max_examples=n * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(schema=schemas.schemas(max_leaves=4), seed=st.integers(0, 2**31 - 1),
-           temperature=st.sampled_from([0.0, 0.8]))
+    @given(
+        schema=schemas.schemas(max_leaves=4),
+        seed=st.integers(0, 2**31 - 1),
+        temperature=st.sampled_from([0.0, 0.8]),
+    )
     def run(schema, seed, temperature):
         RATE.check(name, _real_chat(model, schema, seed, temperature), schema)
 
@@ -373,16 +465,24 @@ def test_json_object_and_regex_and_lark(smollm2):
         assert r.finish_reason == "length" and r.text.startswith("{")
     r = s.generate("The phone number is", max_tokens=20, grammar={"regex": r"[0-9]{3}-[0-9]{4}"})
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", r.text) and r.reason == "grammar complete"
-    r = s.generate("Is the sky blue? Answer:", max_tokens=20,
-                   grammar='start: ANSWER "."\nANSWER: "yes" | "no"')
+    r = s.generate(
+        "Is the sky blue? Answer:", max_tokens=20, grammar='start: ANSWER "."\nANSWER: "yes" | "no"'
+    )
     assert r.text in ("yes.", "no.") and r.finish_reason == "stop"
 
 
 def test_max_tokens_inside_a_value_is_length(smollm2):
-    schema = {"type": "object", "properties": {"story": {"type": "string"}},
-              "required": ["story"], "additionalProperties": False}
-    r = smollm2.session().chat([{"role": "user", "content": "Tell a long story in JSON."}],
-                               max_tokens=12, response_format=rf(schema))
+    schema = {
+        "type": "object",
+        "properties": {"story": {"type": "string"}},
+        "required": ["story"],
+        "additionalProperties": False,
+    }
+    r = smollm2.session().chat(
+        [{"role": "user", "content": "Tell a long story in JSON."}],
+        max_tokens=12,
+        response_format=rf(schema),
+    )
     assert r.finish_reason == "length" and r.completion_tokens == 12 and r.reason is None
     with pytest.raises(json.JSONDecodeError):
         json.loads(r.text)
@@ -409,8 +509,9 @@ def test_stop_token_ends_only_where_the_grammar_may_end(smollm2):
     """The model's end-of-turn is allowed exactly when the grammar accepts: a lazy free-text
     grammar lets the chat end normally; the reply is not cut mid-value."""
     lark = tags_grammar(smollm2.tokenizer, [Tag("<tool_call>", schema=PERSON)])
-    r = smollm2.session().chat([{"role": "user", "content": "Say hello."}], max_tokens=40,
-                               grammar=lark)
+    r = smollm2.session().chat(
+        [{"role": "user", "content": "Say hello."}], max_tokens=40, grammar=lark
+    )
     plain = smollm2.session().chat([{"role": "user", "content": "Say hello."}], max_tokens=40)
     assert "<tool_call>" not in plain.text
     assert r.tokens == plain.tokens  # free text until a trigger: nothing constrained
@@ -425,8 +526,16 @@ def _toy_model():
     completed once "a" is written."""
     toks = ["<unk>", "<s>", "</s>", "a", "b", "▁"]
     types = [2, 3, 3, 1, 1, 1]
-    tok = Tokenizer(model="llama", tokens=toks, token_types=types, scores=[0, 0, 0, -1, -2, -3],
-                    bos_id=1, eos_id=2, unk_id=0, add_space_prefix=False)
+    tok = Tokenizer(
+        model="llama",
+        tokens=toks,
+        token_types=types,
+        scores=[0, 0, 0, -1, -2, -3],
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        add_space_prefix=False,
+    )
     return SimpleNamespace(tokenizer=tok, vocab_size=len(toks))
 
 
@@ -510,10 +619,11 @@ def test_special_token_trigger_and_required(smollm2):
     assert {tok.token_bytes(i) for i in _bits(c)} <= {b"{", b'{"', b"{\n"}
     # required: a call from the first token, no free text
     req = tags_grammar(tok, [Tag("<tool_call>", schema=PERSON)], lazy=False, max_count=2)
-    r = smollm2.session().chat([{"role": "user", "content": "Who is Al?"}], max_tokens=60,
-                               grammar=req)
+    r = smollm2.session().chat(
+        [{"role": "user", "content": "Who is Al?"}], max_tokens=60, grammar=req
+    )
     assert r.text.startswith("<tool_call>")
-    body = r.text[len("<tool_call>"):]
+    body = r.text[len("<tool_call>") :]
     if r.finish_reason == "stop":
         first = json.JSONDecoder().raw_decode(body)[0]
         jsonschema.validate(first, PERSON)
@@ -532,7 +642,7 @@ def test_tags_grammar_bad_arguments(smollm2):
 
 
 def _check_logprobs(model, prompt_ids, r, top):
-    ref = log_softmax(model.logits(prompt_ids + r.tokens))[len(prompt_ids) - 1:]
+    ref = log_softmax(model.logits(prompt_ids + r.tokens))[len(prompt_ids) - 1 :]
     content = r.logprobs["content"]
     assert len(content) == len(r.tokens)
     tok = model.tokenizer
@@ -554,17 +664,25 @@ def test_logprobs_equal_log_softmax_of_model_logits(smollm2):
     r = smollm2.session().generate(ids, max_tokens=10, logprobs=True, top_logprobs=5)
     _check_logprobs(smollm2, ids, r, 5)
     # before temperature, top-k and the grammar's mask: the same raw distribution
-    r2 = smollm2.session().generate(ids, max_tokens=10, logprobs=True, top_logprobs=3,
-                                    temperature=1.3, top_k=7, seed=11,
-                                    grammar={"regex": "[ a-z]{2,40}"})
+    r2 = smollm2.session().generate(
+        ids,
+        max_tokens=10,
+        logprobs=True,
+        top_logprobs=3,
+        temperature=1.3,
+        top_k=7,
+        seed=11,
+        grammar={"regex": "[ a-z]{2,40}"},
+    )
     _check_logprobs(smollm2, ids, r2, 3)
     assert r2.reason is not None or r2.finish_reason == "length"
 
 
 def test_logprobs_gemma_sentencepiece(gemma):
     ids = [2, 40, 41, 42]
-    r = gemma.session().generate(ids, max_tokens=12, logprobs=True, top_logprobs=2,
-                                 temperature=1.0, seed=4)
+    r = gemma.session().generate(
+        ids, max_tokens=12, logprobs=True, top_logprobs=2, temperature=1.0, seed=4
+    )
     _check_logprobs(gemma, ids, r, 2)
 
 
@@ -587,18 +705,24 @@ def test_streamed_logprobs_equal_non_streamed(smollm2, stop):
 def test_no_logprobs_by_default(llama):
     r = llama.session().generate([5, 6], max_tokens=3)
     assert r.logprobs is None
-    assert all(type(p) is str for p in list(llama.session().generate([5, 6], max_tokens=3,
-                                                                     stream=True))[:-1])
+    assert all(
+        type(p) is str
+        for p in list(llama.session().generate([5, 6], max_tokens=3, stream=True))[:-1]
+    )
 
 
 def test_mask_overlap_off_gives_the_same_tokens(llama, monkeypatch):
-    schema = {"type": "object", "properties": {"v": {"type": "array", "items": {"type": "integer"},
-                                                     "maxItems": 4}}}
-    a = llama.session().generate([5, 6, 7], max_tokens=80, temperature=1.0, seed=9,
-                                 response_format=rf(schema))
+    schema = {
+        "type": "object",
+        "properties": {"v": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}},
+    }
+    a = llama.session().generate(
+        [5, 6, 7], max_tokens=80, temperature=1.0, seed=9, response_format=rf(schema)
+    )
     monkeypatch.setattr(constrained, "OVERLAP", False)
-    b = llama.session().generate([5, 6, 7], max_tokens=80, temperature=1.0, seed=9,
-                                 response_format=rf(schema))
+    b = llama.session().generate(
+        [5, 6, 7], max_tokens=80, temperature=1.0, seed=9, response_format=rf(schema)
+    )
     assert a.tokens == b.tokens and a.reason == b.reason
 
 
@@ -612,7 +736,11 @@ def test_benchmark_smoke():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "constrained.py"), "--smoke"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "constrained.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "schema-sync" in r.stdout and "mask alone" in r.stdout

@@ -12,6 +12,7 @@ What counts as a path:
   * the target of a markdown link [text](target) that is not a URL, from the doc's directory.
 Fenced code blocks are not read (they hold commands and the user's own file names).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -30,8 +31,12 @@ TOP = ("goinfer/", "tests/", "benchmarks/", "docs/", "examples/", "tools/", ".gi
 
 # Files of other projects that the docs name (llama.cpp's converter and its chat templates):
 # not in this repository by design.
-ELSEWHERE = {"convert_hf_to_gguf.py", "models/templates/Qwen3.5-4B.jinja",
-             "openai-gpt-oss-120b.jinja", "google-gemma-4-31B-it.jinja"}
+ELSEWHERE = {
+    "convert_hf_to_gguf.py",
+    "models/templates/Qwen3.5-4B.jinja",
+    "openai-gpt-oss-120b.jinja",
+    "google-gemma-4-31B-it.jinja",
+}
 # Documents another change adds (the agents guide); each entry goes once its file is here.
 PENDING = {"docs/agents.md"}
 
@@ -65,8 +70,9 @@ def exists_from_root(token: str) -> bool:
 
 def exists_as_tail(token: str) -> bool:
     pat = _pattern(token.rstrip("/"))
-    return any(fnmatch.fnmatchcase(f, pat) or fnmatch.fnmatchcase(f, "*/" + pat)
-               for f in repo_files())
+    return any(
+        fnmatch.fnmatchcase(f, pat) or fnmatch.fnmatchcase(f, "*/" + pat) for f in repo_files()
+    )
 
 
 def prose(path: Path) -> str:
@@ -93,8 +99,11 @@ def prose_paths(text: str) -> list[str]:
 
 
 def links(text: str) -> list[str]:
-    return [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
-            if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    return [
+        t.split("#")[0]
+        for t in re.findall(r"\]\(([^)\s]+)\)", text)
+        if not re.match(r"[a-z]+:", t) and not t.startswith("#")
+    ]
 
 
 def headings(doc: Path) -> set[str]:
@@ -126,8 +135,9 @@ def _rel(doc: Path) -> str:
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_every_named_file_exists(doc):
     text = prose(doc)
-    missing = [t for t in backticked_paths(text)
-               if t not in ELSEWHERE | PENDING and not exists_as_tail(t)]
+    missing = [
+        t for t in backticked_paths(text) if t not in ELSEWHERE | PENDING and not exists_as_tail(t)
+    ]
     missing += [t for t in prose_paths(text) if t not in PENDING and not exists_from_root(t)]
     for t in links(text):
         target = (doc.parent / t).resolve()
@@ -152,22 +162,31 @@ def test_every_cited_section_exists(doc):
 
 
 def test_the_checker_finds_what_is_missing():
-    text = ("See `goinfer/graph.py`, `src/attention_impl.c`, `tests/test_kernels_*.py`, "
-            "`goinfer/models/<family>.py` and goinfer/nothing_here.py, `no_such_file.py`, "
-            "`docs/design/kernels.md`, \"Exact contracts\" and \"No such section\" in "
-            "`docs/design/kernels.md`.")
-    assert backticked_paths(text) == ["goinfer/graph.py", "src/attention_impl.c",
-                                      "tests/test_kernels_*.py", "goinfer/models/<family>.py",
-                                      "no_such_file.py", "docs/design/kernels.md",
-                                      "docs/design/kernels.md"]
+    text = (
+        "See `goinfer/graph.py`, `src/attention_impl.c`, `tests/test_kernels_*.py`, "
+        "`goinfer/models/<family>.py` and goinfer/nothing_here.py, `no_such_file.py`, "
+        '`docs/design/kernels.md`, "Exact contracts" and "No such section" in '
+        "`docs/design/kernels.md`."
+    )
+    assert backticked_paths(text) == [
+        "goinfer/graph.py",
+        "src/attention_impl.c",
+        "tests/test_kernels_*.py",
+        "goinfer/models/<family>.py",
+        "no_such_file.py",
+        "docs/design/kernels.md",
+        "docs/design/kernels.md",
+    ]
     assert [t for t in backticked_paths(text) if not exists_as_tail(t)] == ["no_such_file.py"]
     assert prose_paths(text) == ["goinfer/nothing_here.py"]
     assert not exists_from_root("goinfer/nothing_here.py")
     assert exists_from_root("goinfer/_kernels/src/") and exists_from_root("docs/design")
     assert exists_as_tail("benchmarks/NAME.py") and not exists_as_tail("NOTICE.md")
     cited = cited_sections(text)
-    assert cited == [("docs/design/kernels.md", "Exact contracts"),
-                     ("docs/design/kernels.md", "No such section")]
+    assert cited == [
+        ("docs/design/kernels.md", "Exact contracts"),
+        ("docs/design/kernels.md", "No such section"),
+    ]
     kernels = ROOT / "docs" / "design" / "kernels.md"
     assert [_plain(t) in headings(kernels) for _, t in cited] == [True, False]
 
@@ -178,8 +197,12 @@ def test_every_environment_variable_is_in_the_table():
     import re
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    files = [p for d in ("goinfer", "tests", "benchmarks") for p in (ROOT / d).rglob("*")
-             if p.suffix in (".py", ".pyx", ".c", ".h") and ".venv" not in p.parts]
+    files = [
+        p
+        for d in ("goinfer", "tests", "benchmarks")
+        for p in (ROOT / d).rglob("*")
+        if p.suffix in (".py", ".pyx", ".c", ".h") and ".venv" not in p.parts
+    ]
     files.append(ROOT / "Makefile")
     used = {v for p in files for v in re.findall(r"GOINFER_[A-Z][A-Z_]*[A-Z]", p.read_text())}
     missing = sorted(v for v in used if f"`{v}`" not in doc)

@@ -6,18 +6,19 @@ sentence-transformers Pooling module, a tokenizer that appends <|endoftext|>) an
 llama.cpp's own convert_hf_to_gguf.py, which writes its qwen3.pooling_type.  The reference is
 transformers' base model on the Hugging Face tokenizer's ids, pooled as the model card and
 sentence-transformers do (last token / mean / first token) and L2-normalised."""
+
 from __future__ import annotations
 
 import base64
 
-from fixtures import hfconvert
 import httpx
 import numpy as np
 import openai
 import pytest
 from test_server import Server, msgs
-from fixtures.compare import load
 
+from fixtures import hfconvert
+from fixtures.compare import load
 from goinfer import KVCache
 from goinfer.embeddings import embed
 from goinfer.errors import RequestError
@@ -98,8 +99,9 @@ def test_embeddings_route(emb_srv):
     assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
     assert np.array_equal(np.array(body["data"][0]["embedding"], np.float32), want[1])
     b64 = s.post("/v1/embeddings", {"input": [TEXTS[0]], "encoding_format": "base64"}).json()
-    assert np.array_equal(np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4"),
-                          want[0])
+    assert np.array_equal(
+        np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4"), want[0]
+    )
     _, ref = reference(hf, path, "lasttoken")
     assert np.abs(want - ref).max() <= 1e-5
     # the same vectors while the engine generates (it shares the model)
@@ -107,11 +109,19 @@ def test_embeddings_route(emb_srv):
     assert gen.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[1, 99999]]}, "input"),
-    ({"input": 5}, "input"), ({"input": "x", "dimensions": 3}, "dimensions"),
-    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "x", "nope": 1}, "nope"), ({"input": "x " * 2000}, "input")])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": [[1, 99999]]}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": "x", "dimensions": 3}, "dimensions"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "nope": 1}, "nope"),
+        ({"input": "x " * 2000}, "input"),
+    ],
+)
 def test_bad_embedding_bodies(emb_srv, body, param):
     r = emb_srv[0].post("/v1/embeddings", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -141,15 +151,19 @@ def test_tokenize_detokenize(tok_srv):
     text = "Hello world, the cat sat <|im_start|> on the mat."
     plain = s.post("/tokenize", {"content": text}).json()["tokens"]
     full = s.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"]
-    assert full[len(full) - len(plain):] == plain  # add_special: a BOS if the model wants one
+    assert full[len(full) - len(plain) :] == plain  # add_special: a BOS if the model wants one
     assert len(full) - len(plain) == int(m.tokenizer.add_bos)
     assert m.tokenizer.token_to_id("<|im_start|>") in plain  # parse_special defaults to true
     raw = s.post("/tokenize", {"content": text, "parse_special": False}).json()["tokens"]
     assert m.tokenizer.token_to_id("<|im_start|>") not in raw
-    a = s.post("/v1/completions", {"prompt": text, "max_tokens": 6, "temperature": 0,
-                                   "return_tokens": True}).json()
-    b = s.post("/v1/completions", {"prompt": full, "max_tokens": 6, "temperature": 0,
-                                   "return_tokens": True}).json()
+    a = s.post(
+        "/v1/completions",
+        {"prompt": text, "max_tokens": 6, "temperature": 0, "return_tokens": True},
+    ).json()
+    b = s.post(
+        "/v1/completions",
+        {"prompt": full, "max_tokens": 6, "temperature": 0, "return_tokens": True},
+    ).json()
     assert a["usage"]["prompt_tokens"] == len(full) and a["tokens"] == b["tokens"]
     assert s.post("/detokenize", {"tokens": plain}).json() == {"content": text}
     pieces = s.post("/tokenize", {"content": "the cat", "with_pieces": True}).json()["tokens"]
@@ -175,8 +189,12 @@ def test_tokenize_a_chat(tok_srv):
     """A Chat Completions body counts the chat prompt exactly as the chat route renders it
     (tools in the prompt included)."""
     s, _ = tok_srv
-    tools = [{"type": "function", "function": {"name": "now", "parameters": {
-        "type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "now", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     body = {"messages": msgs("What time is it?", system="Be brief."), "tools": tools}
     toks = s.post("/tokenize", body).json()["tokens"]
     r = s.post("/v1/chat/completions", dict(body, max_tokens=1)).json()
@@ -184,11 +202,17 @@ def test_tokenize_a_chat(tok_srv):
     assert len(s.post("/tokenize", {"messages": body["messages"]}).json()["tokens"]) < len(toks)
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/tokenize", {}, "content"), ("/tokenize", {"content": 5}, "content"),
-    ("/tokenize", {"content": "x", "nope": 1}, "nope"),
-    ("/tokenize", {"messages": "hi"}, "messages"),
-    ("/detokenize", {"tokens": "abc"}, "tokens"), ("/detokenize", {"tokens": [10**9]}, "tokens")])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/tokenize", {}, "content"),
+        ("/tokenize", {"content": 5}, "content"),
+        ("/tokenize", {"content": "x", "nope": 1}, "nope"),
+        ("/tokenize", {"messages": "hi"}, "messages"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ],
+)
 def test_bad_token_bodies(tok_srv, path, body, param):
     r = tok_srv[0].post(path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -196,8 +220,12 @@ def test_bad_token_bodies(tok_srv, path, body, param):
 
 def test_token_routes_need_the_api_key(tiny):
     with Server(load(tiny("llama", 3)[1]), api_key="k") as s:
-        for path, body in [("/tokenize", {"content": "x"}), ("/detokenize", {"tokens": [1]}),
-                           ("/v1/embeddings", {"input": "x"})]:
+        for path, body in [
+            ("/tokenize", {"content": "x"}),
+            ("/detokenize", {"tokens": [1]}),
+            ("/v1/embeddings", {"input": "x"}),
+        ]:
             assert httpx.post(s.url + path, json=body).status_code == 401
-            assert httpx.post(s.url + path, json=body,
-                              headers={"Authorization": "Bearer k"}).status_code in (200, 400)
+            assert httpx.post(
+                s.url + path, json=body, headers={"Authorization": "Bearer k"}
+            ).status_code in (200, 400)

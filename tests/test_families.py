@@ -9,6 +9,7 @@ Reference distance: llama.cpp itself reaches max |logit diff| 2.0e-3 against tra
 such tiny Qwen3.5 models (tests/tools/families_reference.py measures both engines); goinfer is
 held to that and to float32 agreement (fixtures.compare.close: 1e-4 x logit scale), with identical
 top-1 everywhere."""
+
 from __future__ import annotations
 
 import json
@@ -16,23 +17,36 @@ import warnings
 from collections import Counter
 
 import gguf
-from fixtures import hfconvert
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
-                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
-                              load, note_512, pin_512)
 
+from fixtures import hfconvert
+from fixtures.compare import (
+    assert_crossed_512,
+    assert_one_prefill_is_every_schedule,
+    assert_threads_agree,
+    close,
+    cut_points,
+    cuts_of,
+    hf_logits,
+    lengths,
+    load,
+    note_512,
+    pin_512,
+)
 from goinfer import KVCache
 from goinfer._kernels import attention_counters, reset_attention_counters
-from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.batch import forward_sessions
+from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 
 LLAMA_CPP_DISTANCE = 2.0e-3  # max |logit diff| llama.cpp reaches on tiny Qwen3.5
-SETTINGS = settings(max_examples=8, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +108,25 @@ def test_logits_match_transformers(family, kernels, request):
 
 QWEN_VARIANTS = {
     # 8 layers (2 attention), Hk == Hv (no V reordering), tied embeddings, conv kernel 3
-    "wide": dict(num_hidden_layers=8, linear_num_value_heads=2, tie_word_embeddings=True,
-                 linear_conv_kernel_dim=3),
+    "wide": dict(
+        num_hidden_layers=8,
+        linear_num_value_heads=2,
+        tie_word_embeddings=True,
+        linear_conv_kernel_dim=3,
+    ),
     # an explicit layer pattern that is not every 4th, 3 value heads per key head
-    "pattern": dict(num_hidden_layers=5, layer_types=["full_attention", "linear_attention",
-                                                      "linear_attention", "full_attention",
-                                                      "linear_attention"],
-                    linear_num_value_heads=6, linear_num_key_heads=2),
+    "pattern": dict(
+        num_hidden_layers=5,
+        layer_types=[
+            "full_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+        ],
+        linear_num_value_heads=6,
+        linear_num_key_heads=2,
+    ),
 }
 
 
@@ -153,13 +179,25 @@ def test_smollm3_nope_layers_matter(smollm3):
 def test_chat_templates_come_from_the_files(models):
     """The converter writes each family's real template (llama.cpp's models/templates);
     Model.config.arch names the family (agent tool-call formats key on it)."""
-    tools = [{"type": "function", "function": {"name": "get_time", "description": "Time now",
-                                                "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_time",
+                "description": "Time now",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     q = models("qwen35")
     text = q.apply_chat_template(msgs, tools=tools)
     assert q.chat_template == hfconvert.template("Qwen3.5-4B")
-    assert "<tools>" in text and "get_time" in text and text.endswith("<|im_start|>assistant\n<think>\n")
+    assert (
+        "<tools>" in text
+        and "get_time" in text
+        and text.endswith("<|im_start|>assistant\n<think>\n")
+    )
     s = models("smollm3")
     assert s.chat_template == hfconvert.template("HuggingFaceTB-SmolLM3-3B")
     assert "<|im_start|>assistant" in s.apply_chat_template(msgs)
@@ -179,13 +217,19 @@ def test_batching_threads_hypothesis(models):
 
 @SETTINGS
 @pin_512(family="qwen35", seed=4)
-@given(n=lengths(560), cuts=cut_points(),
-       family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]), seed=st.integers(0, 10**6))
+@given(
+    n=lengths(560),
+    cuts=cut_points(),
+    family=st.sampled_from(["smollm3", "qwen35", "qwen35moe"]),
+    seed=st.integers(0, 10**6),
+)
 def batching_threads(models, seen, n, cuts, family, seed):
     cuts = cuts_of(n, cuts)
     note_512(seen, n, cuts)
     ids = ids_(n, seed)
-    assert_one_prefill_is_every_schedule(*(models(family, 1, True), models(family, 2, True)), ids, cuts)
+    assert_one_prefill_is_every_schedule(
+        *(models(family, 1, True), models(family, 2, True)), ids, cuts
+    )
 
 
 @pytest.mark.parametrize("family", ["smollm3", "qwen35", "qwen35moe"])
@@ -203,8 +247,12 @@ def test_long_prompt_across_512(models, request, family, exact):
 
 
 @SETTINGS
-@given(data=st.data(), seed=st.integers(0, 10**6), every=st.sampled_from([1, 4]),
-       family=st.sampled_from(["qwen35", "qwen35moe"]))
+@given(
+    data=st.data(),
+    seed=st.integers(0, 10**6),
+    every=st.sampled_from([1, 4]),
+    family=st.sampled_from(["qwen35", "qwen35moe"]),
+)
 def test_hybrid_prefix_reuse_hypothesis(models, data, seed, every, family):
     """A second session reuses the first one's blocks up to the latest state snapshot (every
     `every` blocks) inside their common prefix, prefills the rest, and gets a cold prefill's
@@ -216,7 +264,9 @@ def test_hybrid_prefix_reuse_hypothesis(models, data, seed, every, family):
     cache = KVCache(m, max_tokens=2048, snapshot_every=every)
     a = m.session(cache)
     a.prefill(ids[:shared] + ids_(5, seed + 1, 300))
-    lcp = next((i for i in range(min(len(a.tokens), n)) if a.tokens[i] != ids[i]), min(len(a.tokens), n))
+    lcp = next(
+        (i for i in range(min(len(a.tokens), n)) if a.tokens[i] != ids[i]), min(len(a.tokens), n)
+    )
     b = m.session(cache)
     r = b.generate(ids, max_tokens=0)
     step = cache.block_size * every
@@ -236,7 +286,9 @@ def test_hybrid_agent_turns_prefill_only_the_new_suffix(models):
     r1 = s.generate(p1, max_tokens=6)
     p2 = p1 + r1.tokens + ids_(30, 2)
     r2 = s.generate(p2, max_tokens=4)
-    assert r2.cached_tokens == len(p1) + len(r1.tokens) - 1  # all it held (the last reply token was never fed)
+    assert (
+        r2.cached_tokens == len(p1) + len(r1.tokens) - 1
+    )  # all it held (the last reply token was never fed)
     p3 = p2 + ids_(3, 3) + ids_(20, 4)  # a different "reply" after p2
     r3 = s.generate(p3, max_tokens=0)
     assert r3.cached_tokens == len(p2)
@@ -342,12 +394,19 @@ def rewrite(src, dst, arch=None, add=(), drop=(), block_delta=0, copy_block=None
     for k, v, vt in add:
         w.add_key_value(k.format(arch=arch), v, vt)
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed(t.shape.tolist())),
-                     raw_dtype=t.tensor_type)
+        w.add_tensor(
+            t.name,
+            np.array(t.data),
+            raw_shape=list(reversed(t.shape.tolist())),
+            raw_dtype=t.tensor_type,
+        )
         if copy_block and t.name.startswith(f"blk.{copy_block[0]}."):
-            w.add_tensor(t.name.replace(f"blk.{copy_block[0]}.", f"blk.{copy_block[1]}.", 1),
-                         np.array(t.data), raw_shape=list(reversed(t.shape.tolist())),
-                         raw_dtype=t.tensor_type)
+            w.add_tensor(
+                t.name.replace(f"blk.{copy_block[0]}.", f"blk.{copy_block[1]}.", 1),
+                np.array(t.data),
+                raw_shape=list(reversed(t.shape.tolist())),
+                raw_dtype=t.tensor_type,
+            )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -357,8 +416,13 @@ def rewrite(src, dst, arch=None, add=(), drop=(), block_delta=0, copy_block=None
 
 def test_mtp_head_is_skipped_with_a_warning(qwen35, tmp_path):
     hf, path = qwen35
-    p = rewrite(path, tmp_path / "mtp.gguf", block_delta=1, copy_block=(3, 4),
-                add=[("{arch}.nextn_predict_layers", 1, gguf.GGUFValueType.UINT32)])
+    p = rewrite(
+        path,
+        tmp_path / "mtp.gguf",
+        block_delta=1,
+        copy_block=(3, 4),
+        add=[("{arch}.nextn_predict_layers", 1, gguf.GGUFValueType.UINT32)],
+    )
     with pytest.warns(UserWarning, match="multi-token-prediction"):
         m = load(p)
     assert m.config.n_layers == 4 and m.config.n_mtp == 1
@@ -369,11 +433,21 @@ def test_mtp_head_is_skipped_with_a_warning(qwen35, tmp_path):
 def test_unsupported_features_get_typed_errors(qwen35, tmp_path):
     _, path = qwen35
     with pytest.raises(UnsupportedArchitectureError, match="experts"):
-        load(rewrite(path, tmp_path / "e.gguf",
-                     add=[("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32)]))
+        load(
+            rewrite(
+                path,
+                tmp_path / "e.gguf",
+                add=[("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32)],
+            )
+        )
     with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'yarn'"):
-        load(rewrite(path, tmp_path / "y.gguf",
-                     add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)]))
+        load(
+            rewrite(
+                path,
+                tmp_path / "y.gguf",
+                add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)],
+            )
+        )
     with pytest.raises(ModelFormatError, match="mixture of experts"):  # a dense file claiming MoE
         load(rewrite(path, tmp_path / "moe.gguf", arch="qwen35moe"))
     with warnings.catch_warnings():
@@ -386,9 +460,14 @@ def test_converter_cache_layout():
     d = hfconvert.converter_dir()
     assert (d / "convert_hf_to_gguf.py").is_file() and (d / "LICENSE").is_file()
     assert "MIT" in (d / "LICENSE").read_text()
-    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == ["gemma4", "gpt-oss", "qwen3",
-                                                                  "qwen35", "qwen35moe",
-                                                                  "smollm3"]
+    assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == [
+        "gemma4",
+        "gpt-oss",
+        "qwen3",
+        "qwen35",
+        "qwen35moe",
+        "smollm3",
+    ]
 
 
 @pytest.mark.parametrize("family", ["smollm3", "qwen35moe"])
@@ -439,8 +518,9 @@ def test_hybrid_decode_graph_replay_is_exact(qwen35, many_shares, threads):
     got = _decode_run(m, prompts, 30)
     assert np.array_equal(got, ref)
     assert 20 <= m.graph.replays < 30  # snapshot steps fell back to the Python path
-    ref1 = _decode_run(Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts[:1], 24,
-                       fork_at=6)
+    ref1 = _decode_run(
+        Model(GGUFFile(path), threads=1, progress=False, graph=False), prompts[:1], 24, fork_at=6
+    )
     m1 = Model(GGUFFile(path), threads=threads, progress=False)
     assert np.array_equal(_decode_run(m1, prompts[:1], 24, fork_at=6), ref1)
     assert m1.graph.captures == 1 and m1.graph.replays >= 18  # one plan, two sessions' states

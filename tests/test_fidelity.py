@@ -1,4 +1,5 @@
 """goinfer.fidelity (perplexity, compare) and their CLI commands, on a tiny random model."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
 
-TEXT = ("The quick brown fox jumps over the lazy dog. " * 40 + "def f(x):\n    return x * 2\n" * 30)
+TEXT = "The quick brown fox jumps over the lazy dog. " * 40 + "def f(x):\n    return x * 2\n" * 30
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +91,8 @@ def _compare_reference(ma, mb, ids, ctx, stride):
     rows_a, rows_b, tgt, pos = [], [], [], []
     for b, e, s in fidelity.windows(len(ids), ctx, stride):
         la, lb = ma.logits(ids[b:e]), mb.logits(ids[b:e])  # (e - b, vocab)
-        rows_a.append(la[s - 1 - b:e - 1 - b])
-        rows_b.append(lb[s - 1 - b:e - 1 - b])
+        rows_a.append(la[s - 1 - b : e - 1 - b])
+        rows_b.append(lb[s - 1 - b : e - 1 - b])
         tgt.extend(ids[s:e])
         pos.extend(range(s - 1, e - 1))
     x, y = np.concatenate(rows_a).astype(np.float64), np.concatenate(rows_b).astype(np.float64)
@@ -102,10 +103,15 @@ def _compare_reference(ma, mb, ids, ctx, stride):
         m = z.max(1)
         return np.log(np.exp(z - m[:, None]).sum(1)) + m - z[rows, tgt]
 
-    return dict(n_scored=len(tgt), top1_agreement=float((x.argmax(1) == y.argmax(1)).mean()),
-                cosine_mean=float(cos.mean()), cosine_min=float(cos.min()),
-                worst_position=pos[int(cos.argmin())], nll_a=float(nll(x).mean()),
-                nll_b=float(nll(y).mean()))
+    return dict(
+        n_scored=len(tgt),
+        top1_agreement=float((x.argmax(1) == y.argmax(1)).mean()),
+        cosine_mean=float(cos.mean()),
+        cosine_min=float(cos.min()),
+        worst_position=pos[int(cos.argmin())],
+        nll_a=float(nll(x).mean()),
+        nll_b=float(nll(y).mean()),
+    )
 
 
 def test_compare_matches_definition_fast_vs_exact(path):
@@ -121,15 +127,19 @@ def test_compare_matches_definition_fast_vs_exact(path):
     assert abs(r.nll_diff_mean - (want["nll_b"] - want["nll_a"])) <= 1e-12
     assert r.cosine_min < 1.0  # the fast windows differ
     assert r.cosine_min > 0.9999 and r.top1_agreement >= 0.99 and abs(r.nll_diff_mean) < 1e-3
-    assert abs(r.nll_a - math.log(fidelity.perplexity(b, ids, 600, 300, progress=False)
-                                  .perplexity)) < 1e-9
+    assert (
+        abs(r.nll_a - math.log(fidelity.perplexity(b, ids, 600, 300, progress=False).perplexity))
+        < 1e-9
+    )
 
 
 def test_parse_settings():
     assert fidelity.parse_settings("exact=true, threads=2") == {"exact": True, "threads": 2}
     assert fidelity.parse_settings("exact_prefill=true") == {"exact": True}  # the old name
     assert fidelity.parse_settings("model=a.gguf,exact-prefill=0") == {
-        "model": "a.gguf", "exact": False}
+        "model": "a.gguf",
+        "exact": False,
+    }
     for bad in ("speed=3", "exact=maybe", "threads=x", "model"):
         with pytest.raises(ValueError):
             fidelity.parse_settings(bad)
@@ -143,8 +153,26 @@ def test_load_pair_shares_weights(path):
 def test_cli(path, tmp_path, capsys):
     f = _write(TEXT)
     out = tmp_path / "p.json"
-    assert cli.main(["perplexity", str(path), f, "--ctx", "128", "--json", str(out),
-                     "--max-tokens", "300", "--skip-tokens", "7", "--threads", "1"]) == 0
+    assert (
+        cli.main(
+            [
+                "perplexity",
+                str(path),
+                f,
+                "--ctx",
+                "128",
+                "--json",
+                str(out),
+                "--max-tokens",
+                "300",
+                "--skip-tokens",
+                "7",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "perplexity" in capsys.readouterr().out
     d = json.loads(out.read_text())
     assert d["ctx"] == 128 and d["stride"] == 64 and d["perplexity"] > 1 and d["n_tokens"] == 300
@@ -153,8 +181,24 @@ def test_cli(path, tmp_path, capsys):
     assert ids.tolist() == fidelity.read_ids(m, f)[7:307].tolist()
     ref = fidelity.perplexity(m, ids, 128, progress=False)
     assert d["perplexity"] == ref.perplexity
-    assert cli.main(["compare", str(path), "--a", "exact=true,threads=1", "--b",
-                     "exact_prefill=false,threads=1", f, "--ctx", "128", "--max-tokens", "300"]) == 0
+    assert (
+        cli.main(
+            [
+                "compare",
+                str(path),
+                "--a",
+                "exact=true,threads=1",
+                "--b",
+                "exact_prefill=false,threads=1",
+                f,
+                "--ctx",
+                "128",
+                "--max-tokens",
+                "300",
+            ]
+        )
+        == 0
+    )
     assert "top-1 agreement 1.0000" in capsys.readouterr().out
     assert cli.main(["compare", str(path), "--a", "nope=1", "--b", "", f]) == 2
     assert cli.main(["perplexity", str(path), f, "--ctx", "5000"]) == 2  # > context: typed error

@@ -3,6 +3,7 @@ bit for bit (prefill, decode, chunked prefill, prefix reuse) through sliding-win
 prompts (llama.cpp's rendering, one BOS), and the real Gemma 3 270M Q4_K_M against goldens from
 transformers and llama.cpp (tests/data/gemma3_270m_goldens.json, tests/tools/make_gemma_goldens.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fixtures import tinygemma
 from fixtures.compare import close, hf_logits, load
-
 from goinfer import KVCache
 from goinfer.chat_template import builtin_template
 from goinfer.errors import ModelFormatError
@@ -53,7 +54,7 @@ def test_config_read_from_file(tiny_gemma):
     assert cfg.swa_layers == (True,) * 5 + (False, True)
     assert cfg.sliding_window == WINDOW
     assert cfg.rope_base == 1e6 and cfg.rope_base_local == 1e4
-    assert cfg.attn_scale == pytest.approx(32 ** -0.5)
+    assert cfg.attn_scale == pytest.approx(32**-0.5)
     assert cfg.tied_embeddings and cfg.qk_norm and cfg.rope_neox
     assert cfg.final_softcap == 0.0
     assert "6 local layers (window 8) + 1 global" in cfg.describe()
@@ -61,18 +62,42 @@ def test_config_read_from_file(tiny_gemma):
 
 VARIANTS = {
     # the layer pattern written in the file, as per-layer bools (True = sliding window) or as n
-    "pattern-array": (dict(num_hidden_layers=4, layer_types=[
-        "sliding_attention", "full_attention", "full_attention", "sliding_attention"]),
-        dict(pattern=[True, False, False, True])),
-    "pattern-int": (dict(num_hidden_layers=4, layer_types=[
-        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
-        dict(pattern=2)),
+    "pattern-array": (
+        dict(
+            num_hidden_layers=4,
+            layer_types=[
+                "sliding_attention",
+                "full_attention",
+                "full_attention",
+                "sliding_attention",
+            ],
+        ),
+        dict(pattern=[True, False, False, True]),
+    ),
+    "pattern-int": (
+        dict(
+            num_hidden_layers=4,
+            layer_types=[
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+        ),
+        dict(pattern=2),
+    ),
     # global layers with linear RoPE scaling (Gemma 3 4B+), local layers unscaled
-    "linear-rope": (dict(rope_parameters={
-        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), {}),
+    "linear-rope": (
+        dict(
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            }
+        ),
+        {},
+    ),
     "final-softcap": (dict(final_logit_softcapping=3.0), {}),
-    "scale-in-file": (dict(query_pre_attn_scalar=20), dict(attention_scale=20 ** -0.5)),
+    "scale-in-file": (dict(query_pre_attn_scalar=20), dict(attention_scale=20**-0.5)),
     # 27B: query_pre_attn_scalar = d_model / n_heads (16 here, head_dim 32), not in the file
     "62-layers": (dict(num_hidden_layers=62, query_pre_attn_scalar=16), {}),
     "one-kv-head": (dict(num_key_value_heads=1), {}),
@@ -127,7 +152,7 @@ def test_chunked_prefill_is_bit_identical(tiny_gemma):
     s = m.session(KVCache(m, max_tokens=64, block_size=4))
     at = 0
     for size in (3, 5, 9, 1, 12, 15):  # chunks shorter and longer than the window
-        last = s.prefill(ids[at:at + size])
+        last = s.prefill(ids[at : at + size])
         at += size
         assert np.array_equal(last, ref[at - 1]), at
 
@@ -188,7 +213,7 @@ def test_chat_prompt_has_one_bos(tiny_gemma):
     # ChatSession.chat prefills exactly those ids
     s = m.session()
     r = s.chat(msgs, max_tokens=1)
-    assert r.prompt_tokens == len(ids) and s.tokens[:len(ids)] == ids
+    assert r.prompt_tokens == len(ids) and s.tokens[: len(ids)] == ids
 
 
 def test_chat_prompt_without_bos_when_model_wants_none(tiny):
@@ -247,7 +272,10 @@ def test_real_top1_agreement_with_transformers(gemma3, gold):
     (transformers' top-2 gap < 0.5 logit), so: >= 94% overall, and all positions where
     transformers' choice leads by 1 logit or more."""
     ids = gold["ids"]
-    assert gemma3.tokenize((DATA / "agreement_text.txt").read_text(), add_special=True)[:len(ids)] == ids
+    assert (
+        gemma3.tokenize((DATA / "agreement_text.txt").read_text(), add_special=True)[: len(ids)]
+        == ids
+    )
     top1 = gemma3.logits(ids).argmax(1)
     hf, margin = np.array(gold["hf_top1"]), np.array(gold["hf_margin"])
     agree = float((top1 == hf).mean())

@@ -12,34 +12,48 @@ transformers on the dense fixture, 9.6e-3 on the MoE one (benchmarks/families_re
 --family gemma4; its CPU GELU rounds its input to float16 and reads a float16 table); goinfer is
 held to float32 agreement (fixtures.compare.close: 1e-4 x logit scale), far inside it, with
 identical top-1."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import gguf
-from fixtures import hfconvert
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_families import _decode_run, rewrite
-from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
-                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
-                              load, note_512, pin_512)
 
+from fixtures import hfconvert
+from fixtures.compare import (
+    assert_crossed_512,
+    assert_one_prefill_is_every_schedule,
+    assert_threads_agree,
+    close,
+    cut_points,
+    cuts_of,
+    hf_logits,
+    lengths,
+    load,
+    note_512,
+    pin_512,
+)
 from goinfer import KVCache
 from goinfer._kernels import attention_counters, reset_attention_counters
-from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 from goinfer.batch import forward_sessions
 from goinfer.chat import GEMMA4, tool_format
+from goinfer.errors import CacheFileError, ModelFormatError, UnsupportedArchitectureError
 
 LLAMA_CPP_DISTANCE = 1.4e-1  # max |logit diff| llama.cpp reaches on this fixture (1..300 tokens)
 VOCAB = 400
 # max |logit diff| / logit scale vs transformers over 1100 tokens: measured 2.3e-4 (1.4e-3 at
 # positions 700..800; the NumPy reference kernels the same, float64 transformers 2.1e-4)
 LONG_DISTANCE = 4e-4
-SETTINGS = settings(max_examples=6, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")
@@ -191,10 +205,13 @@ def test_prefix_reuse_hypothesis(models, data, seed, block_size):
     a.prefill(ids[:shared] + ids_(5, seed + 1))
     b = m.session(cache)
     r = b.generate(ids, max_tokens=0)
-    lcp = next((i for i in range(min(len(a.tokens), n)) if a.tokens[i] != ids[i]),
-               min(len(a.tokens), n))
+    lcp = next(
+        (i for i in range(min(len(a.tokens), n)) if a.tokens[i] != ids[i]), min(len(a.tokens), n)
+    )
     assert r.cached_tokens == (min(lcp, n - 1) // block_size) * block_size
-    assert np.array_equal(b.prefill([7]), m.session(KVCache(m, max_tokens=n + 64)).prefill(ids + [7]))
+    assert np.array_equal(
+        b.prefill([7]), m.session(KVCache(m, max_tokens=n + 64)).prefill(ids + [7])
+    )
 
 
 def test_fork_batching_and_save_load(models, tmp_path):
@@ -254,32 +271,64 @@ def test_chat_template_and_tokenizer_match_transformers(gemma4, models):
     _, path = gemma4
     m = models()
     ht = AutoTokenizer.from_pretrained(path.parent / "hf")
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
-            {"role": "assistant", "content": "Hello!"},
-            {"role": "user", "content": "the weather in\n\nParis, \u00e9t\u00e9 \U0001f999?"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "the weather in\n\nParis, \u00e9t\u00e9 \U0001f999?"},
+    ]
     text = m.apply_chat_template(msgs)
     assert text == ht.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<bos><|turn>system\n")
     assert text.endswith("<|turn>model\n<|channel>thought\n<channel|>")
     ids = m.tokenize_chat(text)
-    assert ids == ht(text, add_special_tokens=False).input_ids and ids.count(m.tokenizer.bos_id) == 1
+    assert (
+        ids == ht(text, add_special_tokens=False).input_ids and ids.count(m.tokenizer.bos_id) == 1
+    )
     assert m.detokenize(ids) == text
     # tools, a call and its result in Gemma 4's own format, with and without thinking
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather of a city", "parameters": {
-            "type": "object", "required": ["city"], "properties": {
-                "city": {"type": "string", "description": "the city"}, "days": {"type": "integer"},
-                "units": {"type": "string", "enum": ["c", "f"]}}}}}]
-    hist = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
-            {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"t": 21}'},
-            {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "and then?"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "parameters": {
+                    "type": "object",
+                    "required": ["city"],
+                    "properties": {
+                        "city": {"type": "string", "description": "the city"},
+                        "days": {"type": "integer"},
+                        "units": {"type": "string", "enum": ["c", "f"]},
+                    },
+                },
+            },
+        }
+    ]
+    hist = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"t": 21}'},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "and then?"},
+    ]
     for kw in ({}, {"enable_thinking": True}):
         text = m.apply_chat_template(hist, tools=tools, **kw)
-        assert text == ht.apply_chat_template(hist, tools=tools, tokenize=False,
-                                              add_generation_prompt=True, **kw)
-        assert "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|>" in text
+        assert text == ht.apply_chat_template(
+            hist, tools=tools, tokenize=False, add_generation_prompt=True, **kw
+        )
+        assert '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>' in text
         assert m.tokenize_chat(text) == ht(text, add_special_tokens=False).input_ids
     # tool requests use Gemma 4's own format (tests/test_gemma4_tools.py parses and
     # constrains it and checks the history against transformers)
@@ -322,16 +371,39 @@ def test_moe_config_experts_and_identities(gemma4moe):
 def test_bad_files_get_typed_errors(gemma4, gemma4moe, tmp_path):
     _, path = gemma4
     with pytest.raises(ModelFormatError, match="expert_count"):  # experts claimed, none there
-        load(rewrite(path, tmp_path / "e.gguf",
-                     add=[("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32),
-                          ("{arch}.expert_used_count", 2, gguf.GGUFValueType.UINT32)]))
+        load(
+            rewrite(
+                path,
+                tmp_path / "e.gguf",
+                add=[
+                    ("{arch}.expert_count", 4, gguf.GGUFValueType.UINT32),
+                    ("{arch}.expert_used_count", 2, gguf.GGUFValueType.UINT32),
+                ],
+            )
+        )
     with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'yarn'"):
-        load(rewrite(path, tmp_path / "y.gguf",
-                     add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)]))
+        load(
+            rewrite(
+                path,
+                tmp_path / "y.gguf",
+                add=[("{arch}.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)],
+            )
+        )
     with pytest.raises(ModelFormatError, match="shared-KV layers"):
-        load(rewrite(path, tmp_path / "s.gguf", drop=("gemma4.attention.shared_kv_layers",),
-                     add=[("{arch}.attention.shared_kv_layers", 6, gguf.GGUFValueType.UINT32)]))
+        load(
+            rewrite(
+                path,
+                tmp_path / "s.gguf",
+                drop=("gemma4.attention.shared_kv_layers",),
+                add=[("{arch}.attention.shared_kv_layers", 6, gguf.GGUFValueType.UINT32)],
+            )
+        )
     _, mpath = gemma4moe
     with pytest.raises(UnsupportedArchitectureError, match="gating function"):
-        load(rewrite(mpath, tmp_path / "g.gguf",
-                     add=[("{arch}.expert_gating_func", 2, gguf.GGUFValueType.UINT32)]))
+        load(
+            rewrite(
+                mpath,
+                tmp_path / "g.gguf",
+                add=[("{arch}.expert_gating_func", 2, gguf.GGUFValueType.UINT32)],
+            )
+        )

@@ -11,41 +11,74 @@ grammar to a call whose arguments validate against the tool's schema, the stream
 same call, then the result goes back through the template and the next turn reuses the
 cached prompt.
 """
+
 from __future__ import annotations
 
 import json
 
-from fixtures import hfconvert
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_channels import raw_text, stream_parts, tid
 from test_server import Server
-from fixtures.compare import load
 
+from fixtures import hfconvert
+from fixtures.compare import load
 from goinfer import KVCache
-from goinfer.chat import channels as C
 from goinfer import chat as T
+from goinfer.chat import channels as C
 
 Q = '<|"|>'
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "units": {"type": "string", "enum": ["c", "f"]}}}}}
-LEVEL = {"type": "function", "function": {"name": "set_level", "parameters": {
-    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9},
-                                     "loud": {"type": "boolean"}},
-    "required": ["level"], "additionalProperties": False}}}
-NOTE = {"type": "function", "function": {"name": "note", "parameters": {
-    "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
-                                     "meta": {"type": "object"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "required": ["city"],
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"type": "string", "enum": ["c", "f"]},
+            },
+        },
+    },
+}
+LEVEL = {
+    "type": "function",
+    "function": {
+        "name": "set_level",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "level": {"type": "integer", "minimum": 0, "maximum": 9},
+                "loud": {"type": "boolean"},
+            },
+            "required": ["level"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOTE = {
+    "type": "function",
+    "function": {
+        "name": "note",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "meta": {"type": "object"},
+            },
+        },
+    },
+}
 SPEC = T.check_tools([WEATHER, LEVEL, NOTE])
 
 # replies as Gemma 4 writes them (the template's rendering of calls), with content around
 REPLIES = [
     f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:2}}<tool_call|>",
-    f"<|tool_call>call:get_weather{{city:{Q}Paris, \"the\" {{city}}: x{Q},units:{Q}c{Q}}}"
+    f'<|tool_call>call:get_weather{{city:{Q}Paris, "the" {{city}}: x{Q},units:{Q}c{Q}}}'
     "<tool_call|><|tool_response>",
     f"Let me check.<|tool_call>call:set_level{{level:3,loud:true}}<tool_call|>"
     f"<|tool_call>call:get_weather{{city:{Q}Nice{Q}}}<tool_call|>",
@@ -71,13 +104,18 @@ def reference(text: str) -> tuple:
     p = ResponseParser(tmpl, prefix="<|turn>model\n")
     p.feed(text)
     msg, _ = p.finalize()
-    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []
+    ]
     return (msg.get("reasoning_content") or "").strip() or None, msg.get("content") or None, calls
 
 
 def ours(reasoning, content, calls):
-    return reasoning, content, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                                for c in calls or []]
+    return (
+        reasoning,
+        content,
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls or []],
+    )
 
 
 def parser():
@@ -113,8 +151,9 @@ def streamed(text: str, cuts) -> tuple:
     content = "".join(pieces) or None
     assert p.content == (None if calls and not content else content)
     assert p.reasoning == ("".join(reasoning) or None)
-    return ours(p.reasoning, None if calls and not content else content,
-                [calls[k] for k in sorted(calls)])
+    return ours(
+        p.reasoning, None if calls and not content else content, [calls[k] for k in sorted(calls)]
+    )
 
 
 @pytest.mark.parametrize("text", REPLIES)
@@ -136,9 +175,11 @@ def test_streaming_any_split(text, data):
 
 
 def test_text_that_is_no_call_stays_content():
-    for text in (f"a <|tool_call>call:unknown_fn{{x:1}}<tool_call|> b",  # not an offered tool
-                 f"<|tool_call>call:get_weather{{city:{Q}Par",  # cut short, not eager
-                 "<|tool_call>call:get_weather{city:Paris}<tool_call|>"):  # no string marks
+    for text in (
+        "a <|tool_call>call:unknown_fn{x:1}<tool_call|> b",  # not an offered tool
+        f"<|tool_call>call:get_weather{{city:{Q}Par",  # cut short, not eager
+        "<|tool_call>call:get_weather{city:Paris}<tool_call|>",
+    ):  # no string marks
         assert T.parse_reply(text, T.GEMMA4, SPEC) == (text, None)
     none = T.check_tools([WEATHER], "none")
     text = f"<|tool_call>call:get_weather{{city:{Q}x{Q}}}<tool_call|>"
@@ -167,21 +208,37 @@ def test_history_renders_as_transformers_does(gemma4):
 
     path, m = gemma4
     ht = AutoTokenizer.from_pretrained(path.parent / "hf")
-    calls = [("c1", "get_weather", {"city": "Paris", "days": 2}),
-             ("c2", "set_level", {"level": 3, "loud": False})]
-    hist = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."},
-            {"role": "assistant", "content": None, "tool_calls": [
+    calls = [
+        ("c1", "get_weather", {"city": "Paris", "days": 2}),
+        ("c2", "set_level", {"level": 3, "loud": False}),
+    ]
+    hist = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Go."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
                 {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-                for i, n, a in calls]},
-            {"role": "tool", "tool_call_id": "c1", "content": '{"t": 21}'},
-            {"role": "tool", "tool_call_id": "c2", "content": "ok"}]
+                for i, n, a in calls
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"t": 21}'},
+        {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+    ]
     tc = T.prepare_chat(m, hist, tools=[WEATHER, LEVEL])
     assert tc.fmt is T.GEMMA4
     ref = [dict(x) for x in hist]
-    ref[2] = {"role": "assistant", "tool_calls": [
-        {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]}
-    want = ht.apply_chat_template(ref, tools=[WEATHER, LEVEL], tokenize=False,
-                                  add_generation_prompt=True)
+    ref[2] = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in calls
+        ],
+    }
+    want = ht.apply_chat_template(
+        ref, tools=[WEATHER, LEVEL], tokenize=False, add_generation_prompt=True
+    )
     assert tc.prompt == want
     assert f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:2}}<tool_call|>" in want
     assert "<|tool_response>response:set_level{value:" in want
@@ -198,11 +255,15 @@ def test_grammar_per_choice(gemma4):
         tc = T.prepare_chat(m, [{"role": "user", "content": "hi"}], [WEATHER, LEVEL, NOTE], choice)
         assert tc.grammar is not None
         tc.compiled()
-    g = T.tool_grammar(T.check_tools([WEATHER, LEVEL], {"type": "function", "function": {
-        "name": "set_level"}}), T.GEMMA4, m.tokenizer)
+    g = T.tool_grammar(
+        T.check_tools([WEATHER, LEVEL], {"type": "function", "function": {"name": "set_level"}}),
+        T.GEMMA4,
+        m.tokenizer,
+    )
     assert "call:set_level{" in g and "get_weather" not in g
-    assert "get_weather" not in T.tool_grammar(T.check_tools([WEATHER], "none"), T.GEMMA4,
-                                               m.tokenizer)
+    assert "get_weather" not in T.tool_grammar(
+        T.check_tools([WEATHER], "none"), T.GEMMA4, m.tokenizer
+    )
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +273,14 @@ def srv(gemma4):
         yield s, m
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "get_weather"}},
-                                    {"type": "function", "function": {"name": "set_level"}}])
+@pytest.mark.parametrize(
+    "choice",
+    [
+        "required",
+        {"type": "function", "function": {"name": "get_weather"}},
+        {"type": "function", "function": {"name": "set_level"}},
+    ],
+)
 def test_calls_through_the_server_and_round_trip(srv, choice):
     """A forced call from the random tiny model validates against its schema, reads back from
     the raw reply as transformers reads it, streams the same; its result goes back through
@@ -223,8 +289,15 @@ def test_calls_through_the_server_and_round_trip(srv, choice):
     c = s.client()
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
     bias = {str(tid(m, "<tool_call|>")): 5, str(tid(m, Q)): 3}  # short strings, short calls
-    kw = dict(model="tiny", messages=msgs, tools=[WEATHER, LEVEL], tool_choice=choice,
-              max_tokens=200, temperature=0, logit_bias=bias)
+    kw = dict(
+        model="tiny",
+        messages=msgs,
+        tools=[WEATHER, LEVEL],
+        tool_choice=choice,
+        max_tokens=200,
+        temperature=0,
+        logit_bias=bias,
+    )
     r = c.chat.completions.create(extra_body={"return_tokens": True}, **kw)
     ch = r.choices[0]
     raw = raw_text(m, r.model_extra["tokens"])
@@ -238,11 +311,19 @@ def test_calls_through_the_server_and_round_trip(srv, choice):
     assert ours(None, None, [t.model_dump() for t in ch.message.tool_calls]) == reference(raw)
     _, _, calls, _ = stream_parts(c.chat.completions.create(stream=True, **kw))
     assert [tuple(v) for v in calls.values()] == [
-        (t.function.name, t.function.arguments) for t in ch.message.tool_calls]
+        (t.function.name, t.function.arguments) for t in ch.message.tool_calls
+    ]
     msgs += [ch.message.model_dump(exclude_none=True)] + [
-        {"role": "tool", "tool_call_id": t.id, "content": "sunny"} for t in ch.message.tool_calls]
-    r2 = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, LEVEL],
-                                   tool_choice="none", max_tokens=8, temperature=0)
+        {"role": "tool", "tool_call_id": t.id, "content": "sunny"} for t in ch.message.tool_calls
+    ]
+    r2 = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        tools=[WEATHER, LEVEL],
+        tool_choice="none",
+        max_tokens=8,
+        temperature=0,
+    )
     prompt = T.prepare_chat(m, msgs, [WEATHER, LEVEL]).prompt
     # the calls as the grammar had the model write them are the template's text for them
     assert raw.split("<|tool_response>")[0] in prompt
@@ -257,17 +338,29 @@ def test_thinking_on_thought_then_call(srv):
     reasoning_content, content and calls are what transformers' parser reads in the raw reply."""
     s, m = srv
     c = s.client()
-    bias = {str(tid(m, "<|channel>")): 10, str(tid(m, "<channel|>")): 11,
-            str(tid(m, "<tool_call|>")): 5, str(tid(m, Q)): 3}
+    bias = {
+        str(tid(m, "<|channel>")): 10,
+        str(tid(m, "<channel|>")): 11,
+        str(tid(m, "<tool_call|>")): 5,
+        str(tid(m, Q)): 3,
+    }
     r = c.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Level?"}], tools=[WEATHER, LEVEL],
-        tool_choice={"type": "function", "function": {"name": "set_level"}}, max_tokens=80,
-        temperature=0, logit_bias=bias,
-        extra_body={"return_tokens": True, "chat_template_kwargs": {"enable_thinking": True}})
+        model="tiny",
+        messages=[{"role": "user", "content": "Level?"}],
+        tools=[WEATHER, LEVEL],
+        tool_choice={"type": "function", "function": {"name": "set_level"}},
+        max_tokens=80,
+        temperature=0,
+        logit_bias=bias,
+        extra_body={"return_tokens": True, "chat_template_kwargs": {"enable_thinking": True}},
+    )
     ch = r.choices[0]
     raw = raw_text(m, r.model_extra["tokens"])
     assert raw.startswith("<|channel>thought\n") and "<channel|><|tool_call>call:" in raw, raw
     assert ch.finish_reason == "tool_calls", raw
-    got = ours(ch.message.model_extra.get("reasoning_content"), ch.message.content,
-               [t.model_dump() for t in ch.message.tool_calls])
+    got = ours(
+        ch.message.model_extra.get("reasoning_content"),
+        ch.message.content,
+        [t.model_dump() for t in ch.message.tool_calls],
+    )
     assert got == reference(raw) and got[0]  # a thought was written and read

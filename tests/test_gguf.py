@@ -1,4 +1,5 @@
 """GGUF reading and conversion: small files built here (gguf.GGUFWriter or by hand)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,21 +24,47 @@ from goinfer.gguf import NATIVE_TARGET, GGUFFile, native_target
 
 # byte offsets of the float16 scales inside one block, per type (all others: random bytes)
 F16_FIELDS = {
-    T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-    T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.Q4_0: [0],
+    T.Q4_1: [0, 2],
+    T.Q5_0: [0],
+    T.Q5_1: [0, 2],
+    T.Q8_0: [0],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
+    T.Q4_K: [0, 2],
+    T.Q5_K: [0, 2],
+    T.Q6_K: [208],
 }
-QUANT_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-               T.Q8_K]
+QUANT_TYPES = [
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.MXFP4,
+    T.Q2_K,
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.Q8_K,
+]
 
 
-def random_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator,
-                  scale_lo: float = 1e-3, scale_hi: float = 1e-1) -> np.ndarray:
+def random_blocks(
+    qtype: T,
+    n_out: int,
+    n_in: int,
+    rng: np.random.Generator,
+    scale_lo: float = 1e-3,
+    scale_hi: float = 1e-1,
+) -> np.ndarray:
     """Random raw blocks (n_out, row_bytes) uint8 with sane float16 scales (random sign)."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     nb = n_in // bs
     b = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
     if qtype == T.Q8_K:
-        d = (rng.uniform(scale_lo, scale_hi, size=(n_out, nb)) * rng.choice([-1, 1], (n_out, nb)))
+        d = rng.uniform(scale_lo, scale_hi, size=(n_out, nb)) * rng.choice([-1, 1], (n_out, nb))
         b[..., 0:4] = d.astype("<f4")[..., None].view(np.uint8)
     if qtype == T.MXFP4:  # e8m0 exponents: 2^-28 .. 2^12 (0..3 and 255 in test_mxfp4_extremes)
         b[..., 0] = rng.integers(100, 140, size=(n_out, nb))
@@ -77,6 +104,7 @@ def write_gguf(path, tensors: dict, kv: dict | None = None, arch: str = "llama")
 
 # ---------------------------------------------------------------- hand-built files (hostile tests)
 
+
 def _s(b: bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
@@ -91,15 +119,32 @@ def kv_u32(key: str, val: int) -> bytes:
 
 
 def tinfo(name: str, dims, tid: int, off: int) -> bytes:
-    return (_s(name.encode()) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
-            + struct.pack("<IQ", tid, off))
+    return (
+        _s(name.encode())
+        + struct.pack("<I", len(dims))
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + struct.pack("<IQ", tid, off)
+    )
 
 
-def build(kvs: list[bytes], infos: list[bytes], data: bytes, *, magic=b"GGUF", version=3,
-          n_tensors=None, n_kv=None, align=32) -> bytes:
+def build(
+    kvs: list[bytes],
+    infos: list[bytes],
+    data: bytes,
+    *,
+    magic=b"GGUF",
+    version=3,
+    n_tensors=None,
+    n_kv=None,
+    align=32,
+) -> bytes:
     kvs = [kv_str("general.architecture", "llama")] + kvs
-    head = magic + struct.pack("<IQQ", version, len(infos) if n_tensors is None else n_tensors,
-                               len(kvs) if n_kv is None else n_kv)
+    head = magic + struct.pack(
+        "<IQQ",
+        version,
+        len(infos) if n_tensors is None else n_tensors,
+        len(kvs) if n_kv is None else n_kv,
+    )
     head += b"".join(kvs) + b"".join(infos)
     head += b"\0" * (-len(head) % align)
     return head + data
@@ -116,6 +161,7 @@ def tmpfile(tmp_path):
         p = tmp_path / name
         p.write_bytes(content)
         return str(p)
+
     return make
 
 
@@ -163,7 +209,9 @@ def test_load_f32_matches_reference(tmp_path, qtype):
     ref = reference(qtype, raw, n_out, n_in)
     assert got.dtype == np.float32 and got.shape == (n_out, n_in)
     # same formulas as the reference; allow a couple of float32 roundings of order
-    np.testing.assert_allclose(got, ref, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(ref).max())
+    np.testing.assert_allclose(
+        got, ref, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(ref).max()
+    )
 
 
 @pytest.mark.parametrize("dtype,kind", [(np.float32, "f32"), (np.float16, "f16")])
@@ -192,7 +240,9 @@ def test_bf16_exact(tmp_path):
     expect = (bits.astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(dequantize(w), expect)
     np.testing.assert_array_equal(g.load_f32("w"), expect)
-    np.testing.assert_array_equal(g.load_f32("w"), ref_dequantize(bits.view(np.uint8), T.BF16).reshape(18, 64))
+    np.testing.assert_array_equal(
+        g.load_f32("w"), ref_dequantize(bits.view(np.uint8), T.BF16).reshape(18, 64)
+    )
 
 
 def test_q5_0_is_exact_q8_0(tmp_path):
@@ -340,12 +390,22 @@ def test_native_target_per_variant():
 def test_metadata_decoding(tmp_path):
     V = gguf.GGUFValueType
     kv = {
-        "x.u8": (200, V.UINT8), "x.i8": (-5, V.INT8), "x.u16": (60000, V.UINT16),
-        "x.i16": (-300, V.INT16), "x.u32": (4_000_000_000, V.UINT32), "x.i32": (-7, V.INT32),
-        "x.f32": (0.25, V.FLOAT32), "x.u64": (2**63 + 1, V.UINT64), "x.i64": (-(2**40), V.INT64),
-        "x.f64": (1e-300, V.FLOAT64), "x.bool": (True, V.BOOL), "x.str": ("héllo ✓", V.STRING),
-        "x.strs": (["a", "", "ü", "<0x0A>"], V.ARRAY), "x.ints": ([1, -2, 3], V.ARRAY),
-        "x.floats": ([0.5, 1.5], V.ARRAY), "x.bools": ([True, False], V.ARRAY),
+        "x.u8": (200, V.UINT8),
+        "x.i8": (-5, V.INT8),
+        "x.u16": (60000, V.UINT16),
+        "x.i16": (-300, V.INT16),
+        "x.u32": (4_000_000_000, V.UINT32),
+        "x.i32": (-7, V.INT32),
+        "x.f32": (0.25, V.FLOAT32),
+        "x.u64": (2**63 + 1, V.UINT64),
+        "x.i64": (-(2**40), V.INT64),
+        "x.f64": (1e-300, V.FLOAT64),
+        "x.bool": (True, V.BOOL),
+        "x.str": ("héllo ✓", V.STRING),
+        "x.strs": (["a", "", "ü", "<0x0A>"], V.ARRAY),
+        "x.ints": ([1, -2, 3], V.ARRAY),
+        "x.floats": ([0.5, 1.5], V.ARRAY),
+        "x.bools": ([True, False], V.ARRAY),
         "llama.context_length": (4096, V.UINT32),
     }
     g = GGUFFile(write_gguf(tmp_path / "t.gguf", {"w": (np.zeros((2, 32), np.float32), None)}, kv))
@@ -367,7 +427,9 @@ def test_metadata_decoding(tmp_path):
     assert g.arch_get("context_length") == 4096 and g.arch_get("block_count") == 2
     assert g.arch_get("nope", "d") == "d"
     assert not any(k.startswith("GGUF.") for k in m)
-    assert g.version == 3 and g.tensor_names == ["w"] and g.has_tensor("w") and not g.has_tensor("v")
+    assert (
+        g.version == 3 and g.tensor_names == ["w"] and g.has_tensor("w") and not g.has_tensor("v")
+    )
     with pytest.raises(ModelFormatError, match="no tensor named 'v'"):
         g.tensor_info("v")
 
@@ -391,7 +453,11 @@ def test_string_arrays_compiled_and_python_agree(tmp_path, monkeypatch):
 
     assert gg._string_array is not None  # the compiled reader is in use
     strs = ["a", "", "ü", "<0x0A>", "Ġthe", "\u2581x", "☃" * 7]
-    arr = _s(b"k.strs") + struct.pack("<IIQ", 9, 8, len(strs)) + b"".join(_s(x.encode()) for x in strs)
+    arr = (
+        _s(b"k.strs")
+        + struct.pack("<IIQ", 9, 8, len(strs))
+        + b"".join(_s(x.encode()) for x in strs)
+    )
     bad = _s(b"k.bad") + struct.pack("<IIQ", 9, 8, 2) + _s(b"ok") + _s(b"\xc3\x28")
     ti = [tinfo("w", [32, 2], 0, 0)]
     data = np.zeros(64, "<f4").tobytes()
@@ -425,39 +491,53 @@ def fingerprint_by_definition(path) -> str:
     evenly over the tensor data."""
     raw = Path(path).read_bytes()
     off = gguf.GGUFReader(path).data_offset
-    h = hashlib.sha256(b"goinfer-gguf-fingerprint-v2\0" + len(raw).to_bytes(8, "little") + raw[:off])
+    h = hashlib.sha256(
+        b"goinfer-gguf-fingerprint-v2\0" + len(raw).to_bytes(8, "little") + raw[:off]
+    )
     step = max(1, (len(raw) - off) // 256)
     for o in range(off, len(raw), step):
-        h.update(raw[o:o + 4096])
+        h.update(raw[o : o + 4096])
     return h.hexdigest()
 
 
 def test_fingerprint(tmp_path):
     rng = np.random.default_rng(9)
     raw = random_blocks(T.Q4_0, 16, 64, rng)
-    p1 = write_gguf(tmp_path / "a.gguf", {"w": (raw, T.Q4_0)}, {"k.v": (1, gguf.GGUFValueType.UINT32)})
+    p1 = write_gguf(
+        tmp_path / "a.gguf", {"w": (raw, T.Q4_0)}, {"k.v": (1, gguf.GGUFValueType.UINT32)}
+    )
     fp = GGUFFile(p1).fingerprint
     assert re.fullmatch("[0-9a-f]{64}", fp) and fp == fingerprint_by_definition(p1)
-    big = write_gguf(tmp_path / "big.gguf", {"w": (random_blocks(T.Q8_0, 4096, 256, rng), T.Q8_0)}, {})
+    big = write_gguf(
+        tmp_path / "big.gguf", {"w": (random_blocks(T.Q8_0, 4096, 256, rng), T.Q8_0)}, {}
+    )
     assert GGUFFile(big).fingerprint == fingerprint_by_definition(big)  # 1.1 MB: data sampled
     assert GGUFFile(p1).fingerprint == fp  # stable across opens
     p2 = str(tmp_path / "copy.gguf")
     shutil.copy(p1, p2)
     assert GGUFFile(p2).fingerprint == fp  # path does not matter
     # other metadata value -> other fingerprint
-    p3 = write_gguf(tmp_path / "b.gguf", {"w": (raw, T.Q4_0)}, {"k.v": (2, gguf.GGUFValueType.UINT32)})
+    p3 = write_gguf(
+        tmp_path / "b.gguf", {"w": (raw, T.Q4_0)}, {"k.v": (2, gguf.GGUFValueType.UINT32)}
+    )
     assert GGUFFile(p3).fingerprint != fp
     # other tensor shape/type -> other fingerprint
-    p4 = write_gguf(tmp_path / "c.gguf", {"w": (random_blocks(T.Q8_0, 16, 64, rng), T.Q8_0)},
-                    {"k.v": (1, gguf.GGUFValueType.UINT32)})
+    p4 = write_gguf(
+        tmp_path / "c.gguf",
+        {"w": (random_blocks(T.Q8_0, 16, 64, rng), T.Q8_0)},
+        {"k.v": (1, gguf.GGUFValueType.UINT32)},
+    )
     assert GGUFFile(p4).fingerprint != fp
     # a different file size -> other fingerprint
     with open(p2, "ab") as fh:
         fh.write(b"\0" * 32)
     assert GGUFFile(p2).fingerprint != fp
     # same shapes, other weights (a fine-tune) -> other fingerprint: tensor data is sampled
-    p5 = write_gguf(tmp_path / "d.gguf", {"w": (random_blocks(T.Q4_0, 16, 64, rng), T.Q4_0)},
-                    {"k.v": (1, gguf.GGUFValueType.UINT32)})
+    p5 = write_gguf(
+        tmp_path / "d.gguf",
+        {"w": (random_blocks(T.Q4_0, 16, 64, rng), T.Q4_0)},
+        {"k.v": (1, gguf.GGUFValueType.UINT32)},
+    )
     assert GGUFFile(p5).fingerprint != fp
 
 
@@ -534,7 +614,11 @@ def test_hostile_tensor_infos(tmpfile):
         "offset wraps": (tinfo("w", [32, 2], 0, 2**64 - 32), ModelFormatError, "past the end"),
         "data past EOF": (tinfo("w", [32, 4], 0, 0), ModelFormatError, "past the end"),
         "huge dims": (tinfo("w", [2**32, 2**32], 0, 0), ModelFormatError, "absurd|past the end"),
-        "dims overflow u64": (tinfo("w", [2**40, 2**40, 2**40, 2**40], 0, 0), ModelFormatError, "past the end"),
+        "dims overflow u64": (
+            tinfo("w", [2**40, 2**40, 2**40, 2**40], 0, 0),
+            ModelFormatError,
+            "past the end",
+        ),
         "zero dim": (tinfo("w", [32, 0], 0, 0), ModelFormatError, "absurd"),
         "too many dims": (tinfo("w", [2] * 9, 0, 0), ModelFormatError, "dimensions"),
         "no dims": (tinfo("w", [], 0, 0), ModelFormatError, "dimensions"),
@@ -553,12 +637,17 @@ def test_hostile_tensor_infos(tmpfile):
 def _full_file(tmp_path) -> tuple[bytes, int]:
     rng = np.random.default_rng(11)
     V = gguf.GGUFValueType
-    kv = {"tokenizer.ggml.tokens": (["<s>", "a", "bc", "déf"], V.ARRAY),
-          "tokenizer.ggml.scores": ([0.0, -1.0, -2.0, -3.0], V.ARRAY),
-          "x.name": ("hello", V.STRING), "x.n": (12, V.UINT32)}
-    tensors = {"q4": (random_blocks(T.Q4_0, 16, 64, rng), T.Q4_0),
-               "q4k": (random_blocks(T.Q4_K, 2, 256, rng), T.Q4_K),
-               "norm": (np.ones(32, np.float32), None)}
+    kv = {
+        "tokenizer.ggml.tokens": (["<s>", "a", "bc", "déf"], V.ARRAY),
+        "tokenizer.ggml.scores": ([0.0, -1.0, -2.0, -3.0], V.ARRAY),
+        "x.name": ("hello", V.STRING),
+        "x.n": (12, V.UINT32),
+    }
+    tensors = {
+        "q4": (random_blocks(T.Q4_0, 16, 64, rng), T.Q4_0),
+        "q4k": (random_blocks(T.Q4_K, 2, 256, rng), T.Q4_K),
+        "norm": (np.ones(32, np.float32), None),
+    }
     path = write_gguf(tmp_path / "full.gguf", tensors, kv)
     g = GGUFFile(path)
     data_end = max(int(t.data_offset) + int(t.n_bytes) for t in g._parts[0].reader.tensors)
@@ -650,7 +739,9 @@ def test_q6_k_requantized_where_the_variant_says(tmp_path, monkeypatch):
     native = GGUFFile(path)
     w6 = native.load_weight("w")
     assert w6.kind == "q6_k" and native.native_bytes() == 48 * 512 * 210 // 256
-    monkeypatch.setitem(gguf_mod.VARIANT_TARGET, str(_config.variant()), {"Q6_K": ("q8_0", "requantize")})
+    monkeypatch.setitem(
+        gguf_mod.VARIANT_TARGET, str(_config.variant()), {"Q6_K": ("q8_0", "requantize")}
+    )
     g = GGUFFile(path)
     w8 = g.load_weight("w")
     assert (w8.kind, w8.source_type) == ("q8_0", "Q6_K")

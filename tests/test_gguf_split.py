@@ -2,6 +2,7 @@
 against the GGUF spec, a split SmolLM2 loads as the whole file does (same tensors, logits bit
 for bit, its own layout cache key over all parts), and every missing or mismatched part is a
 ModelFormatError naming it."""
+
 from __future__ import annotations
 
 import shutil
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
-from fixtures.ggufsplit import split_gguf
 
+from fixtures.ggufsplit import split_gguf
 from goinfer import gguf_split, layout
 from goinfer.errors import ModelFormatError
 from goinfer.gguf import GGUFFile
@@ -24,13 +25,20 @@ _U16, _I32 = 2, 5
 def _kv(key: str, vtype: int, value: int) -> bytes:
     """One key/value pair as the GGUF spec encodes it: u64 key length, key, u32 type, value."""
     k = key.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<I", vtype) + struct.pack(
-        {_U16: "<H", _I32: "<i"}[vtype], value)
+    return (
+        struct.pack("<Q", len(k))
+        + k
+        + struct.pack("<I", vtype)
+        + struct.pack({_U16: "<H", _I32: "<i"}[vtype], value)
+    )
 
 
 def _split_kvs(no: int, count: int, n_tensors: int) -> bytes:
-    return (_kv("split.no", _U16, no) + _kv("split.count", _U16, count)
-            + _kv("split.tensors.count", _I32, n_tensors))
+    return (
+        _kv("split.no", _U16, no)
+        + _kv("split.count", _U16, count)
+        + _kv("split.tensors.count", _I32, n_tensors)
+    )
 
 
 def _kv_region(path: Path) -> tuple[bytes, int, int]:
@@ -58,7 +66,8 @@ def test_parts_have_the_gguf_split_layout(smollm2_path, split_smollm2):
     split.count / split.tensors.count; the other parts only those three keys; the tensors in
     order, 100 per part; each part's tensor data 32-byte aligned from its own data section."""
     assert [p.name for p in split_smollm2] == [
-        f"SmolLM2-135M-Instruct.Q4_1-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+        f"SmolLM2-135M-Instruct.Q4_1-{i:05d}-of-00003.gguf" for i in (1, 2, 3)
+    ]
     src_kv, src_nt, src_nkv = _kv_region(smollm2_path)
     assert src_nt == 272
     kv1, nt1, nkv1 = _kv_region(split_smollm2[0])
@@ -88,7 +97,11 @@ def test_split_model_reads_as_the_whole_file(smollm2_path, split_smollm2):
     meta = dict(whole.metadata, **{"split.no": 0, "split.count": 3, "split.tensors.count": 272})
     assert split.metadata.keys() == meta.keys()
     for k, v in meta.items():
-        assert np.array_equal(split.metadata[k], v) if isinstance(v, np.ndarray) else split.metadata[k] == v
+        assert (
+            np.array_equal(split.metadata[k], v)
+            if isinstance(v, np.ndarray)
+            else split.metadata[k] == v
+        )
     for n in whole.tensor_names:
         assert split.tensor_info(n) == whole.tensor_info(n)
         assert np.array_equal(split._rows(n)[2], whole._rows(n)[2]), n
@@ -146,7 +159,7 @@ def test_single_file_fingerprint_formula(tmp_path):
     h.update(data[:off])
     step = max(1, (len(data) - off) // 256)
     for o in range(off, len(data), step):
-        h.update(data[o:o + 4096])
+        h.update(data[o : o + 4096])
     assert GGUFFile(p).fingerprint == h.hexdigest()
     assert os.path.getsize(p) == len(data)
 
@@ -154,8 +167,14 @@ def test_single_file_fingerprint_formula(tmp_path):
 # ============================================================================ broken sets of parts
 
 
-def _write(path: Path, tensors: dict[str, np.ndarray], kv: dict | None = None, *,
-           arch: bool = True, split_max_tensors: int = 0) -> Path:
+def _write(
+    path: Path,
+    tensors: dict[str, np.ndarray],
+    kv: dict | None = None,
+    *,
+    arch: bool = True,
+    split_max_tensors: int = 0,
+) -> Path:
     """A small GGUF (float32 tensors) written with the gguf package; split when asked."""
     w = GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     if not arch:
@@ -253,8 +272,11 @@ def _hand_part(path: Path, names: list[str], no: int, count: int, total: int) ->
     """One part written by hand (its split keys given, not computed)."""
     from gguf import GGUFValueType as V
 
-    kv = {"split.no": (no, V.UINT16), "split.count": (count, V.UINT16),
-          "split.tensors.count": (total, V.INT32)}
+    kv = {
+        "split.no": (no, V.UINT16),
+        "split.count": (count, V.UINT16),
+        "split.tensors.count": (total, V.INT32),
+    }
     return _write(path, {n: np.zeros(32, np.float32) for n in names}, kv, arch=no == 0)
 
 
@@ -268,7 +290,9 @@ def test_duplicate_tensor_across_parts(tmp_path):
 def test_tensor_total_checked(tmp_path):
     first = _hand_part(tmp_path / "m-00001-of-00002.gguf", ["a", "b"], 0, 2, 5)
     _hand_part(tmp_path / "m-00002-of-00002.gguf", ["c", "d"], 1, 2, 5)
-    with pytest.raises(ModelFormatError, match=r"the 2 parts hold 4 tensors, split.tensors.count says 5"):
+    with pytest.raises(
+        ModelFormatError, match=r"the 2 parts hold 4 tensors, split.tensors.count says 5"
+    ):
         GGUFFile(first)
 
 

@@ -14,22 +14,33 @@ Attention sinks: the fixtures have random finite sinks (the kernels' ``sinks=``,
 fast); one sink-free fixture (every sink -inf, as a softmax without sinks) checks that such a
 file runs without them.
 """
+
 from __future__ import annotations
 
 import math
 import types
 from collections import Counter
 
-from fixtures import hfconvert
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.compare import (assert_crossed_512, assert_one_prefill_is_every_schedule,
-                              assert_threads_agree, close, cut_points, cuts_of, hf_logits, lengths,
-                              load, note_512, pin_512)
 
+from fixtures import hfconvert
+from fixtures.compare import (
+    assert_crossed_512,
+    assert_one_prefill_is_every_schedule,
+    assert_threads_agree,
+    close,
+    cut_points,
+    cuts_of,
+    hf_logits,
+    lengths,
+    load,
+    note_512,
+    pin_512,
+)
 from goinfer import KVCache
 from goinfer import _reference as R
 from goinfer._kernels import attention_counters, reset_attention_counters
@@ -38,8 +49,11 @@ from goinfer.models.base import Yarn
 from goinfer.quant import quantize_weight
 
 LLAMA_CPP_DISTANCE = 7e-4  # max |logit diff| llama.cpp reaches on tiny gpt-oss
-SETTINGS = settings(max_examples=6, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +103,7 @@ def _experts_int8(self, hidden_states, router_indices=None, routing_weights=None
     for t in range(hidden_states.shape[0]):
         for r in range(router_indices.shape[1]):
             e = int(router_indices[t, r])
-            gu = _q8(hidden_states[t:t + 1]) @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            gu = _q8(hidden_states[t : t + 1]) @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
             y = _q8(self._apply_gate(gu)) @ self.down_proj[e] + self.down_proj_bias[e]
             out[t] += (y * routing_weights[t, r])[0]
     return out
@@ -184,25 +198,48 @@ def test_parts_matter(f32_experts):
         for L in m.impl.layers:
             L.sinks = None
         assert float(np.abs(m.logits(ids) - ref).max()) > 100 * base
-    for yarn in (Yarn(32.0, 4096, truncate=True), Yarn(32.0, 4096, attn_factor=1.0, truncate=False)):
+    for yarn in (
+        Yarn(32.0, 4096, truncate=True),
+        Yarn(32.0, 4096, attn_factor=1.0, truncate=False),
+    ):
         m = load(path)
         m.impl.rope.yarn, m.impl.rope.cos = yarn, np.zeros((0, m.config.n_rot // 2))
         assert float(np.abs(m.logits(ids) - ref).max()) > 10 * base
 
 
-@pytest.mark.parametrize("over", [dict(truncate=False), dict(truncate=True),
-                                  dict(attention_factor=1.3), dict(factor=4.0, beta_fast=16.0)])
+@pytest.mark.parametrize(
+    "over",
+    [
+        dict(truncate=False),
+        dict(truncate=True),
+        dict(attention_factor=1.3),
+        dict(factor=4.0, beta_fast=16.0),
+    ],
+)
 def test_yarn_tables_match_transformers(over):
     from transformers import GptOssConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rp = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-          "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}
+    rp = {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    }
     rp.update(over)
     cfg = GptOssConfig(head_dim=64, num_attention_heads=4, hidden_size=256, rope_parameters=rp)
     inv, att = ROPE_INIT_FUNCTIONS["yarn"](cfg)
-    y = Yarn(rp["factor"], 4096, rp["beta_fast"], rp["beta_slow"], rp.get("attention_factor", 0.0),
-             rp["truncate"])
+    y = Yarn(
+        rp["factor"],
+        4096,
+        rp["beta_fast"],
+        rp["beta_slow"],
+        rp.get("attention_factor", 0.0),
+        rp["truncate"],
+    )
     np.testing.assert_allclose(y.inv_freq(64, 150000.0), inv.double().numpy(), rtol=2e-7)
     assert math.isclose(y.mscale, att, rel_tol=1e-12)
 
@@ -335,27 +372,58 @@ def test_tokenizer_and_harmony_template_match_transformers(mxfp4_experts, models
     _, path = mxfp4_experts
     m = models()
     tok = AutoTokenizer.from_pretrained(path.parent / "hf")
-    for text in ["Hello World! I'm here, you're THERE.", "ÉCOLE naïve 12345 1234567 ",
-                 "  tabs\t\tand\n\n newlines\r\n", "CamelCaseWord HTTPServer x/y/z\n/",
-                 "emoji 🙂 中文字符 <|start|>user"]:
+    for text in [
+        "Hello World! I'm here, you're THERE.",
+        "ÉCOLE naïve 12345 1234567 ",
+        "  tabs\t\tand\n\n newlines\r\n",
+        "CamelCaseWord HTTPServer x/y/z\n/",
+        "emoji 🙂 中文字符 <|start|>user",
+    ]:
         assert m.tokenize(text) == tok.encode(text, add_special_tokens=False), text
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City"},
-                                                        "days": {"type": "integer"}},
-                       "required": ["city"]}}}]
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "thinking": "Need the tool.",
-             "tool_calls": [{"type": "function", "function": {"name": "get_weather",
-                                                              "arguments": {"city": "Paris"}}}]},
-            {"role": "tool", "content": '{"temp": 20}'},
-            {"role": "assistant", "content": "It is 20C."}, {"role": "user", "content": "Thanks"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather now",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "description": "City"},
+                        "days": {"type": "integer"},
+                    },
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "thinking": "Need the tool.",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": '{"temp": 20}'},
+        {"role": "assistant", "content": "It is 20C."},
+        {"role": "user", "content": "Thanks"},
+    ]
     for kw in (dict(tools=tools), dict(reasoning_effort="high"), {}):
         ours = m.apply_chat_template(msgs, **kw)
-        assert ours == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+        assert ours == tok.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=True, **kw
+        )
     assert m.chat_template == hfconvert.template("openai-gpt-oss-120b")
     text = m.apply_chat_template(msgs, tools=tools)
-    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in text
+    assert (
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in text
+    )
     assert text.endswith("<|start|>assistant")
     assert m.tokenize_chat(text) == tok.encode(text, add_special_tokens=False)
     assert m.tokenizer.eos_id == tok.convert_tokens_to_ids("<|return|>")

@@ -6,6 +6,7 @@ family the graph covers, batched decode of sequences of different lengths across
 boundaries, 1 and 2 threads (with the work thresholds at 0 so every op really runs on
 several shares and the executor's ordering is exercised), every ISA variant, and after the
 events that must rebuild a plan.  Counters prove that the graph ran (replays / captures)."""
+
 from __future__ import annotations
 
 import importlib
@@ -13,15 +14,15 @@ from functools import partial
 
 import numpy as np
 import pytest
-from fixtures import compare, tinygemma, tinymodels
 from gguf import GGMLQuantizationType as QT
 
+from fixtures import compare, tinygemma, tinymodels
 from goinfer import _kernels, _reference
 from goinfer._kernels import _config
+from goinfer.batch import decode_batch
 from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import DEFAULT_KV_DTYPE, KVCache
 from goinfer.model import Model
-from goinfer.batch import decode_batch
 
 MM = importlib.import_module("goinfer._kernels.matmul")
 OPS = importlib.import_module("goinfer._kernels.ops")
@@ -93,7 +94,9 @@ def test_gemma3_decode_bit_identical(gemma_path, threads, many_shares):
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
 def test_quantized_weights_bit_identical(tiny_dir, qtype, many_shares):
     hf = tinymodels.hf_model("qwen2", 0)
-    path = tinymodels.write_gguf(hf, "qwen2", tiny_dir / f"graph-qwen2-{qtype.name}.gguf", qtype=qtype)
+    path = tinymodels.write_gguf(
+        hf, "qwen2", tiny_dir / f"graph-qwen2-{qtype.name}.gguf", qtype=qtype
+    )
     assert_replayed_same(path, 2)
 
 
@@ -106,8 +109,9 @@ def test_fast_attention_decode_above_512(tiny, gemma_path, family, threads, many
     path = tiny("llama")[1] if family == "llama" else gemma_path
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 250, n).tolist() for n in (509, 300, 530)]
-    ref = run_decode(load(path, 1, graph=False, context_length=1024), prompts, 6,
-                     block_size=16, max_tokens=2048)
+    ref = run_decode(
+        load(path, 1, graph=False, context_length=1024), prompts, 6, block_size=16, max_tokens=2048
+    )
     m = load(path, threads, context_length=1024)
     ATT.reset_attention_counters()
     got = run_decode(m, prompts, 6, block_size=16, max_tokens=2048)
@@ -132,8 +136,10 @@ def test_verify_steps_replayed(tiny, gemma_path, family, threads, many_shares):
         s = m.session(KVCache(m, max_tokens=1024, block_size=16))
         s.prefill([t % 250 for t in range(480)])
         ATT.reset_attention_counters()
-        out = [s.extend([(7 * i + j) % 250 for j in range(T)])
-               for i, T in enumerate([3, 5, 3, 5, 3, 5, 3, 5, 3, 5])]  # positions 480..519
+        out = [
+            s.extend([(7 * i + j) % 250 for j in range(T)])
+            for i, T in enumerate([3, 5, 3, 5, 3, 5, 3, 5, 3, 5])
+        ]  # positions 480..519
         return out, ATT.attention_counters()
 
     ref, ref_counts = steps(load(path, 1, graph=False, context_length=1024))
@@ -190,8 +196,9 @@ def test_every_isa_variant(tiny, arch, many_shares):
 def test_real_model_decode_bit_identical(smollm2_path):
     """SmolLM2-135M Q4_1 (the real model: int4 matmuls, 30 layers), 2 threads, 2 sequences."""
     prompts = [list(range(100, 140)), list(range(500, 517))]
-    ref = run_decode(Model.load(smollm2_path, threads=1, progress=False, graph=False), prompts, 4,
-                     block_size=16)
+    ref = run_decode(
+        Model.load(smollm2_path, threads=1, progress=False, graph=False), prompts, 4, block_size=16
+    )
     m = Model.load(smollm2_path, threads=2, progress=False, graph=True)
     got = run_decode(m, prompts, 4, block_size=16)
     assert m.graph.replays == 4
@@ -286,8 +293,10 @@ def test_unsupported_models_use_python_path(tiny):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("arch,qtype", [("mixtral", None), ("qwen2moe", QT.Q4_0), ("olmoe", QT.Q8_0),
-                                        ("qwen3moe", QT.Q4_0)])
+@pytest.mark.parametrize(
+    "arch,qtype",
+    [("mixtral", None), ("qwen2moe", QT.Q4_0), ("olmoe", QT.Q8_0), ("qwen3moe", QT.Q4_0)],
+)
 def test_moe_decode_bit_identical(tiny_dir, arch, qtype, threads, many_shares):
     """MoE decode steps replayed: routing, grouping, every expert in one matmul_experts per
     projection, fold (and qwen2moe's shared expert) give the Python path's bits, while the
@@ -377,7 +386,9 @@ def test_add_bias_copy2d_scale_match_numpy_and_reference():
         assert np.array_equal(K.scale(x, s, out=np.empty((5, 32), np.float32), nthreads=2), x * s)
         for dt in (np.int64, np.int32):  # the logit rows of a batch; an MoE layer's routed rows
             rows = np.array([4, 0, 2], dt)
-            assert np.array_equal(K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows])
+            assert np.array_equal(
+                K.gather_rows(x, rows, out=np.empty((3, 32), np.float32)), x[rows]
+            )
     y = buf.copy()
     _kernels.scale(y, 3.0, out=y)  # in place
     assert np.array_equal(y, buf * np.float32(3.0))
@@ -396,8 +407,9 @@ def test_softcap_matches_reference_threads_and_layouts(many_shares):
         err = np.abs(got.astype(np.float64) - ref)
         assert np.all(err <= 4 * np.spacing(np.abs(ref)) + 2.0**-24 * np.abs(x)), float(err.max())
         assert np.all(np.abs(got) <= np.float32(cap))
-        assert np.array_equal(_kernels.softcap(x, cap, out=np.empty(x.shape, np.float32),
-                                               nthreads=2), got)
+        assert np.array_equal(
+            _kernels.softcap(x, cap, out=np.empty(x.shape, np.float32), nthreads=2), got
+        )
         y = np.ascontiguousarray(x)
         _kernels.softcap(y, cap, out=y, nthreads=2)  # in place
         assert np.array_equal(y, got)
@@ -437,10 +449,12 @@ def test_bound_ops_equal_the_kernels(many_shares):
     w = rng.standard_normal(64).astype(np.float32)
     y = rng.standard_normal((3, 64)).astype(np.float32)
     outs = [np.empty((3, 64), np.float32) for _ in range(4)]
-    ops = [OPS.bind_rmsnorm(x, w, 1e-5, outs[0], nthreads=2),
-           OPS.bind_swiglu(x, y, outs[1], nthreads=2),
-           OPS.bind_add(outs[0], outs[1], outs[2], nthreads=2),
-           OPS.bind_add_bias(outs[2], w, outs[3], nthreads=2)]
+    ops = [
+        OPS.bind_rmsnorm(x, w, 1e-5, outs[0], nthreads=2),
+        OPS.bind_swiglu(x, y, outs[1], nthreads=2),
+        OPS.bind_add(outs[0], outs[1], outs[2], nthreads=2),
+        OPS.bind_add_bias(outs[2], w, outs[3], nthreads=2),
+    ]
     assert all(op.nshares == 2 for op in ops)
     GRAPH.Graph(ops, 2).run()
     r0 = _kernels.rmsnorm(x, w, 1e-5)
@@ -468,15 +482,17 @@ def test_bind_without_out_is_refused():
     w = rng.standard_normal(64).astype(np.float32)
     pos = np.arange(3, dtype=np.int32)
     cos = sin = np.ones((8, 8), np.float32)
-    for name, bind in [("rmsnorm", lambda: OPS.bind_rmsnorm(x, w, 1e-5, None)),
-                       ("swiglu", lambda: OPS.bind_swiglu(x, x, None)),
-                       ("gelu_tanh_mul", lambda: OPS.bind_gelu_tanh_mul(x, x, None)),
-                       ("add", lambda: OPS.bind_add(x, x, None)),
-                       ("add_bias", lambda: OPS.bind_add_bias(x, w, None)),
-                       ("copy2d", lambda: OPS.bind_copy2d(x, None)),
-                       ("scale", lambda: OPS.bind_scale(x, 2.0, None)),
-                       ("softcap", lambda: OPS.bind_softcap(x, 2.0, None)),
-                       ("gather_rows", lambda: OPS.bind_gather_rows(x, np.zeros(1, np.int32), None)),
-                       ("rope", lambda: OPS.bind_rope(x, pos, cos, sin, False, None))]:
+    for name, bind in [
+        ("rmsnorm", lambda: OPS.bind_rmsnorm(x, w, 1e-5, None)),
+        ("swiglu", lambda: OPS.bind_swiglu(x, x, None)),
+        ("gelu_tanh_mul", lambda: OPS.bind_gelu_tanh_mul(x, x, None)),
+        ("add", lambda: OPS.bind_add(x, x, None)),
+        ("add_bias", lambda: OPS.bind_add_bias(x, w, None)),
+        ("copy2d", lambda: OPS.bind_copy2d(x, None)),
+        ("scale", lambda: OPS.bind_scale(x, 2.0, None)),
+        ("softcap", lambda: OPS.bind_softcap(x, 2.0, None)),
+        ("gather_rows", lambda: OPS.bind_gather_rows(x, np.zeros(1, np.int32), None)),
+        ("rope", lambda: OPS.bind_rope(x, pos, cos, sin, False, None)),
+    ]:
         with pytest.raises(ValueError, match=f"bound {name} needs out"):
             bind()

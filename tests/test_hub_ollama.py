@@ -2,6 +2,7 @@
 (manifests/<host>/<namespace>/<model>/<tag> JSON, schemaVersion 2, layers by mediaType and
 sha256 digest; blobs/sha256-<hex>): names resolve to the GGUF blob, read only; parameters,
 template and system layers are read; broken stores give errors naming the file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,9 +36,19 @@ def _blob(root: Path, data: bytes | Path, link: bool = False) -> dict:
     return {"digest": f"sha256:{hexd}", "size": len(raw)}
 
 
-def make_store(root: Path, name: str, gguf: Path | bytes, *, params: dict | None = None,
-               template: str | None = None, system: str | None = None, family: str = "llama",
-               file_type: str = "F32", link: bool = False, extra: list[dict] | None = None) -> Path:
+def make_store(
+    root: Path,
+    name: str,
+    gguf: Path | bytes,
+    *,
+    params: dict | None = None,
+    template: str | None = None,
+    system: str | None = None,
+    family: str = "llama",
+    file_type: str = "F32",
+    link: bool = False,
+    extra: list[dict] | None = None,
+) -> Path:
     """Write a manifest for ``name`` (Ollama's [host/][namespace/]model[:tag]); returns its path."""
     n = hub_ollama.parse(name)
     layers = [{"mediaType": T + "model", **_blob(root, gguf, link)}]
@@ -49,12 +60,22 @@ def make_store(root: Path, name: str, gguf: Path | bytes, *, params: dict | None
         layers.append({"mediaType": T + "params", **_blob(root, json.dumps(params).encode())})
     layers.append({"mediaType": T + "license", **_blob(root, b"Apache-2.0")})
     layers += extra or []
-    config = {"model_format": "gguf", "model_family": family, "model_families": [family],
-              "model_type": "tiny", "file_type": file_type, "architecture": "amd64", "os": "linux",
-              "rootfs": {"type": "layers", "diff_ids": [x["digest"] for x in layers]}}
-    doc = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
-           "config": {"mediaType": DOCKER_CONFIG, **_blob(root, json.dumps(config).encode())},
-           "layers": layers}
+    config = {
+        "model_format": "gguf",
+        "model_family": family,
+        "model_families": [family],
+        "model_type": "tiny",
+        "file_type": file_type,
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [x["digest"] for x in layers]},
+    }
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": DOCKER_MANIFEST,
+        "config": {"mediaType": DOCKER_CONFIG, **_blob(root, json.dumps(config).encode())},
+        "layers": layers,
+    }
     path = root / "manifests" / Path(*n.parts())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
@@ -76,21 +97,28 @@ GO_TEMPLATE = "{{ if .System }}<|system|>{{ .System }}{{ end }}<|user|>{{ .Promp
 
 
 def _tree(root: Path) -> dict:
-    return {p.relative_to(root).as_posix(): (p.lstat().st_size, p.lstat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): (p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
 
 
 # ============================================================================ names
 
 
-@pytest.mark.parametrize("name, parts", [
-    ("llama3.2", ("registry.ollama.ai", "library", "llama3.2", "latest")),
-    ("qwen3:4b", ("registry.ollama.ai", "library", "qwen3", "4b")),
-    ("user/model:q4", ("registry.ollama.ai", "user", "model", "q4")),
-    ("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M",
-     ("hf.co", "bartowski", "Llama-3.2-1B-Instruct-GGUF", "Q4_K_M")),
-    ("localhost:11434/ns/m:v1", ("localhost:11434", "ns", "m", "v1")),
-])
+@pytest.mark.parametrize(
+    "name, parts",
+    [
+        ("llama3.2", ("registry.ollama.ai", "library", "llama3.2", "latest")),
+        ("qwen3:4b", ("registry.ollama.ai", "library", "qwen3", "4b")),
+        ("user/model:q4", ("registry.ollama.ai", "user", "model", "q4")),
+        (
+            "hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M",
+            ("hf.co", "bartowski", "Llama-3.2-1B-Instruct-GGUF", "Q4_K_M"),
+        ),
+        ("localhost:11434/ns/m:v1", ("localhost:11434", "ns", "m", "v1")),
+    ],
+)
 def test_parse(name, parts):
     assert hub_ollama.parse(name).parts() == parts
 
@@ -98,7 +126,9 @@ def test_parse(name, parts):
 def test_parse_rejects_and_displays():
     for bad in ("", "a/b/c/d", "bad name", "m:", "ns.x/m", "/abs"):
         assert hub_ollama.parse(bad) is None, bad
-    assert str(OllamaName("registry.ollama.ai", "library", "llama3.2", "latest")) == "llama3.2:latest"
+    assert (
+        str(OllamaName("registry.ollama.ai", "library", "llama3.2", "latest")) == "llama3.2:latest"
+    )
     assert str(OllamaName("registry.ollama.ai", "user", "m", "t")) == "user/m:t"
     assert str(OllamaName("hf.co", "o", "r", "Q4_K_M")) == "hf.co/o/r:Q4_K_M"
 
@@ -109,8 +139,15 @@ def test_parse_rejects_and_displays():
 def test_find_reads_the_layers(store, tiny):
     gguf = tiny("llama")[1]
     params = {"stop": ["<|user|>"], "temperature": 0.6, "num_ctx": 4096}
-    make_store(store, "qwen3:4b", gguf, params=params, template=GO_TEMPLATE, system="Be brief.",
-               file_type="Q4_K_M")
+    make_store(
+        store,
+        "qwen3:4b",
+        gguf,
+        params=params,
+        template=GO_TEMPLATE,
+        system="Be brief.",
+        file_type="Q4_K_M",
+    )
     m = hub_ollama.find("qwen3:4b")
     assert m.name == "qwen3:4b" and m.path.read_bytes() == gguf.read_bytes()
     assert m.path.parent == store / "blobs" and m.path.name.startswith("sha256-")
@@ -128,8 +165,12 @@ def test_locate_and_load_read_only(store, tiny):
     make_store(store, "tinyllama", gguf, params={"stop": ["</s>"]}, template=GO_TEMPLATE)
     before = _tree(store)
     src = hub.locate("tinyllama")
-    assert (src.kind, src.name, src.params, src.template) == ("ollama", "tinyllama:latest",
-                                                             {"stop": ["</s>"]}, GO_TEMPLATE)
+    assert (src.kind, src.name, src.params, src.template) == (
+        "ollama",
+        "tinyllama:latest",
+        {"stop": ["</s>"]},
+        GO_TEMPLATE,
+    )
     m = Model.load("tinyllama", threads=1, progress=False)
     assert m.name == "tinyllama:latest" and m.source.kind == "ollama"
     ref = Model.load(gguf, threads=1, progress=False, layout_cache=False)
@@ -165,8 +206,9 @@ def test_params_and_system_are_the_models_defaults(store, tiny):
     assert own == plain.session().generate(prompt, explicit, max_tokens=24).tokens
     assert own != plain.session().generate(prompt, explicit, max_tokens=24, seed=8).tokens
     assert m.session().generate(prompt, max_tokens=24, seed=8).tokens != own  # keyword wins
-    assert m.session().generate(prompt, SamplingParams(), max_tokens=24).tokens == \
-        greedy.tokens  # params given: the model's defaults do not apply
+    assert (
+        m.session().generate(prompt, SamplingParams(), max_tokens=24).tokens == greedy.tokens
+    )  # params given: the model's defaults do not apply
 
     user = [{"role": "user", "content": "hi"}]
     assert "Be brief." in prepare_chat(m, user).prompt
@@ -205,7 +247,9 @@ def test_unknown_name_says_where_it_looked(store):
         hub.resolve("llama3.2")
     msg = str(ei.value)
     assert "smollm2-135m" in msg and "gemma3-270m" in msg
-    assert str(store / "manifests" / "registry.ollama.ai" / "library" / "llama3.2" / "latest") in msg
+    assert (
+        str(store / "manifests" / "registry.ollama.ai" / "library" / "llama3.2" / "latest") in msg
+    )
     assert "ORG/REPO[:QUANT]" in msg
 
 
@@ -214,7 +258,9 @@ def test_broken_stores(store, tiny):
     man = make_store(store, "gone", gguf)
     blob = store / "blobs" / f"sha256-{hashlib.sha256(gguf.read_bytes()).hexdigest()}"
     blob.rename(blob.with_name("moved"))
-    with pytest.raises(ModelNotFoundError, match=r"names the blob .*sha256-[0-9a-f]{64}, which is missing"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"names the blob .*sha256-[0-9a-f]{64}, which is missing"
+    ):
         hub.resolve("gone")
     blob.with_name("moved").rename(blob)
     doc = json.loads(man.read_text())
@@ -296,6 +342,9 @@ def test_server_applies_the_models_stop_and_system(store, tiny):
             return c.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"]
 
         brief = m.tokenize_chat(prepare_chat(m, user).prompt)
-        assert prompt_tokens(user) == len(brief) == \
-            prompt_tokens([{"role": "system", "content": "Be brief."}, *user])
+        assert (
+            prompt_tokens(user)
+            == len(brief)
+            == prompt_tokens([{"role": "system", "content": "Be brief."}, *user])
+        )
         assert prompt_tokens([{"role": "system", "content": "Hi."}, *user]) != len(brief)

@@ -5,6 +5,7 @@ Every import counts, at module level or inside a function (an import deferred in
 still ties the two modules together).  ``from a import b`` is an edge to ``a.b`` when that is a
 module, else to ``a``; a package's ``__init__`` is not implied by importing one of its modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,10 +35,11 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     up = package.split(".")
-                    up = up[:len(up) - (node.level - 1)]
+                    up = up[: len(up) - (node.level - 1)]
                     base = ".".join(up + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
-                           for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
+                ]
             else:
                 continue
             for t in targets:
@@ -138,11 +140,14 @@ def test_kernel_tests_import_no_torch():
     tests = Path(__file__).resolve().parent
     files = sorted(p.name for p in tests.glob("test_kernels_*.py"))
     assert "test_kernels_ops.py" in files and "test_kernels_ssm.py" in files
-    code = ("import sys, pytest\n"
-            f"rc = pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', *{files!r}])\n"
-            "print('heavy imports:', sorted({'torch', 'transformers'} & set(sys.modules)))\n"
-            "sys.exit(rc)\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tests, capture_output=True, text=True,
-                       timeout=300)
+    code = (
+        "import sys, pytest\n"
+        f"rc = pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', *{files!r}])\n"
+        "print('heavy imports:', sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+        "sys.exit(rc)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tests, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "heavy imports: []" in r.stdout, r.stdout[-2000:]

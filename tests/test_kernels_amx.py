@@ -8,6 +8,7 @@ CPU/OS/build lacks AMX.  bind_matmul / bind_quantize_act (graph replay into row 
 larger buffers) are tested in test_kernels_matmul.py on every variant, AMX included when
 present.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,21 +18,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_kernels_matmul import emulate_matmul, kdim, make_weight, make_x
 
 import goinfer
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
 from goinfer._kernels import _config
 
-from test_kernels_matmul import emulate_matmul, kdim, make_weight, make_x
-
 K = sys.modules["goinfer._kernels.matmul"]
 
-AMX_REASON = ("AMX not available: CPU without AMX-TILE/AMX-INT8, OS without tile data "
-              "(XCR0 bits 17/18 or arch_prctl refused), or a build without AMX")
-needs_amx = pytest.mark.skipif(not (_config.amx_supported() and "avx512-vnni" in _config.supported_variants()),
-                               reason=AMX_REASON)
-
+AMX_REASON = (
+    "AMX not available: CPU without AMX-TILE/AMX-INT8, OS without tile data "
+    "(XCR0 bits 17/18 or arch_prctl refused), or a build without AMX"
+)
+needs_amx = pytest.mark.skipif(
+    not (_config.amx_supported() and "avx512-vnni" in _config.supported_variants()),
+    reason=AMX_REASON,
+)
 
 
 def cpu_flags() -> set[str]:
@@ -85,8 +88,18 @@ def both(qa, w, nthreads):
 
 
 # (M, n_out, K): M from 16 to 600 incl. non-multiples of 16, K up to 2048, n_out ragged
-SHAPES = [(16, 16, 32), (16, 7, 64), (17, 33, 96), (31, 48, 576), (32, 40, 1536),
-          (47, 100, 320), (64, 96, 2048), (100, 17, 1024), (129, 64, 1600), (600, 50, 576)]
+SHAPES = [
+    (16, 16, 32),
+    (16, 7, 64),
+    (17, 33, 96),
+    (31, 48, 576),
+    (32, 40, 1536),
+    (47, 100, 320),
+    (64, 96, 2048),
+    (100, 17, 1024),
+    (129, 64, 1600),
+    (600, 50, 576),
+]
 
 
 @needs_amx
@@ -112,7 +125,7 @@ def test_amx_equals_vnni_and_contract(kind, M, n_out, Kd):
     rows = sorted({0, 15, M // 2, M - 1} | set(rng.integers(0, M, 4).tolist()))
     with amx(True):
         for m in rows:
-            assert np.array_equal(K.matmul(K.quantize_act(x[m:m + 1]), w)[0], outs[0][m]), m
+            assert np.array_equal(K.matmul(K.quantize_act(x[m : m + 1]), w)[0], outs[0][m]), m
 
 
 @needs_amx
@@ -122,6 +135,7 @@ def test_amx_extreme_int_sums():
         n_out, Kd, M = 20, 256, 48
         G = Kd // 32
         from goinfer.quant import pack_q4, pack_q8
+
         d = np.full((n_out, G), 1.0, np.float16)
         if kind == "q8_0":
             w = pack_q8(np.full((n_out, Kd), -128, np.int8), d)
@@ -158,15 +172,20 @@ def test_set_amx_reports_and_errors():
 def test_amx_tiny_model_logits_identical(tiny, tmp_path):
     """Tiny llama with Q4_0 / Q4_1 / Q8_0 weights: prefill logits with AMX on == off, bit for bit."""
     import gguf
-    from fixtures import tinymodels
 
+    from fixtures import tinymodels
     from goinfer.gguf import GGUFFile
     from goinfer.model import Model
 
-    for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
-                  gguf.GGMLQuantizationType.Q8_0):
+    for qtype in (
+        gguf.GGMLQuantizationType.Q4_0,
+        gguf.GGMLQuantizationType.Q4_1,
+        gguf.GGMLQuantizationType.Q8_0,
+    ):
         model = tinymodels.hf_model("llama", 7)
-        path = tinymodels.write_gguf(model, "llama", tmp_path / f"amx-{qtype.name}.gguf", qtype=qtype)
+        path = tinymodels.write_gguf(
+            model, "llama", tmp_path / f"amx-{qtype.name}.gguf", qtype=qtype
+        )
         m = Model(GGUFFile(path), threads=2, progress=False)
         ids = np.random.default_rng(11).integers(0, 320, 83).tolist()
         with amx(True):
@@ -199,6 +218,8 @@ def test_goinfer_amx_env_turns_it_off():
     outs = {}
     for val in (None, "0", "1"):
         e = dict(env) if val is None else dict(env, GOINFER_AMX=val)
-        r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+        )
         outs[val] = r.stdout.strip()
     assert outs == {None: "True", "0": "False", "1": "True"}

@@ -6,13 +6,15 @@ anything else with one ValueError; an array argument of the wrong dtype or a rea
 is refused with a message that starts with the argument's name.  Also: goinfer._kernels
 exports every public kernel.
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ MM, OPS, MOE, SSM, ATT = (MODULES[m] for m in ("matmul", "ops", "moe", "ssm", "a
 @dataclass
 class Call:
     """One valid call: fn(**params); `writes`: the array params it writes (outputs, state)."""
+
     fn: Callable[..., Any]
     params: dict[str, Any]
     writes: tuple[str, ...] = field(default=())
@@ -40,6 +43,7 @@ class Call:
 
 # ============================================================================ one valid call per entry point
 # Each builder makes fresh inputs from a seeded generator, so two builds are equal.
+
 
 def _matmul_inputs(rng: np.random.Generator) -> tuple[QAct, Any]:
     w = quantize_weight(rng.standard_normal((20, 64)).astype(np.float32), "q4_0")
@@ -52,8 +56,9 @@ def _rows(rng: np.random.Generator, shape: tuple[int, ...] = (3, 16)) -> np.ndar
 
 def _rope(rng: np.random.Generator) -> dict[str, Any]:
     cos, sin = R.rope_tables(8, 10000.0, 4)
-    return dict(x=_rows(rng, (2, 2, 8)), pos=np.array([0, 3], np.int32), cos=cos, sin=sin,
-                neox=False)
+    return dict(
+        x=_rows(rng, (2, 2, 8)), pos=np.array([0, 3], np.int32), cos=cos, sin=sin, neox=False
+    )
 
 
 def _route(rng: np.random.Generator) -> dict[str, Any]:
@@ -65,8 +70,9 @@ def _group() -> dict[str, Any]:
 
 
 def _fold(rng: np.random.Generator) -> dict[str, Any]:
-    return dict(y=_rows(rng, (6, 8)), weights=_rows(rng, (3, 2)),
-                pos=np.array([5, 0, 3, 1, 2, 4], np.int32))
+    return dict(
+        y=_rows(rng, (6, 8)), weights=_rows(rng, (3, 2)), pos=np.array([5, 0, 3, 1, 2, 4], np.int32)
+    )
 
 
 def _conv(rng: np.random.Generator) -> dict[str, Any]:
@@ -74,9 +80,14 @@ def _conv(rng: np.random.Generator) -> dict[str, Any]:
 
 
 def _delta(rng: np.random.Generator) -> dict[str, Any]:  # T 4, Hk 1, Hv 2, dk = dv = 8
-    return dict(qkv=_rows(rng, (4, 32)), ab=_rows(rng, (4, 4)),
-                A=-rng.uniform(0.1, 2.0, 2).astype(np.float32), dt_bias=_rows(rng, (2,)),
-                state=_rows(rng, (2, 8, 8)), n_k_heads=1)
+    return dict(
+        qkv=_rows(rng, (4, 32)),
+        ab=_rows(rng, (4, 4)),
+        A=-rng.uniform(0.1, 2.0, 2).astype(np.float32),
+        dt_bias=_rows(rng, (2,)),
+        state=_rows(rng, (2, 8, 8)),
+        n_k_heads=1,
+    )
 
 
 def _caches() -> dict[str, Any]:
@@ -85,13 +96,22 @@ def _caches() -> dict[str, Any]:
 
 
 def _kv(rng: np.random.Generator) -> dict[str, Any]:
-    return dict(**_caches(), k=_rows(rng, (2, 1, 8)), v=_rows(rng, (2, 1, 8)),
-                slots=np.array([0, 5], np.int64))
+    return dict(
+        **_caches(),
+        k=_rows(rng, (2, 1, 8)),
+        v=_rows(rng, (2, 1, 8)),
+        slots=np.array([0, 5], np.int64),
+    )
 
 
 def _att(rng: np.random.Generator) -> dict[str, Any]:
-    return dict(q=_rows(rng, (2, 2, 8)), **_caches(), block_table=np.array([0, 1], np.int32),
-                q_pos=np.array([2, 5], np.int32), scale=0.35)
+    return dict(
+        q=_rows(rng, (2, 2, 8)),
+        **_caches(),
+        block_table=np.array([0, 1], np.int32),
+        q_pos=np.array([2, 5], np.int32),
+        scale=0.35,
+    )
 
 
 def _mm(rng: np.random.Generator) -> dict[str, Any]:
@@ -115,106 +135,163 @@ def _out(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
 BUILDERS: dict[str, Callable[[np.random.Generator], Call]] = {
     # matmul.pyx
     "quantize_act": lambda g: Call(MM.quantize_act, dict(x=_rows(g, (3, 64)))),
-    "bind_quantize_act": lambda g: Call(MM.bind_quantize_act, dict(x=_rows(g, (3, 64)),
-                                                                   out=QAct.empty(3, 64))),
+    "bind_quantize_act": lambda g: Call(
+        MM.bind_quantize_act, dict(x=_rows(g, (3, 64)), out=QAct.empty(3, 64))
+    ),
     "matmul": lambda g: Call(MM.matmul, dict(**_mm(g), out=_out((3, 20))), ("out",)),
     "bind_matmul": lambda g: Call(MM.bind_matmul, dict(**_mm(g), out=_out((3, 20))), ("out",)),
-    "matmul_experts": lambda g: Call(MM.matmul_experts, dict(**_experts(g), out=_out((3, 20))),
-                                     ("out",)),
-    "bind_matmul_experts": lambda g: Call(MM.bind_matmul_experts,
-                                          dict(**_experts(g), bias=None, out=_out((3, 20))),
-                                          ("out",)),
-    "get_rows": lambda g: Call(MM.get_rows, dict(w=_mm(g)["w"], ids=np.array([0, 5], np.int64),
-                                                 out=_out((2, 64))), ("out",)),
-    "bind_get_rows": lambda g: Call(MM.bind_get_rows, dict(w=_mm(g)["w"],
-                                                           ids=np.array([0, 5], np.int64),
-                                                           out=_out((2, 64))), ("out",)),
+    "matmul_experts": lambda g: Call(
+        MM.matmul_experts, dict(**_experts(g), out=_out((3, 20))), ("out",)
+    ),
+    "bind_matmul_experts": lambda g: Call(
+        MM.bind_matmul_experts, dict(**_experts(g), bias=None, out=_out((3, 20))), ("out",)
+    ),
+    "get_rows": lambda g: Call(
+        MM.get_rows,
+        dict(w=_mm(g)["w"], ids=np.array([0, 5], np.int64), out=_out((2, 64))),
+        ("out",),
+    ),
+    "bind_get_rows": lambda g: Call(
+        MM.bind_get_rows,
+        dict(w=_mm(g)["w"], ids=np.array([0, 5], np.int64), out=_out((2, 64))),
+        ("out",),
+    ),
     # ops.pyx
-    "rmsnorm": lambda g: Call(OPS.rmsnorm, dict(x=_rows(g), w=_rows(g, (16,)), eps=1e-5,
-                                                out=_out((3, 16))), ("out",)),
-    "bind_rmsnorm": lambda g: Call(OPS.bind_rmsnorm, dict(x=_rows(g), w=_rows(g, (16,)), eps=1e-5,
-                                                          out=_out((3, 16))), ("out",)),
+    "rmsnorm": lambda g: Call(
+        OPS.rmsnorm, dict(x=_rows(g), w=_rows(g, (16,)), eps=1e-5, out=_out((3, 16))), ("out",)
+    ),
+    "bind_rmsnorm": lambda g: Call(
+        OPS.bind_rmsnorm, dict(x=_rows(g), w=_rows(g, (16,)), eps=1e-5, out=_out((3, 16))), ("out",)
+    ),
     "swiglu": lambda g: Call(OPS.swiglu, dict(**_bin(g), out=_out((3, 16))), ("out",)),
     "bind_swiglu": lambda g: Call(OPS.bind_swiglu, dict(**_bin(g), out=_out((3, 16))), ("out",)),
-    "swiglu_oai": lambda g: Call(OPS.swiglu_oai, dict(**_bin(g), alpha=1.702, limit=7.0,
-                                                      out=_out((3, 16))), ("out",)),
-    "bind_swiglu_oai": lambda g: Call(OPS.bind_swiglu_oai, dict(**_bin(g), alpha=1.702, limit=7.0,
-                                                                out=_out((3, 16))), ("out",)),
-    "gelu_tanh_mul": lambda g: Call(OPS.gelu_tanh_mul, dict(**_bin(g), out=_out((3, 16))),
-                                    ("out",)),
-    "bind_gelu_tanh_mul": lambda g: Call(OPS.bind_gelu_tanh_mul, dict(**_bin(g), out=_out((3, 16))),
-                                         ("out",)),
+    "swiglu_oai": lambda g: Call(
+        OPS.swiglu_oai, dict(**_bin(g), alpha=1.702, limit=7.0, out=_out((3, 16))), ("out",)
+    ),
+    "bind_swiglu_oai": lambda g: Call(
+        OPS.bind_swiglu_oai, dict(**_bin(g), alpha=1.702, limit=7.0, out=_out((3, 16))), ("out",)
+    ),
+    "gelu_tanh_mul": lambda g: Call(
+        OPS.gelu_tanh_mul, dict(**_bin(g), out=_out((3, 16))), ("out",)
+    ),
+    "bind_gelu_tanh_mul": lambda g: Call(
+        OPS.bind_gelu_tanh_mul, dict(**_bin(g), out=_out((3, 16))), ("out",)
+    ),
     "add": lambda g: Call(OPS.add, dict(**_bin(g, "x", "y"), out=_out((3, 16))), ("out",)),
-    "bind_add": lambda g: Call(OPS.bind_add, dict(**_bin(g, "x", "y"), out=_out((3, 16))),
-                               ("out",)),
-    "add_bias": lambda g: Call(OPS.add_bias, dict(x=_rows(g), b=_rows(g, (16,)),
-                                                  out=_out((3, 16))), ("out",)),
-    "bind_add_bias": lambda g: Call(OPS.bind_add_bias, dict(x=_rows(g), b=_rows(g, (16,)),
-                                                            out=_out((3, 16))), ("out",)),
+    "bind_add": lambda g: Call(
+        OPS.bind_add, dict(**_bin(g, "x", "y"), out=_out((3, 16))), ("out",)
+    ),
+    "add_bias": lambda g: Call(
+        OPS.add_bias, dict(x=_rows(g), b=_rows(g, (16,)), out=_out((3, 16))), ("out",)
+    ),
+    "bind_add_bias": lambda g: Call(
+        OPS.bind_add_bias, dict(x=_rows(g), b=_rows(g, (16,)), out=_out((3, 16))), ("out",)
+    ),
     "copy2d": lambda g: Call(OPS.copy2d, dict(x=_rows(g), out=_out((3, 16))), ("out",)),
     "bind_copy2d": lambda g: Call(OPS.bind_copy2d, dict(x=_rows(g), out=_out((3, 16))), ("out",)),
     "scale": lambda g: Call(OPS.scale, dict(x=_rows(g), s=0.5, out=_out((3, 16))), ("out",)),
-    "bind_scale": lambda g: Call(OPS.bind_scale, dict(x=_rows(g), s=0.5, out=_out((3, 16))),
-                                 ("out",)),
-    "softcap": lambda g: Call(OPS.softcap, dict(x=_rows(g), cap=30.0, out=_out((3, 16))),
-                              ("out",)),
-    "bind_softcap": lambda g: Call(OPS.bind_softcap, dict(x=_rows(g), cap=30.0, out=_out((3, 16))),
-                                   ("out",)),
-    "gather_rows": lambda g: Call(OPS.gather_rows, dict(x=_rows(g), rows=np.array([2, 0]),
-                                                        out=_out((2, 16))), ("out",)),
-    "bind_gather_rows": lambda g: Call(OPS.bind_gather_rows, dict(x=_rows(g), rows=np.array([2, 0]),
-                                                                  out=_out((2, 16))), ("out",)),
+    "bind_scale": lambda g: Call(
+        OPS.bind_scale, dict(x=_rows(g), s=0.5, out=_out((3, 16))), ("out",)
+    ),
+    "softcap": lambda g: Call(OPS.softcap, dict(x=_rows(g), cap=30.0, out=_out((3, 16))), ("out",)),
+    "bind_softcap": lambda g: Call(
+        OPS.bind_softcap, dict(x=_rows(g), cap=30.0, out=_out((3, 16))), ("out",)
+    ),
+    "gather_rows": lambda g: Call(
+        OPS.gather_rows, dict(x=_rows(g), rows=np.array([2, 0]), out=_out((2, 16))), ("out",)
+    ),
+    "bind_gather_rows": lambda g: Call(
+        OPS.bind_gather_rows, dict(x=_rows(g), rows=np.array([2, 0]), out=_out((2, 16))), ("out",)
+    ),
     "rope": lambda g: Call(OPS.rope, dict(**_rope(g), out=_out((2, 2, 8))), ("out",)),
     "bind_rope": lambda g: Call(OPS.bind_rope, dict(**_rope(g), out=_out((2, 2, 8))), ("out",)),
     # moe.pyx
-    "moe_route": lambda g: Call(MOE.moe_route, dict(**_route(g), ids=_out((3, 2), np.int32),
-                                                    weights=_out((3, 2))), ("ids", "weights")),
-    "bind_moe_route": lambda g: Call(MOE.bind_moe_route,
-                                     dict(**_route(g), ids=_out((3, 2), np.int32),
-                                          weights=_out((3, 2))), ("ids", "weights")),
-    "moe_group": lambda g: Call(MOE.moe_group, dict(**_group(), rows=_out((6,), np.int32),
-                                                    offsets=_out((5,), np.int64),
-                                                    pos=_out((6,), np.int32)),
-                                ("rows", "offsets", "pos")),
-    "bind_moe_group": lambda g: Call(MOE.bind_moe_group, dict(**_group(), rows=_out((6,), np.int32),
-                                                              offsets=_out((5,), np.int64),
-                                                              pos=_out((6,), np.int32)),
-                                     ("rows", "offsets", "pos")),
+    "moe_route": lambda g: Call(
+        MOE.moe_route,
+        dict(**_route(g), ids=_out((3, 2), np.int32), weights=_out((3, 2))),
+        ("ids", "weights"),
+    ),
+    "bind_moe_route": lambda g: Call(
+        MOE.bind_moe_route,
+        dict(**_route(g), ids=_out((3, 2), np.int32), weights=_out((3, 2))),
+        ("ids", "weights"),
+    ),
+    "moe_group": lambda g: Call(
+        MOE.moe_group,
+        dict(
+            **_group(),
+            rows=_out((6,), np.int32),
+            offsets=_out((5,), np.int64),
+            pos=_out((6,), np.int32),
+        ),
+        ("rows", "offsets", "pos"),
+    ),
+    "bind_moe_group": lambda g: Call(
+        MOE.bind_moe_group,
+        dict(
+            **_group(),
+            rows=_out((6,), np.int32),
+            offsets=_out((5,), np.int64),
+            pos=_out((6,), np.int32),
+        ),
+        ("rows", "offsets", "pos"),
+    ),
     "moe_fold": lambda g: Call(MOE.moe_fold, dict(**_fold(g), out=_out((3, 8))), ("out",)),
-    "bind_moe_fold": lambda g: Call(MOE.bind_moe_fold, dict(**_fold(g), out=_out((3, 8))),
-                                    ("out",)),
+    "bind_moe_fold": lambda g: Call(
+        MOE.bind_moe_fold, dict(**_fold(g), out=_out((3, 8))), ("out",)
+    ),
     # ssm.pyx
     "ssm_conv": lambda g: Call(SSM.ssm_conv, dict(**_conv(g), out=_out((4, 8))), ("state", "out")),
-    "bind_ssm_conv": lambda g: Call(SSM.bind_ssm_conv, dict(**_conv(g), out=_out((4, 8))),
-                                    ("state", "out")),
-    "gated_delta": lambda g: Call(SSM.gated_delta, dict(**_delta(g), out=_out((4, 16))),
-                                  ("state", "out")),
-    "bind_gated_delta": lambda g: Call(SSM.bind_gated_delta, dict(**_delta(g), out=_out((4, 16))),
-                                       ("state", "out")),
-    "sigmoid_mul": lambda g: Call(SSM.sigmoid_mul, dict(**_bin(g, "gate", "x"), out=_out((3, 16))),
-                                  ("out",)),
-    "bind_sigmoid_mul": lambda g: Call(SSM.bind_sigmoid_mul,
-                                       dict(**_bin(g, "gate", "x"), out=_out((3, 16))), ("out",)),
+    "bind_ssm_conv": lambda g: Call(
+        SSM.bind_ssm_conv, dict(**_conv(g), out=_out((4, 8))), ("state", "out")
+    ),
+    "gated_delta": lambda g: Call(
+        SSM.gated_delta, dict(**_delta(g), out=_out((4, 16))), ("state", "out")
+    ),
+    "bind_gated_delta": lambda g: Call(
+        SSM.bind_gated_delta, dict(**_delta(g), out=_out((4, 16))), ("state", "out")
+    ),
+    "sigmoid_mul": lambda g: Call(
+        SSM.sigmoid_mul, dict(**_bin(g, "gate", "x"), out=_out((3, 16))), ("out",)
+    ),
+    "bind_sigmoid_mul": lambda g: Call(
+        SSM.bind_sigmoid_mul, dict(**_bin(g, "gate", "x"), out=_out((3, 16))), ("out",)
+    ),
     # attention.pyx
     "kv_write": lambda g: Call(ATT.kv_write, _kv(g), ("k_cache", "v_cache")),
     "bind_kv_write": lambda g: Call(ATT.bind_kv_write, _kv(g), ("k_cache", "v_cache")),
     "attention": lambda g: Call(ATT.attention, dict(**_att(g), out=_out((2, 2, 8))), ("out",)),
-    "attention_fast": lambda g: Call(ATT.attention_fast, dict(**_att(g), out=_out((2, 2, 8))),
-                                     ("out",)),
+    "attention_fast": lambda g: Call(
+        ATT.attention_fast, dict(**_att(g), out=_out((2, 2, 8))), ("out",)
+    ),
     "attention_scratch": lambda g: Call(ATT.attention_scratch, dict(**_att(g), max_pos=7)),
-    "bind_attention": lambda g: Call(ATT.bind_attention,
-                                     dict(**_att(g), out=_out((2, 2, 8)), max_pos=7,
-                                          scratch=_out((8, 1 << 12), np.float64)),
-                                     ("out", "scratch")),
-    "bind_attention_fast": lambda g: Call(ATT.bind_attention_fast,
-                                          dict(**_att(g), out=_out((2, 2, 8)), max_pos=7,
-                                               scratch=_out((8, 1 << 12), np.float64)),
-                                          ("out", "scratch")),
+    "bind_attention": lambda g: Call(
+        ATT.bind_attention,
+        dict(**_att(g), out=_out((2, 2, 8)), max_pos=7, scratch=_out((8, 1 << 12), np.float64)),
+        ("out", "scratch"),
+    ),
+    "bind_attention_fast": lambda g: Call(
+        ATT.bind_attention_fast,
+        dict(**_att(g), out=_out((2, 2, 8)), max_pos=7, scratch=_out((8, 1 << 12), np.float64)),
+        ("out", "scratch"),
+    ),
 }
 
 ENTRIES = sorted(BUILDERS)
-BAD_THREADS = [0, -1, 1025, 2**40, True, False, 2.0, np.float32(2), "2", None, np.bool_(True),
-               np.array([2])]
+BAD_THREADS = [
+    0,
+    -1,
+    1025,
+    2**40,
+    True,
+    False,
+    2.0,
+    np.float32(2),
+    "2",
+    None,
+    np.bool_(True),
+    np.array([2]),
+]
 
 
 def build(name: str, seed: int = 0) -> Call:
@@ -243,10 +320,15 @@ def _takes_nthreads(fn: Any) -> bool:
 
 # ============================================================================ thread counts
 
+
 def test_every_entry_point_with_nthreads_is_covered():
     """The table above is every public function of the kernel modules that takes nthreads."""
-    found = {name for mod in MODULES.values() for name, fn in vars(mod).items()
-             if not name.startswith("_") and callable(fn) and _takes_nthreads(fn)}
+    found = {
+        name
+        for mod in MODULES.values()
+        for name, fn in vars(mod).items()
+        if not name.startswith("_") and callable(fn) and _takes_nthreads(fn)
+    }
     assert "matmul" in found and "bind_attention" in found  # the introspection sees them
     assert found == set(BUILDERS)
 
@@ -294,6 +376,7 @@ def test_graph_thread_count_follows_the_same_rule():
 
 # ============================================================================ array arguments
 
+
 def _array_params(name: str) -> list[tuple[str, str]]:
     call = build(name)
     return [(name, p) for p, v in call.params.items() if isinstance(v, np.ndarray)]
@@ -332,7 +415,9 @@ def test_shape_and_layout_messages_name_the_argument():
         call()
     call = build("moe_route")
     call.params["logits"] = call.params["logits"][0]
-    with pytest.raises(ValueError, match=re.escape("logits must have 2 dimensions, got shape (4,)")):
+    with pytest.raises(
+        ValueError, match=re.escape("logits must have 2 dimensions, got shape (4,)")
+    ):
         call()
     call = build("attention")
     call.params["q"] = np.asfortranarray(call.params["q"])
@@ -369,9 +454,13 @@ def test_every_public_kernel_is_exported():
     exported = set(K.__all__)
     assert len(K.__all__) == len(exported)
     for module, names in K.KERNELS.items():
-        public = {n for n, fn in vars(MODULES[module]).items()
-                  if not n.startswith(("_", "bind_")) and callable(fn)
-                  and type(fn).__name__ == "cython_function_or_method"}
+        public = {
+            n
+            for n, fn in vars(MODULES[module]).items()
+            if not n.startswith(("_", "bind_"))
+            and callable(fn)
+            and type(fn).__name__ == "cython_function_or_method"
+        }
         assert public - GRAPH_HELPERS == set(names), module
         for n in names:
             assert getattr(K, n) is getattr(MODULES[module], n)

@@ -17,13 +17,15 @@ compared), and both kernels over a cache of any type give the bits they give ove
 cache holding the stored values (goinfer._reference.dequantize_kv): the stored values convert
 exactly, and the kernels compute on them with the float32 cache's operation sequence.
 """
+
 from __future__ import annotations
 
 import importlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goinfer import _reference as R
 from goinfer._kernels import _config, attention, attention_fast, kv_write
@@ -49,9 +51,9 @@ def variant(request):
     _config.set_variant(old)
 
 
-
 def test_dispatch_follows_config(variant):
     assert _att._variant_used() == variant == _config.variant()
+
 
 def _each_variant(fn):
     old = _config.variant()
@@ -83,8 +85,20 @@ def empty_caches(dtype, nb, n_kv, hd, bs, fill=0.0):
 class Seq:
     """One layer's cache holding one sequence of n tokens in randomly placed blocks."""
 
-    def __init__(self, rng, n, n_kv, hd, bs, fill=0.0, spare=3, kscale=1.0, dtype="f32",
-                 vscale=1.0, voffset=0.0):
+    def __init__(
+        self,
+        rng,
+        n,
+        n_kv,
+        hd,
+        bs,
+        fill=0.0,
+        spare=3,
+        kscale=1.0,
+        dtype="f32",
+        vscale=1.0,
+        voffset=0.0,
+    ):
         nb_seq = (n + bs - 1) // bs
         nb = nb_seq + spare
         self.k_cache, self.v_cache = empty_caches(dtype, nb, n_kv, hd, bs, fill)
@@ -94,7 +108,7 @@ class Seq:
         if vscale != 1.0 or voffset != 0.0:
             self.v = (self.v * np.float32(vscale) + np.float32(voffset)).astype(np.float32)
         pos = np.arange(n)
-        self.slots = (self.block_table[pos // bs].astype(np.int64) * bs + pos % bs)
+        self.slots = self.block_table[pos // bs].astype(np.int64) * bs + pos % bs
         kv_write(self.k_cache, self.v_cache, self.k, self.v, self.slots)
         self.bs = bs
 
@@ -125,8 +139,12 @@ def test_kv_write_matches_reference(variant, dtype, bs, nthreads):
     rng = np.random.default_rng(bs)
     n_kv, hd, nb = 3, 64, 12
     kc, vc = empty_caches(dtype, nb, n_kv, hd, bs)
-    kc.view(np.uint8)[...] = rng.integers(0, 256, kc.nbytes, dtype=np.uint8).reshape(kc.view(np.uint8).shape)
-    vc.view(np.uint8)[...] = rng.integers(0, 256, vc.nbytes, dtype=np.uint8).reshape(vc.view(np.uint8).shape)
+    kc.view(np.uint8)[...] = rng.integers(0, 256, kc.nbytes, dtype=np.uint8).reshape(
+        kc.view(np.uint8).shape
+    )
+    vc.view(np.uint8)[...] = rng.integers(0, 256, vc.nbytes, dtype=np.uint8).reshape(
+        vc.view(np.uint8).shape
+    )
     kc2, vc2 = kc.copy(), vc.copy()
     T = min(nb * bs, 150)
     k = rng.standard_normal((T, n_kv, hd)).astype(np.float32)
@@ -138,13 +156,35 @@ def test_kv_write_matches_reference(variant, dtype, bs, nthreads):
     assert np.array_equal(vc.view(np.uint8), vc2.view(np.uint8))
 
 
-_SPECIAL = [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.99, 65520.0, 1e5, -1e9, 6e-8, 2.9e-8, 3e-8,
-            6.1e-5, 6.09e-5, 1e-30, -1e-45, np.inf, -np.inf]
+_SPECIAL = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    65504.0,
+    65519.99,
+    65520.0,
+    1e5,
+    -1e9,
+    6e-8,
+    2.9e-8,
+    3e-8,
+    6.1e-5,
+    6.09e-5,
+    1e-30,
+    -1e-45,
+    np.inf,
+    -np.inf,
+]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(KV_DTYPES), st.sampled_from([-30, -12, 0, 4, 12]),
-       st.booleans())
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(KV_DTYPES),
+    st.sampled_from([-30, -12, 0, 4, 12]),
+    st.booleans(),
+)
 def test_kv_write_rounding_hypothesis(seed, dtype, log_scale, special):
     """Values from tiny to past float16's range (subnormals, overflow to inf, signed zeros,
     infinities): the stored bytes are the reference's on every variant; f16 is NumPy's
@@ -171,7 +211,7 @@ def test_kv_write_rounding_hypothesis(seed, dtype, log_scale, special):
         assert np.array_equal(vc.view(np.uint8), vr.view(np.uint8))
         for t in alone:  # a token written alone, into a cache of batch-written tokens
             k1, v1 = kc.copy(), vc.copy()
-            kv_write(k1, v1, k[t:t + 1], v[t:t + 1], slots[t:t + 1])
+            kv_write(k1, v1, k[t : t + 1], v[t : t + 1], slots[t : t + 1])
             assert np.array_equal(k1.view(np.uint8), kc.view(np.uint8))
             assert np.array_equal(v1.view(np.uint8), vc.view(np.uint8))
         return kc, vc
@@ -182,7 +222,9 @@ def test_kv_write_rounding_hypothesis(seed, dtype, log_scale, special):
             b, o = divmod(int(slots[t]), bs)
             for x, y in ((k[t], ks[b, :, :, o]), (v[t], vs[b, :, o, :])):  # (n_kv, hd)
                 if dtype == "f16":
-                    assert np.array_equal(y, x.astype(np.float16).astype(np.float32), equal_nan=True)
+                    assert np.array_equal(
+                        y, x.astype(np.float16).astype(np.float32), equal_nan=True
+                    )
                 elif dtype == "q8_0":
                     xg, yg = x.reshape(n_kv, -1, 32), y.reshape(n_kv, -1, 32)
                     fin = np.isfinite(xg).all(-1)
@@ -202,19 +244,41 @@ def test_kv_write_rounding_hypothesis(seed, dtype, log_scale, special):
 def test_q8_0_layout_errors():
     with pytest.raises(ValueError):
         kv_shapes("q8_0", 1, 1, 80, 16) and attention(
-            np.ones((1, 1, 80), np.float32), *empty_caches("q8_0", 1, 1, 80, 16),
-            np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+            np.ones((1, 1, 80), np.float32),
+            *empty_caches("q8_0", 1, 1, 80, 16),
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            0.1,
+        )
     kc = np.zeros((2, 1, 70, 16), np.int8)  # 70 rows: not hd + hd/16 for any hd % 32 == 0
     with pytest.raises(ValueError):
-        attention(np.ones((1, 1, 64), np.float32), kc, np.zeros((2, 1, 16, 70), np.int8),
-                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+        attention(
+            np.ones((1, 1, 64), np.float32),
+            kc,
+            np.zeros((2, 1, 16, 70), np.int8),
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            0.1,
+        )
     k16, v16 = empty_caches("f16", 2, 1, 64, 16)
     with pytest.raises(TypeError):  # mixed types
-        attention(np.ones((1, 1, 64), np.float32), k16, v16.astype(np.float32),
-                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+        attention(
+            np.ones((1, 1, 64), np.float32),
+            k16,
+            v16.astype(np.float32),
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            0.1,
+        )
     with pytest.raises(TypeError):
-        attention(np.ones((1, 1, 64), np.float32), k16.astype(np.float64), v16.astype(np.float64),
-                  np.zeros(1, np.int32), np.zeros(1, np.int32), 0.1)
+        attention(
+            np.ones((1, 1, 64), np.float32),
+            k16.astype(np.float64),
+            v16.astype(np.float64),
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            0.1,
+        )
 
 
 # ============================================================================ vs reference
@@ -253,8 +317,9 @@ CASES_DT = [(*c, dt) for c in CASES for dt in KV_DTYPES if dt != "q8_0" or c[3] 
 
 @pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start, dtype", CASES_DT)
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_attention_matches_reference(variant, T, H, n_kv, hd, bs, window, softcap, start, dtype,
-                                     nthreads):
+def test_attention_matches_reference(
+    variant, T, H, n_kv, hd, bs, window, softcap, start, dtype, nthreads
+):
     """Against the float64 reference over the stored values (each storage type)."""
     rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start)
     seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, dtype=dtype)
@@ -290,10 +355,18 @@ def test_attention_peaked_scores(variant):
 # ============================================================================ bit identity
 
 
-@pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
-    (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
-    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 9, 0.0), (4, 2, 256, 16, 0, 0.0),
-    (8, 1, 512, 16, 0, 0.0)])
+@pytest.mark.parametrize(
+    "H, n_kv, hd, bs, window, softcap",
+    [
+        (9, 3, 64, 16, 0, 0.0),
+        (8, 2, 128, 32, 0, 0.0),
+        (8, 8, 64, 16, 20, 0.0),
+        (8, 1, 64, 16, 0, 30.0),
+        (16, 1, 64, 12, 9, 0.0),
+        (4, 2, 256, 16, 0, 0.0),
+        (8, 1, 512, 16, 0, 0.0),
+    ],
+)
 def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
     """Prefill of T queries == T single-query calls with growing context, bit for bit, with
     1 and 2 threads, on every variant (and the variants agree)."""
@@ -309,8 +382,17 @@ def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
         assert np.array_equal(full, full2)
         for t in range(T):
             nb = (start + t) // bs + 1  # the block table as a decode step would see it
-            one = attention(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:nb],
-                            q_pos[t:t + 1], 0.1, window, softcap, nthreads=1 + t % 2)
+            one = attention(
+                q[t : t + 1],
+                seq.k_cache,
+                seq.v_cache,
+                seq.block_table[:nb],
+                q_pos[t : t + 1],
+                0.1,
+                window,
+                softcap,
+                nthreads=1 + t % 2,
+            )
             assert np.array_equal(one[0], full[t]), t
         return full
 
@@ -320,9 +402,14 @@ def test_prefill_equals_decode_steps(H, n_kv, hd, bs, window, softcap):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from([0, 5, 16, 33]),
-       st.sampled_from([(6, 3), (8, 2), (12, 1), (4, 4)]), st.sampled_from([1, 2, 3]),
-       st.booleans())
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 40),
+    st.sampled_from([0, 5, 16, 33]),
+    st.sampled_from([(6, 3), (8, 2), (12, 1), (4, 4)]),
+    st.sampled_from([1, 2, 3]),
+    st.booleans(),
+)
 def test_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, with_sinks):
     """Any subset of a batch's queries, in any order, with any thread count: same rows
     (with attention sinks too)."""
@@ -335,8 +422,7 @@ def test_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, with_
     sinks = (rng.standard_normal(H) * 3).astype(np.float32) if with_sinks else None
     full = attention(q, *seq.args(), q_pos, 0.125, window, sinks=sinks)
     idx = rng.permutation(T)[:n_sub]
-    sub = attention(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads,
-                    sinks=sinks)
+    sub = attention(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads, sinks=sinks)
     assert np.array_equal(sub, full[idx])
 
 
@@ -372,8 +458,9 @@ def test_out_argument(variant):
 
 def test_exp_tanh_weight_accuracy(variant):
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.uniform(-600, 0, 200_000), rng.uniform(-1, 1, 100_000),
-                        rng.uniform(0, 709, 20_000)])
+    x = np.concatenate(
+        [rng.uniform(-600, 0, 200_000), rng.uniform(-1, 1, 100_000), rng.uniform(0, 709, 20_000)]
+    )
     ref = np.exp(x.astype(np.longdouble))
     y = _att._exp_f64(x)
     ulps = np.abs(y.astype(np.longdouble) - ref) / np.spacing(ref.astype(np.float64))
@@ -381,13 +468,19 @@ def test_exp_tanh_weight_accuracy(variant):
     xn = x[x <= 0]
     w = _att._weight_f64(xn)
     rel = np.abs(w.astype(np.longdouble) - np.exp(xn.astype(np.longdouble))) / np.exp(
-        xn.astype(np.longdouble))
+        xn.astype(np.longdouble)
+    )
     assert float(rel.max()) < 2.0**-28 + 1e-11  # the cut + the short polynomial (4.3e-12)
     bits = w.view(np.uint64) & np.uint64((1 << 24) - 1)
     assert not bits.any()  # significand of 29 bits: e * float32 is exact in double
     assert _att._weight_f64(np.array([-601.0, -1e300, 0.0]))[:2].tolist() == [0.0, 0.0]
-    u = np.concatenate([rng.uniform(-30, 30, 100_000), rng.uniform(-1e-3, 1e-3, 10_000),
-                        [0.0, -0.0, 400.0, -400.0]])
+    u = np.concatenate(
+        [
+            rng.uniform(-30, 30, 100_000),
+            rng.uniform(-1e-3, 1e-3, 10_000),
+            [0.0, -0.0, 400.0, -400.0],
+        ]
+    )
     th = _att._tanh_f64(u)
     assert float(np.abs(th.astype(np.longdouble) - np.tanh(u.astype(np.longdouble))).max()) < 5e-16
     assert np.array_equal(np.signbit(th), np.signbit(u))
@@ -427,11 +520,21 @@ def test_errors():
     with pytest.raises(ValueError):
         attention(np.ones((1, 2, 12), np.float32), bad_k, bad_v, bt, pos[:1], 0.1)
     with pytest.raises(ValueError):
-        kv_write(kc, vc, np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32),
-                 np.array([10**6], np.int64))
+        kv_write(
+            kc,
+            vc,
+            np.ones((1, 2, 64), np.float32),
+            np.ones((1, 2, 64), np.float32),
+            np.array([10**6], np.int64),
+        )
     with pytest.raises(TypeError):
-        kv_write(kc, vc, np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32),
-                 np.array([3], np.int32))
+        kv_write(
+            kc,
+            vc,
+            np.ones((1, 2, 64), np.float32),
+            np.ones((1, 2, 64), np.float32),
+            np.array([3], np.int32),
+        )
 
 
 def test_empty_batch():
@@ -440,8 +543,13 @@ def test_empty_batch():
     q = np.ones((0, 4, 64), np.float32)
     out = attention(q, *seq.args(), np.zeros(0, np.int32), 0.1)
     assert out.shape == (0, 4, 64)
-    kv_write(seq.k_cache, seq.v_cache, np.ones((0, 2, 64), np.float32),
-             np.ones((0, 2, 64), np.float32), np.zeros(0, np.int64))
+    kv_write(
+        seq.k_cache,
+        seq.v_cache,
+        np.ones((0, 2, 64), np.float32),
+        np.ones((0, 2, 64), np.float32),
+        np.zeros(0, np.int64),
+    )
 
 
 # ============================================================================ fast kernel
@@ -476,14 +584,23 @@ def _check_fast(fast, exact):
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(512, 4096), n_new=st.integers(1, 160),
-       hd=st.sampled_from([64, 128]), group=st.sampled_from([1, 2, 3, 4, 6, 8]),
-       n_kv=st.sampled_from([1, 2]), bs=st.sampled_from([1, 5, 16, 32, 64]),
-       qk_scale=st.floats(-4.0, 0.9), v_scale=st.floats(-6.0, 4.0),
-       v_offset=st.sampled_from([0.0, 3.0]), nthreads=st.sampled_from([1, 2]),
-       dtype=st.sampled_from(KV_DTYPES))
-def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_scale, v_scale,
-                                        v_offset, nthreads, dtype):
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(512, 4096),
+    n_new=st.integers(1, 160),
+    hd=st.sampled_from([64, 128]),
+    group=st.sampled_from([1, 2, 3, 4, 6, 8]),
+    n_kv=st.sampled_from([1, 2]),
+    bs=st.sampled_from([1, 5, 16, 32, 64]),
+    qk_scale=st.floats(-4.0, 0.9),
+    v_scale=st.floats(-6.0, 4.0),
+    v_offset=st.sampled_from([0.0, 3.0]),
+    nthreads=st.sampled_from([1, 2]),
+    dtype=st.sampled_from(KV_DTYPES),
+)
+def test_fast_close_to_exact_hypothesis(
+    seed, n, n_new, hd, group, n_kv, bs, qk_scale, v_scale, v_offset, nthreads, dtype
+):
     """The last n_new queries of a sequence of n keys (a prefill suffix, or a decode step:
     then the keys are split over threads by chunk), random values from tiny to large (q, k ~
     10^qk_scale, v ~ 10^v_scale, optionally far from zero mean), random block tables, NaN in
@@ -493,8 +610,18 @@ def test_fast_close_to_exact_hypothesis(seed, n, n_new, hd, group, n_kv, bs, qk_
     vs = 10.0**v_scale
     if dtype == "f16":  # values f16 can hold (max 65504): 10^4 * (3 + 5 sigma) would overflow
         vs = min(vs, 10.0**3.5)
-    seq = Seq(rng, n, n_kv, hd, bs, fill=np.nan, kscale=10.0**qk_scale, dtype=dtype,
-              vscale=vs, voffset=v_offset * vs)
+    seq = Seq(
+        rng,
+        n,
+        n_kv,
+        hd,
+        bs,
+        fill=np.nan,
+        kscale=10.0**qk_scale,
+        dtype=dtype,
+        vscale=vs,
+        voffset=v_offset * vs,
+    )
     q = (rng.standard_normal((n_new, H, hd)) * 10.0**qk_scale).astype(np.float32)
     q_pos = np.arange(n - n_new, n, dtype=np.int32)
     scale = 1.0 / np.sqrt(hd)
@@ -529,9 +656,14 @@ def test_fast_long_window_softcap(window, softcap):
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 100), st.sampled_from([0, 5, 70]),
-       st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]), st.sampled_from([1, 2, 3]),
-       st.booleans())
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 100),
+    st.sampled_from([0, 5, 70]),
+    st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]),
+    st.sampled_from([1, 2, 3]),
+    st.booleans(),
+)
 def test_fast_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, with_sinks):
     """The fast kernel is not exact, but it is deterministic per row: any subset of a call's
     queries, in any order, with any thread count gives the same bits (tiles are aligned to
@@ -546,8 +678,9 @@ def test_fast_batch_membership_hypothesis(seed, n_sub, window, heads, nthreads, 
     sinks = (rng.standard_normal(H) * 3).astype(np.float32) if with_sinks else None
     full = attention_fast(q, *seq.args(), q_pos, 0.125, window, sinks=sinks)
     idx = rng.permutation(T)[:n_sub]
-    sub = attention_fast(q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads,
-                         sinks=sinks)
+    sub = attention_fast(
+        q[idx], *seq.args(), q_pos[idx], 0.125, window, nthreads=nthreads, sinks=sinks
+    )
     assert np.array_equal(sub, full[idx])
 
 
@@ -559,15 +692,25 @@ def test_fast_prefill_chunks_equal_one_call(variant):
     q = rng.standard_normal((1000, 9, 64)).astype(np.float32)
     q_pos = np.arange(100, 1100, dtype=np.int32)
     one = attention_fast(q, *seq.args(), q_pos, 0.125, nthreads=2)
-    parts = [attention_fast(q[a:b], *seq.args(), q_pos[a:b], 0.125, nthreads=1)
-             for a, b in ((0, 512), (512, 1000))]
+    parts = [
+        attention_fast(q[a:b], *seq.args(), q_pos[a:b], 0.125, nthreads=1)
+        for a, b in ((0, 512), (512, 1000))
+    ]
     assert np.array_equal(one, np.concatenate(parts))
 
 
-@pytest.mark.parametrize("H, n_kv, hd, bs, window, softcap", [
-    (9, 3, 64, 16, 0, 0.0), (8, 2, 128, 32, 0, 0.0), (8, 8, 64, 16, 20, 0.0),
-    (8, 1, 64, 16, 0, 30.0), (16, 1, 64, 12, 90, 0.0), (4, 2, 256, 16, 0, 0.0),
-    (8, 1, 512, 16, 0, 0.0)])
+@pytest.mark.parametrize(
+    "H, n_kv, hd, bs, window, softcap",
+    [
+        (9, 3, 64, 16, 0, 0.0),
+        (8, 2, 128, 32, 0, 0.0),
+        (8, 8, 64, 16, 20, 0.0),
+        (8, 1, 64, 16, 0, 30.0),
+        (16, 1, 64, 12, 90, 0.0),
+        (4, 2, 256, 16, 0, 0.0),
+        (8, 1, 512, 16, 0, 0.0),
+    ],
+)
 def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, softcap):
     """The default mode's contract rests on this: a fast prefill of T queries == T
     single-query calls with growing context and the block table a decode step sees, bit for
@@ -578,12 +721,22 @@ def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, soft
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     q_pos = np.arange(start, start + T, dtype=np.int32)
     full = attention_fast(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=1)
-    assert np.array_equal(full, attention_fast(q, *seq.args(), q_pos, 0.1, window, softcap,
-                                               nthreads=2))
+    assert np.array_equal(
+        full, attention_fast(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=2)
+    )
     for t in range(0, T, 7):
         nb = (start + t) // bs + 1
-        one = attention_fast(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:nb],
-                             q_pos[t:t + 1], 0.1, window, softcap, nthreads=1 + t % 2)
+        one = attention_fast(
+            q[t : t + 1],
+            seq.k_cache,
+            seq.v_cache,
+            seq.block_table[:nb],
+            q_pos[t : t + 1],
+            0.1,
+            window,
+            softcap,
+            nthreads=1 + t % 2,
+        )
         assert np.array_equal(one[0], full[t]), t
 
 
@@ -641,12 +794,19 @@ def test_fast_out_argument_and_errors():
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 @pytest.mark.parametrize("kernel", [attention, attention_fast])
-@pytest.mark.parametrize("n, T, H, n_kv, hd, bs, window, softcap", [
-    (300, 40, 9, 3, 64, 16, 0, 0.0), (1300, 1, 9, 3, 64, 16, 0, 0.0),
-    (1300, 70, 8, 2, 128, 32, 0, 0.0), (1100, 1, 4, 1, 256, 16, 512, 0.0),
-    (700, 5, 8, 4, 64, 5, 100, 30.0)])
-def test_kernels_compute_on_the_stored_values(variant, dtype, kernel, n, T, H, n_kv, hd, bs,
-                                              window, softcap):
+@pytest.mark.parametrize(
+    "n, T, H, n_kv, hd, bs, window, softcap",
+    [
+        (300, 40, 9, 3, 64, 16, 0, 0.0),
+        (1300, 1, 9, 3, 64, 16, 0, 0.0),
+        (1300, 70, 8, 2, 128, 32, 0, 0.0),
+        (1100, 1, 4, 1, 256, 16, 512, 0.0),
+        (700, 5, 8, 4, 64, 5, 100, 30.0),
+    ],
+)
+def test_kernels_compute_on_the_stored_values(
+    variant, dtype, kernel, n, T, H, n_kv, hd, bs, window, softcap
+):
     """Over a cache of any storage type, both kernels give the bits they give over a float32
     cache holding the stored values (1 and 2 threads; decode steps with split keys too)."""
     rng = np.random.default_rng(n + T + hd)
@@ -655,8 +815,9 @@ def test_kernels_compute_on_the_stored_values(variant, dtype, kernel, n, T, H, n
     q_pos = np.arange(n - T, n, dtype=np.int32)
     want = kernel(q, *seq.stored(), q_pos, 0.1, window, softcap, nthreads=1)
     for nt in (1, 2):
-        assert np.array_equal(kernel(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=nt),
-                              want)
+        assert np.array_equal(
+            kernel(q, *seq.args(), q_pos, 0.1, window, softcap, nthreads=nt), want
+        )
 
 
 @pytest.mark.parametrize("dtype", KV_DTYPES)
@@ -675,8 +836,9 @@ def test_fast_decode_split_equals_prefill_rows(variant, dtype):
         full = attention_fast(q, *seq.args(), pos, 0.125, window, nthreads=2)
         for p in (510, 511, 512, 1023, 1024, 1025, 1599):
             for nt in (1, 2, 3):
-                one = attention_fast(q[p:p + 1], *seq.args(), pos[p:p + 1], 0.125, window,
-                                     nthreads=nt)
+                one = attention_fast(
+                    q[p : p + 1], *seq.args(), pos[p : p + 1], 0.125, window, nthreads=nt
+                )
                 assert np.array_equal(one[0], full[p]), (window, p, nt)
 
 
@@ -693,19 +855,24 @@ def test_bound_fast_decode_split(variant, dtype):
     seq = Seq(rng, n, n_kv, hd, 16, fill=np.nan, dtype=dtype)
     q = rng.standard_normal((n, H, hd)).astype(np.float32)
     qb, pos, out = q[700:701].copy(), np.array([700], np.int32), np.empty((1, H, hd), np.float32)
-    per = _att.attention_scratch(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
-                                 max_pos=n - 1, fast=True)
+    per = _att.attention_scratch(
+        qb, *seq.args(), pos, 0.125, out=out, nthreads=2, max_pos=n - 1, fast=True
+    )
     scratch = np.zeros((2, per), np.float64)
-    op = _att.bind_attention_fast(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
-                                  scratch=scratch, max_pos=n - 1)
-    assert op.nshares == 2 and _att._fast_plan(qb, *seq.args(), np.array([n - 1], np.int32),
-                                               nthreads=2)["kchunks"] == 4
+    op = _att.bind_attention_fast(
+        qb, *seq.args(), pos, 0.125, out=out, nthreads=2, scratch=scratch, max_pos=n - 1
+    )
+    assert (
+        op.nshares == 2
+        and _att._fast_plan(qb, *seq.args(), np.array([n - 1], np.int32), nthreads=2)["kchunks"]
+        == 4
+    )
     g = Graph([op], 2)
     for p in (700, 1599, 1024, 3, 1200, 1599):
         qb[:] = q[p]
         pos[0] = p
         g.run()
-        want = attention_fast(q[p:p + 1], *seq.args(), pos, 0.125, nthreads=1)
+        want = attention_fast(q[p : p + 1], *seq.args(), pos, 0.125, nthreads=1)
         assert np.array_equal(out, want), p
 
 
@@ -721,8 +888,12 @@ def test_counters_count_each_kernel():
     attention_fast(q[:3], *seq.args(), q_pos[:3], 0.1)
     attention_fast(q, *seq.args(), q_pos, 0.1)
     attention(q[:0], *seq.args(), q_pos[:0], 0.1)  # no query: not counted
-    assert attention_counters() == {"exact_calls": 1, "exact_queries": 7, "fast_calls": 2,
-                                    "fast_queries": 10}
+    assert attention_counters() == {
+        "exact_calls": 1,
+        "exact_queries": 7,
+        "fast_calls": 2,
+        "fast_queries": 10,
+    }
     reset_attention_counters()
     assert set(attention_counters().values()) == {0}
 
@@ -775,11 +946,14 @@ def _sinks(rng, H, kind):
 
 
 @pytest.mark.parametrize("kind", ["random", "big", "mixed"])
-@pytest.mark.parametrize("T, H, n_kv, hd, bs, window, softcap, start, dtype",
-                         [c for c in CASES_DT if c[0] in (1, 7, 21, 40) or c[1] == 32])
+@pytest.mark.parametrize(
+    "T, H, n_kv, hd, bs, window, softcap, start, dtype",
+    [c for c in CASES_DT if c[0] in (1, 7, 21, 40) or c[1] == 32],
+)
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_attention_sinks_match_reference(variant, kind, T, H, n_kv, hd, bs, window, softcap,
-                                         start, dtype, nthreads):
+def test_attention_sinks_match_reference(
+    variant, kind, T, H, n_kv, hd, bs, window, softcap, start, dtype, nthreads
+):
     rng = np.random.default_rng(T * 1000 + H * 10 + hd + bs + start + len(kind))
     seq = Seq(rng, start + T, n_kv, hd, bs, kscale=2.0, dtype=dtype)
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
@@ -789,8 +963,9 @@ def test_attention_sinks_match_reference(variant, kind, T, H, n_kv, hd, bs, wind
     got = attention(q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads, sinks=sinks)
     ref = R.attention(q, *seq.args(), q_pos, scale, window, softcap, sinks=sinks)
     _check(got, ref, seq.v)
-    fast = attention_fast(q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads,
-                          sinks=sinks)
+    fast = attention_fast(
+        q, *seq.args(), q_pos, scale, window, softcap, nthreads=nthreads, sinks=sinks
+    )
     if kind == "big":  # outputs near 0: cosine says nothing; absolute distance does
         assert np.abs(fast - ref).max() <= 1e-5 * np.abs(seq.v).max()
     else:
@@ -809,10 +984,14 @@ def test_sinks_minus_inf_are_no_sinks(variant):
     none = np.full(6, -np.inf, np.float32)
     for kernel in (attention, attention_fast):
         for nt in (1, 2):
-            assert np.array_equal(kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt, sinks=none),
-                                  kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt))
-            assert np.array_equal(kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt, sinks=none),
-                                  kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt))
+            assert np.array_equal(
+                kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt, sinks=none),
+                kernel(q, *seq.args(), pos, 0.125, 40, nthreads=nt),
+            )
+            assert np.array_equal(
+                kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt, sinks=none),
+                kernel(q[-1:], *seq.args(), pos[-1:], 0.125, nthreads=nt),
+            )
 
 
 @pytest.mark.parametrize("dtype", KV_DTYPES)
@@ -828,14 +1007,24 @@ def test_sinks_prefill_equals_decode(variant, dtype):
     sinks = _sinks(rng, H, "random")
     full = attention(q[:60], *seq.args(), pos[:60], 0.125, 8, nthreads=2, sinks=sinks)
     for t in range(60):
-        one = attention(q[t:t + 1], seq.k_cache, seq.v_cache, seq.block_table[:t // 16 + 1],
-                        pos[t:t + 1], 0.125, 8, nthreads=1 + t % 2, sinks=sinks)
+        one = attention(
+            q[t : t + 1],
+            seq.k_cache,
+            seq.v_cache,
+            seq.block_table[: t // 16 + 1],
+            pos[t : t + 1],
+            0.125,
+            8,
+            nthreads=1 + t % 2,
+            sinks=sinks,
+        )
         assert np.array_equal(one[0], full[t]), t
     ffull = attention_fast(q, *seq.args(), pos, 0.125, nthreads=2, sinks=sinks)
     for p in (511, 512, 1023, 1024, 1099):
         for nt in (1, 2, 3):
-            one = attention_fast(q[p:p + 1], *seq.args(), pos[p:p + 1], 0.125, nthreads=nt,
-                                 sinks=sinks)
+            one = attention_fast(
+                q[p : p + 1], *seq.args(), pos[p : p + 1], 0.125, nthreads=nt, sinks=sinks
+            )
             assert np.array_equal(one[0], ffull[p]), (p, nt)
 
 
@@ -850,20 +1039,38 @@ def test_bound_attention_with_sinks(dtype):
     seq = Seq(rng, n, 2, 64, 16, fill=np.nan, dtype=dtype)
     q = rng.standard_normal((n, H, 64)).astype(np.float32)
     sinks = _sinks(rng, H, "random")
-    for fast, bind, kernel in ((False, _att.bind_attention, attention),
-                               (True, _att.bind_attention_fast, attention_fast)):
-        qb, pos, out = q[850:851].copy(), np.array([850], np.int32), np.empty((1, H, 64), np.float32)
-        per = _att.attention_scratch(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
-                                     max_pos=n - 1, fast=fast, sinks=sinks)
-        op = bind(qb, *seq.args(), pos, 0.125, out=out, nthreads=2,
-                  scratch=np.zeros((2, per), np.float64), max_pos=n - 1, sinks=sinks)
+    for fast, bind, kernel in (
+        (False, _att.bind_attention, attention),
+        (True, _att.bind_attention_fast, attention_fast),
+    ):
+        qb, pos, out = (
+            q[850:851].copy(),
+            np.array([850], np.int32),
+            np.empty((1, H, 64), np.float32),
+        )
+        per = _att.attention_scratch(
+            qb, *seq.args(), pos, 0.125, out=out, nthreads=2, max_pos=n - 1, fast=fast, sinks=sinks
+        )
+        op = bind(
+            qb,
+            *seq.args(),
+            pos,
+            0.125,
+            out=out,
+            nthreads=2,
+            scratch=np.zeros((2, per), np.float64),
+            max_pos=n - 1,
+            sinks=sinks,
+        )
         g = Graph([op], 2)
         for p in (850, 1299, 3, 1024, 600):
             qb[:] = q[p]
             pos[0] = p
             g.run()
-            assert np.array_equal(out, kernel(q[p:p + 1], *seq.args(), pos, 0.125, sinks=sinks)), p
-            assert not np.array_equal(out, kernel(q[p:p + 1], *seq.args(), pos, 0.125)), p
+            assert np.array_equal(
+                out, kernel(q[p : p + 1], *seq.args(), pos, 0.125, sinks=sinks)
+            ), p
+            assert not np.array_equal(out, kernel(q[p : p + 1], *seq.args(), pos, 0.125)), p
 
 
 def test_sinks_errors():
@@ -872,9 +1079,12 @@ def test_sinks_errors():
     q = rng.standard_normal((3, 4, 64)).astype(np.float32)
     pos = np.arange(37, 40, dtype=np.int32)
     for kernel in (attention, attention_fast):
-        for bad, exc in ((np.zeros(3, np.float32), ValueError), (np.zeros(4, np.float64), TypeError),
-                         (np.array([0, np.nan, 0, 0], np.float32), ValueError),
-                         (np.array([0, np.inf, 0, 0], np.float32), ValueError),
-                         (np.zeros((4, 1), np.float32), ValueError)):
+        for bad, exc in (
+            (np.zeros(3, np.float32), ValueError),
+            (np.zeros(4, np.float64), TypeError),
+            (np.array([0, np.nan, 0, 0], np.float32), ValueError),
+            (np.array([0, np.inf, 0, 0], np.float32), ValueError),
+            (np.zeros((4, 1), np.float32), ValueError),
+        ):
             with pytest.raises(exc):
                 kernel(q, *seq.args(), pos, 0.125, sinks=bad)

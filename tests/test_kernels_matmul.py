@@ -10,6 +10,7 @@ Three levels of checks, on every ISA variant the CPU supports and with 1, 2, 3 a
 2. Tolerance vs the float64 reference (_reference.matmul): see `tolerance`.
 3. Errors: wrong dtypes / shapes / layouts raise TypeError / ValueError / IndexError.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,10 +24,28 @@ from hypothesis import strategies as st
 
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
-from goinfer.quant import (FLOAT_KINDS, GROUP, INT_KINDS, K_KINDS, KINDS, MXFP4_VALUES, QK_K, QAct, QWeight,
-                           e8m0_half, pack_mxfp4, pack_q4, pack_q6k, pack_q8, pack_qk, pack_scale_min, q6k_codes,
-                           qk_codes, quantize_weight)
 from goinfer._kernels import _config
+from goinfer.quant import (
+    FLOAT_KINDS,
+    GROUP,
+    INT_KINDS,
+    K_KINDS,
+    KINDS,
+    MXFP4_VALUES,
+    QK_K,
+    QAct,
+    QWeight,
+    e8m0_half,
+    pack_mxfp4,
+    pack_q4,
+    pack_q6k,
+    pack_q8,
+    pack_qk,
+    pack_scale_min,
+    q6k_codes,
+    qk_codes,
+    quantize_weight,
+)
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
 K = sys.modules["goinfer._kernels.matmul"]
@@ -111,9 +130,15 @@ def emulate_matmul(x, w: QWeight) -> np.ndarray:
         acc = np.zeros((x.qa.shape[0], w.n_out), np.float32)
         for g in range(w.n_in // GROUP):
             lo, hi = slice(g * GROUP, g * GROUP + 16), slice(g * GROUP + 16, (g + 1) * GROUP)
-            isum = (qa[:, lo] @ q[:, lo].T) * sc[None, :, 2 * g] + (qa[:, hi] @ q[:, hi].T) * sc[None, :, 2 * g + 1]
+            isum = (qa[:, lo] @ q[:, lo].T) * sc[None, :, 2 * g] + (qa[:, hi] @ q[:, hi].T) * sc[
+                None, :, 2 * g + 1
+            ]
             assert np.abs(isum).max(initial=0) < 2**24  # exact in float32
-            acc = fmaf(isum.astype(np.float32), d[None, :, g // 8].astype(np.float32) * x.da[:, g, None], acc)
+            acc = fmaf(
+                isum.astype(np.float32),
+                d[None, :, g // 8].astype(np.float32) * x.da[:, g, None],
+                acc,
+            )
         return acc
     if w.kind in ("q4_k", "q5_k"):  # isum of the codes; fmaf(isum, (d*sc)*da); fmaf(-(dmin*mn), sa)
         q, sc, mn, d, dmin = qk_codes(w)
@@ -162,8 +187,14 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     exact integer sum (|isum| <= 32*128*127) multiplies."""
     wd = ref.dequantize(w).astype(np.float64)
     S = np.abs(xd) @ np.abs(wd).T
-    n = w.n_in if w.kind in FLOAT_KINDS else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k") else 1)
-    isum_max = 1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
+    n = (
+        w.n_in
+        if w.kind in FLOAT_KINDS
+        else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k") else 1)
+    )
+    isum_max = (
+        1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
+    )
     return (n + 8) * U * S + (n + 8) * isum_max * 2.0**-149
 
 
@@ -185,7 +216,9 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
         q.flat[:4] = [0, 63, 0, 63][: q.size]
         sc = rng.integers(-128, 128, (n_out, n_in // 16)).astype(np.int8)
         sc.flat[:2] = [-128, 127][: sc.size]
-        return pack_q6k(q, sc, (rng.uniform(-1, 1, (n_out, n_in // QK_K)) * scale).astype(np.float16))
+        return pack_q6k(
+            q, sc, (rng.uniform(-1, 1, (n_out, n_in // QK_K)) * scale).astype(np.float16)
+        )
     if kind in ("q4_k", "q5_k"):  # every code, 6-bit scale and min (0 and 63 included), d, dmin
         nb = n_in // QK_K
         q = rng.integers(0, 16 if kind == "q4_k" else 32, (n_out, n_in)).astype(np.uint8)
@@ -320,9 +353,23 @@ def test_quantize_act_property(M, G, data):
 # (AVX-512 GEMM tiles 6 rows x 2 row blocks, AVX2 4 (tiles of 2..4 rows), float 12 / 6; GEMV 4
 # row blocks at a time).
 SHAPES = [
-    (1, 1, 32), (1, 40, 64), (1, 65, 96), (1, 200, 576), (2, 17, 64), (3, 33, 128),
-    (4, 16, 32), (5, 100, 96), (6, 48, 64), (11, 31, 160), (12, 64, 64), (13, 129, 96),
-    (16, 15, 256), (24, 70, 64), (25, 50, 128), (37, 19, 96), (70, 45, 64),
+    (1, 1, 32),
+    (1, 40, 64),
+    (1, 65, 96),
+    (1, 200, 576),
+    (2, 17, 64),
+    (3, 33, 128),
+    (4, 16, 32),
+    (5, 100, 96),
+    (6, 48, 64),
+    (11, 31, 160),
+    (12, 64, 64),
+    (13, 129, 96),
+    (16, 15, 256),
+    (24, 70, 64),
+    (25, 50, 128),
+    (37, 19, 96),
+    (70, 45, 64),
 ]
 BIG_SHAPES = [(9, 41, 2048), (1, 300, 1536), (64, 24, 576)]
 
@@ -332,8 +379,9 @@ BIG_SHAPES = [(9, 41, 2048), (1, 300, 1536), (64, 24, 576)]
 def test_matmul_int(kind, M, n_out, Kd):
     rng = np.random.default_rng(hash((kind, M, n_out, Kd)) % 2**32)
     Kd = kdim(kind, Kd)
-    check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, n_out, Kd, raw=M % 2 == 0),
-                 check_rows=M <= 40)
+    check_matmul(
+        make_x(rng, M, Kd), make_weight(rng, kind, n_out, Kd, raw=M % 2 == 0), check_rows=M <= 40
+    )
 
 
 @pytest.mark.parametrize("kind", FLOAT_KINDS)
@@ -362,10 +410,16 @@ def test_matmul_int_k_blocks(kind, M):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kind=st.sampled_from(KINDS), M=st.integers(1, 30), n_out=st.integers(1, 80),
-       G=st.integers(1, 8), wscale=st.sampled_from([1e-6, 1e-3, 1.0, 300.0]),
-       xscale=st.sampled_from([1e-30, 1e-5, 1.0, 1e4, 1e30]), raw=st.booleans(),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    kind=st.sampled_from(KINDS),
+    M=st.integers(1, 30),
+    n_out=st.integers(1, 80),
+    G=st.integers(1, 8),
+    wscale=st.sampled_from([1e-6, 1e-3, 1.0, 300.0]),
+    xscale=st.sampled_from([1e-30, 1e-5, 1.0, 1e4, 1e30]),
+    raw=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
 # the k-quants at their boundaries: one super-block, one row, a ragged row block; the AMX tile
 # (16 rows) and one row more; GEMM tiles of 4 (q6_k) / 6 rows +1; f16-subnormal d, dmin
 @example(kind="q4_k", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=1)
@@ -385,11 +439,16 @@ def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
     random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
     if (kind in FLOAT_KINDS or kind == "mxfp4") and xscale > 1e20:
-        xscale = 1e4  # float kinds, mxfp4 (2^(e-128) scales up to 2^127): keep w*x far from overflow
+        xscale = (
+            1e4  # float kinds, mxfp4 (2^(e-128) scales up to 2^127): keep w*x far from overflow
+        )
     rng = np.random.default_rng(seed)
     Kd = G * (QK_K if kind in K_KINDS else GROUP)
-    check_matmul(make_x(rng, M, Kd, xscale), make_weight(rng, kind, n_out, Kd, wscale, raw),
-                 check_rows=M <= 8)
+    check_matmul(
+        make_x(rng, M, Kd, xscale),
+        make_weight(rng, kind, n_out, Kd, wscale, raw),
+        check_rows=M <= 8,
+    )
 
 
 def test_matmul_out_and_qact_rows():
@@ -431,7 +490,7 @@ def test_matmul_q6k_extremes(M):
     127, the -32 offset's sums at +-16*127: the contract's bits, every variant and split."""
     n_out, Kd = 40, 512
     x = np.full((M, Kd), 1.0, np.float32)
-    x[:, Kd // 2:] = -1.0
+    x[:, Kd // 2 :] = -1.0
     x[:, 16:32] = -1.0  # a group whose halves have opposite sums
     for code, s in [(63, -128), (0, 127), (63, 127), (0, -128)]:
         q = np.full((n_out, Kd), code, np.uint8)
@@ -452,7 +511,7 @@ def test_matmul_qk_extremes(kind, M):
     n_out, Kd = 40, 512
     top = 15 if kind == "q4_k" else 31
     x = np.full((M, Kd), 1.0, np.float32)
-    x[:, Kd // 2:] = -1.0
+    x[:, Kd // 2 :] = -1.0
     for code in (top, 0):
         q = np.full((n_out, Kd), code, np.uint8)
         q[1::2, ::5] = top - code
@@ -489,7 +548,9 @@ def test_qk_errors():
         with pytest.raises(TypeError, match="uint8"):
             K.matmul(xq, QWeight(kind, 16, 256, w.qs, w.d, w.m.view(np.int8)))
         with pytest.raises(ValueError, match="256"):
-            K.matmul(K.quantize_act(make_x(rng, 2, 224)), QWeight(kind, 16, 224, w.qs[:, :7], w.d, w.m))
+            K.matmul(
+                K.quantize_act(make_x(rng, 2, 224)), QWeight(kind, 16, 224, w.qs[:, :7], w.d, w.m)
+            )
         with pytest.raises(ValueError, match="shape"):  # q4_k's qs (4 lines) as q5_k's (5)
             other = "q5_k" if kind == "q4_k" else "q4_k"
             K.matmul(xq, QWeight(other, 16, 256, w.qs, w.d, w.m))
@@ -580,7 +641,7 @@ def test_bind_quantize_act_and_matmul(name, amx, kind, nt):
     w = make_weight(rng, kind, n_out, Kd)
     xbuf = np.full((M + 6, Kd), np.nan, np.float32)
     out = np.full((M + 6, n_out), np.nan, np.float32)
-    x, y = xbuf[3:3 + M], out[3:3 + M]
+    x, y = xbuf[3 : 3 + M], out[3 : 3 + M]
     with mode(name, amx):
         if kind in INT_KINDS:
             qbuf = qact_buffer(M + 6, Kd)
@@ -602,7 +663,7 @@ def test_bind_quantize_act_and_matmul(name, amx, kind, nt):
             else:
                 want = emulate_matmul(x, w)
             assert np.array_equal(y, want), (name, amx, kind, nt, step)
-            assert np.isnan(out[:3]).all() and np.isnan(out[3 + M:]).all()
+            assert np.isnan(out[:3]).all() and np.isnan(out[3 + M :]).all()
 
 
 def test_bind_checks_its_arguments():
@@ -749,22 +810,32 @@ def random_offsets(rng, E, M):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("E,M,n_out,Kd", [(1, 1, 16, 64), (4, 4, 50, 128), (8, 8, 33, 256),
-                                          (6, 40, 70, 192), (3, 100, 20, 512)])
+@pytest.mark.parametrize(
+    "E,M,n_out,Kd",
+    [(1, 1, 16, 64), (4, 4, 50, 128), (8, 8, 33, 256), (6, 40, 70, 192), (3, 100, 20, 512)],
+)
 def test_matmul_experts(kind, E, M, n_out, Kd):
     rng = np.random.default_rng(hash((kind, E, M, n_out)) % 2**32)
     Kd = kdim(kind, Kd)
     ws = [make_weight(rng, kind, n_out, Kd, raw=e % 2 == 1) for e in range(E)]
     # one row per expert (a decode step's top-k), then uneven splits with empty experts
-    check_experts(make_x(rng, M, Kd), ws, list(range(M + 1)) if E == M else random_offsets(rng, E, M))
+    check_experts(
+        make_x(rng, M, Kd), ws, list(range(M + 1)) if E == M else random_offsets(rng, E, M)
+    )
     bias = rng.standard_normal((E, n_out)).astype(np.float32)
     check_experts(make_x(rng, M, Kd), ws, random_offsets(rng, E, M), bias)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kind=st.sampled_from(KINDS), E=st.integers(1, 9), M=st.integers(0, 40),
-       n_out=st.integers(1, 70), G=st.integers(1, 4), with_bias=st.booleans(),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    kind=st.sampled_from(KINDS),
+    E=st.integers(1, 9),
+    M=st.integers(0, 40),
+    n_out=st.integers(1, 70),
+    G=st.integers(1, 4),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
 # no rows at all; one expert, one row, one output; more experts than rows; AMX tiles of 16 / 17
 @example(kind="q4_k", E=9, M=0, n_out=1, G=1, with_bias=True, seed=1)
 @example(kind="q6_k", E=1, M=1, n_out=1, G=1, with_bias=False, seed=2)
@@ -793,7 +864,7 @@ def test_bind_matmul_experts_reads_offsets_when_run(name, amx, nt):
     q = QAct.empty(M, Kd)
     off = np.zeros(E + 1, np.int64)
     out = np.full((M + 4, n_out), np.nan, np.float32)
-    y = out[2:2 + M]
+    y = out[2 : 2 + M]
     with mode(name, amx):
         g = GRAPH.Graph([K.bind_matmul_experts(q, ws, off, bias, y, nthreads=nt)], nt)
         for step in range(3):
@@ -805,7 +876,7 @@ def test_bind_matmul_experts_reads_offsets_when_run(name, amx, nt):
             off[:] = np.sort(off)
             g.run()
             assert np.array_equal(y, K.matmul_experts(xq, ws, off, bias)), step
-            assert np.isnan(out[:2]).all() and np.isnan(out[2 + M:]).all()
+            assert np.isnan(out[:2]).all() and np.isnan(out[2 + M :]).all()
 
 
 def test_matmul_experts_errors():

@@ -12,11 +12,13 @@ Tolerances:
   Element independence (bit-exact): an element's value does not depend on M, its column, the
     row stride, the thread count or the variant.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from goinfer import _reference as R
@@ -41,9 +43,9 @@ def variant(request):
     _config.set_variant(old)
 
 
-
 def test_dispatch_follows_config(variant):
     assert ops._variant_used() == variant == _config.variant()
+
 
 def _each_variant(fn):
     """fn() under every supported variant -> list of results (restores the variant)."""
@@ -96,8 +98,13 @@ def test_rmsnorm_layouts(variant):
 
 
 @settings(max_examples=40, deadline=None)
-@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=40),
-                  elements=st.floats(-1e4, 1e4, width=32)))
+@given(
+    hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=2, max_dims=2, max_side=40),
+        elements=st.floats(-1e4, 1e4, width=32),
+    )
+)
 def test_rmsnorm_hypothesis(x):
     w = np.linspace(-2, 2, x.shape[1]).astype(np.float32)
     got = _each_variant(lambda: ops.rmsnorm(x, w, 1e-5))
@@ -142,9 +149,13 @@ def test_gated_accuracy(variant, fn, ref, M, F, nthreads):
 @pytest.mark.parametrize("fn, ref", [(ops.swiglu, _swiglu64), (ops.gelu_tanh_mul, _gelu64)])
 def test_gated_accuracy_wide_range(variant, fn, ref):
     rng = np.random.default_rng(5)
-    g = np.concatenate([rng.uniform(-120, 120, 20000), rng.standard_normal(20000) * 1e-4,
-                        [0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 89.0, -89.0, 1e4, -1e4,
-                         1e30, -1e30]]).astype(np.float32)
+    g = np.concatenate(
+        [
+            rng.uniform(-120, 120, 20000),
+            rng.standard_normal(20000) * 1e-4,
+            [0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 89.0, -89.0, 1e4, -1e4, 1e30, -1e30],
+        ]
+    ).astype(np.float32)
     u = _rand(rng, g.shape)
     with np.errstate(over="ignore", invalid="ignore"):
         _check_act(fn(g[None], u[None])[0], g, u, ref(g, u))
@@ -187,8 +198,9 @@ def test_swiglu_oai_accuracy(variant, M, F, nthreads):
     u = _rand(rng, (M, F), 6.0)
     with np.errstate(over="ignore"):
         _check_oai(_oai(g, u, nthreads=nthreads), g, u)
-        np.testing.assert_allclose(_oai(g, u), R.swiglu_oai(g, u, OAI_ALPHA, OAI_LIMIT),
-                                   rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            _oai(g, u), R.swiglu_oai(g, u, OAI_ALPHA, OAI_LIMIT), rtol=2e-6, atol=1e-6
+        )
 
 
 def test_swiglu_oai_edges(variant):
@@ -215,8 +227,7 @@ def test_gated_matches_reference(variant):
     g = _rand(rng, (7, 300), 3.0)
     u = _rand(rng, (7, 300))
     np.testing.assert_allclose(ops.swiglu(g, u), R.swiglu(g, u), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(ops.gelu_tanh_mul(g, u), R.gelu_tanh_mul(g, u), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(ops.gelu_tanh_mul(g, u), R.gelu_tanh_mul(g, u), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("fn", [ops.swiglu, ops.gelu_tanh_mul, ops.add, _oai])
@@ -232,14 +243,17 @@ def test_elementwise_independent_of_position(fn):
         base = fn(g[None], u[None])[0]
         outs = [base]
         for k in (0, 1, 7, 15, 16, 17, 1000):  # each element alone, at a shifted column
-            outs.append(np.concatenate([fn(g[i:i + 1][None], u[i:i + 1][None])[0]
-                                        for i in range(k, k + 40)]))
+            outs.append(
+                np.concatenate(
+                    [fn(g[i : i + 1][None], u[i : i + 1][None])[0] for i in range(k, k + 40)]
+                )
+            )
         for M in (3, 37, 4099 // 1):  # same elements, other row lengths
             F = n // M
-            gg = g[:M * F].reshape(M, F)
-            uu = u[:M * F].reshape(M, F)
-            assert np.array_equal(fn(gg, uu, nthreads=2).ravel(), base[:M * F])
-            assert np.array_equal(fn(gg, uu).ravel(), base[:M * F])
+            gg = g[: M * F].reshape(M, F)
+            uu = u[: M * F].reshape(M, F)
+            assert np.array_equal(fn(gg, uu, nthreads=2).ravel(), base[: M * F])
+            assert np.array_equal(fn(gg, uu).ravel(), base[: M * F])
         # shifted start (unaligned) and strided column halves of one buffer
         assert np.array_equal(fn(g[5:][None], u[5:][None])[0], base[5:])
         h = np.empty((8, 2 * 512), np.float32)
@@ -251,20 +265,22 @@ def test_elementwise_independent_of_position(fn):
     res = _each_variant(run)
     for base, outs in res:
         for k, o in zip((0, 1, 7, 15, 16, 17, 1000), outs[1:]):
-            assert np.array_equal(o, base[k:k + 40])
+            assert np.array_equal(o, base[k : k + 40])
     for base, _ in res[1:]:  # variants agree bit for bit
         assert np.array_equal(base, res[0][0])
 
 
 @settings(max_examples=30, deadline=None)
-@given(hnp.arrays(np.float32, st.integers(1, 70), elements=st.floats(-100, 100, width=32)),
-       st.integers(0, 69))
+@given(
+    hnp.arrays(np.float32, st.integers(1, 70), elements=st.floats(-100, 100, width=32)),
+    st.integers(0, 69),
+)
 def test_swiglu_gelu_hypothesis(g, k):
     u = np.ones_like(g)
     for fn in (ops.swiglu, ops.gelu_tanh_mul):
         full = fn(g[None], u[None])[0]
         k = k % g.size
-        assert np.array_equal(fn(g[k:k + 1][None], u[k:k + 1][None])[0], full[k:k + 1])
+        assert np.array_equal(fn(g[k : k + 1][None], u[k : k + 1][None])[0], full[k : k + 1])
         assert np.array_equal(fn(g[k:][None], u[k:][None])[0], full[k:])
 
 
@@ -307,9 +323,19 @@ def test_add_strided(variant):
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("T, H, hd, n_rot", [(1, 9, 64, 64), (5, 3, 64, 64), (33, 4, 128, 128),
-                                             (7, 2, 256, 256), (6, 3, 64, 32), (4, 2, 80, 80),
-                                             (300, 12, 64, 64), (3, 1, 24, 10)])
+@pytest.mark.parametrize(
+    "T, H, hd, n_rot",
+    [
+        (1, 9, 64, 64),
+        (5, 3, 64, 64),
+        (33, 4, 128, 128),
+        (7, 2, 256, 256),
+        (6, 3, 64, 32),
+        (4, 2, 80, 80),
+        (300, 12, 64, 64),
+        (3, 1, 24, 10),
+    ],
+)
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_rope_bit_exact(variant, neox, T, H, hd, n_rot, nthreads):
     rng = np.random.default_rng(T * 13 + hd)

@@ -6,6 +6,7 @@ ssm_conv's sums and state are exact, its SiLU within float32 rounding; sigmoid_m
 The recurrence's defining property: T tokens in one call == the same tokens in any split of
 calls (prefill == decode), and a snapshot taken after row r == the state after the first r+1
 tokens."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,9 @@ from goinfer._kernels import _config, ssm
 
 VARIANTS = _config.supported_variants()
 # per variant: the variant fixture holds for all of a test's examples
-SETTINGS = settings(max_examples=25, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -53,8 +55,12 @@ def delta_inputs(rng, T, Hk, Hv, dk, dv, pad=3):
 
 
 # dv: below, at and past the vector kernels' column passes (AVX2: 4 x 8 columns a pass)
-shapes = st.tuples(st.integers(1, 40), st.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (3, 6)]),
-                   st.sampled_from([4, 16, 33]), st.sampled_from([1, 8, 16, 21, 32, 40, 64, 130]))
+shapes = st.tuples(
+    st.integers(1, 40),
+    st.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (3, 6)]),
+    st.sampled_from([4, 16, 33]),
+    st.sampled_from([1, 8, 16, 21, 32, 40, 64, 130]),
+)
 
 
 @SETTINGS
@@ -103,13 +109,18 @@ def test_gated_delta_split_calls_and_snapshots(variant, T, seed, data):
     assert np.array_equal(np.concatenate(parts), one) and np.array_equal(s_split, s_one)
     for r, snap in zip(rows, snaps):
         s = s0.copy()
-        ssm.gated_delta(qkv[:r + 1], ab[:r + 1], A, dt, s, 2)
+        ssm.gated_delta(qkv[: r + 1], ab[: r + 1], A, dt, s, 2)
         assert np.array_equal(snap, s)
 
 
 @SETTINGS
-@given(T=st.integers(1, 30), C=st.sampled_from([1, 5, 16, 40, 130]), K=st.sampled_from([1, 2, 4]),
-       seed=st.integers(0, 2**31), threads=st.sampled_from([1, 2]))
+@given(
+    T=st.integers(1, 30),
+    C=st.sampled_from([1, 5, 16, 40, 130]),
+    K=st.sampled_from([1, 2, 4]),
+    seed=st.integers(0, 2**31),
+    threads=st.sampled_from([1, 2]),
+)
 def test_ssm_conv_against_reference(variant, T, C, K, seed, threads):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((T, C + 2)).astype(np.float32)[:, :C]
@@ -160,8 +171,10 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="float32"):
         ssm.gated_delta(qkv.astype(np.float64), ab, A, dt, s, 2)
     with pytest.raises(ValueError, match="snap_rows"):
-        ssm.gated_delta(qkv, ab, A, dt, s, 2, snap_rows=[2, 1],
-                        snaps=np.zeros((2,) + s.shape, np.float32))
+        ssm.gated_delta(
+            qkv, ab, A, dt, s, 2, snap_rows=[2, 1], snaps=np.zeros((2,) + s.shape, np.float32)
+        )
     with pytest.raises(ValueError, match="state"):
-        ssm.ssm_conv(np.zeros((3, 8), np.float32), np.zeros((4, 8), np.float32),
-                     np.zeros((2, 8), np.float32))
+        ssm.ssm_conv(
+            np.zeros((3, 8), np.float32), np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)
+        )

@@ -1,4 +1,5 @@
 """KVCache: block accounting, LRU eviction order, save/load with typed errors."""
+
 from __future__ import annotations
 
 import sys
@@ -37,7 +38,7 @@ def chain(ids, block_size):
     """Chain hashes of the full blocks of ids (exact mode, no salt)."""
     h, out = root_hash(None), []
     for i in range(len(ids) // block_size):
-        h = block_hash(h, ids[i * block_size:(i + 1) * block_size], EXACT)
+        h = block_hash(h, ids[i * block_size : (i + 1) * block_size], EXACT)
         out.append(h)
     return out
 
@@ -83,7 +84,9 @@ def test_save_load_roundtrip_is_exact(model, tmp_path):
     after = s2.prefill(ids + [5, 6])
     assert c2.stats().hit_tokens == 64 and c2.stats().miss_tokens == 8  # read from the file
     assert np.array_equal(after, before)
-    assert np.array_equal(after, model.session(KVCache(model, max_tokens=256)).prefill(ids + [5, 6]))
+    assert np.array_equal(
+        after, model.session(KVCache(model, max_tokens=256)).prefill(ids + [5, 6])
+    )
     for h in chain(ids, 16):  # the K/V of every block, bit for bit
         b, b2 = c.lookup(h), c2.lookup(h)
         assert np.array_equal(c.k[:, b], c2.k[:, b2]) and np.array_equal(c.v[:, b], c2.v[:, b2])
@@ -108,8 +111,14 @@ def test_bad_cache_files_raise_and_leave_cache_as_it_was(model, tiny, tmp_path):
     before = target.stats()
     k_before = target.k.copy()
     bad = tmp_path / "bad.bin"
-    cases = [raw[: len(raw) // 2], raw[:10], b"nonsense" * 10, raw[:-1],
-             raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:], raw + b"x"]
+    cases = [
+        raw[: len(raw) // 2],
+        raw[:10],
+        b"nonsense" * 10,
+        raw[:-1],
+        raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:],
+        raw + b"x",
+    ]
     for data in cases:
         bad.write_bytes(data)
         with pytest.raises(CacheFileError):
@@ -214,24 +223,26 @@ def test_dtype_mismatch_and_version1_files(model32, tmp_path):
     # the same payload under a version 1 header (dtype "float32")
     raw = (tmp_path / "f32.bin").read_bytes()
     n0 = len(kvc._MAGIC)
-    _, hlen = struct.unpack("<IQ", raw[n0:n0 + 12])
-    header = json.loads(raw[n0 + 12:n0 + 12 + hlen])
+    _, hlen = struct.unpack("<IQ", raw[n0 : n0 + 12])
+    header = json.loads(raw[n0 + 12 : n0 + 12 + hlen])
     header["dtype"] = "float32"
     hb = json.dumps(header).encode()
-    v1 = kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb + raw[n0 + 12 + hlen:]
+    v1 = kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb + raw[n0 + 12 + hlen :]
     (tmp_path / "v1.bin").write_bytes(v1)
     old = KVCache(model32, max_tokens=128, block_size=16, dtype="f32")
     assert old.load(tmp_path / "v1.bin") == 2
     r = model32.session(old).generate(ids + [9], max_tokens=3)
-    cold = model32.session(KVCache(model32, max_tokens=128, dtype="f32")).generate(ids + [9],
-                                                                                   max_tokens=3)
+    cold = model32.session(KVCache(model32, max_tokens=128, dtype="f32")).generate(
+        ids + [9], max_tokens=3
+    )
     assert r.cached_tokens == 32 and r.tokens == cold.tokens
     with pytest.raises(CacheFileError):
         KVCache(model32, max_tokens=128, dtype="q8_0").load(tmp_path / "v1.bin")
     header["dtype"] = "float16"  # a version 1 file was always float32
     hb = json.dumps(header).encode()
-    (tmp_path / "bad.bin").write_bytes(kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb
-                                       + raw[n0 + 12 + hlen:])
+    (tmp_path / "bad.bin").write_bytes(
+        kvc._MAGIC + struct.pack("<IQ", 1, len(hb)) + hb + raw[n0 + 12 + hlen :]
+    )
     with pytest.raises(CacheFileError):
         KVCache.load(model32, tmp_path / "bad.bin")
 
@@ -243,6 +254,7 @@ def _resident(addr: int, n: int) -> np.ndarray:
     """(pages,) bool: which whole pages of [addr, addr + n) are in memory (mincore(2))."""
     import ctypes
     import mmap
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     page = mmap.PAGESIZE
@@ -254,6 +266,7 @@ def _resident(addr: int, n: int) -> np.ndarray:
 
 def _kernel_at_least(major, minor):
     import platform
+
     try:
         v = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
     except ValueError:
@@ -261,9 +274,12 @@ def _kernel_at_least(major, minor):
     return v >= (major, minor)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore / MADV_POPULATE_WRITE: Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="mincore / MADV_POPULATE_WRITE: Linux"
+)
 def test_populate_faults_pages_in_and_keeps_their_contents():
     import mmap
+
     buf = mmap.mmap(-1, 16 << 20)  # fresh anonymous pages, 4 KB ones: not resident yet
     a = np.frombuffer(buf, np.uint8)
     a[::65536] = 7  # some pages written before
@@ -276,8 +292,10 @@ def test_populate_faults_pages_in_and_keeps_their_contents():
     assert (a[::65536] == 7).all() and int(a.sum()) == 7 * len(a[::65536])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _kernel_at_least(5, 14),
-                    reason="MADV_POPULATE_WRITE: Linux >= 5.14")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _kernel_at_least(5, 14),
+    reason="MADV_POPULATE_WRITE: Linux >= 5.14",
+)
 def test_kv_cache_faults_in_the_first_blocks_of_every_layer(model):
     """The blocks of the first PREFAULT_TOKENS tokens of each layer are resident once the
     background thread is done, the rest of the cache is not (it is touched as it fills)."""

@@ -1,6 +1,7 @@
 """The layout cache (goinfer/layout.py): built on the first load, memory-mapped after, the same
 bits as loading from the GGUF, rebuilt when stale or corrupt, never left half-written; the
 memory check before a load (goinfer/memory.py) and the KV cache's default size."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,6 @@ from goinfer import layout, memory
 from goinfer.errors import InsufficientMemoryError
 from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import DEFAULT_KV_DTYPE, KVCache
-
 
 
 @pytest.fixture()
@@ -84,8 +84,7 @@ def test_cached_load_is_mapped_and_bit_identical(which, q4_path, tiny, layouts):
 
 
 def test_moe_and_gemma_families_are_cached(tmp_path, layouts):
-    from fixtures import tinygemma
-    from fixtures import tinymoe
+    from fixtures import tinygemma, tinymoe
 
     _, moe_path = tinymoe.build_moe("qwen2moe", tmp_path, seed=3)
     gm = tinygemma.hf_model(seed=2)
@@ -119,10 +118,19 @@ def _model_arrays(m) -> list[np.ndarray]:
 
 # what each hybrid / sink / MXFP4 family must carry through the cache (a path into layer 0)
 FAMILY_PARTS = {
-    "qwen35": [("lin", "conv_wT"), ("lin", "A"), ("lin", "dt_bias"), ("lin", "norm"),
-               ("lin", "w_out", "qs")],
-    "qwen35moe": [("lin", "conv_wT"), ("lin", "A"), ("moe", "router", "qs"),
-                  ("moe", "shared_gate", "qs")],
+    "qwen35": [
+        ("lin", "conv_wT"),
+        ("lin", "A"),
+        ("lin", "dt_bias"),
+        ("lin", "norm"),
+        ("lin", "w_out", "qs"),
+    ],
+    "qwen35moe": [
+        ("lin", "conv_wT"),
+        ("lin", "A"),
+        ("moe", "router", "qs"),
+        ("moe", "shared_gate", "qs"),
+    ],
     "gpt-oss": [("sinks",), ("bo",), ("bqkv",), ("moe", "router_bias")],
 }
 
@@ -161,8 +169,11 @@ def test_hybrid_sink_mxfp4_families_are_cached(family, layouts):
         got, want = _part(L0, part), _part(plain.impl.layers[0], part)
         assert isinstance(got, np.ndarray) and not got.flags.writeable and np.array_equal(got, want)
     if family == "gpt-oss":
-        assert all(X.w_gate_up.kind == "mxfp4" and X.w_down.kind == "mxfp4"
-                   for L in mapped.impl.layers for X in L.moe.experts)
+        assert all(
+            X.w_gate_up.kind == "mxfp4" and X.w_down.kind == "mxfp4"
+            for L in mapped.impl.layers
+            for X in L.moe.experts
+        )
     else:
         assert [L.lin_index for L in mapped.impl.layers] == [L.lin_index for L in plain.impl.layers]
         assert [L.kv_index for L in mapped.impl.layers] == [L.kv_index for L in plain.impl.layers]
@@ -198,12 +209,18 @@ def test_layout_holds_exactly_the_native_bytes(q4_path, layouts):
 def test_pages_are_shared_between_processes(q4_path, layouts):
     m = _load(q4_path)
     lp = str(m.load_info.path)
-    code = ("import sys; from goinfer.gguf import GGUFFile; from goinfer.model import Model; "
-            "m = Model(GGUFFile(sys.argv[1]), threads=1, progress=False); "
-            "assert m.load_info.source == 'layout'; print('ready', flush=True); sys.stdin.read()")
+    code = (
+        "import sys; from goinfer.gguf import GGUFFile; from goinfer.model import Model; "
+        "m = Model(GGUFFile(sys.argv[1]), threads=1, progress=False); "
+        "assert m.load_info.source == 'layout'; print('ready', flush=True); sys.stdin.read()"
+    )
     # the child imports goinfer as this process does (never the source tree: CI installs it)
-    p = subprocess.Popen([sys.executable, "-c", code, str(q4_path)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(q4_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         shared = rss = 0
@@ -236,7 +253,9 @@ def test_goinfer_pull_builds_the_layout(q4_path, layouts, monkeypatch, capsys):
     monkeypatch.setattr(hub, "pull", lambda name, force=False: Path(q4_path))
     assert cli.main(["pull", "some-model"]) == 0
     out = capsys.readouterr().out.split()
-    assert out[0] == str(q4_path) and Path(out[1]) == layout.cache_path(GGUFFile(q4_path).fingerprint)
+    assert out[0] == str(q4_path) and Path(out[1]) == layout.cache_path(
+        GGUFFile(q4_path).fingerprint
+    )
     layout.verify(out[1])
     assert _load(q4_path).load_info.source == "layout"
 
@@ -264,7 +283,9 @@ def test_corrupt_data_is_detected_and_rebuilt(q4_path, layouts):
     lp = _load(q4_path).load_info.path
     header = layout.verify(lp)
     off, nbytes = header["arrays"][len(header["arrays"]) // 2][:2]
-    _flip(lp, off + nbytes // 2)  # a weight byte: the file's mtime moves, the stamp no longer matches
+    _flip(
+        lp, off + nbytes // 2
+    )  # a weight byte: the file's mtime moves, the stamp no longer matches
     with pytest.raises(layout.LayoutError, match="checksum"):
         layout.verify(lp)
     m = _rebuilt(q4_path, "fails its checksum")
@@ -362,16 +383,19 @@ def test_full_disk_loads_from_gguf_and_leaves_nothing(budget, q4_path, layouts, 
         if budget < 10**9:
             _enospc_after(mp, budget)
         else:
+
             def fsync(fd):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
             mp.setattr(layout.os, "fsync", fsync)
         with pytest.warns(layout.LayoutWarning, match="No space left"):
             m = _load(q4_path)
     assert m.load_info.source == "gguf" and "write failed" in m.load_info.reason
     assert [f for f in _files(layouts) if not f.endswith(".lock")] == []
     assert np.array_equal(m.logits(IDS), ref)
-    assert sum(r.count for r in m.conversions.rows) == sum(r.count for r in
-                                                          _load(q4_path, layout_cache=False).conversions.rows)
+    assert sum(r.count for r in m.conversions.rows) == sum(
+        r.count for r in _load(q4_path, layout_cache=False).conversions.rows
+    )
     assert _load(q4_path).load_info.source == "built"  # space again: the next load builds it
 
 
@@ -400,7 +424,9 @@ def test_model_too_large_fails_before_loading(q4_path, layouts, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: need - 1)
     loaded = []
     real = GGUFFile.load_weight
-    monkeypatch.setattr(GGUFFile, "load_weight", lambda self, n: (loaded.append(n), real(self, n))[1])
+    monkeypatch.setattr(
+        GGUFFile, "load_weight", lambda self, n: (loaded.append(n), real(self, n))[1]
+    )
     with pytest.raises(InsufficientMemoryError) as e:
         _load(q4_path)
     assert e.value.needed == need and e.value.available == need - 1

@@ -4,15 +4,16 @@ The tests build the HF model, write it to GGUF (F32, laid out as llama.cpp's con
 load it with goinfer and compare logits over random prompts.  float32 tolerance: both sides
 compute in float32 (goinfer's attention in float64), so differences come from summation
 order; they stay below 1e-4 of the logit scale."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures import tinymodels
-from fixtures.compare import close, hf_logits, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fixtures import tinymodels
+from fixtures.compare import close, hf_logits, load
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
@@ -28,8 +29,9 @@ def test_logits_match_transformers(tiny, arch, kernels):
         close(m.logits(ids), hf_logits(hf, ids))
 
 
-@pytest.mark.parametrize("arch, dtype", [("llama", "f16"), ("qwen2", "f16"), ("qwen3", "f16"),
-                                         ("qwen3", "q8_0")])
+@pytest.mark.parametrize(
+    "arch, dtype", [("llama", "f16"), ("qwen2", "f16"), ("qwen3", "f16"), ("qwen3", "q8_0")]
+)
 def test_kv_dtype_logits_match_reference_kernels(tiny, arch, dtype):
     """Compiled kernels over a float16 / q8_0 KV cache == the NumPy reference kernels (which
     round k and v the same way, goinfer._reference.kv_write) within float32 tolerance, for a
@@ -45,8 +47,10 @@ def test_kv_dtype_logits_match_reference_kernels(tiny, arch, dtype):
     close(np.stack(got), np.stack(want))
 
 
-@pytest.mark.parametrize("arch, dtype, cos_min", [("llama", "f16", 0.9999), ("qwen3", "f16", 0.9999),
-                                                  ("qwen3", "q8_0", 0.999)])
+@pytest.mark.parametrize(
+    "arch, dtype, cos_min",
+    [("llama", "f16", 0.9999), ("qwen3", "f16", 0.9999), ("qwen3", "q8_0", 0.999)],
+)
 def test_kv_dtype_stays_close_to_transformers(tiny, arch, dtype, cos_min):
     """Rounding k and v once (f16: relative 2^-11; q8_0: half a step of amax/127 per 32
     values) keeps each position's logits near transformers' float32 ones: cosine >= 0.9999
@@ -78,13 +82,24 @@ def test_incremental_decode_matches_transformers(tiny, arch):
     close(np.stack(got), ref[8:])
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(ARCHS), heads=st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 2)]),
-       tied=st.booleans(), seed=st.integers(0, 1000), n=st.integers(1, 60))
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    arch=st.sampled_from(ARCHS),
+    heads=st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 2)]),
+    tied=st.booleans(),
+    seed=st.integers(0, 1000),
+    n=st.integers(1, 60),
+)
 def test_random_configs_match_transformers(tmp_path_factory, arch, heads, tied, seed, n):
     H, KV = heads
-    over = dict(num_attention_heads=H, num_key_value_heads=KV, tie_word_embeddings=tied,
-                hidden_size=16 * H if arch != "qwen3" else 64)
+    over = dict(
+        num_attention_heads=H,
+        num_key_value_heads=KV,
+        tie_word_embeddings=tied,
+        hidden_size=16 * H if arch != "qwen3" else 64,
+    )
     hf = tinymodels.hf_model(arch, seed, **over)
     path = tinymodels.write_gguf(hf, arch, tmp_path_factory.mktemp("cfg") / "m.gguf")
     m = load(path)
@@ -101,8 +116,11 @@ def test_int_weights_track_transformers(tiny, tmp_path):
     import torch
 
     hf, _ = tiny("llama", 5)
-    for qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
-                  gguf.GGMLQuantizationType.Q4_1):
+    for qtype in (
+        gguf.GGMLQuantizationType.Q8_0,
+        gguf.GGMLQuantizationType.Q4_0,
+        gguf.GGMLQuantizationType.Q4_1,
+    ):
         model = tinymodels.hf_model("llama", 5)
         with torch.no_grad():  # give transformers the values the file will hold
             for name, p in model.named_parameters():

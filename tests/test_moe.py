@@ -9,6 +9,7 @@ Tolerances:
   Exact mode: bit-exact (np.array_equal) between expert-major prefill, token-by-token decode,
     the token-major expert loop, and 1 vs 2 threads.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,17 +18,18 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from fixtures import tinymoe
 import torch
-from fixtures.compare import close, hf_logits, load
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from fixtures import tinymoe
+from fixtures.compare import close, hf_logits, load
 from goinfer import KVCache
 from goinfer import _kernels as CK
 from goinfer import _reference as R
-from goinfer._kernels import _config, attention_counters, moe as moe_kernels, reset_attention_counters
+from goinfer._kernels import _config, attention_counters, reset_attention_counters
+from goinfer._kernels import moe as moe_kernels
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.gguf import GGUFFile
 from goinfer.model import FAST_FROM, PREFILL_CHUNK, Model
@@ -181,13 +183,15 @@ def test_group_matches_reference(data):
     T = data.draw(st.integers(0, 30))
     E = data.draw(st.integers(1, 10))
     k = data.draw(st.integers(1, E))
-    ids = np.array([data.draw(st.permutations(range(E)))[:k] for _ in range(T)], np.int32).reshape(T, k)
+    ids = np.array([data.draw(st.permutations(range(E)))[:k] for _ in range(T)], np.int32).reshape(
+        T, k
+    )
     got = CK.moe_group(ids, E)
     for g, r in zip(got, R.moe_group(ids, E)):
         same_bits(g, r)
     rows, offsets, pos = got
     for e in range(E):  # each expert's entries: its rows, in increasing row order
-        seg = rows[offsets[e]:offsets[e + 1]]
+        seg = rows[offsets[e] : offsets[e + 1]]
         assert (np.diff(seg) > 0).all()
         assert set(seg.tolist()) == set(np.flatnonzero((ids == e).any(1)).tolist())
     assert (rows[pos] == np.repeat(np.arange(T), k)).all()
@@ -212,7 +216,9 @@ def test_fold_matches_reference(data):
         y = (rng.standard_normal((N, D)) * 10.0 ** rng.integers(-3, 4, (N, 1))).astype(np.float32)
         w = rng.random((T, k)).astype(np.float32)
     else:  # cancelling values far apart in scale: float64 sums that depend on the order
-        pool = np.array([1.0, -1.0, 2.0**-60, -(2.0**-61), 2.0**30, -(2.0**30), 3 * 2.0**-40], np.float32)
+        pool = np.array(
+            [1.0, -1.0, 2.0**-60, -(2.0**-61), 2.0**30, -(2.0**30), 3 * 2.0**-40], np.float32
+        )
         y = pool[rng.integers(0, len(pool), (N, D))]
         w = np.array([1.0, 0.5, 2.0], np.float32)[rng.integers(0, 3, (T, k))]
     pos = rng.integers(0, max(N, 1), T * k).astype(np.int32)
@@ -269,16 +275,20 @@ def test_load_experts_slices_the_stack(tmp_path):
     path = tmp_path / "e.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tensor("f32_exps", stack)
-    w.add_tensor("q8_exps", gguf.quants.quantize(stack, gguf.GGMLQuantizationType.Q8_0),
-                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor(
+        "q8_exps",
+        gguf.quants.quantize(stack, gguf.GGMLQuantizationType.Q8_0),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+    )
     w.add_tensor("flat", stack[0])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     g = GGUFFile(path)
-    q8 = gguf.quants.dequantize(gguf.quants.quantize(stack, gguf.GGMLQuantizationType.Q8_0),
-                                gguf.GGMLQuantizationType.Q8_0).reshape(stack.shape)
+    q8 = gguf.quants.dequantize(
+        gguf.quants.quantize(stack, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    ).reshape(stack.shape)
     for name, want, kind in (("f32_exps", stack, "f32"), ("q8_exps", q8, "q8_0")):
         ws = g.load_experts(name)
         assert len(ws) == 3 and all(x.kind == kind and (x.n_out, x.n_in) == (32, 64) for x in ws)
@@ -315,14 +325,25 @@ def routing_margin(hf, ids, k) -> float:
     a gap below ROUTING_MARGIN could pick another expert on one side only."""
     with torch.no_grad():
         out = hf(torch.tensor([list(ids)], dtype=torch.long), output_router_logits=True)
-    gaps = [float((t[:, k - 1] - t[:, k]).min()) for rl in out.router_logits
-            if rl.shape[-1] > k for t in [torch.topk(rl.float(), k + 1, dim=-1).values]]
+    gaps = [
+        float((t[:, k - 1] - t[:, k]).min())
+        for rl in out.router_logits
+        if rl.shape[-1] > k
+        for t in [torch.topk(rl.float(), k + 1, dim=-1).values]
+    ]
     return min(gaps, default=np.inf)
 
 
-@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(tinymoe.MOE_ARCHS), n_expert=st.sampled_from([2, 4, 6, 8, 16]),
-       data=st.data(), seed=st.integers(0, 10**6), n=st.integers(1, 40))
+@settings(
+    max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    arch=st.sampled_from(tinymoe.MOE_ARCHS),
+    n_expert=st.sampled_from([2, 4, 6, 8, 16]),
+    data=st.data(),
+    seed=st.integers(0, 10**6),
+    n=st.integers(1, 40),
+)
 def test_random_configs_match_transformers(tmp_path_factory, arch, n_expert, data, seed, n):
     """Random MoE configurations (architecture, experts, experts per token, weights, prompt)
     against transformers; examples whose routing has a near tie are rejected (see
@@ -350,8 +371,10 @@ def test_config_follows_llama_cpp(tiny_moe):
     cfgs = {a: load(tiny_moe(a)[1]).config for a in tinymoe.MOE_ARCHS}
     assert cfgs["mixtral"].arch == "llama" and cfgs["mixtral"].routing == "topk_softmax"
     assert not cfgs["mixtral"].rope_neox
-    assert all(cfgs[a].routing == "softmax_topk" and cfgs[a].rope_neox
-               for a in ("qwen2moe", "qwen3moe", "olmoe"))
+    assert all(
+        cfgs[a].routing == "softmax_topk" and cfgs[a].rope_neox
+        for a in ("qwen2moe", "qwen3moe", "olmoe")
+    )
     assert [cfgs[a].norm_topk for a in ("qwen2moe", "qwen3moe", "olmoe")] == [False, True, False]
     assert cfgs["qwen2moe"].d_ff_shared == 96 and cfgs["qwen2moe"].d_ff_expert == 64
     assert cfgs["olmoe"].qk_norm_full and not cfgs["olmoe"].qk_norm
@@ -361,8 +384,9 @@ def test_config_follows_llama_cpp(tiny_moe):
 def test_expert_weights_norm_key_is_honoured(tmp_path):
     """qwen2moe with norm_topk_prob=True, told through {arch}.expert_weights_norm."""
     hf = tinymoe.hf_moe("qwen2moe", 3, norm_topk_prob=True)
-    path = tinymoe.write_moe_gguf(hf, "qwen2moe", tmp_path / "n.gguf",
-                                  extra_kv={"expert_weights_norm": True})
+    path = tinymoe.write_moe_gguf(
+        hf, "qwen2moe", tmp_path / "n.gguf", extra_kv={"expert_weights_norm": True}
+    )
     m = load(path)
     assert m.config.norm_topk
     ids = np.random.default_rng(4).integers(0, 320, 20).tolist()
@@ -543,7 +567,9 @@ def _rewrite(src, dst, drop_keys=(), set_kv=None, rename=None):
     for key, (value, vtype) in (set_kv or {}).items():
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
-        w.add_tensor((rename or {}).get(t.name, t.name), upcycle_moe.stored(t), raw_dtype=t.tensor_type)
+        w.add_tensor(
+            (rename or {}).get(t.name, t.name), upcycle_moe.stored(t), raw_dtype=t.tensor_type
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -556,17 +582,39 @@ def test_bad_moe_files_raise_typed_errors(tiny_moe, tmp_path):
     with pytest.raises(ModelFormatError, match="expert_count"):
         load(_rewrite(src, tmp_path / "a.gguf", drop_keys=("qwen3moe.expert_count",)))
     with pytest.raises(UnsupportedArchitectureError, match="gating"):
-        load(_rewrite(src, tmp_path / "b.gguf", set_kv={
-            "qwen3moe.expert_gating_func": (2, gguf.GGUFValueType.UINT32)}))
+        load(
+            _rewrite(
+                src,
+                tmp_path / "b.gguf",
+                set_kv={"qwen3moe.expert_gating_func": (2, gguf.GGUFValueType.UINT32)},
+            )
+        )
     with pytest.raises(ModelFormatError, match="expert_used_count"):
-        load(_rewrite(src, tmp_path / "c.gguf", drop_keys=("qwen3moe.expert_used_count",),
-                      set_kv={"qwen3moe.expert_used_count": (9, gguf.GGUFValueType.UINT32)}))
+        load(
+            _rewrite(
+                src,
+                tmp_path / "c.gguf",
+                drop_keys=("qwen3moe.expert_used_count",),
+                set_kv={"qwen3moe.expert_used_count": (9, gguf.GGUFValueType.UINT32)},
+            )
+        )
     with pytest.raises(ModelFormatError, match="expert_feed_forward_length"):
-        load(_rewrite(src, tmp_path / "d.gguf", drop_keys=("qwen3moe.expert_feed_forward_length",),
-                      set_kv={"qwen3moe.expert_feed_forward_length": (32, gguf.GGUFValueType.UINT32)}))
+        load(
+            _rewrite(
+                src,
+                tmp_path / "d.gguf",
+                drop_keys=("qwen3moe.expert_feed_forward_length",),
+                set_kv={"qwen3moe.expert_feed_forward_length": (32, gguf.GGUFValueType.UINT32)},
+            )
+        )
     with pytest.raises(ModelFormatError, match="old llama.cpp layout"):
-        load(_rewrite(src, tmp_path / "e.gguf",
-                      rename={"blk.0.ffn_gate_exps.weight": "blk.0.ffn_gate.0.weight"}))
+        load(
+            _rewrite(
+                src,
+                tmp_path / "e.gguf",
+                rename={"blk.0.ffn_gate_exps.weight": "blk.0.ffn_gate.0.weight"},
+            )
+        )
 
 
 # ============================================================================ upcycled SmolLM2 (real model)
@@ -578,8 +626,10 @@ def upcycled(smollm2_path, tmp_path_factory):
     thread keeps this test quick on a loaded 2-core machine)."""
     path = tmp_path_factory.mktemp("upcycled") / "smollm2-moe4.gguf"
     upcycle_moe.upcycle(smollm2_path, path, n_expert=4, top_k=2, seed=0)
-    return (Model.load(str(smollm2_path), threads=1, progress=False),
-            Model.load(str(path), threads=1, progress=False))
+    return (
+        Model.load(str(smollm2_path), threads=1, progress=False),
+        Model.load(str(path), threads=1, progress=False),
+    )
 
 
 @pytest.mark.slow

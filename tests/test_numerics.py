@@ -14,6 +14,7 @@ in the default mode) and one below it (exact), each against transformers running
 GGUF dequantized to float32 (tests/tools/make_fast_goldens.py wrote
 tests/data/smollm2_fast_goldens.npz).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -21,17 +22,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import tinymodels
-from fixtures.compare import (assert_crossed_512, assert_threads_agree, cut_points, cuts_of,
-                              lengths, note_512, pin_512, prefill_chunks)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fixtures import tinymodels
+from fixtures.compare import (
+    assert_crossed_512,
+    assert_threads_agree,
+    cut_points,
+    cuts_of,
+    lengths,
+    note_512,
+    pin_512,
+    prefill_chunks,
+)
 from goinfer import KVCache
 from goinfer._kernels import attention_counters, reset_attention_counters
+from goinfer.batch import forward_sessions
 from goinfer.gguf import GGUFFile
 from goinfer.model import FAST_FROM, Model
-from goinfer.batch import forward_sessions
 
 GOLDENS = Path(__file__).with_name("data") / "smollm2_fast_goldens.npz"
 
@@ -46,8 +55,14 @@ def tiny_paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("numerics")
     out = {}
     for i, (H, KV) in enumerate(HEADS):
-        hf = tinymodels.hf_model("llama", 10 + i, num_attention_heads=H, num_key_value_heads=KV,
-                                 hidden_size=16 * H, max_position_embeddings=CTX)
+        hf = tinymodels.hf_model(
+            "llama",
+            10 + i,
+            num_attention_heads=H,
+            num_key_value_heads=KV,
+            hidden_size=16 * H,
+            max_position_embeddings=CTX,
+        )
         out[(H, KV)] = tinymodels.write_gguf(hf, "llama", d / f"gqa{H}x{KV}.gguf")
     return out
 
@@ -60,8 +75,13 @@ def models(tiny_paths):
     def get(heads, threads=1, exact=False):
         key = (heads, threads, exact)
         if key not in made:
-            made[key] = Model(GGUFFile(tiny_paths[heads]), threads=threads, exact=exact,
-                              context_length=CTX, progress=False)
+            made[key] = Model(
+                GGUFFile(tiny_paths[heads]),
+                threads=threads,
+                exact=exact,
+                context_length=CTX,
+                progress=False,
+            )
         return made[key]
 
     return get
@@ -108,9 +128,11 @@ def expected_rows(model, p0, p1):
     return L * (p1 - p0 - n_fast), L * n_fast
 
 
-SETTINGS = settings(max_examples=8, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 # ============================================================================ bit identity, both modes
 
@@ -138,9 +160,12 @@ def batching_threads(models, exact, seen, n, cuts, heads, seed):
     reset_attention_counters()
     one = session(m1, n).prefill(ids)
     assert rows() == want
-    for run in (lambda: session(m2, n).prefill(ids), lambda: prefill_chunks(m2, ids, cuts),
-                lambda: prefill_chunks(m1, ids, [n // 3]),  # a call crossing 512 if n > 512
-                lambda: decode_tail(m1 if seed % 2 else m2, ids)):
+    for run in (
+        lambda: session(m2, n).prefill(ids),
+        lambda: prefill_chunks(m2, ids, cuts),
+        lambda: prefill_chunks(m1, ids, [n // 3]),  # a call crossing 512 if n > 512
+        lambda: decode_tail(m1 if seed % 2 else m2, ids),
+    ):
         reset_attention_counters()
         assert np.array_equal(one, run())
         assert rows() == want
@@ -148,8 +173,12 @@ def batching_threads(models, exact, seen, n, cuts, heads, seed):
 
 @pytest.mark.parametrize("exact", MODES)
 @SETTINGS
-@given(data=st.data(), heads=st.sampled_from(HEADS), seed=st.integers(0, 10**6),
-       block_size=st.sampled_from([16, 48]))
+@given(
+    data=st.data(),
+    heads=st.sampled_from(HEADS),
+    seed=st.integers(0, 10**6),
+    block_size=st.sampled_from([16, 48]),
+)
 def test_prefix_reuse_hypothesis(models, exact, data, heads, seed, block_size):
     """A second session reusing the first one's cached blocks, then prefilling the rest,
     gives the bits of a cold prefill, in both modes (lengths across the fast floor)."""
@@ -186,26 +215,30 @@ def test_batch_composition_hypothesis(models, exact):
 @SETTINGS
 @example(lens=[511, 513, 520], starts=[505, 508, 500], takes=[1], seed=3, threads=2)
 @example(lens=[560, 600], starts=[512, 400], takes=[17, 64, 1], seed=4, threads=1)
-@given(lens=st.lists(st.integers(2, 600), min_size=2, max_size=3),
-       starts=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
-       takes=st.lists(st.sampled_from([1, 1, 1, 2, 17, 64]), min_size=1, max_size=6),
-       seed=st.integers(0, 10**6), threads=st.sampled_from([1, 2]))
+@given(
+    lens=st.lists(st.integers(2, 600), min_size=2, max_size=3),
+    starts=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+    takes=st.lists(st.sampled_from([1, 1, 1, 2, 17, 64]), min_size=1, max_size=6),
+    seed=st.integers(0, 10**6),
+    threads=st.sampled_from([1, 2]),
+)
 def batch_composition(models, exact, seen, lens, starts, takes, seed, threads):
     m = models((8, 2), threads, exact)
     k = len(lens)
     seqs = [ids_(n, seed + i) for i, n in enumerate(lens)]
-    starts = [min(max(1, f if isinstance(f, int) else int(f * n)), n - 1)
-              for f, n in zip(starts, lens)]
+    starts = [
+        min(max(1, f if isinstance(f, int) else int(f * n)), n - 1) for f, n in zip(starts, lens)
+    ]
     cache = KVCache(m, max_tokens=sum(lens) + 64 * k)
     ref = [m.logits(s) for s in seqs]
     sess = [m.session(cache) for _ in seqs]
     for i, s in enumerate(sess):  # a solo prefill up to a random start
-        assert np.array_equal(s.prefill(seqs[i][:starts[i]]), ref[i][starts[i] - 1])
+        assert np.array_equal(s.prefill(seqs[i][: starts[i]]), ref[i][starts[i] - 1])
     pos = list(starts)
     step = 0
     while any(p < len(ids) for p, ids in zip(pos, seqs)):
         who = [i for i in range(k) if pos[i] < len(seqs[i])]
-        items = [(sess[i], seqs[i][pos[i]:pos[i] + takes[(step + i) % len(takes)]]) for i in who]
+        items = [(sess[i], seqs[i][pos[i] : pos[i] + takes[(step + i) % len(takes)]]) for i in who]
         step += 1
         for i, (_, toks), lg in zip(who, items, forward_sessions(items)):
             p0, pos[i] = pos[i], pos[i] + len(toks)
@@ -228,8 +261,14 @@ def test_batching_per_kv_dtype(tmp_path, kv_dtype):
     too (a value is rounded once when written): teacher-forced logits == prefill in two calls
     crossing 512 == decode steps across 512 (2 threads, the graph) == a continuous batch with
     another sequence, bit for bit, in the default mode (head_dim 32: q8_0's block)."""
-    hf = tinymodels.hf_model("llama", 20, num_attention_heads=4, num_key_value_heads=2,
-                             hidden_size=128, max_position_embeddings=CTX)
+    hf = tinymodels.hf_model(
+        "llama",
+        20,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=128,
+        max_position_embeddings=CTX,
+    )
     path = tinymodels.write_gguf(hf, "llama", tmp_path / "hd32.gguf")
     m = Model(GGUFFile(path), threads=2, context_length=CTX, progress=False, kv_dtype=kv_dtype)
     ids, other = ids_(600, 11), ids_(300, 12)
@@ -244,7 +283,7 @@ def test_batching_per_kv_dtype(tmp_path, kv_dtype):
     a.prefill(ids[:500])
     b.prefill(other[:200])
     for p in range(500, 530):
-        la, _ = forward_sessions([(a, [ids[p]]), (b, other[p - 300:p - 298])])
+        la, _ = forward_sessions([(a, [ids[p]]), (b, other[p - 300 : p - 298])])
         assert np.array_equal(la, ref[p]), p
     assert cache.dtype == kv_dtype
 
@@ -400,8 +439,7 @@ def test_smollm2_goldens(smollm2, goldens, name):
     agree = float((all_logits.argmax(1) == ref_top1).mean())
     assert agree >= 0.93, agree
     if name == "long":  # the fast rows' own distance from exact
-        exact = Model(GGUFFile(smollm2.path), threads=smollm2.threads, exact=True,
-                      progress=False)
+        exact = Model(GGUFFile(smollm2.path), threads=smollm2.threads, exact=True, progress=False)
         e = exact.logits(ids)
         assert np.array_equal(e[:FAST_FROM], all_logits[:FAST_FROM])
         assert cosine(last, e[-1]) >= 0.9995, cosine(last, e[-1])

@@ -3,6 +3,7 @@ for bit (exact mode), generated tokens equal greedy decoding of Model.logits, th
 reused from the cache are the ones expected (while nothing was evicted), a full cache raises
 CacheFullError without changing the session, evictions under a small budget included, and
 no block leaks."""
+
 from __future__ import annotations
 
 import gc
@@ -20,13 +21,16 @@ from goinfer.model import Model
 
 @pytest.fixture(scope="module")
 def model(tiny):
-    return Model(GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact=True,
-                 context_length=256)
+    return Model(
+        GGUFFile(tiny("qwen2", 11)[1]), threads=2, progress=False, exact=True, context_length=256
+    )
 
 
 def tokens(lo=1, hi=40):
     """Token lists of a length drawn evenly from lo..hi (not Hypothesis' short-list bias)."""
-    return st.integers(lo, hi).flatmap(lambda n: st.lists(st.integers(0, 255), min_size=n, max_size=n))
+    return st.integers(lo, hi).flatmap(
+        lambda n: st.lists(st.integers(0, 255), min_size=n, max_size=n)
+    )
 
 
 OPS = ["new", "chat", "append", "decode", "fork", "reset", "truncate"]
@@ -50,7 +54,9 @@ def test_random_conversation_trees(model, budget):
     conversation_trees(model, seen, budget)
     if budget == "tight":
         assert seen["checked"] >= 0.5 * seen["steps"], seen
-        assert seen["examples with evictions"] >= 1 and seen["examples with CacheFullError"] >= 1, seen
+        assert seen["examples with evictions"] >= 1 and seen["examples with CacheFullError"] >= 1, (
+            seen
+        )
     else:
         assert seen["checked"] + seen["ContextLengthError"] == seen["steps"], seen  # never full
         assert seen["exact reuse checks"] >= seen["steps"] // 4, seen
@@ -136,7 +142,7 @@ def conversation_trees(model, seen, budget, data):
                 ids = branch(data, contexts, n_ctx - k - 1, "chat")
                 r = s.generate(ids, max_tokens=k)
                 ids = ids + r.tokens  # (for the CacheFullError check, if decode(5) raises)
-                prompt = ids[:len(ids) - len(r.tokens)]
+                prompt = ids[: len(ids) - len(r.tokens)]
                 limit = len(prompt) - 1
                 own = min(lcp(before, prompt), limit)  # its own history: always reused
                 assert own <= r.cached_tokens <= limit
@@ -187,7 +193,7 @@ def conversation_trees(model, seen, budget, data):
             # raised): a retry resumes from there; every other call leaves the tokens exactly
             # as they were
             toks = s.tokens
-            assert toks == ids[:len(toks)] if op == "chat" else toks == before, op
+            assert toks == ids[: len(toks)] if op == "chat" else toks == before, op
             full += 1
             max(sessions, key=lambda x: x.n_tokens).reset()  # the agent frees room
             continue
@@ -204,9 +210,15 @@ def conversation_trees(model, seen, budget, data):
                 assert int(np.argmax(ref[p0 + len(ref_tokens)])) in model.tokenizer.stop_ids
         checked += 1
     assert checked + full + too_long == n_steps and checked >= 1
-    seen.update({"steps": n_steps, "checked": checked, "ContextLengthError": too_long,
-                 "examples with evictions": cache.stats().evictions > 0,
-                 "examples with CacheFullError": full > 0})
+    seen.update(
+        {
+            "steps": n_steps,
+            "checked": checked,
+            "ContextLengthError": too_long,
+            "examples with evictions": cache.stats().evictions > 0,
+            "examples with CacheFullError": full > 0,
+        }
+    )
     st_ = cache.stats()
     assert st_.blocks_used + st_.blocks_cached + st_.blocks_free == st_.blocks_total
     sessions.clear()
@@ -260,8 +272,9 @@ def test_exact_mode_never_reuses_fast_blocks(model, tiny):
     default-mode model of the same file at a position where it runs fast."""
     from goinfer.kv_cache import FAST, block_hash, root_hash
 
-    fast_model = Model(GGUFFile(tiny("qwen2", 11)[1]), threads=1, progress=False,
-                       context_length=1024)
+    fast_model = Model(
+        GGUFFile(tiny("qwen2", 11)[1]), threads=1, progress=False, context_length=1024
+    )
     cache = KVCache(model, max_tokens=1024, block_size=256)
     toks = list(range(256))
     chain = [root_hash(None)]

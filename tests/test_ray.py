@@ -1,6 +1,7 @@
 """goinfer replicas on Ray Serve (goinfer/server/ray.py): two replicas of a tiny model behind one
 OpenAI endpoint, driven by the official openai client and raw httpx.  One local Ray instance for
 the module (started and stopped here); the replica-killing test runs last."""
+
 from __future__ import annotations
 
 import collections
@@ -47,8 +48,13 @@ def cluster(tiny_path):
     try:
         # what `goinfer serve MODEL --replicas 2 --threads-per-replica 1` runs; 8 logical CPUs
         # so that the benchmark's smoke run fits beside the two replicas
-        goinfer_ray.run(ReplicaSpec(str(tiny_path), model_id="tiny", api_key=KEY), replicas=2,
-                        threads_per_replica=1, port=port, num_cpus=8)
+        goinfer_ray.run(
+            ReplicaSpec(str(tiny_path), model_id="tiny", api_key=KEY),
+            replicas=2,
+            threads_per_replica=1,
+            port=port,
+            num_cpus=8,
+        )
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port)
     finally:
         goinfer_ray.stop()
@@ -64,8 +70,9 @@ def client(cluster) -> openai.OpenAI:
 
 
 def post(cluster, path, body, **kw):
-    return httpx.post(cluster.url + path, json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"}, **kw)
+    return httpx.post(
+        cluster.url + path, json=body, timeout=120, headers={"Authorization": f"Bearer {KEY}"}, **kw
+    )
 
 
 def banned(model) -> dict:
@@ -73,8 +80,11 @@ def banned(model) -> dict:
 
 
 def replica_names() -> set[str]:
-    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith(f"SERVE_REPLICA::{APP}#GoinferReplica#")}
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{APP}#GoinferReplica#")
+    }
 
 
 # ============================================================================ the OpenAI API
@@ -87,13 +97,39 @@ def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
     monkeypatch.setattr(goinfer_ray, "run", lambda spec, **kw: got.update(spec=spec, **kw))
     monkeypatch.setattr(goinfer_ray, "wait", lambda: None)
     monkeypatch.setattr(goinfer_ray, "stop", lambda joined: got.update(stopped=joined))
-    assert cli.main(["serve", str(tiny_path), "--replicas", "3", "--threads-per-replica", "2",
-                     "--ray-address", "auto", "--route", "random", "--route-imbalance", "7",
-                     "--max-batch", "4", "--api-key", "k", "--port", "9001"]) == 0
+    assert (
+        cli.main(
+            [
+                "serve",
+                str(tiny_path),
+                "--replicas",
+                "3",
+                "--threads-per-replica",
+                "2",
+                "--ray-address",
+                "auto",
+                "--route",
+                "random",
+                "--route-imbalance",
+                "7",
+                "--max-batch",
+                "4",
+                "--api-key",
+                "k",
+                "--port",
+                "9001",
+            ]
+        )
+        == 0
+    )
     spec = got["spec"]
     assert (spec.model, spec.max_batch, spec.api_key) == (str(tiny_path), 4, "k")
-    assert (got["replicas"], got["threads_per_replica"], got["ray_address"], got["port"]) == \
-        (3, 2, "auto", 9001)
+    assert (got["replicas"], got["threads_per_replica"], got["ray_address"], got["port"]) == (
+        3,
+        2,
+        "auto",
+        9001,
+    )
     assert (got["policy"].name, got["policy"].imbalance, got["stopped"]) == ("random", 7, True)
 
 
@@ -103,10 +139,13 @@ def test_openai_client_streamed_and_not(cluster):
     r = httpx.get(cluster.url + "/v1/models")  # the replica's own 401, relayed
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert r.headers["www-authenticate"] == "Bearer"
-    m = [{"role": "system", "content": "You answer in one line."},
-         {"role": "user", "content": "Say something about caches."}]
-    raw = c.chat.completions.with_raw_response.create(model="tiny", messages=m, max_tokens=20,
-                                                      temperature=0)
+    m = [
+        {"role": "system", "content": "You answer in one line."},
+        {"role": "user", "content": "Say something about caches."},
+    ]
+    raw = c.chat.completions.with_raw_response.create(
+        model="tiny", messages=m, max_tokens=20, temperature=0
+    )
     assert raw.headers[REPLICA_HEADER] in replica_names()
     full = raw.parse()
     d = full.model_dump()
@@ -114,30 +153,57 @@ def test_openai_client_streamed_and_not(cluster):
     cached = full.usage.prompt_tokens_details.cached_tokens  # whole blocks of 16, never all
     assert cached % 16 == 0 and 0 <= cached < full.usage.prompt_tokens, cached
     assert d["timings"]["prompt_n"] + d["timings"]["cache_n"] == full.usage.prompt_tokens
-    chunks = list(c.chat.completions.create(model="tiny", messages=m, max_tokens=20, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny",
+            messages=m,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == full.choices[0].message.content
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
-        full.usage.completion_tokens
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    )
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= BLOCK  # the same prompt again
     cmp = c.completions.create(model="tiny", prompt="the cat sat on", max_tokens=6, temperature=0)
     assert cmp.usage.completion_tokens <= 6 and cmp.choices[0].finish_reason in ("length", "stop")
     bad = post(cluster, "/v1/chat/completions", {"messages": m, "n": 0})  # the app's own 400
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
-    two = post(cluster, "/v1/chat/completions", {"messages": m, "n": 2, "max_tokens": 4,
-                                                 "seed": 1})  # n > 1 through a replica
+    two = post(
+        cluster, "/v1/chat/completions", {"messages": m, "n": 2, "max_tokens": 4, "seed": 1}
+    )  # n > 1 through a replica
     assert two.status_code == 200 and [ch["index"] for ch in two.json()["choices"]] == [0, 1]
 
 
 # Requests sent to both servers; non-streaming ones return their token ids.
 SAME = [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me about item 1."}],
-                              "max_tokens": 24, "temperature": 0}),
-    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
-                                           {"role": "user", "content": "And item 2?"}],
-                              "max_tokens": 24, "temperature": 0.9, "seed": 7, "top_k": 40}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Tell me about item 1."}],
+            "max_tokens": 24,
+            "temperature": 0,
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "And item 2?"},
+            ],
+            "max_tokens": 24,
+            "temperature": 0.9,
+            "seed": 7,
+            "top_k": 40,
+        },
+    ),
     ("/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 20, "temperature": 0}),
     ("/v1/completions", {"prompt": [5, 17, 99, 200, 3], "max_tokens": 12, "temperature": 0}),
 ]
@@ -165,17 +231,27 @@ def test_bit_identical_to_single_process(cluster, model):
 
 def test_conversation_stays_on_one_replica_and_reuses_its_cache(cluster):
     c = client(cluster)
-    m = [{"role": "system", "content": "You are a careful agent. Answer in a few words."},
-         {"role": "user", "content": "Turn one: list the files."}]
+    m = [
+        {"role": "system", "content": "You are a careful agent. Answer in a few words."},
+        {"role": "user", "content": "Turn one: list the files."},
+    ]
     seen = []
     for turn in range(4):
-        raw = c.chat.completions.with_raw_response.create(model="tiny", messages=m, max_tokens=8,
-                                                          temperature=0)
+        raw = c.chat.completions.with_raw_response.create(
+            model="tiny", messages=m, max_tokens=8, temperature=0
+        )
         r = raw.parse()
-        seen.append((raw.headers[REPLICA_HEADER], r.usage.prompt_tokens,
-                     r.usage.prompt_tokens_details.cached_tokens))
-        m += [{"role": "assistant", "content": r.choices[0].message.content},
-              {"role": "user", "content": f"Turn {turn + 2}: now read file {turn}."}]
+        seen.append(
+            (
+                raw.headers[REPLICA_HEADER],
+                r.usage.prompt_tokens,
+                r.usage.prompt_tokens_details.cached_tokens,
+            )
+        )
+        m += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": f"Turn {turn + 2}: now read file {turn}."},
+        ]
     assert len({rep for rep, _, _ in seen[1:]}) == 1, seen
     for (_, prev_prompt, _), (_, _, cached) in zip(seen, seen[1:]):
         assert cached >= prev_prompt - BLOCK, seen
@@ -197,10 +273,13 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
             start.wait()
             for _ in range(2):
                 raw = c.chat.completions.with_raw_response.create(
-                    model="tiny", messages=m, max_tokens=128, temperature=0)
+                    model="tiny", messages=m, max_tokens=128, temperature=0
+                )
                 where[i].append(raw.headers[REPLICA_HEADER])
-                m += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
-                      {"role": "user", "content": "second question."}]
+                m += [
+                    {"role": "assistant", "content": raw.parse().choices[0].message.content},
+                    {"role": "user", "content": "second question."},
+                ]
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
@@ -234,24 +313,36 @@ def test_responses_keys_and_stored_ids_reach_their_replica(cluster):
         went = set()
         for i, word in enumerate(["alpha", "bravo", "charlie", "delta"]):
             raw = c.responses.with_raw_response.create(
-                model="tiny", input=f"{word} {key} {i}", prompt_cache_key=key,
-                max_output_tokens=4, temperature=0)
+                model="tiny",
+                input=f"{word} {key} {i}",
+                prompt_cache_key=key,
+                max_output_tokens=4,
+                temperature=0,
+            )
             went.add(raw.headers[REPLICA_HEADER])
         assert len(went) == 1, (key, went)
     ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
     (stats,) = ingress.routing_stats.remote().result()
     assert stats["decisions"].get("key", 0) >= 6, stats
     for i in range(4):
-        raw = c.responses.with_raw_response.create(model="tiny", input=f"store {i}",
-                                                   max_output_tokens=4, temperature=0)
+        raw = c.responses.with_raw_response.create(
+            model="tiny", input=f"store {i}", max_output_tokens=4, temperature=0
+        )
         first, home = raw.parse(), raw.headers[REPLICA_HEADER]
-        got = httpx.get(f"{cluster.url}/v1/responses/{first.id}", timeout=120,
-                        headers={"Authorization": f"Bearer {KEY}"})
+        got = httpx.get(
+            f"{cluster.url}/v1/responses/{first.id}",
+            timeout=120,
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
         assert got.status_code == 200 and got.headers[REPLICA_HEADER] == home
         assert got.json()["id"] == first.id
-        raw = c.responses.with_raw_response.create(model="tiny", input="and then?",
-                                                   previous_response_id=first.id,
-                                                   max_output_tokens=4, temperature=0)
+        raw = c.responses.with_raw_response.create(
+            model="tiny",
+            input="and then?",
+            previous_response_id=first.id,
+            max_output_tokens=4,
+            temperature=0,
+        )
         assert raw.headers[REPLICA_HEADER] == home
         assert raw.parse().previous_response_id == first.id
         assert c.responses.delete(first.id) is None
@@ -264,16 +355,30 @@ def test_responses_keys_and_stored_ids_reach_their_replica(cluster):
 def test_client_disconnect_cancels_the_job(cluster, model):
     """A client that leaves a stream has its job cancelled on the replica (the single-process
     server's behaviour, through the ingress and the Ray stream)."""
-    body = {"messages": [{"role": "user", "content": "Another long story, please."}],
-            "max_tokens": 3500, "temperature": 0, "stream": True, "logit_bias": banned(model)}
+    body = {
+        "messages": [{"role": "user", "content": "Another long story, please."}],
+        "max_tokens": 3500,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": banned(model),
+    }
 
     def engine_counts(name):
-        return ray.get(ray.get_actor(name, namespace="serve").__ray_call__.remote(
-            lambda self: (lambda e: (e.n_cancelled, e.n_finished, e.n_active))(
-                serve.get_replica_context().servable_object.engine)))
+        return ray.get(
+            ray.get_actor(name, namespace="serve").__ray_call__.remote(
+                lambda self: (lambda e: (e.n_cancelled, e.n_finished, e.n_active))(
+                    serve.get_replica_context().servable_object.engine
+                )
+            )
+        )
 
-    with httpx.stream("POST", cluster.url + "/v1/chat/completions", json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+    with httpx.stream(
+        "POST",
+        cluster.url + "/v1/chat/completions",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as r:
         name = r.headers[REPLICA_HEADER]
         cancelled0, finished0, _ = engine_counts(name)
         seen = ""
@@ -308,20 +413,29 @@ def test_anthropic_messages_routed_by_prefix(cluster):
     system = "You are a careful coding agent. Answer in a few words, then stop."
     seen = []
     for turn in range(4):
-        raw = c.messages.with_raw_response.create(model="tiny", max_tokens=8, system=system,
-                                                  messages=conv, extra_body={"temperature": 0})
+        raw = c.messages.with_raw_response.create(
+            model="tiny", max_tokens=8, system=system, messages=conv, extra_body={"temperature": 0}
+        )
         r = raw.parse()
         u = r.usage
-        seen.append((raw.headers[REPLICA_HEADER], u.input_tokens + u.cache_read_input_tokens,
-                     u.cache_read_input_tokens))
-        conv += [{"role": "assistant", "content": r.content[0].text},
-                 {"role": "user", "content": f"Turn {turn + 2}: now read file {turn}."}]
+        seen.append(
+            (
+                raw.headers[REPLICA_HEADER],
+                u.input_tokens + u.cache_read_input_tokens,
+                u.cache_read_input_tokens,
+            )
+        )
+        conv += [
+            {"role": "assistant", "content": r.content[0].text},
+            {"role": "user", "content": f"Turn {turn + 2}: now read file {turn}."},
+        ]
     assert len({rep for rep, _, _ in seen[1:]}) == 1, seen
     for (_, prev_prompt, _), (_, _, cached) in zip(seen, seen[1:]):
         assert cached >= prev_prompt - BLOCK, seen
     assert prefix_decisions() - before >= 3
-    with c.messages.stream(model="tiny", max_tokens=8, system=system, messages=conv,
-                           extra_body={"temperature": 0}) as s:
+    with c.messages.stream(
+        model="tiny", max_tokens=8, system=system, messages=conv, extra_body={"temperature": 0}
+    ) as s:
         final = s.get_final_message()
     assert final.usage.cache_read_input_tokens >= seen[-1][1] - BLOCK
     with pytest.raises(anthropic.BadRequestError) as e:
@@ -337,8 +451,9 @@ def test_benchmark_smoke(cluster, tiny_path, tmp_path):
     import ray_load
 
     out = tmp_path / "r.json"
-    assert ray_load.main(["--smoke", "--model", str(tiny_path), "--port", str(cluster.port),
-                          "--json", str(out)])["rows"]
+    assert ray_load.main(
+        ["--smoke", "--model", str(tiny_path), "--port", str(cluster.port), "--json", str(out)]
+    )["rows"]
     res = json.loads(out.read_text())
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"1 replica", "2 replicas, prefix", "2 replicas, random"}
@@ -358,13 +473,27 @@ def test_replica_killed_mid_stream(cluster, model):
     sent meanwhile succeed on the other replica; Serve starts a replacement."""
     before = replica_names()
     assert len(before) == 2
-    pids = {n: ray.get(ray.get_actor(n, namespace="serve").__ray_call__.remote(
-        lambda self: os.getpid())) for n in before}
-    body = {"messages": [{"role": "user", "content": "Write a very long story."}],
-            "max_tokens": 3500, "temperature": 0, "stream": True, "logit_bias": banned(model)}
+    pids = {
+        n: ray.get(
+            ray.get_actor(n, namespace="serve").__ray_call__.remote(lambda self: os.getpid())
+        )
+        for n in before
+    }
+    body = {
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "max_tokens": 3500,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": banned(model),
+    }
     victim = None
-    with httpx.stream("POST", cluster.url + "/v1/chat/completions", json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+    with httpx.stream(
+        "POST",
+        cluster.url + "/v1/chat/completions",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as r:
         victim = r.headers[REPLICA_HEADER]
         text = ""
         for chunk in r.iter_text():
@@ -377,15 +506,21 @@ def test_replica_killed_mid_stream(cluster, model):
     err = events[-2]
     assert isinstance(err, dict) and err["error"]["code"] == "replica_failed", events[-3:]
     assert victim in err["error"]["message"]
-    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events
-              if isinstance(e, dict) and e.get("choices")]
+    pieces = [
+        e["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    ]
     assert 0 < sum(len(p) > 0 for p in pieces) < 3500  # cut short, and said so
     # meanwhile: new requests route around the dead replica
     c = client(cluster)
     for i in range(4):
         raw = c.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"after the crash {i}"}],
-            max_tokens=4, temperature=0)
+            model="tiny",
+            messages=[{"role": "user", "content": f"after the crash {i}"}],
+            max_tokens=4,
+            temperature=0,
+        )
         assert raw.status_code == 200 and raw.headers[REPLICA_HEADER] != victim
     # Serve replaces the dead replica
     deadline = time.time() + 90
@@ -399,8 +534,11 @@ def test_replica_killed_mid_stream(cluster, model):
     i = 0
     while True:  # the new replica serves too, once Serve reports it running
         raw = c.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"{i} later"}], max_tokens=4,
-            temperature=0)
+            model="tiny",
+            messages=[{"role": "user", "content": f"{i} later"}],
+            max_tokens=4,
+            temperature=0,
+        )
         assert raw.status_code == 200
         if raw.headers[REPLICA_HEADER] == new:
             break

@@ -2,18 +2,16 @@
 (models/family.py): every registered family states its capabilities in its own class body, the
 declarations match what a loaded model holds, and a tiny model of every registered
 architecture (and of every registered family) loads and runs."""
+
 from __future__ import annotations
 
 import dataclasses
 
-from fixtures import hfconvert
 import numpy as np
 import pytest
-from fixtures import tinygemma
-from fixtures import tinymodels
-from fixtures import tinymoe
-from fixtures.compare import load
 
+from fixtures import hfconvert, tinygemma, tinymodels, tinymoe
+from fixtures.compare import load
 from goinfer import KVCache, graph, layout
 from goinfer.gguf import GGUFFile
 from goinfer.models import ARCHITECTURES, FAMILIES, family_for
@@ -76,16 +74,26 @@ def _conv(family, **over):
 # case -> (GGUF arch, family class name, hybrid, how to build its tiny model)
 CASES = {
     "llama": ("llama", "LlamaFamily", False, _tiny("llama")),
-    "mistral": ("mistral", "LlamaFamily", False, lambda tiny, tmp: tinymodels.write_gguf(
-        tinymodels.hf_model("mistral", 1), "mistral", tmp / "m.gguf", gguf_arch="mistral")),
+    "mistral": (
+        "mistral",
+        "LlamaFamily",
+        False,
+        lambda tiny, tmp: tinymodels.write_gguf(
+            tinymodels.hf_model("mistral", 1), "mistral", tmp / "m.gguf", gguf_arch="mistral"
+        ),
+    ),
     "qwen2": ("qwen2", "LlamaFamily", False, _tiny("qwen2")),
     "qwen3": ("qwen3", "LlamaFamily", False, _tiny("qwen3")),
     "mixtral": ("llama", "MoEFamily", False, _moe("mixtral")),
     "qwen2moe": ("qwen2moe", "MoEFamily", False, _moe("qwen2moe")),
     "qwen3moe": ("qwen3moe", "MoEFamily", False, _moe("qwen3moe")),
     "olmoe": ("olmoe", "MoEFamily", False, _moe("olmoe")),
-    "gemma3": ("gemma3", "Gemma3Family", False,
-               lambda tiny, tmp: tinygemma.write_gguf(tinygemma.hf_model(1), tmp / "g3.gguf")),
+    "gemma3": (
+        "gemma3",
+        "Gemma3Family",
+        False,
+        lambda tiny, tmp: tinygemma.write_gguf(tinygemma.hf_model(1), tmp / "g3.gguf"),
+    ),
     "gemma4": ("gemma4", "Gemma4Family", False, _conv("gemma4")),
     "gemma4moe": ("gemma4", "Gemma4MoEFamily", False, _conv("gemma4", **hfconvert.GEMMA4_MOE)),
     "smollm3": ("smollm3", "SmolLM3Family", False, _conv("smollm3")),

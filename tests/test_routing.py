@@ -1,5 +1,6 @@
 """The replica choice of goinfer/server/routing.py, without Ray: the chain is the cache's own
 keys, the index forgets like the cache, and choose() follows its stated rule."""
+
 from __future__ import annotations
 
 import random
@@ -87,8 +88,10 @@ def test_choose_prefix_imbalance_and_fallbacks():
     assert c.ranking[0] == "b"
     c = choose(chain, {"a": 9, "b": 0}, idx, Policy("least_loaded"))
     assert (c.ranking[0], c.reason) == ("b", "least_loaded")
-    seen = {choose(chain, {"a": 9, "b": 0}, idx, Policy("random"), random.Random(i)).ranking[0]
-            for i in range(20)}
+    seen = {
+        choose(chain, {"a": 9, "b": 0}, idx, Policy("random"), random.Random(i)).ranking[0]
+        for i in range(20)
+    }
     assert seen == {"a", "b"}
     with pytest.raises(ValueError):
         Policy("sticky")
@@ -97,8 +100,11 @@ def test_choose_prefix_imbalance_and_fallbacks():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), min_size=1, max_size=5),
-       st.integers(0, 6), st.integers(0, 10**6))
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), min_size=1, max_size=5),
+    st.integers(0, 6),
+    st.integers(0, 10**6),
+)
 def test_choose_follows_the_stated_rule(reps, imbalance, seed):
     """Independent statement of the rule: the chosen replica holds the longest prefix (among
     those, one of the least loaded) unless no replica holds a block, or it has more than
@@ -139,8 +145,12 @@ def test_a_conversation_key_goes_where_it_went_unless_imbalanced():
     keys.set("k1", "a")
     keys.set("k2", "b")
     keys.set("k3", "a")  # k1 forgotten, the least recently used
-    assert (keys.get("k1"), keys.get("k2"), keys.get("k3"), keys.get(None)) == (None, "b", "a",
-                                                                                None)
+    assert (keys.get("k1"), keys.get("k2"), keys.get("k3"), keys.get(None)) == (
+        None,
+        "b",
+        "a",
+        None,
+    )
     keys.keep_only(["b"])
     assert keys.get("k3") is None and keys.get("k2") == "b"
 
@@ -148,4 +158,5 @@ def test_a_conversation_key_goes_where_it_went_unless_imbalanced():
 def test_instance_tags_are_short_and_stable():
     t = instance_tag("SERVE_REPLICA::goinfer#GoinferReplica#abc")
     assert re.fullmatch("[0-9a-f]{8}", t) and t == instance_tag(
-        "SERVE_REPLICA::goinfer#GoinferReplica#abc") != instance_tag("other")
+        "SERVE_REPLICA::goinfer#GoinferReplica#abc"
+    ) != instance_tag("other")

@@ -1,4 +1,5 @@
 """Sampler: the chain's order and options, against direct NumPy computations."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -90,8 +91,9 @@ CASES = [  # (temperature, top_k, top_p, min_p): kept tokens of PROBS in the com
 @pytest.mark.parametrize("temperature, top_k, top_p, min_p", CASES)
 def test_sampling_distribution(temperature, top_k, top_p, min_p):
     want = expected_distribution(Z, temperature, top_k, top_p, min_p)
-    s = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                               seed=11), 8)
+    s = Sampler(
+        SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=11), 8
+    )
     n = 4000
     counts = np.bincount([s.sample(Z) for _ in range(n)], minlength=8)
     kept = want > 0
@@ -124,8 +126,14 @@ def test_logit_bias_and_validation():
     assert Sampler(SamplingParams(logit_bias={3: 5.0}), 5).sample(z) == 3
     with pytest.raises(ValueError):
         Sampler(SamplingParams(logit_bias={9: 1.0}), 5)
-    for bad in (dict(temperature=-0.1), dict(top_p=1.5), dict(min_p=-1), dict(top_k=-2),
-                dict(presence_penalty=3), dict(logit_bias={"x": 1})):
+    for bad in (
+        dict(temperature=-0.1),
+        dict(top_p=1.5),
+        dict(min_p=-1),
+        dict(top_k=-2),
+        dict(presence_penalty=3),
+        dict(logit_bias={"x": 1}),
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
 
@@ -136,18 +144,26 @@ def test_logit_bias_and_validation():
 # vocabularies large enough for the partial paths (the head starts at 64 tokens and grows x8),
 # with many ties (logits on a 0.25 grid) and masks.
 
+
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(70, 6000), seed=st.integers(0, 10_000), scale=st.sampled_from([0.5, 2.0, 6.0]),
-       temperature=st.sampled_from([0.5, 1.0, 1.7]), top_k=st.sampled_from([0, 1, 40, 500]),
-       top_p=st.sampled_from([1.0, 0.37, 0.83, 0.93, 0.995]), min_p=st.sampled_from([0.0, 0.013, 0.21]),
-       masked=st.booleans())
+@given(
+    n=st.integers(70, 6000),
+    seed=st.integers(0, 10_000),
+    scale=st.sampled_from([0.5, 2.0, 6.0]),
+    temperature=st.sampled_from([0.5, 1.0, 1.7]),
+    top_k=st.sampled_from([0, 1, 40, 500]),
+    top_p=st.sampled_from([1.0, 0.37, 0.83, 0.93, 0.995]),
+    min_p=st.sampled_from([0.0, 0.013, 0.21]),
+    masked=st.booleans(),
+)
 # each path of the top-p head: the 64 best, the 512 best, the sorted values (a flat logit grid)
 @example(n=6000, seed=1, scale=6.0, temperature=1.0, top_k=0, top_p=0.83, min_p=0.0, masked=False)
 @example(n=6000, seed=1, scale=2.0, temperature=1.0, top_k=0, top_p=0.83, min_p=0.0, masked=False)
 @example(n=6000, seed=1, scale=0.5, temperature=1.0, top_k=0, top_p=0.83, min_p=0.0, masked=False)
 @example(n=6000, seed=2, scale=0.5, temperature=0.5, top_k=0, top_p=0.93, min_p=0.013, masked=True)
-def test_candidates_match_the_definition_on_large_vocabularies(n, seed, scale, temperature, top_k,
-                                                               top_p, min_p, masked):
+def test_candidates_match_the_definition_on_large_vocabularies(
+    n, seed, scale, temperature, top_k, top_p, min_p, masked
+):
     rng = np.random.default_rng(seed)
     z = np.round(rng.standard_normal(n) * scale * 4) / 4  # ties on a 0.25 grid
     mask = None
@@ -162,5 +178,8 @@ def test_candidates_match_the_definition_on_large_vocabularies(n, seed, scale, t
     ids, w = s.candidates(z.astype(np.float32), mask)
     got = np.zeros(n)
     got[ids] = w
-    assert np.array_equal(np.flatnonzero(got), np.flatnonzero(want)), (len(ids), int((want > 0).sum()))
+    assert np.array_equal(np.flatnonzero(got), np.flatnonzero(want)), (
+        len(ids),
+        int((want > 0).sum()),
+    )
     assert np.allclose(got, want, rtol=1e-9, atol=1e-15)

@@ -1,6 +1,7 @@
 """The OpenAI-compatible server: a real uvicorn server on loopback, driven by the official
 openai client and raw httpx.  Results of batched, concurrent, chunked or preempted requests
 must equal Session.generate / ChatSession.chat of the same request alone (exact numerics)."""
+
 from __future__ import annotations
 
 import itertools
@@ -13,9 +14,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from fixtures import tinymodels
 import uvicorn
 
+from fixtures import tinymodels
 from goinfer import KVCache
 from goinfer._kernels import attention_counters, reset_attention_counters
 from goinfer.gguf import GGUFFile
@@ -33,8 +34,9 @@ class Server:
         self.cache = cache if cache is not None else KVCache(model, max_tokens=2048)
         self.app = create_app(model, self.cache, **{"model_id": "tiny", **kw})
         self.engine = self.app.state.engine
-        cfg = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                             timeout_graceful_shutdown=1)
+        cfg = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
+        )
         self.uv = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
 
@@ -57,8 +59,9 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
     def post(self, path, body=None, *, content=None, headers=None, timeout=60):
-        return httpx.post(self.url + path, json=body, content=content, headers=headers,
-                    timeout=timeout)
+        return httpx.post(
+            self.url + path, json=body, content=content, headers=headers, timeout=timeout
+        )
 
     def wait(self, cond, what: str, timeout: float = 20.0):
         deadline = time.time() + timeout
@@ -135,23 +138,41 @@ def sse_events(text: str) -> list:
 # Sampling settings, as server JSON and as Session keyword arguments.
 SETTINGS = [
     ({"temperature": 0}, dict(temperature=0.0)),
-    ({"temperature": 0.9, "seed": 7, "top_p": 0.9, "top_k": 40},
-     dict(temperature=0.9, seed=7, top_p=0.9, top_k=40)),
-    ({"temperature": 0.7, "seed": 3, "min_p": 0.05, "presence_penalty": 0.5,
-      "frequency_penalty": 0.3}, dict(temperature=0.7, seed=3, min_p=0.05, presence_penalty=0.5,
-                                      frequency_penalty=0.3)),
-    ({"temperature": 0, "logit_bias": {"65": 4.0, "66": -100}},
-     dict(temperature=0.0, logit_bias={65: 4.0, 66: -100.0})),
+    (
+        {"temperature": 0.9, "seed": 7, "top_p": 0.9, "top_k": 40},
+        dict(temperature=0.9, seed=7, top_p=0.9, top_k=40),
+    ),
+    (
+        {
+            "temperature": 0.7,
+            "seed": 3,
+            "min_p": 0.05,
+            "presence_penalty": 0.5,
+            "frequency_penalty": 0.3,
+        },
+        dict(temperature=0.7, seed=3, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.3),
+    ),
+    (
+        {"temperature": 0, "logit_bias": {"65": 4.0, "66": -100}},
+        dict(temperature=0.0, logit_bias={65: 4.0, 66: -100.0}),
+    ),
 ]
 
 
 def extra(body: dict) -> dict:
     """Split server JSON into openai-client keyword arguments and extra_body."""
-    known = {"temperature", "seed", "top_p", "presence_penalty", "frequency_penalty",
-             "logit_bias", "stop", "max_tokens"}
+    known = {
+        "temperature",
+        "seed",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "stop",
+        "max_tokens",
+    }
     kw = {k: v for k, v in body.items() if k in known}
-    kw["extra_body"] = dict({k: v for k, v in body.items() if k not in known},
-                            return_tokens=True)
+    kw["extra_body"] = dict({k: v for k, v in body.items() if k not in known}, return_tokens=True)
     return kw
 
 
@@ -164,10 +185,15 @@ def test_models_health_metrics(srv):
     h = httpx.get(srv.url + "/health").json()
     assert h["status"] == "ok"
     text = httpx.get(srv.url + "/metrics").text
-    for name in ("goinfer_requests_total", "goinfer_prompt_tokens_total",
-                 "goinfer_prefill_tokens_per_second", "goinfer_decode_tokens_per_second",
-                 "goinfer_queue_depth", "goinfer_kv_blocks{state=\"used\"}",
-                 "goinfer_prefix_cache_hit_tokens_total"):
+    for name in (
+        "goinfer_requests_total",
+        "goinfer_prompt_tokens_total",
+        "goinfer_prefill_tokens_per_second",
+        "goinfer_decode_tokens_per_second",
+        "goinfer_queue_depth",
+        'goinfer_kv_blocks{state="used"}',
+        "goinfer_prefix_cache_hit_tokens_total",
+    ):
         assert name in text, name
 
 
@@ -201,8 +227,10 @@ def test_metrics_values(model):
     two whole blocks of 16), their tokens, outcomes and HTTP codes, and an idle pool."""
     ids = list(range(100, 140))
     with Server(model, KVCache(model, max_tokens=2048)) as s:
-        rs = [s.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
-              for _ in range(2)]
+        rs = [
+            s.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+            for _ in range(2)
+        ]
         s.wait(lambda: s.engine.n_active == 0, "engine idle")
         got = prometheus(httpx.get(s.url + "/metrics").text)
     cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rs]
@@ -220,7 +248,9 @@ def test_metrics_values(model):
     assert got["goinfer_kv_block_tokens"] == 16 and got["goinfer_kv_blocks_total"] == 2048 // 16
     assert got['goinfer_kv_blocks{state="used"}'] == 0
     assert sum(got[f'goinfer_kv_blocks{{state="{k}"}}'] for k in ("used", "cached", "free")) == 128
-    assert got["goinfer_engine_steps_total"] >= done and got["goinfer_decode_tokens_total"] >= done - 2
+    assert (
+        got["goinfer_engine_steps_total"] >= done and got["goinfer_decode_tokens_total"] >= done - 2
+    )
 
 
 @pytest.mark.parametrize("i", range(len(SETTINGS)))
@@ -236,8 +266,17 @@ def test_chat_equals_session_chat(srv, model, i):
     assert r.usage.prompt_tokens == ref.prompt_tokens
     assert r.usage.completion_tokens == ref.completion_tokens
     t = d["timings"]
-    assert set(t) == {"prompt_n", "cache_n", "prompt_ms", "prompt_per_second", "predicted_n",
-                      "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"}
+    assert set(t) == {
+        "prompt_n",
+        "cache_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+        "draft_n",
+        "draft_n_accepted",
+    }
     assert t["draft_n"] == t["draft_n_accepted"] == 0  # drafting is off by default
     assert t["prompt_n"] + t["cache_n"] == ref.prompt_tokens and t["predicted_n"] == len(ref.tokens)
     # cached tokens: whole blocks (a fresh session per request), at most all but the last
@@ -245,19 +284,32 @@ def test_chat_equals_session_chat(srv, model, i):
     bs = srv.cache.block_size
     cached = r.usage.prompt_tokens_details.cached_tokens
     assert cached == t["cache_n"] and cached % bs == 0 and cached <= ref.prompt_tokens - 1
-    again = srv.client().chat.completions.create(model="tiny", messages=m, max_tokens=1, **extra(body))
+    again = srv.client().chat.completions.create(
+        model="tiny", messages=m, max_tokens=1, **extra(body)
+    )
     assert again.usage.prompt_tokens_details.cached_tokens == (ref.prompt_tokens - 1) // bs * bs
 
 
 def test_completions_equal_session_generate(srv, model):
     c = srv.client()
-    r = c.completions.create(model="tiny", prompt="the cat sat on", max_tokens=20, temperature=0,
-                             extra_body={"return_tokens": True})
+    r = c.completions.create(
+        model="tiny",
+        prompt="the cat sat on",
+        max_tokens=20,
+        temperature=0,
+        extra_body={"return_tokens": True},
+    )
     ref = lone(model, prompt="the cat sat on", max_tokens=20)
     assert r.choices[0].text == ref.text and r.model_dump()["tokens"] == ref.tokens
     ids = [5, 17, 99, 200, 3]
-    r = c.completions.create(model="tiny", prompt=ids, max_tokens=9, temperature=0.8, seed=11,
-                             extra_body={"return_tokens": True})
+    r = c.completions.create(
+        model="tiny",
+        prompt=ids,
+        max_tokens=9,
+        temperature=0.8,
+        seed=11,
+        extra_body={"return_tokens": True},
+    )
     ref = lone(model, prompt=ids, max_tokens=9, temperature=0.8, seed=11)
     assert r.model_dump()["tokens"] == ref.tokens
     r = c.completions.create(model="tiny", prompt="default length", temperature=0)
@@ -267,9 +319,16 @@ def test_completions_equal_session_generate(srv, model):
 def test_stream_shape_and_content(srv, model):
     m = msgs("stream me something")
     ref = lone(model, chat=m, max_tokens=30, temperature=0.0)
-    chunks = list(srv.client().chat.completions.create(
-        model="tiny", messages=m, max_tokens=30, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        srv.client().chat.completions.create(
+            model="tiny",
+            messages=m,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
     ends = [c for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -280,16 +339,21 @@ def test_stream_shape_and_content(srv, model):
     assert cached % srv.cache.block_size == 0 and 0 <= cached <= last.usage.prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
     # raw: ends with [DONE]; no usage chunk without include_usage
-    raw = srv.post("/v1/chat/completions", {"messages": m, "max_tokens": 5, "stream": True,
-                                            "temperature": 0})
+    raw = srv.post(
+        "/v1/chat/completions", {"messages": m, "max_tokens": 5, "stream": True, "temperature": 0}
+    )
     assert raw.headers["content-type"].startswith("text/event-stream")
     ev = sse_events(raw.text)
     assert ev[-1] == "[DONE]" and all("usage" not in e for e in ev[:-1] if isinstance(e, dict))
     # completions stream
-    pieces = list(srv.client().completions.create(model="tiny", prompt="abc", max_tokens=12,
-                                                  temperature=0, stream=True))
-    assert "".join(p.choices[0].text for p in pieces) == lone(model, prompt="abc",
-                                                               max_tokens=12).text
+    pieces = list(
+        srv.client().completions.create(
+            model="tiny", prompt="abc", max_tokens=12, temperature=0, stream=True
+        )
+    )
+    assert (
+        "".join(p.choices[0].text for p in pieces) == lone(model, prompt="abc", max_tokens=12).text
+    )
 
 
 def test_stop_sequence_not_leaked(srv, model):
@@ -297,33 +361,46 @@ def test_stop_sequence_not_leaked(srv, model):
     full = lone(model, chat=m, max_tokens=40, temperature=0.0)
     text = full.text
     assert len(text) > 8
-    stop = text[len(text) // 2: len(text) // 2 + 3]
-    prefix = text[:text.find(stop)]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    prefix = text[: text.find(stop)]
     c = srv.client()
-    r = c.chat.completions.create(model="tiny", messages=m, max_tokens=40, temperature=0,
-                                  stop=[stop, "never-appears"])
+    r = c.chat.completions.create(
+        model="tiny", messages=m, max_tokens=40, temperature=0, stop=[stop, "never-appears"]
+    )
     assert r.choices[0].message.content == prefix and r.choices[0].finish_reason == "stop"
-    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
-        model="tiny", messages=m, max_tokens=40, temperature=0, stop=stop, stream=True)
-        if ch.choices)
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in c.chat.completions.create(
+            model="tiny", messages=m, max_tokens=40, temperature=0, stop=stop, stream=True
+        )
+        if ch.choices
+    )
     assert streamed == prefix and stop not in streamed
 
 
 def test_tools_reach_the_chat_template(tiny, tiny_dir):
     hf, _ = tiny("llama", 3)
     # a template that renders tools in a call format goinfer knows (Hermes: <tool_call>)
-    tmpl = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} Call with "
-            "<tool_call>{...}</tool_call><|im_end|>\n{% endif %}" + tinymodels.CHATML)
+    tmpl = (
+        "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} Call with "
+        "<tool_call>{...}</tool_call><|im_end|>\n{% endif %}" + tinymodels.CHATML
+    )
     path = tinymodels.write_gguf(hf, "llama", tiny_dir / "tiny-tools.gguf", chat_template=tmpl)
     m = Model(GGUFFile(path), threads=1, progress=False)
-    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     with Server(m) as s:
         c = s.client()
-        a = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=3,
-                                      temperature=0, tools=tools)
-        b = c.chat.completions.create(model="tiny", messages=msgs("hi"), max_tokens=3,
-                                      temperature=0)
+        a = c.chat.completions.create(
+            model="tiny", messages=msgs("hi"), max_tokens=3, temperature=0, tools=tools
+        )
+        b = c.chat.completions.create(
+            model="tiny", messages=msgs("hi"), max_tokens=3, temperature=0
+        )
     ref = lone(m, chat=msgs("hi"), max_tokens=3, tools=tools)
     assert a.usage.prompt_tokens == ref.prompt_tokens > b.usage.prompt_tokens
     assert a.choices[0].message.content == ref.text
@@ -336,15 +413,19 @@ def test_concurrent_requests_equal_lone_requests(model):
     """Requests admitted together run as one batch (decodes and prompt chunks mixed) and each
     result equals the same request alone, token for token."""
     system = "You are a careful assistant. " * 4  # a shared prefix (several blocks)
-    jobs = [(msgs(f"question number {i}?", system), SETTINGS[i % len(SETTINGS)], 10 + 7 * i)
-            for i in range(6)]
+    jobs = [
+        (msgs(f"question number {i}?", system), SETTINGS[i % len(SETTINGS)], 10 + 7 * i)
+        for i in range(6)
+    ]
     long_prompt = " ".join(f"w{i}" for i in range(60))  # several prefill chunks of 64
     jobs.append((msgs(long_prompt), SETTINGS[1], 12))
     with Server(model, max_batch=8, prefill_chunk=64) as s:
+
         def run(i):
             m, (body, _), n = jobs[i]
-            return s.client().chat.completions.create(model="tiny", messages=m,
-                                                      max_tokens=n, **extra(body))
+            return s.client().chat.completions.create(
+                model="tiny", messages=m, max_tokens=n, **extra(body)
+            )
 
         replays = model.graph.replays
         results = s.together(run, len(jobs), timeout=60)
@@ -374,13 +455,18 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
         out = {}
 
         def long_req():
-            with httpx.stream("POST", s.url + "/v1/completions", timeout=60, json={
-                    "prompt": long_ids, "max_tokens": 8, "temperature": 0, "stream": True}) as r:
+            with httpx.stream(
+                "POST",
+                s.url + "/v1/completions",
+                timeout=60,
+                json={"prompt": long_ids, "max_tokens": 8, "temperature": 0, "stream": True},
+            ) as r:
                 out["long"] = sse_events("".join(r.iter_text()))
 
         def short_req():
-            out["short"] = s.client().completions.create(model="tiny", prompt=[1, 2, 3],
-                                                         max_tokens=4, temperature=0)
+            out["short"] = s.client().completions.create(
+                model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0
+            )
 
         t1 = threading.Thread(target=long_req)
         t1.start()
@@ -401,7 +487,7 @@ def test_long_prompt_is_chunked_and_short_requests_go_first(tiny):
     assert order.index((3, "done")) < order.index((1300, "text"))
     ev = out["long"]
     first = next(e for e in ev if isinstance(e, dict) and e["choices"] and e["choices"][0]["text"])
-    assert "ping" in ev[:ev.index(first)]
+    assert "ping" in ev[: ev.index(first)]
     text = "".join(e["choices"][0]["text"] for e in ev if isinstance(e, dict) and e["choices"])
     ref = lone(m, prompt=long_ids, max_tokens=8)
     assert text == ref.text
@@ -414,10 +500,16 @@ def test_full_kv_cache_waits_and_preempts_exactly(model):
     cache = KVCache(model, max_tokens=160, block_size=16)  # 10 blocks
     prompts = [[(7 * i + k) % 250 for k in range(20 + i)] for i in range(4)]
     with Server(model, cache, max_batch=4) as s:
+
         def run(i):
             return s.client().completions.create(
-                model="tiny", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
-                extra_body={"return_tokens": True})
+                model="tiny",
+                prompt=prompts[i],
+                max_tokens=40,
+                temperature=0.8,
+                seed=i,
+                extra_body={"return_tokens": True},
+            )
 
         results = s.together(run, 4, timeout=60)
         # a request that can never fit is refused up front
@@ -439,18 +531,28 @@ def test_drafting_requests_equal_plain_lone_requests(model, kv_tokens):
     bodies = [
         {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}},
         {"temperature": 0.8, "seed": 4, "logit_bias": {"65": 6.0, "66": 6.0}},
-        {"temperature": 0.9, "seed": 2, "top_k": 5, "presence_penalty": 0.5,
-         "logit_bias": {"65": 6.0, "66": 6.0}, "draft_tokens": 3},
+        {
+            "temperature": 0.9,
+            "seed": 2,
+            "top_k": 5,
+            "presence_penalty": 0.5,
+            "logit_bias": {"65": 6.0, "66": 6.0},
+            "draft_tokens": 3,
+        },
         {"temperature": 0, "logit_bias": {"7": 9.0, "8": 8.0}, "draft": None},
         {"temperature": 0.7, "seed": 9, "stop": "BA", "logit_bias": {"65": 5.0, "66": 5.0}},
     ]
     prompts = [rep * (2 + i) + [i] for i in range(len(bodies))]
     cache = KVCache(model, max_tokens=kv_tokens, block_size=16)
-    with Server(model, cache, max_batch=8, prefill_chunk=32, draft="prompt_lookup",
-                draft_tokens=6) as s:
+    with Server(
+        model, cache, max_batch=8, prefill_chunk=32, draft="prompt_lookup", draft_tokens=6
+    ) as s:
+
         def run(i):
-            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i],
-                                                  max_tokens=50, return_tokens=True)).json()
+            return s.post(
+                "/v1/completions",
+                dict(bodies[i], prompt=prompts[i], max_tokens=50, return_tokens=True),
+            ).json()
 
         results = s.together(run, len(bodies), timeout=60)
         assert cache.stats().blocks_used == 0
@@ -483,15 +585,26 @@ def test_continuous_batch_across_512_equals_lone_requests(tiny):
     rng = np.random.default_rng(7)
     rep = [5, 9, 5, 9, 65, 66, 65, 66]
     prompts = [(rep * 80)[:n] + rng.integers(0, 256, 4).tolist() for n in (470, 500, 505, 540)]
-    bodies = [{"temperature": 0, "logit_bias": {"65": 6.0, "66": 6.0}},
-              {"temperature": 0.8, "seed": 3, "logit_bias": {"65": 6.0, "66": 6.0}},
-              {"temperature": 0, "draft": None},
-              {"temperature": 0.9, "seed": 8, "top_k": 5}]
-    with Server(m, KVCache(m, max_tokens=4096), max_batch=8, prefill_chunk=48,
-                draft="prompt_lookup", draft_tokens=6) as s:
+    bodies = [
+        {"temperature": 0, "logit_bias": {"65": 6.0, "66": 6.0}},
+        {"temperature": 0.8, "seed": 3, "logit_bias": {"65": 6.0, "66": 6.0}},
+        {"temperature": 0, "draft": None},
+        {"temperature": 0.9, "seed": 8, "top_k": 5},
+    ]
+    with Server(
+        m,
+        KVCache(m, max_tokens=4096),
+        max_batch=8,
+        prefill_chunk=48,
+        draft="prompt_lookup",
+        draft_tokens=6,
+    ) as s:
+
         def run(i):
-            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], logprobs=1,
-                                                  max_tokens=40, return_tokens=True)).json()
+            return s.post(
+                "/v1/completions",
+                dict(bodies[i], prompt=prompts[i], logprobs=1, max_tokens=40, return_tokens=True),
+            ).json()
 
         replays = m.graph.replays
         reset_attention_counters()
@@ -514,12 +627,22 @@ def test_continuous_batch_across_512_equals_lone_requests(tiny):
 
 
 def test_draft_fields_are_checked(srv):
-    for body, param in (({"draft": "medusa"}, "draft"), ({"draft_tokens": 0}, "draft_tokens"),
-                        ({"draft_tokens": "8"}, "draft_tokens")):
+    for body, param in (
+        ({"draft": "medusa"}, "draft"),
+        ({"draft_tokens": 0}, "draft_tokens"),
+        ({"draft_tokens": "8"}, "draft_tokens"),
+    ):
         r = srv.post("/v1/completions", dict(body, prompt=[1, 2], max_tokens=2))
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    r = srv.post("/v1/completions", {"prompt": [1, 2, 1, 2, 1, 2], "max_tokens": 4,
-                                     "draft": "prompt_lookup", "draft_tokens": 2})
+    r = srv.post(
+        "/v1/completions",
+        {
+            "prompt": [1, 2, 1, 2, 1, 2],
+            "max_tokens": 4,
+            "draft": "prompt_lookup",
+            "draft_tokens": 2,
+        },
+    )
     assert r.status_code == 200 and "draft_n" in r.json()["timings"]
 
 
@@ -529,8 +652,9 @@ def test_cache_salt_separates_prefix_reuse(srv):
 
     def cached(salt):
         eb = {"cache_salt": salt} if salt else {}
-        r = c.chat.completions.create(model="tiny", messages=m, max_tokens=2, temperature=0,
-                                      extra_body=eb)
+        r = c.chat.completions.create(
+            model="tiny", messages=m, max_tokens=2, temperature=0, extra_body=eb
+        )
         return r.usage.prompt_tokens_details.cached_tokens
 
     assert cached("alice") == 0
@@ -559,8 +683,10 @@ BAD_BODIES = [
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
     ({"messages": [{"role": ["user"], "content": "x"}]}, "messages"),
     ({"messages": ["hi"]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages",
+    ),
     ({"messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
@@ -585,54 +711,144 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "x"}], "cache_salt": 5}, "cache_salt"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": "all"}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "code_interpreter"}]},
-     "tools[0].type"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}}]},
-     "tools[0].function.parameters"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
-        "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
-     "tool_choice"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "code_interpreter"}]},
+        "tools[0].type",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}},
+                    },
+                }
+            ],
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}
+            ],
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
-        "name": "f"}}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
-        {"id": "c", "function": {"name": 5}}]}]}, "messages"),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "parallel_tool_calls": "no",
+        },
+        "parallel_tool_calls",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 5}}]},
+            ]
+        },
+        "messages",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
-     "top_logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
-     "response_format"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+        "top_logprobs",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+        "response_format",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "response_format": "json"},
+        "response_format",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: nope"}, "grammar"),
     # OpenAI's fields with a value goinfer cannot honour (it would change the reply)
-    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy",
-                                                               "format": "wav"}}, "audio"),
-    ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]},
-     "modalities"),
-    ({"messages": [{"role": "user", "content": "x"}], "web_search_options": {}},
-     "web_search_options"),
-    ({"messages": [{"role": "user", "content": "x"}], "moderation": {
-        "model": "omni-moderation-latest"}}, "moderation"),
-    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_retention": "forever"},
-     "prompt_cache_retention"),
-    ({"messages": [{"role": "user", "content": "x"}], "prompt_cache_options": {"mode": "x"}},
-     "prompt_cache_options"),
-    ({"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content",
-                                                                    "content": 5}},
-     "prediction"),
-    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
-      "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
-    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f g"}]},
-     "functions[0].name"),
-    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
-      "function_call": {"name": "g"}}, "function_call"),
-    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}],
-      "function_call": "always"}, "function_call"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "function", "content": "1"}]},
-     "messages"),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "audio": {"voice": "alloy", "format": "wav"},
+        },
+        "audio",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]},
+        "modalities",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "web_search_options": {}},
+        "web_search_options",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "moderation": {"model": "omni-moderation-latest"},
+        },
+        "moderation",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "prompt_cache_retention": "forever"},
+        "prompt_cache_retention",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "prompt_cache_options": {"mode": "x"}},
+        "prompt_cache_options",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "prediction": {"type": "content", "content": 5},
+        },
+        "prediction",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "functions": [{"name": "f"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        "functions",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f g"}]},
+        "functions[0].name",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "functions": [{"name": "f"}],
+            "function_call": {"name": "g"},
+        },
+        "function_call",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "functions": [{"name": "f"}],
+            "function_call": "always",
+        },
+        "function_call",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}, {"role": "function", "content": "1"}]},
+        "messages",
+    ),
 ]
 
 
@@ -650,15 +866,39 @@ def test_fuzzed_bodies_never_crash_the_server(srv):
     from goinfer.server.openai_completions import COMPLETION_ONLY
 
     rng = random.Random(0)
-    values = [None, True, False, 0, 1, -1, 3, 2.5, -0.5, 10**30, -1e308, "", "x", "user", [],
-              {}, [1, "a"], {"a": 1}, {"65": 1}, [{"role": "user", "content": "hi"}],
-              [{"type": "text", "text": "t"}], ["a", "b"], [[1, 2]], {"include_usage": True}]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        1,
+        -1,
+        3,
+        2.5,
+        -0.5,
+        10**30,
+        -1e308,
+        "",
+        "x",
+        "user",
+        [],
+        {},
+        [1, "a"],
+        {"a": 1},
+        {"65": 1},
+        [{"role": "user", "content": "hi"}],
+        [{"type": "text", "text": "t"}],
+        ["a", "b"],
+        [[1, 2]],
+        {"include_usage": True},
+    ]
     fields = sorted(COMMON | CHAT_ONLY | COMPLETION_ONLY) + ["bogus"]
     for i in range(150):
         body = {k: rng.choice(values) for k in rng.sample(fields, rng.randint(1, 6))}
         if i % 2 == 0 and "messages" not in body:
-            body["messages"] = [{"role": rng.choice(["user", "system", "x"]),
-                                 "content": rng.choice(values)}]
+            body["messages"] = [
+                {"role": rng.choice(["user", "system", "x"]), "content": rng.choice(values)}
+            ]
         if i % 3 == 0 and "prompt" not in body:
             body["prompt"] = rng.choice(values)
         body.setdefault("max_tokens", 2)
@@ -673,14 +913,35 @@ def test_fuzzed_bodies_never_crash_the_server(srv):
 
 # OpenAI's Chat Completions fields goinfer takes without acting on them (openai SDK's
 # completion_create_params): null, or a value that cannot change the reply
-NULL_FIELDS = ["audio", "prediction", "web_search_options", "functions", "function_call",
-               "moderation", "prompt_cache_options", "prompt_cache_retention", "modalities",
-               "service_tier", "store", "metadata", "reasoning_effort", "verbosity",
-               "prompt_cache_key", "safety_identifier", "user", "n", "stream_options", "seed"]
-NOOP_VALUES = {"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit",
-                                                                       "ttl": "30m"},
-               "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]},
-               "modalities": ["text"], "function_call": "none"}
+NULL_FIELDS = [
+    "audio",
+    "prediction",
+    "web_search_options",
+    "functions",
+    "function_call",
+    "moderation",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+    "modalities",
+    "service_tier",
+    "store",
+    "metadata",
+    "reasoning_effort",
+    "verbosity",
+    "prompt_cache_key",
+    "safety_identifier",
+    "user",
+    "n",
+    "stream_options",
+    "seed",
+]
+NOOP_VALUES = {
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "explicit", "ttl": "30m"},
+    "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]},
+    "modalities": ["text"],
+    "function_call": "none",
+}
 
 
 def test_openai_fields_null_or_without_effect_are_accepted(srv):
@@ -689,7 +950,8 @@ def test_openai_fields_null_or_without_effect_are_accepted(srv):
     base = {"messages": msgs("say hi"), "max_tokens": 6, "temperature": 0}
     want = srv.post("/v1/chat/completions", base).json()["choices"][0]["message"]
     for body in [dict(base, **{k: None}) for k in NULL_FIELDS] + [
-            dict(base, **{k: v}) for k, v in NOOP_VALUES.items()]:
+        dict(base, **{k: v}) for k, v in NOOP_VALUES.items()
+    ]:
         r = srv.post("/v1/chat/completions", body)
         assert r.status_code == 200, (body, r.text)
         assert r.json()["choices"][0]["message"] == want, body
@@ -701,9 +963,14 @@ def test_malformed_and_oversized_requests(srv):
     _err(srv.post("/v1/chat/completions", content=b"[1, 2]"), 400)
     _err(srv.post("/v1/chat/completions", content=b"null"), 400)
     _err(srv.post("/v1/chat/completions", content=b"[" * 100000), 400, "invalid_json")
-    _err(srv.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": '
-                                                   b'"x"}], "temperature": NaN}'), 400,
-         param="temperature")
+    _err(
+        srv.post(
+            "/v1/chat/completions",
+            content=b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        ),
+        400,
+        param="temperature",
+    )
     big = b'{"messages": [{"role": "user", "content": "' + b"a" * (9 << 20) + b'"}]}'
     _err(srv.post("/v1/chat/completions", content=big), 413, "body_too_large")
     _err(srv.post("/v1/completions", {"prompt": ""}), 400, param="prompt")
@@ -721,16 +988,27 @@ def test_malformed_and_oversized_requests(srv):
 
 def test_context_length_exceeded(srv, model):
     n_ctx = model.n_ctx
-    e = _err(srv.post("/v1/completions", {"prompt": [1] * (n_ctx + 5), "max_tokens": 1}), 400,
-             "context_length_exceeded")
+    e = _err(
+        srv.post("/v1/completions", {"prompt": [1] * (n_ctx + 5), "max_tokens": 1}),
+        400,
+        "context_length_exceeded",
+    )
     assert str(n_ctx) in e["message"]
-    _err(srv.post("/v1/completions", {"prompt": [1] * 100, "max_tokens": n_ctx}), 400,
-         "context_length_exceeded")
-    _err(srv.post("/v1/chat/completions", {"messages": msgs("x" * (n_ctx + 10))}), 400,
-         "context_length_exceeded")
+    _err(
+        srv.post("/v1/completions", {"prompt": [1] * 100, "max_tokens": n_ctx}),
+        400,
+        "context_length_exceeded",
+    )
+    _err(
+        srv.post("/v1/chat/completions", {"messages": msgs("x" * (n_ctx + 10))}),
+        400,
+        "context_length_exceeded",
+    )
     # without max_tokens a chat may run to the end of the context
-    r = srv.post("/v1/chat/completions", {"messages": msgs("x" * 100), "temperature": 0,
-                                          "logit_bias": {"65": 100}})
+    r = srv.post(
+        "/v1/chat/completions",
+        {"messages": msgs("x" * 100), "temperature": 0, "logit_bias": {"65": 100}},
+    )
     assert r.status_code == 200
     u = r.json()["usage"]
     assert u["prompt_tokens"] + u["completion_tokens"] == n_ctx
@@ -739,15 +1017,22 @@ def test_context_length_exceeded(srv, model):
 def test_api_key_required(model):
     with Server(model, api_key="sekrit") as s:
         _err(s.post("/v1/chat/completions", {"messages": msgs("x")}), 401, "invalid_api_key")
-        _err(s.post("/v1/chat/completions", {"messages": msgs("x")},
-                    headers={"Authorization": "Bearer wrong"}), 401)
+        _err(
+            s.post(
+                "/v1/chat/completions",
+                {"messages": msgs("x")},
+                headers={"Authorization": "Bearer wrong"},
+            ),
+            401,
+        )
         assert httpx.get(s.url + "/v1/models").status_code == 401
         assert httpx.get(s.url + "/metrics").status_code == 401
         assert httpx.get(s.url + "/health").status_code == 200
         with pytest.raises(openai.AuthenticationError):
             s.client("wrong").models.list()
-        r = s.client("sekrit").chat.completions.create(model="tiny", messages=msgs("x"),
-                                                       max_tokens=2)
+        r = s.client("sekrit").chat.completions.create(
+            model="tiny", messages=msgs("x"), max_tokens=2
+        )
         assert r.usage.completion_tokens <= 2
 
 
@@ -764,8 +1049,14 @@ def test_queue_limit_gives_429(model):
     with Server(model, max_batch=1, max_queue=2) as s:
         s.engine.pause()
         out = []
-        ths = [threading.Thread(target=lambda: out.append(s.post(
-            "/v1/completions", {"prompt": "q", "max_tokens": 3}))) for _ in range(2)]
+        ths = [
+            threading.Thread(
+                target=lambda: out.append(
+                    s.post("/v1/completions", {"prompt": "q", "max_tokens": 3})
+                )
+            )
+            for _ in range(2)
+        ]
         for t in ths:
             t.start()
         s.wait(lambda: s.engine.queue_depth == 2, "queue full")
@@ -798,9 +1089,12 @@ def test_streaming_disconnect_cancels_and_frees_blocks(tiny):
     # a long context so the generation cannot end before we hang up
     model = Model(GGUFFile(tiny("llama", 3)[1]), threads=1, progress=False, context_length=8192)
     with Server(model, KVCache(model, max_tokens=8192)) as s:
-        with httpx.stream("POST", s.url + "/v1/completions", timeout=30, json={
-                "prompt": "go", "max_tokens": 8000, "stream": True,
-                "logit_bias": {"65": 100}}) as r:
+        with httpx.stream(
+            "POST",
+            s.url + "/v1/completions",
+            timeout=30,
+            json={"prompt": "go", "max_tokens": 8000, "stream": True, "logit_bias": {"65": 100}},
+        ) as r:
             lines = r.iter_lines()  # held: dropping the iterator would close the connection
             for line in lines:
                 if line.startswith("data: ") and '"text":"A' in line:
@@ -821,8 +1115,10 @@ def test_non_streaming_disconnect_cancels(model):
         body = json.dumps({"prompt": "go", "max_tokens": 50}).encode()
         host, port = s.url.removeprefix("http://").split(":")
         sock = socket.create_connection((host, int(port)))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         s.wait(lambda: s.engine.queue_depth == 1, "request queued")
         sock.close()  # hang up while it waits
         s.wait(lambda: _active_cancelled(s.engine), "the server noticed the disconnect")
@@ -834,6 +1130,7 @@ def test_non_streaming_disconnect_cancels(model):
 
 def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
     with Server(model, max_batch=4, max_queue=8) as s:
+
         def good():
             return s.post("/v1/chat/completions", {"messages": msgs("ok"), "max_tokens": 8})
 
@@ -852,22 +1149,34 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
             body = json.dumps({"prompt": "x", "max_tokens": n, "logit_bias": {"65": 100}}).encode()
             host, port = s.url.removeprefix("http://").split(":")
             with socket.create_connection((host, int(port))) as sock:
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                             b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                sock.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 s.wait(lambda: _holds(s.engine, n), "the engine holds the request")
             return "cancelled"
 
         def hang_up_stream():
-            with httpx.stream("POST", s.url + "/v1/chat/completions", timeout=30, json={
-              "messages": msgs("y"), "max_tokens": 450, "stream": True,
-              "logit_bias": {"65": 100}}) as r:
+            with httpx.stream(
+                "POST",
+                s.url + "/v1/chat/completions",
+                timeout=30,
+                json={
+                    "messages": msgs("y"),
+                    "max_tokens": 450,
+                    "stream": True,
+                    "logit_bias": {"65": 100},
+                },
+            ) as r:
                 next(r.iter_lines())  # the role chunk; dropping the iterator hangs up
             return "cancelled"
 
         fns = [good, bad, ctx, hang_up, hang_up_stream] * 4
         out = [None] * len(fns)
-        ths = [threading.Thread(target=lambda i=i: out.__setitem__(i, fns[i]()))
-               for i in range(len(fns))]
+        ths = [
+            threading.Thread(target=lambda i=i: out.__setitem__(i, fns[i]()))
+            for i in range(len(fns))
+        ]
         for t in ths:
             t.start()
         for t in ths:
@@ -909,12 +1218,16 @@ def test_smollm2_chat_over_http(smollm2_path):
     smollm2 = Model.load(str(smollm2_path), threads=1, progress=False)
     m = msgs("What is the capital of France? Answer in one word.")
     with Server(smollm2, KVCache(smollm2, max_tokens=1024)) as s:
-        r = s.client().chat.completions.create(model="tiny", messages=m, max_tokens=8,
-                                         temperature=0, extra_body={"return_tokens": True})
+        r = s.client().chat.completions.create(
+            model="tiny",
+            messages=m,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"return_tokens": True},
+        )
     ref = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(m, max_tokens=8)
     assert r.model_dump()["tokens"] == ref.tokens
     assert "Paris" in r.choices[0].message.content
-
 
 
 def test_a_draft_that_does_not_fit_is_dropped_before_anyone_is_preempted(model):
@@ -926,11 +1239,15 @@ def test_a_draft_that_does_not_fit_is_dropped_before_anyone_is_preempted(model):
     prompts = [rep * 11, [7, 8, 9, 10] * 15]
     bodies = [{"max_tokens": 20, "logit_bias": {5: 50.0}}, {"max_tokens": 2}]  # A: 5 next
     cache = KVCache(model, max_tokens=112, block_size=16)
-    with Server(model, cache, max_batch=2, prefill_chunk=256, draft="prompt_lookup",
-                draft_tokens=6) as s:
+    with Server(
+        model, cache, max_batch=2, prefill_chunk=256, draft="prompt_lookup", draft_tokens=6
+    ) as s:
+
         def run(i):
-            return s.post("/v1/completions", dict(bodies[i], prompt=prompts[i], temperature=0,
-                                                  return_tokens=True)).json()
+            return s.post(
+                "/v1/completions",
+                dict(bodies[i], prompt=prompts[i], temperature=0, return_tokens=True),
+            ).json()
 
         results = s.together(run, 2, timeout=60)
         assert s.engine.n_preempted == 0

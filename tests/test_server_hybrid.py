@@ -3,14 +3,14 @@ through the OpenAI-compatible server: continuous batching of hybrid sessions (ea
 own recurrent state through the shared forward step), prefix reuse across requests through
 the cache's state snapshots, and preemption (a preempted request's state is rebuilt from a
 snapshot or from scratch).  Every result equals the same request alone (exact numerics)."""
+
 from __future__ import annotations
 
-
-from fixtures import hfconvert
 import numpy as np
 import pytest
 from test_server import SETTINGS, Server, extra, lone, msgs
 
+from fixtures import hfconvert
 from goinfer import KVCache
 from goinfer.gguf import GGUFFile
 from goinfer.model import Model
@@ -35,27 +35,37 @@ def test_concurrent_hybrid_requests_equal_lone_requests(hybrid):
     jobs.append((msgs(" ".join(f"w{i}" for i in range(50))), SETTINGS[1], 10))  # chunked
     cache = KVCache(model, max_tokens=2048)
     with Server(model, cache, max_batch=8, prefill_chunk=48) as s:
+
         def run(i):
             m, (body, _), n = jobs[i]
-            return s.client().chat.completions.create(model="tiny", messages=m,
-                                                      max_tokens=n, **extra(body))
+            return s.client().chat.completions.create(
+                model="tiny", messages=m, max_tokens=n, **extra(body)
+            )
 
         results = s.together(run, len(jobs), timeout=120)
         assert s.engine.peak_batch >= 4  # they really ran together
         # a later request with the same system prompt reuses it through a state snapshot
-        late = s.client().chat.completions.create(model="tiny", messages=msgs("late?", system),
-                                                  max_tokens=5, temperature=0,
-                                                  extra_body={"return_tokens": True})
+        late = s.client().chat.completions.create(
+            model="tiny",
+            messages=msgs("late?", system),
+            max_tokens=5,
+            temperature=0,
+            extra_body={"return_tokens": True},
+        )
         assert cache.stats().blocks_used == 0
     for (m, (_, kw), n), r in zip(jobs, results):
         ref = lone(model, chat=m, max_tokens=n, **kw)
         assert r.model_dump()["tokens"] == ref.tokens
         msg = r.choices[0].message  # Qwen3.5's template opens a think block: reasoning apart
-        assert (msg.content, getattr(msg, "reasoning_content", None)) == (ref.content,
-                                                                          ref.reasoning_content)
+        assert (msg.content, getattr(msg, "reasoning_content", None)) == (
+            ref.content,
+            ref.reasoning_content,
+        )
     assert late.usage.prompt_tokens_details.cached_tokens >= 64
-    assert late.model_dump()["tokens"] == lone(model, chat=msgs("late?", system), max_tokens=5,
-                                                temperature=0.0).tokens
+    assert (
+        late.model_dump()["tokens"]
+        == lone(model, chat=msgs("late?", system), max_tokens=5, temperature=0.0).tokens
+    )
     assert len(cache.states) > 0
 
 
@@ -66,10 +76,16 @@ def test_hybrid_preemption_is_exact(hybrid):
     cache = KVCache(model, max_tokens=160, block_size=16)  # 10 blocks
     prompts = [[(7 * i + k) % 250 for k in range(20 + 9 * i)] for i in range(4)]
     with Server(model, cache, max_batch=4) as s:
+
         def run(i):
             return s.client().completions.create(
-                model="tiny", prompt=prompts[i], max_tokens=40, temperature=0.8, seed=i,
-                extra_body={"return_tokens": True})
+                model="tiny",
+                prompt=prompts[i],
+                max_tokens=40,
+                temperature=0.8,
+                seed=i,
+                extra_body={"return_tokens": True},
+            )
 
         results = s.together(run, 4, timeout=120)
         assert s.engine.n_preempted > 0  # the path under test ran
@@ -91,13 +107,21 @@ def test_hybrid_models_do_not_draft(hybrid):
     assert len(prompt_lookup(np.asarray(rep), 6)) > 0  # a non-hybrid model would draft here
     kw = dict(max_tokens=20, temperature=0.0, logit_bias={65: 6.0, 66: 6.0})
     ref = lone(model, prompt=rep, **kw)
-    r = model.session(KVCache(model, max_tokens=256)).generate(rep, draft="prompt_lookup",
-                                                               draft_tokens=6, **kw)
+    r = model.session(KVCache(model, max_tokens=256)).generate(
+        rep, draft="prompt_lookup", draft_tokens=6, **kw
+    )
     assert r.tokens == ref.tokens and r.timings.draft_tokens == 0
     with Server(model, draft="prompt_lookup", draft_tokens=6) as s:
-        out = s.post("/v1/completions", dict(prompt=rep, max_tokens=20, temperature=0,
-                                             logit_bias={"65": 6.0, "66": 6.0},
-                                             return_tokens=True)).json()
+        out = s.post(
+            "/v1/completions",
+            dict(
+                prompt=rep,
+                max_tokens=20,
+                temperature=0,
+                logit_bias={"65": 6.0, "66": 6.0},
+                return_tokens=True,
+            ),
+        ).json()
     assert out["tokens"] == ref.tokens and out["timings"]["draft_n"] == 0
 
 
@@ -107,8 +131,10 @@ def test_hybrid_n_choices_fork_the_recurrent_state(hybrid):
     model = hybrid
     prompt = [(3 * k) % 250 for k in range(40)]
     with Server(model, KVCache(model, max_tokens=1024)) as s:
-        r = s.post("/v1/completions", dict(prompt=prompt, n=3, max_tokens=12, temperature=0.9,
-                                           seed=4, return_tokens=True)).json()
+        r = s.post(
+            "/v1/completions",
+            dict(prompt=prompt, n=3, max_tokens=12, temperature=0.9, seed=4, return_tokens=True),
+        ).json()
     for i, c in enumerate(r["choices"]):
         ref = lone(model, prompt=prompt, max_tokens=12, temperature=0.9, seed=4 + i)
         assert c["tokens"] == ref.tokens

@@ -6,6 +6,7 @@ items sent back, round-trip, are retrieved, listed and deleted; bad input is a 4
 shape; hosted tools are left out and reported; a Codex-shaped conversation (developer items,
 namespaced tools, a free-form tool, reasoning items) is a pure append of the prompt turn after
 turn, so the prefix cache holds it."""
+
 from __future__ import annotations
 
 import json
@@ -16,22 +17,36 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from fixtures import tinymodels
 from test_server import Server, lone, msgs
-from fixtures.compare import load
 
+from fixtures import tinymodels
+from fixtures.compare import load
 from goinfer import KVCache
 from goinfer.chat.request import alternates_roles, join_same_roles
 from goinfer.chat_template import GEMMA_TEMPLATE
 
 # strings bounded: a random tiny model would not end one by itself
-WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-           "parameters": {"type": "object", "properties": {
-               "city": {"type": "string", "maxLength": 8}},
-               "required": ["city"], "additionalProperties": False}}
-LEVEL = {"type": "function", "name": "set_level", "parameters": {
-    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["level"], "additionalProperties": False}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+LEVEL = {
+    "type": "function",
+    "name": "set_level",
+    "parameters": {
+        "type": "object",
+        "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["level"],
+        "additionalProperties": False,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,32 +82,57 @@ def _lone_text(model, messages, n, **kw):
 
 def test_create_equals_chat_and_reports_usage(srv, model):
     c = srv.client()
-    r = c.responses.create(model="tiny", input="Tell me a story.", instructions="Be brief.",
-                           max_output_tokens=12, temperature=0)
+    r = c.responses.create(
+        model="tiny",
+        input="Tell me a story.",
+        instructions="Be brief.",
+        max_output_tokens=12,
+        temperature=0,
+    )
     ref = _lone_text(model, msgs("Tell me a story.", system="Be brief."), 12)
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.output_text == ref.content
     msg = r.output[-1]
     assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_")
-    assert (r.status, r.incomplete_details.reason) == ("incomplete", "max_output_tokens") \
-        if ref.finish_reason == "length" else r.status == "completed"
+    assert (
+        (r.status, r.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+        if ref.finish_reason == "length"
+        else r.status == "completed"
+    )
     u = r.usage
     assert (u.input_tokens, u.output_tokens) == (ref.prompt_tokens, ref.completion_tokens)
     assert u.total_tokens == u.input_tokens + u.output_tokens
     assert u.output_tokens_details.reasoning_tokens == 0
     assert r.instructions == "Be brief." and r.max_output_tokens == 12
     # developer items are system messages, in place; a list of text parts is its text
-    r2 = c.responses.create(model="tiny", max_output_tokens=12, temperature=0, input=[
-        {"type": "message", "role": "developer", "content": [
-            {"type": "input_text", "text": "Be "}, {"type": "input_text", "text": "brief."}]},
-        {"role": "user", "content": "Tell me a story."}])
+    r2 = c.responses.create(
+        model="tiny",
+        max_output_tokens=12,
+        temperature=0,
+        input=[
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [
+                    {"type": "input_text", "text": "Be "},
+                    {"type": "input_text", "text": "brief."},
+                ],
+            },
+            {"role": "user", "content": "Tell me a story."},
+        ],
+    )
     assert r2.output_text == ref.content
     assert r2.usage.input_tokens_details.cached_tokens > 0  # the same prompt again
 
 
 def test_stream_events_in_order_with_sequence_numbers(srv, model):
-    body = {"model": "tiny", "input": "Hello there.", "max_output_tokens": 10,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": "tiny",
+        "input": "Hello there.",
+        "max_output_tokens": 10,
+        "temperature": 0,
+        "stream": True,
+    }
     raw = srv.post("/v1/responses", body)
     assert raw.headers["content-type"].startswith("text/event-stream")
     blocks = [b for b in raw.text.split("\n\n") if b and not b.startswith(":")]
@@ -103,11 +143,21 @@ def test_stream_events_in_order_with_sequence_numbers(srv, model):
     ref = _lone_text(model, msgs("Hello there."), 10)
     end = "response.incomplete" if ref.finish_reason == "length" else "response.completed"
     deltas = [e for e in evs if e["type"] == "response.output_text.delta"]
-    assert names == (["response.created", "response.in_progress", "response.output_item.added",
-                      "response.content_part.added"]
-                     + ["response.output_text.delta"] * len(deltas)
-                     + ["response.output_text.done", "response.content_part.done",
-                        "response.output_item.done", end])
+    assert names == (
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        + ["response.output_text.delta"] * len(deltas)
+        + [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            end,
+        ]
+    )
     text = "".join(d["delta"] for d in deltas)
     assert text == ref.content
     item_id = evs[2]["item"]["id"]
@@ -117,8 +167,9 @@ def test_stream_events_in_order_with_sequence_numbers(srv, model):
     assert final["usage"]["input_tokens"] == ref.prompt_tokens
     assert evs[0]["response"]["status"] == "in_progress" and evs[0]["response"]["output"] == []
     # the client's stream helper assembles the same reply
-    with srv.client().responses.stream(model="tiny", input="Hello there.", temperature=0,
-                                       max_output_tokens=400) as st:
+    with srv.client().responses.stream(
+        model="tiny", input="Hello there.", temperature=0, max_output_tokens=400
+    ) as st:
         for _ in st:
             pass
         got = st.get_final_response()
@@ -126,10 +177,15 @@ def test_stream_events_in_order_with_sequence_numbers(srv, model):
 
 
 def test_sampling_settings_reach_the_generation(srv, model):
-    r = srv.client().responses.create(model="tiny", input="Pick words.", max_output_tokens=16,
-                                      temperature=0.9, top_p=0.8, extra_body={"seed": 11})
-    ref = lone(model, chat=msgs("Pick words."), max_tokens=16, temperature=0.9, top_p=0.8,
-               seed=11)
+    r = srv.client().responses.create(
+        model="tiny",
+        input="Pick words.",
+        max_output_tokens=16,
+        temperature=0.9,
+        top_p=0.8,
+        extra_body={"seed": 11},
+    )
+    ref = lone(model, chat=msgs("Pick words."), max_tokens=16, temperature=0.9, top_p=0.8, seed=11)
     assert r.output_text == ref.content
 
 
@@ -142,8 +198,13 @@ class City(pydantic.BaseModel):
 
 
 def test_parse_with_a_pydantic_model(srv):
-    r = srv.client().responses.parse(model="tiny", input="Describe Paris.", text_format=City,
-                                     max_output_tokens=200, temperature=0)
+    r = srv.client().responses.parse(
+        model="tiny",
+        input="Describe Paris.",
+        text_format=City,
+        max_output_tokens=200,
+        temperature=0,
+    )
     assert r.status == "completed"
     assert isinstance(r.output_parsed, City)
     City.model_validate_json(r.output_text)  # the text itself validates
@@ -160,36 +221,70 @@ def _valid(call, tool):
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "set_level"}])
 def test_forced_tool_call_validates(srv, choice):
-    r = srv.client().responses.create(model="tiny", input="Set the level.", tools=[WEATHER, LEVEL],
-                                      tool_choice=choice, parallel_tool_calls=False,
-                                      max_output_tokens=300, temperature=0)
+    r = srv.client().responses.create(
+        model="tiny",
+        input="Set the level.",
+        tools=[WEATHER, LEVEL],
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+        temperature=0,
+    )
     calls = [o for o in r.output if o.type == "function_call"]
     assert len(calls) == 1 and r.status == "completed"
-    _valid(calls[0], LEVEL if isinstance(choice, dict) else
-           {"get_weather": WEATHER, "set_level": LEVEL}[calls[0].name])
+    _valid(
+        calls[0],
+        LEVEL
+        if isinstance(choice, dict)
+        else {"get_weather": WEATHER, "set_level": LEVEL}[calls[0].name],
+    )
 
 
 def test_tool_round_trip_with_and_without_previous_response_id(srv):
     c = srv.client()
     tools = [WEATHER]
-    first = c.responses.create(model="tiny", input="Weather in Paris?", tools=tools,
-                               instructions="Use the tools.", tool_choice="required",
-                               parallel_tool_calls=False, max_output_tokens=300, temperature=0)
+    first = c.responses.create(
+        model="tiny",
+        input="Weather in Paris?",
+        tools=tools,
+        instructions="Use the tools.",
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+        temperature=0,
+    )
     call = next(o for o in first.output if o.type == "function_call")
     _valid(call, WEATHER)
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
-    chained = c.responses.create(model="tiny", previous_response_id=first.id, input=[result],
-                                 instructions="Use the tools.", tools=tools,
-                                 max_output_tokens=16, temperature=0)
-    items = [{"role": "user", "content": "Weather in Paris?"}] + \
-        [o.model_dump(exclude_none=True) for o in first.output] + [result]
-    resent = c.responses.create(model="tiny", input=items, instructions="Use the tools.",
-                                tools=tools, max_output_tokens=16, temperature=0, store=False)
+    chained = c.responses.create(
+        model="tiny",
+        previous_response_id=first.id,
+        input=[result],
+        instructions="Use the tools.",
+        tools=tools,
+        max_output_tokens=16,
+        temperature=0,
+    )
+    items = (
+        [{"role": "user", "content": "Weather in Paris?"}]
+        + [o.model_dump(exclude_none=True) for o in first.output]
+        + [result]
+    )
+    resent = c.responses.create(
+        model="tiny",
+        input=items,
+        instructions="Use the tools.",
+        tools=tools,
+        max_output_tokens=16,
+        temperature=0,
+        store=False,
+    )
     # the same conversation either way: the same prompt, the same reply
     assert chained.previous_response_id == first.id
     assert chained.usage.input_tokens == resent.usage.input_tokens
-    assert [o.model_dump(exclude={"id", "call_id"}) for o in chained.output] == \
-        [o.model_dump(exclude={"id", "call_id"}) for o in resent.output]
+    assert [o.model_dump(exclude={"id", "call_id"}) for o in chained.output] == [
+        o.model_dump(exclude={"id", "call_id"}) for o in resent.output
+    ]
     # the first turn's prompt and the call the model wrote come from the cache
     assert chained.usage.input_tokens_details.cached_tokens > first.usage.input_tokens
     # input items of a stored response, with ids; store=False keeps nothing
@@ -201,10 +296,17 @@ def test_tool_round_trip_with_and_without_previous_response_id(srv):
 
 def test_stored_responses_retrieve_list_and_delete(srv):
     c = srv.client()
-    r = c.responses.create(model="tiny", input=[{"role": "user", "content": "a"},
-                                                {"role": "assistant", "content": "b"},
-                                                {"role": "user", "content": "c"}],
-                           max_output_tokens=4, temperature=0, metadata={"k": "v"})
+    r = c.responses.create(
+        model="tiny",
+        input=[
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ],
+        max_output_tokens=4,
+        temperature=0,
+        metadata={"k": "v"},
+    )
     got = c.responses.retrieve(r.id)
     assert got.model_dump() == r.model_dump() and got.metadata == {"k": "v"}
     asc = list(c.responses.input_items.list(r.id, order="asc"))
@@ -212,8 +314,11 @@ def test_stored_responses_retrieve_list_and_delete(srv):
     desc = c.responses.input_items.list(r.id, limit=2)  # newest first, OpenAI's default
     assert [x.content[0].text for x in desc.data] == ["c", "b"] and desc.has_more
     c.responses.delete(r.id)
-    for call in (lambda: c.responses.retrieve(r.id), lambda: c.responses.delete(r.id),
-                 lambda: c.responses.input_items.list(r.id)):
+    for call in (
+        lambda: c.responses.retrieve(r.id),
+        lambda: c.responses.delete(r.id),
+        lambda: c.responses.input_items.list(r.id),
+    ):
         with pytest.raises(openai.NotFoundError) as e:
             call()
         assert e.value.body["code"] == "response_not_found"
@@ -237,55 +342,113 @@ def test_the_store_is_bounded_oldest_first(srv):
 
 def test_namespaced_and_free_form_tools(srv):
     c = srv.client()
-    ns = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
-          "tools": [{"type": "function", "name": "spawn", "parameters": {
-              "type": "object", "properties": {"task": {"type": "string", "maxLength": 8}},
-              "required": ["task"], "additionalProperties": False}}]}
-    r = c.responses.create(model="tiny", input="Spawn one.", tools=[WEATHER, ns],
-                           tool_choice={"type": "function", "name": "spawn",
-                                        "namespace": "agents"},
-                           max_output_tokens=300, temperature=0)
+    ns = {
+        "type": "namespace",
+        "name": "agents",
+        "description": "Sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "spawn",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"task": {"type": "string", "maxLength": 8}},
+                    "required": ["task"],
+                    "additionalProperties": False,
+                },
+            }
+        ],
+    }
+    r = c.responses.create(
+        model="tiny",
+        input="Spawn one.",
+        tools=[WEATHER, ns],
+        tool_choice={"type": "function", "name": "spawn", "namespace": "agents"},
+        max_output_tokens=300,
+        temperature=0,
+    )
     call = r.output[-1]
     assert (call.type, call.name, call.namespace) == ("function_call", "spawn", "agents")
     assert isinstance(json.loads(call.arguments)["task"], str)
-    code = {"type": "custom", "name": "code", "description": "A code.",
-            "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{2}-[0-9]{3}"}}
-    r = c.responses.create(model="tiny", input="A code.", tools=[code],
-                           tool_choice={"type": "custom", "name": "code"},
-                           max_output_tokens=300, temperature=0)
+    code = {
+        "type": "custom",
+        "name": "code",
+        "description": "A code.",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{2}-[0-9]{3}"},
+    }
+    r = c.responses.create(
+        model="tiny",
+        input="A code.",
+        tools=[code],
+        tool_choice={"type": "custom", "name": "code"},
+        max_output_tokens=300,
+        temperature=0,
+    )
     call = r.output[-1]
     assert call.type == "custom_tool_call" and call.id.startswith("ctc_")
     assert re.fullmatch("[A-Z]{2}-[0-9]{3}", call.input)
     # streamed: announced, then its input, then done
-    raw = srv.post("/v1/responses", {"model": "tiny", "input": "A code.", "tools": [code],
-                                     "tool_choice": {"type": "custom", "name": "code"},
-                                     "max_output_tokens": 300, "temperature": 0,
-                                     "stream": True})
+    raw = srv.post(
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": "A code.",
+            "tools": [code],
+            "tool_choice": {"type": "custom", "name": "code"},
+            "max_output_tokens": 300,
+            "temperature": 0,
+            "stream": True,
+        },
+    )
     evs = [e for e in sse_events(raw.text) if e != "ping"]
     kinds = [e["type"] for e in evs]
-    assert kinds[2:] == ["response.output_item.added", "response.custom_tool_call_input.delta",
-                         "response.custom_tool_call_input.done", "response.output_item.done",
-                         "response.completed"]
+    assert kinds[2:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert evs[3]["delta"] == call.input and evs[-2]["item"]["input"] == call.input
     # sent back, a free-form call renders as the call the model wrote: cached to its end
-    again = c.responses.create(model="tiny", tools=[code], max_output_tokens=4, temperature=0,
-                               input=[{"role": "user", "content": "A code."},
-                                      call.model_dump(exclude_none=True),
-                                      {"type": "custom_tool_call_output",
-                                       "call_id": call.call_id, "output": "ok"}])
+    again = c.responses.create(
+        model="tiny",
+        tools=[code],
+        max_output_tokens=4,
+        temperature=0,
+        input=[
+            {"role": "user", "content": "A code."},
+            call.model_dump(exclude_none=True),
+            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "ok"},
+        ],
+    )
     assert again.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
 
 
-PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
-         "format": {"type": "grammar", "syntax": "lark", "definition":
-                    'start: "*** Begin Patch" LF line+ "*** End Patch" LF?\n'
-                    'line: ("+" | "-") /[a-z" ]{0,6}/ LF  // a line of the patch\n'
-                    '%import common.LF\n'}}
+PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "*** Begin Patch" LF line+ "*** End Patch" LF?\n'
+        'line: ("+" | "-") /[a-z" ]{0,6}/ LF  // a line of the patch\n'
+        "%import common.LF\n",
+    },
+}
 # the same language, written independently as a Python regex
 PATCH_RE = r'\*\*\* Begin Patch\n([+-][a-z" ]{0,6}\n)+\*\*\* End Patch\n?'
-QUOTE = {"type": "custom", "name": "quote", "format": {"type": "grammar", "syntax": "lark",
-         "definition": 'start: "say \\"" WORD "\\\\" DIGIT "\\"" LF\n'
-                       '%import common.WORD\n%import common (DIGIT, LF)\n'}}
+QUOTE = {
+    "type": "custom",
+    "name": "quote",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "say \\"" WORD "\\\\" DIGIT "\\"" LF\n'
+        "%import common.WORD\n%import common (DIGIT, LF)\n",
+    },
+}
 QUOTE_RE = r'say "[A-Za-z]+\\[0-9]"\n'
 
 
@@ -295,29 +458,52 @@ def test_a_lark_grammar_holds_a_free_form_input(srv, tool, pattern):
     through the JSON escapes of quotes, backslashes and line breaks."""
     choice = {"type": "custom", "name": tool["name"]}
     for seed in range(3):
-        r = srv.client().responses.create(model="tiny", input="Patch it.", tools=[tool, WEATHER],
-                                          tool_choice=choice, max_output_tokens=400,
-                                          temperature=1.0, extra_body={"seed": seed})
+        r = srv.client().responses.create(
+            model="tiny",
+            input="Patch it.",
+            tools=[tool, WEATHER],
+            tool_choice=choice,
+            max_output_tokens=400,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
         call = r.output[-1]
         assert r.status == "completed" and call.type == "custom_tool_call"
         assert re.fullmatch(pattern, call.input), call.input
 
 
 def test_hosted_tools_are_left_out_and_reported(srv, model):
-    tools = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["v"]},
-             {"type": "computer_use_preview", "display_width": 10, "display_height": 10,
-              "environment": "linux"}]
-    r = srv.client().responses.create(model="tiny", input="Hi.", tools=tools,
-                                      max_output_tokens=8, temperature=0)
+    tools = [
+        {"type": "web_search"},
+        {"type": "file_search", "vector_store_ids": ["v"]},
+        {
+            "type": "computer_use_preview",
+            "display_width": 10,
+            "display_height": 10,
+            "environment": "linux",
+        },
+    ]
+    r = srv.client().responses.create(
+        model="tiny", input="Hi.", tools=tools, max_output_tokens=8, temperature=0
+    )
     assert r.status in ("completed", "incomplete")
-    assert r.model_dump()["tools_left_out"] == ["web_search", "file_search",
-                                                "computer_use_preview"]
+    assert r.model_dump()["tools_left_out"] == ["web_search", "file_search", "computer_use_preview"]
     assert r.output_text == _lone_text(model, msgs("Hi."), 8).content  # no tool prompt
     # items of a hosted tool sent back are left out too
-    r2 = srv.client().responses.create(model="tiny", max_output_tokens=8, temperature=0, input=[
-        {"role": "user", "content": "Hi."},
-        {"type": "web_search_call", "id": "ws_1", "status": "completed",
-         "action": {"type": "search", "query": "x"}}])
+    r2 = srv.client().responses.create(
+        model="tiny",
+        max_output_tokens=8,
+        temperature=0,
+        input=[
+            {"role": "user", "content": "Hi."},
+            {
+                "type": "web_search_call",
+                "id": "ws_1",
+                "status": "completed",
+                "action": {"type": "search", "query": "x"},
+            },
+        ],
+    )
     assert r2.usage.input_tokens == r.usage.input_tokens
 
 
@@ -329,24 +515,57 @@ BAD = [
     ({}, "input", "invalid_value"),
     ({"input": 5}, "input", "invalid_type"),
     ({"input": [{"type": "mystery"}]}, "input", "invalid_value"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input", "unsupported_content"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input",
+        "unsupported_content",
+    ),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "unsupported_value"),
-    ({"input": "x", "tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name",
-     "invalid_value"),
+    (
+        {"input": "x", "tools": [{"type": "function", "name": "bad name!"}]},
+        "tools[0].name",
+        "invalid_value",
+    ),
     ({"input": "x", "tools": [{"type": "teleport"}]}, "tools[0].type", "invalid_value"),
-    ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
-     "tool_choice", "invalid_value"),
-    ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
-     "tool_choice", "unsupported_value"),
-    ({"input": "x", "tools": [dict(WEATHER, parameters={"type": "array"})]},
-     "tools[0].parameters", "invalid_value"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}},
-     "text.format.name", "invalid_value"),
+    (
+        {"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+        "tool_choice",
+        "invalid_value",
+    ),
+    (
+        {"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+        "tool_choice",
+        "unsupported_value",
+    ),
+    (
+        {"input": "x", "tools": [dict(WEATHER, parameters={"type": "array"})]},
+        "tools[0].parameters",
+        "invalid_value",
+    ),
+    (
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}},
+        "text.format.name",
+        "invalid_value",
+    ),
     ({"input": "x", "reasoning": {"effort": "enormous"}}, "reasoning.effort", "invalid_value"),
-    ({"input": "x", "tools": [{"type": "custom", "name": "c", "format": {
-        "type": "grammar", "syntax": "lark", "definition": "start: x\n%ignore y"}}]},
-     "tools[0].format", "invalid_grammar"),
+    (
+        {
+            "input": "x",
+            "tools": [
+                {
+                    "type": "custom",
+                    "name": "c",
+                    "format": {
+                        "type": "grammar",
+                        "syntax": "lark",
+                        "definition": "start: x\n%ignore y",
+                    },
+                }
+            ],
+        },
+        "tools[0].format",
+        "invalid_grammar",
+    ),
     ({"input": "x", "include": ["everything"]}, "include", "invalid_value"),
     ({"input": "x", "background": True}, "background", "unsupported_value"),
     ({"input": "x", "temperature": 3}, "temperature", "invalid_value"),
@@ -358,16 +577,18 @@ BAD = [
 def test_bad_requests_are_400_in_openais_shape(srv, body, param, code):
     n0 = srv.engine.n_finished
     with pytest.raises(openai.BadRequestError) as e:
-        srv.client().responses.create(model="tiny", **body) if "frobnicate" not in body else \
-            srv.client().responses.create(model="tiny", input="x",
-                                          extra_body={"frobnicate": 1})
+        srv.client().responses.create(
+            model="tiny", **body
+        ) if "frobnicate" not in body else srv.client().responses.create(
+            model="tiny", input="x", extra_body={"frobnicate": 1}
+        )
     err = e.value.body
     assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error")
     assert srv.engine.n_finished == n0  # nothing was generated
 
 
 def test_context_overflow_is_a_400(srv):
-    r = srv.post("/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": 10 ** 6})
+    r = srv.post("/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": 10**6})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
@@ -377,14 +598,34 @@ def test_context_overflow_is_a_400(srv):
 
 CODEX_TOOLS = [
     dict(WEATHER, strict=False),
-    {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
-        {"type": "function", "name": "spawn_agent", "strict": False, "parameters": {
-            "type": "object", "properties": {"message": {"type": "string"}},
-            "additionalProperties": False}}]},
-    {"type": "custom", "name": "apply_patch", "description": "Edit files.",
-     "format": {"type": "grammar", "syntax": "lark",
-                "definition": 'start: "*** Begin Patch" LF line+ "*** End Patch" LF?\n'
-                              'line: "+" /[a-z ]*/ LF\n%import common.LF\n'}},
+    {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "spawn_agent",
+                "strict": False,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"message": {"type": "string"}},
+                    "additionalProperties": False,
+                },
+            }
+        ],
+    },
+    {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Edit files.",
+        "format": {
+            "type": "grammar",
+            "syntax": "lark",
+            "definition": 'start: "*** Begin Patch" LF line+ "*** End Patch" LF?\n'
+            'line: "+" /[a-z ]*/ LF\n%import common.LF\n',
+        },
+    },
     {"type": "web_search", "external_web_access": False},
 ]
 
@@ -392,11 +633,21 @@ CODEX_TOOLS = [
 def _codex_turn(items: list, key: str) -> dict:
     """A request as Codex sends it: no instructions (developer items), streamed, store off,
     encrypted reasoning asked for, a session key, and per-turn metadata never rendered."""
-    return {"model": "tiny", "input": items, "tools": CODEX_TOOLS, "tool_choice": "auto",
-            "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
-            "stream": True, "include": ["reasoning.encrypted_content"], "prompt_cache_key": key,
-            "client_metadata": {"turn_id": f"turn-{len(items)}"}, "max_output_tokens": 12,
-            "temperature": 0}
+    return {
+        "model": "tiny",
+        "input": items,
+        "tools": CODEX_TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": key,
+        "client_metadata": {"turn_id": f"turn-{len(items)}"},
+        "max_output_tokens": 12,
+        "temperature": 0,
+    }
 
 
 def _final(raw) -> dict:
@@ -408,14 +659,32 @@ def test_codex_shaped_turns_are_pure_appends(srv):
     """Turn after turn the prompt of the previous turn, and the reply the model wrote, come
     from the cache: nothing per request is rendered, the tools render the same way each turn,
     the items sent back render as the model wrote them."""
-    items = [{"type": "message", "id": "msg_a", "role": "developer",
-              "content": [{"type": "input_text", "text": "You are a coding agent."}]},
-             {"type": "message", "id": "msg_b", "role": "developer",
-              "content": [{"type": "input_text", "text": "Sandbox: read-only."}]},
-             {"type": "message", "id": "msg_c", "role": "user",
-              "content": [{"type": "input_text", "text": "<environment_context/>"}]},
-             {"type": "message", "id": "msg_d", "role": "user",
-              "content": [{"type": "input_text", "text": "say hi"}]}]
+    items = [
+        {
+            "type": "message",
+            "id": "msg_a",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "You are a coding agent."}],
+        },
+        {
+            "type": "message",
+            "id": "msg_b",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "Sandbox: read-only."}],
+        },
+        {
+            "type": "message",
+            "id": "msg_c",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "<environment_context/>"}],
+        },
+        {
+            "type": "message",
+            "id": "msg_d",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "say hi"}],
+        },
+    ]
     from goinfer.server.openai_responses import ROUTE
     from goinfer.server.runner import prompt_ids
 
@@ -427,33 +696,45 @@ def test_codex_shaped_turns_are_pure_appends(srv):
         u = out["usage"]
         assert out["tools_left_out"] == ["web_search"] and u["input_tokens"] == len(ids)
         if prev is not None:
-            assert ids[:len(prev)] == prev  # the prompt grew by appending
+            assert ids[: len(prev)] == prev  # the prompt grew by appending
             # the previous prompt and the reply the model wrote (all but its last token, never
             # fed) came from the cache, in whole blocks
             done = len(prev) + prev_out - 1
             assert u["input_tokens_details"]["cached_tokens"] >= done // block * block
         prev, prev_out = ids, u["output_tokens"]
-        items = items + [dict(o) for o in out["output"]] + [
-            {"type": "message", "id": f"msg_u{turn}", "role": "user",
-             "content": [{"type": "input_text", "text": f"again {turn}"}]}]
+        items = (
+            items
+            + [dict(o) for o in out["output"]]
+            + [
+                {
+                    "type": "message",
+                    "id": f"msg_u{turn}",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": f"again {turn}"}],
+                }
+            ]
+        )
     metrics = httpx.get(srv.url + "/metrics").text
     assert re.search(r'goinfer_cache_key_requests_total\{key="sess-1"\} 3', metrics)
     cached = re.search(r'goinfer_cache_key_cached_tokens_total\{key="sess-1"\} (\d+)', metrics)
     assert int(cached.group(1)) > 0
 
 
-THINK = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-         "{% if m['reasoning_content'] is defined and m['reasoning_content'] %}<think>\n"
-         "{{ m['reasoning_content'] }}\n</think>\n\n{% endif %}"
-         "{{ m['content'] if m['content'] is not none else '' }}<|im_end|>\n{% endfor %}"
-         "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+THINK = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['reasoning_content'] is defined and m['reasoning_content'] %}<think>\n"
+    "{{ m['reasoning_content'] }}\n</think>\n\n{% endif %}"
+    "{{ m['content'] if m['content'] is not none else '' }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
 def think_srv(tiny, tmp_path_factory):
     hf, _ = tiny("llama", 5, max_position_embeddings=8192)
-    path = tinymodels.write_gguf(hf, "llama", tmp_path_factory.mktemp("think") / "t.gguf",
-                                 chat_template=THINK)
+    path = tinymodels.write_gguf(
+        hf, "llama", tmp_path_factory.mktemp("think") / "t.gguf", chat_template=THINK
+    )
     m = load(path)
     with Server(m, KVCache(m, max_tokens=8192)) as s:
         yield s
@@ -462,9 +743,14 @@ def think_srv(tiny, tmp_path_factory):
 def test_reasoning_items_round_trip(think_srv):
     c = think_srv.client()
     ask = {"role": "user", "content": "Think."}
-    first = c.responses.create(model="tiny", input=[ask], max_output_tokens=10, temperature=0,
-                               include=["reasoning.encrypted_content"],
-                               reasoning={"summary": "auto"})
+    first = c.responses.create(
+        model="tiny",
+        input=[ask],
+        max_output_tokens=10,
+        temperature=0,
+        include=["reasoning.encrypted_content"],
+        reasoning={"summary": "auto"},
+    )
     rs = first.output[0]
     assert rs.type == "reasoning" and rs.id.startswith("rs_") and rs.encrypted_content
     text = rs.content[0].text
@@ -472,38 +758,66 @@ def test_reasoning_items_round_trip(think_srv):
     assert first.usage.output_tokens_details.reasoning_tokens > 0
     # the reasoning sent back (only its opaque value) renders as stored: the same prompt
     more = {"role": "user", "content": "More."}
-    sent = [{"type": "reasoning", "id": rs.id, "summary": [],
-             "encrypted_content": rs.encrypted_content}] + \
-        [o.model_dump(exclude_none=True) for o in first.output[1:]]
-    a = c.responses.create(model="tiny", input=[ask] + sent + [more], max_output_tokens=4,
-                           temperature=0)
-    b = c.responses.create(model="tiny", previous_response_id=first.id, input=[more],
-                           max_output_tokens=4, temperature=0)
+    sent = [
+        {"type": "reasoning", "id": rs.id, "summary": [], "encrypted_content": rs.encrypted_content}
+    ] + [o.model_dump(exclude_none=True) for o in first.output[1:]]
+    a = c.responses.create(
+        model="tiny", input=[ask] + sent + [more], max_output_tokens=4, temperature=0
+    )
+    b = c.responses.create(
+        model="tiny",
+        previous_response_id=first.id,
+        input=[more],
+        max_output_tokens=4,
+        temperature=0,
+    )
     assert a.usage.input_tokens == b.usage.input_tokens
     assert b.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
     # streamed: reasoning deltas in a reasoning item before the answer's
-    raw = think_srv.post("/v1/responses", {"model": "tiny", "input": "Think.", "stream": True,
-                                           "max_output_tokens": 10, "temperature": 0})
+    raw = think_srv.post(
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": "Think.",
+            "stream": True,
+            "max_output_tokens": 10,
+            "temperature": 0,
+        },
+    )
     kinds = [e["type"] for e in sse_events(raw.text) if e != "ping"]
-    assert kinds[2:5] == ["response.output_item.added", "response.content_part.added",
-                          "response.reasoning_text.delta"]
+    assert kinds[2:5] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+    ]
 
 
 # ============================================================================ roles
 
 
 # Gemma 3's own template (as Hugging Face ships it) refuses two turns of one role in a row
-ALTERNATING = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == "
-               "messages[loop.index0 - 1]['role'] %}"
-               "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-               "<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}")
+ALTERNATING = (
+    "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == "
+    "messages[loop.index0 - 1]['role'] %}"
+    "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+    "<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+)
 
 
 def test_templates_that_want_alternating_roles_get_runs_joined():
     assert alternates_roles(ALTERNATING)
     assert not alternates_roles(tinymodels.CHATML) and not alternates_roles(GEMMA_TEMPLATE)
-    m = [{"role": "system", "content": "a"}, {"role": "system", "content": "b"},
-         {"role": "user", "content": "c"}, {"role": "user", "content": "d"},
-         {"role": "assistant", "content": "e"}, {"role": "user", "content": "f"}]
-    assert join_same_roles(m) == [{"role": "system", "content": "a\n\nb"},
-                                  {"role": "user", "content": "c\n\nd"}, m[4], m[5]]
+    m = [
+        {"role": "system", "content": "a"},
+        {"role": "system", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "user", "content": "d"},
+        {"role": "assistant", "content": "e"},
+        {"role": "user", "content": "f"},
+    ]
+    assert join_same_roles(m) == [
+        {"role": "system", "content": "a\n\nb"},
+        {"role": "user", "content": "c\n\nd"},
+        m[4],
+        m[5],
+    ]

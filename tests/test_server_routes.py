@@ -2,6 +2,7 @@
 wire shape of its own (its own fields, events and error body), is served beside the OpenAI
 routes by create_app(routes=...) and answers as ChatSession.chat does; its errors, those of
 the runner's checks included, come in its own shape."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,14 @@ class Toy(ApiRoute):
     def parse(self, body, vocab_size) -> Request:
         if not isinstance(body, dict) or not isinstance(body.get("say"), str):
             raise bad("'say' must be a string", "say")
-        return Request(kind="chat", messages=msgs(body["say"]), prompt_param="say",
-                       max_tokens=F.integer(body, "most", 1, None, None),
-                       stream=F.boolean(body, "stream", False), sampling={"temperature": 0.0})
+        return Request(
+            kind="chat",
+            messages=msgs(body["say"]),
+            prompt_param="say",
+            max_tokens=F.integer(body, "most", 1, None, None),
+            stream=F.boolean(body, "stream", False),
+            sampling={"temperature": 0.0},
+        )
 
     def reply(self, result, req, info) -> dict:
         return {"id": info.id, "said": result.content, "why": result.finish_reason}
@@ -64,8 +70,7 @@ def test_a_route_module_is_served_beside_the_others(toy_srv, model):  # noqa: F8
     r = toy_srv.post("/v1/toy", {"say": "Tell me about routes.", "most": 12})
     assert r.status_code == 200
     d = r.json()
-    assert d["id"].startswith("toy-") and (d["said"], d["why"]) == (ref.content,
-                                                                    ref.finish_reason)
+    assert d["id"].startswith("toy-") and (d["said"], d["why"]) == (ref.content, ref.finish_reason)
     raw = toy_srv.post("/v1/toy", {"say": "Tell me about routes.", "most": 12, "stream": True})
     assert raw.headers["content-type"].startswith("text/event-stream")
     blocks = [b for b in raw.text.split("\n\n") if b]
@@ -75,16 +80,18 @@ def test_a_route_module_is_served_beside_the_others(toy_srv, model):  # noqa: F8
     assert "".join(p.get("piece", "") for p in pieces) == ref.content
     assert pieces[-1] == {"why": ref.finish_reason}
     # the OpenAI routes are unchanged beside it
-    c = toy_srv.client().chat.completions.create(model="tiny", messages=m, max_tokens=12,
-                                                 temperature=0)
+    c = toy_srv.client().chat.completions.create(
+        model="tiny", messages=m, max_tokens=12, temperature=0
+    )
     assert c.choices[0].message.content == ref.content
 
 
 def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):  # noqa: F811
     r = toy_srv.post("/v1/toy", {"say": 5})
     assert r.status_code == 400
-    assert r.json() == {"oops": {"kind": "invalid_request_error", "text": "'say' must be a string",
-                                 "field": "say"}}
+    assert r.json() == {
+        "oops": {"kind": "invalid_request_error", "text": "'say' must be a string", "field": "say"}
+    }
     # the runner's context check, in the route's shape, with both numbers
     r = toy_srv.post("/v1/toy", {"say": "hi", "most": model.n_ctx})
     assert r.status_code == 400
@@ -102,7 +109,11 @@ def test_a_route_answers_errors_in_its_own_shape(toy_srv, model):  # noqa: F811
 
 
 def test_the_registry_lists_the_routes():
-    assert [r.path for r in ROUTES] == ["/v1/chat/completions", "/v1/completions",
-                                        "/v1/responses", "/v1/messages",
-                                        "/v1/messages/count_tokens"]
+    assert [r.path for r in ROUTES] == [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+    ]
     assert route_for("/v1/completions") is ROUTES[1] and route_for("/v1/models") is None

@@ -12,6 +12,7 @@ Two kinds of checks:
   creation times, the fingerprint and timing figures.  Rewrite the record (after checking the
   new bytes by hand) with ``python test_server_wire.py --record``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,27 +21,45 @@ import re
 import sys
 from pathlib import Path
 
-from fixtures import hfconvert
 import pytest
 from test_server import Server, msgs, sse_events
-from fixtures.compare import load
 
+from fixtures import hfconvert
+from fixtures.compare import load
 from goinfer import KVCache
 
 RECORD = Path(__file__).parent / "data" / "server_wire.json"
 
-LEVEL = [{"type": "function", "function": {"name": "set_level", "parameters": {
-    "type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 9},
-                                     "on": {"type": "boolean"}},
-    "required": ["level", "on"], "additionalProperties": False}}}]
+LEVEL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_level",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "level": {"type": "integer", "minimum": 0, "maximum": 9},
+                    "on": {"type": "boolean"},
+                },
+                "required": ["level", "on"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 _MASKS = [
     (re.compile(r'"id":"(chatcmpl|cmpl)-[0-9a-f]{24}"'), r'"id":"\1-ID"'),
     (re.compile(r'"id":"call_[A-Za-z0-9]{24}"'), '"id":"call_ID"'),
     (re.compile(r'"created":\d+'), '"created":0'),
     (re.compile(r'"system_fingerprint":"goinfer-[0-9a-f]{12}"'), '"system_fingerprint":"FP"'),
-    (re.compile(r'"(prompt_ms|prompt_per_second|predicted_ms|predicted_per_second)":'
-                r'[-+0-9.eE]+'), r'"\1":0'),
+    (
+        re.compile(
+            r'"(prompt_ms|prompt_per_second|predicted_ms|predicted_per_second)":'
+            r"[-+0-9.eE]+"
+        ),
+        r'"\1":0',
+    ),
     (re.compile(r": ping\n\n"), ""),
 ]
 
@@ -56,45 +75,141 @@ def masked(text: str) -> str:
 # (name, path, body): run in this order on a fresh server per model (the cache counts in
 # usage depend on the requests before)
 TINY_CASES = [
-    ("chat_stream_tool_required_logprobs", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), tools=LEVEL, tool_choice="required", max_tokens=100,
-        temperature=0, logprobs=True, top_logprobs=2, parallel_tool_calls=False, stream=True,
-        stream_options={"include_usage": True})),
-    ("chat_tool_required_logprobs", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), tools=LEVEL, tool_choice="required", max_tokens=100,
-        temperature=0, logprobs=True, top_logprobs=2, parallel_tool_calls=False)),
-    ("chat_stream_tool_auto", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), tools=LEVEL, tool_choice="auto", max_tokens=24,
-        temperature=0.8, seed=5, stream=True)),
-    ("chat_stream_plain_stop", "/v1/chat/completions", dict(
-        messages=msgs("say something"), max_tokens=20, temperature=0, stop=["zz"],
-        stream=True, logprobs=True)),
-    ("chat_plain", "/v1/chat/completions", dict(
-        messages=msgs("say something"), max_tokens=12, temperature=0,
-        response_format={"type": "json_object"}, return_tokens=True)),
-    ("completion_stream_logprobs", "/v1/completions", dict(
-        prompt="the cat sat on", max_tokens=10, temperature=0, logprobs=2, stream=True,
-        stream_options={"include_usage": True})),
-    ("completion_logprobs", "/v1/completions", dict(
-        prompt=[5, 6, 7], max_tokens=6, temperature=0, logprobs=1, return_tokens=True)),
+    (
+        "chat_stream_tool_required_logprobs",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            tools=LEVEL,
+            tool_choice="required",
+            max_tokens=100,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            parallel_tool_calls=False,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+    ),
+    (
+        "chat_tool_required_logprobs",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            tools=LEVEL,
+            tool_choice="required",
+            max_tokens=100,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            parallel_tool_calls=False,
+        ),
+    ),
+    (
+        "chat_stream_tool_auto",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            tools=LEVEL,
+            tool_choice="auto",
+            max_tokens=24,
+            temperature=0.8,
+            seed=5,
+            stream=True,
+        ),
+    ),
+    (
+        "chat_stream_plain_stop",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("say something"),
+            max_tokens=20,
+            temperature=0,
+            stop=["zz"],
+            stream=True,
+            logprobs=True,
+        ),
+    ),
+    (
+        "chat_plain",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("say something"),
+            max_tokens=12,
+            temperature=0,
+            response_format={"type": "json_object"},
+            return_tokens=True,
+        ),
+    ),
+    (
+        "completion_stream_logprobs",
+        "/v1/completions",
+        dict(
+            prompt="the cat sat on",
+            max_tokens=10,
+            temperature=0,
+            logprobs=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+    ),
+    (
+        "completion_logprobs",
+        "/v1/completions",
+        dict(prompt=[5, 6, 7], max_tokens=6, temperature=0, logprobs=1, return_tokens=True),
+    ),
     ("error_bad_param", "/v1/chat/completions", dict(messages=msgs("hi"), temperature=5)),
     ("error_unknown_field", "/v1/completions", dict(prompt="x", nope=1)),
-    ("error_tool_choice", "/v1/chat/completions", dict(
-        messages=msgs("hi"), tools=LEVEL, tool_choice={"type": "function",
-                                                       "function": {"name": "other"}})),
+    (
+        "error_tool_choice",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("hi"),
+            tools=LEVEL,
+            tool_choice={"type": "function", "function": {"name": "other"}},
+        ),
+    ),
     ("error_context", "/v1/chat/completions", dict(messages=msgs("hi"), max_tokens=100000)),
 ]
 
 QWEN_CASES = [
-    ("qwen_stream_think_call_logprobs", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), tools=LEVEL, tool_choice="required", max_tokens=120,
-        temperature=0, logprobs=True, stream=True, logit_bias={"THINK_CLOSE": 1})),
-    ("qwen_think_call", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), tools=LEVEL, tool_choice="required", max_tokens=120,
-        temperature=0, logit_bias={"THINK_CLOSE": 1})),
-    ("qwen_stream_thinking_off", "/v1/chat/completions", dict(
-        messages=msgs("Set level 3."), max_tokens=12, temperature=0, stream=True,
-        chat_template_kwargs={"enable_thinking": False})),
+    (
+        "qwen_stream_think_call_logprobs",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            tools=LEVEL,
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+            logprobs=True,
+            stream=True,
+            logit_bias={"THINK_CLOSE": 1},
+        ),
+    ),
+    (
+        "qwen_think_call",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            tools=LEVEL,
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+            logit_bias={"THINK_CLOSE": 1},
+        ),
+    ),
+    (
+        "qwen_stream_thinking_off",
+        "/v1/chat/completions",
+        dict(
+            messages=msgs("Set level 3."),
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            chat_template_kwargs={"enable_thinking": False},
+        ),
+    ),
 ]
 
 
@@ -117,8 +232,13 @@ def run_cases(srv, cases, model=None) -> dict[str, str]:
     out = {}
     for name, path, body in cases:
         if model is not None and "logit_bias" in body:
-            body = dict(body, logit_bias={str(model.tokenizer.token_to_id("</think>")): v
-                                          for v in body["logit_bias"].values()})
+            body = dict(
+                body,
+                logit_bias={
+                    str(model.tokenizer.token_to_id("</think>")): v
+                    for v in body["logit_bias"].values()
+                },
+            )
         r = srv.post(path, body)
         out[name] = f"{r.status_code} {r.headers['content-type']}\n" + masked(r.text)
     return out
@@ -173,25 +293,34 @@ def test_streamed_tool_call_has_openais_shape(tiny_srv):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks
-             if c["choices"] and "tool_calls" in c["choices"][0]["delta"]]
+    calls = [
+        c["choices"][0]["delta"]["tool_calls"][0]
+        for c in chunks
+        if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
+    ]
     first, rest = calls[0], calls[1:]
     assert set(first) == {"index", "id", "type", "function"} and first["type"] == "function"
     assert first["function"]["name"] == "set_level"
-    assert rest and all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"}
-                        for d in rest)
+    assert rest and all(
+        set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in rest
+    )
     end, usage = chunks[-2], chunks[-1]
     assert end["choices"][0]["finish_reason"] == "tool_calls"
     assert end["choices"][0]["delta"] == {}
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
     args = "".join(d["function"]["arguments"] for d in calls)
-    whole = tiny_srv.post(path, {k: v for k, v in body.items()
-                                 if k not in ("stream", "stream_options")}).json()
+    whole = tiny_srv.post(
+        path, {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    ).json()
     (call,) = whole["choices"][0]["message"]["tool_calls"]
     assert (call["function"]["name"], call["function"]["arguments"]) == ("set_level", args)
     # the logprobs entries of every chunk add up to the non-streamed list
-    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
-                for e in c["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
     assert streamed == whole["choices"][0]["logprobs"]["content"]
 
 

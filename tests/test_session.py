@@ -1,5 +1,6 @@
 """Session: exact-path bit-identity across batching, chunking, threads, reuse and forks;
 generation options; typed errors that leave the session as it was."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -184,7 +185,9 @@ def test_cache_full_after_reusing_cached_blocks_leaves_session_intact(model):
     assert np.array_equal(b.prefill(shared[:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
     assert b.tokens == shared[:32] + [1, 2]
     b.reset()
-    assert np.array_equal(f.prefill(shared[16:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2]))
+    assert np.array_equal(
+        f.prefill(shared[16:32] + [1, 2]), cold_logits(model, shared[:32] + [1, 2])
+    )
     assert f.tokens == shared[:32] + [1, 2]
 
 
@@ -217,8 +220,9 @@ def test_generate_takes_sampling_params_and_overrides(model):
     ref = s.generate(p, max_tokens=8, **kw).tokens
     assert s.generate(p, SamplingParams(**kw), max_tokens=8).tokens == ref
     assert s.generate(p, SamplingParams(**dict(kw, seed=99)), max_tokens=8, seed=5).tokens == ref
-    assert s.generate(p, SamplingParams(), max_tokens=8).tokens == s.generate(
-        p, max_tokens=8).tokens  # the defaults are greedy
+    assert (
+        s.generate(p, SamplingParams(), max_tokens=8).tokens == s.generate(p, max_tokens=8).tokens
+    )  # the defaults are greedy
     for call in (s.generate, s.chat):
         arg = p if call == s.generate else [{"role": "user", "content": "hi"}]
         with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
@@ -269,15 +273,18 @@ def test_logit_bias_shifts_greedy_choice(model):
 THE = 258  # the tiny vocabulary's token " the" (4 characters)
 
 
-@pytest.mark.parametrize("stops", [
-    ["the"],  # starts inside the first token
-    ["e t"],  # ends in the second token
-    ["he the t"],  # spans three tokens, from inside the first
-    ["e the the"],  # starts inside the first token, ends with the third
-    [" the the the"],  # whole tokens, at offset 0
-    ["zzz", "the t", "e th"],  # the earliest match wins, whatever the list order
-    ["zzz"],  # never matches: the whole text, finish_reason "length"
-])
+@pytest.mark.parametrize(
+    "stops",
+    [
+        ["the"],  # starts inside the first token
+        ["e t"],  # ends in the second token
+        ["he the t"],  # spans three tokens, from inside the first
+        ["e the the"],  # starts inside the first token, ends with the third
+        [" the the the"],  # whole tokens, at offset 0
+        ["zzz", "the t", "e th"],  # the earliest match wins, whatever the list order
+        ["zzz"],  # never matches: the whole text, finish_reason "length"
+    ],
+)
 def test_stop_strings_anywhere(model, stops):
     """Output steered to " the the the ..." (6 tokens); each stop string cuts the text at
     its first occurrence (computed here with str.find), streamed or not."""

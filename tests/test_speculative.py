@@ -7,6 +7,7 @@ temperatures, k and every sampling option (Hypothesis on tiny models); drafts ar
 accepted (non-vacuity: counters of the result and of the attention kernels); SmolLM2 greedy on
 a copy-heavy task once (slow).  The server's drafting is in tests/test_server.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,10 +33,10 @@ def naive_lookup(ctx: list[int], k: int) -> list[int]:
     for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
         if n >= L:
             continue
-        suffix = ctx[L - n:]
+        suffix = ctx[L - n :]
         for i in range(L - n - 1, -1, -1):
-            if ctx[i:i + n] == suffix:
-                return ctx[i + n:i + n + k]
+            if ctx[i : i + n] == suffix:
+                return ctx[i + n : i + n + k]
     return []
 
 
@@ -62,8 +63,12 @@ def models(tiny):
     def get(threads=1, exact=False):
         if (threads, exact) not in made:
             made[threads, exact] = Model(
-                GGUFFile(tiny("llama", 3, max_position_embeddings=CTX)[1]), threads=threads,
-                exact=exact, context_length=CTX, progress=False)
+                GGUFFile(tiny("llama", 3, max_position_embeddings=CTX)[1]),
+                threads=threads,
+                exact=exact,
+                context_length=CTX,
+                progress=False,
+            )
         return made[threads, exact]
 
     return get
@@ -87,30 +92,45 @@ def repetitive_prompt(rng, n):
     return out[:n]
 
 
-SAMPLING = st.fixed_dictionaries({}, optional={
-    "temperature": st.sampled_from([0.0, 0.4, 0.9, 1.5]),
-    "top_k": st.sampled_from([0, 1, 5, 40]),
-    "top_p": st.sampled_from([1.0, 0.9, 0.5]),
-    "min_p": st.sampled_from([0.0, 0.05, 0.3]),
-    "repeat_penalty": st.sampled_from([1.0, 1.1, 0.8]),
-    "presence_penalty": st.sampled_from([0.0, 0.5, -0.5]),
-    "frequency_penalty": st.sampled_from([0.0, 0.3]),
-    # strong biases make the output repeat a few tokens, so drafts get accepted
-    "logit_bias": st.sampled_from([None, {65: 6.0, 66: 6.0}, {7: 9.0, 8: 8.0, 9: 7.0},
-                                   {65: -100.0}]),
-    "stop": st.sampled_from([None, "A", ["BA", "\x07\x08"], "zz"]),
-    "logprobs": st.booleans(),
-    "top_logprobs": st.sampled_from([0, 3]),
-})
+SAMPLING = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.sampled_from([0.0, 0.4, 0.9, 1.5]),
+        "top_k": st.sampled_from([0, 1, 5, 40]),
+        "top_p": st.sampled_from([1.0, 0.9, 0.5]),
+        "min_p": st.sampled_from([0.0, 0.05, 0.3]),
+        "repeat_penalty": st.sampled_from([1.0, 1.1, 0.8]),
+        "presence_penalty": st.sampled_from([0.0, 0.5, -0.5]),
+        "frequency_penalty": st.sampled_from([0.0, 0.3]),
+        # strong biases make the output repeat a few tokens, so drafts get accepted
+        "logit_bias": st.sampled_from(
+            [None, {65: 6.0, 66: 6.0}, {7: 9.0, 8: 8.0, 9: 7.0}, {65: -100.0}]
+        ),
+        "stop": st.sampled_from([None, "A", ["BA", "\x07\x08"], "zz"]),
+        "logprobs": st.booleans(),
+        "top_logprobs": st.sampled_from([0, 3]),
+    },
+)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), n=st.one_of(st.integers(1, 200), st.integers(480, 560)),
-       k=st.integers(1, 10), max_tokens=st.integers(0, 60), sampling=SAMPLING,
-       exact=st.booleans(), stream=st.booleans(), threads=st.sampled_from([1, 2]))
-def test_drafting_changes_no_output_hypothesis(models, seed, n, k, max_tokens, sampling, exact,
-                                               stream, threads):
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(0, 10**6),
+    n=st.one_of(st.integers(1, 200), st.integers(480, 560)),
+    k=st.integers(1, 10),
+    max_tokens=st.integers(0, 60),
+    sampling=SAMPLING,
+    exact=st.booleans(),
+    stream=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+)
+def test_drafting_changes_no_output_hypothesis(
+    models, seed, n, k, max_tokens, sampling, exact, stream, threads
+):
     """With and without drafting: the same tokens, text, finish reason, completion count,
     logprobs, streamed pieces (and their logprobs) and session tokens afterwards (prompts of up
     to 560 tokens: verify rows on both sides of the fast floor in the default mode)."""
@@ -144,8 +164,10 @@ def test_drafts_are_accepted_and_verified_in_one_call(models):
 
     m = models()
     ids = repetitive_prompt(np.random.default_rng(1), 300)
-    for kw in (dict(temperature=0.0, logit_bias={7: 9.0, 8: 8.0, 9: 7.0}),
-               dict(temperature=0.8, seed=5, logit_bias={65: 6.0, 66: 6.0})):
+    for kw in (
+        dict(temperature=0.0, logit_bias={7: 9.0, 8: 8.0, 9: 7.0}),
+        dict(temperature=0.8, seed=5, logit_bias={65: 6.0, 66: 6.0}),
+    ):
         plain, _, _ = run(m, ids, max_tokens=80, **kw)
         reset_attention_counters()
         spec, _, _ = run(m, ids, max_tokens=80, draft="prompt_lookup", draft_tokens=8, **kw)
@@ -162,15 +184,25 @@ def test_constrained_output_and_logprobs_unchanged(models):
     same tokens, text, reason and logprobs with drafting; drafts the grammar forbids are simply
     rejected."""
     m = models()
-    schema = {"type": "object", "required": ["a", "b"], "additionalProperties": False,
-              "properties": {"a": {"type": "string", "maxLength": 20},
-                             "b": {"type": "array", "items": {"type": "integer"},
-                                   "maxItems": 6}}}
+    schema = {
+        "type": "object",
+        "required": ["a", "b"],
+        "additionalProperties": False,
+        "properties": {
+            "a": {"type": "string", "maxLength": 20},
+            "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 6},
+        },
+    }
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
     ids = repetitive_prompt(np.random.default_rng(3), 120) + list(b'{"a": "abab", "b": [1, 2')
     for kw in (dict(temperature=0.0), dict(temperature=0.9, seed=11)):
-        kw.update(max_tokens=60, response_format=rf, logprobs=True, top_logprobs=2,
-                  logit_bias={97: 3.0, 98: 3.0, 49: 2.0, 44: 2.0})
+        kw.update(
+            max_tokens=60,
+            response_format=rf,
+            logprobs=True,
+            top_logprobs=2,
+            logit_bias={97: 3.0, 98: 3.0, 49: 2.0, 44: 2.0},
+        )
         plain, _, _ = run(m, ids, **kw)
         spec, _, _ = run(m, ids, draft="prompt_lookup", draft_tokens=6, **kw)
         assert spec.tokens == plain.tokens and spec.text == plain.text
@@ -183,8 +215,9 @@ def test_chat_takes_draft(models):
     m = models()
     msgs = [{"role": "user", "content": "abc abc abc abc abc"}]
     a = m.session().chat(msgs, max_tokens=30, logit_bias={97: 5.0, 98: 5.0, 99: 5.0})
-    b = m.session().chat(msgs, max_tokens=30, logit_bias={97: 5.0, 98: 5.0, 99: 5.0},
-                         draft="prompt_lookup")
+    b = m.session().chat(
+        msgs, max_tokens=30, logit_bias={97: 5.0, 98: 5.0, 99: 5.0}, draft="prompt_lookup"
+    )
     assert a.text == b.text and b.timings.draft_tokens > 0
 
 
@@ -192,8 +225,8 @@ def test_draft_without_room_falls_back_to_a_decode_step(models):
     """A draft that needs a block the cache cannot give does not fail the step plain decoding
     would take: the token alone is decoded (the same logits as a decode step), nothing of the
     draft is counted or held, no block is leaked."""
-    from goinfer.sampling import SamplingParams
     from goinfer.generation import Generation
+    from goinfer.sampling import SamplingParams
     from goinfer.speculative import Speculation
 
     m = models()
@@ -215,10 +248,12 @@ def test_draft_without_room_falls_back_to_a_decode_step(models):
 
 def test_bad_draft_arguments(models):
     s = models().session()
-    for kw, param in ((dict(draft="medusa"), "draft"), (dict(draft="prompt_lookup",
-                                                             draft_tokens=0), "draft_tokens"),
-                      (dict(draft="prompt_lookup", draft_tokens=1.5), "draft_tokens"),
-                      (dict(draft="prompt_lookup", draft_tokens=True), "draft_tokens")):
+    for kw, param in (
+        (dict(draft="medusa"), "draft"),
+        (dict(draft="prompt_lookup", draft_tokens=0), "draft_tokens"),
+        (dict(draft="prompt_lookup", draft_tokens=1.5), "draft_tokens"),
+        (dict(draft="prompt_lookup", draft_tokens=True), "draft_tokens"),
+    ):
         with pytest.raises(RequestError) as e:
             s.generate([1, 2, 3], max_tokens=4, **kw)
         assert e.value.param == param
@@ -247,10 +282,17 @@ def save_config(path, data):
 def test_smollm2_copy_task_greedy(smollm2):
     """The real model editing a file it was shown: the same text with and without drafting,
     and most of the reply comes from accepted drafts."""
-    msgs = [{"role": "user", "content": "Here is config.py:\n\n```python\n" + FILE
-             + "```\n\nChange the default timeout to 60. Reply with the whole updated file."}]
+    msgs = [
+        {
+            "role": "user",
+            "content": "Here is config.py:\n\n```python\n"
+            + FILE
+            + "```\n\nChange the default timeout to 60. Reply with the whole updated file.",
+        }
+    ]
     plain = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(msgs, max_tokens=160)
     spec = smollm2.session(KVCache(smollm2, max_tokens=1024)).chat(
-        msgs, max_tokens=160, draft="prompt_lookup")
+        msgs, max_tokens=160, draft="prompt_lookup"
+    )
     assert spec.text == plain.text and spec.tokens == plain.tokens
     assert spec.timings.draft_accepted >= spec.completion_tokens // 4, spec.timings

@@ -16,12 +16,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from fixtures import llama_cpp_vocab
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fixtures import llama_cpp_vocab
 from goinfer.chat_template import GEMMA_TEMPLATE, builtin_template, render_chat_template
 from goinfer.errors import ChatTemplateError, TokenizerError
 from goinfer.tokenizer import StreamDecoder, Tokenizer
@@ -84,7 +84,9 @@ def _tokenizer(name: str) -> Tokenizer:
     if name == "smollm2":
         return Tokenizer.from_metadata(_smollm2_md())
     if name.startswith("smollm2-pre-"):
-        return Tokenizer.from_metadata({**_smollm2_md(), "tokenizer.ggml.pre": name[len("smollm2-pre-") :]})
+        return Tokenizer.from_metadata(
+            {**_smollm2_md(), "tokenizer.ggml.pre": name[len("smollm2-pre-") :]}
+        )
     return Tokenizer.from_metadata(read_gguf_metadata(_need_model(name)))
 
 
@@ -114,7 +116,9 @@ def test_ids_match_llama_cpp(name, parse_special):
     for i, (doc, want) in enumerate(zip(_docs(), want_all)):
         got = tok.encode(doc, parse_special=parse_special)
         if got != want:
-            bad.append(f"doc {i} ({doc[:30]!r}): {llama_cpp_vocab.first_difference(tok, got, want)}")
+            bad.append(
+                f"doc {i} ({doc[:30]!r}): {llama_cpp_vocab.first_difference(tok, got, want)}"
+            )
     assert not bad, f"{len(bad)} of {len(want_all)} documents differ:\n" + "\n".join(bad[:5])
 
 
@@ -129,11 +133,17 @@ def test_decode_of_llama_cpp_ids_gives_the_text_back(name):
 def test_shipped_smollm2_metadata_matches_the_gguf():
     md = read_gguf_metadata(_need_model("smollm2"))
     shipped = _smollm2_md()
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.model"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.pre",
+        "tokenizer.ggml.model",
+    ):
         assert md[key] == shipped[key]
     assert np.array_equal(md["tokenizer.ggml.token_type"], shipped["tokenizer.ggml.token_type"])
     assert (
-        md["tokenizer.chat_template"] == (DATA / "chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja").read_text()
+        md["tokenizer.chat_template"]
+        == (DATA / "chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja").read_text()
     )
 
 
@@ -189,7 +199,9 @@ def test_gemma3_facts():
     assert (tok.bos_id, tok.eos_id) == (2, 1)
     assert tok.stop_ids == {1, tok.token_to_id("<end_of_turn>")}
     assert tok.encode("Hello", add_special=True)[0] == 2
-    assert tok.encode("<start_of_turn>user", parse_special=True)[0] == tok.token_to_id("<start_of_turn>")
+    assert tok.encode("<start_of_turn>user", parse_special=True)[0] == tok.token_to_id(
+        "<start_of_turn>"
+    )
     # user-defined tokens (runs of spaces, HTML tags) are matched even when parse_special is off
     assert tok.encode("a    b", parse_special=False)[1] == tok.token_to_id("    ")
     assert tok.token_bytes(tok.token_to_id("<0xE2>")) == b"\xe2"
@@ -228,7 +240,10 @@ def test_bad_metadata_raises_tokenizer_error():
     with pytest.raises(TokenizerError, match="outside the vocabulary"):
         Tokenizer.from_metadata({**md, "tokenizer.ggml.eos_token_id": 10**6})
     no_bos = Tokenizer.from_metadata(
-        {**{k: v for k, v in md.items() if k != "tokenizer.ggml.bos_token_id"}, "tokenizer.ggml.add_bos_token": True}
+        {
+            **{k: v for k, v in md.items() if k != "tokenizer.ggml.bos_token_id"},
+            "tokenizer.ggml.add_bos_token": True,
+        }
     )
     assert no_bos.encode("hi") == _tokenizer("smollm2").encode("hi")
     with pytest.raises(TokenizerError, match="BOS"):
@@ -279,7 +294,11 @@ def test_tiny_spm_space_prefix():
     assert names("abc") == ["▁", "abc"]
     assert names("ad") == ["▁a", "d"]
     assert names("a a") == ["▁a", "▁a"]
-    assert names("a<s>a", parse_special=True) == ["▁a", "<s>", "▁a"]  # prefix after a special token too
+    assert names("a<s>a", parse_special=True) == [
+        "▁a",
+        "<s>",
+        "▁a",
+    ]  # prefix after a special token too
     assert tok.decode(tok.encode("a a")) == "a a"
 
 
@@ -430,11 +449,19 @@ CONVERSATIONS = {
                 {
                     "id": "call12345",
                     "type": "function",
-                    "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": {"city": "Paris", "unit": "celsius"},
+                    },
                 }
             ],
         },
-        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": '{"temp": 21, "sky": "clear"}'},
+        {
+            "role": "tool",
+            "tool_call_id": "call12345",
+            "name": "get_weather",
+            "content": '{"temp": 21, "sky": "clear"}',
+        },
         {"role": "assistant", "content": "It is 21 °C and clear in Paris."},
         {"role": "user", "content": "Thanks!"},
     ],
@@ -475,7 +502,9 @@ def _hf_tokenizer():
     from tokenizers.models import WordLevel
 
     inner = HFTok(WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=inner, bos_token="<s>", eos_token="</s>"
+    )
 
 
 def _render_both(template: str, messages, add_generation_prompt: bool, **kw):
@@ -484,13 +513,22 @@ def _render_both(template: str, messages, add_generation_prompt: bool, **kw):
     assert set(hf.special_tokens_map) == {"bos_token", "eos_token"}
     try:
         want = hf.apply_chat_template(
-            messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False, **kw
+            messages,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kw,
         )
     except Exception as e:  # noqa: BLE001
         want = e
     try:
         got = render_chat_template(
-            template, messages, add_generation_prompt=add_generation_prompt, bos_token="<s>", eos_token="</s>", **kw
+            template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token="<s>",
+            eos_token="</s>",
+            **kw,
         )
     except ChatTemplateError as e:
         got = e
@@ -500,9 +538,13 @@ def _render_both(template: str, messages, add_generation_prompt: bool, **kw):
 def _check_same(template, messages, add_generation_prompt, **kw):
     want, got = _render_both(template, messages, add_generation_prompt, **kw)
     if isinstance(want, Exception):
-        assert isinstance(got, ChatTemplateError), f"transformers raised {want!r}, goinfer rendered {got!r}"
+        assert isinstance(got, ChatTemplateError), (
+            f"transformers raised {want!r}, goinfer rendered {got!r}"
+        )
     else:
-        assert not isinstance(got, Exception), f"goinfer raised {got!r}, transformers rendered {want!r}"
+        assert not isinstance(got, Exception), (
+            f"goinfer raised {got!r}, transformers rendered {want!r}"
+        )
         assert got == want
     return want
 
@@ -519,7 +561,9 @@ def test_real_templates_match_transformers(template_name):
             rendered += not isinstance(out, Exception)
             if "enable_thinking" in template:
                 _check_same(template, conv, agp, tools=tools, enable_thinking=False, **extra)
-    assert rendered >= 4, "the template rendered almost nothing: the conversations do not exercise it"
+    assert rendered >= 4, (
+        "the template rendered almost nothing: the conversations do not exercise it"
+    )
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURE_TEMPLATES))
@@ -568,7 +612,9 @@ def test_messages_are_not_modified():
     conv = json.loads(json.dumps(CONVERSATIONS["tools"]))
     before = json.dumps(conv)
     render_chat_template(
-        (DATA / "chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), conv, tools=[WEATHER_TOOL]
+        (DATA / "chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text(),
+        conv,
+        tools=[WEATHER_TOOL],
     )
     assert json.dumps(conv) == before
 
@@ -590,7 +636,9 @@ def test_builtin_gemma_matches_llama_cpp():
     assert len(cases) >= 10
     for case in cases:
         got = render_chat_template(
-            builtin_template("gemma3"), case["messages"], add_generation_prompt=case["add_generation_prompt"]
+            builtin_template("gemma3"),
+            case["messages"],
+            add_generation_prompt=case["add_generation_prompt"],
         )
         assert got == case["rendered"], case["messages"]
 
@@ -607,7 +655,9 @@ def test_smollm2_template_renders_a_chat():
     assert ids.count(tok.token_to_id("<|im_start|>")) == 3 and ids.count(tok.eos_id) == 2
 
 
-_content = st.text(max_size=40) | st.sampled_from(["{{ x }}", "{% if %}", "<|im_end|>", "  padded  ", "", "\n\n"])
+_content = st.text(max_size=40) | st.sampled_from(
+    ["{{ x }}", "{% if %}", "<|im_end|>", "  padded  ", "", "\n\n"]
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -618,7 +668,9 @@ _content = st.text(max_size=40) | st.sampled_from(["{{ x }}", "{% if %}", "<|im_
 )
 def test_random_conversations_match_transformers(contents, system, add_generation_prompt):
     messages = [{"role": "system", "content": system}] if system is not None else []
-    messages += [{"role": ("user", "assistant")[i % 2], "content": c} for i, c in enumerate(contents)]
+    messages += [
+        {"role": ("user", "assistant")[i % 2], "content": c} for i, c in enumerate(contents)
+    ]
     for name in ("Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja"):
         template = (DATA / "chat_templates" / name).read_text(encoding="utf-8")
         _check_same(template, messages, add_generation_prompt, date_string="26 Jul 2024")

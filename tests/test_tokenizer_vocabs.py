@@ -5,12 +5,12 @@ parse_special=False), fetched with the converter (tests/fixtures/hfconvert.py).
 
 qwen35: Qwen3.5's pre-tokenizer; llama-bpe: Llama 3's; gemma-4: the "gemma4" tokenizer model
 (SentencePiece-style BPE with merges, newline runs, byte fallback)."""
+
 from __future__ import annotations
 
-from fixtures import hfconvert
-from fixtures import llama_cpp_vocab
 import pytest
 
+from fixtures import hfconvert, llama_cpp_vocab
 from goinfer.gguf import GGUFFile
 from goinfer.tokenizer import Tokenizer
 
@@ -33,4 +33,6 @@ def test_gemma4_specifics():
     ids = tok.encode("Hi\n\n\nthere", add_special=True)
     assert ids[0] == tok.bos_id
     assert tok.token_to_id("\n\n\n") in ids  # a newline run that is a token is taken whole
-    assert tok.decode(tok.encode("a \u0000 \U0001f999 b")) == "a \u0000 \U0001f999 b"  # byte fallback
+    assert (
+        tok.decode(tok.encode("a \u0000 \U0001f999 b")) == "a \u0000 \U0001f999 b"
+    )  # byte fallback

@@ -6,6 +6,7 @@ the whole-reply parser.
 The references are independent of the code under test: the real chat templates of Qwen 2.5,
 Llama 3.1 and Mistral Nemo (written by the model makers) render calls that our parser must
 read back, jsonschema validates arguments, and expected parses are written by hand."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,17 +33,32 @@ LLAMA = TEMPLATES["meta-llama-Llama-3.1-8B-Instruct"]
 MISTRAL = TEMPLATES["mistralai-Mistral-Nemo-Instruct-2407"]
 SMOLLM2 = TEMPLATES["HuggingFaceTB-SmolLM2-135M-Instruct"]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two numbers",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"$ref": "#/$defs/num"}},
-                   "required": ["a", "b"], "additionalProperties": False,
-                   "$defs": {"num": {"type": "number", "minimum": 0}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/$defs/num"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+            "$defs": {"num": {"type": "number", "minimum": 0}},
+        },
+    },
+}
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -75,13 +91,20 @@ NAMED_ADD = {"type": "function", "function": {"name": "add"}}
 
 def allowed(mode, *names, form="chat"):
     """OpenAI's tool_choice allowing the named tools (form "responses": {"type", "name"})."""
-    tools = [{"type": "function", "function": {"name": n}} if form == "chat" else
-             {"type": "function", "name": n} for n in names]
+    tools = [
+        {"type": "function", "function": {"name": n}}
+        if form == "chat"
+        else {"type": "function", "name": n}
+        for n in names
+    ]
     return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
 
 
-CHOICES = {"add": NAMED_ADD, "allowed-add-auto": allowed("auto", "add"),
-           "allowed-add-required": allowed("required", "add")}
+CHOICES = {
+    "add": NAMED_ADD,
+    "allowed-add-auto": allowed("auto", "add"),
+    "allowed-add-required": allowed("required", "add"),
+}
 
 # ============================================================================ checks
 
@@ -91,27 +114,97 @@ BAD = [
     (["get_weather"], None, None, "tools[0]"),
     ([{"type": "retrieval"}], None, None, "tools[0].type"),
     ([{"type": "function"}], None, None, "tools[0].function"),
-    ([{"type": "function", "function": {"name": "get weather"}}], None, None,
-     "tools[0].function.name"),
+    (
+        [{"type": "function", "function": {"name": "get weather"}}],
+        None,
+        None,
+        "tools[0].function.name",
+    ),
     ([WEATHER, WEATHER], None, None, "tools[1].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
-     None, None, "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": [1]}}],
-     None, None, "tools[0].function.parameters"),
-    ([WEATHER, {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "objekt"}}}}}],
-     None, None, "tools[1].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}],
-     None, None, "tools[0].function.parameters"),  # a feature the engine cannot enforce
-    ([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "pattern": "[a-"}}}}}],
-     None, None, "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}],
-     None, None, "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {}, "strict": "yes"}}],
-     None, None, "tools[0].function.strict"),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+        None,
+        None,
+        "tools[0].function.parameters",
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": [1]}}],
+        None,
+        None,
+        "tools[0].function.parameters",
+    ),
+    (
+        [
+            WEATHER,
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}},
+                },
+            },
+        ],
+        None,
+        None,
+        "tools[1].function.parameters",
+    ),
+    (
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"a": {"not": {"type": "string"}}},
+                    },
+                },
+            }
+        ],
+        None,
+        None,
+        "tools[0].function.parameters",
+    ),  # a feature the engine cannot enforce
+    (
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"a": {"type": "string", "pattern": "[a-"}},
+                    },
+                },
+            }
+        ],
+        None,
+        None,
+        "tools[0].function.parameters",
+    ),
+    (
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"a": {"$ref": "#/$defs/missing"}},
+                    },
+                },
+            }
+        ],
+        None,
+        None,
+        "tools[0].function.parameters",
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": {}, "strict": "yes"}}],
+        None,
+        None,
+        "tools[0].function.strict",
+    ),
     (TOOLS, "sometimes", None, "tool_choice"),
     (TOOLS, {"type": "function", "function": {"name": "nope"}}, None, "tool_choice"),
     (TOOLS, {"type": "function"}, None, "tool_choice"),
@@ -122,12 +215,27 @@ BAD = [
     (TOOLS, allowed("sometimes", "add"), None, "tool_choice.allowed_tools.mode"),
     (TOOLS, allowed("auto"), None, "tool_choice.allowed_tools.tools"),
     (TOOLS, allowed("auto", "add", "nope"), None, "tool_choice.allowed_tools.tools[1]"),
-    (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-        {"type": "custom", "custom": {"name": "add"}}]}}, None,
-     "tool_choice.allowed_tools.tools[0]"),
-    (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [NAMED_ADD],
-                                                        "extra": 1}}, None,
-     "tool_choice.allowed_tools"),
+    (
+        TOOLS,
+        {
+            "type": "allowed_tools",
+            "allowed_tools": {
+                "mode": "auto",
+                "tools": [{"type": "custom", "custom": {"name": "add"}}],
+            },
+        },
+        None,
+        "tool_choice.allowed_tools.tools[0]",
+    ),
+    (
+        TOOLS,
+        {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": "auto", "tools": [NAMED_ADD], "extra": 1},
+        },
+        None,
+        "tool_choice.allowed_tools",
+    ),
     (TOOLS, {"type": "allowed_tools"}, None, "tool_choice"),
     (None, allowed("required", "add"), None, "tool_choice.allowed_tools.tools[0]"),
 ]
@@ -164,12 +272,18 @@ def test_checked_tools():
 # ============================================================================ formats
 
 
-@pytest.mark.parametrize("name,fmt", [
-    ("Qwen-Qwen2.5-7B-Instruct", "hermes"), ("Qwen-Qwen3-0.6B", "hermes"),
-    ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
-    ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
-    ("HuggingFaceTB-SmolLM2-135M-Instruct", "generic"), ("HuggingFaceTB-SmolLM3-3B", "generic"),
-    ("google-gemma-2-2b-it", "generic")])
+@pytest.mark.parametrize(
+    "name,fmt",
+    [
+        ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+        ("Qwen-Qwen3-0.6B", "hermes"),
+        ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+        ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+        ("HuggingFaceTB-SmolLM2-135M-Instruct", "generic"),
+        ("HuggingFaceTB-SmolLM3-3B", "generic"),
+        ("google-gemma-2-2b-it", "generic"),
+    ],
+)
 def test_format_from_real_templates(name, fmt):
     assert T.format_of(TEMPLATES[name]).name == fmt
 
@@ -181,8 +295,10 @@ def test_format_of_other_templates():
     odd = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert T.format_of(odd) is T.GENERIC
     assert T.format_of("{% broken") is T.GENERIC
-    xml = ("{{ tools | tojson }}<tool_call>\n<function=name>\n<parameter=x>\n"
-           "{% for m in messages %}{{ m.content }}{% endfor %}")
+    xml = (
+        "{{ tools | tojson }}<tool_call>\n<function=name>\n<parameter=x>\n"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     assert T.format_of(xml) is T.QWEN_XML  # Qwen3-Coder's XML calls
 
 
@@ -190,20 +306,29 @@ def test_format_of_other_templates():
 
 
 def conversation(calls):
-    return [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Weather in Paris, and 2+3?"},
-            {"role": "assistant", "content": None, "tool_calls": calls},
-            *[{"role": "tool", "tool_call_id": c["id"], "content": f"result-{i}"}
-              for i, c in enumerate(calls)]]
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Paris, and 2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *[
+            {"role": "tool", "tool_call_id": c["id"], "content": f"result-{i}"}
+            for i, c in enumerate(calls)
+        ],
+    ]
 
 
 def call(name, args, cid):
-    return {"id": cid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
-CALLS = [call("get_weather", {"city": "Paris", "unit": "celsius"}, "abcdefgh1"),
-         call("add", {"a": 2, "b": 3.5}, "abcdefgh2")]
+CALLS = [
+    call("get_weather", {"city": "Paris", "unit": "celsius"}, "abcdefgh1"),
+    call("add", {"a": 2, "b": 3.5}, "abcdefgh2"),
+]
 ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>")
 
 
@@ -213,19 +338,26 @@ def rendered_reply(template, fmt, messages, s):
     upto = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     kw = dict(bos_token="<s>", eos_token="</s>")
     m0, t0 = T.chat_inputs(messages[:upto], fmt, s)
-    m1, t1 = T.chat_inputs(messages[:upto + 1], fmt, s)
+    m1, t1 = T.chat_inputs(messages[: upto + 1], fmt, s)
     before = render_chat_template(template, m0, add_generation_prompt=True, tools=t0, **kw)
     full = render_chat_template(template, m1, add_generation_prompt=False, tools=t1, **kw)
     assert full.startswith(before)
-    reply = full[len(before):]
+    reply = full[len(before) :]
     cut = min((reply.find(e) for e in ENDS if e in reply), default=len(reply))
     return reply[:cut]
 
 
-@pytest.mark.parametrize("template,fmt,calls", [
-    (QWEN, "hermes", CALLS), (QWEN, "hermes", CALLS[:1]), (MISTRAL, "mistral", CALLS),
-    (LLAMA, "llama3", CALLS[:1]),  # Llama 3.1's template takes one call per turn
-    (SMOLLM2, "generic", CALLS), (GEMMA_TEMPLATE, "generic", CALLS[1:])])
+@pytest.mark.parametrize(
+    "template,fmt,calls",
+    [
+        (QWEN, "hermes", CALLS),
+        (QWEN, "hermes", CALLS[:1]),
+        (MISTRAL, "mistral", CALLS),
+        (LLAMA, "llama3", CALLS[:1]),  # Llama 3.1's template takes one call per turn
+        (SMOLLM2, "generic", CALLS),
+        (GEMMA_TEMPLATE, "generic", CALLS[1:]),
+    ],
+)
 def test_template_renders_calls_our_parser_reads_back(template, fmt, calls):
     f = T.format_of(template)
     assert f.name == fmt
@@ -235,8 +367,9 @@ def test_template_renders_calls_our_parser_reads_back(template, fmt, calls):
     reply = rendered_reply(template, f, messages[1:], s)
     content, got = T.parse_reply(reply, f, s)
     assert not content
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == \
-        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
+    ]
     if fmt == "mistral":  # the ids the template wrote are read back
         assert [c["id"] for c in got] == [c["id"] for c in calls]
     # the whole conversation renders: tools listed, results after the calls
@@ -254,20 +387,27 @@ def test_generic_rendering():
     assert tools is None  # the template never sees tools: our prompt carries them
     assert m[0]["role"] == "system" and m[0]["content"].startswith("You are terse.\n\n# Tools")
     assert json.dumps(WEATHER) in m[0]["content"] and json.dumps(ADD) in m[0]["content"]
-    assert m[2] == {"role": "assistant", "content":
-                    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
-                    '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "add", '
-                    '"arguments": {"a": 2, "b": 3.5}}\n</tool_call>'}
+    assert m[2] == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+        '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "add", '
+        '"arguments": {"a": 2, "b": 3.5}}\n</tool_call>',
+    }
     # consecutive results: one user turn
-    assert m[3] == {"role": "user", "content": "<tool_response>\nresult-0\n</tool_response>\n"
-                    "<tool_response>\nresult-1\n</tool_response>"}
+    assert m[3] == {
+        "role": "user",
+        "content": "<tool_response>\nresult-0\n</tool_response>\n"
+        "<tool_response>\nresult-1\n</tool_response>",
+    }
     assert len(m) == 4
     # no system message: the tool prompt is one; no tools: history still in our format
     m2, _ = T.chat_inputs(conversation(CALLS)[1:], T.GENERIC, s)
     assert m2[0]["role"] == "system" and m2[0]["content"].startswith("# Tools")
     m3, _ = T.chat_inputs(conversation(CALLS), T.GENERIC, None)
-    assert m3[0] == {"role": "system", "content": "You are terse."} and "<tool_call>" in \
-        m3[2]["content"]
+    assert (
+        m3[0] == {"role": "system", "content": "You are terse."}
+        and "<tool_call>" in m3[2]["content"]
+    )
 
 
 # ============================================================================ grammars
@@ -284,19 +424,43 @@ A = '{"name": "add", "arguments": {"a": 1, "b": 2.5}}'
 HW, HA = f"<tool_call>\n{W}\n</tool_call>", f"<tool_call>\n{A}\n</tool_call>"
 LW, LA = W.replace("arguments", "parameters"), A.replace("arguments", "parameters")
 REPLIES = {  # format -> named replies
-    "generic": {"text": "Hello there", "empty": "", "w": HW, "a": HA, "text+w": "Sure. " + HW,
-                "w+a": HW + "\n" + HA, "a-bad-arg": HA.replace("2.5", '"x"'),
-                "a-neg": HA.replace("2.5", "-1"), "w-bad-name": HW.replace("weather", "wether"),
-                "w+text": HW + " bye", "a-extra": HA.replace("2.5", '2.5, "c": 1'),
-                "w-spaced": HW.replace('": ', '":  ')},
-    "llama3": {"text": "Hello there", "empty": "", "w": LW, "a": LA, "tag+w": "<|python_tag|>" + LW,
-               "w+a": LW + "; " + LA, "a-bad-arg": LA.replace("2.5", '"x"'),
-               "w-args-key": W, "text+tag": "Hi <|python_tag|>" + LW, "tag": "<|python_tag|>"},
-    "mistral": {"text": "Hello there", "empty": "", "w": f"[TOOL_CALLS][{W}]",
-                "a": f"[TOOL_CALLS][{A}]", "w+a": f"[TOOL_CALLS][{W}, {A}]",
-                "a-id": f"[TOOL_CALLS][{A[:-1]}, \"id\": \"abcdefgh1\"}}]",
-                "text+w": f"Sure. [TOOL_CALLS][{W}]", "bare": f"[{W}]",
-                "a-bad-arg": f"[TOOL_CALLS][{A}]".replace("2.5", "null")},
+    "generic": {
+        "text": "Hello there",
+        "empty": "",
+        "w": HW,
+        "a": HA,
+        "text+w": "Sure. " + HW,
+        "w+a": HW + "\n" + HA,
+        "a-bad-arg": HA.replace("2.5", '"x"'),
+        "a-neg": HA.replace("2.5", "-1"),
+        "w-bad-name": HW.replace("weather", "wether"),
+        "w+text": HW + " bye",
+        "a-extra": HA.replace("2.5", '2.5, "c": 1'),
+        "w-spaced": HW.replace('": ', '":  '),
+    },
+    "llama3": {
+        "text": "Hello there",
+        "empty": "",
+        "w": LW,
+        "a": LA,
+        "tag+w": "<|python_tag|>" + LW,
+        "w+a": LW + "; " + LA,
+        "a-bad-arg": LA.replace("2.5", '"x"'),
+        "w-args-key": W,
+        "text+tag": "Hi <|python_tag|>" + LW,
+        "tag": "<|python_tag|>",
+    },
+    "mistral": {
+        "text": "Hello there",
+        "empty": "",
+        "w": f"[TOOL_CALLS][{W}]",
+        "a": f"[TOOL_CALLS][{A}]",
+        "w+a": f"[TOOL_CALLS][{W}, {A}]",
+        "a-id": f'[TOOL_CALLS][{A[:-1]}, "id": "abcdefgh1"}}]',
+        "text+w": f"Sure. [TOOL_CALLS][{W}]",
+        "bare": f"[{W}]",
+        "a-bad-arg": f"[TOOL_CALLS][{A}]".replace("2.5", "null"),
+    },
 }
 EXPECT = {  # (format, choice, parallel) -> replies accepted
     ("generic", "auto", True): {"text", "empty", "w", "a", "text+w", "w+a"},
@@ -339,8 +503,9 @@ def test_grammar_accepts_exactly_the_valid_replies(key, tok, lltok):
 
 def test_hermes_grammar_is_generic_grammar(tok, lltok):
     for choice in ("auto", "required", "none"):
-        assert T.tool_grammar(spec(choice), T.HERMES, tok) == \
-            T.tool_grammar(spec(choice), T.GENERIC, tok)
+        assert T.tool_grammar(spec(choice), T.HERMES, tok) == T.tool_grammar(
+            spec(choice), T.GENERIC, tok
+        )
     assert T.tool_grammar(None, T.HERMES, tok) is None
 
 
@@ -364,13 +529,14 @@ def walk(lltok, tok, grammar, rng, prefix="", max_steps=300):
     out = tok.encode(prefix, parse_special=True)
     assert m.consume_tokens(out), m.get_error()
     stops = np.array(sorted(tok.stop_ids))
-    short = np.array([len(tok.token_bytes(i)) == 1 and not tok.is_control(i)
-                      for i in range(tok.vocab_size)])
+    short = np.array(
+        [len(tok.token_bytes(i)) == 1 and not tok.is_control(i) for i in range(tok.vocab_size)]
+    )
     closers = np.zeros(tok.vocab_size, dtype=bool)  # characters that end strings and objects
     closers[[tok.encode(c)[0] for c in '"}],'] + [tok.encode(c)[0] for c in "01a"]] = True
     for _ in range(max_steps):
         bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")
-        ok = bits[:tok.vocab_size].astype(bool)
+        ok = bits[: tok.vocab_size].astype(bool)
         if ok[stops].any() and (rng.random() < 0.3 or not ok.sum() > ok[stops].sum()):
             return tok.decode(out), True
         ok[stops] = False
@@ -382,8 +548,11 @@ def walk(lltok, tok, grammar, rng, prefix="", max_steps=300):
     return tok.decode(out), False
 
 
-OPENERS = {"generic": "Let me see. <tool_call>", "llama3": "<|python_tag|>",
-           "mistral": "Let me see. [TOOL_CALLS]"}
+OPENERS = {
+    "generic": "Let me see. <tool_call>",
+    "llama3": "<|python_tag|>",
+    "mistral": "Let me see. [TOOL_CALLS]",
+}
 
 
 @pytest.mark.parametrize("fmt", [T.GENERIC, T.LLAMA3, T.MISTRAL], ids=lambda f: f.name)
@@ -530,8 +699,9 @@ def stream(text, cuts, fmt=T.GENERIC, s=None):
     items += p.finish()
     content, calls = assemble(items)
     assert content == (p.content or "")
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in p.tool_calls or []] \
-        == calls
+    assert [
+        (c["function"]["name"], c["function"]["arguments"]) for c in p.tool_calls or []
+    ] == calls
     return (content if content or not calls else None), calls
 
 
@@ -553,11 +723,17 @@ def test_streamed_name_before_arguments():
     p = T.CallParser(T.GENERIC, spec())
     assert p.push('<tool_call>\n{"name": "get_wea') == []
     first = p.push('ther", "arguments": {"ci')
-    assert [d.as_openai() for d in first] == [{
-        "index": 0, "id": p.calls[0]["id"], "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"ci'}}]
+    assert [d.as_openai() for d in first] == [
+        {
+            "index": 0,
+            "id": p.calls[0]["id"],
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"ci'},
+        }
+    ]
     assert [d.as_openai() for d in p.push('ty": "Paris"}}\n</tool_call>')] == [
-        {"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]
+        {"index": 0, "function": {"arguments": 'ty": "Paris"}'}}
+    ]
     assert p.finish() == [] and p.content is None
 
 
@@ -584,14 +760,33 @@ def test_stream_cut_short_keeps_the_call_begun():
 # Bounded arguments (enums, small integers, booleans): a random tiny model under the grammar
 # finishes its call within a few dozen tokens.
 BOUNDED = [
-    {"type": "function", "function": {"name": "set_mode", "parameters": {
-        "type": "object", "properties": {"mode": {"enum": ["fast", "exact"]},
-                                         "level": {"type": "integer", "minimum": 0,
-                                                   "maximum": 9}},
-        "required": ["mode", "level"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "toggle", "parameters": {
-        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
-        "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "set_mode",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "mode": {"enum": ["fast", "exact"]},
+                    "level": {"type": "integer", "minimum": 0, "maximum": 9},
+                },
+                "required": ["mode", "level"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "toggle",
+            "parameters": {
+                "type": "object",
+                "properties": {"on": {"type": "boolean"}},
+                "required": ["on"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 BOUNDED_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
 ASK = [{"role": "user", "content": "Switch to exact mode."}]
@@ -612,8 +807,9 @@ def _check_calls(r, only=None):
     for c in r.tool_calls:
         assert c["type"] == "function" and c["id"].startswith("call_")
         assert only is None or c["function"]["name"] == only
-        jsonschema.validate(json.loads(c["function"]["arguments"]),
-                            BOUNDED_SCHEMAS[c["function"]["name"]])
+        jsonschema.validate(
+            json.loads(c["function"]["arguments"]), BOUNDED_SCHEMAS[c["function"]["name"]]
+        )
     assert r.message() == {"role": "assistant", "content": None, "tool_calls": r.tool_calls}
 
 
@@ -626,8 +822,12 @@ def test_chat_forced_calls_from_a_random_model_validate(tiny_model, seed):
     r = s.chat(ASK, tools=BOUNDED, tool_choice="required", **kw)
     _check_calls(r)
     assert len(r.tool_calls) == 1
-    r = s.chat(ASK, tools=BOUNDED, tool_choice={"type": "function", "function": {
-        "name": "toggle"}}, **dict(kw, parallel_tool_calls=True))
+    r = s.chat(
+        ASK,
+        tools=BOUNDED,
+        tool_choice={"type": "function", "function": {"name": "toggle"}},
+        **dict(kw, parallel_tool_calls=True),
+    )
     _check_calls(r, only="toggle")
     assert len(r.tool_calls) == 1  # a named function is called once
 
@@ -640,12 +840,21 @@ def test_chat_allowed_tools(tiny_model, mode):
     from goinfer.chat import prepare_chat
 
     choice = allowed(mode, "toggle")
-    assert prepare_chat(tiny_model, ASK, BOUNDED, choice).prompt == \
-        prepare_chat(tiny_model, ASK, BOUNDED, "auto").prompt
+    assert (
+        prepare_chat(tiny_model, ASK, BOUNDED, choice).prompt
+        == prepare_chat(tiny_model, ASK, BOUNDED, "auto").prompt
+    )
     s = tiny_model.session()
     for seed in range(3):
-        r = s.chat(ASK, tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0,
-                   seed=seed, parallel_tool_calls=False)
+        r = s.chat(
+            ASK,
+            tools=BOUNDED,
+            tool_choice=choice,
+            max_tokens=120,
+            temperature=1.0,
+            seed=seed,
+            parallel_tool_calls=False,
+        )
         if mode == "required":
             _check_calls(r, only="toggle")
         else:
@@ -654,16 +863,22 @@ def test_chat_allowed_tools(tiny_model, mode):
 
 def test_chat_stream_gives_the_same_calls(tiny_model):
     s = tiny_model.session()
-    kw = dict(tools=BOUNDED, tool_choice="required", max_tokens=120, temperature=1.0, seed=4,
-              parallel_tool_calls=False)
+    kw = dict(
+        tools=BOUNDED,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=1.0,
+        seed=4,
+        parallel_tool_calls=False,
+    )
     whole = s.chat(ASK, **kw)
     items = list(s.chat(ASK, stream=True, **kw))
     result = items.pop()
     content, calls = assemble(items)
     assert content == "" and result.tool_calls == [
-        dict(c, id=result.tool_calls[i]["id"]) for i, c in enumerate(whole.tool_calls)]
-    assert calls == [(c["function"]["name"], c["function"]["arguments"])
-                     for c in whole.tool_calls]
+        dict(c, id=result.tool_calls[i]["id"]) for i, c in enumerate(whole.tool_calls)
+    ]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls]
     assert result.tokens == whole.tokens and result.finish_reason == "tool_calls"
 
 
@@ -674,8 +889,16 @@ def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice
     from goinfer.generation import Piece
 
     s = tiny_model.session()
-    kw = dict(tools=BOUNDED, tool_choice=choice, max_tokens=120, temperature=1.0, seed=4,
-              parallel_tool_calls=False, logprobs=True, top_logprobs=1)
+    kw = dict(
+        tools=BOUNDED,
+        tool_choice=choice,
+        max_tokens=120,
+        temperature=1.0,
+        seed=4,
+        parallel_tool_calls=False,
+        logprobs=True,
+        top_logprobs=1,
+    )
     items = list(s.chat(ASK, stream=True, **kw))
     result = items.pop()
     got = [e for x in items for e in (x.logprobs or [])]
@@ -686,8 +909,12 @@ def test_chat_stream_with_logprobs_carries_them_on_every_item(tiny_model, choice
         assert deltas and any(d.logprobs for d in deltas)
     whole = s.chat(ASK, **kw)  # not streamed: the same tokens (its prompt comes from the
     assert whole.tokens == result.tokens  # cache, hence logprobs equal to ~1e-7, not bits)
-    assert np.allclose([e["logprob"] for e in whole.logprobs["content"]],
-                       [e["logprob"] for e in got], atol=1e-5, rtol=0)
+    assert np.allclose(
+        [e["logprob"] for e in whole.logprobs["content"]],
+        [e["logprob"] for e in got],
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_chat_tool_choice_none_and_auto(tiny_model):
@@ -716,30 +943,62 @@ def test_chat_tools_with_a_json_format_answer_or_call(tiny_model):
     """tool_choice "auto" with a JSON response_format (an agent's structured final answer):
     the reply is either the answer the schema holds or calls; a forced call ignores the
     format (the reply is calls)."""
-    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
-        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-        "additionalProperties": False}}}
+    rf = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "a",
+            "schema": {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+                "additionalProperties": False,
+            },
+        },
+    }
     for seed in range(6):  # which one a random model picks is its business
-        r = tiny_model.session().chat(ASK, tools=BOUNDED, response_format=rf, max_tokens=200,
-                                      temperature=1.0, seed=seed, parallel_tool_calls=False)
+        r = tiny_model.session().chat(
+            ASK,
+            tools=BOUNDED,
+            response_format=rf,
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+            parallel_tool_calls=False,
+        )
         if r.tool_calls:
             assert r.finish_reason == "tool_calls" and not r.content
         else:
             assert json.loads(r.content) in ({"ok": True}, {"ok": False})
-    r = tiny_model.session().chat(ASK, tools=BOUNDED, response_format=rf, max_tokens=200,
-                                  tool_choice="required", temperature=1.0, seed=0,
-                                  parallel_tool_calls=False)
+    r = tiny_model.session().chat(
+        ASK,
+        tools=BOUNDED,
+        response_format=rf,
+        max_tokens=200,
+        tool_choice="required",
+        temperature=1.0,
+        seed=0,
+        parallel_tool_calls=False,
+    )
     assert r.tool_calls and r.finish_reason == "tool_calls"
 
 
 def test_chat_tool_history_reuses_the_cache(tiny_model):
     """Turn 2 resends turn 1 with its call and the result: only the new part is prefilled."""
     s = tiny_model.session()
-    kw = dict(tools=BOUNDED, tool_choice="required", max_tokens=120, temperature=1.0, seed=2,
-              parallel_tool_calls=False)
+    kw = dict(
+        tools=BOUNDED,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=1.0,
+        seed=2,
+        parallel_tool_calls=False,
+    )
     r1 = s.chat(ASK, **kw)
-    messages = ASK + [r1.message()] + [
-        {"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in r1.tool_calls]
+    messages = (
+        ASK
+        + [r1.message()]
+        + [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in r1.tool_calls]
+    )
     r2 = s.chat(messages, tools=BOUNDED, tool_choice="none", max_tokens=4)
     assert r2.cached_tokens >= r1.prompt_tokens - s.cache.block_size
 
@@ -750,8 +1009,12 @@ def test_tools_benchmark_smoke():
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "tools.py"), "--smoke"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "tools.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["tokens"] == 16 and out["format"] == "generic" and out["plain_tok_s"] > 0
@@ -764,8 +1027,12 @@ def test_tool_defaults_benchmark_smoke():
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "tool_defaults.py"), "--smoke"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "tool_defaults.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (out,) = json.loads(r.stdout.strip().splitlines()[-1]).values()
     for choice in ("required", "auto"):  # 3 questions x (greedy + 1 seed)
@@ -785,6 +1052,7 @@ ONE_CALL = '<tool_call>\n{"name": "toggle", "arguments": {"on": true}}\n</tool_c
 
 def _scripted(model, script, after):
     """logits(step) (vocab,) f32: +12 on the script's next token, then `after` (id -> logit)."""
+
     def logits(step):
         z = np.zeros(model.vocab_size, dtype=np.float32)
         if step < len(script):
@@ -793,6 +1061,7 @@ def _scripted(model, script, after):
             for t, v in after.items():
                 z[t] = v
         return z
+
     return logits
 
 
@@ -800,19 +1069,32 @@ def _drive(model, tc, logits, temperature=0.0, seed=None, max_tokens=160, gramma
     """One generation of the tools' grammar fed `logits(step)` -> (finished result, logits fed)."""
     from types import SimpleNamespace
 
-    from goinfer.sampling import SamplingParams
     from goinfer.generation import Generation
+    from goinfer.sampling import SamplingParams
 
     g = tc.compiled() if grammar is None else grammar
-    gen = Generation(model, [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), [],
-                     grammar=g, logprobs=(True, 2))
+    gen = Generation(
+        model,
+        [1, 2, 3],
+        max_tokens,
+        SamplingParams(temperature, seed=seed),
+        [],
+        grammar=g,
+        logprobs=(True, 2),
+    )
     fed = []
     while not gen.done:
         fed.append(logits(gen.n_steps))
         gen.push(fed[-1])
     gen.finish()
-    r = SimpleNamespace(text=gen.text, tokens=gen.tokens, finish_reason=gen.finish_reason,
-                        logprobs=gen.logprobs, content=None, tool_calls=None)
+    r = SimpleNamespace(
+        text=gen.text,
+        tokens=gen.tokens,
+        finish_reason=gen.finish_reason,
+        logprobs=gen.logprobs,
+        content=None,
+        tool_calls=None,
+    )
     return tc.finish(r), fed
 
 
@@ -851,8 +1133,7 @@ def test_a_line_break_after_a_call_still_allows_the_next(tiny_model):
     logits = _scripted(tiny_model, script, _after_call(tok))
     r, _ = _drive(tiny_model, T.prepare_chat(tiny_model, ASK, TOGGLE, "required"), logits)
     assert r.finish_reason == "tool_calls" and r.text == two
-    assert [c["function"]["arguments"] for c in r.tool_calls] == ['{"on": true}',
-                                                                  '{"on": false}']
+    assert [c["function"]["arguments"] for c in r.tool_calls] == ['{"on": true}', '{"on": false}']
 
 
 def test_free_text_before_a_call_is_not_ended_by_the_fold(tiny_model):
@@ -895,10 +1176,13 @@ def test_folded_end_logprobs_are_of_the_raw_logits_and_seeded_runs_repeat(tiny_m
         ref = _log_softmax(fed[i])
         assert abs(r.logprobs[i]["logprob"] - ref[t]) < 1e-9
         top = np.argsort(-ref, kind="stable")[:2]
-        assert [e["logprob"] for e in r.logprobs[i]["top_logprobs"]] == pytest.approx(ref[top],
-                                                                                     abs=1e-9)
-    runs = [_drive(tiny_model, tc, _scripted(tiny_model, script, _after_call(tok, 3.0)), 1.0,
-                   seed)[0] for seed in (5, 5, 6)]
+        assert [e["logprob"] for e in r.logprobs[i]["top_logprobs"]] == pytest.approx(
+            ref[top], abs=1e-9
+        )
+    runs = [
+        _drive(tiny_model, tc, _scripted(tiny_model, script, _after_call(tok, 3.0)), 1.0, seed)[0]
+        for seed in (5, 5, 6)
+    ]
     assert runs[0].tokens == runs[1].tokens and runs[0].logprobs == runs[1].logprobs
 
 
@@ -937,12 +1221,17 @@ def test_fold_end_arithmetic(tiny_model):
 
 
 def test_numbers_in_calls_are_bounded():
-    p = {"type": "object", "properties": {
-        "x": {"type": "number"}, "n": {"type": ["integer", "null"]},
-        "own": {"type": "integer", "minimum": 0, "maximum": 9},
-        "lo": {"type": "number", "exclusiveMinimum": 1.5, "multipleOf": 0.5},
-        "xs": {"type": "array", "items": {"type": "number"}},
-        "c": {"const": {"type": "number"}}}}
+    p = {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number"},
+            "n": {"type": ["integer", "null"]},
+            "own": {"type": "integer", "minimum": 0, "maximum": 9},
+            "lo": {"type": "number", "exclusiveMinimum": 1.5, "multipleOf": 0.5},
+            "xs": {"type": "array", "items": {"type": "number"}},
+            "c": {"const": {"type": "number"}},
+        },
+    }
     b = bound_numbers(p)
     P, M = b["properties"], MAX_SAFE_INT
     assert P["x"] == {"type": "number", "minimum": -M, "maximum": M, "multipleOf": 1e-10}
@@ -952,15 +1241,31 @@ def test_numbers_in_calls_are_bounded():
     assert P["xs"]["items"]["maximum"] == M
     assert P["c"] == p["properties"]["c"]  # a value, not a schema
     assert p["properties"]["x"] == {"type": "number"}  # the tool's own schema is not touched
-    own = {"type": "object", "properties": {"v": {"type": "number", "minimum": -1, "maximum": 1,
-                                                  "multipleOf": 0.25}}}
+    own = {
+        "type": "object",
+        "properties": {"v": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.25}},
+    }
     assert bound_numbers(own) == own
 
 
-NUMBERS = [{"type": "function", "function": {"name": "put", "parameters": {
-    "type": "object", "properties": {"x": {"type": "number"}, "n": {"type": "integer"},
-                                     "k": {"type": "integer", "minimum": 3, "maximum": 7}},
-    "required": ["x", "n", "k"], "additionalProperties": False}}}]
+NUMBERS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "put",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "number"},
+                    "n": {"type": "integer"},
+                    "k": {"type": "integer", "minimum": 3, "maximum": 7},
+                },
+                "required": ["x", "n", "k"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 @pytest.mark.parametrize("temperature,seed", [(1.0, 0), (1.0, 1), (1.0, 2)])
@@ -971,8 +1276,9 @@ def test_a_model_that_loves_digits_still_ends_its_call(tiny_model, temperature, 
     tok = tiny_model.tokenizer
     digits = {tok.encode(d)[0]: 9.0 for d in "0123456789"}
     tc = T.prepare_chat(tiny_model, ASK, NUMBERS, "required", parallel_tool_calls=False)
-    r, _ = _drive(tiny_model, tc, _scripted(tiny_model, [], digits), temperature, seed,
-                  max_tokens=200)
+    r, _ = _drive(
+        tiny_model, tc, _scripted(tiny_model, [], digits), temperature, seed, max_tokens=200
+    )
     assert r.finish_reason == "tool_calls", r.text
     (call,) = r.tool_calls
     raw = call["function"]["arguments"]

@@ -10,6 +10,7 @@ logits under every other CPython >= its floor found here.
 The wheel: GOINFER_WHEEL, else the one manylinux wheel in the repository's dist/.  `make test`
 builds it first; run alone from a tree with no dist/, the module is skipped and says why.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,21 @@ def _wheel() -> Path:
 
 def _no_compiler_env(venv: Path) -> dict:
     """The environment of a user without a C toolchain: only the venv's bin on PATH."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "CC", "CXX", "GOINFER_KERNEL",
-                        # goinfer, imported by this test process, set these for itself
-                        "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "PYTHONPATH",
+            "VIRTUAL_ENV",
+            "CC",
+            "CXX",
+            "GOINFER_KERNEL",
+            # goinfer, imported by this test process, set these for itself
+            "GOMP_SPINCOUNT",
+            "OMP_WAIT_POLICY",
+        )
+    }
     env.update(PATH=str(venv / "bin"), CC="false", CXX="false", VIRTUAL_ENV=str(venv))
     return env
 
@@ -66,23 +78,43 @@ def venv(wheel, tmp_path_factory) -> tuple[Path, dict]:
     for cc in ("gcc", "cc", "clang", "c99"):
         assert shutil.which(cc, path=env["PATH"]) is None, cc
     # --only-binary: pip may not fall back to building anything (goinfer or a dependency)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                    "--only-binary=:all:", f"{wheel}[server]"],
-                   env=env, check=True, timeout=900, cwd=venv)
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--only-binary=:all:",
+            f"{wheel}[server]",
+        ],
+        env=env,
+        check=True,
+        timeout=900,
+        cwd=venv,
+    )
     return venv, env
 
 
 def _run(venv_env, *args: str, extra_env: dict | None = None, timeout: float = 600) -> str:
     venv, env = venv_env
-    out = subprocess.run([str(venv / "bin" / args[0]), *args[1:]], env={**env, **(extra_env or {})},
-                         cwd=venv, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [str(venv / "bin" / args[0]), *args[1:]],
+        env={**env, **(extra_env or {})},
+        cwd=venv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, f"{args} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
     return out.stdout
 
 
 def test_wheel_tags_and_contents(wheel):
     """One manylinux wheel with every compiled module, the kernels' library and libgomp inside."""
-    assert "-manylinux_" in wheel.name and wheel.name.endswith(f"_{platform.machine()}.whl"), wheel.name
+    assert "-manylinux_" in wheel.name and wheel.name.endswith(f"_{platform.machine()}.whl"), (
+        wheel.name
+    )
     names = zipfile.ZipFile(wheel).namelist()
     mods = [n for n in names if n.startswith("goinfer/_kernels/") and n.endswith(".so")]
     for m in ("_config", "attention", "gguf_text", "graph", "matmul", "moe", "ops", "ssm"):
@@ -116,8 +148,9 @@ def test_installed_from_the_wheel(venv):
 
 def test_config_reports_the_runtime_variant(venv):
     out = _run(venv, "goinfer", "config")
-    info = json.loads(_run(venv, "python", "-c",
-                           "import goinfer, json; print(json.dumps(goinfer.config()))"))
+    info = json.loads(
+        _run(venv, "python", "-c", "import goinfer, json; print(json.dumps(goinfer.config()))")
+    )
     assert info["openmp"] is True and "OpenMP         : on" in out
     assert info["kernel_variant"] == info["supported_variants"][-1]  # the best one by default
     assert f"kernel variant : {info['kernel_variant']}" in out
@@ -127,8 +160,10 @@ def test_config_reports_the_runtime_variant(venv):
 def test_wait_policy_applies_after_another_libgomp(venv):
     """The system's libgomp.so.1 loaded first (as torch or scikit-learn would): goinfer's bundled
     copy is a separate library that loads later, so goinfer's wait policy still applies."""
-    code = ("import ctypes, json; ctypes.CDLL('libgomp.so.1'); import goinfer; "
-            "print(json.dumps(goinfer.config()['wait_policy']))")
+    code = (
+        "import ctypes, json; ctypes.CDLL('libgomp.so.1'); import goinfer; "
+        "print(json.dumps(goinfer.config()['wait_policy']))"
+    )
     assert json.loads(_run(venv, "python", "-c", code)) == "goinfer: GOMP_SPINCOUNT=100"
 
 
@@ -149,13 +184,28 @@ def test_generates_and_every_variant_agrees(venv, tmp_path):
     assert "blue" in text, text
     import numpy as np
 
-    supported = json.loads(_run(venv, "python", "-c", "import goinfer, json; "
-                                "print(json.dumps(goinfer.config()['supported_variants']))"))
+    supported = json.loads(
+        _run(
+            venv,
+            "python",
+            "-c",
+            "import goinfer, json; print(json.dumps(goinfer.config()['supported_variants']))",
+        )
+    )
     assert "portable" in supported
     logits = {}
     for v in supported:
-        assert _run(venv, "python", "-c", LOGITS, str(tmp_path / f"{v}.npy"),
-                    extra_env={"GOINFER_KERNEL": v}).strip() == v
+        assert (
+            _run(
+                venv,
+                "python",
+                "-c",
+                LOGITS,
+                str(tmp_path / f"{v}.npy"),
+                extra_env={"GOINFER_KERNEL": v},
+            ).strip()
+            == v
+        )
         cfg = _run(venv, "goinfer", "config", extra_env={"GOINFER_KERNEL": v})
         assert f"kernel variant : {v} " in cfg, cfg
         logits[v] = np.load(tmp_path / f"{v}.npy")
@@ -166,7 +216,10 @@ def test_generates_and_every_variant_agrees(venv, tmp_path):
 
 def _runs(exe: str) -> bool:
     try:
-        return subprocess.run([exe, "-c", "import venv"], capture_output=True, timeout=60).returncode == 0
+        return (
+            subprocess.run([exe, "-c", "import venv"], capture_output=True, timeout=60).returncode
+            == 0
+        )
     except OSError:
         return False
 
@@ -189,8 +242,9 @@ def _other_pythons(wheel: Path) -> list[str]:
             if len(parts) == 3 and parts[0] == "3" and all(p.isdigit() for p in parts):
                 minor = int(parts[1])
                 if minor >= floor:
-                    prefix = subprocess.run(["pyenv", "prefix", v], capture_output=True,
-                                            text=True).stdout.strip()
+                    prefix = subprocess.run(
+                        ["pyenv", "prefix", v], capture_output=True, text=True
+                    ).stdout.strip()
                     cands.setdefault(minor, []).append(f"{prefix}/bin/python3.{minor}")
     found = []
     for minor, exes in sorted(cands.items()):
@@ -214,9 +268,21 @@ def test_abi3_wheel_on_other_pythons(venv, wheel, tmp_path):
         other = tmp_path / name
         subprocess.run([exe, "-m", "venv", str(other)], check=True, timeout=300)
         env = _no_compiler_env(other)
-        subprocess.run([str(other / "bin" / "python"), "-m", "pip", "install", "-q",
-                        "--only-binary=:all:", str(wheel)], env=env, check=True, timeout=900,
-                       cwd=other)
+        subprocess.run(
+            [
+                str(other / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--only-binary=:all:",
+                str(wheel),
+            ],
+            env=env,
+            check=True,
+            timeout=900,
+            cwd=other,
+        )
         _run((other, env), "python", "-c", LOGITS, str(tmp_path / f"{name}.npy"))
         assert np.array_equal(np.load(tmp_path / f"{name}.npy"), here), name
 
@@ -232,10 +298,22 @@ def test_serve_answers_one_request(venv):
 
     venv_dir, env = venv
     port = _free_port()
-    proc = subprocess.Popen([str(venv_dir / "bin" / "goinfer"), "serve", "smollm2-135m",
-                             "--port", str(port), "--log-level", "warning"],
-                            env=env, cwd=venv_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            str(venv_dir / "bin" / "goinfer"),
+            "serve",
+            "smollm2-135m",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=venv_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -248,9 +326,16 @@ def test_serve_answers_one_request(venv):
                 pass
             assert time.monotonic() < deadline, "goinfer serve did not come up"
             time.sleep(0.5)
-        r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
-            "model": "smollm2-135m", "max_tokens": 24, "temperature": 0,
-            "messages": [{"role": "user", "content": QUESTION}]})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=300,
+            json={
+                "model": "smollm2-135m",
+                "max_tokens": 24,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": QUESTION}],
+            },
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert "blue" in body["choices"][0]["message"]["content"], body
@@ -263,5 +348,15 @@ def test_serve_answers_one_request(venv):
 def test_ray_extra_resolves_to_binary_wheels(venv, wheel):
     """[ray] is not installed here (hundreds of MB): pip resolves it, binary wheels only."""
     venv_dir, env = venv
-    _run(venv, "python", "-m", "pip", "install", "-q", "--dry-run", "--only-binary=:all:",
-         f"{wheel}[ray]", timeout=900)
+    _run(
+        venv,
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--dry-run",
+        "--only-binary=:all:",
+        f"{wheel}[ray]",
+        timeout=900,
+    )

@@ -8,17 +8,17 @@ every step each window slot that no block holds is filled with NaN: a read of KV
 go turns the logits to NaN.  Then prefix reuse: where a prompt resumes (kept points) and what
 a resume elsewhere costs, agent turns, forks, continuous batching and graph replay, drafts,
 truncation, save/load, the bytes held, and the server (batching, turns, preemption)."""
+
 from __future__ import annotations
 
 import json
 import struct
 
-from fixtures import hfconvert
 import numpy as np
 import pytest
-from fixtures import tinygemma
-from fixtures.compare import close, hf_logits, load
 
+from fixtures import hfconvert, tinygemma
+from fixtures.compare import close, hf_logits, load
 from goinfer import KVCache
 from goinfer.batch import forward_sessions
 from goinfer.blocks import BlockTable
@@ -95,7 +95,7 @@ def test_long_session_matches_transformers(families, name, monkeypatch):
     s = m.session(cache)
     rows, at, replays = {}, 0, m.graph.replays
     for piece in (5, 7, 50, 3):  # 50: seven chunks
-        rows[at + piece - 1] = s.prefill(ids[at:at + piece])
+        rows[at + piece - 1] = s.prefill(ids[at : at + piece])
         at += piece
         poison_free_slots(cache)
     prompt_ends = {1, 3, 15, 16}  # block boundaries at or before the 4 prefills' ends
@@ -126,8 +126,9 @@ def test_letting_go_one_block_early_is_caught(families, monkeypatch):
     """Trimming a block still in the window of the next position: the forward step refuses
     (never a result from KV that was let go)."""
     _, m, _ = families("gemma3")
-    monkeypatch.setattr(BlockTable, "window_start",
-                        lambda self, n: max(0, n - WINDOW + 1) // BS + 1)
+    monkeypatch.setattr(
+        BlockTable, "window_start", lambda self, n: max(0, n - WINDOW + 1) // BS + 1
+    )
     s = m.session(trimmed(m))
     s.prefill(ids_(20, 1))
     with pytest.raises(RuntimeError, match="sliding-window KV of block .* was released"):
@@ -153,8 +154,11 @@ def test_resume_points_and_their_cost(families, monkeypatch):
         s.prefill(a)
         s.reset()
     assert cache.stats().window_points == 4  # 64, 128, 192 and the end (200)
-    for tail, want_trimmed in ((ids_(9, 4, vocab), 128), (ids_(9, 5, vocab), 136),
-                               (ids_(5, 6, vocab), 136)):
+    for tail, want_trimmed in (
+        (ids_(9, 4, vocab), 128),
+        (ids_(9, 5, vocab), 136),
+        (ids_(5, 6, vocab), 136),
+    ):
         b = a[:137] + tail
         ref = m.logits(b)
         got = {}
@@ -179,8 +183,10 @@ def test_agent_turns(families):
     the last block boundary, and replies the same tokens."""
     _, m, vocab = families("gemma3")
     for per_turn in (False, True):
-        caches = {"trim": trimmed(m), "full": KVCache(m, max_tokens=1024, block_size=BS,
-                                                       trim_windows=False)}
+        caches = {
+            "trim": trimmed(m),
+            "full": KVCache(m, max_tokens=1024, block_size=BS, trim_windows=False),
+        }
         history = {k: [] for k in caches}
         sessions = {k: m.session(c) for k, c in caches.items()}
         for turn in range(6):
@@ -266,7 +272,7 @@ def test_drafts_on_a_trimmed_cache(families):
 def _header(path):
     raw = open(path, "rb").read()
     version, hlen = struct.unpack("<IQ", raw[10:22])
-    return version, json.loads(raw[22:22 + hlen])
+    return version, json.loads(raw[22 : 22 + hlen])
 
 
 def test_save_and_load_keep_the_points(families, tmp_path, monkeypatch):
@@ -302,7 +308,7 @@ def test_save_and_load_keep_the_points(families, tmp_path, monkeypatch):
     assert got == sum(b.get("window", True) for b in ht["blocks"]) < n
     with pytest.raises(CacheFileError, match="corrupt header"):
         bad = bytearray(open(tmp_path / "t.kv", "rb").read())
-        bad[22:22 + 1] = b"["
+        bad[22 : 22 + 1] = b"["
         (tmp_path / "bad.kv").write_bytes(bytes(bad))
         KVCache.load(m, tmp_path / "bad.kv")
 
@@ -323,7 +329,10 @@ def test_bytes_held(families):
     st = c.stats()
     n_win = len(c.window_layers)
     per_layer = st.bytes_per_block // c.n_layers  # (every cache layer has one geometry here)
-    assert st.bytes_held == (st.blocks_used * (c.n_layers - n_win) + st.blocks_windowed * n_win) * per_layer
+    assert (
+        st.bytes_held
+        == (st.blocks_used * (c.n_layers - n_win) + st.blocks_windowed * n_win) * per_layer
+    )
     assert st.blocks_windowed == sum(c.window_slot(b) >= 0 for b in s.table.blocks)
     f = KVCache(m, max_tokens=1024, block_size=BS, trim_windows=False)
     sfull = m.session(f)
@@ -354,15 +363,24 @@ def test_server_batches_and_turns(families):
     _, m, vocab = families("gemma3")
     shared = ids_(40, 30, vocab)
     prompts = [shared + ids_(20 + 17 * i, 31 + i, vocab) for i in range(5)]
-    settings = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0),
-                dict(temperature=1.0, top_p=0.9, seed=5), dict(temperature=0.0)]
+    settings = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=3),
+        dict(temperature=0.0),
+        dict(temperature=1.0, top_p=0.9, seed=5),
+        dict(temperature=0.0),
+    ]
     cache = trimmed(m, max_tokens=2048)
     with Server(m, cache, max_batch=8, prefill_chunk=16) as s:
+
         def run(i):
-            return s.client().completions.create(model="tiny", prompt=prompts[i],
-                                                 max_tokens=12 + 3 * i,
-                                                 extra_body={"return_tokens": True},
-                                                 **settings[i])
+            return s.client().completions.create(
+                model="tiny",
+                prompt=prompts[i],
+                max_tokens=12 + 3 * i,
+                extra_body={"return_tokens": True},
+                **settings[i],
+            )
 
         results = s.together(run, len(prompts), timeout=120)
         assert s.engine.peak_batch >= 3
@@ -370,11 +388,17 @@ def test_server_batches_and_turns(families):
         history, turns = [], []
         for turn in range(4):
             prompt = history + ids_(30 + 11 * turn, 40 + turn, vocab)
-            r = s.client().completions.create(model="tiny", prompt=prompt, max_tokens=8,
-                                              temperature=0, extra_body={"return_tokens": True})
+            r = s.client().completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=8,
+                temperature=0,
+                extra_body={"return_tokens": True},
+            )
             poison_free_slots(cache)
-            turns.append((prompt, r.model_dump()["tokens"],
-                          r.usage.prompt_tokens_details.cached_tokens))
+            turns.append(
+                (prompt, r.model_dump()["tokens"], r.usage.prompt_tokens_details.cached_tokens)
+            )
             history = prompt + r.model_dump()["tokens"]
         assert cache.stats().blocks_used == 0
         st = cache.stats()
@@ -405,10 +429,16 @@ def test_server_preemption_on_a_trimmed_cache(families):
     cache = KVCache(m, max_tokens=160, block_size=BS)  # 40 blocks
     prompts = [ids_(20 + 9 * i, 50 + i, vocab) for i in range(4)]
     with Server(m, cache, max_batch=4) as s:
+
         def run(i):
-            return s.client().completions.create(model="tiny", prompt=prompts[i], max_tokens=40,
-                                                 temperature=0.8, seed=i,
-                                                 extra_body={"return_tokens": True})
+            return s.client().completions.create(
+                model="tiny",
+                prompt=prompts[i],
+                max_tokens=40,
+                temperature=0.8,
+                seed=i,
+                extra_body={"return_tokens": True},
+            )
 
         results = s.together(run, 4, timeout=120)
         assert s.engine.n_preempted > 0  # the path under test ran

@@ -11,6 +11,7 @@ The experts' bytes are copied as stored (a Q4_1 FFN stays Q4_1, bit for bit).
 
     python tools/upcycle_moe.py SmolLM2-135M-Instruct.Q4_1.gguf out.gguf [--experts 4 --top-k 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,20 +35,34 @@ def stored(t) -> np.ndarray:
     return data.view(np.uint8).reshape(shape[:-1] + (-1,))
 
 
-def upcycle(src: str | Path, dst: str | Path, n_expert: int = 4, top_k: int = 2, seed: int = 0,
-            router_std: float = 1.0) -> Path:
+def upcycle(
+    src: str | Path,
+    dst: str | Path,
+    n_expert: int = 4,
+    top_k: int = 2,
+    seed: int = 0,
+    router_std: float = 1.0,
+) -> Path:
     """Write dst: src with every dense FFN turned into n_expert copies behind a random router."""
     if not 1 <= top_k <= n_expert:
         raise ValueError(f"need 1 <= top_k <= n_expert, got top_k={top_k}, n_expert={n_expert}")
     r = gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     if arch != "llama":
-        raise ValueError(f"{src}: architecture {arch!r}; only dense llama files can be upcycled here")
+        raise ValueError(
+            f"{src}: architecture {arch!r}; only dense llama files can be upcycled here"
+        )
     d_model = int(r.fields["llama.embedding_length"].contents())
     d_ff = int(r.fields["llama.feed_forward_length"].contents())
     w = gguf.GGUFWriter(str(dst), arch)
-    skip = {"general.architecture", "llama.expert_count", "llama.expert_used_count",
-            "llama.expert_feed_forward_length", "llama.expert_weights_norm", "general.name"}
+    skip = {
+        "general.architecture",
+        "llama.expert_count",
+        "llama.expert_used_count",
+        "llama.expert_feed_forward_length",
+        "llama.expert_weights_norm",
+        "general.name",
+    }
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key in skip:
             continue
@@ -72,7 +87,7 @@ def upcycle(src: str | Path, dst: str | Path, n_expert: int = 4, top_k: int = 2,
         stacked = np.ascontiguousarray(np.broadcast_to(raw, (n_expert,) + raw.shape))
         w.add_tensor(f"blk.{blk}.ffn_{part}_exps.weight", stacked, raw_dtype=t.tensor_type)
         if part == "gate":
-            router = (rng.standard_normal((n_expert, d_model)) * router_std / np.sqrt(d_model))
+            router = rng.standard_normal((n_expert, d_model)) * router_std / np.sqrt(d_model)
             w.add_tensor(f"blk.{blk}.ffn_gate_inp.weight", router.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

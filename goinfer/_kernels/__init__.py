@@ -3,6 +3,7 @@
 The ISA variant is chosen at import from CPUID; GOINFER_KERNEL=portable|avx2|avx512-vnni
 overrides it.
 """
+
 import importlib as _importlib
 import os as _os
 
@@ -19,13 +20,30 @@ if _os.environ.get("GOINFER_KERNEL"):
 # helpers stay in their modules: goinfer._kernels.<module>.bind_*)
 KERNELS: dict[str, tuple[str, ...]] = {
     "matmul": ("quantize_act", "matmul", "matmul_experts", "get_rows"),
-    "ops": ("rmsnorm", "swiglu", "swiglu_oai", "gelu_tanh_mul", "rope", "add", "add_bias",
-            "copy2d", "scale", "softcap", "gather_rows"),
+    "ops": (
+        "rmsnorm",
+        "swiglu",
+        "swiglu_oai",
+        "gelu_tanh_mul",
+        "rope",
+        "add",
+        "add_bias",
+        "copy2d",
+        "scale",
+        "softcap",
+        "gather_rows",
+    ),
     "moe": ("moe_route", "moe_group", "moe_fold"),
     "ssm": ("ssm_conv", "gated_delta", "sigmoid_mul"),
-    "attention": ("kv_write", "attention", "attention_fast", "attention_counters",
-                  "reset_attention_counters", "attention_phase_timing",
-                  "attention_phase_seconds"),
+    "attention": (
+        "kv_write",
+        "attention",
+        "attention_fast",
+        "attention_counters",
+        "reset_attention_counters",
+        "attention_phase_timing",
+        "attention_phase_seconds",
+    ),
 }
 
 for _module, _names in KERNELS.items():

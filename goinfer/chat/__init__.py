@@ -25,6 +25,7 @@ session.py gives ``ChatSession.chat``.  Modules: spec (tools, checks), jsonscan 
 call scanner), grammar (Lark pieces), formats/ (the call formats and their registry), parser
 (calls out of a reply), channels (reasoning apart from the answer), request, session.
 """
+
 from __future__ import annotations
 
 from goinfer.chat.channels import Channels, Reasoning, ReplyParser, channels_of
@@ -48,8 +49,31 @@ from goinfer.chat.session import ChatSession
 from goinfer.chat.spec import Tool, ToolCallDelta, ToolSpec, check_tools
 
 __all__ = [
-    "ChatSession", "Tool", "ToolSpec", "ToolCallDelta", "check_tools", "ToolFormat", "FORMATS",
-    "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "GEMMA4", "HARMONY", "GENERIC", "format_of",
-    "tool_format", "tool_prompt", "chat_inputs", "tool_grammar", "CallParser", "parse_reply",
-    "ToolChat", "prepare_chat", "Channels", "Reasoning", "ReplyParser", "channels_of",
+    "ChatSession",
+    "Tool",
+    "ToolSpec",
+    "ToolCallDelta",
+    "check_tools",
+    "ToolFormat",
+    "FORMATS",
+    "HERMES",
+    "LLAMA3",
+    "MISTRAL",
+    "QWEN_XML",
+    "GEMMA4",
+    "HARMONY",
+    "GENERIC",
+    "format_of",
+    "tool_format",
+    "tool_prompt",
+    "chat_inputs",
+    "tool_grammar",
+    "CallParser",
+    "parse_reply",
+    "ToolChat",
+    "prepare_chat",
+    "Channels",
+    "Reasoning",
+    "ReplyParser",
+    "channels_of",
 ]

@@ -22,6 +22,7 @@ Two ways models write it, chosen from the chat template (``channels_of``):
 and ToolCallDelta pieces, in order) or at once; nothing the model wrote is dropped
 except the format's own markers and the whitespace around them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,17 @@ from dataclasses import dataclass
 
 from goinfer.chat.spec import ToolCallDelta, new_call_id
 
-__all__ = ["Channels", "THINK", "GEMMA_THINK", "HARMONY_CHANNELS", "Reasoning", "ReplyParser",
-           "channels_of", "think_grammar_prefix", "think_text_rule"]
+__all__ = [
+    "Channels",
+    "THINK",
+    "GEMMA_THINK",
+    "HARMONY_CHANNELS",
+    "Reasoning",
+    "ReplyParser",
+    "channels_of",
+    "think_grammar_prefix",
+    "think_text_rule",
+]
 
 _WS = " \t\n\r"
 
@@ -52,7 +62,7 @@ class Channels:
     def open_mark(self) -> str:
         return "".join(self.open_parts)
 
-    def opened(self, prompt: str) -> "Channels":
+    def opened(self, prompt: str) -> Channels:
         """This format for a reply to `prompt` (think: does the prompt end inside a block?)."""
         if self.kind != "think":
             return self
@@ -90,11 +100,12 @@ def think_grammar_prefix(channels: Channels, marker, close_is_special: bool = Tr
     optional whole block.  marker(text) -> the Lark of a marker (a special token or text).
     A close marker that is text ends the (lazy) think_text rule itself (think_text_rule)."""
     close = " " + marker(channels.close_mark) if close_is_special else ""
-    body = "think_text" + close + ' /[ \\t\\r\\n]*/'
+    body = "think_text" + close + " /[ \\t\\r\\n]*/"
     if channels.open:
         return body
-    opening = " ".join(marker(p) if p.startswith("<") else json.dumps(p)
-                       for p in channels.open_parts)
+    opening = " ".join(
+        marker(p) if p.startswith("<") else json.dumps(p) for p in channels.open_parts
+    )
     return f"({opening} {body})?"
 
 
@@ -115,7 +126,7 @@ def _partial_tail(s: str, markers: tuple[str, ...]) -> int:
     best = 0
     for m in markers:
         for n in range(min(len(m) - 1, len(s)), best, -1):
-            if m.startswith(s[len(s) - n:]):
+            if m.startswith(s[len(s) - n :]):
                 best = n
                 break
     return best
@@ -131,8 +142,15 @@ class ReplyParser:
     call's id and name as soon as its header is read, then its arguments as they come;
     eager=False: a call only once its body is a whole JSON object, else content)."""
 
-    def __init__(self, channels: Channels, calls=None, *, names: set[str] | None = None,
-                 eager: bool = True, new_id=None):
+    def __init__(
+        self,
+        channels: Channels,
+        calls=None,
+        *,
+        names: set[str] | None = None,
+        eager: bool = True,
+        new_id=None,
+    ):
         self.channels = channels
         self.calls_parser = calls
         self.names = names or set()
@@ -199,9 +217,14 @@ class ReplyParser:
             return self.calls_parser.tool_calls
         if not self.calls:
             return None
-        return [{"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for c in self.calls]
+        return [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in self.calls
+        ]
 
     # ------------------------------------------------------------------ pieces
 
@@ -212,7 +235,7 @@ class ReplyParser:
         if not self.reasoning_parts:
             s = s.lstrip(_WS)
         body = s.rstrip(_WS)
-        self.r_held = "" if closing else s[len(body):]
+        self.r_held = "" if closing else s[len(body) :]
         if body:
             self.reasoning_parts.append(body)
             out.append(Reasoning(body))
@@ -237,7 +260,7 @@ class ReplyParser:
         s = self.text
         while True:
             if self.state == "start":
-                j = len(s) - len(s[self.i:].lstrip(_WS))
+                j = len(s) - len(s[self.i :].lstrip(_WS))
                 if j >= len(s) and not final:
                     return  # only whitespace yet: a block may still open
                 mark = self.channels.open_mark
@@ -253,17 +276,17 @@ class ReplyParser:
                 close = self.channels.close_mark
                 k = s.find(close, self.i)
                 if k >= 0:
-                    self._reason(out, s[self.i:k], closing=True)
+                    self._reason(out, s[self.i : k], closing=True)
                     self.i = k + len(close)
                     self.state = "after"
                     self.after_block = True
                     continue
-                end = len(s) if final else len(s) - _partial_tail(s[self.i:], (close,))
-                self._reason(out, s[self.i:end], closing=final)
+                end = len(s) if final else len(s) - _partial_tail(s[self.i :], (close,))
+                self._reason(out, s[self.i : end], closing=final)
                 self.i = end
                 return
             # after: the answer
-            self._answer(out, s[self.i:])
+            self._answer(out, s[self.i :])
             self.i = len(s)
             return
 
@@ -279,13 +302,13 @@ class ReplyParser:
                 k = s.find(self._HEAD_END, self.i)
                 if k < 0:
                     if final:  # no header: not harmony, the text is content
-                        self._h_content(out, s[self.i:])
+                        self._h_content(out, s[self.i :])
                         self.i = len(s)
                     return
-                head = s[self.i:k]
+                head = s[self.i : k]
                 self.header = _header(head)
                 if self.header is None:  # not a header: content as written
-                    self._h_content(out, s[self.i:k + len(self._HEAD_END)])
+                    self._h_content(out, s[self.i : k + len(self._HEAD_END)])
                     self.i = k + len(self._HEAD_END)
                     self.header = None
                     continue
@@ -295,12 +318,12 @@ class ReplyParser:
             ends = [(k, m) for k, m in ends if k >= 0]
             if ends:
                 k, m = min(ends)
-                self._h_body(out, s[self.i:k], closing=True)
+                self._h_body(out, s[self.i : k], closing=True)
                 self.i = k + len(m)
                 self.header = None
                 continue
-            end = len(s) if final else len(s) - _partial_tail(s[self.i:], self._BODY_ENDS)
-            self._h_body(out, s[self.i:end], closing=final)
+            end = len(s) if final else len(s) - _partial_tail(s[self.i :], self._BODY_ENDS)
+            self._h_body(out, s[self.i : end], closing=final)
             self.i = end
             if final:
                 self.header = None
@@ -314,17 +337,27 @@ class ReplyParser:
     def _h_begin(self, out: list) -> None:
         """A message header was read: a call to a known function opens a call."""
         h = self.header
-        name = h["recipient"][len("functions."):] if h["recipient"].startswith(
-            "functions.") else None
-        h["kind"] = ("call" if name in self.names else "content" if h["channel"] != "analysis"
-                     else "reasoning")
+        name = (
+            h["recipient"][len("functions.") :] if h["recipient"].startswith("functions.") else None
+        )
+        h["kind"] = (
+            "call"
+            if name in self.names
+            else "content"
+            if h["channel"] != "analysis"
+            else "reasoning"
+        )
         if h["recipient"] and h["kind"] != "call":
             h["kind"] = "content"  # a recipient we do not serve: its text stays visible
         h["body"] = ""
         self.r_held = ""
         if h["kind"] == "call":
-            self.call = {"id": self.new_id(), "name": name, "arguments": "",
-                         "index": len(self.calls)}
+            self.call = {
+                "id": self.new_id(),
+                "name": name,
+                "arguments": "",
+                "index": len(self.calls),
+            }
             if self.eager:
                 self.calls.append(self.call)
                 out.append(ToolCallDelta(self.call["index"], self.call["id"], name, ""))

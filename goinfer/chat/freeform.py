@@ -11,6 +11,7 @@ each literal and each regex of the grammar matches the json.dumps escapes of wha
 so the call is held to the grammar and reads back as the text the grammar allows.  In the
 other formats the input is any string.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,8 +27,15 @@ except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as _sc  # type: ignore[no-redef]
     import sre_parse as _sp  # type: ignore[no-redef]
 
-__all__ = ["INPUT_KEY", "LARK_KEY", "custom_tool_function", "lark_of", "lark_in_json",
-           "call_rules", "lark_error"]
+__all__ = [
+    "INPUT_KEY",
+    "LARK_KEY",
+    "custom_tool_function",
+    "lark_of",
+    "lark_in_json",
+    "call_rules",
+    "lark_error",
+]
 
 INPUT_KEY = "input"
 LARK_KEY = "x-goinfer-lark"
@@ -49,9 +57,15 @@ def custom_tool_function(description: str | None, fmt: dict) -> dict:
     else:
         note = "The input is free-form text."
         text = f"{text}\n\n{note}" if text else note
-    return {"description": text,
-            "parameters": {"type": "object", "properties": {INPUT_KEY: prop},
-                           "required": [INPUT_KEY], "additionalProperties": False}}
+    return {
+        "description": text,
+        "parameters": {
+            "type": "object",
+            "properties": {INPUT_KEY: prop},
+            "required": [INPUT_KEY],
+            "additionalProperties": False,
+        },
+    }
 
 
 def lark_of(tool) -> str | None:
@@ -67,10 +81,12 @@ def call_rules(tool, args_key: str, k: int) -> tuple[list[str], str]:
     as a JSON call object ``{"name": NAME, ARGS_KEY: {"input": "..."}}`` laid out as json.dumps
     writes it, the input's text held to the grammar."""
     rules, start = lark_in_json(lark_of(tool), f"goinfer_ff{k}_")
-    head = (f'{{"name": {json.dumps(tool.name, ensure_ascii=False)}, '
-            f'{json.dumps(args_key)}: {{"{INPUT_KEY}": "')
+    head = (
+        f'{{"name": {json.dumps(tool.name, ensure_ascii=False)}, '
+        f'{json.dumps(args_key)}: {{"{INPUT_KEY}": "'
+    )
     name = f"goinfer_ff{k}_call"
-    rules.insert(0, f'{name}: {_lark_str(head)} {start} {_lark_str(chr(34) + "}}")}')
+    rules.insert(0, f"{name}: {_lark_str(head)} {start} {_lark_str(chr(34) + '}}')}")
     return rules, name
 
 
@@ -92,7 +108,8 @@ def lark_error(definition: str) -> str:
 
 # ============================================================================ Lark in JSON
 
-_TOKEN = re.compile(r'''
+_TOKEN = re.compile(
+    r"""
     (?P<comment>//[^\n]*)
   | (?P<string>"(?:\\.|[^"\\\n])*"i?)
   | (?P<regex>/(?!/)(?:\\.|[^/\\\n])+/[a-z]*)
@@ -100,12 +117,26 @@ _TOKEN = re.compile(r'''
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
   | (?P<special><[^>\n]*>)
   | (?P<other>.|\n)
-''', re.X)
+""",
+    re.X,
+)
 # the terminals of Lark's "common" module a grammar may import, as regexes of their texts
-COMMON = {"LF": r"\n", "CR": r"\r", "NEWLINE": r"(\r?\n)+", "WS_INLINE": r"[ \t]+",
-          "WS": r"[ \t\f\r\n]+", "DIGIT": r"[0-9]", "HEXDIGIT": r"[a-fA-F0-9]", "INT": r"[0-9]+",
-          "SIGNED_INT": r"[+-]?[0-9]+", "LETTER": r"[A-Za-z]", "LCASE_LETTER": r"[a-z]",
-          "UCASE_LETTER": r"[A-Z]", "WORD": r"[A-Za-z]+", "CNAME": r"[_A-Za-z][_A-Za-z0-9]*"}
+COMMON = {
+    "LF": r"\n",
+    "CR": r"\r",
+    "NEWLINE": r"(\r?\n)+",
+    "WS_INLINE": r"[ \t]+",
+    "WS": r"[ \t\f\r\n]+",
+    "DIGIT": r"[0-9]",
+    "HEXDIGIT": r"[a-fA-F0-9]",
+    "INT": r"[0-9]+",
+    "SIGNED_INT": r"[+-]?[0-9]+",
+    "LETTER": r"[A-Za-z]",
+    "LCASE_LETTER": r"[a-z]",
+    "UCASE_LETTER": r"[A-Z]",
+    "WORD": r"[A-Za-z]+",
+    "CNAME": r"[_A-Za-z][_A-Za-z0-9]*",
+}
 _IMPORT = re.compile(r"%import\s+common(?:\.(\w+)(?:\s*->\s*(\w+))?|\s*\(([\w\s,]+)\))\s*$")
 
 
@@ -137,8 +168,11 @@ def lark_in_json(definition: str, prefix: str) -> tuple[list[str], str]:
 
 
 def _name(n: str, prefix: str) -> str:
-    return (prefix.upper() + n) if n[:1].isupper() or n.startswith("_") and n[1:2].isupper() \
+    return (
+        (prefix.upper() + n)
+        if n[:1].isupper() or n.startswith("_") and n[1:2].isupper()
         else prefix + n
+    )
 
 
 def _rewrite(line: str, prefix: str) -> str:
@@ -152,7 +186,7 @@ def _rewrite(line: str, prefix: str) -> str:
                 raise ValueError("case-insensitive literals are not supported")
             out.append(_lark_str(_json_text(ast.literal_eval(tok))))
         elif kind == "regex":
-            body, flags = tok[1:tok.rindex("/")], tok[tok.rindex("/") + 1:]
+            body, flags = tok[1 : tok.rindex("/")], tok[tok.rindex("/") + 1 :]
             out.append(f"/{_regex_in_json(body.replace(chr(92) + '/', '/'), flags)}/")
         elif kind == "name":
             out.append(_name(tok, prefix))
@@ -197,8 +231,11 @@ def _regex_in_json(pattern: str, flags: str) -> str:
     """A regex of texts -> the regex of those texts' JSON escapes."""
     if "i" in flags:
         raise ValueError("case-insensitive regexes are not supported")
-    f = (re.S if "s" in flags else 0) | (re.X if "x" in flags else 0) | (re.M if "m" in flags
-                                                                          else 0)
+    f = (
+        (re.S if "s" in flags else 0)
+        | (re.X if "x" in flags else 0)
+        | (re.M if "m" in flags else 0)
+    )
     try:
         parsed = _sp.parse(pattern, f)
     except re.error as e:
@@ -219,8 +256,9 @@ def _item(op, av, flags: int) -> str:
     if op is c.NOT_LITERAL:
         return _class([(c.LITERAL, av)], True)
     if op is c.ANY:
-        return _class([], False, everything=True) if flags & re.S else \
-            _class([(c.LITERAL, 10)], True)
+        return (
+            _class([], False, everything=True) if flags & re.S else _class([(c.LITERAL, 10)], True)
+        )
     if op is c.IN:
         neg = bool(av) and av[0][0] is c.NEGATE
         return _class(av[1:] if neg else av, neg)
@@ -261,9 +299,11 @@ def _class(items, negate: bool, everything: bool = False) -> str:
         if everything:
             return True
         for op, av in items:
-            if (op is c.LITERAL and ord(ch) == av) or (
-                    op is c.RANGE and av[0] <= ord(ch) <= av[1]) or (
-                    op is c.CATEGORY and _CATS[str(av)][0](ch)):
+            if (
+                (op is c.LITERAL and ord(ch) == av)
+                or (op is c.RANGE and av[0] <= ord(ch) <= av[1])
+                or (op is c.CATEGORY and _CATS[str(av)][0](ch))
+            ):
                 return not negate
         return negate
 
@@ -278,8 +318,11 @@ def _class(items, negate: bool, everything: bool = False) -> str:
             alts.insert(0, f"[{plain}]")
         for op, av in items:  # \D \W \S: all but some, the escaped characters apart
             if op is c.CATEGORY and _CATS[str(av)][1] is None:
-                inner = {"CATEGORY_NOT_DIGIT": r"\d", "CATEGORY_NOT_WORD": r"\w",
-                         "CATEGORY_NOT_SPACE": r"\s"}[str(av)]
+                inner = {
+                    "CATEGORY_NOT_DIGIT": r"\d",
+                    "CATEGORY_NOT_WORD": r"\w",
+                    "CATEGORY_NOT_SPACE": r"\s",
+                }[str(av)]
                 alts.insert(0, f"[^{inner}{_NOT_ESCAPED}]")
     if not alts:
         raise ValueError("an empty character class")
@@ -309,9 +352,16 @@ def _class_items(items, keep_all: bool) -> list[str]:
         elif op is c.CATEGORY:
             rx = _CATS[str(av)][1]
             if keep_all:
-                out.append({"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D",
-                            "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W",
-                            "CATEGORY_SPACE": r"\s", "CATEGORY_NOT_SPACE": r"\S"}[str(av)])
+                out.append(
+                    {
+                        "CATEGORY_DIGIT": r"\d",
+                        "CATEGORY_NOT_DIGIT": r"\D",
+                        "CATEGORY_WORD": r"\w",
+                        "CATEGORY_NOT_WORD": r"\W",
+                        "CATEGORY_SPACE": r"\s",
+                        "CATEGORY_NOT_SPACE": r"\S",
+                    }[str(av)]
+                )
             elif rx is not None:
                 out.append(rx)
         else:

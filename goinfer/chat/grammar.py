@@ -6,6 +6,7 @@ writes it (and as chat templates show calls): ", " and ": " separators and no ot
 whitespace, so a small model cannot wander off into runs of blank space, and the call it
 writes is the text the next turn's prompt repeats.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,18 @@ from collections.abc import Mapping
 from goinfer.constrained import VALUE_KEYS, enforced_schema
 from goinfer.errors import TokenizerError
 
-__all__ = ["JSON_LAYOUT", "ANY_TEXT", "text_without", "regex", "special", "marker",
-           "call_schema", "written_as_text", "json_rule", "tool_parameters"]
+__all__ = [
+    "JSON_LAYOUT",
+    "ANY_TEXT",
+    "text_without",
+    "regex",
+    "special",
+    "marker",
+    "call_schema",
+    "written_as_text",
+    "json_rule",
+    "tool_parameters",
+]
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_TEXT = r"TEXT: /(?s:.*)/"  # any text (a special marker never appears in text)
@@ -64,8 +75,9 @@ def json_rule(name: str, schema: Mapping) -> str:
     return f"{name}: %json " + json.dumps(schema)
 
 
-def call_schema(tools, args_key: str, *, array: bool = False, many: bool = True,
-                with_id: bool = False) -> dict:
+def call_schema(
+    tools, args_key: str, *, array: bool = False, many: bool = True, with_id: bool = False
+) -> dict:
     """JSON schema of one call object (or, array=True, of a list of calls) to any of `tools`.
     Each tool's parameters go under $defs, their own "#..." references rebased there.
     with_id: the call may carry Mistral's 9-character "id" after its arguments."""
@@ -76,8 +88,14 @@ def call_schema(tools, args_key: str, *, array: bool = False, many: bool = True,
         props = {"name": {"const": t.name}, args_key: {"$ref": f"#/$defs/{key}"}}
         if with_id:
             props["id"] = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}
-        alts.append({"type": "object", "properties": props,
-                     "required": ["name", args_key], "additionalProperties": False})
+        alts.append(
+            {
+                "type": "object",
+                "properties": props,
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
     one = alts[0] if len(alts) == 1 else {"anyOf": alts}
     if array:
         schema = {"type": "array", "items": one, "minItems": 1}

@@ -6,14 +6,25 @@ that is no call.
 scanners (goinfer/chat/formats/) build a Region of calls from it.  Incomplete: the text ends
 inside a value; NotACall: the text cannot be (the start of) a call.
 """
+
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Incomplete", "NotACall", "Call", "Region", "WS", "skip_ws", "scan_string",
-           "scan_container", "scan_call", "close_after"]
+__all__ = [
+    "Incomplete",
+    "NotACall",
+    "Call",
+    "Region",
+    "WS",
+    "skip_ws",
+    "scan_string",
+    "scan_container",
+    "scan_call",
+    "close_after",
+]
 
 
 class Incomplete(Exception):
@@ -171,7 +182,7 @@ def close_after(region: Region, s: str, j: int, close: str, final: bool) -> Regi
     marker; at the end of the text when the reply ended without (all of) it; open while the
     text may still be the marker.  NotACall: other text."""
     j = skip_ws(s, j)
-    rest = s[j:j + len(close)]
+    rest = s[j : j + len(close)]
     if rest == close:
         region.end = j + len(close)
     elif not close.startswith(rest):

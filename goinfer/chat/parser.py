@@ -2,6 +2,7 @@
 (the id and name of a call first, then pieces of its arguments) or at once (``parse_reply``).
 Call text that does not parse stays in the content; nothing is dropped.  How a region of
 calls is read is the format's (ToolFormat.scan); this is the part every format shares."""
+
 from __future__ import annotations
 
 from goinfer.chat.formats.base import ToolFormat
@@ -67,9 +68,14 @@ class CallParser:
     def tool_calls(self) -> list[dict] | None:
         if not self.calls:
             return None
-        return [{"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for c in self.calls]
+        return [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in self.calls
+        ]
 
     # ------------------------------------------------------------------ content
 
@@ -83,7 +89,7 @@ class CallParser:
         next); whitespace after a call is kept only between two pieces of text."""
         s = self.held + s
         body = s.rstrip(WS)
-        self.held = s[len(body):]
+        self.held = s[len(body) :]
         if not body:
             return
         if self.after_call and not self.parts:
@@ -96,8 +102,11 @@ class CallParser:
     def _bare_json_at(self, k: int) -> bool:
         """Does a region of calls open at text[k] without the marker (a reply that opens with
         a JSON object, where the format allows it)?"""
-        return self.fmt.opens_with_json and self.text.startswith("{", k) and \
-            not self.text.startswith(self.fmt.open, k)
+        return (
+            self.fmt.opens_with_json
+            and self.text.startswith("{", k)
+            and not self.text.startswith(self.fmt.open, k)
+        )
 
     def _open_at(self, final: bool) -> tuple[int | None, int]:
         """(where the next call region opens or None, how far text is surely content)."""
@@ -116,20 +125,20 @@ class CallParser:
         # hold back a tail that may be the start of the marker
         safe = len(s)
         for n in range(min(len(self.fmt.open) - 1, len(s) - i), 0, -1):
-            if self.fmt.open.startswith(s[len(s) - n:]):
+            if self.fmt.open.startswith(s[len(s) - n :]):
                 safe = len(s) - n
                 break
         return None, safe
 
     def _advance(self, out: list, final: bool) -> None:
         if not self.active:
-            self._send(out, self.text[self.i:])
+            self._send(out, self.text[self.i :])
             self.i = len(self.text)
             return
         while True:
             if self.region is None:
                 k, safe = self._open_at(final)
-                self._content(out, self.text[self.i:safe])
+                self._content(out, self.text[self.i : safe])
                 self.i = safe
                 if k is None:
                     return
@@ -149,8 +158,9 @@ class CallParser:
                 if c.name is not None and c.name not in self.names:
                     raise NotACall
             complete = r.end is not None and all(c.end is not None for c in r.calls)
-            if complete and any(c.name is None or c.args is None or c.args[1] is None
-                                for c in r.calls):
+            if complete and any(
+                c.name is None or c.args is None or c.args[1] is None for c in r.calls
+            ):
                 raise NotACall
         except NotACall:
             return self._not_a_call(out, final)
@@ -185,14 +195,16 @@ class CallParser:
             entry = self.sent[n]
             a0, a1 = c.args
             if c.json is not None:  # converted arguments (qwen_xml, gemma4): whole once read
-                piece = c.json[len(entry["arguments"]):]
+                piece = c.json[len(entry["arguments"]) :]
             else:
-                piece = s[a0 + len(entry["arguments"]):len(s) if a1 is None else a1]
+                piece = s[a0 + len(entry["arguments"]) : len(s) if a1 is None else a1]
             entry["end"] = len(s) if a1 is None else a1
             if piece:
                 entry["arguments"] += piece
-                if isinstance(out[-1] if out else None, ToolCallDelta) and \
-                        out[-1].index == entry["index"]:
+                if (
+                    isinstance(out[-1] if out else None, ToolCallDelta)
+                    and out[-1].index == entry["index"]
+                ):
                     out[-1].arguments += piece
                 else:
                     out.append(ToolCallDelta(entry["index"], arguments=piece))
@@ -219,8 +231,9 @@ class CallParser:
         return True
 
 
-def parse_reply(text: str, fmt: ToolFormat, spec: ToolSpec | None
-                ) -> tuple[str | None, list[dict] | None]:
+def parse_reply(
+    text: str, fmt: ToolFormat, spec: ToolSpec | None
+) -> tuple[str | None, list[dict] | None]:
     """A whole reply -> (content, tool_calls in OpenAI's shape or None)."""
     p = CallParser(fmt, spec, eager=False)
     p.text = text

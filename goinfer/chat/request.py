@@ -8,6 +8,7 @@ reads the reply back (content, reasoning, tool calls).
     ... generate ...
     tc.finish(result)            # or tc.stream(items) while streaming
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,14 @@ from goinfer.chat_template import _to_dicts, render_chat_template
 from goinfer.errors import ChatTemplateError, ToolError
 from goinfer.generation import Piece
 
-__all__ = ["ToolChat", "prepare_chat", "chat_inputs", "tool_grammar", "alternates_roles",
-           "join_same_roles"]
+__all__ = [
+    "ToolChat",
+    "prepare_chat",
+    "chat_inputs",
+    "tool_grammar",
+    "alternates_roles",
+    "join_same_roles",
+]
 
 
 def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[dict], list | None]:
@@ -49,8 +56,9 @@ def chat_inputs(messages, fmt: ToolFormat, spec: ToolSpec | None) -> tuple[list[
     return fmt.render(list(messages), spec)
 
 
-def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
-                 channels: Channels | None = None) -> str | None:
+def tool_grammar(
+    spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None, channels: Channels | None = None
+) -> str | None:
     """The Lark grammar (llguidance) of a reply under `spec` in format `fmt`, or None when
     nothing is constrained.  `tokenizer` tells which markers are special tokens of the model
     (written as ``<[id]>``); without it every marker is text.  channels: the reply's reasoning
@@ -66,7 +74,7 @@ def tool_grammar(spec: ToolSpec | None, fmt: ToolFormat, tokenizer=None,
     is_special = special(tokenizer, channels.close_mark) is not None
     prefix = think_grammar_prefix(channels, lambda t: marker(tokenizer, t), is_special)
     rule = think_text_rule(is_special, channels.close_mark)
-    return f"start: {prefix} ({head[len('start: '):]})\n{rule}\n{rest}"
+    return f"start: {prefix} ({head[len('start: ') :]})\n{rule}\n{rest}"
 
 
 # ============================================================================ one chat request
@@ -111,15 +119,21 @@ class ToolChat:
         own response_format or grammar when it brings one (only with tool_choice "none": one
         reply cannot be held to a schema and to the call format at once; ToolError)."""
         theirs = grammar is not None or not (
-            response_format is None or response_format == {"type": "text"})
+            response_format is None or response_format == {"type": "text"}
+        )
         if theirs and grammar is None and (self.spec is None or self.spec.choice == "none"):
             g = self.fmt.answer_grammar(response_format, self.tokenizer)
             if g is not None:  # the schema holds the answer, after what comes before it
                 return None, g
         if theirs and grammar is None and self.spec is not None and self.spec.forced:
             return None, self.compiled()  # the reply is calls: no answer for a format to hold
-        if theirs and grammar is None and self.spec is not None and self.spec.choice == "auto" \
-                and self.channels is None:
+        if (
+            theirs
+            and grammar is None
+            and self.spec is not None
+            and self.spec.choice == "auto"
+            and self.channels is None
+        ):
             g = self.answer_or_calls(response_format)
             if g is not None:  # the reply is the answer the schema holds, or calls
                 return None, g
@@ -133,9 +147,11 @@ class ToolChat:
             return None, self.compiled()
         if self.spec is not None and self.spec.choice == "none":
             return response_format, grammar
-        raise ToolError("tools with a response_format or grammar need tool_choice 'none' "
-                        "(goinfer cannot hold one reply to both)",
-                        "grammar" if grammar is not None else "response_format")
+        raise ToolError(
+            "tools with a response_format or grammar need tool_choice 'none' "
+            "(goinfer cannot hold one reply to both)",
+            "grammar" if grammar is not None else "response_format",
+        )
 
     def compiled(self):
         """The tools' grammar compiled for the model (constrained.Grammar; GrammarError).
@@ -153,8 +169,11 @@ class ToolChat:
         g = compile_request(self.tokenizer, grammar=self.grammar)
         if not self.parses:
             return g
-        return dataclasses.replace(g, end_takes_forbidden=True,
-                                   calls_begun=_calls_begun(self.spec, self.fmt, self.tokenizer))
+        return dataclasses.replace(
+            g,
+            end_takes_forbidden=True,
+            calls_begun=_calls_begun(self.spec, self.fmt, self.tokenizer),
+        )
 
     def answer_or_calls(self, response_format):
         """tool_choice "auto" with a JSON response_format (an agent with tools and a
@@ -176,12 +195,13 @@ class ToolChat:
         schema = dict(bound_numbers(rf[1])) if isinstance(rf[1], dict) else rf[1]
         if isinstance(schema, dict):
             schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
-        calls = self.fmt.grammar(dataclasses.replace(self.spec, choice="required"),
-                                 self.tokenizer)
+        calls = self.fmt.grammar(dataclasses.replace(self.spec, choice="required"), self.tokenizer)
         head, _, rest = calls.partition("\n")
         assert head.startswith("start: ")
-        lark = (f"start: goinfer_answer | {head[len('start: '):]}\n"
-                f"goinfer_answer: %json {json.dumps(schema)}\n{rest}")
+        lark = (
+            f"start: goinfer_answer | {head[len('start: ') :]}\n"
+            f"goinfer_answer: %json {json.dumps(schema)}\n{rest}"
+        )
         g = token_view(self.tokenizer).compile(lark, "lark", "response_format")
         return dataclasses.replace(g, end_takes_forbidden=True, calls_begun=None)
 
@@ -248,13 +268,22 @@ def _calls_begun(spec: ToolSpec, fmt: ToolFormat, tokenizer):
 
     def begun(tokens, text: str) -> bool:
         return (brace and text.startswith("{")) or (
-            sid in tokens if sid is not None else fmt.open in text)
+            sid in tokens if sid is not None else fmt.open in text
+        )
+
     return begun
 
 
-def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_calls=None,
-                 template_kwargs: Mapping | None = None,
-                 unlisted: Collection[str] = (), system_in_place: bool = False) -> ToolChat:
+def prepare_chat(
+    model,
+    messages,
+    tools=None,
+    tool_choice=None,
+    parallel_tool_calls=None,
+    template_kwargs: Mapping | None = None,
+    unlisted: Collection[str] = (),
+    system_in_place: bool = False,
+) -> ToolChat:
     """Check the tool fields (ToolError), render the conversation with the model's chat
     template (ChatTemplateError; template_kwargs: more variables for it, e.g.
     ``enable_thinking=False``) and write the reply's grammar.  unlisted: names of tools the
@@ -277,13 +306,20 @@ def prepare_chat(model, messages, tools=None, tool_choice=None, parallel_tool_ca
     for k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
         if k in kwargs:
             raise ChatTemplateError(f"chat_template_kwargs cannot set {k!r}")
-    prompt = model.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools,
-                                       **kwargs)
+    prompt = model.apply_chat_template(
+        msgs, add_generation_prompt=True, tools=template_tools, **kwargs
+    )
     channels = channels_of(getattr(model, "chat_template", None) or "")
     if channels is not None:
         channels = channels.opened(prompt)
-    return ToolChat(spec, fmt, prompt, tool_grammar(spec, fmt, model.tokenizer, channels),
-                    model.tokenizer, channels)
+    return ToolChat(
+        spec,
+        fmt,
+        prompt,
+        tool_grammar(spec, fmt, model.tokenizer, channels),
+        model.tokenizer,
+        channels,
+    )
 
 
 def _listed(spec: ToolSpec | None, unlisted: Collection[str]) -> ToolSpec | None:
@@ -320,10 +356,16 @@ def join_same_roles(messages: list) -> list:
     out: list = []
     for m in messages:
         prev = out[-1] if out else None
-        if (isinstance(m, Mapping) and isinstance(prev, Mapping)
-                and m.get("role") in ("system", "user") and prev.get("role") == m.get("role")
-                and set(m) <= {"role", "content"} and set(prev) <= {"role", "content"}
-                and isinstance(m.get("content"), str) and isinstance(prev.get("content"), str)):
+        if (
+            isinstance(m, Mapping)
+            and isinstance(prev, Mapping)
+            and m.get("role") in ("system", "user")
+            and prev.get("role") == m.get("role")
+            and set(m) <= {"role", "content"}
+            and set(prev) <= {"role", "content"}
+            and isinstance(m.get("content"), str)
+            and isinstance(prev.get("content"), str)
+        ):
             out[-1] = {"role": m["role"], "content": f"{prev['content']}\n\n{m['content']}"}
         else:
             out.append(m)

@@ -4,6 +4,7 @@
 Bad input raises ToolError naming the offending ``param``; every tool's parameter schema must
 compile to a grammar (goinfer/constrained.py) before any token is generated.
 """
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,12 @@ class ToolCallDelta:
     def as_openai(self) -> dict:
         if self.id is None:
             return {"index": self.index, "function": {"arguments": self.arguments}}
-        return {"index": self.index, "id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 # ============================================================================ checking
@@ -115,8 +120,10 @@ def check_tools(tools=None, tool_choice=None, parallel_tool_calls=None) -> ToolS
     elif isinstance(parallel_tool_calls, bool):
         parallel = parallel_tool_calls
     else:
-        raise ToolError(f"parallel_tool_calls must be a boolean, got {_show(parallel_tool_calls)}",
-                        "parallel_tool_calls")
+        raise ToolError(
+            f"parallel_tool_calls must be a boolean, got {_show(parallel_tool_calls)}",
+            "parallel_tool_calls",
+        )
     choice, function, allowed = _check_choice(tool_choice, checked)
     if not checked:
         return None
@@ -143,31 +150,43 @@ def _check_tool_list(tools) -> list[Tool]:
         if not isinstance(t, Mapping):
             raise ToolError(f"{where} must be an object, got {_show(t)}", where)
         if t.get("type") != "function":
-            raise ToolError(f"{where}.type must be 'function' (only function tools are "
-                            f"supported), got {_show(t.get('type'))}", f"{where}.type")
+            raise ToolError(
+                f"{where}.type must be 'function' (only function tools are "
+                f"supported), got {_show(t.get('type'))}",
+                f"{where}.type",
+            )
         fn = t.get("function")
         if not isinstance(fn, Mapping):
-            raise ToolError(f"{where}.function must be an object with 'name' and 'parameters'",
-                            f"{where}.function")
+            raise ToolError(
+                f"{where}.function must be an object with 'name' and 'parameters'",
+                f"{where}.function",
+            )
         unknown = set(fn) - {"name", "description", "parameters", "strict"}
         if unknown:
-            raise ToolError(f"{where}.function has unknown field(s) {sorted(unknown)}",
-                            f"{where}.function")
+            raise ToolError(
+                f"{where}.function has unknown field(s) {sorted(unknown)}", f"{where}.function"
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ToolError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', "
-                            f"got {_show(name)}", f"{where}.function.name")
+            raise ToolError(
+                f"{where}.function.name must be 1-64 letters, digits, '_' or '-', "
+                f"got {_show(name)}",
+                f"{where}.function.name",
+            )
         if any(x.name == name for x in out):
-            raise ToolError(f"{where}.function.name {name!r} is given twice",
-                            f"{where}.function.name")
+            raise ToolError(
+                f"{where}.function.name {name!r} is given twice", f"{where}.function.name"
+            )
         desc = fn.get("description")
         if desc is not None and not isinstance(desc, str):
-            raise ToolError(f"{where}.function.description must be a string",
-                            f"{where}.function.description")
+            raise ToolError(
+                f"{where}.function.description must be a string", f"{where}.function.description"
+            )
         strict = fn.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            raise ToolError(f"{where}.function.strict must be a boolean",
-                            f"{where}.function.strict")
+            raise ToolError(
+                f"{where}.function.strict must be a boolean", f"{where}.function.strict"
+            )
         params = fn.get("parameters")
         if params is None:
             params = dict(NO_PARAMS)
@@ -175,9 +194,11 @@ def _check_tool_list(tools) -> list[Tool]:
         if not isinstance(params, Mapping):
             raise ToolError(f"{param} must be a JSON schema object, got {_show(params)}", param)
         if params.get("type", "object") != "object":
-            raise ToolError(f"{param} must describe a JSON object (type 'object'): the arguments "
-                            f"of a call are an object, got type {_show(params.get('type'))}",
-                            param)
+            raise ToolError(
+                f"{param} must describe a JSON object (type 'object'): the arguments "
+                f"of a call are an object, got type {_show(params.get('type'))}",
+                param,
+            )
         err = schema_error(json.dumps(bound_numbers(params), sort_keys=True))  # as grammars
         if err:
             raise ToolError(f"{param} is not a JSON schema goinfer can enforce: {err}", param)
@@ -185,9 +206,11 @@ def _check_tool_list(tools) -> list[Tool]:
     return out
 
 
-_CHOICE_FORMS = ("'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}} "
-                 "or {'type': 'allowed_tools', 'allowed_tools': {'mode': 'auto' | 'required', "
-                 "'tools': [{'type': 'function', 'function': {'name': ...}}, ...]}}")
+_CHOICE_FORMS = (
+    "'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}} "
+    "or {'type': 'allowed_tools', 'allowed_tools': {'mode': 'auto' | 'required', "
+    "'tools': [{'type': 'function', 'function': {'name': ...}}, ...]}}"
+)
 
 
 def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None, tuple[str, ...] | None]:
@@ -197,18 +220,22 @@ def _check_choice(choice, tools: list[Tool]) -> tuple[str, str | None, tuple[str
     choice = _to_dicts(choice)
     if isinstance(choice, str):
         if choice not in _CHOICES:
-            raise ToolError(f"tool_choice must be one of {_CHOICE_FORMS}, got {choice!r}",
-                            "tool_choice")
+            raise ToolError(
+                f"tool_choice must be one of {_CHOICE_FORMS}, got {choice!r}", "tool_choice"
+            )
         if choice == "required" and not tools:
             raise ToolError("tool_choice 'required' needs tools", "tool_choice")
         return choice, None, None
     if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
         mode, allowed = _allowed_tools(choice, tools)
         return mode, None, allowed
-    if not isinstance(choice, Mapping) or choice.get("type") != "function" or not isinstance(
-            choice.get("function"), Mapping) or not isinstance(choice["function"].get("name"), str):
-        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}",
-                        "tool_choice")
+    if (
+        not isinstance(choice, Mapping)
+        or choice.get("type") != "function"
+        or not isinstance(choice.get("function"), Mapping)
+        or not isinstance(choice["function"].get("name"), str)
+    ):
+        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}", "tool_choice")
     return "function", _known(choice["function"]["name"], tools, "tool_choice"), None
 
 
@@ -216,8 +243,11 @@ def _known(name: str, tools: list[Tool], param: str) -> str:
     """name, if it is the name of one of tools (ToolError otherwise)."""
     if not any(t.name == name for t in tools):
         have = [t.name for t in tools]
-        raise ToolError(f"tool_choice names the function {name!r}, which is not in tools "
-                        f"({have if have else 'no tools given'})", param)
+        raise ToolError(
+            f"tool_choice names the function {name!r}, which is not in tools "
+            f"({have if have else 'no tools given'})",
+            param,
+        )
     return name
 
 
@@ -228,8 +258,7 @@ def _allowed_tools(choice: Mapping, tools: list[Tool]) -> tuple[str, tuple[str, 
     P = "tool_choice.allowed_tools"
     spec = choice.get("allowed_tools")
     if set(choice) != {"type", "allowed_tools"} or not isinstance(spec, Mapping):
-        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}",
-                        "tool_choice")
+        raise ToolError(f"tool_choice must be {_CHOICE_FORMS}, got {_show(choice)}", "tool_choice")
     unknown = set(spec) - {"mode", "tools"}
     if unknown:
         raise ToolError(f"{P} has unknown field(s) {sorted(unknown)}", P)
@@ -238,18 +267,26 @@ def _allowed_tools(choice: Mapping, tools: list[Tool]) -> tuple[str, tuple[str, 
         raise ToolError(f"{P}.mode must be 'auto' or 'required', got {_show(mode)}", f"{P}.mode")
     listed = spec.get("tools")
     if not isinstance(listed, (list, tuple)) or not listed:
-        raise ToolError(f"{P}.tools must be a non-empty list of "
-                        "{'type': 'function', 'function': {'name': ...}}", f"{P}.tools")
+        raise ToolError(
+            f"{P}.tools must be a non-empty list of "
+            "{'type': 'function', 'function': {'name': ...}}",
+            f"{P}.tools",
+        )
     names: list[str] = []
     for i, t in enumerate(listed):
         where = f"{P}.tools[{i}]"
         fn = t.get("function") if isinstance(t, Mapping) else None
-        name = fn.get("name") if isinstance(fn, Mapping) else (
-            t.get("name") if isinstance(t, Mapping) else None)
-        if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(name,
-                                                                                      str):
-            raise ToolError(f"{where} must be {{'type': 'function', 'function': {{'name': ...}}}}"
-                            f" (only function tools), got {_show(t)}", where)
+        name = (
+            fn.get("name")
+            if isinstance(fn, Mapping)
+            else (t.get("name") if isinstance(t, Mapping) else None)
+        )
+        if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(name, str):
+            raise ToolError(
+                f"{where} must be {{'type': 'function', 'function': {{'name': ...}}}}"
+                f" (only function tools), got {_show(t)}",
+                where,
+            )
         if name not in names:
             names.append(_known(name, tools, where))
     return mode, tuple(names)

@@ -13,6 +13,7 @@ blank line between), or made a user turn of its own when no user turn comes righ
 Either way, the rendering of a conversation up to a reply stays a prefix of the rendering of
 the conversation that goes on from it, so the prefix cache keeps it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,13 @@ from goinfer.errors import ChatTemplateError
 
 __all__ = ["in_place", "renders_system_in_place"]
 
-_PROBE = ("goinfer-probe-0", "goinfer-probe-1", "goinfer-probe-2", "goinfer-probe-3",
-          "goinfer-probe-4")
+_PROBE = (
+    "goinfer-probe-0",
+    "goinfer-probe-1",
+    "goinfer-probe-2",
+    "goinfer-probe-3",
+    "goinfer-probe-4",
+)
 
 
 @functools.lru_cache(maxsize=32)
@@ -45,8 +51,7 @@ def renders_system_in_place(template: str) -> bool:
 def in_place(messages: list, template: str) -> list:
     """messages with every system message after the first non-system one rendered where it
     stands (see the module's docstring); leading system messages are the system prompt."""
-    if not any(_is_system(m) for m in _after_prompt(messages)) or renders_system_in_place(
-            template):
+    if not any(_is_system(m) for m in _after_prompt(messages)) or renders_system_in_place(template):
         return messages
     out: list = []
     begun = False  # a non-system message was seen: system messages from here are folded
@@ -60,8 +65,7 @@ def in_place(messages: list, template: str) -> list:
             continue
         text = message_text(m.get("content"))
         prev = out[-1] if out else None
-        if isinstance(prev, Mapping) and prev.get("role") == "user" and not prev.get(
-                "tool_calls"):
+        if isinstance(prev, Mapping) and prev.get("role") == "user" and not prev.get("tool_calls"):
             out[-1] = dict(prev, content=f"{message_text(prev.get('content'))}\n\n{text}")
         else:
             out.append({"role": "user", "content": text})

@@ -1,6 +1,7 @@
 """One architecture's registry row (models/registry.py): its family, and the facts about the
 architecture that its GGUF files leave out.  Plain data, imported by the families and the
 registry alike."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """What every architecture family shares: the config, the batch description, scratch buffers,
 RoPE tables, and the activation helper that quantizes a layer input once for all its matmuls."""
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,11 @@ class Yarn:
         base^(2i/n))) and the original (1/base^(2i/n)) frequency, by a linear ramp over the
         correction range [low, high] of dimension pairs (transformers' _compute_yarn_parameters,
         in float64)."""
+
         def corr(n_rotations):
-            return n_rot * math.log(self.orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+            return (
+                n_rot * math.log(self.orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+            )
 
         low, high = corr(self.beta_fast), corr(self.beta_slow)
         if self.truncate:
@@ -114,9 +118,11 @@ class ModelConfig:
         return self.sliding_window
 
     def describe(self) -> str:
-        return (f"{self.arch}: {self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads "
-                f"({self.n_kv_heads} kv) x {self.head_dim}, ffn {self.d_ff}, vocab {self.vocab_size}, "
-                f"context {self.context_length}")
+        return (
+            f"{self.arch}: {self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads "
+            f"({self.n_kv_heads} kv) x {self.head_dim}, ffn {self.d_ff}, vocab {self.vocab_size}, "
+            f"context {self.context_length}"
+        )
 
 
 # ============================================================================ batch
@@ -130,7 +136,9 @@ class Segment:
     stop: int
     block_table: np.ndarray  # (n_blocks_seq,) int32
     rec: object = None  # hybrid models: the sequence's recurrent.SeqRecurrent (state, snapshots)
-    window_table: np.ndarray | None = None  # (n_blocks_seq,) int32 window slots (KVCache.window_table)
+    window_table: np.ndarray | None = (
+        None  # (n_blocks_seq,) int32 window slots (KVCache.window_table)
+    )
 
     def table_for(self, window: int) -> np.ndarray:
         """The block table a layer with this sliding window (0: none) attends through."""
@@ -157,8 +165,14 @@ class Batch:
 # ============================================================================ RoPE
 
 
-def rope_tables(n_rot: int, base: float, n_pos: int, freq_factors=None, scale: float = 1.0,
-                yarn: Yarn | None = None):
+def rope_tables(
+    n_rot: int,
+    base: float,
+    n_pos: int,
+    freq_factors=None,
+    scale: float = 1.0,
+    yarn: Yarn | None = None,
+):
     """cos, sin (n_pos, n_rot/2) float64: angle = (pos / scale) * base**(-2i/n_rot) / factor_i.
     With YaRN the frequencies are yarn.inv_freq and cos, sin are multiplied by yarn.mscale
     (so rotated q and k carry it, as transformers applies attention_scaling)."""
@@ -177,8 +191,15 @@ def rope_tables(n_rot: int, base: float, n_pos: int, freq_factors=None, scale: f
 class RopeCache:
     """RoPE tables grown on demand (doubling) up to the context length."""
 
-    def __init__(self, n_rot: int, base: float, max_pos: int, freq_factors=None, scale: float = 1.0,
-                 yarn: Yarn | None = None):
+    def __init__(
+        self,
+        n_rot: int,
+        base: float,
+        max_pos: int,
+        freq_factors=None,
+        scale: float = 1.0,
+        yarn: Yarn | None = None,
+    ):
         self.args = (n_rot, base)
         self.freq_factors = freq_factors
         self.scale = scale
@@ -189,8 +210,9 @@ class RopeCache:
     def tables(self, n_pos: int):
         if n_pos > self.cos.shape[0]:
             n = min(self.max_pos, max(n_pos, 2 * self.cos.shape[0], 1024))
-            self.cos, self.sin = rope_tables(*self.args, max(n, n_pos), self.freq_factors,
-                                             self.scale, self.yarn)
+            self.cos, self.sin = rope_tables(
+                *self.args, max(n, n_pos), self.freq_factors, self.scale, self.yarn
+            )
         return self.cos, self.sin
 
 
@@ -213,8 +235,9 @@ class Act:
         """What a matmul with w reads: the int8 rows for an integer weight kind, else x."""
         if w.kind in INT_KINDS:
             if self._q is None:
-                self._q = self._ops.quantize_act(self.x, out=self._qbuf.rows(self.x.shape[0]),
-                                                 nthreads=self._nt)
+                self._q = self._ops.quantize_act(
+                    self.x, out=self._qbuf.rows(self.x.shape[0]), nthreads=self._nt
+                )
             return self._q
         return self.x
 

@@ -19,10 +19,12 @@ ffn_gate_inp_shexp.weight (D,).  Metadata {arch}.expert_count, .expert_used_coun
 .expert_weights_scale, .expert_gating_func (softmax only).  How each architecture routes by
 default (llama.cpp's choices) is in the registry (routing, norm_topk).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,8 +35,8 @@ from goinfer.quant import QAct, QWeight, concat_rows, pack_float
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
-    from goinfer.models.family import Family
     from goinfer.models.arch import Arch
+    from goinfer.models.family import Family
 
 _SOFTMAX_GATING = 1  # gguf ExpertGatingFuncType.SOFTMAX
 
@@ -55,7 +57,9 @@ class ExpertFields:
 
     def describe_experts(self) -> str:
         shared = f" + shared ffn {self.d_ff_shared}" if self.d_ff_shared else ""
-        return f", {self.n_expert} experts (top {self.n_expert_used}, ffn {self.d_ff_expert}){shared}"
+        return (
+            f", {self.n_expert} experts (top {self.n_expert_used}, ffn {self.d_ff_expert}){shared}"
+        )
 
 
 def has_experts(g: GGUFFile) -> bool:
@@ -71,44 +75,61 @@ def read_experts(g: GGUFFile, arch: Arch, n_layers: int, d_model: int) -> dict:
     E = int(g.arch_get("expert_count", 0) or 0)
     k = int(g.arch_get("expert_used_count", 0) or 0)
     if E < 1 or not 1 <= k <= E:
-        raise ModelFormatError(f"{g.path}: {a}.expert_count = {E} and {a}.expert_used_count "
-                               f"= {k} do not describe a mixture of experts (need 1 <= used <= count)")
+        raise ModelFormatError(
+            f"{g.path}: {a}.expert_count = {E} and {a}.expert_used_count "
+            f"= {k} do not describe a mixture of experts (need 1 <= used <= count)"
+        )
     gating = g.arch_get("expert_gating_func")
     if gating is not None and int(gating) != _SOFTMAX_GATING:
-        raise UnsupportedArchitectureError(f"{g.path}: expert gating function {gating} is not "
-                                           "supported (softmax only)")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: expert gating function {gating} is not supported (softmax only)"
+        )
     i = next((i for i in range(n_layers) if g.has_tensor(f"blk.{i}.ffn_gate_inp.weight")), None)
     if i is None:
-        raise ModelFormatError(f"{g.path}: {a}.expert_count = {E} but no layer has an expert "
-                               "router (blk.N.ffn_gate_inp.weight)")
+        raise ModelFormatError(
+            f"{g.path}: {a}.expert_count = {E} but no layer has an expert "
+            "router (blk.N.ffn_gate_inp.weight)"
+        )
     p = f"blk.{i}."
     if g.has_tensor(p + "ffn_gate_up_exps.weight"):  # gate | up stacked in one tensor
         name, per = p + "ffn_gate_up_exps.weight", 2
     elif g.has_tensor(p + "ffn_gate_exps.weight"):
         name, per = p + "ffn_gate_exps.weight", 1
     elif g.has_tensor(p + "ffn_gate.0.weight"):
-        raise ModelFormatError(f"{g.path}: experts stored one tensor each (blk.N.ffn_gate.E.weight, "
-                               "an old llama.cpp layout); re-convert the model with a current "
-                               "llama.cpp, which stacks them (blk.N.ffn_gate_exps.weight)")
+        raise ModelFormatError(
+            f"{g.path}: experts stored one tensor each (blk.N.ffn_gate.E.weight, "
+            "an old llama.cpp layout); re-convert the model with a current "
+            "llama.cpp, which stacks them (blk.N.ffn_gate_exps.weight)"
+        )
     else:
-        raise ModelFormatError(f"{g.path}: layer {i} has an expert router but no experts "
-                               f"({p}ffn_gate_exps.weight)")
+        raise ModelFormatError(
+            f"{g.path}: layer {i} has an expert router but no experts ({p}ffn_gate_exps.weight)"
+        )
     _, shape = g.tensor_info(name)
     if len(shape) != 3 or shape[0] != E or shape[2] != d_model or shape[1] % per:
-        raise ModelFormatError(f"{g.path}: {name} has shape {shape}, expected ({E}, "
-                               f"{'2 x ' if per == 2 else ''}n_ff, {d_model})")
+        raise ModelFormatError(
+            f"{g.path}: {name} has shape {shape}, expected ({E}, "
+            f"{'2 x ' if per == 2 else ''}n_ff, {d_model})"
+        )
     F = int(shape[1]) // per
     meta_ff = g.arch_get("expert_feed_forward_length")
     if meta_ff is not None and scalar_int(g, "expert_feed_forward_length") != F:
-        raise ModelFormatError(f"{g.path}: {a}.expert_feed_forward_length = {meta_ff} but the "
-                               f"expert tensors have {F} rows")
+        raise ModelFormatError(
+            f"{g.path}: {a}.expert_feed_forward_length = {meta_ff} but the "
+            f"expert tensors have {F} rows"
+        )
     shared = 0
     if g.has_tensor(p + "ffn_gate_shexp.weight"):
         shared = int(g.tensor_info(p + "ffn_gate_shexp.weight")[1][0])
-    return dict(n_expert=E, n_expert_used=k, d_ff_expert=F, d_ff_shared=shared,
-                routing=arch.routing,
-                norm_topk=bool(g.arch_get("expert_weights_norm", arch.norm_topk)),
-                expert_weights_scale=float(g.arch_get("expert_weights_scale", 1.0) or 1.0))
+    return dict(
+        n_expert=E,
+        n_expert_used=k,
+        d_ff_expert=F,
+        d_ff_shared=shared,
+        routing=arch.routing,
+        norm_topk=bool(g.arch_get("expert_weights_norm", arch.norm_topk)),
+        expert_weights_scale=float(g.arch_get("expert_weights_scale", 1.0) or 1.0),
+    )
 
 
 # ============================================================================ weights
@@ -152,8 +173,16 @@ class MoEWeights:
         return ws
 
 
-def _ffn(ld: Loader, name: str, gate: QWeight, up: QWeight, down: QWeight, F: int, D: int,
-         biases: tuple | None = None) -> FFNWeights:
+def _ffn(
+    ld: Loader,
+    name: str,
+    gate: QWeight,
+    up: QWeight,
+    down: QWeight,
+    F: int,
+    D: int,
+    biases: tuple | None = None,
+) -> FFNWeights:
     """A feed-forward from its three matrices (checked, gate and up fused when they can be).
     biases: (b_gate (F,), b_up (F,), b_down (D,)) or None."""
     ld.check(name + " gate", gate, F, D)
@@ -174,17 +203,29 @@ def load_experts(ld: Loader, E: int, F: int, D: int, *, biases: bool = False) ->
     if ld.has("ffn_gate_up_exps.weight"):
         gus, downs = ld.stacked("ffn_gate_up_exps.weight"), ld.stacked("ffn_down_exps.weight")
         if len(gus) != E or len(downs) != E:
-            raise ld.error(f"{p}ffn_*_exps hold {len(gus)}/{len(downs)} gate_up/down experts, "
-                           f"expected {E}")
-        return [FFNWeights(ld.check(f"expert {e} gate_up", gus[e], 2 * F, D), None, None,
-                           ld.check(f"expert {e} down", downs[e], D, F)) for e in range(E)]
+            raise ld.error(
+                f"{p}ffn_*_exps hold {len(gus)}/{len(downs)} gate_up/down experts, expected {E}"
+            )
+        return [
+            FFNWeights(
+                ld.check(f"expert {e} gate_up", gus[e], 2 * F, D),
+                None,
+                None,
+                ld.check(f"expert {e} down", downs[e], D, F),
+            )
+            for e in range(E)
+        ]
     gates, ups, downs = (ld.stacked(f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
     if not len(gates) == len(ups) == len(downs) == E:
-        raise ld.error(f"{p}ffn_*_exps hold {len(gates)}/{len(ups)}/{len(downs)} gate/up/down "
-                       f"experts, expected {E}")
+        raise ld.error(
+            f"{p}ffn_*_exps hold {len(gates)}/{len(ups)}/{len(downs)} gate/up/down "
+            f"experts, expected {E}"
+        )
     bg = bu = bd = None
     if biases:
-        bg, bu, bd = (ld.array(f"ffn_{n}_exps.bias", E, m) for n, m in (("gate", F), ("up", F), ("down", D)))
+        bg, bu, bd = (
+            ld.array(f"ffn_{n}_exps.bias", E, m) for n, m in (("gate", F), ("up", F), ("down", D))
+        )
     experts = []
     for e in range(E):
         b = None if bg is None else (bg[e], bu[e], bd[e])
@@ -207,8 +248,9 @@ def load_moe(ld: Loader, cfg: ExpertFields, D: int, *, biases: bool = False) -> 
         moe.shared = FFNWeights(gu, gate, up, ld.mat("ffn_down_shexp.weight", D, Fs))
         gate_vec = ld.g.load_f32(ld.prefix + "ffn_gate_inp_shexp.weight").reshape(-1)
         if gate_vec.shape != (D,):
-            raise ld.error(f"{ld.prefix}ffn_gate_inp_shexp.weight has {gate_vec.size} values, "
-                           f"expected {D}")
+            raise ld.error(
+                f"{ld.prefix}ffn_gate_inp_shexp.weight has {gate_vec.size} values, expected {D}"
+            )
         moe.shared_gate = pack_float("f32", np.ascontiguousarray(gate_vec[None, :], np.float32))
     return moe
 
@@ -274,7 +316,9 @@ class MoEFFN:
         self.expert_major = True
         cfg = self.cfg
         # weights that sum to 1 mathematically: the fold divides by their float32 sum
-        self.renorm = (cfg.routing == "topk_softmax" or cfg.norm_topk) and cfg.expert_weights_scale == 1.0
+        self.renorm = (
+            cfg.routing == "topk_softmax" or cfg.norm_topk
+        ) and cfg.expert_weights_scale == 1.0
         self.stats = MoEStats()
         self._qbufs: dict[str, QAct] = {}
 
@@ -307,9 +351,16 @@ class MoEFFN:
         """Router logits (T, E) -> the chosen experts ids (T, k) int32 and their weights (T, k)."""
         ops, cfg, S, nt = self.host.ops, self.cfg, self.host.scratch, self.host.threads
         T, k = logits.shape[0], cfg.n_expert_used
-        return ops.moe_route(logits, k, cfg.routing, cfg.norm_topk, cfg.expert_weights_scale,
-                             ids=S.get("moe_ids", T, k, dtype=np.int32),
-                             weights=S.get("moe_w", T, k), nthreads=nt)
+        return ops.moe_route(
+            logits,
+            k,
+            cfg.routing,
+            cfg.norm_topk,
+            cfg.expert_weights_scale,
+            ids=S.get("moe_ids", T, k, dtype=np.int32),
+            weights=S.get("moe_w", T, k),
+            nthreads=nt,
+        )
 
     def experts(self, M, h: np.ndarray, ids: np.ndarray, a: Act | None = None):
         """The routed experts over the rows of h (T, D) (a: the Act of h, for the token-major
@@ -327,9 +378,14 @@ class MoEFFN:
         ops, cfg, S, nt = self.host.ops, self.cfg, self.host.scratch, self.host.threads
         T, D = h.shape
         n, E = T * cfg.n_expert_used, cfg.n_expert
-        rows, offsets, pos = ops.moe_group(ids, E, rows=S.get("moe_rows", n, dtype=np.int32),
-                                           offsets=S.get("moe_off", E + 1, dtype=np.int64),
-                                           pos=S.get("moe_pos", n, dtype=np.int32), nthreads=nt)
+        rows, offsets, pos = ops.moe_group(
+            ids,
+            E,
+            rows=S.get("moe_rows", n, dtype=np.int32),
+            offsets=S.get("moe_off", E + 1, dtype=np.int64),
+            pos=S.get("moe_pos", n, dtype=np.int32),
+            nthreads=nt,
+        )
         xg = ops.gather_rows(h, rows, out=S.get("moe_xg", n, D), nthreads=nt)  # (n, D) routed rows
         table = expert_table(M)
 
@@ -337,8 +393,15 @@ class MoEFFN:
             ws, bias = table[name]
             ops.matmul_experts(act.for_weight(ws[0]), ws, offsets, bias, out=out, nthreads=nt)
 
-        y = self._gated(Act(ops, xg, self.qact("moe_xg", n, D), nt), n, cfg.d_ff_expert,
-                        "gate_up" in table, "moe_x", S.get("moe_y", n, D), project)
+        y = self._gated(
+            Act(ops, xg, self.qact("moe_xg", n, D), nt),
+            n,
+            cfg.d_ff_expert,
+            "gate_up" in table,
+            "moe_x",
+            S.get("moe_y", n, D),
+            project,
+        )
         if getattr(ops, "recording", False):  # a graph capture: offsets hold no routing yet
             return y, pos
         self.stats.add([M.experts[e] for e in np.flatnonzero(np.diff(offsets))], n)
@@ -351,9 +414,20 @@ class MoEFFN:
         cfg, S = self.cfg, self.host.scratch
         T, k = ids.shape
         n, D = T * k, cfg.d_model
-        runs = [(t, t + 1, t * k + r, M.experts[e]) for t in range(T) for r, e in enumerate(ids[t].tolist())]
-        y = self._gated(a, n, cfg.d_ff_expert, M.experts[0].w_gate_up is not None, "moe_x",
-                        S.get("moe_y", n, D), self._one_by_one(runs))
+        runs = [
+            (t, t + 1, t * k + r, M.experts[e])
+            for t in range(T)
+            for r, e in enumerate(ids[t].tolist())
+        ]
+        y = self._gated(
+            a,
+            n,
+            cfg.d_ff_expert,
+            M.experts[0].w_gate_up is not None,
+            "moe_x",
+            S.get("moe_y", n, D),
+            self._one_by_one(runs),
+        )
         self.stats.add([X for *_, X in runs], n)
         pos = S.get("moe_pos", n, dtype=np.int32)
         pos[:] = np.arange(n, dtype=np.int32)
@@ -361,9 +435,15 @@ class MoEFFN:
 
     def _shared_expert(self, X: FFNWeights, a: Act, T: int):
         """The shared expert over the T rows of a -> (T, D)."""
-        return self._gated(a, T, self.cfg.d_ff_shared, X.w_gate_up is not None, "moe_sh",
-                           self.host.scratch.get("moe_sh", T, self.cfg.d_model),
-                           self._one_by_one([(0, T, 0, X)]))
+        return self._gated(
+            a,
+            T,
+            self.cfg.d_ff_shared,
+            X.w_gate_up is not None,
+            "moe_sh",
+            self.host.scratch.get("moe_sh", T, self.cfg.d_model),
+            self._one_by_one([(0, T, 0, X)]),
+        )
 
     def _one_by_one(self, runs) -> Callable:
         """project() for _gated running FFNs one at a time: a run (i0, i1, o0, ffn) is ffn on
@@ -376,9 +456,15 @@ class MoEFFN:
                 w, b = getattr(X, "w_" + name), getattr(X, "b_" + name)
                 x = act.for_weight(w)
                 dst = out[o0:o1]  # the down projection reads the activation's rows o0..o1
-                ops.matmul(_rows(x, o0, o1) if name == "down" else _rows(x, i0, i1), w, out=dst, nthreads=nt)
+                ops.matmul(
+                    _rows(x, o0, o1) if name == "down" else _rows(x, i0, i1),
+                    w,
+                    out=dst,
+                    nthreads=nt,
+                )
                 if b is not None:
                     ops.add_bias(dst, b, out=dst, nthreads=nt)
+
         return project
 
     def _gated(self, a: Act, n: int, F: int, fused: bool, tag: str, y, project):
@@ -394,7 +480,8 @@ class MoEFFN:
             gate, up = S.get(tag + "_gate", n, F), S.get(tag + "_up", n, F)
             project("gate", a, gate)
             project("up", a, up)
-        f = getattr(ops, self.act)(gate, up, *self.act_args, out=S.get(tag + "_f", n, F),
-                                   nthreads=nt)  # (n, F)
+        f = getattr(ops, self.act)(
+            gate, up, *self.act_args, out=S.get(tag + "_f", n, F), nthreads=nt
+        )  # (n, F)
         project("down", Act(ops, f, self.qact(tag + "_f", n, F), nt), y)
         return y

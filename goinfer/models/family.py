@@ -12,10 +12,12 @@ and its config (models/base.py ModelConfig) declares which layers hold KV, their
 any recurrent state.  ``self.ops`` is the kernels module (goinfer._kernels, the NumPy reference,
 or a stand-in that records or times the calls).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -50,16 +52,30 @@ class LayerWeights:
     w_down: QWeight
 
     def weights(self) -> list[QWeight]:
-        return [w for w in (self.wqkv, self.wq, self.wk, self.wv, self.wo, self.w_gate_up,
-                            self.w_gate, self.w_up, self.w_down) if w is not None]
+        return [
+            w
+            for w in (
+                self.wqkv,
+                self.wq,
+                self.wk,
+                self.wv,
+                self.wo,
+                self.w_gate_up,
+                self.w_gate,
+                self.w_up,
+                self.w_down,
+            )
+            if w is not None
+        ]
 
 
 def load_gated_ffn(ld: Loader, F: int, D: int) -> dict:
     """The LayerWeights fields w_gate_up | w_gate, w_up and w_down of a gated feed-forward of
     width F."""
     w_gate_up, (w_gate, w_up) = ld.fused(("ffn_gate.weight", F, D), ("ffn_up.weight", F, D))
-    return dict(w_gate_up=w_gate_up, w_gate=w_gate, w_up=w_up,
-                w_down=ld.mat("ffn_down.weight", D, F))
+    return dict(
+        w_gate_up=w_gate_up, w_gate=w_gate, w_up=w_up, w_down=ld.mat("ffn_down.weight", D, F)
+    )
 
 
 NO_FFN = dict(w_gate_up=None, w_gate=None, w_up=None, w_down=None)  # a layer whose FFN is MoE
@@ -90,8 +106,15 @@ class Family:
         """Layer i's weights."""
         raise NotImplementedError
 
-    def __init__(self, g: GGUFFile, cfg: ModelConfig, ops, threads: int,
-                 progress: Callable[[int], object] | None = None, weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: ModelConfig,
+        ops,
+        threads: int,
+        progress: Callable[[int], object] | None = None,
+        weights: dict | None = None,
+    ):
         """weights: the dict load_weights returns (memory-mapped from the layout cache,
         goinfer/layout.py); None loads them from the GGUF g."""
         self.cfg = cfg
@@ -103,8 +126,14 @@ class Family:
         self.layers = weights["layers"]
         self.out_norm = weights["out_norm"]
         self.lm_head = self.tok_embd if weights["lm_head"] is None else weights["lm_head"]
-        self.rope = RopeCache(cfg.n_rot, cfg.rope_base, cfg.context_length, weights["rope_freqs"],
-                              cfg.rope_scale, cfg.rope_yarn)
+        self.rope = RopeCache(
+            cfg.n_rot,
+            cfg.rope_base,
+            cfg.context_length,
+            weights["rope_freqs"],
+            cfg.rope_scale,
+            cfg.rope_yarn,
+        )
         self.attn_scale: float | None = None  # multiplies q.k (None: 1/sqrt(head_dim))
         self.attn_softcap = 0.0  # tanh softcap of the attention logits (0: none)
         self.embed_scale: np.float32 | None = None  # multiplies the embedding rows (None: none)
@@ -112,8 +141,13 @@ class Family:
         self.scratch = Scratch()
 
     @classmethod
-    def load_weights(cls, g: GGUFFile, cfg: ModelConfig, progress: Callable[[int], object] | None = None,
-                     keep: Callable | None = None) -> dict:
+    def load_weights(
+        cls,
+        g: GGUFFile,
+        cfg: ModelConfig,
+        progress: Callable[[int], object] | None = None,
+        keep: Callable | None = None,
+    ) -> dict:
         """Every weight of the model from the GGUF g, as a dict of plain containers (QWeight,
         float32 arrays, the family's weight_types, lists, None): tok_embd, layers, out_norm,
         lm_head (None when tied to tok_embd), rope_freqs (or None).  keep(obj) is called on each
@@ -132,8 +166,13 @@ class Family:
         if not cfg.tied_embeddings:
             lm_head = keep(ld.mat("output.weight", cfg.vocab_size, D))
         rope_freqs = g.load_f32("rope_freqs.weight") if ld.has("rope_freqs.weight") else None
-        return dict(tok_embd=tok_embd, layers=layers, out_norm=out_norm, lm_head=lm_head,
-                    rope_freqs=rope_freqs)
+        return dict(
+            tok_embd=tok_embd,
+            layers=layers,
+            out_norm=out_norm,
+            lm_head=lm_head,
+            rope_freqs=rope_freqs,
+        )
 
     def weights(self) -> list[QWeight]:
         ws = [self.tok_embd] + [w for L in self.layers for w in L.weights()]
@@ -157,7 +196,9 @@ class Family:
         """act (T, n_in) times w -> out (T, n_out)."""
         return self.ops.matmul(act.for_weight(w), w, out=out, nthreads=self.threads)
 
-    def forward(self, batch: Batch, k_cache, v_cache, logits: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self, batch: Batch, k_cache, v_cache, logits: np.ndarray | None = None
+    ) -> np.ndarray:
         """Run the batch through the model, writing its K/V into the cache slots.
 
         Returns logits (len(batch.logit_rows), vocab) float32 (in `logits` when given)."""
@@ -170,8 +211,9 @@ class Family:
             self.ops.scale(x, self.embed_scale, out=x, nthreads=self.threads)
         return x
 
-    def head(self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None,
-             hidden: bool = False) -> np.ndarray:
+    def head(
+        self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None, hidden: bool = False
+    ) -> np.ndarray:
         """Final norm and LM head for the rows that need logits -> (len(rows), vocab) (in out
         when given); hidden=True: the final-normed hidden states (len(rows), d_model) instead
         (what embedding models pool)."""
@@ -179,10 +221,14 @@ class Family:
         R = len(rows)
         if R == 0:
             return np.zeros((0, cfg.d_model if hidden else cfg.vocab_size), np.float32)
-        xr = x if R == x.shape[0] else ops.gather_rows(x, rows, out=S.get("xr", R, cfg.d_model),
-                                                       nthreads=self.threads)  # (R, D)
-        hr = ops.rmsnorm(xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model),
-                         nthreads=self.threads)
+        xr = (
+            x
+            if R == x.shape[0]
+            else ops.gather_rows(x, rows, out=S.get("xr", R, cfg.d_model), nthreads=self.threads)
+        )  # (R, D)
+        hr = ops.rmsnorm(
+            xr, self.out_norm, cfg.norm_eps, out=S.get("hr", R, cfg.d_model), nthreads=self.threads
+        )
         if hidden:
             return hr.copy()  # (R, D), out of the scratch buffer
         logits = np.empty((R, cfg.vocab_size), np.float32) if out is None else out
@@ -191,8 +237,19 @@ class Family:
             ops.softcap(logits, self.final_softcap, out=logits, nthreads=self.threads)
         return logits
 
-    def attend(self, li: int, q, kc, vc, batch: Batch, out, window: int = 0, softcap: float = 0.0,
-               scale: float | None = None, sinks=None):
+    def attend(
+        self,
+        li: int,
+        q,
+        kc,
+        vc,
+        batch: Batch,
+        out,
+        window: int = 0,
+        softcap: float = 0.0,
+        scale: float | None = None,
+        sinks=None,
+    ):
         """Attention of q (T, H, hd) over each segment's blocks -> out (T, H, hd).  A row at a
         position below batch.fast_from runs the exact kernel, a row at or above it the float32
         tiled one (a segment crossing it is two calls; its positions ascend).  sinks (H,)
@@ -203,13 +260,24 @@ class Family:
         extra = {} if sinks is None else {"sinks": sinks}
         ff = batch.fast_from
         for seg in batch.segments:
-            pos = batch.positions[seg.start:seg.stop]
+            pos = batch.positions[seg.start : seg.stop]
             split = seg.start + (len(pos) if ff is None else int(np.searchsorted(pos, ff)))
             for a, b, fast in ((seg.start, split, False), (split, seg.stop, True)):
                 if b > a:
                     kernel = self.ops.attention_fast if fast else self.ops.attention
-                    kernel(q[a:b], kc, vc, seg.table_for(window), batch.positions[a:b], scale, window,
-                           softcap, out=out[a:b], nthreads=self.threads, **extra)
+                    kernel(
+                        q[a:b],
+                        kc,
+                        vc,
+                        seg.table_for(window),
+                        batch.positions[a:b],
+                        scale,
+                        window,
+                        softcap,
+                        out=out[a:b],
+                        nthreads=self.threads,
+                        **extra,
+                    )
         return out
 
     def gated_ffn(self, L: LayerWeights, h: np.ndarray, out: np.ndarray) -> None:

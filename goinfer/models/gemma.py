@@ -14,6 +14,7 @@ Gemma's RMSNorm multiplies by (1 + w).  llama.cpp's converter stores 1 + w in th
 ``*norm.weight`` tensor, QK-norms included), so here they are plain RMSNorms with the stored
 weights; tests/test_gemma.py pins this against transformers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,22 +46,29 @@ class Gemma3Config(ModelConfig):
 
     def describe(self) -> str:
         n_local = sum(self.swa_layers)
-        return (super().describe() + f", {n_local} local layers (window {self.sliding_window}) + "
-                f"{self.n_layers - n_local} global")
+        return (
+            super().describe() + f", {n_local} local layers (window {self.sliding_window}) + "
+            f"{self.n_layers - n_local} global"
+        )
 
 
 def read_config(g: GGUFFile, arch: Arch) -> Gemma3Config:
     fields = config_fields(g, arch)
     n = fields["n_layers"]
-    fields.update(qk_norm=True, swa_layers=swa_layers(g, n, fields["sliding_window"], arch.swa_pattern))
+    fields.update(
+        qk_norm=True, swa_layers=swa_layers(g, n, fields["sliding_window"], arch.swa_pattern)
+    )
     scale = g.arch_get("attention.scale")
     if scale is None:
         # Gemma 3 scales q.k by query_pre_attn_scalar**-0.5, which GGUF does not carry: it is
         # head_dim in every size but 27B (62 layers), where it is d_model / n_heads.
         scalar = fields["d_model"] // fields["n_heads"] if n == 62 else fields["head_dim"]
         scale = 1.0 / float(np.sqrt(scalar))
-    return Gemma3Config(**fields, attn_scale=float(scale),
-                        final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0))
+    return Gemma3Config(
+        **fields,
+        attn_scale=float(scale),
+        final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0),
+    )
 
 
 # ============================================================================ weights
@@ -74,9 +82,11 @@ class Gemma3LayerWeights(LayerWeights):
 
 def load_layer(g: GGUFFile, cfg: Gemma3Config, i: int) -> Gemma3LayerWeights:
     ld, D = Loader.layer(g, i), cfg.d_model
-    return Gemma3LayerWeights(**vars(load_llama_layer(g, cfg, i)),
-                              post_attn_norm=ld.vec("post_attention_norm.weight", D),
-                              post_ffn_norm=ld.vec("post_ffw_norm.weight", D))
+    return Gemma3LayerWeights(
+        **vars(load_llama_layer(g, cfg, i)),
+        post_attn_norm=ld.vec("post_attention_norm.weight", D),
+        post_ffn_norm=ld.vec("post_ffw_norm.weight", D),
+    )
 
 
 # ============================================================================ the family
@@ -91,8 +101,15 @@ class Gemma3Family(LlamaFamily):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def __init__(self, g: GGUFFile, cfg: Gemma3Config, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: Gemma3Config,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         if not g.has_tensor("blk.0.attn_q_norm.weight"):
             raise ModelFormatError(f"{g.path}: gemma3 file without QK-norm tensors")
         super().__init__(g, cfg, ops, threads, progress, weights)

@@ -33,6 +33,7 @@ the dense MLP runs as a shared expert beside the routed experts, each branch wit
 with the experts expert-major and the float64 rank-order fold of models/experts.py (no renorm
 in the fold: the per-expert scales make the weights sum to anything).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +43,14 @@ import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.models.base import Act, Batch, ModelConfig, RopeCache
-from goinfer.models.experts import ExpertFields, FFNWeights, MoEFFN, has_experts, load_experts, read_experts
+from goinfer.models.experts import (
+    ExpertFields,
+    FFNWeights,
+    MoEFFN,
+    has_experts,
+    load_experts,
+    read_experts,
+)
 from goinfer.models.family import Family, LayerWeights, load_gated_ffn
 from goinfer.models.gemma import ROPE_BASE_LOCAL
 from goinfer.models.loading import Loader, config_fields, per_layer_ints, require, swa_layers
@@ -77,16 +85,20 @@ class Gemma4Config(ModelConfig):
         return self.n_layers
 
     def kv_geometry(self) -> tuple[tuple[int, int], ...]:  # sliding and global layers differ
-        return tuple((self.layer_heads_kv[j], self.layer_head_dim(j)) for j in range(self.n_kv_layers))
+        return tuple(
+            (self.layer_heads_kv[j], self.layer_head_dim(j)) for j in range(self.n_kv_layers)
+        )
 
     def layer_head_dim(self, li: int) -> int:
         return self.head_dim_swa if self.swa_layers[li] else self.head_dim
 
     def describe(self) -> str:
         n_local = sum(self.swa_layers)
-        s = (super().describe() + f", {n_local} local layers (window {self.sliding_window}) + "
-             f"{self.n_layers - n_local} global, head dims {self.head_dim_swa} (local) / "
-             f"{self.head_dim} (global)")
+        s = (
+            super().describe() + f", {n_local} local layers (window {self.sliding_window}) + "
+            f"{self.n_layers - n_local} global, head dims {self.head_dim_swa} (local) / "
+            f"{self.head_dim} (global)"
+        )
         if self.n_shared_kv:
             s += f", last {self.n_shared_kv} layers reuse earlier KV"
         if self.per_layer_dim:
@@ -97,21 +109,26 @@ class Gemma4Config(ModelConfig):
 @dataclass
 class Gemma4MoEConfig(Gemma4Config, ExpertFields):
     def describe(self) -> str:
-        return (super().describe() + f", {self.n_expert} experts (top {self.n_expert_used}, "
-                f"ffn {self.d_ff_expert}) beside the dense MLP")
+        return (
+            super().describe() + f", {self.n_expert} experts (top {self.n_expert_used}, "
+            f"ffn {self.d_ff_expert}) beside the dense MLP"
+        )
 
 
 def read_config(g: GGUFFile, arch: Arch) -> Gemma4Config:
     n = int(require(g, "block_count"))
     if g.has_tensor("blk.0.attn_qkv.weight"):
-        raise UnsupportedArchitectureError(f"{g.path}: gemma4 with a fused attn_qkv tensor is not "
-                                           "supported yet")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: gemma4 with a fused attn_qkv tensor is not supported yet"
+        )
     kv = per_layer_ints(g, "attention.head_count_kv", n, g.arch_get("attention.head_count"))
     ff = per_layer_ints(g, "feed_forward_length", n)
     hd = int(require(g, "attention.key_length"))
     hd_swa = int(g.arch_get("attention.key_length_swa", hd))
-    if int(g.arch_get("attention.value_length", hd)) != hd or int(
-            g.arch_get("attention.value_length_swa", hd_swa)) != hd_swa:
+    if (
+        int(g.arch_get("attention.value_length", hd)) != hd
+        or int(g.arch_get("attention.value_length_swa", hd_swa)) != hd_swa
+    ):
         raise UnsupportedArchitectureError(f"{g.path}: gemma4 with value_length != key_length")
     fields = config_fields(g, arch, n_kv_heads=kv[0], d_ff=max(ff))
     swa = swa_layers(g, n, fields["sliding_window"], arch.swa_pattern)  # no window: all global
@@ -124,13 +141,17 @@ def read_config(g: GGUFFile, arch: Arch) -> Gemma4Config:
     for i in range(n_own, n):  # the last own-KV layer of the same kind
         own = [j for j in range(n_own) if swa[j] == swa[i]]
         if not own:
-            raise ModelFormatError(f"{g.path}: layer {i} reuses the KV of an earlier "
-                                   f"{'sliding' if swa[i] else 'global'} layer, and there is none")
+            raise ModelFormatError(
+                f"{g.path}: layer {i} reuses the KV of an earlier "
+                f"{'sliding' if swa[i] else 'global'} layer, and there is none"
+            )
         src.append(own[-1])
     for i in range(n):
         if fields["n_heads"] % kv[i]:
-            raise ModelFormatError(f"{g.path}: {fields['n_heads']} heads is not a multiple of "
-                                   f"{kv[i]} kv heads (layer {i})")
+            raise ModelFormatError(
+                f"{g.path}: {fields['n_heads']} heads is not a multiple of "
+                f"{kv[i]} kv heads (layer {i})"
+            )
     cls, experts = Gemma4Config, {}
     if has_experts(g) or int(g.arch_get("expert_count", 0) or 0) > 0:
         cls, experts = Gemma4MoEConfig, read_experts(g, arch, n, fields["d_model"])
@@ -138,13 +159,19 @@ def read_config(g: GGUFFile, arch: Arch) -> Gemma4Config:
         # expert_weights_norm / expert_weights_scale do not apply
         experts.update(norm_topk=arch.norm_topk, expert_weights_scale=1.0)
     return cls(
-        **fields, **experts,
+        **fields,
+        **experts,
         rope_base_local=float(g.arch_get("rope.freq_base_swa", ROPE_BASE_LOCAL)),
         attn_scale=1.0,  # q and k are RMS-normed; llama.cpp fixes it at 1 for gemma4 too
         final_softcap=float(g.arch_get("final_logit_softcapping", 0.0) or 0.0),
-        head_dim_swa=hd_swa, rope_dim_swa=int(g.arch_get("rope.dimension_count_swa", hd_swa)),
-        layer_heads_kv=kv, layer_d_ff=ff, kv_source=tuple(src), n_shared_kv=n_shared,
-        per_layer_dim=int(g.arch_get("embedding_length_per_layer_input", 0) or 0))
+        head_dim_swa=hd_swa,
+        rope_dim_swa=int(g.arch_get("rope.dimension_count_swa", hd_swa)),
+        layer_heads_kv=kv,
+        layer_d_ff=ff,
+        kv_source=tuple(src),
+        n_shared_kv=n_shared,
+        per_layer_dim=int(g.arch_get("embedding_length_per_layer_input", 0) or 0),
+    )
 
 
 # ============================================================================ weights
@@ -170,10 +197,20 @@ def load_moe(ld: Loader, cfg: Gemma4MoEConfig) -> Gemma4MoEWeights:
     D, E = cfg.d_model, cfg.n_expert
     router = ld.mat("ffn_gate_inp.weight", E, D)
     experts = load_experts(ld, E, cfg.d_ff_expert, D)
-    scale = ld.vec("ffn_down_exps.scale", E) if ld.has("ffn_down_exps.scale") else np.ones(E, np.float32)
-    return Gemma4MoEWeights(router, ld.vec("ffn_gate_inp.scale", D), experts, scale,
-                            ld.vec("pre_ffw_norm_2.weight", D), ld.vec("post_ffw_norm_1.weight", D),
-                            ld.vec("post_ffw_norm_2.weight", D))
+    scale = (
+        ld.vec("ffn_down_exps.scale", E)
+        if ld.has("ffn_down_exps.scale")
+        else np.ones(E, np.float32)
+    )
+    return Gemma4MoEWeights(
+        router,
+        ld.vec("ffn_gate_inp.scale", D),
+        experts,
+        scale,
+        ld.vec("pre_ffw_norm_2.weight", D),
+        ld.vec("post_ffw_norm_1.weight", D),
+        ld.vec("post_ffw_norm_2.weight", D),
+    )
 
 
 @dataclass
@@ -188,8 +225,11 @@ class Gemma4LayerWeights(LayerWeights):
     moe: Gemma4MoEWeights | None = None  # MoE layers: router and experts beside the MLP
 
     def weights(self) -> list[QWeight]:
-        return (super().weights() + [w for w in (self.ple_gate, self.ple_proj) if w is not None]
-                + (self.moe.weights() if self.moe is not None else []))
+        return (
+            super().weights()
+            + [w for w in (self.ple_gate, self.ple_proj) if w is not None]
+            + (self.moe.weights() if self.moe is not None else [])
+        )
 
 
 def load_layer(g: GGUFFile, cfg: Gemma4Config, i: int) -> Gemma4LayerWeights:
@@ -216,18 +256,33 @@ def load_layer(g: GGUFFile, cfg: Gemma4Config, i: int) -> Gemma4LayerWeights:
     extra = {}
     if cfg.per_layer_dim:
         P = cfg.per_layer_dim
-        extra.update(ple_gate=ld.mat("inp_gate.weight", P, D), ple_proj=ld.mat("proj.weight", D, P),
-                     ple_norm=ld.vec("post_norm.weight", D))
+        extra.update(
+            ple_gate=ld.mat("inp_gate.weight", P, D),
+            ple_proj=ld.mat("proj.weight", D, P),
+            ple_norm=ld.vec("post_norm.weight", D),
+        )
     if ld.has("ffn_gate_inp.weight"):
         if not isinstance(cfg, Gemma4MoEConfig):
             raise ld.error(f"layer {i} has an expert router but the file has no expert_count")
         extra["moe"] = load_moe(ld, cfg)
     return Gemma4LayerWeights(
-        attn_norm=ld.vec("attn_norm.weight", D), wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=None,
-        q_norm=ld.vec("attn_q_norm.weight", hd), k_norm=k_norm, wo=wo,
-        ffn_norm=ld.vec("ffn_norm.weight", D), **ffn,
+        attn_norm=ld.vec("attn_norm.weight", D),
+        wqkv=wqkv,
+        wq=wq,
+        wk=wk,
+        wv=wv,
+        bqkv=None,
+        q_norm=ld.vec("attn_q_norm.weight", hd),
+        k_norm=k_norm,
+        wo=wo,
+        ffn_norm=ld.vec("ffn_norm.weight", D),
+        **ffn,
         post_attn_norm=ld.vec("post_attention_norm.weight", D),
-        post_ffn_norm=ld.vec("post_ffw_norm.weight", D), out_scale=scale, k_eq_v=k_eq_v, **extra)
+        post_ffn_norm=ld.vec("post_ffw_norm.weight", D),
+        out_scale=scale,
+        k_eq_v=k_eq_v,
+        **extra,
+    )
 
 
 # ============================================================================ the family
@@ -242,15 +297,23 @@ class Gemma4Family(Family):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def __init__(self, g: GGUFFile, cfg: Gemma4Config, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: Gemma4Config,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         if weights is None:
             weights = self.load_weights(g, cfg, progress)
         super().__init__(g, cfg, ops, threads, progress, weights)
         rf = weights["rope_freqs"]
         if rf is not None and rf.shape != (cfg.n_rot // 2,):
-            raise ModelFormatError(f"{g.path}: rope_freqs has shape {rf.shape}, expected "
-                                   f"({cfg.n_rot // 2},)")
+            raise ModelFormatError(
+                f"{g.path}: rope_freqs has shape {rf.shape}, expected ({cfg.n_rot // 2},)"
+            )
         # global layers: self.rope (rope.freq_base, rope_freqs); sliding: their own dims and base
         self.rope_local = RopeCache(cfg.rope_dim_swa, cfg.rope_base_local, cfg.context_length)
         self.embed_scale = np.float32(np.sqrt(cfg.d_model))
@@ -267,21 +330,26 @@ class Gemma4Family(Family):
         w.update(ple_embd=None, ple_model_proj=None, ple_proj_norm=None)
         if cfg.per_layer_dim:
             ld, LP = Loader(g), cfg.n_layers * cfg.per_layer_dim
-            w.update(ple_embd=keep(ld.mat("per_layer_token_embd.weight", cfg.vocab_size, LP)),
-                     ple_model_proj=keep(ld.mat("per_layer_model_proj.weight", LP, cfg.d_model)),
-                     ple_proj_norm=ld.vec("per_layer_proj_norm.weight", cfg.per_layer_dim))
+            w.update(
+                ple_embd=keep(ld.mat("per_layer_token_embd.weight", cfg.vocab_size, LP)),
+                ple_model_proj=keep(ld.mat("per_layer_model_proj.weight", LP, cfg.d_model)),
+                ple_proj_norm=ld.vec("per_layer_proj_norm.weight", cfg.per_layer_dim),
+            )
         return w
 
     def weights(self) -> list[QWeight]:
-        return super().weights() + [w for w in (self.ple_embd, self.ple_model_proj)
-                                    if w is not None]
+        return super().weights() + [
+            w for w in (self.ple_embd, self.ple_model_proj) if w is not None
+        ]
 
     def layer_rope(self, li: int) -> RopeCache:
         return self.rope_local if self.cfg.swa_layers[li] else self.rope
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, batch: Batch, k_cache, v_cache, logits: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self, batch: Batch, k_cache, v_cache, logits: np.ndarray | None = None
+    ) -> np.ndarray:
         """The llama step's loop with Gemma 4's per-layer KV source, per-layer embeddings and
         output scale (k_cache[l], v_cache[l]: cache layer l, ModelConfig.kv_geometry)."""
         ops, cfg, nt, S = self.ops, self.cfg, self.threads, self.scratch
@@ -316,8 +384,9 @@ class Gemma4Family(Family):
         LP = cfg.n_layers * P
         e = ops.get_rows(self.ple_embd, tokens, out=S.get("ple_e", T, LP), nthreads=nt)  # (T, LP)
         ops.scale(e, np.float32(np.sqrt(P)), out=e, nthreads=nt)
-        pr = self.mm(Act(ops, x, S.qact(T, cfg.d_model), nt), self.ple_model_proj,
-                     S.get("ple", T, LP))  # (T, LP)
+        pr = self.mm(
+            Act(ops, x, S.qact(T, cfg.d_model), nt), self.ple_model_proj, S.get("ple", T, LP)
+        )  # (T, LP)
         ops.scale(pr, np.float32(1.0 / np.sqrt(cfg.d_model)), out=pr, nthreads=nt)
         prl = pr.reshape(T * cfg.n_layers, P)  # (T L, P): one norm per layer slice
         ops.rmsnorm(prl, self.ple_proj_norm, cfg.norm_eps, out=prl, nthreads=nt)
@@ -330,7 +399,7 @@ class Gemma4Family(Family):
         ops, cfg, nt, S = self.ops, self.cfg, self.threads, self.scratch
         T, P = x.shape[0], cfg.per_layer_dim
         g = self.mm(Act(ops, x, S.qact(T, cfg.d_model), nt), L.ple_gate, S.get("pg", T, P))
-        pl = ops.copy2d(ple[:, li * P:(li + 1) * P], out=S.get("pl", T, P), nthreads=nt)  # (T, P)
+        pl = ops.copy2d(ple[:, li * P : (li + 1) * P], out=S.get("pl", T, P), nthreads=nt)  # (T, P)
         ops.gelu_tanh_mul(g, pl, out=g, nthreads=nt)
         self.mm(Act(ops, g, S.qact(T, P), nt), L.ple_proj, out)
         ops.rmsnorm(out, L.ple_norm, cfg.norm_eps, out=out, nthreads=nt)
@@ -352,9 +421,9 @@ class Gemma4Family(Family):
             n_all = L.wqkv.n_out
             qkv = self.mm(a, L.wqkv, S.get(f"qkv{n_all}", T, n_all))
             ops.copy2d(qkv[:, :nq], out=q.reshape(T, nq), nthreads=nt)
-            ops.copy2d(qkv[:, nq:nq + nkv], out=k.reshape(T, nkv), nthreads=nt)
+            ops.copy2d(qkv[:, nq : nq + nkv], out=k.reshape(T, nkv), nthreads=nt)
             if not L.k_eq_v:
-                ops.copy2d(qkv[:, nq + nkv:], out=v.reshape(T, nkv), nthreads=nt)
+                ops.copy2d(qkv[:, nq + nkv :], out=v.reshape(T, nkv), nthreads=nt)
         else:
             self.mm(a, L.wq, q.reshape(T, nq))
             if own:
@@ -371,8 +440,9 @@ class Gemma4Family(Family):
             ops.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
             ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
             ops.kv_write(kc, vc, k, v, batch.slots_for(window), nthreads=nt)
-        att = self.attend(li, q, kc, vc, batch, S.get(f"att{hd}", T, H, hd), window, 0.0,
-                          cfg.attn_scale)
+        att = self.attend(
+            li, q, kc, vc, batch, S.get(f"att{hd}", T, H, hd), window, 0.0, cfg.attn_scale
+        )
         self.mm(Act(ops, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
         ops.rmsnorm(out, L.post_attn_norm, cfg.norm_eps, out=out, nthreads=nt)
 
@@ -392,8 +462,15 @@ class Gemma4MoEFamily(Gemma4Family):
     capturable = False  # the per-expert scales are applied by NumPy, outside the kernels
     weight_types = (Gemma4LayerWeights, Gemma4MoEWeights, FFNWeights)
 
-    def __init__(self, g: GGUFFile, cfg: Gemma4MoEConfig, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: Gemma4MoEConfig,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         super().__init__(g, cfg, ops, threads, progress, weights)
         self.moe = MoEFFN(self, "gelu_tanh_mul")
 
@@ -407,14 +484,18 @@ class Gemma4MoEFamily(Gemma4Family):
         ops.rmsnorm(out, M.post_norm_1, eps, out=out, nthreads=nt)
         r = ops.rmsnorm(x, M.router_scale, eps, out=S.get("moe_r", T, D), nthreads=nt)
         ops.scale(r, np.float32(1.0 / np.sqrt(D)), out=r, nthreads=nt)
-        logits = self.mm(Act(ops, r, self.moe.qact("moe_r", T, D), nt), M.router,
-                         S.get("moe_logits", T, cfg.n_expert))  # (T, E)
+        logits = self.mm(
+            Act(ops, r, self.moe.qact("moe_r", T, D), nt),
+            M.router,
+            S.get("moe_logits", T, cfg.n_expert),
+        )  # (T, E)
         ids, w = self.moe.route(logits)
         np.multiply(w, M.expert_scale[ids], out=w)  # (T, k) float32, per-expert scales
         h2 = ops.rmsnorm(x, M.pre_norm_2, eps, out=S.get("moe_h2", T, D), nthreads=nt)
         y, pos = self.moe.experts(M, h2, ids)
-        o2 = ops.moe_fold(y, w, pos, None, None, renorm=False, out=S.get("moe_o2", T, D),
-                          nthreads=nt)
+        o2 = ops.moe_fold(
+            y, w, pos, None, None, renorm=False, out=S.get("moe_o2", T, D), nthreads=nt
+        )
         ops.rmsnorm(o2, M.post_norm_2, eps, out=o2, nthreads=nt)
         ops.add(out, o2, out=out, nthreads=nt)
         ops.rmsnorm(out, L.post_ffn_norm, eps, out=out, nthreads=nt)

@@ -26,6 +26,7 @@ attention kernels (``sinks=``): the exact one adds the sink's weight to its floa
 fast one folds it once after every key chunk, so a row's bits stay independent of batching,
 chunking and threads.  A layer whose sinks are all -inf runs without them (the same bits).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -35,7 +36,14 @@ import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.models.base import ModelConfig
-from goinfer.models.experts import ExpertFields, FFNWeights, MoEFFN, MoEWeights, load_moe, read_experts
+from goinfer.models.experts import (
+    ExpertFields,
+    FFNWeights,
+    MoEFFN,
+    MoEWeights,
+    load_moe,
+    read_experts,
+)
 from goinfer.models.family import NO_FFN
 from goinfer.models.llama import LlamaFamily, load_attention
 from goinfer.models.loading import Loader, config_fields, swa_layers
@@ -58,18 +66,24 @@ class GptOssConfig(ModelConfig, ExpertFields):
 
     def describe(self) -> str:
         n_local = sum(self.swa_layers)
-        return (super().describe() + self.describe_experts() + f", {n_local} sliding-window "
-                f"layers (window {self.sliding_window}) + {self.n_layers - n_local} global")
+        return (
+            super().describe() + self.describe_experts() + f", {n_local} sliding-window "
+            f"layers (window {self.sliding_window}) + {self.n_layers - n_local} global"
+        )
 
 
 def read_config(g: GGUFFile, arch: Arch) -> GptOssConfig:
     fields = config_fields(g, arch, allow_yarn=True)
     experts = read_experts(g, arch, fields["n_layers"], fields["d_model"])
     if experts["d_ff_shared"]:
-        raise UnsupportedArchitectureError(f"{g.path}: gpt-oss with a shared expert is not supported")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: gpt-oss with a shared expert is not supported"
+        )
     if fields["rope_yarn"] is not None:
         fields["rope_yarn"] = replace(fields["rope_yarn"], truncate=False)
-    fields["swa_layers"] = swa_layers(g, fields["n_layers"], fields["sliding_window"], arch.swa_pattern)
+    fields["swa_layers"] = swa_layers(
+        g, fields["n_layers"], fields["sliding_window"], arch.swa_pattern
+    )
     return GptOssConfig(**fields, **experts)
 
 
@@ -90,12 +104,18 @@ def load_layer(g: GGUFFile, cfg: GptOssConfig, i: int) -> GptOssLayerWeights:
     moe = load_moe(ld, cfg, D, biases=True)
     sinks = ld.vec("attn_sinks.weight", cfg.n_heads)
     if np.isnan(sinks).any() or (sinks == np.inf).any():
-        raise ld.error(f"tensor {ld.prefix}attn_sinks.weight holds NaN or +inf "
-                       "(a sink logit must be finite, or -inf for none)")
+        raise ld.error(
+            f"tensor {ld.prefix}attn_sinks.weight holds NaN or +inf "
+            "(a sink logit must be finite, or -inf for none)"
+        )
     return GptOssLayerWeights(
-        **attn, ffn_norm=ld.vec("post_attention_norm.weight", D), **NO_FFN, moe=moe,
+        **attn,
+        ffn_norm=ld.vec("post_attention_norm.weight", D),
+        **NO_FFN,
+        moe=moe,
         bo=ld.vec("attn_output.bias", D),
-        sinks=sinks if np.isfinite(sinks).any() else None)  # all -inf: no sinks
+        sinks=sinks if np.isfinite(sinks).any() else None,
+    )  # all -inf: no sinks
 
 
 # ============================================================================ the family
@@ -110,8 +130,15 @@ class GptOssFamily(LlamaFamily):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def __init__(self, g: GGUFFile, cfg: GptOssConfig, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: GptOssConfig,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         super().__init__(g, cfg, ops, threads, progress, weights)
         self.moe = MoEFFN(self, "swiglu_oai", (cfg.swiglu_alpha, cfg.swiglu_limit))
 

@@ -10,6 +10,7 @@ qwen2/qwen3 keep the Hugging Face layout and use NeoX-style RoPE (the registry's
 Gemma 3, SmolLM3, gpt-oss and the MoE models run this step with their own hooks
 (layer_rope, layer_window, layer_sinks, attention_block, ffn_block).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -38,17 +39,29 @@ def load_attention(ld: Loader, cfg: ModelConfig) -> dict:
     """The attention half of a layer: the LayerWeights fields attn_norm .. wo (a dict)."""
     D, hd = cfg.d_model, cfg.head_dim
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    wqkv, (wq, wk, wv) = ld.fused(("attn_q.weight", nq, D), ("attn_k.weight", nkv, D),
-                                  ("attn_v.weight", nkv, D))
+    wqkv, (wq, wk, wv) = ld.fused(
+        ("attn_q.weight", nq, D), ("attn_k.weight", nkv, D), ("attn_v.weight", nkv, D)
+    )
     bqkv = None
     if cfg.qkv_bias:
-        bqkv = np.concatenate([ld.vec(f"attn_{n}.bias", m) for n, m in (("q", nq), ("k", nkv), ("v", nkv))])
+        bqkv = np.concatenate(
+            [ld.vec(f"attn_{n}.bias", m) for n, m in (("q", nq), ("k", nkv), ("v", nkv))]
+        )
     q_norm = k_norm = None
     if cfg.qk_norm:
         q_norm, k_norm = ld.vec("attn_q_norm.weight", hd), ld.vec("attn_k_norm.weight", hd)
     wo = ld.mat("attn_output.weight", D, nq)
-    return dict(attn_norm=ld.vec("attn_norm.weight", D), wqkv=wqkv, wq=wq, wk=wk, wv=wv,
-                bqkv=bqkv, q_norm=q_norm, k_norm=k_norm, wo=wo)
+    return dict(
+        attn_norm=ld.vec("attn_norm.weight", D),
+        wqkv=wqkv,
+        wq=wq,
+        wk=wk,
+        wv=wv,
+        bqkv=bqkv,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        wo=wo,
+    )
 
 
 def load_layer(g: GGUFFile, cfg: ModelConfig, i: int) -> LayerWeights:
@@ -69,8 +82,13 @@ class LlamaFamily(Family):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def forward(self, batch: Batch, k_cache: np.ndarray, v_cache: np.ndarray,
-                logits: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        batch: Batch,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        logits: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run the batch through the model, writing its K/V into the cache slots.
 
         Returns logits (len(batch.logit_rows), vocab) float32 (in `logits` when given).
@@ -105,11 +123,14 @@ class LlamaFamily(Family):
             if L.bqkv is not None:
                 ops.add_bias(qkv, L.bqkv, out=qkv, nthreads=nt)
             ops.copy2d(qkv[:, :nq], out=q.reshape(T, nq), nthreads=nt)
-            ops.copy2d(qkv[:, nq:nq + nkv], out=k.reshape(T, nkv), nthreads=nt)
-            ops.copy2d(qkv[:, nq + nkv:], out=v.reshape(T, nkv), nthreads=nt)
+            ops.copy2d(qkv[:, nq : nq + nkv], out=k.reshape(T, nkv), nthreads=nt)
+            ops.copy2d(qkv[:, nq + nkv :], out=v.reshape(T, nkv), nthreads=nt)
         else:
-            for w, dst, b in ((L.wq, q, slice(0, nq)), (L.wk, k, slice(nq, nq + nkv)),
-                              (L.wv, v, slice(nq + nkv, nq + 2 * nkv))):
+            for w, dst, b in (
+                (L.wq, q, slice(0, nq)),
+                (L.wk, k, slice(nq, nq + nkv)),
+                (L.wv, v, slice(nq + nkv, nq + 2 * nkv)),
+            ):
                 flat = dst.reshape(T, -1)
                 self.mm(a, w, flat)
                 if L.bqkv is not None:
@@ -135,8 +156,18 @@ class LlamaFamily(Family):
             ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         window = self.layer_window(li)
         ops.kv_write(kc, vc, k, v, batch.slots_for(window), nthreads=nt)
-        att = self.attend(li, q, kc, vc, batch, S.get("att", T, cfg.n_heads, cfg.head_dim),
-                          window, self.attn_softcap, self.attn_scale, self.layer_sinks(li, L))
+        att = self.attend(
+            li,
+            q,
+            kc,
+            vc,
+            batch,
+            S.get("att", T, cfg.n_heads, cfg.head_dim),
+            window,
+            self.attn_softcap,
+            self.attn_scale,
+            self.layer_sinks(li, L),
+        )
         nq = cfg.n_heads * cfg.head_dim
         self.mm(Act(ops, att.reshape(T, nq), S.qact(T, nq), nt), L.wo, out)
 

@@ -11,6 +11,7 @@ ModelFormatError, a well-formed one goinfer does not run an UnsupportedArchitect
     wqkv, (wq, wk, wv) = ld.fused(("attn_q.weight", H * hd, D), ("attn_k.weight", KV * hd, D),
                                   ("attn_v.weight", KV * hd, D))
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,8 @@ def scalar_int(g: GGUFFile, key: str, default: Any = _REQUIRED) -> int:
         if v.size and np.all(v == v.flat[0]):
             return int(v.flat[0])
         raise UnsupportedArchitectureError(
-            f"{g.path}: per-layer {g.arch}.{key} values are not supported")
+            f"{g.path}: per-layer {g.arch}.{key} values are not supported"
+        )
     return int(v)
 
 
@@ -62,8 +64,9 @@ def per_layer_ints(g: GGUFFile, key: str, n_layers: int, default: Any = None) ->
     if isinstance(v, (np.ndarray, list, tuple)):
         vals = [int(x) for x in np.asarray(v).ravel()]
         if len(vals) != n_layers:
-            raise ModelFormatError(f"{g.path}: {g.arch}.{key} has {len(vals)} entries for "
-                                   f"{n_layers} layers")
+            raise ModelFormatError(
+                f"{g.path}: {g.arch}.{key} has {len(vals)} entries for {n_layers} layers"
+            )
         return tuple(vals)
     return (int(v),) * n_layers
 
@@ -84,8 +87,10 @@ def swa_layers(g: GGUFFile, n_layers: int, window: int, default_pattern: int) ->
     if isinstance(pat, (np.ndarray, list, tuple)):
         pat = [bool(v) for v in np.asarray(pat).ravel()]
         if len(pat) != n_layers:
-            raise ModelFormatError(f"{g.path}: {g.arch}.attention.sliding_window_pattern has "
-                                   f"{len(pat)} entries for {n_layers} layers")
+            raise ModelFormatError(
+                f"{g.path}: {g.arch}.attention.sliding_window_pattern has "
+                f"{len(pat)} entries for {n_layers} layers"
+            )
         return tuple(pat)
     n = int(pat)
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
@@ -100,26 +105,42 @@ def _rope_scaling(g: GGUFFile, allow_yarn: bool) -> tuple[float, Yarn | None]:
         orig = g.arch_get("rope.scaling.original_context_length")
         factor = g.arch_get("rope.scaling.factor")
         if orig is None or factor is None:
-            raise ModelFormatError(f"{g.path}: YaRN RoPE scaling without rope.scaling.factor "
-                                   "and rope.scaling.original_context_length")
-        return 1.0, Yarn(float(factor), int(orig),
-                         float(g.arch_get("rope.scaling.yarn_beta_fast", 32.0) or 32.0),
-                         float(g.arch_get("rope.scaling.yarn_beta_slow", 1.0) or 1.0),
-                         float(g.arch_get("rope.scaling.yarn_attn_factor", 0.0) or 0.0))
+            raise ModelFormatError(
+                f"{g.path}: YaRN RoPE scaling without rope.scaling.factor "
+                "and rope.scaling.original_context_length"
+            )
+        return 1.0, Yarn(
+            float(factor),
+            int(orig),
+            float(g.arch_get("rope.scaling.yarn_beta_fast", 32.0) or 32.0),
+            float(g.arch_get("rope.scaling.yarn_beta_slow", 1.0) or 1.0),
+            float(g.arch_get("rope.scaling.yarn_attn_factor", 0.0) or 0.0),
+        )
     if scaling not in ("none", None):
-        raise UnsupportedArchitectureError(f"{g.path}: RoPE scaling {scaling!r} is not supported yet")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: RoPE scaling {scaling!r} is not supported yet"
+        )
     return 1.0, None
 
 
 def _d_ff(g: GGUFFile) -> int:
     """feed_forward_length; an all-MoE file (qwen35moe) may carry only the experts' width."""
-    if g.arch_get("feed_forward_length") is None and g.arch_get("expert_feed_forward_length") is not None:
+    if (
+        g.arch_get("feed_forward_length") is None
+        and g.arch_get("expert_feed_forward_length") is not None
+    ):
         return scalar_int(g, "expert_feed_forward_length")
     return scalar_int(g, "feed_forward_length")
 
 
-def config_fields(g: GGUFFile, arch: Arch, *, allow_yarn: bool = False,
-                  n_kv_heads: int | None = None, d_ff: int | None = None) -> dict:
+def config_fields(
+    g: GGUFFile,
+    arch: Arch,
+    *,
+    allow_yarn: bool = False,
+    n_kv_heads: int | None = None,
+    d_ff: int | None = None,
+) -> dict:
     """The fields of ModelConfig every family shares, read from the file's metadata.
 
     allow_yarn: the family runs YaRN RoPE scaling (otherwise a YaRN file is an
@@ -127,11 +148,15 @@ def config_fields(g: GGUFFile, arch: Arch, *, allow_yarn: bool = False,
     one per layer (Gemma 4), instead of the scalar keys."""
     d_model = int(require(g, "embedding_length"))
     n_heads = scalar_int(g, "attention.head_count")
-    n_kv = n_kv_heads if n_kv_heads is not None else scalar_int(g, "attention.head_count_kv", n_heads)
+    n_kv = (
+        n_kv_heads if n_kv_heads is not None else scalar_int(g, "attention.head_count_kv", n_heads)
+    )
     head_dim = int(g.arch_get("attention.key_length", d_model // n_heads))
     v_dim = int(g.arch_get("attention.value_length", head_dim))
     if v_dim != head_dim:
-        raise UnsupportedArchitectureError(f"{g.path}: key_length {head_dim} != value_length {v_dim}")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: key_length {head_dim} != value_length {v_dim}"
+        )
     if n_heads % n_kv:
         raise ModelFormatError(f"{g.path}: {n_heads} heads is not a multiple of {n_kv} kv heads")
     vocab = g.arch_get("vocab_size")
@@ -188,8 +213,10 @@ class Loader:
     def check(self, name: str, w: QWeight, n_out: int, n_in: int) -> QWeight:
         """w (loaded as name) must be (n_out, n_in)."""
         if (w.n_out, w.n_in) != (n_out, n_in):
-            raise self.error(f"tensor {self.prefix}{name} has shape ({w.n_out}, {w.n_in}), "
-                             f"expected ({n_out}, {n_in})")
+            raise self.error(
+                f"tensor {self.prefix}{name} has shape ({w.n_out}, {w.n_in}), "
+                f"expected ({n_out}, {n_in})"
+            )
         return w
 
     def array(self, name: str, *shape: int) -> np.ndarray:
@@ -207,7 +234,9 @@ class Loader:
         """A weight matrix (n_out, n_in) in its native kind."""
         return self.check(name, self.g.load_weight(self.prefix + name), n_out, n_in)
 
-    def fused(self, *parts: tuple[str, int, int]) -> tuple[QWeight | None, tuple[QWeight | None, ...]]:
+    def fused(
+        self, *parts: tuple[str, int, int]
+    ) -> tuple[QWeight | None, tuple[QWeight | None, ...]]:
         """Matrices (name, n_out, n_in) that read the same input, as one matmul when their kinds
         allow (quant.concat_rows): (fused, (None, ...)), else (None, (the parts)).  Rows are
         independent, so both give the same bits."""

@@ -7,6 +7,7 @@ expert-major GEMMs, the float64 rank-order fold) [+ the shared expert behind a s
 (qwen2moe)].  A layer without a router (qwen2moe's mlp_only_layers) runs the dense gated FFN.
 olmoe RMS-normalizes q and k over all heads at once (``qk_norm_full``), not per head.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from goinfer.models.base import ModelConfig
-from goinfer.models.experts import ExpertFields, FFNWeights, MoEFFN, MoEWeights, load_moe, read_experts
+from goinfer.models.experts import (
+    ExpertFields,
+    FFNWeights,
+    MoEFFN,
+    MoEWeights,
+    load_moe,
+    read_experts,
+)
 from goinfer.models.family import NO_FFN, LayerWeights
 from goinfer.models.llama import LlamaFamily, load_attention
 from goinfer.models.llama import load_layer as load_llama_layer
@@ -66,8 +74,12 @@ def load_layer(g: GGUFFile, cfg: MoEConfig, i: int) -> MoELayerWeights:
     if not ld.has("ffn_gate_inp.weight"):  # a dense layer inside an MoE model
         L = MoELayerWeights(**vars(load_llama_layer(g, cfg, i)))
     else:
-        L = MoELayerWeights(**load_attention(ld, cfg), ffn_norm=ld.vec("ffn_norm.weight", D),
-                            **NO_FFN, moe=load_moe(ld, cfg, D))
+        L = MoELayerWeights(
+            **load_attention(ld, cfg),
+            ffn_norm=ld.vec("ffn_norm.weight", D),
+            **NO_FFN,
+            moe=load_moe(ld, cfg, D),
+        )
     if cfg.qk_norm_full:
         L.q_norm_full = ld.vec("attn_q_norm.weight", cfg.n_heads * cfg.head_dim)
         L.k_norm_full = ld.vec("attn_k_norm.weight", cfg.n_kv_heads * cfg.head_dim)
@@ -85,8 +97,15 @@ class MoEFamily(LlamaFamily):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def __init__(self, g: GGUFFile, cfg: MoEConfig, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: MoEConfig,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         super().__init__(g, cfg, ops, threads, progress, weights)
         self.moe = MoEFFN(self)
 

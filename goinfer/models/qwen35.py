@@ -29,6 +29,7 @@ in all of them, so it is NeoX RoPE over the first ``rope.dimension_count`` dims.
 Only attention layers hold KV (the cache's layers are the attention layers, in order); the
 linear layers' state travels with the sequence (goinfer/recurrent.py).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -39,7 +40,14 @@ import numpy as np
 
 from goinfer.errors import ModelFormatError, UnsupportedArchitectureError
 from goinfer.models.base import Act, Batch, ModelConfig
-from goinfer.models.experts import ExpertFields, FFNWeights, MoEFFN, MoEWeights, load_moe, read_experts
+from goinfer.models.experts import (
+    ExpertFields,
+    FFNWeights,
+    MoEFFN,
+    MoEWeights,
+    load_moe,
+    read_experts,
+)
 from goinfer.models.family import NO_FFN, Family, LayerWeights, load_gated_ffn
 from goinfer.models.loading import Loader, config_fields
 from goinfer.quant import QWeight
@@ -79,8 +87,10 @@ class Qwen35Config(ModelConfig):
 
     def describe(self) -> str:
         n_lin = sum(self.recurrent)
-        return (super().describe() + f", {n_lin} Gated DeltaNet layers ({self.n_k_heads_lin} k / "
-                f"{self.n_v_heads_lin} v heads x {self.d_state}) + {self.n_layers - n_lin} attention")
+        return (
+            super().describe() + f", {n_lin} Gated DeltaNet layers ({self.n_k_heads_lin} k / "
+            f"{self.n_v_heads_lin} v heads x {self.d_state}) + {self.n_layers - n_lin} attention"
+        )
 
 
 @dataclass
@@ -100,18 +110,25 @@ def read_config(g: GGUFFile, arch: Arch, experts: bool = False) -> Qwen35Config:
     if n_layers < 1:
         raise ModelFormatError(f"{g.path}: {g.arch} file has no layers besides its MTP head")
     if n_mtp:
-        warnings.warn(f"{g.path}: skipping the multi-token-prediction head ({n_mtp} layer(s)); "
-                      "it only drafts tokens and does not change the text", stacklevel=4)
+        warnings.warn(
+            f"{g.path}: skipping the multi-token-prediction head ({n_mtp} layer(s)); "
+            "it only drafts tokens and does not change the text",
+            stacklevel=4,
+        )
     fields.update(n_layers=n_layers, qk_norm=True)
     if g.arch_get("expert_count") and not experts:
-        raise UnsupportedArchitectureError(f"{g.path}: {g.arch} with experts (expert_count) is not "
-                                           "a dense Qwen3.5; Qwen3.5 MoE files are arch qwen35moe")
+        raise UnsupportedArchitectureError(
+            f"{g.path}: {g.arch} with experts (expert_count) is not "
+            "a dense Qwen3.5; Qwen3.5 MoE files are arch qwen35moe"
+        )
     rec = g.arch_get("attention.recurrent_layers")
     if rec is not None:
         rec = tuple(bool(v) for v in np.asarray(rec).ravel())
         if len(rec) < n_layers:
-            raise ModelFormatError(f"{g.path}: {g.arch}.attention.recurrent_layers has "
-                                   f"{len(rec)} entries for {n_layers} layers")
+            raise ModelFormatError(
+                f"{g.path}: {g.arch}.attention.recurrent_layers has "
+                f"{len(rec)} entries for {n_layers} layers"
+            )
         rec = rec[:n_layers]
     else:
         every = int(g.arch_get("full_attention_interval", 4) or 4)
@@ -121,13 +138,25 @@ def read_config(g: GGUFFile, arch: Arch, experts: bool = False) -> Qwen35Config:
     Hv = int(g.arch_get("ssm.time_step_rank", 0) or 0)
     inner = int(g.arch_get("ssm.inner_size", 0) or 0)
     taps = int(g.arch_get("ssm.conv_kernel", 0) or 0)
-    if any(rec) and (d_state < 1 or Hk < 1 or Hv < 1 or taps < 1 or Hv % Hk or inner != Hv * d_state):
-        raise ModelFormatError(f"{g.path}: {g.arch}.ssm.* keys do not describe the linear "
-                               f"attention (state_size {d_state}, group_count {Hk}, "
-                               f"time_step_rank {Hv}, inner_size {inner}, conv_kernel {taps})")
+    if any(rec) and (
+        d_state < 1 or Hk < 1 or Hv < 1 or taps < 1 or Hv % Hk or inner != Hv * d_state
+    ):
+        raise ModelFormatError(
+            f"{g.path}: {g.arch}.ssm.* keys do not describe the linear "
+            f"attention (state_size {d_state}, group_count {Hk}, "
+            f"time_step_rank {Hv}, inner_size {inner}, conv_kernel {taps})"
+        )
     cls = Qwen35MoEConfig if experts else Qwen35Config
-    return cls(**fields, **moe, recurrent=rec, conv_kernel=taps, n_k_heads_lin=Hk,
-               n_v_heads_lin=Hv, d_state=d_state, n_mtp=n_mtp)
+    return cls(
+        **fields,
+        **moe,
+        recurrent=rec,
+        conv_kernel=taps,
+        n_k_heads_lin=Hk,
+        n_v_heads_lin=Hv,
+        d_state=d_state,
+        n_mtp=n_mtp,
+    )
 
 
 def read_moe_config(g: GGUFFile, arch: Arch) -> Qwen35MoEConfig:
@@ -154,8 +183,11 @@ class LinearWeights:
     w_out: QWeight  # (D, Hv*dv)
 
     def weights(self) -> list[QWeight]:
-        return [w for w in (self.w_in, self.w_qkv, self.w_z, self.w_ba, self.w_b, self.w_a,
-                            self.w_out) if w is not None]
+        return [
+            w
+            for w in (self.w_in, self.w_qkv, self.w_z, self.w_ba, self.w_b, self.w_a, self.w_out)
+            if w is not None
+        ]
 
 
 @dataclass
@@ -180,19 +212,33 @@ class Qwen35MoELayerWeights(Qwen35LayerWeights):
         return super().weights() + (self.moe.weights() if self.moe is not None else [])
 
 
-NO_ATTENTION = dict(wqkv=None, wq=None, wk=None, wv=None, bqkv=None, q_norm=None, k_norm=None, wo=None)
+NO_ATTENTION = dict(
+    wqkv=None, wq=None, wk=None, wv=None, bqkv=None, q_norm=None, k_norm=None, wo=None
+)
 
 
 def _load_gated_attention(ld: Loader, cfg: Qwen35Config) -> dict:
     """The attention fields; attn_q has 2 * head_dim rows per head: query, then gate."""
     D, hd, H, KV = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    wqkv, (wq, wk, wv) = ld.fused(("attn_q.weight", 2 * H * hd, D), ("attn_k.weight", KV * hd, D),
-                                  ("attn_v.weight", KV * hd, D))
+    wqkv, (wq, wk, wv) = ld.fused(
+        ("attn_q.weight", 2 * H * hd, D),
+        ("attn_k.weight", KV * hd, D),
+        ("attn_v.weight", KV * hd, D),
+    )
     if ld.has("attn_q.bias"):
-        raise UnsupportedArchitectureError(f"{ld.g.path}: {ld.g.arch} with attention biases is "
-                                           "not supported")
-    return dict(wqkv=wqkv, wq=wq, wk=wk, wv=wv, bqkv=None, q_norm=ld.vec("attn_q_norm.weight", hd),
-                k_norm=ld.vec("attn_k_norm.weight", hd), wo=ld.mat("attn_output.weight", D, H * hd))
+        raise UnsupportedArchitectureError(
+            f"{ld.g.path}: {ld.g.arch} with attention biases is not supported"
+        )
+    return dict(
+        wqkv=wqkv,
+        wq=wq,
+        wk=wk,
+        wv=wv,
+        bqkv=None,
+        q_norm=ld.vec("attn_q_norm.weight", hd),
+        k_norm=ld.vec("attn_k_norm.weight", hd),
+        wo=ld.mat("attn_output.weight", D, H * hd),
+    )
 
 
 def _load_linear(ld: Loader, cfg: Qwen35Config) -> LinearWeights:
@@ -201,10 +247,19 @@ def _load_linear(ld: Loader, cfg: Qwen35Config) -> LinearWeights:
     w_in, (w_qkv, w_z) = ld.fused(("attn_qkv.weight", C, D), ("attn_gate.weight", VD, D))
     w_ba, (w_b, w_a) = ld.fused(("ssm_beta.weight", Hv, D), ("ssm_alpha.weight", Hv, D))
     conv = ld.array("ssm_conv1d.weight", C, cfg.conv_kernel)
-    return LinearWeights(w_in=w_in, w_qkv=w_qkv, w_z=w_z, w_ba=w_ba, w_b=w_b, w_a=w_a,
-                         conv_wT=np.ascontiguousarray(conv.T, dtype=np.float32),
-                         A=ld.vec("ssm_a", Hv), dt_bias=ld.vec("ssm_dt.bias", Hv),
-                         norm=ld.vec("ssm_norm.weight", d), w_out=ld.mat("ssm_out.weight", D, VD))
+    return LinearWeights(
+        w_in=w_in,
+        w_qkv=w_qkv,
+        w_z=w_z,
+        w_ba=w_ba,
+        w_b=w_b,
+        w_a=w_a,
+        conv_wT=np.ascontiguousarray(conv.T, dtype=np.float32),
+        A=ld.vec("ssm_a", Hv),
+        dt_bias=ld.vec("ssm_dt.bias", Hv),
+        norm=ld.vec("ssm_norm.weight", d),
+        w_out=ld.mat("ssm_out.weight", D, VD),
+    )
 
 
 def load_layer(g: GGUFFile, cfg: Qwen35Config, i: int) -> Qwen35LayerWeights:
@@ -217,12 +272,14 @@ def load_layer(g: GGUFFile, cfg: Qwen35Config, i: int) -> Qwen35LayerWeights:
         mixer = dict(**NO_ATTENTION, lin=_load_linear(ld, cfg), lin_index=n_lin, kv_index=-1)
     attn_norm, ffn_norm = ld.vec("attn_norm.weight", D), ld.vec("post_attention_norm.weight", D)
     if not isinstance(cfg, Qwen35MoEConfig):
-        return Qwen35LayerWeights(attn_norm=attn_norm, ffn_norm=ffn_norm, **mixer,
-                                  **load_gated_ffn(ld, cfg.d_ff, D))
+        return Qwen35LayerWeights(
+            attn_norm=attn_norm, ffn_norm=ffn_norm, **mixer, **load_gated_ffn(ld, cfg.d_ff, D)
+        )
     if not ld.has("ffn_gate_inp.weight"):
         raise ld.error(f"qwen35moe layer {i} has no expert router (blk.{i}.ffn_gate_inp.weight)")
-    return Qwen35MoELayerWeights(attn_norm=attn_norm, ffn_norm=ffn_norm, **mixer, **NO_FFN,
-                                 moe=load_moe(ld, cfg, D))
+    return Qwen35MoELayerWeights(
+        attn_norm=attn_norm, ffn_norm=ffn_norm, **mixer, **NO_FFN, moe=load_moe(ld, cfg, D)
+    )
 
 
 # ============================================================================ the family
@@ -236,8 +293,13 @@ class Qwen35Family(Family):
     read_config = staticmethod(read_config)
     load_layer = staticmethod(load_layer)
 
-    def forward(self, batch: Batch, k_cache: np.ndarray, v_cache: np.ndarray,
-                logits: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        batch: Batch,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        logits: np.ndarray | None = None,
+    ) -> np.ndarray:
         """k_cache/v_cache hold the attention layers only, and every segment carries its
         sequence's recurrent state (segment.rec, a SeqRecurrent)."""
         ops, cfg, nt, S = self.ops, self.cfg, self.threads, self.scratch
@@ -269,7 +331,7 @@ class Qwen35Family(Family):
         a = Act(ops, h, S.qact(T, h.shape[1]), nt)
         if L.wqkv is not None:
             qkv = self.mm(a, L.wqkv, S.get("att_qkv", T, nqg + 2 * nkv))  # (T, 2H hd + 2 KV hd)
-            qg_src, k_src, v_src = qkv[:, :nqg], qkv[:, nqg:nqg + nkv], qkv[:, nqg + nkv:]
+            qg_src, k_src, v_src = qkv[:, :nqg], qkv[:, nqg : nqg + nkv], qkv[:, nqg + nkv :]
         else:
             qg_src = self.mm(a, L.wq, S.get("att_qg_mm", T, nqg))
             k_src = self.mm(a, L.wk, S.get("att_k_mm", T, nkv))
@@ -318,13 +380,36 @@ class Qwen35Family(Family):
         for seg in batch.segments:
             r, rec = slice(seg.start, seg.stop), seg.rec
             rows, snap_conv, snap_ssm = rec.layer_snaps(i)
-            ops.ssm_conv(mixed[r], W.conv_wT, rec.state.conv[i], out=conv[r], snap_rows=rows,
-                         snaps=snap_conv, nthreads=nt)
-            ops.gated_delta(conv[r], ab[r], W.A, W.dt_bias, rec.state.ssm[i], Hk, out=core[r],
-                            snap_rows=rows, snaps=snap_ssm, eps=L2_EPS, nthreads=nt)
+            ops.ssm_conv(
+                mixed[r],
+                W.conv_wT,
+                rec.state.conv[i],
+                out=conv[r],
+                snap_rows=rows,
+                snaps=snap_conv,
+                nthreads=nt,
+            )
+            ops.gated_delta(
+                conv[r],
+                ab[r],
+                W.A,
+                W.dt_bias,
+                rec.state.ssm[i],
+                Hk,
+                out=core[r],
+                snap_rows=rows,
+                snaps=snap_ssm,
+                eps=L2_EPS,
+                nthreads=nt,
+            )
         normed = S.get("lin_normed", T, VD)
-        ops.rmsnorm(core.reshape(T * Hv, d), W.norm, cfg.norm_eps, out=normed.reshape(T * Hv, d),
-                    nthreads=nt)
+        ops.rmsnorm(
+            core.reshape(T * Hv, d),
+            W.norm,
+            cfg.norm_eps,
+            out=normed.reshape(T * Hv, d),
+            nthreads=nt,
+        )
         y = ops.swiglu(z, normed, out=S.get("lin_y", T, VD), nthreads=nt)  # silu(z) * normed
         self.mm(Act(ops, y, S.qact(T, VD), nt), W.w_out, out)
 
@@ -341,8 +426,15 @@ class Qwen35MoEFamily(Qwen35Family):
     weight_types = (Qwen35MoELayerWeights, LinearWeights, MoEWeights, FFNWeights)
     read_config = staticmethod(read_moe_config)
 
-    def __init__(self, g: GGUFFile, cfg: Qwen35MoEConfig, ops, threads: int, progress=None,
-                 weights: dict | None = None):
+    def __init__(
+        self,
+        g: GGUFFile,
+        cfg: Qwen35MoEConfig,
+        ops,
+        threads: int,
+        progress=None,
+        weights: dict | None = None,
+    ):
         super().__init__(g, cfg, ops, threads, progress, weights)
         self.moe = MoEFFN(self)
 

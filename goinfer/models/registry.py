@@ -5,6 +5,7 @@ Adding a family is its module (models/<family>.py: config, weights, the family c
 declared capabilities, models/family.py) and a line here; tests/test_registry.py checks that
 every family here declares its capabilities and that every architecture loads.
 """
+
 from __future__ import annotations
 
 from goinfer.errors import UnsupportedArchitectureError
@@ -29,7 +30,9 @@ def family_of(arch: Arch, g) -> type[Family]:
 
 
 ARCHITECTURES: dict[str, Arch] = {
-    "llama": Arch(LlamaFamily, experts=MoEFamily, routing="topk_softmax", norm_topk=True),  # Mixtral
+    "llama": Arch(
+        LlamaFamily, experts=MoEFamily, routing="topk_softmax", norm_topk=True
+    ),  # Mixtral
     "mistral": Arch(LlamaFamily, experts=MoEFamily, routing="topk_softmax", norm_topk=True),
     "qwen2": Arch(LlamaFamily, experts=MoEFamily, rope_neox=True),
     "qwen3": Arch(LlamaFamily, experts=MoEFamily, rope_neox=True),
@@ -37,16 +40,18 @@ ARCHITECTURES: dict[str, Arch] = {
     "qwen3moe": Arch(MoEFamily, rope_neox=True, norm_topk=True),
     "olmoe": Arch(MoEFamily, rope_neox=True),
     "gemma3": Arch(Gemma3Family, rope_neox=True, swa_pattern=6),
-    "gemma4": Arch(Gemma4Family, experts=Gemma4MoEFamily, rope_neox=True, norm_topk=True,
-                   swa_pattern=6),
+    "gemma4": Arch(
+        Gemma4Family, experts=Gemma4MoEFamily, rope_neox=True, norm_topk=True, swa_pattern=6
+    ),
     "smollm3": Arch(SmolLM3Family, no_rope_step=4),
     "qwen35": Arch(Qwen35Family, rope_neox=True),
     "qwen35moe": Arch(Qwen35MoEFamily, rope_neox=True, norm_topk=True),
     "gpt-oss": Arch(GptOssFamily, rope_neox=True, routing="topk_softmax", swa_pattern=2),
 }
 
-FAMILIES: tuple[type[Family], ...] = tuple(dict.fromkeys(
-    f for a in ARCHITECTURES.values() for f in (a.family, a.experts) if f is not None))
+FAMILIES: tuple[type[Family], ...] = tuple(
+    dict.fromkeys(f for a in ARCHITECTURES.values() for f in (a.family, a.experts) if f is not None)
+)
 
 
 def arch_of(g) -> Arch:
@@ -55,7 +60,8 @@ def arch_of(g) -> Arch:
     if arch is None:
         raise UnsupportedArchitectureError(
             f"{g.path}: architecture {g.arch!r} is not supported; supported: "
-            f"{', '.join(sorted(ARCHITECTURES))}")
+            f"{', '.join(sorted(ARCHITECTURES))}"
+        )
     return arch
 
 

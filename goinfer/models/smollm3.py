@@ -9,6 +9,7 @@ config has it (transformers' ``no_rope_layer_interval``); ``smollm3.no_rope_laye
 read if a file ever writes one.  A file asking for a sliding window gets a typed error: no SmolLM3
 checkpoint uses one and its layer pattern (windowed NoPE layers) is not in GGUF.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ def read_config(g: GGUFFile, arch: Arch) -> SmolLM3Config:
     fields = config_fields(g, arch)
     if fields["sliding_window"]:
         raise UnsupportedArchitectureError(
-            f"{g.path}: smollm3 with a sliding window ({fields['sliding_window']}) is not supported")
+            f"{g.path}: smollm3 with a sliding window ({fields['sliding_window']}) is not supported"
+        )
     step = int(g.arch_get("no_rope_layer_step", arch.no_rope_step) or arch.no_rope_step)
     rope_layers = tuple((i + 1) % step != 0 for i in range(fields["n_layers"]))
     return SmolLM3Config(**fields, rope_layers=rope_layers)

@@ -5,6 +5,7 @@
 
 Needs the ``server`` extra (fastapi, uvicorn).
 """
+
 from __future__ import annotations
 
 from goinfer.server.scheduler import Engine, Job, QueueFullError

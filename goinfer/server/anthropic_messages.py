@@ -13,6 +13,7 @@ Usage: ``input_tokens`` are the prompt tokens computed for this request, and
 ``cache_creation_input_tokens`` is 0: goinfer keeps every prompt token it computes in the
 cache at no extra cost.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,14 @@ __all__ = ["Messages", "CountTokens", "ROUTE", "COUNT_ROUTE", "stop_reason", "us
 
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 # the kinds of goinfer's errors (errors.py: OpenAI's names) as Anthropic names them
-ERROR_TYPES = {"invalid_request_error": "invalid_request_error",
-               "authentication_error": "authentication_error",
-               "permission_error": "permission_error", "not_found_error": "not_found_error",
-               "rate_limit_error": "rate_limit_error", "server_error": "api_error"}
+ERROR_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+    "server_error": "api_error",
+}
 
 
 def stop_reason(result) -> str:
@@ -46,10 +51,12 @@ def stop_reason(result) -> str:
 
 
 def usage(result) -> dict:
-    return {"input_tokens": result.prompt_tokens - result.cached_tokens,
-            "output_tokens": result.completion_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": result.cached_tokens}
+    return {
+        "input_tokens": result.prompt_tokens - result.cached_tokens,
+        "output_tokens": result.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": result.cached_tokens,
+    }
 
 
 def _input(arguments: str) -> dict:
@@ -71,12 +78,18 @@ class _AnthropicErrors:
         elif e.status == 413:
             kind = "request_too_large"
         message = e.message
-        if isinstance(e.cause, ContextLengthError) and e.code == "context_length_exceeded" and \
-                e.cause.tokens is not None and e.cause.limit is not None:
+        if (
+            isinstance(e.cause, ContextLengthError)
+            and e.code == "context_length_exceeded"
+            and e.cause.tokens is not None
+            and e.cause.limit is not None
+        ):
             # Claude Code reads this wording, compacts its history and tries again; the prompt
             # may hold limit - 1 tokens (the reply needs one)
-            message = (f"prompt is too long: {e.cause.tokens} tokens > {e.cause.limit - 1} "
-                       f"maximum ({e.message})")
+            message = (
+                f"prompt is too long: {e.cause.tokens} tokens > {e.cause.limit - 1} "
+                f"maximum ({e.message})"
+            )
         return {"type": "error", "error": {"type": kind, "message": message}}
 
     def stream_error(self, e: APIError) -> bytes:
@@ -99,11 +112,24 @@ class Messages(_AnthropicErrors, ApiRoute):
         if result.content or not result.tool_calls:
             content.append({"type": "text", "text": result.content or ""})
         for c in result.tool_calls or []:
-            content.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                            "input": _input(c["function"]["arguments"])})
-        return {"id": info.id, "type": "message", "role": "assistant", "model": info.model_id,
-                "content": content, "stop_reason": stop_reason(result),
-                "stop_sequence": result.stop_sequence, "usage": usage(result)}
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": c["id"],
+                    "name": c["function"]["name"],
+                    "input": _input(c["function"]["arguments"]),
+                }
+            )
+        return {
+            "id": info.id,
+            "type": "message",
+            "role": "assistant",
+            "model": info.model_id,
+            "content": content,
+            "stop_reason": stop_reason(result),
+            "stop_sequence": result.stop_sequence,
+            "usage": usage(result),
+        }
 
     @staticmethod
     def _thinking_block(text: str, req: Request) -> dict:
@@ -113,12 +139,23 @@ class Messages(_AnthropicErrors, ApiRoute):
     # ------------------------------------------------------------------ stream
 
     async def stream(self, events, req: Request, info: ReplyInfo):
-        start = {"id": info.id, "type": "message", "role": "assistant", "model": info.model_id,
-                 "content": [], "stop_reason": None, "stop_sequence": None,
-                 # the prompt's size; how much of it came from the cache is known once it is
-                 # seated: message_delta's usage has the split
-                 "usage": {"input_tokens": info.prompt_tokens, "output_tokens": 0,
-                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+        start = {
+            "id": info.id,
+            "type": "message",
+            "role": "assistant",
+            "model": info.model_id,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            # the prompt's size; how much of it came from the cache is known once it is
+            # seated: message_delta's usage has the split
+            "usage": {
+                "input_tokens": info.prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
         yield sse({"type": "message_start", "message": start}, event="message_start")
         blocks = _Blocks(req.options.display)
         async for ev in events:
@@ -137,10 +174,14 @@ class Messages(_AnthropicErrors, ApiRoute):
                 for x in blocks.end():
                     yield x
                 r = ev.result
-                yield sse({"type": "message_delta",
-                           "delta": {"stop_reason": stop_reason(r),
-                                     "stop_sequence": r.stop_sequence},
-                           "usage": usage(r)}, event="message_delta")
+                yield sse(
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(r), "stop_sequence": r.stop_sequence},
+                        "usage": usage(r),
+                    },
+                    event="message_delta",
+                )
                 yield sse({"type": "message_stop"}, event="message_stop")
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
@@ -158,8 +199,10 @@ class _Blocks:
     def _open(self, block: dict):
         yield from self._close()
         self.kind = block["type"]
-        yield sse({"type": "content_block_start", "index": self.n, "content_block": block},
-                  event="content_block_start")
+        yield sse(
+            {"type": "content_block_start", "index": self.n, "content_block": block},
+            event="content_block_start",
+        )
 
     def _close(self):
         if self.kind is None:
@@ -172,8 +215,10 @@ class _Blocks:
         self.n += 1
 
     def _delta(self, delta: dict) -> bytes:
-        return sse({"type": "content_block_delta", "index": self.n, "delta": delta},
-                   event="content_block_delta")
+        return sse(
+            {"type": "content_block_delta", "index": self.n, "delta": delta},
+            event="content_block_delta",
+        )
 
     def thinking(self, text: str):
         if self.kind != "thinking":

@@ -24,6 +24,7 @@ sampling fields and stop sequences for the requests that do not set them (Claude
 none: a model that needs its own, such as a base model that only ends a reply at a stop
 sequence, gets them here).
 """
+
 from __future__ import annotations
 
 import base64
@@ -39,9 +40,20 @@ from goinfer.server import fields as F
 from goinfer.server.errors import bad
 from goinfer.server.request import Request
 
-__all__ = ["Normalize", "NORMALIZATIONS", "NORMALIZE_ENV", "DEFAULTS_ENV", "normalize_setting",
-           "parse_defaults", "defaults_setting", "parse_body", "Options", "sign", "unsign",
-           "BILLING_HEADER"]
+__all__ = [
+    "Normalize",
+    "NORMALIZATIONS",
+    "NORMALIZE_ENV",
+    "DEFAULTS_ENV",
+    "normalize_setting",
+    "parse_defaults",
+    "defaults_setting",
+    "parse_body",
+    "Options",
+    "sign",
+    "unsign",
+    "BILLING_HEADER",
+]
 
 NORMALIZE_ENV = "GOINFER_ANTHROPIC_NORMALIZE"
 DEFAULTS_ENV = "GOINFER_ANTHROPIC_DEFAULTS"
@@ -50,15 +62,49 @@ NORMALIZATIONS = ("billing_header", "system_in_place", "deferred_tools")
 BILLING_HEADER = "x-anthropic-billing-header:"
 
 # fields that change nothing goinfer computes: accepted, not used
-IGNORED = {"metadata", "service_tier", "cache_control", "safeguards", "context_management",
-           "diagnostics", "speed", "inference_geo", "user_profile_id", "workspace_id"}
-FIELDS = {"model", "messages", "max_tokens", "system", "stream", "temperature", "top_p", "top_k",
-          "stop_sequences", "tools", "tool_choice", "thinking", "output_config"} | IGNORED
+IGNORED = {
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "safeguards",
+    "context_management",
+    "diagnostics",
+    "speed",
+    "inference_geo",
+    "user_profile_id",
+    "workspace_id",
+}
+FIELDS = {
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+} | IGNORED
 # fields of the API that would change the result and that goinfer does not implement
-REFUSED = {"container": "code execution containers", "mcp_servers": "MCP connectors",
-           "output_format": "'output_format' (send output_config.format)"}
-TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "defer_loading",
-             "strict", "eager_input_streaming"}
+REFUSED = {
+    "container": "code execution containers",
+    "mcp_servers": "MCP connectors",
+    "output_format": "'output_format' (send output_config.format)",
+}
+TOOL_KEYS = {
+    "name",
+    "description",
+    "input_schema",
+    "type",
+    "cache_control",
+    "defer_loading",
+    "strict",
+    "eager_input_streaming",
+}
 DISPLAYS = ("summarized", "omitted", "updates")
 EFFORTS = ("low", "medium", "high")
 SIGNATURE_PREFIX = "goinfer1:"  # a thinking signature of goinfer's: the thinking text, base64
@@ -76,7 +122,7 @@ class Normalize:
     deferred_tools: bool = True
 
     @classmethod
-    def parse(cls, text: str | None) -> "Normalize":
+    def parse(cls, text: str | None) -> Normalize:
         """'all' (also None or ''), 'none', or a comma-separated list of NORMALIZATIONS (the
         ones on); ValueError naming anything else."""
         text = (text or "all").strip()
@@ -85,8 +131,10 @@ class Normalize:
         names = [] if text == "none" else [x.strip() for x in text.split(",") if x.strip()]
         unknown = [x for x in names if x not in NORMALIZATIONS]
         if unknown:
-            raise ValueError(f"unknown normalisation(s) {unknown}: give 'all', 'none' or a "
-                             f"comma-separated list of {', '.join(NORMALIZATIONS)}")
+            raise ValueError(
+                f"unknown normalisation(s) {unknown}: give 'all', 'none' or a "
+                f"comma-separated list of {', '.join(NORMALIZATIONS)}"
+            )
         return cls(**{n: n in names for n in NORMALIZATIONS})
 
 
@@ -115,8 +163,12 @@ def parse_defaults(text: str | None) -> dict:
         raise ValueError(f"not JSON: {e}") from None
     if not isinstance(d, dict) or set(d) - set(DEFAULT_FIELDS):
         raise ValueError(f"must be a JSON object of {', '.join(DEFAULT_FIELDS)}")
-    parse_body(dict(d, model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}]),
-               0, normalize=Normalize(), defaults={})  # the fields' own checks (APIError)
+    parse_body(
+        dict(d, model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}]),
+        0,
+        normalize=Normalize(),
+        defaults={},
+    )  # the fields' own checks (APIError)
     return d
 
 
@@ -153,7 +205,7 @@ def unsign(signature) -> str | None:
     if not isinstance(signature, str) or not signature.startswith(SIGNATURE_PREFIX):
         return None
     try:
-        return base64.b64decode(signature[len(SIGNATURE_PREFIX):], validate=True).decode()
+        return base64.b64decode(signature[len(SIGNATURE_PREFIX) :], validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return None
 
@@ -161,8 +213,14 @@ def unsign(signature) -> str | None:
 # ============================================================================ the body
 
 
-def parse_body(body, vocab_size: int, *, counting: bool = False,
-               normalize: Normalize | None = None, defaults: dict | None = None) -> Request:
+def parse_body(
+    body,
+    vocab_size: int,
+    *,
+    counting: bool = False,
+    normalize: Normalize | None = None,
+    defaults: dict | None = None,
+) -> Request:
     """A Messages API body -> Request (APIError 400 naming the field).  counting: a
     count_tokens body (no max_tokens needed).  normalize, defaults: the server's settings
     (None: from the environment)."""
@@ -186,11 +244,18 @@ def parse_body(body, vocab_size: int, *, counting: bool = False,
     top_k = F.integer(body, "top_k", 0, None, 0)
     if top_p == 0.0:  # only the most likely token
         top_p, top_k = 1.0, 1
-    sampling = dict(temperature=F.number(body, "temperature", 0.0, 1.0, 1.0), top_p=top_p,
-                    top_k=top_k)
-    req = Request(kind="chat", stream=F.boolean(body, "stream", False), max_tokens=max_tokens,
-                  sampling=sampling, stops=F.stop_strings(body, "stop_sequences"),
-                  fit_max_tokens=True, system_in_place=norm.system_in_place)
+    sampling = dict(
+        temperature=F.number(body, "temperature", 0.0, 1.0, 1.0), top_p=top_p, top_k=top_k
+    )
+    req = Request(
+        kind="chat",
+        stream=F.boolean(body, "stream", False),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stops=F.stop_strings(body, "stop_sequences"),
+        fit_max_tokens=True,
+        system_in_place=norm.system_in_place,
+    )
     tools, deferred = _tools(body.get("tools"))
     conv = _Conversation(tools, deferred if norm.deferred_tools else {})
     system = _system(body.get("system"), norm)
@@ -198,13 +263,19 @@ def parse_body(body, vocab_size: int, *, counting: bool = False,
         conv.out.append({"role": "system", "content": system})
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise bad("messages: a non-empty list of messages is required", "messages",
-                  "invalid_type" if not isinstance(msgs, list) else "invalid_value")
+        raise bad(
+            "messages: a non-empty list of messages is required",
+            "messages",
+            "invalid_type" if not isinstance(msgs, list) else "invalid_value",
+        )
     for i, m in enumerate(msgs):
         conv.message(m, i, last=i == len(msgs) - 1)
     req.messages = conv.out
-    callable_ = [t for t in tools if t.get("name") not in deferred or t.get("name") in conv.loaded
-                 or not norm.deferred_tools]
+    callable_ = [
+        t
+        for t in tools
+        if t.get("name") not in deferred or t.get("name") in conv.loaded or not norm.deferred_tools
+    ]
     choice, parallel = _tool_choice(body.get("tool_choice"))
     oa_tools = [_openai_tool(t) for t in callable_]
     try:
@@ -235,14 +306,20 @@ def _context_management(cm) -> None:
         return
     edits = cm.get("edits", []) if isinstance(cm, dict) else None
     if not isinstance(edits, list):
-        raise bad("context_management: must be an object with a list 'edits'",
-                  "context_management", "invalid_type")
+        raise bad(
+            "context_management: must be an object with a list 'edits'",
+            "context_management",
+            "invalid_type",
+        )
     for j, e in enumerate(edits):
         kind = e.get("type") if isinstance(e, dict) else None
         if not isinstance(kind, str) or not kind.startswith("clear_thinking"):
-            raise bad(f"context_management.edits[{j}]: context editing of type {kind!r} is not "
-                      "supported by goinfer (only clear_thinking)",
-                      f"context_management.edits[{j}]", "unsupported_value")
+            raise bad(
+                f"context_management.edits[{j}]: context editing of type {kind!r} is not "
+                "supported by goinfer (only clear_thinking)",
+                f"context_management.edits[{j}]",
+                "unsupported_value",
+            )
 
 
 # ============================================================================ content
@@ -270,8 +347,11 @@ def _text_of(b, where: str) -> str:
 
 
 def _unsupported_media(kind: str, where: str):
-    return bad(f"{where}: {kind} blocks are not supported: this model reads text only", where,
-               "unsupported_content")
+    return bad(
+        f"{where}: {kind} blocks are not supported: this model reads text only",
+        where,
+        "unsupported_content",
+    )
 
 
 def _system(system, norm: Normalize) -> str:
@@ -279,8 +359,15 @@ def _system(system, norm: Normalize) -> str:
     if system is None:
         return ""
     if isinstance(system, list) and norm.billing_header:
-        system = [b for b in system if not (isinstance(b, dict) and isinstance(
-            b.get("text"), str) and b["text"].startswith(BILLING_HEADER))]
+        system = [
+            b
+            for b in system
+            if not (
+                isinstance(b, dict)
+                and isinstance(b.get("text"), str)
+                and b["text"].startswith(BILLING_HEADER)
+            )
+        ]
     return _text_blocks(system, "system")
 
 
@@ -300,29 +387,43 @@ class _Conversation:
         role, content = m.get("role"), m.get("content")
         extra = set(m) - {"role", "content"}
         if extra:
-            raise bad(f"{where}.{sorted(extra)[0]}: Extra inputs are not permitted",
-                      f"{where}.{sorted(extra)[0]}", "unknown_parameter")
+            raise bad(
+                f"{where}.{sorted(extra)[0]}: Extra inputs are not permitted",
+                f"{where}.{sorted(extra)[0]}",
+                "unknown_parameter",
+            )
         if role == "system":
-            self.out.append({"role": "system", "content": _text_blocks(content,
-                                                                        f"{where}.content")})
+            self.out.append(
+                {"role": "system", "content": _text_blocks(content, f"{where}.content")}
+            )
         elif role == "user":
             self._user(content, where)
         elif role == "assistant":
             if last:
-                raise bad(f"{where}: a last assistant message (a prefilled reply to continue) "
-                          "is not supported by goinfer", where, "unsupported_value")
+                raise bad(
+                    f"{where}: a last assistant message (a prefilled reply to continue) "
+                    "is not supported by goinfer",
+                    where,
+                    "unsupported_value",
+                )
             self._assistant(content, where)
         else:
-            raise bad(f"{where}.role: must be 'user', 'assistant' or 'system', got {role!r}",
-                      f"{where}.role", "invalid_value")
+            raise bad(
+                f"{where}.role: must be 'user', 'assistant' or 'system', got {role!r}",
+                f"{where}.role",
+                "invalid_value",
+            )
 
     def _user(self, content, where: str) -> None:
         if isinstance(content, str):
             self.out.append({"role": "user", "content": content})
             return
         if not isinstance(content, list):
-            raise bad(f"{where}.content: must be a string or a list of blocks",
-                      f"{where}.content", "invalid_type")
+            raise bad(
+                f"{where}.content: must be a string or a list of blocks",
+                f"{where}.content",
+                "invalid_type",
+            )
         text: list[str] | None = None  # the text blocks since the last tool result
         for j, b in enumerate(content):
             at = f"{where}.content[{j}]"
@@ -340,8 +441,9 @@ class _Conversation:
     def _tool_result(self, b: dict, where: str) -> dict:
         tid = b.get("tool_use_id")
         if not isinstance(tid, str):
-            raise bad(f"{where}.tool_use_id: must be a string", f"{where}.tool_use_id",
-                      "invalid_type")
+            raise bad(
+                f"{where}.tool_use_id: must be a string", f"{where}.tool_use_id", "invalid_type"
+            )
         content = b.get("content", "")
         if isinstance(content, str):
             text = content
@@ -360,12 +462,14 @@ class _Conversation:
                 parts.append(_functions(refs))
             text = "".join(parts)
         else:
-            raise bad(f"{where}.content: must be a string or a list of blocks",
-                      f"{where}.content", "invalid_type")
+            raise bad(
+                f"{where}.content: must be a string or a list of blocks",
+                f"{where}.content",
+                "invalid_type",
+            )
         is_error = b.get("is_error", False)
         if not isinstance(is_error, bool):
-            raise bad(f"{where}.is_error: must be a boolean", f"{where}.is_error",
-                      "invalid_type")
+            raise bad(f"{where}.is_error: must be a boolean", f"{where}.is_error", "invalid_type")
         if is_error:
             text = "Error: " + text
         return {"role": "tool", "tool_call_id": tid, "content": text}
@@ -375,8 +479,11 @@ class _Conversation:
         name = x.get("tool_name")
         tool = self.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise bad(f"{where}: tool_reference names {name!r}, which is not in tools", where,
-                      "invalid_value")
+            raise bad(
+                f"{where}: tool_reference names {name!r}, which is not in tools",
+                where,
+                "invalid_value",
+            )
         self.loaded.add(name)
         return tool
 
@@ -385,8 +492,11 @@ class _Conversation:
             self.out.append({"role": "assistant", "content": content})
             return
         if not isinstance(content, list):
-            raise bad(f"{where}.content: must be a string or a list of blocks",
-                      f"{where}.content", "invalid_type")
+            raise bad(
+                f"{where}.content: must be a string or a list of blocks",
+                f"{where}.content",
+                "invalid_type",
+            )
         text, thinking, calls = [], [], []
         for j, b in enumerate(content):
             at = f"{where}.content[{j}]"
@@ -398,14 +508,16 @@ class _Conversation:
             elif kind == "thinking":
                 t = b.get("thinking")
                 if not isinstance(t, str):
-                    raise bad(f"{at}.thinking: must be a string", f"{at}.thinking",
-                              "invalid_type")
+                    raise bad(f"{at}.thinking: must be a string", f"{at}.thinking", "invalid_type")
                 thinking.append(t or unsign(b.get("signature")) or "")
             elif kind == "redacted_thinking":
                 continue  # encrypted by another server: nothing goinfer can render
             else:
-                raise bad(f"{at}: {kind!r} blocks are not supported in assistant turns", at,
-                          "unsupported_content")
+                raise bad(
+                    f"{at}: {kind!r} blocks are not supported in assistant turns",
+                    at,
+                    "unsupported_content",
+                )
         msg: dict = {"role": "assistant", "content": "".join(text)}
         if calls:
             msg["tool_calls"] = calls
@@ -418,22 +530,36 @@ class _Conversation:
 def _tool_use(b: dict, where: str) -> dict:
     tid, name, args = b.get("id"), b.get("name"), b.get("input", {})
     if not isinstance(tid, str) or not isinstance(name, str):
-        raise bad(f"{where}: a tool_use block needs a string 'id' and 'name'", where,
-                  "invalid_value")
+        raise bad(
+            f"{where}: a tool_use block needs a string 'id' and 'name'", where, "invalid_value"
+        )
     if not isinstance(args, dict):
         raise bad(f"{where}.input: must be an object", f"{where}.input", "invalid_type")
     # the arguments as json.dumps writes them: the layout goinfer's tool grammars give a call,
     # so a call the model wrote renders token for token as it was generated
-    return {"id": tid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": tid,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 def _functions(tools: list[dict]) -> str:
     """Tool definitions where a tool_reference loads them: one line each in a <functions>
     block, as Claude Code's ToolSearch describes its result."""
-    lines = "\n".join("<function>" + json.dumps(
-        {"description": t.get("description", ""), "name": t["name"],
-         "parameters": t["input_schema"]}, ensure_ascii=False) + "</function>" for t in tools)
+    lines = "\n".join(
+        "<function>"
+        + json.dumps(
+            {
+                "description": t.get("description", ""),
+                "name": t["name"],
+                "parameters": t["input_schema"],
+            },
+            ensure_ascii=False,
+        )
+        + "</function>"
+        for t in tools
+    )
     return f"<functions>\n{lines}\n</functions>"
 
 
@@ -453,20 +579,33 @@ def _tools(tools) -> tuple[list[dict], dict[str, dict]]:
             raise bad(f"{where}: must be an object", where, "invalid_type")
         kind = t.get("type", "custom")
         if kind != "custom":
-            raise bad(f"{where}: tools of type {kind!r} (run by Anthropic's servers) are not "
-                      "supported by goinfer; give client tools (name, description, "
-                      "input_schema)", f"{where}.type", "unsupported_value")
+            raise bad(
+                f"{where}: tools of type {kind!r} (run by Anthropic's servers) are not "
+                "supported by goinfer; give client tools (name, description, "
+                "input_schema)",
+                f"{where}.type",
+                "unsupported_value",
+            )
         extra = sorted(set(t) - TOOL_KEYS)
         if extra:
-            raise bad(f"{where}.{extra[0]}: not supported by goinfer", f"{where}.{extra[0]}",
-                      "unsupported_value")
+            raise bad(
+                f"{where}.{extra[0]}: not supported by goinfer",
+                f"{where}.{extra[0]}",
+                "unsupported_value",
+            )
         if not isinstance(t.get("input_schema"), dict):
-            raise bad(f"{where}.input_schema: Field required (a JSON schema object)",
-                      f"{where}.input_schema", "invalid_value")
+            raise bad(
+                f"{where}.input_schema: Field required (a JSON schema object)",
+                f"{where}.input_schema",
+                "invalid_value",
+            )
         defer = t.get("defer_loading", False)
         if not isinstance(defer, bool):
-            raise bad(f"{where}.defer_loading: must be a boolean", f"{where}.defer_loading",
-                      "invalid_type")
+            raise bad(
+                f"{where}.defer_loading: must be a boolean",
+                f"{where}.defer_loading",
+                "invalid_type",
+            )
         out.append(t)
         if defer and isinstance(t.get("name"), str):
             deferred[t["name"]] = t
@@ -485,12 +624,18 @@ def _tool_choice(tc) -> tuple[str | dict | None, bool | None]:
     if tc is None:
         return None, None
     if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
-        raise bad("tool_choice: must be {'type': 'auto' | 'any' | 'tool' | 'none'}",
-                  "tool_choice", "invalid_value")
+        raise bad(
+            "tool_choice: must be {'type': 'auto' | 'any' | 'tool' | 'none'}",
+            "tool_choice",
+            "invalid_value",
+        )
     extra = set(tc) - {"type", "name", "disable_parallel_tool_use"}
     if extra:
-        raise bad(f"tool_choice.{sorted(extra)[0]}: Extra inputs are not permitted",
-                  "tool_choice", "unknown_parameter")
+        raise bad(
+            f"tool_choice.{sorted(extra)[0]}: Extra inputs are not permitted",
+            "tool_choice",
+            "unknown_parameter",
+        )
     no_parallel = F.boolean(tc, "disable_parallel_tool_use", False)
     kind = tc["type"]
     if kind == "tool":
@@ -514,17 +659,26 @@ def _thinking(th, req: Request) -> None:
         return
     kind = th.get("type") if isinstance(th, dict) else None
     if kind not in ("enabled", "disabled", "adaptive"):
-        raise bad("thinking: must be {'type': 'enabled' | 'disabled' | 'adaptive'}", "thinking",
-                  "invalid_value")
+        raise bad(
+            "thinking: must be {'type': 'enabled' | 'disabled' | 'adaptive'}",
+            "thinking",
+            "invalid_value",
+        )
     extra = set(th) - {"type", "budget_tokens", "display"}
     if extra:
-        raise bad(f"thinking.{sorted(extra)[0]}: Extra inputs are not permitted", "thinking",
-                  "unknown_parameter")
+        raise bad(
+            f"thinking.{sorted(extra)[0]}: Extra inputs are not permitted",
+            "thinking",
+            "unknown_parameter",
+        )
     F.integer(th, "budget_tokens", 1, None, None)
     display = th.get("display", "summarized")
     if display not in DISPLAYS:
-        raise bad(f"thinking.display: must be one of {list(DISPLAYS)}", "thinking.display",
-                  "invalid_value")
+        raise bad(
+            f"thinking.display: must be one of {list(DISPLAYS)}",
+            "thinking.display",
+            "invalid_value",
+        )
     req.options.display = display
     if kind == "disabled":
         req.template_kwargs["enable_thinking"] = False
@@ -539,20 +693,26 @@ def _output_config(oc, req: Request) -> None:
     if oc is None:
         return
     if not isinstance(oc, dict) or set(oc) - {"effort", "format"}:
-        raise bad("output_config: may hold 'effort' and 'format'", "output_config",
-                  "invalid_value")
+        raise bad("output_config: may hold 'effort' and 'format'", "output_config", "invalid_value")
     effort = oc.get("effort")
     if effort in EFFORTS:
         req.template_kwargs.setdefault("reasoning_effort", effort)
     elif effort is not None and not isinstance(effort, str):
-        raise bad("output_config.effort: must be a string", "output_config.effort",
-                  "invalid_type")
+        raise bad("output_config.effort: must be a string", "output_config.effort", "invalid_type")
     fmt = oc.get("format")
     if fmt is None:
         return
-    if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema" or not isinstance(
-            fmt.get("schema"), Mapping):
-        raise bad("output_config.format: must be {'type': 'json_schema', 'schema': {...}}",
-                  "output_config.format", "invalid_value")
-    req.response_format = {"type": "json_schema",
-                           "json_schema": {"name": "output", "schema": dict(fmt["schema"])}}
+    if (
+        not isinstance(fmt, Mapping)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), Mapping)
+    ):
+        raise bad(
+            "output_config.format: must be {'type': 'json_schema', 'schema': {...}}",
+            "output_config.format",
+            "invalid_value",
+        )
+    req.response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": dict(fmt["schema"])},
+    }

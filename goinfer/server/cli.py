@@ -2,6 +2,7 @@
 
 The check client uses only the standard library, so it runs anywhere goinfer is installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,59 +27,115 @@ LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a model: a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
-                   "an Ollama name (llama3.2, qwen3:4b) or a .gguf path; or `check URL`")
+    p.add_argument(
+        "model",
+        help="a model: a registered name, hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
+        "an Ollama name (llama3.2, qwen3:4b) or a .gguf path; or `check URL`",
+    )
     p.add_argument("url", nargs="?", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; any other needs --api-key)",
+    )
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("GOINFER_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $GOINFER_API_KEY)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests waiting for a seat before new ones get 429 (default 64)")
-    p.add_argument("--max-batch", type=int, default=8,
-                   help="sequences decoded together in one step (default 8)")
-    p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens prefilled per step between decode steps (default 256)")
-    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: physical cores)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("GOINFER_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $GOINFER_API_KEY)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests waiting for a seat before new ones get 429 (default 64)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="sequences decoded together in one step (default 8)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        help="prompt tokens prefilled per step between decode steps (default 256)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="kernel threads (default: physical cores)"
+    )
     exact_option(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
-    p.add_argument("--draft", choices=["none", *DRAFTS], default="none",
-                   help="speculative drafting of every request unless it sets 'draft' (the "
-                   "output is the same; faster when replies copy from their context)")
-    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
-                   help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})")
-    p.add_argument("--kv-tokens", type=int, default=None,
-                   help="KV cache size in tokens, shared by all requests (default: 2 x context)")
+    p.add_argument(
+        "--draft",
+        choices=["none", *DRAFTS],
+        default="none",
+        help="speculative drafting of every request unless it sets 'draft' (the "
+        "output is the same; faster when replies copy from their context)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=DEFAULT_DRAFT_TOKENS,
+        help=f"tokens per draft (default {DEFAULT_DRAFT_TOKENS})",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens, shared by all requests (default: 2 x context)",
+    )
     kv_dtype_option(p)
     p.add_argument("--max-body", type=int, default=8 << 20, help="request body limit in bytes")
-    p.add_argument("--anthropic-normalize",
-                   default=os.environ.get("GOINFER_ANTHROPIC_NORMALIZE", "all"),
-                   help="prompt normalisations of /v1/messages that keep the prefix cache across "
-                        "Claude Code's requests: 'all' (default), 'none', or a comma-separated "
-                        "list of billing_header, system_in_place, deferred_tools (default: "
-                        "$GOINFER_ANTHROPIC_NORMALIZE or all)")
-    p.add_argument("--anthropic-defaults",
-                   default=os.environ.get("GOINFER_ANTHROPIC_DEFAULTS", ""),
-                   help="a JSON object of temperature, top_p, top_k, stop_sequences for "
-                        "/v1/messages requests that do not set them (default: "
-                        "$GOINFER_ANTHROPIC_DEFAULTS or none)")
+    p.add_argument(
+        "--anthropic-normalize",
+        default=os.environ.get("GOINFER_ANTHROPIC_NORMALIZE", "all"),
+        help="prompt normalisations of /v1/messages that keep the prefix cache across "
+        "Claude Code's requests: 'all' (default), 'none', or a comma-separated "
+        "list of billing_header, system_in_place, deferred_tools (default: "
+        "$GOINFER_ANTHROPIC_NORMALIZE or all)",
+    )
+    p.add_argument(
+        "--anthropic-defaults",
+        default=os.environ.get("GOINFER_ANTHROPIC_DEFAULTS", ""),
+        help="a JSON object of temperature, top_p, top_k, stop_sequences for "
+        "/v1/messages requests that do not set them (default: "
+        "$GOINFER_ANTHROPIC_DEFAULTS or none)",
+    )
     p.add_argument("--log-level", default="info")
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")
-    ray.add_argument("--replicas", type=int, default=None,
-                     help="serve N replicas on Ray Serve behind one endpoint (default: one "
-                          "process, no Ray)")
-    ray.add_argument("--threads-per-replica", type=int, default=None,
-                     help="kernel threads (and Ray CPUs) per replica (default: --threads, or "
-                          "cores / replicas)")
-    ray.add_argument("--ray-address", default=None,
-                     help="join this Ray cluster ('auto', or the head's host:port) instead of "
-                          "starting a local Ray instance")
-    ray.add_argument("--route", default="prefix", choices=("prefix", "least_loaded", "random"),
-                     help="replica choice: longest cached prefix (default), least loaded, random")
-    ray.add_argument("--route-imbalance", type=int, default=4,
-                     help="leave the longest-prefix replica for the least loaded one when it has "
-                          "more than this many requests in flight beyond it (default 4)")
+    ray.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="serve N replicas on Ray Serve behind one endpoint (default: one process, no Ray)",
+    )
+    ray.add_argument(
+        "--threads-per-replica",
+        type=int,
+        default=None,
+        help="kernel threads (and Ray CPUs) per replica (default: --threads, or cores / replicas)",
+    )
+    ray.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster ('auto', or the head's host:port) instead of "
+        "starting a local Ray instance",
+    )
+    ray.add_argument(
+        "--route",
+        default="prefix",
+        choices=("prefix", "least_loaded", "random"),
+        help="replica choice: longest cached prefix (default), least loaded, random",
+    )
+    ray.add_argument(
+        "--route-imbalance",
+        type=int,
+        default=4,
+        help="leave the longest-prefix replica for the least loaded one when it has "
+        "more than this many requests in flight beyond it (default 4)",
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -100,15 +157,19 @@ def run(args) -> int:
         print(f"goinfer serve: unexpected argument {args.url!r}", file=sys.stderr)
         return 2
     if not is_loopback(args.host) and not args.api_key:
-        print(f"goinfer serve: refusing to bind {args.host} without --api-key (anyone who can "
-              "reach it could use the model); bind 127.0.0.1 or set an API key", file=sys.stderr)
+        print(
+            f"goinfer serve: refusing to bind {args.host} without --api-key (anyone who can "
+            "reach it could use the model); bind 127.0.0.1 or set an API key",
+            file=sys.stderr,
+        )
         return 2
     from goinfer.server import anthropic_request as ar
     from goinfer.server.errors import APIError
 
     for env, value, validate, name in (
-            (ar.NORMALIZE_ENV, args.anthropic_normalize, ar.Normalize.parse, "normalize"),
-            (ar.DEFAULTS_ENV, args.anthropic_defaults, ar.parse_defaults, "defaults")):
+        (ar.NORMALIZE_ENV, args.anthropic_normalize, ar.Normalize.parse, "normalize"),
+        (ar.DEFAULTS_ENV, args.anthropic_defaults, ar.parse_defaults, "defaults"),
+    ):
         try:
             validate(value)
         except (ValueError, APIError) as e:
@@ -121,31 +182,49 @@ def run(args) -> int:
         try:
             from goinfer.server.ray import serve_cli
         except ImportError as e:
-            print(f"goinfer serve --replicas needs the ray extra: pip install 'goinfer[ray]' ({e})",
-                  file=sys.stderr)
+            print(
+                f"goinfer serve --replicas needs the ray extra: pip install 'goinfer[ray]' ({e})",
+                file=sys.stderr,
+            )
             return 2
         return serve_cli(args)
     try:
         import uvicorn
     except ImportError:
-        print("goinfer serve needs the server extra: pip install 'goinfer[server]'", file=sys.stderr)
+        print(
+            "goinfer serve needs the server extra: pip install 'goinfer[server]'", file=sys.stderr
+        )
         return 2
     from goinfer.kv_cache import KVCache
     from goinfer.model import Model
     from goinfer.server.app import create_app
 
-    model = Model.load(args.model, threads=args.threads, exact=args.exact,
-                       context_length=args.ctx, kv_dtype=args.kv_dtype)
+    model = Model.load(
+        args.model,
+        threads=args.threads,
+        exact=args.exact,
+        context_length=args.ctx,
+        kv_dtype=args.kv_dtype,
+    )
     cache = KVCache(model, max_tokens=args.kv_tokens)
     model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)
-    app = create_app(model, cache, model_id=model_id, api_key=args.api_key,
-                     max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefill_chunk=args.prefill_chunk, max_body_bytes=args.max_body,
-                     draft=None if args.draft == "none" else args.draft,
-                     draft_tokens=args.draft_tokens)
-    print(f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
-          f"KV cache {cache.max_tokens} tokens, {cache.dtype}) on http://{args.host}:{args.port}/v1",
-          file=sys.stderr)
+    app = create_app(
+        model,
+        cache,
+        model_id=model_id,
+        api_key=args.api_key,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk,
+        max_body_bytes=args.max_body,
+        draft=None if args.draft == "none" else args.draft,
+        draft_tokens=args.draft_tokens,
+    )
+    print(
+        f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
+        f"KV cache {cache.max_tokens} tokens, {cache.dtype}) on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -165,8 +244,9 @@ class Client:
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         data = None if body is None else json.dumps(body).encode()
-        return urllib.request.Request(self.base + path, data=data, headers=headers,
-                                      method="GET" if body is None else "POST")
+        return urllib.request.Request(
+            self.base + path, data=data, headers=headers, method="GET" if body is None else "POST"
+        )
 
     def get(self, path: str) -> dict:
         with urllib.request.urlopen(self._req(path), timeout=600) as r:
@@ -181,8 +261,16 @@ class Client:
         replica (the X-Goinfer-Replica header of a server on Ray Serve, else None)."""
         body = dict(body, stream=True, stream_options={"include_usage": True})
         t0 = time.perf_counter()
-        out: dict[str, Any] = {"text": "", "chunks": 0, "pings": 0, "ttft_s": None, "usage": None,
-               "timings": None, "finish_reason": None, "done": False}
+        out: dict[str, Any] = {
+            "text": "",
+            "chunks": 0,
+            "pings": 0,
+            "ttft_s": None,
+            "usage": None,
+            "timings": None,
+            "finish_reason": None,
+            "done": False,
+        }
         with urllib.request.urlopen(self._req(path, body), timeout=600) as r:
             out["replica"] = r.headers.get("x-goinfer-replica")
             for raw in r:
@@ -221,15 +309,26 @@ def long_prompt(n_words: int = 2000, seed: int = 0) -> str:
     import random
 
     rng = random.Random(seed)
-    nouns = ("agent tool file cache prompt server token model request reply branch test queue "
-             "thread kernel block layer matrix vector record index table report note").split()
-    verbs = ("reads writes checks builds sends keeps finds sorts merges splits loads saves "
-             "counts moves opens closes").split()
+    nouns = (
+        "agent tool file cache prompt server token model request reply branch test queue "
+        "thread kernel block layer matrix vector record index table report note"
+    ).split()
+    verbs = (
+        "reads writes checks builds sends keeps finds sorts merges splits loads saves "
+        "counts moves opens closes"
+    ).split()
     adjs = "small large new old fast slow shared local long short plain exact".split()
     words: list[str] = []
     while len(words) < n_words:
-        s = [rng.choice(("The", "A", "Each", "Every")), rng.choice(adjs), rng.choice(nouns),
-             rng.choice(verbs), "the", rng.choice(adjs), rng.choice(nouns) + "."]
+        s = [
+            rng.choice(("The", "A", "Each", "Every")),
+            rng.choice(adjs),
+            rng.choice(nouns),
+            rng.choice(verbs),
+            "the",
+            rng.choice(adjs),
+            rng.choice(nouns) + ".",
+        ]
         words += s
     return " ".join(words[:n_words])
 
@@ -268,24 +367,37 @@ def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
         row("chat time to first token", s["ttft_s"] * 1e3 if s["ttft_s"] else float("nan"), "ms")
         n = u.get("completion_tokens", 0)
         gen_s = s["total_s"] - (s["ttft_s"] or 0)
-        row("chat decode speed", (n - 1) / gen_s if n > 1 and gen_s > 0 else 0.0, "tok/s",
-            "client side, first token excluded")
+        row(
+            "chat decode speed",
+            (n - 1) / gen_s if n > 1 and gen_s > 0 else 0.0,
+            "tok/s",
+            "client side, first token excluded",
+        )
         row("chat usage prompt_tokens", u.get("prompt_tokens"), "tok")
         row("chat usage completion_tokens", n, "tok")
-        row("chat usage cached_tokens", (u.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            "tok")
-        row("chat server predicted_per_second",
-            float((s["timings"] or {}).get("predicted_per_second", 0.0)), "tok/s")
+        row(
+            "chat usage cached_tokens",
+            (u.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            "tok",
+        )
+        row(
+            "chat server predicted_per_second",
+            float((s["timings"] or {}).get("predicted_per_second", 0.0)),
+            "tok/s",
+        )
     except Exception as e:  # noqa: BLE001
         fail("chat", e)
         s = None
     try:
         full = c.post(chat, base)
         text = full["choices"][0]["message"]["content"]
-        row("streaming chunks", s["chunks"] if s else 0, "", "stream done: "
-            + ("yes" if s and s["done"] else "no"))
-        row("streaming text equals non-streaming", int(s is not None and s["text"] == text),
-            "bool")
+        row(
+            "streaming chunks",
+            s["chunks"] if s else 0,
+            "",
+            "stream done: " + ("yes" if s and s["done"] else "no"),
+        )
+        row("streaming text equals non-streaming", int(s is not None and s["text"] == text), "bool")
     except Exception as e:  # noqa: BLE001
         fail("streaming", e)
         text = ""
@@ -299,26 +411,41 @@ def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
             got = r["choices"][0]["message"]["content"]
             rs = c.stream(chat, dict(base, stop=[stop]))
             good = got == prefix and rs["text"] == prefix and stop not in got + rs["text"]
-            row("stop sequence honoured, not leaked", int(good), "bool",
-                f"stop={stop!r} finish={r['choices'][0]['finish_reason']}")
+            row(
+                "stop sequence honoured, not leaked",
+                int(good),
+                "bool",
+                f"stop={stop!r} finish={r['choices'][0]['finish_reason']}",
+            )
             if not good:
                 ok = False
     except Exception as e:  # noqa: BLE001
         fail("stop sequence", e)
     nonce = secrets.token_hex(4)
-    long_msgs = [{"role": "system", "content": f"Run {nonce}. Read the log and answer briefly.\n"
-                  + long_prompt(long_words)},
-                 {"role": "user", "content": "In one sentence: what does the log talk about?"}]
+    long_msgs = [
+        {
+            "role": "system",
+            "content": f"Run {nonce}. Read the log and answer briefly.\n" + long_prompt(long_words),
+        },
+        {"role": "user", "content": "In one sentence: what does the log talk about?"},
+    ]
     long_body = {"model": model, "messages": long_msgs, "max_tokens": 16, "temperature": 0}
     for label in (f"long prompt (~{long_words} words)", "same long prompt again"):
         try:
             s = c.stream(chat, long_body)
             u = s["usage"] or {}
-            row(f"{label}: time to first token", s["ttft_s"] * 1e3 if s["ttft_s"] else
-                s["total_s"] * 1e3, "ms", f"{s['pings']} pings")
+            row(
+                f"{label}: time to first token",
+                s["ttft_s"] * 1e3 if s["ttft_s"] else s["total_s"] * 1e3,
+                "ms",
+                f"{s['pings']} pings",
+            )
             row(f"{label}: prompt_tokens", u.get("prompt_tokens"), "tok")
-            row(f"{label}: cached_tokens",
-                (u.get("prompt_tokens_details") or {}).get("cached_tokens"), "tok")
+            row(
+                f"{label}: cached_tokens",
+                (u.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                "tok",
+            )
         except Exception as e:  # noqa: BLE001
             fail(label, e)
     try:
@@ -326,8 +453,9 @@ def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
 
         def one(i):
             m = [{"role": "user", "content": f"Client {i}: count from {i} to {i + 9}."}]
-            res[i] = c.stream(chat, {"model": model, "messages": m, "max_tokens": 32,
-                                     "temperature": 0})
+            res[i] = c.stream(
+                chat, {"model": model, "messages": m, "max_tokens": 32, "temperature": 0}
+            )
 
         t0 = time.perf_counter()
         ths = [threading.Thread(target=one, args=(i,)) for i in range(4)]
@@ -338,9 +466,17 @@ def check(url: str, api_key: str | None, long_words: int = 2000) -> int:
         wall = time.perf_counter() - t0
         toks = sum((r["usage"] or {}).get("completion_tokens", 0) for r in res)
         ttfts = [r["ttft_s"] * 1e3 for r in res if r["ttft_s"] is not None]
-        row("4 concurrent clients: aggregate", toks / wall, "tok/s", f"{toks} tokens in {wall:.1f} s")
-        row("4 concurrent clients: median TTFT", statistics.median(ttfts) if ttfts else float("nan"),
-            "ms")
+        row(
+            "4 concurrent clients: aggregate",
+            toks / wall,
+            "tok/s",
+            f"{toks} tokens in {wall:.1f} s",
+        )
+        row(
+            "4 concurrent clients: median TTFT",
+            statistics.median(ttfts) if ttfts else float("nan"),
+            "ms",
+        )
         row("4 concurrent clients: max latency", max(r["total_s"] for r in res) * 1e3, "ms")
     except Exception as e:  # noqa: BLE001
         fail("concurrent clients", e)

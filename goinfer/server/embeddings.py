@@ -10,6 +10,7 @@ A text is tokenized with the model's special tokens (BOS, and EOS where the GGUF
 token ids are taken as given.  A model that is not an embedding model is a 400 naming
 ``model``.  The vectors are computed in a worker thread, between two of the engine's steps.
 """
+
 from __future__ import annotations
 
 import base64
@@ -40,12 +41,15 @@ def mount(app: FastAPI, srv: Served) -> None:
         body = await read_json(request, srv.max_body)
         inputs, fmt = _parse(body, model)
         if model.pooling is None:
-            raise bad(f"the model {srv.model_id!r} is not an embedding model (its GGUF has no "
-                      "mean, CLS or last-token pooling)", "model", "invalid_value")
+            raise bad(
+                f"the model {srv.model_id!r} is not an embedding model (its GGUF has no "
+                "mean, CLS or last-token pooling)",
+                "model",
+                "invalid_value",
+            )
 
         def run():
-            ids = [model.tokenize(x, add_special=True) if isinstance(x, str) else x
-                   for x in inputs]
+            ids = [model.tokenize(x, add_special=True) if isinstance(x, str) else x for x in inputs]
             return ids, embed(model, ids)
 
         try:
@@ -56,10 +60,15 @@ def mount(app: FastAPI, srv: Served) -> None:
             raise bad(str(e), e.param, "invalid_value", e) from None
         n = sum(len(x) for x in ids)
         srv.counts.add("/v1/embeddings", 200)
-        return {"object": "list", "model": srv.model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": _encoded(v, fmt)}
-                         for i, v in enumerate(vecs)],
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
+        return {
+            "object": "list",
+            "model": srv.model_id,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encoded(v, fmt)}
+                for i, v in enumerate(vecs)
+            ],
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+        }
 
 
 def _parse(body, model) -> tuple[list, str]:
@@ -77,25 +86,37 @@ def _parse(body, model) -> tuple[list, str]:
     elif isinstance(x, list) and x and all(isinstance(t, (str, list)) for t in x):
         inputs = x
     else:
-        raise bad("'input' must be a string, a list of strings, a list of token ids or a list "
-                  "of those", "input", "invalid_type")
+        raise bad(
+            "'input' must be a string, a list of strings, a list of token ids or a list of those",
+            "input",
+            "invalid_type",
+        )
     if len(inputs) > MAX_INPUTS:
         raise bad(f"at most {MAX_INPUTS} inputs, got {len(inputs)}", "input", "invalid_value")
     for t in inputs:
-        if isinstance(t, list) and not (t and all(F.is_int(i) and 0 <= i < model.vocab_size
-                                                  for i in t)):
-            raise bad(f"token ids must be a non-empty list in 0..{model.vocab_size - 1}",
-                      "input", "invalid_value")
+        if isinstance(t, list) and not (
+            t and all(F.is_int(i) and 0 <= i < model.vocab_size for i in t)
+        ):
+            raise bad(
+                f"token ids must be a non-empty list in 0..{model.vocab_size - 1}",
+                "input",
+                "invalid_value",
+            )
         if isinstance(t, str) and not t:
             raise bad("an input is empty", "input", "invalid_value")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
-        raise bad("'encoding_format' must be 'float' or 'base64'", "encoding_format",
-                  "invalid_value")
+        raise bad(
+            "'encoding_format' must be 'float' or 'base64'", "encoding_format", "invalid_value"
+        )
     d = F.integer(body, "dimensions", 1, None, None)
     if d is not None and d != model.config.d_model:
-        raise bad(f"this model's embeddings have {model.config.d_model} dimensions (no other "
-                  "size is offered)", "dimensions", "unsupported_value")
+        raise bad(
+            f"this model's embeddings have {model.config.d_model} dimensions (no other "
+            "size is offered)",
+            "dimensions",
+            "unsupported_value",
+        )
     return inputs, fmt
 
 

@@ -1,5 +1,6 @@
 """Checks of a JSON request body's fields, shared by every route: a field of the wrong type or
 out of range raises a 400 naming it.  Booleans are never accepted as numbers."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,18 @@ import math
 
 from goinfer.server.errors import bad
 
-__all__ = ["is_int", "is_num", "number", "integer", "boolean", "string", "stop_strings",
-           "logit_bias", "MAX_STOPS", "MAX_STOP_LEN"]
+__all__ = [
+    "is_int",
+    "is_num",
+    "number",
+    "integer",
+    "boolean",
+    "string",
+    "stop_strings",
+    "logit_bias",
+    "MAX_STOPS",
+    "MAX_STOP_LEN",
+]
 
 MAX_STOPS = 16
 MAX_STOP_LEN = 1000
@@ -82,8 +93,9 @@ def stop_strings(body: dict, name: str = "stop") -> list[str]:
     if len(v) > MAX_STOPS:
         raise bad(f"'{name}' has {len(v)} sequences; at most {MAX_STOPS}", name, "invalid_value")
     if any(len(s) > MAX_STOP_LEN for s in v):
-        raise bad(f"a stop sequence is longer than {MAX_STOP_LEN} characters", name,
-                  "invalid_value")
+        raise bad(
+            f"a stop sequence is longer than {MAX_STOP_LEN} characters", name, "invalid_value"
+        )
     return [s for s in v if s]
 
 
@@ -92,20 +104,30 @@ def logit_bias(body: dict, vocab_size: int) -> dict[int, float] | None:
     if v is None:
         return None
     if not isinstance(v, dict):
-        raise bad("'logit_bias' must be an object mapping token ids to numbers", "logit_bias",
-                  "invalid_type")
+        raise bad(
+            "'logit_bias' must be an object mapping token ids to numbers",
+            "logit_bias",
+            "invalid_type",
+        )
     out = {}
     for k, x in v.items():
         try:
             tid = int(k)
         except (TypeError, ValueError):
-            raise bad(f"'logit_bias' key {k!r} is not a token id", "logit_bias",
-                      "invalid_value") from None
+            raise bad(
+                f"'logit_bias' key {k!r} is not a token id", "logit_bias", "invalid_value"
+            ) from None
         if not 0 <= tid < vocab_size:
-            raise bad(f"'logit_bias' token id {tid} is out of range 0..{vocab_size - 1}",
-                      "logit_bias", "invalid_value")
+            raise bad(
+                f"'logit_bias' token id {tid} is out of range 0..{vocab_size - 1}",
+                "logit_bias",
+                "invalid_value",
+            )
         if not is_num(x) or not -100 <= x <= 100:
-            raise bad(f"'logit_bias' value for {tid} must be a number in [-100, 100]",
-                      "logit_bias", "invalid_value")
+            raise bad(
+                f"'logit_bias' value for {tid} must be a number in [-100, 100]",
+                "logit_bias",
+                "invalid_value",
+            )
         out[tid] = float(x)
     return out

@@ -1,4 +1,5 @@
 """Prometheus text exposition of the server's counters (no client library needed)."""
+
 from __future__ import annotations
 
 import threading
@@ -66,55 +67,129 @@ def render(engine, cache, counts: RequestCounts, keys: KeyStats | None = None) -
             lab = ",".join(f'{k}="{_esc(str(v))}"' for k, v in labels.items())
             lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
 
-    metric("goinfer_http_requests_total", "counter", "HTTP responses by route and status code.",
-           [({"route": p, "code": c}, n) for (p, c), n in counts.items()])
-    metric("goinfer_requests_total", "counter", "Generation requests by outcome.",
-           [({"outcome": "finished"}, engine.n_finished),
+    metric(
+        "goinfer_http_requests_total",
+        "counter",
+        "HTTP responses by route and status code.",
+        [({"route": p, "code": c}, n) for (p, c), n in counts.items()],
+    )
+    metric(
+        "goinfer_requests_total",
+        "counter",
+        "Generation requests by outcome.",
+        [
+            ({"outcome": "finished"}, engine.n_finished),
             ({"outcome": "cancelled"}, engine.n_cancelled),
-            ({"outcome": "failed"}, engine.n_failed)])
-    metric("goinfer_preemptions_total", "counter",
-           "Requests sent back to the queue because the KV cache was full.",
-           [({}, engine.n_preempted)])
-    metric("goinfer_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-           [({}, engine.prompt_tokens)])
-    metric("goinfer_prefix_cache_hit_tokens_total", "counter",
-           "Prompt tokens served from the shared prefix cache.", [({}, engine.cached_tokens)])
-    metric("goinfer_prefill_tokens_total", "counter",
-           "Prompt tokens computed (not cached), recomputation after preemption included.",
-           [({}, engine.prefill_tokens)])
-    metric("goinfer_decode_tokens_total", "counter", "Tokens run as decode steps.",
-           [({}, engine.decode_tokens)])
-    metric("goinfer_completion_tokens_total", "counter", "Tokens generated for finished requests.",
-           [({}, engine.completion_tokens)])
+            ({"outcome": "failed"}, engine.n_failed),
+        ],
+    )
+    metric(
+        "goinfer_preemptions_total",
+        "counter",
+        "Requests sent back to the queue because the KV cache was full.",
+        [({}, engine.n_preempted)],
+    )
+    metric(
+        "goinfer_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests.",
+        [({}, engine.prompt_tokens)],
+    )
+    metric(
+        "goinfer_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the shared prefix cache.",
+        [({}, engine.cached_tokens)],
+    )
+    metric(
+        "goinfer_prefill_tokens_total",
+        "counter",
+        "Prompt tokens computed (not cached), recomputation after preemption included.",
+        [({}, engine.prefill_tokens)],
+    )
+    metric(
+        "goinfer_decode_tokens_total",
+        "counter",
+        "Tokens run as decode steps.",
+        [({}, engine.decode_tokens)],
+    )
+    metric(
+        "goinfer_completion_tokens_total",
+        "counter",
+        "Tokens generated for finished requests.",
+        [({}, engine.completion_tokens)],
+    )
     metric("goinfer_engine_steps_total", "counter", "Batched forward steps.", [({}, engine.steps)])
-    metric("goinfer_engine_busy_seconds_total", "counter", "Time spent in forward steps.",
-           [({}, round(engine.busy_seconds, 6))])
+    metric(
+        "goinfer_engine_busy_seconds_total",
+        "counter",
+        "Time spent in forward steps.",
+        [({}, round(engine.busy_seconds, 6))],
+    )
     prefill_rate, decode_rate = engine.rates()
-    metric("goinfer_prefill_tokens_per_second", "gauge",
-           "Prompt tokens computed per second over the last 10 s.", [({}, round(prefill_rate, 3))])
-    metric("goinfer_decode_tokens_per_second", "gauge",
-           "Decode tokens per second (all sequences) over the last 10 s.",
-           [({}, round(decode_rate, 3))])
-    metric("goinfer_queue_depth", "gauge", "Requests waiting for a seat in the batch.",
-           [({}, engine.queue_depth)])
-    metric("goinfer_active_requests", "gauge", "Requests in the running batch.",
-           [({}, engine.n_active)])
+    metric(
+        "goinfer_prefill_tokens_per_second",
+        "gauge",
+        "Prompt tokens computed per second over the last 10 s.",
+        [({}, round(prefill_rate, 3))],
+    )
+    metric(
+        "goinfer_decode_tokens_per_second",
+        "gauge",
+        "Decode tokens per second (all sequences) over the last 10 s.",
+        [({}, round(decode_rate, 3))],
+    )
+    metric(
+        "goinfer_queue_depth",
+        "gauge",
+        "Requests waiting for a seat in the batch.",
+        [({}, engine.queue_depth)],
+    )
+    metric(
+        "goinfer_active_requests",
+        "gauge",
+        "Requests in the running batch.",
+        [({}, engine.n_active)],
+    )
     s = cache.stats()
-    metric("goinfer_kv_blocks", "gauge", "KV cache blocks by state.",
-           [({"state": "used"}, s.blocks_used), ({"state": "cached"}, s.blocks_cached),
-            ({"state": "free"}, s.blocks_free)])
-    metric("goinfer_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
-           [({}, s.blocks_total)])
+    metric(
+        "goinfer_kv_blocks",
+        "gauge",
+        "KV cache blocks by state.",
+        [
+            ({"state": "used"}, s.blocks_used),
+            ({"state": "cached"}, s.blocks_cached),
+            ({"state": "free"}, s.blocks_free),
+        ],
+    )
+    metric(
+        "goinfer_kv_blocks_total", "gauge", "KV cache blocks in the pool.", [({}, s.blocks_total)]
+    )
     metric("goinfer_kv_block_tokens", "gauge", "Tokens per KV block.", [({}, s.block_size)])
-    metric("goinfer_kv_evictions_total", "counter", "Cached KV blocks evicted for reuse.",
-           [({}, s.evictions)])
+    metric(
+        "goinfer_kv_evictions_total",
+        "counter",
+        "Cached KV blocks evicted for reuse.",
+        [({}, s.evictions)],
+    )
     rows = keys.items() if keys is not None else []
-    metric("goinfer_cache_key_requests_total", "counter",
-           f"Finished requests per conversation key (prompt_cache_key; the {MAX_KEYS} most "
-           "recently used keys).", [({"key": k}, r[0]) for k, r in rows])
-    metric("goinfer_cache_key_prompt_tokens_total", "counter",
-           "Prompt tokens per conversation key.", [({"key": k}, r[1]) for k, r in rows])
-    metric("goinfer_cache_key_cached_tokens_total", "counter",
-           "Prompt tokens served from the prefix cache per conversation key.",
-           [({"key": k}, r[2]) for k, r in rows])
+    metric(
+        "goinfer_cache_key_requests_total",
+        "counter",
+        f"Finished requests per conversation key (prompt_cache_key; the {MAX_KEYS} most "
+        "recently used keys).",
+        [({"key": k}, r[0]) for k, r in rows],
+    )
+    metric(
+        "goinfer_cache_key_prompt_tokens_total",
+        "counter",
+        "Prompt tokens per conversation key.",
+        [({"key": k}, r[1]) for k, r in rows],
+    )
+    metric(
+        "goinfer_cache_key_cached_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache per conversation key.",
+        [({"key": k}, r[2]) for k, r in rows],
+    )
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
 """What OpenAI's Chat Completions and Completions routes share: the common request fields,
 usage and timings objects, the response head, errors (``{"error": {...}}``) and the stream's
 ``data: [DONE]`` end."""
+
 from __future__ import annotations
 
 from goinfer.generation import GenerationResult, Timings
@@ -10,16 +11,44 @@ from goinfer.server.request import Request
 from goinfer.server.route import ApiRoute, ReplyInfo, sse
 from goinfer.speculative import DRAFTS, MAX_DRAFT_TOKENS
 
-__all__ = ["OpenAIRoute", "Options", "COMMON", "common_request", "usage", "timings", "combined",
-           "SSE_DONE"]
+__all__ = [
+    "OpenAIRoute",
+    "Options",
+    "COMMON",
+    "common_request",
+    "usage",
+    "timings",
+    "combined",
+    "SSE_DONE",
+]
 
 SSE_DONE = b"data: [DONE]\n\n"
 MAX_N = 128  # OpenAI's limit on n (the server's batch size may be lower: a 400 then)
 
-COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
-          "stop", "max_tokens", "presence_penalty", "frequency_penalty", "repeat_penalty",
-          "repeat_last_n", "logit_bias", "n", "user", "cache_salt", "return_tokens", "grammar",
-          "draft", "draft_tokens"}
+COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "max_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "logit_bias",
+    "n",
+    "user",
+    "cache_salt",
+    "return_tokens",
+    "grammar",
+    "draft",
+    "draft_tokens",
+}
 
 
 class Options:
@@ -46,8 +75,11 @@ def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) ->
     include_usage = False
     if so is not None:
         if not isinstance(so, dict) or set(so) - {"include_usage", "include_obfuscation"}:
-            raise bad("'stream_options' must be an object with 'include_usage'",
-                      "stream_options", "invalid_type")
+            raise bad(
+                "'stream_options' must be an object with 'include_usage'",
+                "stream_options",
+                "invalid_type",
+            )
         include_usage = F.boolean(so, "include_usage", False)
     top_p = F.number(body, "top_p", 0.0, 1.0, 1.0)
     top_k = F.integer(body, "top_k", 0, None, 0)
@@ -55,7 +87,8 @@ def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) ->
         top_p, top_k = 1.0, 1
     sampling = dict(
         temperature=F.number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=top_p, top_k=top_k,
+        top_p=top_p,
+        top_k=top_k,
         min_p=F.number(body, "min_p", 0.0, 1.0, 0.0),
         seed=F.integer(body, "seed", 0, 2**63 - 1, None),
         presence_penalty=F.number(body, "presence_penalty", -2.0, 2.0, 0.0),
@@ -71,39 +104,56 @@ def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) ->
             max_tokens = mct
     g = body.get("grammar")
     if g is not None and not isinstance(g, (str, dict)):
-        raise bad("'grammar' must be a Lark grammar string or {'regex': ...}", "grammar",
-                  "invalid_type")
+        raise bad(
+            "'grammar' must be a Lark grammar string or {'regex': ...}", "grammar", "invalid_type"
+        )
     draft = body.get("draft", ...)
     if draft is not ... and draft not in (None, "none", *DRAFTS):
-        raise bad(f"'draft' must be null, 'none' or one of {list(DRAFTS)}", "draft",
-                  "invalid_value")
-    return Request(kind=kind, n=n, stream=stream, max_tokens=max_tokens, sampling=sampling,
-                   stops=F.stop_strings(body),
-                   cache_salt=F.string(body, "cache_salt", max_len=1024),
-                   options=Options(include_usage and stream,
-                                   F.boolean(body, "return_tokens", False)),
-                   grammar=g, draft=None if draft is ... else draft in DRAFTS,
-                   draft_tokens=F.integer(body, "draft_tokens", 1, MAX_DRAFT_TOKENS, None))
+        raise bad(
+            f"'draft' must be null, 'none' or one of {list(DRAFTS)}", "draft", "invalid_value"
+        )
+    return Request(
+        kind=kind,
+        n=n,
+        stream=stream,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stops=F.stop_strings(body),
+        cache_salt=F.string(body, "cache_salt", max_len=1024),
+        options=Options(include_usage and stream, F.boolean(body, "return_tokens", False)),
+        grammar=g,
+        draft=None if draft is ... else draft in DRAFTS,
+        draft_tokens=F.integer(body, "draft_tokens", 1, MAX_DRAFT_TOKENS, None),
+    )
 
 
 # ============================================================================ replies
 
 
 def usage(result) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    }
 
 
 def timings(result) -> dict:
     """llama.cpp's timings object."""
     t = result.timings
     n_pred = result.completion_tokens
-    return {"prompt_n": t.prefill_tokens, "cache_n": result.cached_tokens,
-            "prompt_ms": t.prefill_ms, "prompt_per_second": t.prefill_tok_s,
-            "predicted_n": n_pred, "predicted_ms": t.decode_ms,
-            "predicted_per_second": n_pred / t.decode_ms * 1e3 if t.decode_ms > 0 else 0.0,
-            "draft_n": t.draft_tokens, "draft_n_accepted": t.draft_accepted}
+    return {
+        "prompt_n": t.prefill_tokens,
+        "cache_n": result.cached_tokens,
+        "prompt_ms": t.prefill_ms,
+        "prompt_per_second": t.prefill_tok_s,
+        "predicted_n": n_pred,
+        "predicted_ms": t.decode_ms,
+        "predicted_per_second": n_pred / t.decode_ms * 1e3 if t.decode_ms > 0 else 0.0,
+        "draft_n": t.draft_tokens,
+        "draft_n_accepted": t.draft_accepted,
+    }
 
 
 def combined(results: list[GenerationResult], n: int) -> GenerationResult:
@@ -115,18 +165,25 @@ def combined(results: list[GenerationResult], n: int) -> GenerationResult:
     firsts = results[::n]
     pre_ms = max(r.timings.prefill_ms for r in firsts)
     dec_ms = max(r.timings.decode_ms for r in results)
-    t = Timings(prefill_ms=pre_ms, decode_ms=dec_ms,
-                prefill_tokens=sum(r.timings.prefill_tokens for r in firsts),
-                decode_tokens=sum(r.timings.decode_tokens for r in results),
-                draft_tokens=sum(r.timings.draft_tokens for r in results),
-                draft_accepted=sum(r.timings.draft_accepted for r in results))
+    t = Timings(
+        prefill_ms=pre_ms,
+        decode_ms=dec_ms,
+        prefill_tokens=sum(r.timings.prefill_tokens for r in firsts),
+        decode_tokens=sum(r.timings.decode_tokens for r in results),
+        draft_tokens=sum(r.timings.draft_tokens for r in results),
+        draft_accepted=sum(r.timings.draft_accepted for r in results),
+    )
     t.prefill_tok_s = t.prefill_tokens / pre_ms * 1e3 if pre_ms > 0 else 0.0
     t.decode_tok_s = t.decode_tokens / dec_ms * 1e3 if dec_ms > 0 else 0.0
-    return GenerationResult(text="", tokens=[], finish_reason="stop",
-                            prompt_tokens=sum(r.prompt_tokens for r in firsts),
-                            cached_tokens=sum(r.cached_tokens for r in firsts),
-                            completion_tokens=sum(r.completion_tokens for r in results),
-                            timings=t)
+    return GenerationResult(
+        text="",
+        tokens=[],
+        finish_reason="stop",
+        prompt_tokens=sum(r.prompt_tokens for r in firsts),
+        cached_tokens=sum(r.cached_tokens for r in firsts),
+        completion_tokens=sum(r.completion_tokens for r in results),
+        timings=t,
+    )
 
 
 class OpenAIRoute(ApiRoute):
@@ -137,8 +194,13 @@ class OpenAIRoute(ApiRoute):
     reply_object = ""  # the "object" of the whole reply
 
     def head(self, info: ReplyInfo, obj: str) -> dict:
-        return {"id": info.id, "object": obj, "created": info.created, "model": info.model_id,
-                "system_fingerprint": info.fingerprint}
+        return {
+            "id": info.id,
+            "object": obj,
+            "created": info.created,
+            "model": info.model_id,
+            "system_fingerprint": info.fingerprint,
+        }
 
     def choice(self, result: GenerationResult, req: Request, index: int) -> dict:
         """One choice of the whole reply (index, message or text, logprobs, finish_reason)."""

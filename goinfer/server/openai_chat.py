@@ -4,6 +4,7 @@ Body -> Request (the messages in the chat layer's form, tools, response_format, 
 settings); events -> ``chat.completion.chunk`` objects (``delta.content``,
 ``delta.reasoning_content``, ``delta.tool_calls``); the whole result -> a ``chat.completion``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,37 @@ from goinfer.server.route import SSE_PING, ReplyInfo, sse
 
 __all__ = ["ChatCompletions", "CHAT_ONLY", "ROLES"]
 
-CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-             "response_format", "logprobs", "top_logprobs", "store", "metadata", "service_tier",
-             "chat_template_kwargs", "functions", "function_call",
-             # accepted and ignored: hints that do not change what a local model computes
-             "reasoning_effort", "verbosity", "modalities", "prompt_cache_key",
-             "safety_identifier", "prompt_cache_retention", "prompt_cache_options", "prediction",
-             # accepted when null (no audio, web search or moderation here)
-             "audio", "web_search_options", "moderation"}
+CHAT_ONLY = {
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_completion_tokens",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "store",
+    "metadata",
+    "service_tier",
+    "chat_template_kwargs",
+    "functions",
+    "function_call",
+    # accepted and ignored: hints that do not change what a local model computes
+    "reasoning_effort",
+    "verbosity",
+    "modalities",
+    "prompt_cache_key",
+    "safety_identifier",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "prediction",
+    # accepted when null (no audio, web search or moderation here)
+    "audio",
+    "web_search_options",
+    "moderation",
+}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
-NOT_HERE = {"audio": "audio output", "web_search_options": "web search",
-            "moderation": "moderation"}
+NOT_HERE = {"audio": "audio output", "web_search_options": "web search", "moderation": "moderation"}
 CACHE_RETENTIONS = ("in_memory", "24h")
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 EFFORTS = ("low", "medium", "high")
@@ -48,16 +69,19 @@ class ChatCompletions(OpenAIRoute):
         req = common_request(body, "chat", COMMON | CHAT_ONLY, vocab_size)
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            raise bad("'messages' must be a non-empty list", "messages",
-                      "invalid_type" if not isinstance(msgs, list) else "invalid_value")
-        req.messages = [_message(m, f"messages[{i}]")
-                        for i, m in enumerate(legacy.history(msgs))]
+            raise bad(
+                "'messages' must be a non-empty list",
+                "messages",
+                "invalid_type" if not isinstance(msgs, list) else "invalid_value",
+            )
+        req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(legacy.history(msgs))]
         tools, choice, parallel, functions = legacy.tool_fields(body)
         try:
             check_tools(tools, choice, parallel)
         except ToolError as e:
-            raise bad(str(e), legacy.param(e.param) if functions else e.param,
-                      "invalid_value") from None
+            raise bad(
+                str(e), legacy.param(e.param) if functions else e.param, "invalid_value"
+            ) from None
         req.tools, req.tool_choice, req.parallel_tool_calls = tools or None, choice, parallel
         req.options.functions = functions
         F.boolean(body, "store", False)
@@ -85,14 +109,31 @@ class ChatCompletions(OpenAIRoute):
         if req.options.functions:
             message, finish = legacy.reply_message(message), legacy.finish_reason(finish)
         entries = result.logprobs["content"] if result.logprobs is not None else None
-        return {"index": index, "message": message, "logprobs": _logprobs(entries),
-                "finish_reason": finish}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": _logprobs(entries),
+            "finish_reason": finish,
+        }
 
-    def chunk(self, req: Request, info: ReplyInfo, delta: dict, logprobs=None,
-              finish: str | None = None, choice: int = 0) -> dict:
+    def chunk(
+        self,
+        req: Request,
+        info: ReplyInfo,
+        delta: dict,
+        logprobs=None,
+        finish: str | None = None,
+        choice: int = 0,
+    ) -> dict:
         out = self.head(info, self.chunk_object)
-        out["choices"] = [{"index": choice, "delta": delta, "logprobs": _logprobs(logprobs),
-                           "finish_reason": finish}]
+        out["choices"] = [
+            {
+                "index": choice,
+                "delta": delta,
+                "logprobs": _logprobs(logprobs),
+                "finish_reason": finish,
+            }
+        ]
         if req.options.include_usage:
             out["usage"] = None
         return out
@@ -105,25 +146,32 @@ class ChatCompletions(OpenAIRoute):
             if isinstance(ev, Ping):
                 yield SSE_PING
             elif isinstance(ev, TextDelta):
-                yield sse(self.chunk(req, info, {"content": ev.text}, ev.logprobs,
-                                     choice=ev.choice))
+                yield sse(
+                    self.chunk(req, info, {"content": ev.text}, ev.logprobs, choice=ev.choice)
+                )
             elif isinstance(ev, ReasoningDelta):
-                yield sse(self.chunk(req, info, {"reasoning_content": ev.text}, ev.logprobs,
-                                     choice=ev.choice))
+                yield sse(
+                    self.chunk(
+                        req, info, {"reasoning_content": ev.text}, ev.logprobs, choice=ev.choice
+                    )
+                )
             elif isinstance(ev, ToolCallDelta):
-                delta = (legacy.stream_delta(ev) if req.options.functions
-                         else {"tool_calls": [ev.as_openai()]})
+                delta = (
+                    legacy.stream_delta(ev)
+                    if req.options.functions
+                    else {"tool_calls": [ev.as_openai()]}
+                )
                 yield sse(self.chunk(req, info, delta, ev.logprobs, choice=ev.choice))
             elif isinstance(ev, Done):
                 finish = ev.result.finish_reason
                 if req.options.functions:
                     finish = legacy.finish_reason(finish)
-                yield self.end_chunk(self.chunk(req, info, {}, ev.logprobs, finish, ev.choice),
-                                     ev.result)
+                yield self.end_chunk(
+                    self.chunk(req, info, {}, ev.logprobs, finish, ev.choice), ev.result
+                )
                 results[ev.choice] = ev.result
                 if len(results) == req.n_choices:
-                    for x in self.last_chunks([results[i] for i in sorted(results)], req,
-                                              info):
+                    for x in self.last_chunks([results[i] for i in sorted(results)], req, info):
                         yield x
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
@@ -142,15 +190,19 @@ def _message(m, where: str) -> dict:
         raise bad(f"{where} must be an object", "messages", "invalid_type")
     role = m.get("role")
     if not isinstance(role, str) or role not in ROLES:
-        raise bad(f"{where}: 'role' must be one of {sorted(ROLES)}, got {role!r}", "messages",
-                  "invalid_value")
+        raise bad(
+            f"{where}: 'role' must be one of {sorted(ROLES)}, got {role!r}",
+            "messages",
+            "invalid_value",
+        )
     msg = dict(m)
     msg["role"] = "system" if role == "developer" else role
     msg["content"] = _text_content(m.get("content"), where)
     if m.get("tool_calls") is not None:
         if role != "assistant":
-            raise bad(f"{where}: only assistant messages have 'tool_calls'", "messages",
-                      "invalid_value")
+            raise bad(
+                f"{where}: only assistant messages have 'tool_calls'", "messages", "invalid_value"
+            )
         _check_tool_calls(m["tool_calls"], where)
     if msg["content"] is None and not (role == "assistant" and m.get("tool_calls")):
         raise bad(f"{where}: 'content' is required", "messages", "invalid_value")
@@ -163,15 +215,24 @@ def _text_content(content, where: str) -> str | None:
     if isinstance(content, list):
         parts = []
         for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(
-                    p.get("text"), str):
+            if (
+                not isinstance(p, dict)
+                or p.get("type") != "text"
+                or not isinstance(p.get("text"), str)
+            ):
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise bad(f"{where}: only text content parts are supported (got {kind!r})",
-                          "messages", "unsupported_content")
+                raise bad(
+                    f"{where}: only text content parts are supported (got {kind!r})",
+                    "messages",
+                    "unsupported_content",
+                )
             parts.append(p["text"])
         return "".join(parts)
-    raise bad(f"{where}: 'content' must be a string, a list of text parts or null", "messages",
-              "invalid_type")
+    raise bad(
+        f"{where}: 'content' must be a string, a list of text parts or null",
+        "messages",
+        "invalid_type",
+    )
 
 
 def _check_tool_calls(calls, where: str) -> None:
@@ -180,11 +241,18 @@ def _check_tool_calls(calls, where: str) -> None:
         raise bad(f"{where}: 'tool_calls' must be a list", "messages", "invalid_type")
     for j, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                fn.get("arguments", ""), str) or not isinstance(c.get("id", ""), str):
-            raise bad(f"{where}.tool_calls[{j}] must be {{'id': str, 'type': 'function', "
-                      "'function': {'name': str, 'arguments': str}}", "messages",
-                      "invalid_value")
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", ""), str)
+            or not isinstance(c.get("id", ""), str)
+        ):
+            raise bad(
+                f"{where}.tool_calls[{j}] must be {{'id': str, 'type': 'function', "
+                "'function': {'name': str, 'arguments': str}}",
+                "messages",
+                "invalid_value",
+            )
 
 
 def _unhonoured(body: dict) -> None:
@@ -193,37 +261,63 @@ def _unhonoured(body: dict) -> None:
     output); a value that would change it is a 400 naming the field."""
     for name, what in NOT_HERE.items():
         if body.get(name) is not None:
-            raise bad(f"'{name}' is not supported: goinfer has no {what}", name,
-                      "unsupported_value")
+            raise bad(
+                f"'{name}' is not supported: goinfer has no {what}", name, "unsupported_value"
+            )
     mods = body.get("modalities")
     if mods is not None:
         if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
             raise bad("'modalities' must be a list of strings", "modalities", "invalid_type")
         if set(mods) - {"text"}:
-            raise bad("only text output is supported ('modalities': ['text'])", "modalities",
-                      "unsupported_value")
+            raise bad(
+                "only text output is supported ('modalities': ['text'])",
+                "modalities",
+                "unsupported_value",
+            )
     pred = body.get("prediction")  # a predicted output makes OpenAI's reply faster, not other
-    if pred is not None and not (isinstance(pred, dict) and set(pred) == {"type", "content"}
-                                 and pred["type"] == "content" and _is_text(pred["content"])):
-        raise bad("'prediction' must be {'type': 'content', 'content': a string or text parts}",
-                  "prediction", "invalid_value")
+    if pred is not None and not (
+        isinstance(pred, dict)
+        and set(pred) == {"type", "content"}
+        and pred["type"] == "content"
+        and _is_text(pred["content"])
+    ):
+        raise bad(
+            "'prediction' must be {'type': 'content', 'content': a string or text parts}",
+            "prediction",
+            "invalid_value",
+        )
     ret = body.get("prompt_cache_retention")
     if ret is not None and ret not in CACHE_RETENTIONS:
-        raise bad(f"'prompt_cache_retention' must be one of {list(CACHE_RETENTIONS)}, got "
-                  f"{json.dumps(ret)[:40]}", "prompt_cache_retention", "invalid_value")
+        raise bad(
+            f"'prompt_cache_retention' must be one of {list(CACHE_RETENTIONS)}, got "
+            f"{json.dumps(ret)[:40]}",
+            "prompt_cache_retention",
+            "invalid_value",
+        )
     opts = body.get("prompt_cache_options")
-    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"mode", "ttl"}
-                             or opts.get("mode") not in (None, "implicit", "explicit")
-                             or not isinstance(opts.get("ttl", ""), str)):
-        raise bad("'prompt_cache_options' must be {'mode': 'implicit' | 'explicit', 'ttl': str}",
-                  "prompt_cache_options", "invalid_value")
+    if opts is not None and (
+        not isinstance(opts, dict)
+        or set(opts) - {"mode", "ttl"}
+        or opts.get("mode") not in (None, "implicit", "explicit")
+        or not isinstance(opts.get("ttl", ""), str)
+    ):
+        raise bad(
+            "'prompt_cache_options' must be {'mode': 'implicit' | 'explicit', 'ttl': str}",
+            "prompt_cache_options",
+            "invalid_value",
+        )
 
 
 def _is_text(content) -> bool:
     """Is content a string or a list of text parts?"""
-    return isinstance(content, str) or isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content)
+    return (
+        isinstance(content, str)
+        or isinstance(content, list)
+        and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
+    )
 
 
 def _template_kwargs(body: dict) -> dict:
@@ -233,17 +327,22 @@ def _template_kwargs(body: dict) -> dict:
     if kw is None:
         kw = {}
     if not isinstance(kw, dict):
-        raise bad("'chat_template_kwargs' must be an object", "chat_template_kwargs",
-                  "invalid_type")
+        raise bad(
+            "'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type"
+        )
     bad_keys = sorted(k for k in kw if k in RESERVED_TEMPLATE_VARS or not k.isidentifier())
     if bad_keys:
-        raise bad(f"'chat_template_kwargs' cannot set {bad_keys}", "chat_template_kwargs",
-                  "invalid_value")
+        raise bad(
+            f"'chat_template_kwargs' cannot set {bad_keys}", "chat_template_kwargs", "invalid_value"
+        )
     kw = dict(kw)
     effort = body.get("reasoning_effort")
     if effort is not None and not isinstance(effort, str):
-        raise bad(f"'reasoning_effort' must be a string, got {json.dumps(effort)[:40]}",
-                  "reasoning_effort", "invalid_type")
+        raise bad(
+            f"'reasoning_effort' must be a string, got {json.dumps(effort)[:40]}",
+            "reasoning_effort",
+            "invalid_type",
+        )
     if effort in EFFORTS:  # other levels (OpenAI's "minimal", ...): no template knows them
         kw.setdefault("reasoning_effort", effort)
     return kw

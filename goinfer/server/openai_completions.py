@@ -4,6 +4,7 @@ Body -> Request (a raw prompt: text, BOS added, or token ids; or a batch of them
 order, n choices each); events -> ``text_completion`` chunks; logprobs in the legacy shape
 (``tokens``, ``token_logprobs``, ``top_logprobs`` as dicts, ``text_offset``).
 """
+
 from __future__ import annotations
 
 from goinfer import logprobs as lp
@@ -35,8 +36,11 @@ class Completions(OpenAIRoute):
         else:
             batch = [p]
         if len(batch) > MAX_PROMPTS:
-            raise bad(f"at most {MAX_PROMPTS} prompts per request, got {len(batch)}", "prompt",
-                      "invalid_value")
+            raise bad(
+                f"at most {MAX_PROMPTS} prompts per request, got {len(batch)}",
+                "prompt",
+                "invalid_value",
+            )
         for x in batch:
             _check_prompt(x, vocab_size)
         req.prompt = batch[0]
@@ -56,16 +60,34 @@ class Completions(OpenAIRoute):
 
     def choice(self, result, req: Request, index: int) -> dict:
         entries = result.logprobs["content"] if result.logprobs is not None else None
-        return {"index": index, "text": result.text, "logprobs": _logprobs(entries),
-                "finish_reason": result.finish_reason}
+        return {
+            "index": index,
+            "text": result.text,
+            "logprobs": _logprobs(entries),
+            "finish_reason": result.finish_reason,
+        }
 
-    def chunk(self, req: Request, info: ReplyInfo, text: str, logprobs=None, offset: int = 0,
-              finish: str | None = None, choice: int = 0) -> dict:
+    def chunk(
+        self,
+        req: Request,
+        info: ReplyInfo,
+        text: str,
+        logprobs=None,
+        offset: int = 0,
+        finish: str | None = None,
+        choice: int = 0,
+    ) -> dict:
         """logprobs: the entries of this chunk's tokens; offset: characters of completion text
         sent before it (the legacy text_offset)."""
         out = self.head(info, self.chunk_object)
-        out["choices"] = [{"index": choice, "text": text,
-                           "logprobs": _logprobs(logprobs, offset), "finish_reason": finish}]
+        out["choices"] = [
+            {
+                "index": choice,
+                "text": text,
+                "logprobs": _logprobs(logprobs, offset),
+                "finish_reason": finish,
+            }
+        ]
         if req.options.include_usage:
             out["usage"] = None
         return out
@@ -83,13 +105,13 @@ class Completions(OpenAIRoute):
                 yield sse(self.chunk(req, info, ev.text, ev.logprobs, at, choice=ev.choice))
                 sent[ev.choice] = at + len(ev.text)
             elif isinstance(ev, Done):
-                end = self.chunk(req, info, "", ev.logprobs, finish=ev.result.finish_reason,
-                                 choice=ev.choice)
+                end = self.chunk(
+                    req, info, "", ev.logprobs, finish=ev.result.finish_reason, choice=ev.choice
+                )
                 yield self.end_chunk(end, ev.result)
                 results[ev.choice] = ev.result
                 if len(results) == req.n_choices:
-                    for x in self.last_chunks([results[i] for i in sorted(results)], req,
-                                              info):
+                    for x in self.last_chunks([results[i] for i in sorted(results)], req, info):
                         yield x
             elif isinstance(ev, Failed):
                 yield self.stream_error(ev.error)
@@ -103,11 +125,15 @@ def _check_prompt(p, vocab_size: int) -> None:
             raise bad("'prompt' is empty", "prompt", "invalid_value")
     elif isinstance(p, list) and p and all(F.is_int(t) for t in p):
         if not all(0 <= t < vocab_size for t in p):
-            raise bad(f"'prompt' token ids must be in 0..{vocab_size - 1}", "prompt",
-                      "invalid_value")
+            raise bad(
+                f"'prompt' token ids must be in 0..{vocab_size - 1}", "prompt", "invalid_value"
+            )
     else:
-        raise bad("'prompt' must be a non-empty string, a list of token ids, or a list of "
-                  "those", "prompt", "invalid_type")
+        raise bad(
+            "'prompt' must be a non-empty string, a list of token ids, or a list of those",
+            "prompt",
+            "invalid_type",
+        )
 
 
 def _logprobs(entries: list[dict] | None, offset: int = 0):

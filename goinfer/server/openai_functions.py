@@ -7,6 +7,7 @@ results become tool calls and tool results (ids made up from their place in the 
 every turn renders the same prompt); the reply carries ``message.function_call`` (streamed as
 ``delta.function_call``) and finish_reason "function_call", as OpenAI answers such a request.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,20 +26,28 @@ def tool_fields(body: dict) -> tuple[list | None, object, object, bool]:
         return body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"), False
     for theirs in ("tools", "tool_choice", "parallel_tool_calls"):
         if body.get(theirs) is not None:
-            raise bad(f"give 'functions' / 'function_call' (deprecated) or '{theirs}', not both",
-                      "functions" if functions is not None else "function_call",
-                      "invalid_value")
+            raise bad(
+                f"give 'functions' / 'function_call' (deprecated) or '{theirs}', not both",
+                "functions" if functions is not None else "function_call",
+                "invalid_value",
+            )
     if functions is not None and not isinstance(functions, list):
-        raise bad("'functions' must be a list of {'name', 'description', 'parameters'}",
-                  "functions", "invalid_type")
+        raise bad(
+            "'functions' must be a list of {'name', 'description', 'parameters'}",
+            "functions",
+            "invalid_type",
+        )
     tools = [{"type": "function", "function": f} for f in functions or []] or None
     if call is None or call in ("auto", "none"):
         choice = call
     elif isinstance(call, dict) and set(call) == {"name"} and isinstance(call["name"], str):
         choice = {"type": "function", "function": {"name": call["name"]}}
     else:
-        raise bad("'function_call' must be 'auto', 'none' or {'name': ...}", "function_call",
-                  "invalid_value")
+        raise bad(
+            "'function_call' must be 'auto', 'none' or {'name': ...}",
+            "function_call",
+            "invalid_value",
+        )
     return tools, choice, False, True
 
 
@@ -60,24 +69,46 @@ def history(messages: list) -> list:
     tool results (the last call of that name)."""
     out, last = [], {}
     for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("function_call") is not None:
+        if (
+            isinstance(m, dict)
+            and m.get("role") == "assistant"
+            and m.get("function_call") is not None
+        ):
             fc = m["function_call"]
-            if not isinstance(fc, dict) or not isinstance(fc.get("name"), str) or not isinstance(
-                    fc.get("arguments", ""), str):
-                raise bad(f"messages[{i}].function_call must be {{'name': str, 'arguments': "
-                          "str}", "messages", "invalid_value")
+            if (
+                not isinstance(fc, dict)
+                or not isinstance(fc.get("name"), str)
+                or not isinstance(fc.get("arguments", ""), str)
+            ):
+                raise bad(
+                    f"messages[{i}].function_call must be {{'name': str, 'arguments': str}}",
+                    "messages",
+                    "invalid_value",
+                )
             cid = f"call{i:05d}"  # 9 letters and digits, as Mistral's templates want
             last[fc["name"]] = cid
             m = {k: v for k, v in m.items() if k != "function_call"}
-            m["tool_calls"] = [{"id": cid, "type": "function", "function": {
-                "name": fc["name"], "arguments": fc.get("arguments", "")}}]
+            m["tool_calls"] = [
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {"name": fc["name"], "arguments": fc.get("arguments", "")},
+                }
+            ]
         elif isinstance(m, dict) and m.get("role") == "function":
             name = m.get("name")
             if not isinstance(name, str):
-                raise bad(f"messages[{i}]: a 'function' message needs its function's 'name'",
-                          "messages", "invalid_value")
-            m = {"role": "tool", "tool_call_id": last.get(name, f"call{i:05d}"), "name": name,
-                 "content": m.get("content")}
+                raise bad(
+                    f"messages[{i}]: a 'function' message needs its function's 'name'",
+                    "messages",
+                    "invalid_value",
+                )
+            m = {
+                "role": "tool",
+                "tool_call_id": last.get(name, f"call{i:05d}"),
+                "name": name,
+                "content": m.get("content"),
+            }
         out.append(m)
     return out
 

@@ -16,6 +16,7 @@ Responses API, each with its ``sequence_number``: ``response.created``,
 (responses_store.py): ``previous_response_id`` continues its conversation, and
 GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items serve it.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,32 +48,83 @@ from goinfer.server.route import SSE_PING, ApiRoute, ReplyInfo, Served, authoriz
 __all__ = ["Responses", "ROUTE", "RESPONSES_FIELDS"]
 
 RESPONSES_FIELDS = {
-    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-    "max_output_tokens", "max_tool_calls", "temperature", "top_p", "top_logprobs", "text",
-    "reasoning", "store", "previous_response_id", "include", "metadata", "stream",
-    "stream_options", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "service_tier", "truncation", "user", "background", "conversation", "prompt",
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "max_tool_calls",
+    "temperature",
+    "top_p",
+    "top_logprobs",
+    "text",
+    "reasoning",
+    "store",
+    "previous_response_id",
+    "include",
+    "metadata",
+    "stream",
+    "stream_options",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "service_tier",
+    "truncation",
+    "user",
+    "background",
+    "conversation",
+    "prompt",
     "client_metadata",
     # goinfer's extensions, as in Chat Completions
-    "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "repeat_penalty",
-    "repeat_last_n", "logit_bias", "cache_salt", "draft", "draft_tokens",
-    "chat_template_kwargs"}
-INCLUDES = {"reasoning.encrypted_content", "message.output_text.logprobs",
-            "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
-            "code_interpreter_call.outputs", "computer_call_output.output.image_url",
-            "message.input_image.image_url"}
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "logit_bias",
+    "cache_salt",
+    "draft",
+    "draft_tokens",
+    "chat_template_kwargs",
+}
+INCLUDES = {
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+    "file_search_call.results",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+}
 # reasoning.effort -> chat template variables (gpt-oss reads reasoning_effort, Qwen3 and
 # others enable_thinking)
-EFFORTS = {"none": {"enable_thinking": False}, "minimal": {"reasoning_effort": "low"},
-           "low": {"reasoning_effort": "low"}, "medium": {"reasoning_effort": "medium"},
-           "high": {"reasoning_effort": "high"}, "xhigh": {"reasoning_effort": "high"}}
+EFFORTS = {
+    "none": {"enable_thinking": False},
+    "minimal": {"reasoning_effort": "low"},
+    "low": {"reasoning_effort": "low"},
+    "medium": {"reasoning_effort": "medium"},
+    "high": {"reasoning_effort": "high"},
+    "xhigh": {"reasoning_effort": "high"},
+}
 SUMMARIES = ("auto", "concise", "detailed")
 _FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ID = re.compile(r"resp_(?:([0-9a-f]{8})_)?[0-9a-f]{32}")
-ITEM_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_",
-               "custom_tool_call": "ctc_", "tool_search_call": "tsc_",
-               "function_call_output": "fco_", "custom_tool_call_output": "ctco_",
-               "tool_search_output": "tso_"}
+ITEM_PREFIX = {
+    "message": "msg_",
+    "reasoning": "rs_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+    "tool_search_call": "tsc_",
+    "function_call_output": "fco_",
+    "custom_tool_call_output": "ctco_",
+    "tool_search_output": "tso_",
+}
 
 
 def _new_item_id(kind: str) -> str:
@@ -112,9 +164,11 @@ class Responses(ApiRoute):
     def parse(self, body: dict, vocab_size: int) -> Request:
         req = common_request(body, "chat", RESPONSES_FIELDS, vocab_size)
         req.prompt_param = "input"
-        for k, what in (("background", "background responses"),
-                        ("conversation", "conversations (use previous_response_id)"),
-                        ("prompt", "prompt templates")):
+        for k, what in (
+            ("background", "background responses"),
+            ("conversation", "conversations (use previous_response_id)"),
+            ("prompt", "prompt templates"),
+        ):
             if body.get(k) not in (None, False):
                 raise bad(f"{what} are not supported", k, "unsupported_value")
         req.max_tokens = F.integer(body, "max_output_tokens", 1, None, None)
@@ -125,8 +179,9 @@ class Responses(ApiRoute):
         if inp is None and prev is None:
             raise bad("'input' is required", "input", "invalid_value")
         messages = conversation(inp if inp is not None else [], tools)
-        req.messages = ([{"role": "system", "content": instructions}] if instructions else []) \
-            + messages
+        req.messages = (
+            [{"role": "system", "content": instructions}] if instructions else []
+        ) + messages
         self._tools(req, body, tools)
         req.response_format = _text_format(body.get("text"))
         include = body.get("include") or []
@@ -139,7 +194,8 @@ class Responses(ApiRoute):
         req.logprobs = "message.output_text.logprobs" in include
         effort, summary = _reasoning(body.get("reasoning"))
         req.template_kwargs = _template_kwargs(
-            {"chat_template_kwargs": body.get("chat_template_kwargs")})
+            {"chat_template_kwargs": body.get("chat_template_kwargs")}
+        )
         for k, v in EFFORTS.get(effort, {}).items():
             req.template_kwargs.setdefault(k, v)
         req.cache_key = F.string(body, "prompt_cache_key", max_len=1024)
@@ -150,11 +206,18 @@ class Responses(ApiRoute):
         md = body.get("metadata")
         if md is not None and not isinstance(md, dict):
             raise bad("'metadata' must be an object", "metadata", "invalid_type")
-        req.options = Options(body=body, tools=tools, input_items=_items(inp),
-                              input_messages=messages, instructions=instructions,
-                              previous_response_id=prev, store=F.boolean(body, "store", True),
-                              encrypted="reasoning.encrypted_content" in include,
-                              summary=summary, logprobs=req.logprobs)
+        req.options = Options(
+            body=body,
+            tools=tools,
+            input_items=_items(inp),
+            input_messages=messages,
+            instructions=instructions,
+            previous_response_id=prev,
+            store=F.boolean(body, "store", True),
+            encrypted="reasoning.encrypted_content" in include,
+            summary=summary,
+            logprobs=req.logprobs,
+        )
         return req
 
     def _tools(self, req: Request, body: dict, tools: ToolMap) -> None:
@@ -203,31 +266,53 @@ class Responses(ApiRoute):
         self.finished(resp, req, result)
         return resp
 
-    def response(self, info: ReplyInfo, o: Options, status: str, output: list[dict],
-                  result=None, error: dict | None = None) -> dict:
+    def response(
+        self,
+        info: ReplyInfo,
+        o: Options,
+        status: str,
+        output: list[dict],
+        result=None,
+        error: dict | None = None,
+    ) -> dict:
         """The response object (status "in_progress" without a result)."""
         b = o.body
         text = dict(b.get("text") or {})
         text.setdefault("format", {"type": "text"})
         reasoning = b.get("reasoning") or {}
         out = {
-            "id": info.id, "object": "response", "created_at": info.created, "status": status,
-            "background": False, "error": error,
-            "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
-                                   else None),
-            "instructions": o.instructions, "max_output_tokens": b.get("max_output_tokens"),
-            "max_tool_calls": b.get("max_tool_calls"), "model": info.model_id,
-            "output": output, "parallel_tool_calls": b.get("parallel_tool_calls", True),
+            "id": info.id,
+            "object": "response",
+            "created_at": info.created,
+            "status": status,
+            "background": False,
+            "error": error,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "instructions": o.instructions,
+            "max_output_tokens": b.get("max_output_tokens"),
+            "max_tool_calls": b.get("max_tool_calls"),
+            "model": info.model_id,
+            "output": output,
+            "parallel_tool_calls": b.get("parallel_tool_calls", True),
             "previous_response_id": o.previous_response_id,
             "prompt_cache_key": b.get("prompt_cache_key"),
             "reasoning": {"effort": reasoning.get("effort"), "summary": o.summary},
             "safety_identifier": b.get("safety_identifier"),
-            "service_tier": b.get("service_tier") or "default", "store": o.store,
-            "temperature": b.get("temperature", 1.0), "text": text,
-            "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
-            "top_logprobs": b.get("top_logprobs", 0), "top_p": b.get("top_p", 1.0),
-            "truncation": b.get("truncation") or "disabled", "usage": None,
-            "user": b.get("user"), "metadata": b.get("metadata") or {}}
+            "service_tier": b.get("service_tier") or "default",
+            "store": o.store,
+            "temperature": b.get("temperature", 1.0),
+            "text": text,
+            "tool_choice": b.get("tool_choice") or "auto",
+            "tools": b.get("tools") or [],
+            "top_logprobs": b.get("top_logprobs", 0),
+            "top_p": b.get("top_p", 1.0),
+            "truncation": b.get("truncation") or "disabled",
+            "usage": None,
+            "user": b.get("user"),
+            "metadata": b.get("metadata") or {},
+        }
         if o.tools.left_out:
             out["tools_left_out"] = list(o.tools.left_out)  # goinfer's: hosted tools not run
         if result is not None:
@@ -263,15 +348,26 @@ class Responses(ApiRoute):
 
     def stream_error(self, e: APIError) -> bytes:
         """An open stream ends with an ``error`` event (a replica that died mid-stream)."""
-        return sse({"type": "error", "code": e.code, "message": e.message, "param": e.param,
-                    "sequence_number": 0}, event="error")
+        return sse(
+            {
+                "type": "error",
+                "code": e.code,
+                "message": e.message,
+                "param": e.param,
+                "sequence_number": 0,
+            },
+            event="error",
+        )
 
     # ------------------------------------------------------------------ stored responses
 
     def extra_routes(self):
         base = self.path + "/{response_id}"
-        return [("GET", base, self.get), ("DELETE", base, self.delete),
-                ("GET", base + "/input_items", self.input_items)]
+        return [
+            ("GET", base, self.get),
+            ("DELETE", base, self.delete),
+            ("GET", base + "/input_items", self.input_items),
+        ]
 
     def _stored(self, request, srv: Served, route: str):
         authorize(request.headers, srv.api_key)
@@ -287,8 +383,11 @@ class Responses(ApiRoute):
         route = self.path + "/{response_id}"
         try:
             if request.query_params.get("stream") in ("true", "1"):
-                raise bad("streaming a stored response again is not supported", "stream",
-                          "unsupported_value")
+                raise bad(
+                    "streaming a stored response again is not supported",
+                    "stream",
+                    "unsupported_value",
+                )
             _, found = self._stored(request, srv, route)
         except APIError as e:
             return _error(e, srv, route)
@@ -320,18 +419,28 @@ class Responses(ApiRoute):
         after = q.get("after")
         if after is not None:
             ids = [x.get("id") for x in items]
-            items = items[ids.index(after) + 1:] if after in ids else []
-        page = items[:int(limit)]
-        return JSONResponse({"object": "list", "data": page,
-                             "first_id": page[0]["id"] if page else None,
-                             "last_id": page[-1]["id"] if page else None,
-                             "has_more": len(items) > len(page)})
+            items = items[ids.index(after) + 1 :] if after in ids else []
+        page = items[: int(limit)]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(items) > len(page),
+            }
+        )
 
 
 def _not_found(rid: str, param: str | None) -> APIError:
-    return APIError(404, f"Response with id {rid!r} not found (stored responses are kept in "
-                    "memory by the server that answered them, the oldest evicted first)",
-                    type="invalid_request_error", param=param, code="response_not_found")
+    return APIError(
+        404,
+        f"Response with id {rid!r} not found (stored responses are kept in "
+        "memory by the server that answered them, the oldest evicted first)",
+        type="invalid_request_error",
+        param=param,
+        code="response_not_found",
+    )
 
 
 def _error(e: APIError, srv: Served, route: str) -> JSONResponse:
@@ -352,19 +461,28 @@ def _text_format(text):
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("'text.format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
-                  "text.format", "invalid_value")
+        raise bad(
+            "'text.format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+            "text.format",
+            "invalid_value",
+        )
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
         return {"type": "json_object"}
     name, schema = fmt.get("name"), fmt.get("schema")
     if not isinstance(name, str) or not _FORMAT_NAME.fullmatch(name):
-        raise bad("'text.format.name' must be 1-64 letters, digits, '_' or '-'",
-                  "text.format.name", "invalid_value")
+        raise bad(
+            "'text.format.name' must be 1-64 letters, digits, '_' or '-'",
+            "text.format.name",
+            "invalid_value",
+        )
     if not isinstance(schema, dict):
-        raise bad("'text.format.schema' must be a JSON schema object", "text.format.schema",
-                  "invalid_type")
+        raise bad(
+            "'text.format.schema' must be a JSON schema object",
+            "text.format.schema",
+            "invalid_type",
+        )
     js = {"name": name, "schema": schema}
     if fmt.get("strict") is not None:
         js["strict"] = fmt["strict"]
@@ -379,12 +497,18 @@ def _reasoning(r) -> tuple[str | None, str | None]:
         raise bad("'reasoning' must be an object", "reasoning", "invalid_type")
     effort = r.get("effort")
     if effort is not None and effort not in EFFORTS:
-        raise bad(f"'reasoning.effort' must be one of {list(EFFORTS)}", "reasoning.effort",
-                  "invalid_value")
+        raise bad(
+            f"'reasoning.effort' must be one of {list(EFFORTS)}",
+            "reasoning.effort",
+            "invalid_value",
+        )
     summary = r.get("summary", r.get("generate_summary"))
     if summary is not None and summary not in SUMMARIES:
-        raise bad(f"'reasoning.summary' must be one of {list(SUMMARIES)}", "reasoning.summary",
-                  "invalid_value")
+        raise bad(
+            f"'reasoning.summary' must be one of {list(SUMMARIES)}",
+            "reasoning.summary",
+            "invalid_value",
+        )
     return effort, summary
 
 
@@ -419,39 +543,53 @@ def usage(result, o: Options) -> dict:
     reasoning = 0
     if result.reasoning_content and o.model is not None:
         reasoning = len(o.model.tokenize(result.reasoning_content, False))
-    return {"input_tokens": result.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": result.cached_tokens,
-                                     "cache_write_tokens": result.prompt_tokens
-                                     - result.cached_tokens},
-            "output_tokens": result.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": min(reasoning,
-                                                              result.completion_tokens)},
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+    return {
+        "input_tokens": result.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": result.cached_tokens,
+            "cache_write_tokens": result.prompt_tokens - result.cached_tokens,
+        },
+        "output_tokens": result.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": min(reasoning, result.completion_tokens)},
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
 
 
 def reasoning_item(text: str, o: Options, rid: str | None = None, done: bool = True) -> dict:
-    item = {"id": rid or _new_item_id("reasoning"), "type": "reasoning",
-            "summary": [{"type": "summary_text", "text": text}] if o.summary and done else [],
-            "content": [{"type": "reasoning_text", "text": text}] if done else [],
-            "status": "completed" if done else "in_progress"}
+    item = {
+        "id": rid or _new_item_id("reasoning"),
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}] if o.summary and done else [],
+        "content": [{"type": "reasoning_text", "text": text}] if done else [],
+        "status": "completed" if done else "in_progress",
+    }
     if o.encrypted and done:
         item["encrypted_content"] = seal_reasoning(text)
     return item
 
 
 def message_item(text: str, status: str, logprobs=None, mid: str | None = None) -> dict:
-    return {"id": mid or _new_item_id("message"), "type": "message", "role": "assistant",
-            "status": status, "content": [_text_part(text, logprobs)] if status != "in_progress"
-            else []}
+    return {
+        "id": mid or _new_item_id("message"),
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [_text_part(text, logprobs)] if status != "in_progress" else [],
+    }
 
 
 def _text_part(text: str, logprobs=None) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [],
-            "logprobs": list(logprobs or [])}
+    return {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": list(logprobs or []),
+    }
 
 
-def call_item(call_id: str, flat: str, arguments: str, o: Options, status: str,
-              iid: str | None = None) -> dict:
+def call_item(
+    call_id: str, flat: str, arguments: str, o: Options, status: str, iid: str | None = None
+) -> dict:
     """A call the model made, as the Responses item of its tool's kind."""
     kind, name, ns = o.tools.calls.get(flat, ("function", flat, None))
     if kind == "custom":
@@ -459,18 +597,36 @@ def call_item(call_id: str, flat: str, arguments: str, o: Options, status: str,
             text = json.loads(arguments)[INPUT_KEY] if arguments else ""
         except (ValueError, KeyError, TypeError):
             text = arguments  # cut short (max_output_tokens): the text as written
-        item = {"id": iid or _new_item_id("custom_tool_call"), "type": "custom_tool_call",
-                "call_id": call_id, "name": name, "input": text, "status": status}
+        item = {
+            "id": iid or _new_item_id("custom_tool_call"),
+            "type": "custom_tool_call",
+            "call_id": call_id,
+            "name": name,
+            "input": text,
+            "status": status,
+        }
     elif kind == "tool_search":
         try:
             args = json.loads(arguments) if arguments else {}
         except ValueError:
             args = {}
-        item = {"id": iid or _new_item_id("tool_search_call"), "type": "tool_search_call",
-                "call_id": call_id, "execution": "client", "arguments": args, "status": status}
+        item = {
+            "id": iid or _new_item_id("tool_search_call"),
+            "type": "tool_search_call",
+            "call_id": call_id,
+            "execution": "client",
+            "arguments": args,
+            "status": status,
+        }
     else:
-        item = {"id": iid or _new_item_id("function_call"), "type": "function_call",
-                "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+        item = {
+            "id": iid or _new_item_id("function_call"),
+            "type": "function_call",
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "status": status,
+        }
     if ns:
         item["namespace"] = ns
     return item
@@ -486,8 +642,9 @@ def output_items(result, o: Options) -> list[dict]:
     if result.content or not result.tool_calls:
         out.append(message_item(result.content or "", "completed", entries))
     for c in result.tool_calls or []:
-        out.append(call_item(c["id"], c["function"]["name"], c["function"]["arguments"], o,
-                             "completed"))
+        out.append(
+            call_item(c["id"], c["function"]["name"], c["function"]["arguments"], o, "completed")
+        )
     if status == "incomplete":
         out[-1]["status"] = status  # the item max_output_tokens cut short
     return out
@@ -519,27 +676,55 @@ class _EventWriter:
     def _open(self, kind: str, **extra) -> bytes:
         out = self._close()
         iid = _new_item_id(kind if kind != "call" else self.o.tools.item_type(extra["name"]))
-        self.cur = {"kind": kind, "id": iid, "text": "", "index": len(self.items),
-                    "logprobs": [], **extra}
+        self.cur = {
+            "kind": kind,
+            "id": iid,
+            "text": "",
+            "index": len(self.items),
+            "logprobs": [],
+            **extra,
+        }
         c, o = self.cur, self.o
         if kind == "message":
-            out += self.ev("response.output_item.added", output_index=c["index"],
-                           item=message_item("", "in_progress", mid=iid))
-            out += self.ev("response.content_part.added", item_id=iid,
-                           output_index=c["index"], content_index=0, part=_text_part(""))
+            out += self.ev(
+                "response.output_item.added",
+                output_index=c["index"],
+                item=message_item("", "in_progress", mid=iid),
+            )
+            out += self.ev(
+                "response.content_part.added",
+                item_id=iid,
+                output_index=c["index"],
+                content_index=0,
+                part=_text_part(""),
+            )
         elif kind == "reasoning":
-            out += self.ev("response.output_item.added", output_index=c["index"],
-                           item=reasoning_item("", o, iid, done=False))
-            out += self.ev("response.content_part.added", item_id=iid,
-                           output_index=c["index"], content_index=0,
-                           part={"type": "reasoning_text", "text": ""})
+            out += self.ev(
+                "response.output_item.added",
+                output_index=c["index"],
+                item=reasoning_item("", o, iid, done=False),
+            )
+            out += self.ev(
+                "response.content_part.added",
+                item_id=iid,
+                output_index=c["index"],
+                content_index=0,
+                part={"type": "reasoning_text", "text": ""},
+            )
             if o.summary:
-                out += self.ev("response.reasoning_summary_part.added", item_id=iid,
-                               output_index=c["index"], summary_index=0,
-                               part={"type": "summary_text", "text": ""})
+                out += self.ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=iid,
+                    output_index=c["index"],
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
         else:  # a call
-            out += self.ev("response.output_item.added", output_index=c["index"],
-                           item=call_item(c["call_id"], c["name"], "", o, "in_progress", iid))
+            out += self.ev(
+                "response.output_item.added",
+                output_index=c["index"],
+                item=call_item(c["call_id"], c["name"], "", o, "in_progress", iid),
+            )
         return out
 
     def _close(self, status: str = "completed") -> bytes:
@@ -552,33 +737,76 @@ class _EventWriter:
         if c["kind"] == "message":
             item = message_item(text, status, c["logprobs"] if o.logprobs else None, iid)
             part = item["content"][0]
-            out += self.ev("response.output_text.done", item_id=iid, output_index=i,
-                           content_index=0, text=text, logprobs=part["logprobs"])
-            out += self.ev("response.content_part.done", item_id=iid, output_index=i,
-                           content_index=0, part=part)
+            out += self.ev(
+                "response.output_text.done",
+                item_id=iid,
+                output_index=i,
+                content_index=0,
+                text=text,
+                logprobs=part["logprobs"],
+            )
+            out += self.ev(
+                "response.content_part.done",
+                item_id=iid,
+                output_index=i,
+                content_index=0,
+                part=part,
+            )
         elif c["kind"] == "reasoning":
             item = reasoning_item(text, o, iid)
-            out += self.ev("response.reasoning_text.done", item_id=iid, output_index=i,
-                           content_index=0, text=text)
-            out += self.ev("response.content_part.done", item_id=iid, output_index=i,
-                           content_index=0, part={"type": "reasoning_text", "text": text})
+            out += self.ev(
+                "response.reasoning_text.done",
+                item_id=iid,
+                output_index=i,
+                content_index=0,
+                text=text,
+            )
+            out += self.ev(
+                "response.content_part.done",
+                item_id=iid,
+                output_index=i,
+                content_index=0,
+                part={"type": "reasoning_text", "text": text},
+            )
             if o.summary:
-                out += self.ev("response.reasoning_summary_text.done", item_id=iid,
-                               output_index=i, summary_index=0, text=text)
-                out += self.ev("response.reasoning_summary_part.done", item_id=iid,
-                               output_index=i, summary_index=0,
-                               part={"type": "summary_text", "text": text})
+                out += self.ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=iid,
+                    output_index=i,
+                    summary_index=0,
+                    text=text,
+                )
+                out += self.ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=iid,
+                    output_index=i,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": text},
+                )
         else:
             item = call_item(c["call_id"], c["name"], text, o, status, iid)
             if item["type"] == "function_call":
-                out += self.ev("response.function_call_arguments.done", item_id=iid,
-                               output_index=i, name=item["name"], arguments=text)
+                out += self.ev(
+                    "response.function_call_arguments.done",
+                    item_id=iid,
+                    output_index=i,
+                    name=item["name"],
+                    arguments=text,
+                )
             elif item["type"] == "custom_tool_call":
                 if item["input"]:
-                    out += self.ev("response.custom_tool_call_input.delta", item_id=iid,
-                                   output_index=i, delta=item["input"])
-                out += self.ev("response.custom_tool_call_input.done", item_id=iid,
-                               output_index=i, input=item["input"])
+                    out += self.ev(
+                        "response.custom_tool_call_input.delta",
+                        item_id=iid,
+                        output_index=i,
+                        delta=item["input"],
+                    )
+                out += self.ev(
+                    "response.custom_tool_call_input.done",
+                    item_id=iid,
+                    output_index=i,
+                    input=item["input"],
+                )
         out += self.ev("response.output_item.done", output_index=i, item=item)
         self.items.append(item)
         return out
@@ -593,9 +821,14 @@ class _EventWriter:
         c["text"] += piece
         if logprobs:
             c["logprobs"] += logprobs
-        return out + self.ev("response.output_text.delta", item_id=c["id"],
-                             output_index=c["index"], content_index=0, delta=piece,
-                             logprobs=list(logprobs or []) if self.o.logprobs else [])
+        return out + self.ev(
+            "response.output_text.delta",
+            item_id=c["id"],
+            output_index=c["index"],
+            content_index=0,
+            delta=piece,
+            logprobs=list(logprobs or []) if self.o.logprobs else [],
+        )
 
     def reasoning(self, piece: str) -> bytes:
         out = b""
@@ -603,11 +836,21 @@ class _EventWriter:
             out += self._open("reasoning")
         c = self.cur
         c["text"] += piece
-        out += self.ev("response.reasoning_text.delta", item_id=c["id"], output_index=c["index"],
-                       content_index=0, delta=piece)
+        out += self.ev(
+            "response.reasoning_text.delta",
+            item_id=c["id"],
+            output_index=c["index"],
+            content_index=0,
+            delta=piece,
+        )
         if self.o.summary:
-            out += self.ev("response.reasoning_summary_text.delta", item_id=c["id"],
-                           output_index=c["index"], summary_index=0, delta=piece)
+            out += self.ev(
+                "response.reasoning_summary_text.delta",
+                item_id=c["id"],
+                output_index=c["index"],
+                summary_index=0,
+                delta=piece,
+            )
         return out
 
     def call(self, d: ToolCallDelta) -> bytes:
@@ -620,8 +863,12 @@ class _EventWriter:
         c["text"] += d.arguments
         kind = self.o.tools.calls.get(c["name"], ("function",))[0]
         if kind == "function":  # custom and tool search calls are sent whole, once read
-            out += self.ev("response.function_call_arguments.delta", item_id=c["id"],
-                           output_index=c["index"], delta=d.arguments)
+            out += self.ev(
+                "response.function_call_arguments.delta",
+                item_id=c["id"],
+                output_index=c["index"],
+                delta=d.arguments,
+            )
         return out
 
     def done(self, result) -> bytes:

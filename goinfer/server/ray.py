@@ -21,6 +21,7 @@ Needs the ``ray`` extra (``pip install 'goinfer[ray]'``).  Three parts:
   request with an error (a stream with an error event and ``data: [DONE]``), never a truncation.
 - PrefixRouter, a ray.serve.request_router.RequestRouter applying routing.choose.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -102,18 +103,36 @@ class GoinferReplica:
 
         self.spec = spec
         self.id = serve.get_replica_context().replica_id.to_full_id_str()
-        model = Model.load(spec.model, threads=spec.threads, exact=spec.exact,
-                           context_length=spec.ctx, progress=False)
+        model = Model.load(
+            spec.model,
+            threads=spec.threads,
+            exact=spec.exact,
+            context_length=spec.ctx,
+            progress=False,
+        )
         cache = KVCache(model, max_tokens=spec.kv_tokens, block_size=spec.block_size)
-        self.app = create_app(model, cache, model_id=spec.resolved_model_id(),
-                              api_key=spec.api_key, max_batch=spec.max_batch,
-                              max_queue=spec.max_queue, prefill_chunk=spec.prefill_chunk,
-                              max_body_bytes=spec.max_body, draft=spec.draft,
-                              draft_tokens=spec.draft_tokens, instance=instance_tag(self.id))
+        self.app = create_app(
+            model,
+            cache,
+            model_id=spec.resolved_model_id(),
+            api_key=spec.api_key,
+            max_batch=spec.max_batch,
+            max_queue=spec.max_queue,
+            prefill_chunk=spec.prefill_chunk,
+            max_body_bytes=spec.max_body,
+            draft=spec.draft,
+            draft_tokens=spec.draft_tokens,
+            instance=instance_tag(self.id),
+        )
         self.engine = self.app.state.engine
         self.engine.start()  # the app's lifespan is not run: this process owns the engine
-        log.info("replica %s: %s, threads=%d, KV cache %d tokens", self.id, model.name,
-                 model.threads, cache.max_tokens)
+        log.info(
+            "replica %s: %s, threads=%d, KV cache %d tokens",
+            self.id,
+            model.name,
+            model.threads,
+            cache.max_tokens,
+        )
 
     async def forward(self, req: dict):
         """Serve one HTTP request -> ("accepted", replica id), ("start", status, headers),
@@ -137,13 +156,20 @@ class GoinferReplica:
 async def asgi_call(app, req: dict):
     """Run an ASGI app on one request held in memory; yield its response as ("start", status,
     headers) and ("body", bytes) items.  Closing this generator early disconnects the client."""
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-             "http_version": "1.1", "method": req["method"], "scheme": "http",
-             "path": req["path"], "raw_path": req["path"].encode(), "root_path": "",
-             "query_string": req.get("query", "").encode(),
-             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                         for k, v in req["headers"]],
-             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": req["method"],
+        "scheme": "http",
+        "path": req["path"],
+        "raw_path": req["path"].encode(),
+        "root_path": "",
+        "query_string": req.get("query", "").encode(),
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in req["headers"]],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+    }
     out: asyncio.Queue = asyncio.Queue()
     gone = asyncio.Event()
     body_sent = False
@@ -168,8 +194,11 @@ async def asgi_call(app, req: dict):
                 task.result()  # its exception, if it raised one
                 raise RuntimeError("the app ended without a complete response")
             if msg["type"] == "http.response.start":
-                yield ("start", msg["status"], [(k.decode("latin-1"), v.decode("latin-1"))
-                                                for k, v in msg.get("headers", [])])
+                yield (
+                    "start",
+                    msg["status"],
+                    [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.get("headers", [])],
+                )
             elif msg["type"] == "http.response.body":
                 if msg.get("body"):
                     yield ("body", bytes(msg["body"]))
@@ -211,8 +240,13 @@ class PrefixRouter(RequestRouter):
     cache is keyed by token blocks (and cache salts), so this router matches the request's
     block hash chain, computed once by the ingress, in the router's own process."""
 
-    def initialize_state(self, policy: str = "prefix", imbalance: int = 4, min_blocks: int = 1,
-                         capacity: int = 1 << 16):
+    def initialize_state(
+        self,
+        policy: str = "prefix",
+        imbalance: int = 4,
+        min_blocks: int = 1,
+        capacity: int = 1 << 16,
+    ):
         self.policy = Policy(policy, imbalance, min_blocks)
         self.index = PrefixIndex(capacity)
         self.keys = KeyIndex()  # conversation key -> the replica it last went to
@@ -306,9 +340,13 @@ class PrefixRouter(RequestRouter):
         self.index.drop(replica_id.to_full_id_str())
 
     def stats(self) -> dict:
-        return {"policy": self.policy.name, "imbalance": self.policy.imbalance,
-                "decisions": dict(self.decisions), "in_flight": self.in_flight(),
-                "index_blocks": {r: self.index.blocks(r) for r in self.index.replicas()}}
+        return {
+            "policy": self.policy.name,
+            "imbalance": self.policy.imbalance,
+            "decisions": dict(self.decisions),
+            "in_flight": self.in_flight(),
+            "index_blocks": {r: self.index.blocks(r) for r in self.index.replicas()},
+        }
 
 
 _routers: weakref.WeakSet = weakref.WeakSet()  # the PrefixRouters of this process (the ingress's)
@@ -348,8 +386,9 @@ class TextModel:
     del _Model
 
 
-def route_chain(text: TextModel, path: str, body: bytes,
-                block_size: int) -> tuple[list[bytes], str | None]:
+def route_chain(
+    text: TextModel, path: str, body: bytes, block_size: int
+) -> tuple[list[bytes], str | None]:
     """(the block hash chain of a generation request's prompt, parsed by its route and
     tokenized as the replica's runner does, its conversation key); ([], None) for any other
     request or any request the replica will refuse (its app answers the error, so the ingress
@@ -386,9 +425,14 @@ def pinned_to(path: str, body: bytes) -> str | None:
 
 def replica_failed(e: BaseException, replica: str | None) -> APIError:
     where = f" ({replica})" if replica else ""
-    return APIError(503, f"the replica serving this request failed{where}: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                    type="server_error", code="replica_failed", headers={"Retry-After": "1"})
+    return APIError(
+        503,
+        f"the replica serving this request failed{where}: "
+        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        type="server_error",
+        code="replica_failed",
+        headers={"Retry-After": "1"},
+    )
 
 
 class GoinferIngress:
@@ -409,7 +453,7 @@ class GoinferIngress:
 
         path, root = request.scope["path"], request.scope.get("root_path", "")
         if root and path.startswith(root):  # served under a route prefix: the app's own path
-            path = path[len(root):] or "/"
+            path = path[len(root) :] or "/"
         try:
             body = await read_body(request, self.spec.max_body)
         except APIError as e:
@@ -419,13 +463,21 @@ class GoinferIngress:
         try:
             authorize(request.headers, self.spec.api_key)
             if route_for(path) is not None and request.method == "POST":
-                chain, key = await asyncio.to_thread(route_chain, self.text, path, body,
-                                                     self.spec.block_size)
+                chain, key = await asyncio.to_thread(
+                    route_chain, self.text, path, body, self.spec.block_size
+                )
         except APIError:
             pass  # forwarded all the same: the replica's app answers 401
-        req = {"method": request.method, "path": path, "query": request.url.query,
-               "headers": [(k, v) for k, v in request.headers.items() if k != "host"],
-               "body": body, "chain": chain, "key": key, "pin": pinned_to(path, body)}
+        req = {
+            "method": request.method,
+            "path": path,
+            "query": request.url.query,
+            "headers": [(k, v) for k, v in request.headers.items() if k != "host"],
+            "body": body,
+            "chain": chain,
+            "key": key,
+            "pin": pinned_to(path, body),
+        }
         return await self._forward(req, route_for(path) or _DEFAULT_ROUTE)
 
     async def _forward(self, req: dict, route: ApiRoute) -> Response:
@@ -450,22 +502,32 @@ class GoinferIngress:
         except (RayError, StopAsyncIteration) as e:
             gen.cancel()
             err = replica_failed(e, replica)
-            return JSONResponse(route.error_body(err), status_code=err.status,
-                                headers=dict(err.headers, **{REPLICA_HEADER: replica}))
+            return JSONResponse(
+                route.error_body(err),
+                status_code=err.status,
+                headers=dict(err.headers, **{REPLICA_HEADER: replica}),
+            )
         headers = {k: v for k, v in headers if k.lower() not in HOP_HEADERS}
         headers[REPLICA_HEADER] = replica
         media = headers.pop("content-type", None)
         if media is not None and media.startswith("text/event-stream"):
-            return StreamingResponse(_relay_stream(gen, replica, route), status_code=status,
-                                     headers=headers, media_type=media)
+            return StreamingResponse(
+                _relay_stream(gen, replica, route),
+                status_code=status,
+                headers=headers,
+                media_type=media,
+            )
         parts = []
         try:
             async for _kind, data in gen:
                 parts.append(data)
         except RayError as e:
             err = replica_failed(e, replica)
-            return JSONResponse(route.error_body(err), status_code=err.status,
-                                headers=dict(err.headers, **{REPLICA_HEADER: replica}))
+            return JSONResponse(
+                route.error_body(err),
+                status_code=err.status,
+                headers=dict(err.headers, **{REPLICA_HEADER: replica}),
+            )
         return Response(b"".join(parts), status_code=status, headers=headers, media_type=media)
 
 
@@ -489,8 +551,13 @@ async def _relay_stream(gen, replica: str, route: ApiRoute):
 # ============================================================================ application
 
 
-def build_app(spec: ReplicaSpec, replicas: int = 2, *, threads_per_replica: int | None = None,
-              policy: Policy | None = None):
+def build_app(
+    spec: ReplicaSpec,
+    replicas: int = 2,
+    *,
+    threads_per_replica: int | None = None,
+    policy: Policy | None = None,
+):
     """The Serve application: an ingress and `replicas` replicas of spec's model."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -503,17 +570,30 @@ def build_app(spec: ReplicaSpec, replicas: int = 2, *, threads_per_replica: int 
     env = {k: os.environ[k] for k in ROUTE_ENV if k in os.environ}
     runtime = {"runtime_env": {"env_vars": env}} if env else {}
     replica = serve.deployment(
-        GoinferReplica, name="GoinferReplica", num_replicas=replicas,
+        GoinferReplica,
+        name="GoinferReplica",
+        num_replicas=replicas,
         max_ongoing_requests=per_replica,
         ray_actor_options={"num_cpus": threads, **runtime},
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixRouter,
-            request_router_kwargs={"policy": policy.name, "imbalance": policy.imbalance,
-                                   "min_blocks": policy.min_blocks, "capacity": capacity}),
-        health_check_period_s=2, health_check_timeout_s=30)
-    ingress = serve.deployment(GoinferIngress, name="GoinferIngress", num_replicas=1,
-                               max_ongoing_requests=4 * replicas * per_replica,
-                               ray_actor_options={"num_cpus": 0, **runtime})
+            request_router_kwargs={
+                "policy": policy.name,
+                "imbalance": policy.imbalance,
+                "min_blocks": policy.min_blocks,
+                "capacity": capacity,
+            },
+        ),
+        health_check_period_s=2,
+        health_check_timeout_s=30,
+    )
+    ingress = serve.deployment(
+        GoinferIngress,
+        name="GoinferIngress",
+        num_replicas=1,
+        max_ongoing_requests=4 * replicas * per_replica,
+        ray_actor_options={"num_cpus": 0, **runtime},
+    )
     return ingress.bind(replica.bind(spec), spec)
 
 
@@ -526,9 +606,17 @@ def _cache_blocks(spec: ReplicaSpec) -> int:
     return max(1, -(-int(tokens) // spec.block_size))
 
 
-def run(spec: ReplicaSpec, *, replicas: int, threads_per_replica: int | None = None,
-        policy: Policy | None = None, host: str = "127.0.0.1", port: int = 8000,
-        ray_address: str | None = None, num_cpus: int | None = None) -> None:
+def run(
+    spec: ReplicaSpec,
+    *,
+    replicas: int,
+    threads_per_replica: int | None = None,
+    policy: Policy | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+) -> None:
     """Start a local Ray instance (num_cpus: its CPUs, default the machine's cores, at least
     replicas x threads) or join ray_address's cluster, deploy the application with Serve's HTTP
     proxy on host:port, and return once it is ready."""
@@ -540,13 +628,23 @@ def run(spec: ReplicaSpec, *, replicas: int, threads_per_replica: int | None = N
     else:
         cores = os.cpu_count() or 1
         if replicas * threads > cores:
-            print(f"goinfer serve: {replicas} replicas x {threads} threads oversubscribe "
-                  f"{cores} cores", file=sys.stderr)
-        ray.init(num_cpus=num_cpus or max(cores, replicas * threads), include_dashboard=False,
-                 log_to_driver=False)
+            print(
+                f"goinfer serve: {replicas} replicas x {threads} threads oversubscribe "
+                f"{cores} cores",
+                file=sys.stderr,
+            )
+        ray.init(
+            num_cpus=num_cpus or max(cores, replicas * threads),
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(spec, replicas, threads_per_replica=threads, policy=policy),
-              name=APP_NAME, route_prefix="/", blocking=False)
+    serve.run(
+        build_app(spec, replicas, threads_per_replica=threads, policy=policy),
+        name=APP_NAME,
+        route_prefix="/",
+        blocking=False,
+    )
 
 
 def stop(joined: bool = False) -> None:
@@ -564,27 +662,48 @@ def stop(joined: bool = False) -> None:
 def serve_cli(args) -> int:
     """`goinfer serve MODEL --replicas N [--threads-per-replica T] [--ray-address ADDR]`."""
     replicas = args.replicas or 1
-    spec = ReplicaSpec(model=args.model, threads=args.threads, exact=args.exact,
-                       ctx=args.ctx, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
-                       max_queue=args.max_queue, prefill_chunk=args.prefill_chunk,
-                       max_body=args.max_body, api_key=args.api_key,
-                       draft=None if args.draft == "none" else args.draft,
-                       draft_tokens=args.draft_tokens)
+    spec = ReplicaSpec(
+        model=args.model,
+        threads=args.threads,
+        exact=args.exact,
+        ctx=args.ctx,
+        kv_tokens=args.kv_tokens,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk,
+        max_body=args.max_body,
+        api_key=args.api_key,
+        draft=None if args.draft == "none" else args.draft,
+        draft_tokens=args.draft_tokens,
+    )
     threads = args.threads_per_replica or args.threads or max(1, (os.cpu_count() or 1) // replicas)
     policy = Policy(args.route, args.route_imbalance)
     joined = bool(args.ray_address)
     try:
-        run(spec, replicas=replicas, threads_per_replica=threads, policy=policy, host=args.host,
-            port=args.port, ray_address=args.ray_address)
+        run(
+            spec,
+            replicas=replicas,
+            threads_per_replica=threads,
+            policy=policy,
+            host=args.host,
+            port=args.port,
+            ray_address=args.ray_address,
+        )
     except Exception as e:  # noqa: BLE001 - a failed deployment: say why, leave nothing behind
-        print(f"goinfer serve: starting on Ray Serve failed: {type(e).__name__}: {e} (the "
-              "replicas' own errors are in Ray's logs, /tmp/ray/session_latest/logs/serve/; every "
-              "node needs goinfer[ray] installed)", file=sys.stderr)
+        print(
+            f"goinfer serve: starting on Ray Serve failed: {type(e).__name__}: {e} (the "
+            "replicas' own errors are in Ray's logs, /tmp/ray/session_latest/logs/serve/; every "
+            "node needs goinfer[ray] installed)",
+            file=sys.stderr,
+        )
         stop(joined)
         return 1
-    print(f"goinfer: serving {spec.resolved_model_id()} on Ray Serve, {replicas} replica(s) x "
-          f"{threads} thread(s), routing {policy.name} (imbalance {policy.imbalance}), on "
-          f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
+    print(
+        f"goinfer: serving {spec.resolved_model_id()} on Ray Serve, {replicas} replica(s) x "
+        f"{threads} thread(s), routing {policy.name} (imbalance {policy.imbalance}), on "
+        f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
+        file=sys.stderr,
+    )
     try:
         wait()
     except KeyboardInterrupt:

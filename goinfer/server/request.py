@@ -4,17 +4,26 @@ A route translates its wire body into one ``Request`` (messages in the chat laye
 raw prompt), the runner (runner.py) turns it into a stream of ``Event``\\ s, and the route
 translates those into its wire shape.  Nothing here knows any API's field names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from goinfer.chat.spec import ToolCallDelta
 from goinfer.generation import GenerationResult
 from goinfer.server.errors import APIError
 
-__all__ = ["Request", "TextDelta", "ReasoningDelta", "ToolCallDelta", "Done", "Failed", "Ping",
-           "Event"]
+__all__ = [
+    "Request",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallDelta",
+    "Done",
+    "Failed",
+    "Ping",
+    "Event",
+]
 
 
 @dataclass

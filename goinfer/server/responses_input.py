@@ -22,6 +22,7 @@ search, computer use, ...) are left out of the prompt and reported in the reply.
 Nothing per request (item ids, statuses, metadata) reaches the prompt, and tools render the
 same way each turn.
 """
+
 from __future__ import annotations
 
 import base64
@@ -33,18 +34,52 @@ from dataclasses import dataclass, field
 from goinfer.chat.freeform import INPUT_KEY, custom_tool_function, lark_error
 from goinfer.server.errors import bad
 
-__all__ = ["ToolMap", "translate_tools", "translate_choice", "conversation", "seal_reasoning",
-           "open_reasoning", "HOSTED_TOOLS", "HOSTED_ITEMS"]
+__all__ = [
+    "ToolMap",
+    "translate_tools",
+    "translate_choice",
+    "conversation",
+    "seal_reasoning",
+    "open_reasoning",
+    "HOSTED_TOOLS",
+    "HOSTED_ITEMS",
+]
 
-HOSTED_TOOLS = {"web_search", "web_search_preview", "web_search_2025_08_26",
-                "web_search_preview_2025_03_11", "file_search", "computer", "computer_use",
-                "computer_use_preview", "code_interpreter", "image_generation", "mcp",
-                "local_shell", "shell", "apply_patch"}
-HOSTED_ITEMS = {"web_search_call", "file_search_call", "computer_call", "computer_call_output",
-                "code_interpreter_call", "image_generation_call", "local_shell_call",
-                "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
-                "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
-                "mcp_approval_response", "mcp_call", "compaction"}
+HOSTED_TOOLS = {
+    "web_search",
+    "web_search_preview",
+    "web_search_2025_08_26",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "computer",
+    "computer_use",
+    "computer_use_preview",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+}
+HOSTED_ITEMS = {
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "code_interpreter_call",
+    "image_generation_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
+    "compaction",
+}
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 NS_SEP = "__"  # a namespaced function as the model sees it: NAMESPACE__NAME
 TOOL_SEARCH = "tool_search"
@@ -74,7 +109,8 @@ class ToolMap:
         """The output item type of a call to the tool the model calls `flat`."""
         kind = self.calls.get(flat, ("function",))[0]
         return {"function": "function_call", "custom": "custom_tool_call"}.get(
-            kind, "tool_search_call")
+            kind, "tool_search_call"
+        )
 
     def add(self, kind: str, name: str, ns: str | None, fn: dict, param: str) -> None:
         flat = self.flat(kind, name, ns)
@@ -87,8 +123,8 @@ class ToolMap:
         field it came from ("tools[1].tools[0].parameters")."""
         if not param or not param.startswith("tools["):
             return param
-        i = int(param[6:param.index("]")])
-        rest = param[param.index("]") + 1:].replace(".function", "", 1)
+        i = int(param[6 : param.index("]")])
+        rest = param[param.index("]") + 1 :].replace(".function", "", 1)
         return (self.params[i] + rest) if i < len(self.params) else "tools"
 
 
@@ -118,8 +154,9 @@ def translate_tools(tools) -> ToolMap:
             for j, f in enumerate(inner):
                 w = f"{where}.tools[{j}]"
                 if not isinstance(f, Mapping) or f.get("type") not in ("function", "custom"):
-                    raise bad(f"{w} must be a function or custom tool", f"{w}.type",
-                              "invalid_value")
+                    raise bad(
+                        f"{w} must be a function or custom tool", f"{w}.type", "invalid_value"
+                    )
                 if f.get("defer_loading"):
                     continue
                 name = _name(f, w)
@@ -127,17 +164,21 @@ def translate_tools(tools) -> ToolMap:
                     out.add("function", name, ns, _function(f), w)
                 else:
                     fmt = _custom_format(f.get("format"), f"{w}.format")
-                    out.add("custom", name, ns, custom_tool_function(f.get("description"), fmt),
-                            w)
+                    out.add("custom", name, ns, custom_tool_function(f.get("description"), fmt), w)
         elif kind == "tool_search" and t.get("execution", "server") == "client":
-            fn = {"description": t.get("description") or "Search for more tools.",
-                  "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+            fn = {
+                "description": t.get("description") or "Search for more tools.",
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            }
             out.add("tool_search", TOOL_SEARCH, None, fn, where)
         elif kind in HOSTED_TOOLS or kind == "tool_search":
             out.left_out.append(kind)
         else:
-            raise bad(f"{where}.type {kind!r} is not a tool type goinfer knows", f"{where}.type",
-                      "invalid_value")
+            raise bad(
+                f"{where}.type {kind!r} is not a tool type goinfer knows",
+                f"{where}.type",
+                "invalid_value",
+            )
     return out
 
 
@@ -165,17 +206,26 @@ def _custom_format(fmt, where: str) -> dict:
     if fmt is None:
         return {"type": "text"}
     if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "grammar"):
-        raise bad(f"{where} must be {{'type': 'text'}} or {{'type': 'grammar', 'syntax': "
-                  "'lark' | 'regex', 'definition': ...}", where, "invalid_value")
+        raise bad(
+            f"{where} must be {{'type': 'text'}} or {{'type': 'grammar', 'syntax': "
+            "'lark' | 'regex', 'definition': ...}",
+            where,
+            "invalid_value",
+        )
     if fmt["type"] == "grammar":
-        if fmt.get("syntax") not in ("lark", "regex") or not isinstance(fmt.get("definition"),
-                                                                           str):
-            raise bad(f"{where}: a grammar needs 'syntax' ('lark' or 'regex') and a "
-                      "'definition'", where, "invalid_value")
+        if fmt.get("syntax") not in ("lark", "regex") or not isinstance(fmt.get("definition"), str):
+            raise bad(
+                f"{where}: a grammar needs 'syntax' ('lark' or 'regex') and a 'definition'",
+                where,
+                "invalid_value",
+            )
         err = lark_error(fmt["definition"]) if fmt["syntax"] == "lark" else ""
         if err:
-            raise bad(f"{where}: the grammar cannot hold the tool's input: {err}", where,
-                      "invalid_grammar")
+            raise bad(
+                f"{where}: the grammar cannot hold the tool's input: {err}",
+                where,
+                "invalid_grammar",
+            )
     return dict(fmt)
 
 
@@ -193,26 +243,42 @@ def translate_choice(choice, tools: ToolMap):
         mode = choice.get("mode", "auto")
         allowed = choice.get("tools")
         if mode not in ("auto", "required") or not isinstance(allowed, list):
-            raise bad("'tool_choice' allowed_tools needs 'mode' ('auto' or 'required') and "
-                      "'tools'", "tool_choice", "invalid_value")
+            raise bad(
+                "'tool_choice' allowed_tools needs 'mode' ('auto' or 'required') and 'tools'",
+                "tool_choice",
+                "invalid_value",
+            )
         names = set()
         for a in allowed:
             if not isinstance(a, Mapping) or not isinstance(a.get("name"), str):
-                raise bad("'tool_choice' allowed_tools: each tool needs a 'name'",
-                          "tool_choice", "invalid_value")
+                raise bad(
+                    "'tool_choice' allowed_tools: each tool needs a 'name'",
+                    "tool_choice",
+                    "invalid_value",
+                )
             names.add(tools.flat(a.get("type", "function"), a["name"], a.get("namespace")))
         if names >= set(tools.calls):
             return mode
         if mode == "required" and len(names) == 1:
             return {"type": "function", "function": {"name": names.pop()}}
-        raise bad("'tool_choice' allowed_tools: goinfer restricts calls to all tools or to "
-                  "one required tool", "tool_choice", "unsupported_value")
+        raise bad(
+            "'tool_choice' allowed_tools: goinfer restricts calls to all tools or to "
+            "one required tool",
+            "tool_choice",
+            "unsupported_value",
+        )
     if kind in HOSTED_TOOLS or kind == "tool_search":
-        raise bad(f"'tool_choice' cannot force the hosted tool {kind!r}: goinfer does not run "
-                  "it", "tool_choice", "unsupported_value")
-    raise bad("'tool_choice' must be 'auto', 'none', 'required', {'type': 'function', "
-              "'name': ...}, {'type': 'custom', 'name': ...} or {'type': 'allowed_tools', ...}",
-              "tool_choice", "invalid_value")
+        raise bad(
+            f"'tool_choice' cannot force the hosted tool {kind!r}: goinfer does not run it",
+            "tool_choice",
+            "unsupported_value",
+        )
+    raise bad(
+        "'tool_choice' must be 'auto', 'none', 'required', {'type': 'function', "
+        "'name': ...}, {'type': 'custom', 'name': ...} or {'type': 'allowed_tools', ...}",
+        "tool_choice",
+        "invalid_value",
+    )
 
 
 # ============================================================================ reasoning
@@ -232,7 +298,7 @@ def open_reasoning(sealed: str) -> str | None:
     if not isinstance(sealed, str) or not sealed.startswith(_SEAL):
         return None
     try:
-        return zlib.decompress(base64.urlsafe_b64decode(sealed[len(_SEAL):])).decode("utf-8")
+        return zlib.decompress(base64.urlsafe_b64decode(sealed[len(_SEAL) :])).decode("utf-8")
     except (ValueError, zlib.error, UnicodeDecodeError):
         return None
 
@@ -280,16 +346,24 @@ class _Builder:
         elif kind in HOSTED_ITEMS:
             pass  # a hosted tool's call or result: goinfer never ran it, the model never sees it
         elif kind == "item_reference":
-            raise bad(f"{where}: item references are not supported; send the item itself or "
-                      "use previous_response_id", "input", "unsupported_value")
+            raise bad(
+                f"{where}: item references are not supported; send the item itself or "
+                "use previous_response_id",
+                "input",
+                "unsupported_value",
+            )
         else:
             raise bad(f"{where}: unknown input item type {kind!r}", "input", "invalid_value")
 
     def _message(self, item: Mapping, where: str) -> None:
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
-            raise bad(f"{where}: 'role' must be 'user', 'assistant', 'system' or 'developer', "
-                      f"got {role!r}", "input", "invalid_value")
+            raise bad(
+                f"{where}: 'role' must be 'user', 'assistant', 'system' or 'developer', "
+                f"got {role!r}",
+                "input",
+                "invalid_value",
+            )
         text = _text(item.get("content"), where)
         if role == "assistant":
             t = self.turn
@@ -309,14 +383,20 @@ class _Builder:
         if kind == "function_call":
             name, args = item.get("name"), item.get("arguments")
             if not isinstance(name, str) or not isinstance(args, str):
-                raise bad(f"{where}: a function_call needs 'name' and 'arguments' strings",
-                          "input", "invalid_value")
+                raise bad(
+                    f"{where}: a function_call needs 'name' and 'arguments' strings",
+                    "input",
+                    "invalid_value",
+                )
             flat = self.tools.flat("function", name, item.get("namespace"))
         elif kind == "custom_tool_call":
             name, text = item.get("name"), item.get("input")
             if not isinstance(name, str) or not isinstance(text, str):
-                raise bad(f"{where}: a custom_tool_call needs 'name' and 'input' strings",
-                          "input", "invalid_value")
+                raise bad(
+                    f"{where}: a custom_tool_call needs 'name' and 'input' strings",
+                    "input",
+                    "invalid_value",
+                )
             flat = self.tools.flat("custom", name, item.get("namespace"))
             args = json.dumps({INPUT_KEY: text}, ensure_ascii=False)
         else:
@@ -347,8 +427,7 @@ def _text(content, where: str, name: str = "content") -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad(f"{where}: '{name}' must be a string or a list of parts", "input",
-                  "invalid_type")
+        raise bad(f"{where}: '{name}' must be a string or a list of parts", "input", "invalid_type")
     parts = []
     for p in content:
         kind = p.get("type") if isinstance(p, Mapping) else None
@@ -357,8 +436,11 @@ def _text(content, where: str, name: str = "content") -> str:
         elif kind == "refusal" and isinstance(p.get("refusal"), str):
             parts.append(p["refusal"])
         else:
-            raise bad(f"{where}: only text parts are supported (got {kind!r})", "input",
-                      "unsupported_content")
+            raise bad(
+                f"{where}: only text parts are supported (got {kind!r})",
+                "input",
+                "unsupported_content",
+            )
     return "".join(parts)
 
 
@@ -370,6 +452,9 @@ def _reasoning_text(item: Mapping) -> str:
         return text
     content = item.get("content")
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, Mapping) and p.get("type") == "reasoning_text")
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, Mapping) and p.get("type") == "reasoning_text"
+        )
     return ""

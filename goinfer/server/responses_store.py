@@ -6,6 +6,7 @@ form, so a request naming it as ``previous_response_id`` continues from there.  
 bounded: at most MAX_RESPONSES responses and about MAX_BYTES of their text; past either, the
 oldest are evicted first.  It lives in memory, in the process (the replica) that answered.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ class ResponseStore:
                 self._bytes -= old.size
             self._items[rid] = s
             self._bytes += s.size
-            while self._items and (len(self._items) > self.max_responses
-                                   or self._bytes > self.max_bytes):
+            while self._items and (
+                len(self._items) > self.max_responses or self._bytes > self.max_bytes
+            ):
                 _, gone = self._items.popitem(last=False)
                 self._bytes -= gone.size
                 self.evicted += 1

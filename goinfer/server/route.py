@@ -17,6 +17,7 @@ and events become its wire reply, and how an error looks in its API:
 Everything else is shared (``ApiRoute.handle``): the API key, reading the body, tokenizing,
 the context checks, submitting, cancelling when the client goes away, the status counters.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,17 @@ from goinfer.server.errors import APIError, bad
 from goinfer.server.request import Event, Request
 from goinfer.server.runner import ClientGone, Runner
 
-__all__ = ["ApiRoute", "ReplyInfo", "Served", "EventStream", "sse", "SSE_PING", "authorize",
-           "read_body", "read_json"]
+__all__ = [
+    "ApiRoute",
+    "ReplyInfo",
+    "Served",
+    "EventStream",
+    "sse",
+    "SSE_PING",
+    "authorize",
+    "read_body",
+    "read_json",
+]
 
 
 def sse(obj, event: str | None = None) -> bytes:
@@ -95,8 +105,9 @@ class ApiRoute:
         whole reply's JSON.  Default: the one choice's reply (an API without n)."""
         return self.reply(results[0], req, info)
 
-    def stream(self, events: AsyncIterator[Event], req: Request,
-               info: ReplyInfo) -> AsyncIterator[bytes]:
+    def stream(
+        self, events: AsyncIterator[Event], req: Request, info: ReplyInfo
+    ) -> AsyncIterator[bytes]:
         """The runner's events -> the streamed reply's bytes (server-sent events)."""
         raise NotImplementedError
 
@@ -137,8 +148,9 @@ class ApiRoute:
         req = self.parse(body, srv.runner.model.vocab_size)
         self.bind(req, srv)
         run = await srv.runner.start(req)
-        info = ReplyInfo(srv.model_id, srv.fingerprint, self.new_id(srv),
-                         prompt_tokens=len(run.job.ids))
+        info = ReplyInfo(
+            srv.model_id, srv.fingerprint, self.new_id(srv), prompt_tokens=len(run.job.ids)
+        )
         if req.stream:
             srv.counts.add(self.path, 200)
             return EventStream(self._stream(srv.runner, run, info))
@@ -174,9 +186,13 @@ def authorize(headers, api_key: str | None) -> None:
     if scheme.lower() != "bearer":
         token = headers.get("x-api-key", "")
     if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or "
-                       "'x-api-key: KEY')", type="authentication_error", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+            type="authentication_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 async def read_body(request: HTTPRequest, limit: int) -> bytes:
@@ -231,8 +247,13 @@ class EventStream(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         async def pump():
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
             async for chunk in self.events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -250,6 +271,9 @@ class EventStream(Response):
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.events.aclose()
         for t in done:
-            if not t.cancelled() and t.exception() is not None and not isinstance(
-                    t.exception(), OSError):
+            if (
+                not t.cancelled()
+                and t.exception() is not None
+                and not isinstance(t.exception(), OSError)
+            ):
                 raise t.exception()

@@ -15,6 +15,7 @@ The router does not ask replicas what they hold (that would cost a round trip pe
 it remembers which prompts it sent where (PrefixIndex), as many blocks per replica as that
 replica's cache has, least recently used forgotten first, as the cache evicts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,7 @@ def prompt_chain(ids, block_size: int, salt: str | None = None) -> list[bytes]:
     out: list[bytes] = []
     parent = root_hash(salt)
     for i in range(max(len(ids) - 1, 0) // block_size):
-        parent = block_hash(parent, ids[i * block_size:(i + 1) * block_size], EXACT, salt)
+        parent = block_hash(parent, ids[i * block_size : (i + 1) * block_size], EXACT, salt)
         out.append(parent)
     return out
 
@@ -93,7 +94,7 @@ class PrefixIndex:
     def add(self, replica: str, chain: list[bytes]) -> None:
         held = self._held.setdefault(replica, OrderedDict())
         for h in reversed(chain):  # tail first: a chain's tail is forgotten before its head,
-            held[h] = None         # as the cache evicts a released chain
+            held[h] = None  # as the cache evicts a released chain
             held.move_to_end(h)
         while len(held) > self.capacity:
             held.popitem(last=False)
@@ -147,8 +148,14 @@ class KeyIndex:
             del self._at[k]
 
 
-def choose(chain: list[bytes], loads: dict[str, int], index: PrefixIndex, policy: Policy,
-           rng: random.Random | None = None, preferred: str | None = None) -> Choice:
+def choose(
+    chain: list[bytes],
+    loads: dict[str, int],
+    index: PrefixIndex,
+    policy: Policy,
+    rng: random.Random | None = None,
+    preferred: str | None = None,
+) -> Choice:
     """Rank the replicas of loads (replica id -> requests in flight) for a prompt's chain.
     preferred: the replica the request's conversation key went to last (KeyIndex); under
     "prefix" it is chosen first, unless it is imbalanced as a longest-prefix replica would be

@@ -17,6 +17,7 @@ the tokens taken since the last piece, so the pieces' entries add up to the whol
 Closing the event stream early (the client went away) cancels the job; its KV blocks are freed
 before the engine's next step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -80,14 +81,22 @@ def prompt_ids(model, req: Request) -> tuple[list[int], ToolChat | None]:
             return model.tokenize(req.prompt, True), None
         return list(req.prompt), None
     try:
-        tc = prepare_chat(model, req.messages, req.tools, req.tool_choice,
-                          req.parallel_tool_calls, req.template_kwargs, req.unlisted_tools,
-                          req.system_in_place)
+        tc = prepare_chat(
+            model,
+            req.messages,
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+            req.template_kwargs,
+            req.unlisted_tools,
+            req.system_in_place,
+        )
     except ToolError as e:
         raise bad(str(e), e.param, "invalid_value", e) from None
     except ChatTemplateError as e:
-        raise bad(f"the chat template failed: {e}", req.prompt_param, "chat_template_error",
-                  e) from None
+        raise bad(
+            f"the chat template failed: {e}", req.prompt_param, "chat_template_error", e
+        ) from None
     return model.tokenize_chat(tc.prompt), tc
 
 
@@ -112,8 +121,16 @@ def compile_constraint(model, req: Request, tc: ToolChat | None = None):
 
 
 class Runner:
-    def __init__(self, model, cache, engine, *, draft: bool = False, draft_tokens: int = 0,
-                 ping_interval: float = 5.0):
+    def __init__(
+        self,
+        model,
+        cache,
+        engine,
+        *,
+        draft: bool = False,
+        draft_tokens: int = 0,
+        ping_interval: float = 5.0,
+    ):
         """draft / draft_tokens: the default speculative drafting of requests (a request's own
         setting overrides it); ping_interval: seconds without an event before a Ping."""
         self.model = model
@@ -131,12 +148,22 @@ class Runner:
         batch = [ids]
         if req.prompts:  # a batch of completion prompts: the first one is req.prompt
             batch = await run_in_threadpool(
-                lambda: [ids] + [prompt_ids(self.model, dataclasses.replace(req, prompt=p))[0]
-                                 for p in req.prompts[1:]])
+                lambda: (
+                    [ids]
+                    + [
+                        prompt_ids(self.model, dataclasses.replace(req, prompt=p))[0]
+                        for p in req.prompts[1:]
+                    ]
+                )
+            )
         grammar = await run_in_threadpool(compile_constraint, self.model, req, tc)
         if req.n > self.engine.max_batch:
-            raise bad(f"'n' must be at most {self.engine.max_batch} (the server's batch size, "
-                      "--max-batch)", "n", "invalid_value")
+            raise bad(
+                f"'n' must be at most {self.engine.max_batch} (the server's batch size, "
+                "--max-batch)",
+                "n",
+                "invalid_value",
+            )
         jobs = [self._job(req, x) for x in batch]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
@@ -160,13 +187,18 @@ class Runner:
         try:
             self.engine.submit(job)
         except QueueFullError as e:
-            raise APIError(429, str(e), type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": "1"}, cause=e) from None
+            raise APIError(
+                429,
+                str(e),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+                cause=e,
+            ) from None
         except ContextLengthError as e:
             raise bad(str(e), "max_tokens", "kv_cache_too_small", e) from None
         except GoinferError as e:
-            raise APIError(503, str(e), type="server_error", code="unavailable",
-                           cause=e) from None
+            raise APIError(503, str(e), type="server_error", code="unavailable", cause=e) from None
 
     def _job(self, req: Request, ids: list[int]) -> Job:
         """The engine's job: the context checks (a 400 whose cause is a ContextLengthError
@@ -181,26 +213,40 @@ class Runner:
             max_tokens = None  # a ceiling: what the context leaves
         if max_tokens is None:
             if len(ids) >= cap:
-                msg = (f"this model's maximum context length is {cap} tokens, but the "
-                       f"messages take {len(ids)} tokens")
-                raise bad(msg, param, "context_length_exceeded",
-                          ContextLengthError(msg, len(ids), cap))
+                msg = (
+                    f"this model's maximum context length is {cap} tokens, but the "
+                    f"messages take {len(ids)} tokens"
+                )
+                raise bad(
+                    msg, param, "context_length_exceeded", ContextLengthError(msg, len(ids), cap)
+                )
             max_tokens = cap - len(ids)
         elif len(ids) + max_tokens > n_ctx:
-            msg = (f"this model's maximum context length is {n_ctx} tokens, but "
-                   f"{len(ids) + max_tokens} were requested ({len(ids)} in the prompt, "
-                   f"{max_tokens} for the completion); shorten the prompt or lower max_tokens")
-            raise bad(msg, param, "context_length_exceeded",
-                      ContextLengthError(msg, len(ids) + max_tokens, n_ctx))
+            msg = (
+                f"this model's maximum context length is {n_ctx} tokens, but "
+                f"{len(ids) + max_tokens} were requested ({len(ids)} in the prompt, "
+                f"{max_tokens} for the completion); shorten the prompt or lower max_tokens"
+            )
+            raise bad(
+                msg,
+                param,
+                "context_length_exceeded",
+                ContextLengthError(msg, len(ids) + max_tokens, n_ctx),
+            )
         try:
             params = SamplingParams(**req.sampling)
         except ValueError as e:
             raise bad(str(e)) from None
         on = self.draft if req.draft is None else req.draft
-        return Job(ids=ids, max_tokens=max_tokens, params=params,
-                   stops=req.stops or list(self.model.defaults.stop),  # the model's own
-                   on_event=lambda ev: None, cache_salt=req.cache_salt,
-                   draft_tokens=(req.draft_tokens or self.draft_tokens) if on else 0)
+        return Job(
+            ids=ids,
+            max_tokens=max_tokens,
+            params=params,
+            stops=req.stops or list(self.model.defaults.stop),  # the model's own
+            on_event=lambda ev: None,
+            cache_salt=req.cache_salt,
+            draft_tokens=(req.draft_tokens or self.draft_tokens) if on else 0,
+        )
 
     # ------------------------------------------------------------------ results
 
@@ -226,8 +272,9 @@ class Runner:
                 if ev.kind == "done":
                     if ev.index == 0:
                         self._count_key(run, ev.result)
-                    results[ev.index] = (run.chat.finish(ev.result) if run.chat is not None
-                                         else ev.result)
+                    results[ev.index] = (
+                        run.chat.finish(ev.result) if run.chat is not None else ev.result
+                    )
                 elif ev.kind == "error":
                     raise engine_error(ev.error)
             return [results[i] for i in sorted(results)]

@@ -33,6 +33,7 @@ tokens it generated so far (batch-invariant numerics make this invisible in its 
 The asyncio side talks to the engine through ``submit`` / ``cancel`` (thread safe) and gets
 events back through the job's ``on_event`` callback, called on the engine thread.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,10 +45,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
-from goinfer.sampling import SamplingParams
 from goinfer.batch import forward_sessions
+from goinfer.errors import CacheFullError, ContextLengthError, GoinferError
 from goinfer.generation import Generation, GenerationResult
+from goinfer.sampling import SamplingParams
 from goinfer.session import Session
 from goinfer.speculative import Speculation
 
@@ -129,8 +130,15 @@ class Job:
 
 
 class Engine:
-    def __init__(self, model, cache, *, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    def __init__(
+        self,
+        model,
+        cache,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ):
         if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
         self.model = model
@@ -203,12 +211,16 @@ class Engine:
             raise ContextLengthError(
                 f"the request needs up to {n_tokens} tokens of KV cache but the server's cache "
                 f"holds {self.cache.max_tokens - bs}; lower max_tokens or restart the server with "
-                "a larger --kv-tokens", n_tokens, self.cache.max_tokens - bs)
+                "a larger --kv-tokens",
+                n_tokens,
+                self.cache.max_tokens - bs,
+            )
 
     def submit(self, job: Job) -> None:
         if job.n > self.max_batch:
-            raise ValueError(f"a job of {job.n} choices needs {job.n} seats; the batch has "
-                             f"{self.max_batch}")
+            raise ValueError(
+                f"a job of {job.n} choices needs {job.n} seats; the batch has {self.max_batch}"
+            )
         self.check_fits(job.need_tokens)
         with self._cond:
             if self._stopping:
@@ -245,8 +257,9 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (self._paused or not (
-                        self._waiting or self._active or self._wake)):
+                while not self._stopping and (
+                    self._paused or not (self._waiting or self._active or self._wake)
+                ):
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -336,8 +349,15 @@ class Engine:
             raise
         job.session, job.pending, job.prefilling = session, list(rest), True
         if first:
-            job.gen = Generation(self.model, job.ids, job.max_tokens, job.params, job.stops,
-                                 grammar=job.grammar, logprobs=job.logprobs)
+            job.gen = Generation(
+                self.model,
+                job.ids,
+                job.max_tokens,
+                job.params,
+                job.stops,
+                grammar=job.grammar,
+                logprobs=job.logprobs,
+            )
             if job.draft_tokens and not self.model.hybrid:  # (a recurrent state cannot be cut back)
                 job.spec = Speculation(job.ids, job.draft_tokens)
             job.cached, job.prefilled = cached, len(rest)
@@ -363,8 +383,9 @@ class Engine:
         for job in self._active:
             if job.session is not None and len(job.pending) == 1:
                 if job.spec is not None and not job.prefilling:  # its token and a draft
-                    work.append((job, job.spec.feed(job.gen, job.session.n_tokens,
-                                                    self.model.n_ctx)))
+                    work.append(
+                        (job, job.spec.feed(job.gen, job.session.n_tokens, self.model.n_ctx))
+                    )
                 else:
                     work.append((job, job.pending[:1]))
             else:
@@ -400,8 +421,9 @@ class Engine:
                     job.session.table.reserve(len(toks))
                 return work
             except CacheFullError as e:
-                drafting = {id(j) for j, t in work
-                            if j.spec is not None and not j.prefilling and len(t) > 1}
+                drafting = {
+                    id(j) for j, t in work if j.spec is not None and not j.prefilling and len(t) > 1
+                }
                 if drafting:
                     for job, toks in work:
                         if id(job) in drafting:
@@ -426,8 +448,9 @@ class Engine:
         # a decoding job with drafting feeds its token and a draft: logits of every row
         wants = ["all" if j.spec is not None and not j.prefilling else "last" for j, _ in work]
         try:
-            logits = forward_sessions([(j.session, toks, want)
-                                       for (j, toks), want in zip(work, wants)])
+            logits = forward_sessions(
+                [(j.session, toks, want) for (j, toks), want in zip(work, wants)]
+            )
         except Exception as e:
             for job, _ in work:
                 self._fail(job, e)
@@ -444,7 +467,7 @@ class Engine:
         while self._window and t1 - self._window[0][0] > RATE_WINDOW_S:
             self._window.popleft()
         for (job, toks), lg, want in zip(work, logits, wants):
-            del job.pending[:len(toks)]
+            del job.pending[: len(toks)]
             if job.pending:
                 continue  # more prompt to prefill
             job.prefilling = False
@@ -480,14 +503,35 @@ class Engine:
             p = job.params
             if p.seed is not None:
                 p = dataclasses.replace(p, seed=p.seed + i)
-            f = Job(ids=job.ids, max_tokens=job.max_tokens, params=p, stops=job.stops,
-                    on_event=job.on_event, cache_salt=job.cache_salt, grammar=job.grammar,
-                    logprobs=job.logprobs, draft_tokens=job.draft_tokens, index=job.index + i,
-                    root=job, forked=True, cached=job.cached, prefilled=job.prefilled,
-                    t_submit=job.t_submit, t_start=job.t_start, t_prompt=job.t_prompt)
+            f = Job(
+                ids=job.ids,
+                max_tokens=job.max_tokens,
+                params=p,
+                stops=job.stops,
+                on_event=job.on_event,
+                cache_salt=job.cache_salt,
+                grammar=job.grammar,
+                logprobs=job.logprobs,
+                draft_tokens=job.draft_tokens,
+                index=job.index + i,
+                root=job,
+                forked=True,
+                cached=job.cached,
+                prefilled=job.prefilled,
+                t_submit=job.t_submit,
+                t_start=job.t_start,
+                t_prompt=job.t_prompt,
+            )
             f.session = job.session.fork()
-            f.gen = Generation(self.model, f.ids, f.max_tokens, f.params, f.stops,
-                               grammar=f.grammar, logprobs=f.logprobs)
+            f.gen = Generation(
+                self.model,
+                f.ids,
+                f.max_tokens,
+                f.params,
+                f.stops,
+                grammar=f.grammar,
+                logprobs=f.logprobs,
+            )
             if f.draft_tokens and not self.model.hybrid:
                 f.spec = Speculation(f.ids, f.draft_tokens)
             forks.append(f)
@@ -498,8 +542,9 @@ class Engine:
     def _finish(self, job: Job) -> None:
         gen = job.gen
         self._text(job, gen.finish())
-        result = gen.result(job.cached, job.prefilled, job.t_start, job.t_prompt,
-                            time.perf_counter())
+        result = gen.result(
+            job.cached, job.prefilled, job.t_start, job.t_prompt, time.perf_counter()
+        )
         self._release(job)
         self._active.remove(job)
         self.n_finished += 1

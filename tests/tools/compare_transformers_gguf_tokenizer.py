@@ -18,7 +18,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "data")
 DOC_SEPARATOR = "\n\u241e\u241e\u241e goinfer-doc \u241e\u241e\u241e\n"
-FILES = {"smollm2": "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma3/gemma-3-270m-q4_k_m.gguf"}
+FILES = {
+    "smollm2": "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3": "gemma3/gemma-3-270m-q4_k_m.gguf",
+}
 
 
 def main() -> int:
@@ -36,11 +39,19 @@ def main() -> int:
             split_special = key == "parse_special_true"
             bad = []
             for i, (doc, want) in enumerate(zip(docs, goldens[name][key])):
-                got = hf.encode(doc, add_special_tokens=False, split_special_tokens=not split_special)
+                got = hf.encode(
+                    doc, add_special_tokens=False, split_special_tokens=not split_special
+                )
                 if got != want:
-                    k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                    k = next(
+                        (j for j, (a, b) in enumerate(zip(got, want)) if a != b),
+                        min(len(got), len(want)),
+                    )
                     lo, hi = max(0, k - 2), k + 3
-                    mine, theirs = hf.convert_ids_to_tokens(got[lo:hi]), hf.convert_ids_to_tokens(want[lo:hi])
+                    mine, theirs = (
+                        hf.convert_ids_to_tokens(got[lo:hi]),
+                        hf.convert_ids_to_tokens(want[lo:hi]),
+                    )
                     bad.append(f"  doc {i} {doc[:25]!r}: transformers {mine} llama.cpp {theirs}")
             print(f"{name} {key}: {len(bad)}/{len(docs)} documents differ")
             for line in bad[:6]:

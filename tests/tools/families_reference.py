@@ -14,6 +14,7 @@ It needs torch and transformers (the test extra) and, for the llama.cpp columns,
 llama-cpp-python (the bench extra); without llama_cpp those columns are left empty.  Both engines keep K/V in float32 here.  Prints a markdown table (docs/design/families.md
 holds the measured one) and, with --json, writes the numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,11 @@ FAMILIES = [
     ("gpt-oss, F32 experts", "gpt-oss", dict(mxfp4=False)),  # with attention sinks
     ("gpt-oss, MXFP4 experts", "gpt-oss", {}),
     # goinfer with llama.cpp's truncated YaRN range: what is left between the two engines
-    ("gpt-oss, F32 experts, goinfer YaRN truncated", "gpt-oss", dict(mxfp4=False, truncate_yarn=True)),
+    (
+        "gpt-oss, F32 experts, goinfer YaRN truncated",
+        "gpt-oss",
+        dict(mxfp4=False, truncate_yarn=True),
+    ),
     ("Gemma 4 dense (PLE, shared KV, k=v)", "gemma4", {}),
     ("Gemma 4 MoE", "gemma4", dict(gemma4_moe=True)),  # hfconvert.GEMMA4_MOE
 ]
@@ -49,8 +54,17 @@ def llama_cpp_logits(path, ids, threads: int):
 
     # float32 K/V (type 0): llama.cpp's default f16 cache alone moves tiny models' logits by
     # ~2e-2, which would hide the model differences this compares
-    llm = Llama(model_path=str(path), logits_all=True, n_ctx=max(64, len(ids) + 16), n_batch=512,
-                n_ubatch=512, n_threads=threads, verbose=False, type_k=0, type_v=0)
+    llm = Llama(
+        model_path=str(path),
+        logits_all=True,
+        n_ctx=max(64, len(ids) + 16),
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        verbose=False,
+        type_k=0,
+        type_v=0,
+    )
     llm.eval(list(ids))
     out = np.array(llm.scores[: len(ids)], dtype=np.float32)
     llm.close()
@@ -74,8 +88,16 @@ def measure(label, family, opts, lengths, threads, use_llama):
     if truncate_yarn:
         m.impl.rope.yarn = replace(m.impl.rope.yarn, truncate=True)
         m.impl.rope.cos = np.zeros((0, m.config.n_rot // 2))  # tables rebuilt on first use
-    rows = dict(label=label, family=family, gguf=str(path), lengths=list(lengths),
-                logit_scale=0.0, goinfer=[0.0, 1.0], llama_cpp=None, goinfer_vs_llama_cpp=None)
+    rows = dict(
+        label=label,
+        family=family,
+        gguf=str(path),
+        lengths=list(lengths),
+        logit_scale=0.0,
+        goinfer=[0.0, 1.0],
+        llama_cpp=None,
+        goinfer_vs_llama_cpp=None,
+    )
     worst_g, agree_g, worst_l, agree_l, worst_gl, agree_gl, n = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0
     for T in lengths:
         ids = np.random.default_rng(1000 + T).integers(0, m.vocab_size, T).tolist()
@@ -102,17 +124,23 @@ def table(results) -> str:
     def cell(v):
         return "-" if v is None else f"{v[0]:.1e} / {100 * v[1]:.1f}%"
 
-    lines = ["| model | goinfer vs transformers | llama.cpp vs transformers | goinfer vs llama.cpp | logit scale |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| model | goinfer vs transformers | llama.cpp vs transformers | goinfer vs llama.cpp | logit scale |",
+        "|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['label']} | {cell(r['goinfer'])} | {cell(r['llama_cpp'])} | "
-                     f"{cell(r['goinfer_vs_llama_cpp'])} | {r['logit_scale']:.1f} |")
+        lines.append(
+            f"| {r['label']} | {cell(r['goinfer'])} | {cell(r['llama_cpp'])} | "
+            f"{cell(r['goinfer_vs_llama_cpp'])} | {r['logit_scale']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="one family, short ids (the test suite's run)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="one family, short ids (the test suite's run)"
+    )
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even if installed")
     ap.add_argument("--family", help="only the rows of this hfconvert family (e.g. gemma4)")
     ap.add_argument("--threads", type=int, default=2)
@@ -131,8 +159,10 @@ def main(argv=None):
     lengths = (1, 7) if args.smoke else LENGTHS
     t0 = time.perf_counter()
     results = [measure(*f, lengths, args.threads, use_llama) for f in fams]
-    print(f"max |logit diff| / top-1 agreement over every position of ids of lengths "
-          f"{', '.join(map(str, lengths))} ({time.perf_counter() - t0:.0f} s)\n")
+    print(
+        f"max |logit diff| / top-1 agreement over every position of ids of lengths "
+        f"{', '.join(map(str, lengths))} ({time.perf_counter() - t0:.0f} s)\n"
+    )
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

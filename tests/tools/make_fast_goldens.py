@@ -13,6 +13,7 @@ committed; tests never run this):
 
 transformers and the tokenizer are the references: goinfer only locates the file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,11 +32,17 @@ PROMPTS = {"long": (0, 1000), "short": (5000, 5300)}  # token ranges of the corp
 def main() -> None:
     path = hub.resolve("smollm2-135m", progress=False)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 torch_dtype=torch.float32).eval()
-    ids_all = tok((DATA / "tokenizer_corpus.txt").read_text(), add_special_tokens=False)["input_ids"]
-    out = {"transformers_version": np.array(transformers.__version__),
-           "torch_version": np.array(torch.__version__), "gguf_file": np.array(path.name)}
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+    ).eval()
+    ids_all = tok((DATA / "tokenizer_corpus.txt").read_text(), add_special_tokens=False)[
+        "input_ids"
+    ]
+    out = {
+        "transformers_version": np.array(transformers.__version__),
+        "torch_version": np.array(torch.__version__),
+        "gguf_file": np.array(path.name),
+    }
     for name, (a, b) in PROMPTS.items():
         ids = ids_all[a:b]
         with torch.no_grad():

@@ -17,6 +17,7 @@ Stored:
 - ``chats``: conversations, llama.cpp's prompt tokens (built-in gemma template text tokenized with
   add_bos=True) and llama.cpp's greedy reply.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,19 @@ DEFAULT_GGUF = os.path.expanduser("~/.cache/goinfer/models/gemma3-270m/gemma-3-2
 WINDOW = 1024
 
 CHATS = [
-    [{"role": "system", "content": "Answer with one word."},
-     {"role": "user", "content": "What is the capital of Italy?"},
-     {"role": "assistant", "content": "Rome."},
-     {"role": "user", "content": "What is the capital of Germany?"},
-     {"role": "assistant", "content": "Berlin."},
-     {"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "user", "content": "What is the capital of Italy?"},
-     {"role": "assistant", "content": "The capital of Italy is Rome."},
-     {"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "Answer with one word."},
+        {"role": "user", "content": "What is the capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "What is the capital of Germany?"},
+        {"role": "assistant", "content": "Berlin."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ],
+    [
+        {"role": "user", "content": "What is the capital of Italy?"},
+        {"role": "assistant", "content": "The capital of Italy is Rome."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ],
 ]
 NORMS = {  # GGUF tensor -> transformers parameter
     "blk.0.attn_norm.weight": "model.layers.0.input_layernorm.weight",
@@ -75,11 +80,12 @@ def main() -> None:
 
     path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_GGUF
     text = open(TEXT, encoding="utf-8").read()
-    llm = llama_cpp.Llama(path, n_ctx=WINDOW, n_batch=WINDOW, logits_all=True, n_threads=2,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        path, n_ctx=WINDOW, n_batch=WINDOW, logits_all=True, n_threads=2, verbose=False
+    )
     ids = llm.tokenize(text.encode(), add_bos=True, special=True)[:WINDOW]
     llm.eval(ids)
-    ll_top1 = np.array(llm.scores[:len(ids)], dtype=np.float32).argmax(1)
+    ll_top1 = np.array(llm.scores[: len(ids)], dtype=np.float32).argmax(1)
 
     chats = []
     for messages in CHATS:
@@ -87,13 +93,20 @@ def main() -> None:
         pids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
         llm.reset()
         out = llm.create_completion(pids, max_tokens=16, temperature=0.0)
-        chats.append({"messages": messages, "prompt": prompt, "llama_cpp_ids": pids,
-                      "llama_cpp_reply": out["choices"][0]["text"]})
+        chats.append(
+            {
+                "messages": messages,
+                "prompt": prompt,
+                "llama_cpp_ids": pids,
+                "llama_cpp_reply": out["choices"][0]["text"],
+            }
+        )
     del llm
 
     torch.set_num_threads(2)
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].float().numpy()
     top2 = np.sort(ref, axis=1)[:, -2:]
@@ -116,7 +129,9 @@ def main() -> None:
         json.dump(res, f, ensure_ascii=False)
         f.write("\n")
     agree = float((ll_top1 == ref.argmax(1)).mean())
-    print(f"wrote {OUT}: {len(ids)} positions, llama.cpp top-1 agreement with transformers {agree:.4f}")
+    print(
+        f"wrote {OUT}: {len(ids)} positions, llama.cpp top-1 agreement with transformers {agree:.4f}"
+    )
 
 
 if __name__ == "__main__":

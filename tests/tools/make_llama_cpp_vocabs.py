@@ -44,11 +44,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from fixtures.llama_cpp_vocab import DIR as OUT  # noqa: E402
 from fixtures.llama_cpp_vocab import NAMES, metadata, read_cases  # noqa: E402  (NAMES: the vocabularies
+
 # whose tokenizer goinfer supports: byte-level BPE with a known pre-tokenizer, SentencePiece)
-KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
-        "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token",
-        "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix"]
+KEYS = [
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.eom_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.ggml.add_space_prefix",
+]
 
 
 def searchable(md: dict, texts: list[str]) -> list[str]:
@@ -93,7 +102,11 @@ def check(name: str, full_md: dict, small_md: dict, cases) -> None:
         small = T.Tokenizer.from_metadata({**small_md, "tokenizer.ggml.pre": pre})
         for text, want in cases:
             got = small.encode(text, add_special=False, parse_special=False)
-            assert got == full.encode(text, add_special=False, parse_special=False), (name, pre, text)
+            assert got == full.encode(text, add_special=False, parse_special=False), (
+                name,
+                pre,
+                text,
+            )
             if pre == pres[0]:
                 assert got == want, (name, text, got, want)
 
@@ -115,16 +128,20 @@ def main() -> None:
         reduced = reduce(md, [t for t, _ in cases])
         check(name, md, metadata(reduced), cases)
         with open(src, "rb") as f:
-            reduced["source"] = {"file": f"models/ggml-vocab-{name}.gguf",
-                                 "sha256": hashlib.sha256(f.read()).hexdigest(),
-                                 "from": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp"}
+            reduced["source"] = {
+                "file": f"models/ggml-vocab-{name}.gguf",
+                "sha256": hashlib.sha256(f.read()).hexdigest(),
+                "from": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp",
+            }
         for ext in (".inp", ".out"):
             shutil.copy(src + ext, os.path.join(OUT, f"ggml-vocab-{name}.gguf{ext}"))
         dst = os.path.join(OUT, f"{name}.vocab.json.gz")
         with gzip.GzipFile(dst, "wb", mtime=0) as f:
             f.write(json.dumps(reduced, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-        print(f"{name}: {len(cases)} cases, kept {len(reduced['tokens'])} of {reduced['n_tokens']} "
-              f"tokens, {len(reduced.get('merges', []))} merges -> {os.path.getsize(dst)} bytes")
+        print(
+            f"{name}: {len(cases)} cases, kept {len(reduced['tokens'])} of {reduced['n_tokens']} "
+            f"tokens, {len(reduced.get('merges', []))} merges -> {os.path.getsize(dst)} bytes"
+        )
 
 
 if __name__ == "__main__":

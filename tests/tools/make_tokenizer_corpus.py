@@ -58,7 +58,14 @@ def read(path: str) -> str | None:
 # ---- excerpts of files on this machine ------------------------------------------------------
 
 stdlib = sysconfig.get_paths()["stdlib"]
-for name in ("textwrap.py", "json/decoder.py", "string.py", "fractions.py", "heapq.py", "base64.py"):
+for name in (
+    "textwrap.py",
+    "json/decoder.py",
+    "string.py",
+    "fractions.py",
+    "heapq.py",
+    "base64.py",
+):
     src = read(os.path.join(stdlib, name))
     if src:
         for c in chunks(src, 2500, 3):
@@ -83,7 +90,13 @@ if lic:
         add(c)
 
 cjk = os.path.join(stdlib, "test", "cjkencodings")
-for name in ("gb2312-utf8.txt", "euc_jp-utf8.txt", "big5-utf8.txt", "cp949-utf8.txt", "johab-utf8.txt"):
+for name in (
+    "gb2312-utf8.txt",
+    "euc_jp-utf8.txt",
+    "big5-utf8.txt",
+    "cp949-utf8.txt",
+    "johab-utf8.txt",
+):
     src = read(os.path.join(cjk, name))
     if src:
         add(src)
@@ -107,7 +120,9 @@ PROSE = [
         "El niño comió piña en la mañana. ¿Dónde está la biblioteca? ¡Qué día tan bonito! "
         "Los pingüinos no vuelan, pero nadan muy rápido."
     ),
-    ("Съешь же ещё этих мягких французских булок, да выпей чаю. Москва — столица России; ёлка, щука, объём и подъезд."),
+    (
+        "Съешь же ещё этих мягких французских булок, да выпей чаю. Москва — столица России; ёлка, щука, объём и подъезд."
+    ),
     "Ταχίστη αλώπηξ βαφής ψημένη γη, δρασκελίζει υπέρ νωθρού κυνός. Ἐν ἀρχῇ ἦν ὁ λόγος.",
     "العربية لغة جميلة. مرحبًا بكم في عالم الحوسبة! هذا نصٌّ قصيرٌ مع تشكيلٍ كاملٍ، وأرقام ١٢٣٤٥.",
     "עברית נכתבת מימין לשמאל. שָׁלוֹם עֲלֵיכֶם! המספר 42 נשאר משמאל לימין.",
@@ -203,7 +218,16 @@ add(
 
 add("\n\n3")
 add("\n\n3\n\n33\n\n333 \n\n 3\n\n\n3.5\n\n-3")
-add("a  b   c    d     e      f\n" + " " * 40 + "x\n" + "\t" * 5 + "y\n" + " \t \t  \t\n" + "\n" * 35 + "z")
+add(
+    "a  b   c    d     e      f\n"
+    + " " * 40
+    + "x\n"
+    + "\t" * 5
+    + "y\n"
+    + " \t \t  \t\n"
+    + "\n" * 35
+    + "z"
+)
 add("trailing spaces   \ntrailing tab\t\n\r\nwindows\r\nline\r\nends\r\n\r\n\r\nmac\rstyle\r")
 add("   leading spaces and trailing   ")
 add("\n")
@@ -336,7 +360,24 @@ POOL = (
     + COMBINING
     + nums
     + SPECIALS
-    + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "'s", "'LL", "'ve", "’s", "--", "...", "…", "!!", "?!"]
+    + [
+        " ",
+        "  ",
+        "   ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "'s",
+        "'LL",
+        "'ve",
+        "’s",
+        "--",
+        "...",
+        "…",
+        "!!",
+        "?!",
+    ]
 )
 for _ in range(60):
     parts = []

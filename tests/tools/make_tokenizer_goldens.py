@@ -60,7 +60,10 @@ def vocab_only_copy(src: str, dst: str, pre: str) -> None:
 
 def write_json_gz(path: str, obj) -> None:
     payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f,
+    ):
         f.write(payload)  # mtime=0: the same content gives the same bytes
 
 
@@ -105,7 +108,10 @@ GEMMA_CONVERSATIONS = [
         {"role": "user", "content": "y"},
         {"role": "assistant", "content": "z"},
     ],
-    [{"role": "user", "content": "\u00a0nbsp\u3000 \t"}, {"role": "tool", "content": '{"ok": true}'}],
+    [
+        {"role": "user", "content": "\u00a0nbsp\u3000 \t"},
+        {"role": "tool", "content": '{"ok": true}'},
+    ],
     [{"role": "system", "content": "only a system message"}],
     [
         {"role": "user", "content": "Translate: 日本語 😀"},
@@ -132,8 +138,16 @@ def gemma_chat_goldens() -> list[dict]:
                 keep += [role, content]
                 arr[i].role, arr[i].content = role, content
             buf = ctypes.create_string_buffer(1 << 16)
-            n = llama_cpp.llama_chat_apply_template(b"gemma", arr, len(conv), add_ass, buf, len(buf))
-            out.append({"messages": conv, "add_generation_prompt": add_ass, "rendered": buf.raw[:n].decode()})
+            n = llama_cpp.llama_chat_apply_template(
+                b"gemma", arr, len(conv), add_ass, buf, len(buf)
+            )
+            out.append(
+                {
+                    "messages": conv,
+                    "add_generation_prompt": add_ass,
+                    "rendered": buf.raw[:n].decode(),
+                }
+            )
     return out
 
 
@@ -155,8 +169,14 @@ def main() -> int:
         "call": "Llama(path, vocab_only=True).tokenize(doc.encode(), add_bos=False, special=parse_special)",
         "models": {},
     }
-    result["models"]["smollm2"] = {"file": os.path.basename(args.smollm2), **tokenize_all(args.smollm2, docs)}
-    result["models"]["gemma3"] = {"file": os.path.basename(args.gemma3), **tokenize_all(args.gemma3, docs)}
+    result["models"]["smollm2"] = {
+        "file": os.path.basename(args.smollm2),
+        **tokenize_all(args.smollm2, docs),
+    }
+    result["models"]["gemma3"] = {
+        "file": os.path.basename(args.gemma3),
+        **tokenize_all(args.gemma3, docs),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for pre in PRE_VARIANTS:
             dst = os.path.join(tmp, f"smollm2-{pre}.gguf")
@@ -168,15 +188,25 @@ def main() -> int:
             }
     write_json_gz(OUT, result)
     # SmolLM2's tokenizer (Apache-2.0) ships with the tests, so CI checks the goldens without the model.
-    write_json_gz(SMOLLM2_VOCAB_OUT, {"source": os.path.basename(args.smollm2), **tokenizer_metadata(args.smollm2)})
+    write_json_gz(
+        SMOLLM2_VOCAB_OUT,
+        {"source": os.path.basename(args.smollm2), **tokenizer_metadata(args.smollm2)},
+    )
     with open(CHAT_OUT, "w", encoding="utf-8") as f:
         json.dump(
-            {"llama_cpp_python_version": llama_cpp.__version__, "template": "gemma", "cases": gemma_chat_goldens()},
+            {
+                "llama_cpp_python_version": llama_cpp.__version__,
+                "template": "gemma",
+                "cases": gemma_chat_goldens(),
+            },
             f,
             ensure_ascii=False,
             indent=1,
         )
-    print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes), llama-cpp-python {llama_cpp.__version__}", file=sys.stderr)
+    print(
+        f"wrote {OUT} ({os.path.getsize(OUT)} bytes), llama-cpp-python {llama_cpp.__version__}",
+        file=sys.stderr,
+    )
     return 0
 
 

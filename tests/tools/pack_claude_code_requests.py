@@ -10,6 +10,7 @@ calls, a thinking block), so the runs follow a known course.  Kept per request: 
 number, the body, and the session, agent, beta and user-agent headers.  The working and home
 directories of the runs (under a temporary directory) are renamed to /home/user/cc_*.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,13 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "data" / "claude_code_requests.json.xz"
 # run -> the request numbers kept (None: all); what each run did:
 RUNS = {
-    "cc_text": None,       # claude -p "say hi", then -p --continue twice (text replies)
-    "cc_tool": None,       # a Read and a Bash tool call, then text; a --continue turn
-    "cc_sdk_ts": None,     # claude_agent_sdk.query(): ToolSearch loads a deferred MCP tool
-    "cc_date": None,       # turns 2-3 a day later: a "the date has changed" system message
+    "cc_text": None,  # claude -p "say hi", then -p --continue twice (text replies)
+    "cc_tool": None,  # a Read and a Bash tool call, then text; a --continue turn
+    "cc_sdk_ts": None,  # claude_agent_sdk.query(): ToolSearch loads a deferred MCP tool
+    "cc_date": None,  # turns 2-3 a day later: a "the date has changed" system message
     "cc_xsess": ["001", "002"],  # two new sessions in one directory, other prompts
     "cc_inter": ["001", "002"],  # the interactive TUI (AskUserQuestion's schema)
-    "cc_sub": None,        # an Explore subagent's requests between the main agent's
+    "cc_sub": None,  # an Explore subagent's requests between the main agent's
     "cc_think_sig": None,  # a reply with a thinking block and its signature, sent back
     "cc_websearch": None,  # ToolSearch loading WebSearch, WebFetch, NotebookEdit
 }

@@ -6,6 +6,7 @@ the template renders the tools it is given); any other template gets the generic
 taught by goinfer's own tool prompt.  Adding a format: a module with a ToolFormat subclass
 (goinfer/chat/formats/base.py) and its line in FORMATS below.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,17 +17,28 @@ from goinfer.chat.spec import NO_PARAMS
 from goinfer.chat_template import render_chat_template
 from goinfer.errors import ChatTemplateError
 
-__all__ = ["ToolFormat", "FORMATS", "HERMES", "LLAMA3", "MISTRAL", "QWEN_XML", "GEMMA4",
-           "HARMONY", "GENERIC", "format_of", "tool_format"]
+__all__ = [
+    "ToolFormat",
+    "FORMATS",
+    "HERMES",
+    "LLAMA3",
+    "MISTRAL",
+    "QWEN_XML",
+    "GEMMA4",
+    "HARMONY",
+    "GENERIC",
+    "format_of",
+    "tool_format",
+]
 
 # detection order: the first format that recognizes a template is the model's
 FORMATS: tuple[ToolFormat, ...] = (
-    harmony.FORMAT,   # gpt-oss: its calls are messages of the reply (goinfer/chat/channels.py)
-    gemma4.FORMAT,    # <|tool_call>call:f{...}<tool_call|>
+    harmony.FORMAT,  # gpt-oss: its calls are messages of the reply (goinfer/chat/channels.py)
+    gemma4.FORMAT,  # <|tool_call>call:f{...}<tool_call|>
     qwen_xml.FORMAT,  # <tool_call><function=f>...  (Qwen3.5, Qwen3-Coder)
-    hermes.FORMAT,    # <tool_call>{json}</tool_call>  (Qwen 2.5 / 3, Hermes)
-    mistral.FORMAT,   # [TOOL_CALLS][{json}, ...]
-    llama3.FORMAT,    # {"name": f, "parameters": {...}}  (Llama 3.x)
+    hermes.FORMAT,  # <tool_call>{json}</tool_call>  (Qwen 2.5 / 3, Hermes)
+    mistral.FORMAT,  # [TOOL_CALLS][{json}, ...]
+    llama3.FORMAT,  # {"name": f, "parameters": {...}}  (Llama 3.x)
 )
 GENERIC: ToolFormat = generic.FORMAT  # any other template
 
@@ -58,8 +70,12 @@ def format_of(template: str) -> ToolFormat:
 
 def _renders_tools(template: str) -> bool:
     """Does the template show the tools it is given?  (Rendered with a probe tool.)"""
-    probe = [{"type": "function", "function": {
-        "name": _PROBE, "description": "probe", "parameters": dict(NO_PARAMS)}}]
+    probe = [
+        {
+            "type": "function",
+            "function": {"name": _PROBE, "description": "probe", "parameters": dict(NO_PARAMS)},
+        }
+    ]
     try:
         out = render_chat_template(template, [{"role": "user", "content": "hi"}], tools=probe)
     except ChatTemplateError:

@@ -14,6 +14,7 @@ object inside a pair of markers, one block per call (``<tool_call>\\n{"name": f,
   the opening marker), read as far as the text goes;
 - ``new_id()`` / ``call_id(written)``: the ids the reply's calls get.
 """
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,9 @@ class ToolFormat:
         plain = [t for t in tools if lark_of(t) is None]
         rules, alts = [], []
         if plain:
-            rules.append("goinfer_json_call: %json "
-                         + json.dumps(call_schema(plain, self.args_key)))
+            rules.append(
+                "goinfer_json_call: %json " + json.dumps(call_schema(plain, self.args_key))
+            )
             alts.append("goinfer_json_call")
         for k, t in enumerate(free):
             r, name = freeform_call_rules(t, self.args_key, k)
@@ -125,8 +127,9 @@ class ToolFormat:
     @property
     def args_keys(self) -> tuple[str, ...]:
         """The keys a call's arguments object may have when read (this format's first)."""
-        return (self.args_key,) + tuple(k for k in ("arguments", "parameters")
-                                        if k != self.args_key)
+        return (self.args_key,) + tuple(
+            k for k in ("arguments", "parameters") if k != self.args_key
+        )
 
     def scan(self, s: str, j: int, final: bool, schemas: Mapping) -> Region:
         """The calls of the region at s[j] (after the opening marker and whitespace): one

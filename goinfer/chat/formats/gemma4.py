@@ -2,6 +2,7 @@
 keys bare, strings between ``<|"|>`` marks, other values as JSON (Gemma 4 templates).  After
 its calls the model may ask for their results (``<|tool_response>``, as the template writes
 after a call without results), which ends the reply."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ class Gemma4(ToolFormat):
         follow the calls."""
         rules = self.body_rules(tools, tokenizer)
         rules.append(f"first: body {marker(tokenizer, self.close)}")
-        after = (f" ({marker(tokenizer, self.open)} first)*" if many else "") + \
-            f" {marker(tokenizer, RESULTS)}?"
+        after = (
+            f" ({marker(tokenizer, self.open)} first)*" if many else ""
+        ) + f" {marker(tokenizer, RESULTS)}?"
         return rules, "first", after
 
     def body_rules(self, tools, tokenizer) -> list[str]:
@@ -46,11 +48,13 @@ class Gemma4(ToolFormat):
             text = ["G_TEXT: /(?s:.*)/", f"gstr: {q} G_TEXT {q}"]  # text never holds the mark
         else:  # the shortest text that ends with the mark (lazy: a greedy one could not end)
             text = [f"g_text[lazy]: /(?s:.*){regex(QUOTE)}/", f"gstr: {q} g_text"]
-        rules = text + [r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
-                        r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
-                        'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
-                        'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
-                        'garr: "[" (gval ("," gval)*)? "]"']
+        rules = text + [
+            r"G_NUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+            r"G_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
+            'gval: gstr | G_NUM | "true" | "false" | "null" | gobj | garr',
+            'gobj: "{" (G_KEY ":" gval ("," G_KEY ":" gval)*)? "}"',
+            'garr: "[" (gval ("," gval)*)? "]"',
+        ]
         fns = []
         for i, t in enumerate(tools):
             params = tool_parameters(t)
@@ -62,8 +66,11 @@ class Gemma4(ToolFormat):
                 kind = sub.get("type")
                 if written_as_text(sub):
                     words = sub.get("enum", [sub["const"]] if "const" in sub else None)
-                    value = "gstr" if words is None else f"{q} (" + " | ".join(
-                        json.dumps(w) for w in words) + f") {q}"
+                    value = (
+                        "gstr"
+                        if words is None
+                        else f"{q} (" + " | ".join(json.dumps(w) for w in words) + f") {q}"
+                    )
                 elif kind in ("integer", "number", "boolean"):
                     rules.append(json_rule(f"v{i}_{j}", sub))
                     value = f"v{i}_{j}"
@@ -73,7 +80,7 @@ class Gemma4(ToolFormat):
                 parts.append((f"p{i}_{j}", key in required))
             alts = []
             for k, (rule, req) in enumerate(parts):
-                rest = " ".join(f'("," {r})' + ("" if q_ else "?") for r, q_ in parts[k + 1:])
+                rest = " ".join(f'("," {r})' + ("" if q_ else "?") for r, q_ in parts[k + 1 :])
                 alts.append(f"{rule} {rest}".strip())
                 if req:
                     break  # a required key opens every later alternative's list
@@ -92,7 +99,7 @@ class Gemma4(ToolFormat):
         r = Region()
         c = Call()
         r.calls.append(c)
-        head = s[j:j + len(_CALL)]
+        head = s[j : j + len(_CALL)]
         if head != _CALL:
             if _CALL.startswith(head):
                 return r
@@ -119,10 +126,10 @@ class Gemma4(ToolFormat):
         c.args = (e, end)
         c.end = end
         j = skip_ws(s, end)
-        rest = s[j:j + len(self.close)]
+        rest = s[j : j + len(self.close)]
         if rest == self.close:
             j += len(self.close)
-            more = s[j:j + len(RESULTS)]
+            more = s[j : j + len(RESULTS)]
             if more == RESULTS:
                 r.end = j + len(RESULTS)
             elif RESULTS.startswith(more) and more and not final:
@@ -148,7 +155,7 @@ def _value(s: str, i: int, final: bool) -> tuple[object, int]:
         k = s.find(QUOTE, i + len(QUOTE))
         if k < 0:
             raise Incomplete
-        return s[i + len(QUOTE):k], k + len(QUOTE)
+        return s[i + len(QUOTE) : k], k + len(QUOTE)
     if QUOTE.startswith(s[i:]):
         raise Incomplete
     c = s[i]

@@ -2,6 +2,7 @@
 reads (SmolLM2, Gemma 3, ...): calls written as Hermes's ``<tool_call>`` blocks, taught by a
 built-in tool prompt in the system message; calls in the history are written as those blocks
 and results as ``<tool_response>`` blocks in a user message."""
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,8 @@ def tool_prompt(tools) -> str:
         "<tool_call>\n"
         '{"name": "<function-name>", "arguments": {"<argument>": <value>}}\n'
         "</tool_call>\n"
-        "Each result comes back inside <tool_response></tool_response>.")
+        "Each result comes back inside <tool_response></tool_response>."
+    )
 
 
 def _call_block(call) -> str:

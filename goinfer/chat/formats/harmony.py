@@ -2,6 +2,7 @@
 ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}`` ended by
 ``<|call|>``, one call per reply.  It is read with the reply's reasoning and answer by
 goinfer/chat/channels.py (ReplyParser), not by the call parser."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,13 @@ class Harmony(ToolFormat):
         """gpt-oss's template writes every tool's description (none: an empty one)."""
         tools = openai_tools(spec)
         if tools is not None:
-            tools = [dict(t, function=dict(t["function"], description=t["function"].get(
-                "description", ""))) for t in tools]
+            tools = [
+                dict(
+                    t,
+                    function=dict(t["function"], description=t["function"].get("description", "")),
+                )
+                for t in tools
+            ]
         return [x for m in messages for x in _messages(m)], tools
 
     def grammar(self, spec: ToolSpec, tokenizer) -> str:
@@ -46,10 +52,12 @@ class Harmony(ToolFormat):
         reads too)."""
         ch, msg = marker(tokenizer, "<|channel|>"), marker(tokenizer, "<|message|>")
         special_end = special(tokenizer, "<|end|>") is not None
-        rules = [ANY_TEXT if special_end else text_without("<|"),
-                 f'analysis: {ch} "analysis" {msg} TEXT {marker(tokenizer, "<|end|>")} '
-                 f'{marker(tokenizer, "<|start|>")} "assistant"',
-                 f'final: {ch} "final" {msg} TEXT']
+        rules = [
+            ANY_TEXT if special_end else text_without("<|"),
+            f'analysis: {ch} "analysis" {msg} TEXT {marker(tokenizer, "<|end|>")} '
+            f'{marker(tokenizer, "<|start|>")} "assistant"',
+            f'final: {ch} "final" {msg} TEXT',
+        ]
         tools = spec.callable
         alts = []
         for i, t in enumerate(tools):

@@ -1,5 +1,6 @@
 """Llama 3: ``{"name": f, "parameters": {...}}`` opening the reply, or after ``<|python_tag|>``;
 several joined by ``; `` (Llama 3.x templates)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ class Llama3(ToolFormat):
     opens_with_json = True
 
     def detect(self, template: str) -> bool:
-        return "<|python_tag|>" in template or ("<|start_header_id|>" in template
-                                                and '"parameters"' in template)
+        return "<|python_tag|>" in template or (
+            "<|start_header_id|>" in template and '"parameters"' in template
+        )
 
     def grammar(self, spec: ToolSpec, tokenizer) -> str:
         if spec.choice == "none":

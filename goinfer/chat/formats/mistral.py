@@ -1,6 +1,7 @@
 """Mistral: ``[TOOL_CALLS][{"name": f, "arguments": {...}}, ...]``, every call of the reply in
 one JSON list (templates with ``[TOOL_CALLS]``).  A call may carry the 9-character id the
 templates want (``"id": "a1B2c3D4e"``)."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """Qwen XML: ``<tool_call>\\n<function=f>\\n<parameter=k>\\nvalue\\n</parameter>\\n</function>\\n``
 ``</tool_call>``, one block per call; a string value as it is, any other as JSON (templates
 with ``<function=``: Qwen3.5, Qwen3-Coder)."""
+
 from __future__ import annotations
 
 import json
@@ -40,17 +41,26 @@ class QwenXML(ToolFormat):
             for j, (key, sub) in enumerate((params.get("properties") or {}).items()):
                 if written_as_text(sub):  # the text itself: an enum's values, or any text
                     words = sub.get("enum", [sub["const"]] if "const" in sub else None)
-                    value = "XML_TEXT" if words is None else "(" + " | ".join(
-                        json.dumps(w) for w in words) + ")"
+                    value = (
+                        "XML_TEXT"
+                        if words is None
+                        else "(" + " | ".join(json.dumps(w) for w in words) + ")"
+                    )
                 else:
-                    rules.append(json_rule(f"v{i}_{j}",
-                                           dict(sub if isinstance(sub, Mapping) else {}, **defs)))
+                    rules.append(
+                        json_rule(
+                            f"v{i}_{j}", dict(sub if isinstance(sub, Mapping) else {}, **defs)
+                        )
+                    )
                     value = f"v{i}_{j}"
-                rules.append(f'p{i}_{j}: {json.dumps(f"<parameter={key}>")} "\\n" {value} '
-                             f'"\\n" "</parameter>" "\\n"')
+                rules.append(
+                    f'p{i}_{j}: {json.dumps(f"<parameter={key}>")} "\\n" {value} '
+                    f'"\\n" "</parameter>" "\\n"'
+                )
                 parts.append(f"p{i}_{j}" + ("" if key in required else "?"))
-            fns.append(f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} '
-                       '"</function>"')
+            fns.append(
+                f'{json.dumps(f"<function={t.name}>")} "\\n" {" ".join(parts)} "</function>"'
+            )
         rules.append("body: " + " | ".join(f"({f})" for f in fns))
         return rules
 
@@ -112,8 +122,10 @@ def _xml_message(m):
     for c in m["tool_calls"]:
         args = c["function"]["arguments"]
         if isinstance(args, Mapping):
-            args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-                    for k, v in args.items()}
+            args = {
+                k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                for k, v in args.items()
+            }
         calls.append(dict(c, function=dict(c["function"], arguments=args)))
     return dict(m, tool_calls=calls)
 
@@ -132,7 +144,7 @@ def _value(text: str, schema) -> object:
 def _tag(s: str, j: int, tag: str) -> int | None:
     """s[j:] opens `tag`NAME> -> index of NAME; None: the text ends inside the tag's start;
     NotACall when it is not the tag."""
-    rest = s[j:j + len(tag)]
+    rest = s[j : j + len(tag)]
     if rest == tag:
         return j + len(tag)
     if tag.startswith(rest):
