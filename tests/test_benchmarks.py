@@ -183,7 +183,7 @@ def check_kernels_attention(res):
 
 def check_kernels_matmul(res):
     got = {(r["kind"], r["M"]) for r in res["rows"]}
-    assert got == {(k, m) for k in ("q4_0", "q8_0", "q6_k") for m in (1, 16)}
+    assert got == {(k, m) for k in ("q4_0", "q8_0", "q6_k", "q4_k") for m in (1, 16)}
     assert all(_pos(r["us"]) and _pos(r["GOPs"]) for r in res["rows"])
     assert all(_pos(r["cold_GBs"]) for r in res["rows"] if r["M"] == 1)
     assert len(res["quantize_act"]) == 3 and all(_pos(q["GBs"]) for q in res["quantize_act"])
