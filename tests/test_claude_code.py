@@ -83,7 +83,9 @@ def test_claude_p_two_turns_from_the_cache(gemma):
     r = first[0]
     assert r["stop_reason"] in ("end_turn", "stop_sequence") and r["text"].strip()
     assert one.stdout.strip() == r["text"].strip()
-    assert r["prompt_tokens"] > 10000  # Claude Code's own prompt: system, tools, environment
+    # Claude Code's own prompt: system, tools, environment (9.7k-12k tokens seen, as the CLI
+    # decides which tools to describe in full)
+    assert r["prompt_tokens"] > 8000
     # a second turn of the same session: everything before the new prompt from the cache
     n1 = len(app.calls)
     two = run_claude(env, work, "Now say hello.", "gemma3-270m", resume=True)
@@ -103,8 +105,9 @@ def test_claude_p_two_turns_from_the_cache(gemma):
 
 def test_agent_sdk_query(gemma):
     """The Python SDK's query() (the same executable, driven over stream-json) with the CLI's
-    preset prompt: everything before its first difference from the CLI's first request (the
-    SDK's Bash tool states another background timeout) comes from the cache."""
+    preset prompt: its prompt first differs from the CLI's first request after ~3k tokens (the
+    SDK's Bash tool states another background timeout); it resumes from the cache at the
+    sliding window's kept point before that difference, and a second query past it."""
     app, env, work, model = gemma
     n0 = len(app.calls)
     opts = claude_agent_sdk.ClaudeAgentOptions(
@@ -137,7 +140,19 @@ def test_agent_sdk_query(gemma):
 
     a, b = ids(cli), ids(r["call"])
     same = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    assert r["cached_tokens"] == same // 16 * 16 > 3000, (same, r)
+    assert same > 3000
+    # Gemma 3's sliding layers keep their window KV only at kept points: every
+    # window_point_every blocks and each prompt's end (docs/design/gemma.md, "KV cache: what
+    # local layers store, and why prefix reuse stays correct"); the query resumes at the deepest
+    # one at or before its first difference from the CLI's prompt ...
+    probe = KVCache(model, max_tokens=64)
+    every = probe.window_point_every * probe.block_size
+    assert r["cached_tokens"] == (same // 16 * 16) // every * every, (same, every, r)
+    # ... and the same query again resumes past that difference (its first run kept its end)
+    n1 = len(app.calls)
+    asyncio.run(ask())
+    (r2,) = replies(app.calls[n1:])
+    assert r2["status"] == 200 and r2["cached_tokens"] >= same // 16 * 16, (same, r2)
 
 
 def test_a_context_too_small_is_claude_codes_error(tmp_path):
