@@ -313,8 +313,10 @@ def test_default_store_locations(tmp_path, monkeypatch):
 
 def test_server_applies_the_models_stop_and_system(store, tiny):
     """`goinfer serve` on an Ollama model: a request without `stop` ends at the model's stop
-    strings, one with its own stops does not; a chat without a system message gets the
-    model's (its prompt is as long as with that system message given)."""
+    strings, one with its own stops does not; a request without `temperature` samples at the
+    model's (0 here, where OpenAI's default is 1; one that sets it samples at its own); a chat
+    without a system message gets the model's (its prompt is as long as with that system
+    message given)."""
     from starlette.testclient import TestClient
 
     from goinfer import KVCache
@@ -327,14 +329,18 @@ def test_server_applies_the_models_stop_and_system(store, tiny):
     greedy = plain.session().generate("Hello", max_tokens=24).text
     stop = greedy[6:9]
     assert greedy.find(stop) == 6
-    make_store(store, "tiny-served", gguf, params={"stop": [stop]}, system="Be brief.")
+    make_store(
+        store, "tiny-served", gguf, params={"stop": [stop], "temperature": 0}, system="Be brief."
+    )
     m = Model.load("tiny-served", threads=1, progress=False, layout_cache=False)
-    body = {"model": "tiny-served", "prompt": "Hello", "max_tokens": 24, "temperature": 0}
+    body = {"model": "tiny-served", "prompt": "Hello", "max_tokens": 24}  # temperature: the model's
     with TestClient(create_app(m, KVCache(m, max_tokens=512), model_id="tiny-served")) as c:
         r = c.post("/v1/completions", json=body).json()["choices"][0]
         assert (r["text"], r["finish_reason"]) == (greedy[:6], "stop")
         r = c.post("/v1/completions", json={**body, "stop": ["\x00"]}).json()["choices"][0]
         assert r["text"] == greedy
+        hot = {**body, "stop": ["\x00"], "temperature": 1.5, "seed": 3}
+        assert c.post("/v1/completions", json=hot).json()["choices"][0]["text"] != greedy
         user = [{"role": "user", "content": "hi"}]
 
         def prompt_tokens(messages):

@@ -97,6 +97,9 @@ def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) ->
         repeat_last_n=F.integer(body, "repeat_last_n", 0, 1 << 20, 64),
         logit_bias=F.logit_bias(body, vocab_size),
     )
+    given = frozenset(k for k in sampling if body.get(k) is not None)
+    if body.get("top_p") is not None:  # top_p 0 sets top_k
+        given |= {"top_k"}
     max_tokens = F.integer(body, "max_tokens", 1, None, None)
     if kind == "chat":
         mct = F.integer(body, "max_completion_tokens", 1, None, None)
@@ -118,6 +121,7 @@ def common_request(body: dict, kind: str, allowed: set[str], vocab_size: int) ->
         stream=stream,
         max_tokens=max_tokens,
         sampling=sampling,
+        sampling_given=given,
         stops=F.stop_strings(body),
         cache_salt=F.string(body, "cache_salt", max_len=1024),
         options=Options(include_usage and stream, F.boolean(body, "return_tokens", False)),

@@ -46,6 +46,9 @@ class Request:
     response_format: dict | None = None  # OpenAI's shape, compiled by the runner
     grammar: str | dict | None = None  # goinfer's extension: Lark, {"regex": ...}
     sampling: dict = field(default_factory=dict)  # keyword arguments of SamplingParams
+    # the sampling fields the request itself set; the others take the model's own defaults
+    # where its source has them (an Ollama params layer).  None: every field was set
+    sampling_given: frozenset[str] | None = None
     stops: list[str] = field(default_factory=list)
     max_tokens: int | None = None  # None: up to the context
     logprobs: bool = False

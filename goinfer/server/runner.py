@@ -234,7 +234,11 @@ class Runner:
                 ContextLengthError(msg, len(ids) + max_tokens, n_ctx),
             )
         try:
-            params = SamplingParams(**req.sampling)
+            sampling = dict(req.sampling)
+            if req.sampling_given is not None:  # the model's own defaults where it has them
+                own = self.model.defaults.sampling
+                sampling.update({k: v for k, v in own.items() if k not in req.sampling_given})
+            params = SamplingParams(**sampling)
         except ValueError as e:
             raise bad(str(e)) from None
         on = self.draft if req.draft is None else req.draft
