@@ -32,13 +32,11 @@ the previous request (llama.cpp's own prefix reuse); time to the first sampled t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,6 +44,7 @@ from pathlib import Path
 
 import isolate
 import regime
+from claude_code import serve  # the same loopback uvicorn thread
 
 HERE = Path(__file__).resolve()
 KEY = "goinfer-benchmark-key"
@@ -140,30 +139,6 @@ class Recorder:
             await send(msg)
 
         await self.app(scope, rec_receive, rec_send)
-
-
-@contextlib.contextmanager
-def serve(app):
-    """Run an ASGI app with uvicorn in a thread on loopback -> its base URL."""
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
-        )
-    )
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if time.time() > deadline or not th.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        th.join(30)
 
 
 # ============================================================================ Codex
