@@ -74,7 +74,10 @@ def test_the_executable_is_there():
 
 
 def test_claude_p_two_turns_from_the_cache(gemma):
-    app, env, work, _ = gemma
+    """claude -p, then --continue: the second request reads from the cache everything before
+    its first token that differs from the first request's prompt (Claude Code only appends),
+    which is at least 95% of its prompt when the second turn adds only the new message."""
+    app, env, work, model = gemma
     n0 = len(app.calls)
     one = run_claude(env, work, "Say hi.", "gemma3-270m")
     first = replies(app.calls[n0:])
@@ -100,7 +103,17 @@ def test_claude_p_two_turns_from_the_cache(gemma):
         f"--continue: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
         f"({100 * s['cached_tokens'] / s['prompt_tokens']:.1f}%)"
     )
-    assert s["cached_tokens"] >= 0.95 * s["prompt_tokens"], s
+    a, b = (
+        prompt_ids(model, parse_body(c.request, model.vocab_size))[0]
+        for c in (r["call"], s["call"])
+    )
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert s["cached_tokens"] >= same // 16 * 16, (same, s)
+    # Claude Code's first request of a session sometimes lacks ~2k tokens of context that it
+    # sends from the second on (appended there, so they are new tokens); otherwise the new
+    # turn is all the second request adds
+    if len(b) - same < 0.05 * len(b):
+        assert s["cached_tokens"] >= 0.95 * s["prompt_tokens"], s
 
 
 def test_agent_sdk_query(gemma):
