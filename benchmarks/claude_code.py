@@ -102,19 +102,28 @@ class Call:
 
 
 class Recorder:
-    """ASGI middleware: records every /v1/messages* request (calls, in arrival order)."""
+    """ASGI middleware: records every request whose path `records` accepts (default
+    /v1/messages*) as a Call (calls, in arrival order); its first token is sent with the
+    first chunk holding `first` (default: a content_block_delta) or with a JSON reply."""
 
-    def __init__(self, app):
+    def __init__(
+        self,
+        app,
+        records=lambda path: path.startswith("/v1/messages"),
+        first: bytes = b"content_block_delta",
+        make_call=Call,
+    ):
         self.app = app
-        self.calls: list[Call] = []
+        self.records, self.first, self.make_call = records, first, make_call
+        self.calls: list = []
 
     def __getattr__(self, name):  # the wrapped app's state, engine, ...
         return getattr(self.app, name)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/messages"):
+        if scope["type"] != "http" or not self.records(scope["path"]):
             return await self.app(scope, receive, send)
-        call = Call(scope["path"], time.perf_counter())
+        call = self.make_call(scope["path"], time.perf_counter())
         self.calls.append(call)
 
         async def rec_receive():
@@ -130,8 +139,7 @@ class Recorder:
                 chunk = msg.get("body", b"")
                 call.raw += chunk
                 if call.t_first is None and (
-                    b"content_block_delta" in chunk
-                    or (chunk and not call.raw.startswith(b"event:"))
+                    self.first in chunk or (chunk and not call.raw.startswith(b"event:"))
                 ):
                     call.t_first = time.perf_counter()
                 if not msg.get("more_body", False):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import isolate
 import regime
-from claude_code import serve  # the same loopback uvicorn thread
+from claude_code import Recorder, serve  # the same middleware and loopback server
 
 HERE = Path(__file__).resolve()
 KEY = "goinfer-benchmark-key"
@@ -104,41 +104,15 @@ class Call:
         return {"response": final, "events": kinds}
 
 
-class Recorder:
-    """ASGI middleware: records every POST /v1/responses (calls, in arrival order)."""
-
-    def __init__(self, app):
-        self.app = app
-        self.calls: list[Call] = []
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/v1/responses":
-            return await self.app(scope, receive, send)
-        call = Call(time.perf_counter())
-        self.calls.append(call)
-
-        async def rec_receive():
-            msg = await receive()
-            if msg["type"] == "http.request":
-                call.body += msg.get("body", b"")
-            return msg
-
-        async def rec_send(msg):
-            if msg["type"] == "http.response.start":
-                call.status = msg["status"]
-            elif msg["type"] == "http.response.body":
-                chunk = msg.get("body", b"")
-                call.raw += chunk
-                if call.t_first is None and (
-                    b"response.output_item.added" in chunk
-                    or (chunk and not call.raw.startswith(b"event:"))
-                ):
-                    call.t_first = time.perf_counter()
-                if not msg.get("more_body", False):
-                    call.t_end = time.perf_counter()
-            await send(msg)
-
-        await self.app(scope, rec_receive, rec_send)
+def recorder(app):
+    """claude_code.Recorder of every POST /v1/responses; the first token goes out with the
+    first output item announced."""
+    return Recorder(
+        app,
+        records=lambda path: path == "/v1/responses",
+        first=b"response.output_item.added",
+        make_call=lambda path, t0: Call(t0),
+    )
 
 
 # ============================================================================ Codex
@@ -227,7 +201,7 @@ def goinfer_side(spec: dict) -> dict:
         spec["model"], threads=spec["threads"], context_length=spec["ctx"], progress=False
     )
     routes = tuple(r for r in ROUTES if r.path != route.path) + (route,)
-    app = Recorder(
+    app = recorder(
         create_app(model, KVCache(model), model_id=spec["name"], api_key=KEY, routes=routes)
     )
     codex = Path(spec["codex"])
