@@ -143,7 +143,8 @@ def test_stream(server):
 
     async def run() -> tuple[list[str], str]:
         async with agent.run_stream(question) as r:
-            deltas = [d async for d in r.stream_text(delta=True)]
+            # debounce_by=None: each delta as it arrives (the default groups 0.1 s)
+            deltas = [d async for d in r.stream_text(delta=True, debounce_by=None)]
             return deltas, await r.get_output()
 
     deltas, output = asyncio.run(run())
