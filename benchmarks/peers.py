@@ -24,7 +24,10 @@ Weight bytes per decode step (the "weight_bytes_per_token" of each decode row), 
 tensor infos (the file's bytes, the same for both engines): every tensor once, except the token
 embedding (one row; the whole table when the output head is tied to it) and the stacked expert
 tensors of an MoE (the used share, expert_used_count / expert_count, of their bytes).  The KV
-cache a step also reads is not counted.  --bandwidth GBS (or --measure-bandwidth: limits.py's
+cache a step also reads is counted apart ("kv_bytes_per_token": keys and values in f16, the
+default cache of both engines, at the positions each layer attends, its sliding window at
+most, averaged over the decode steps; a goinfer engine with another --kv-dtype its own); the
+fractions below are of both.  --bandwidth GBS (or --measure-bandwidth: limits.py's
 streaming read with the same threads) adds, per decode row and engine, bytes x tok/s / bandwidth:
 the achieved fraction of it.
 
@@ -197,6 +200,29 @@ def decode_weight_bytes(path: str) -> int:
             else:
                 total += nbytes
     return int(total)
+
+
+KV_ELEM_BYTES = {"f16": 2, "f32": 4, "q8_0": 34 / 32}  # per element, block scales included
+
+
+def decode_kv_bytes(path: str, prompt: int, tokens: int, elem_bytes: int = 2) -> int:
+    """Bytes of KV cache one decode step reads, averaged over ``tokens`` steps after a prompt
+    of ``prompt`` tokens: every KV layer's keys and values (``elem_bytes`` per element: 2 for
+    the f16 caches both engines keep by default) at the positions it attends, its sliding
+    window at most.  A recurrent layer's state is not counted."""
+    from goinfer.gguf import GGUFFile
+    from goinfer.models.registry import read_config
+
+    with GGUFFile(path) as g:
+        _, cfg = read_config(g)
+    per_pos = [
+        (2 * h * d * elem_bytes, w) for (h, d), w in zip(cfg.kv_geometry(), cfg.kv_windows())
+    ]
+    total = 0
+    for t in range(tokens):
+        n = prompt + t + 1  # positions the step's query attends (itself included)
+        total += sum(b * (min(n, w) if w else n) for b, w in per_pos)
+    return total // max(tokens, 1)
 
 
 def engines_of(args, have_llama: bool) -> list[dict]:
@@ -396,6 +422,10 @@ def main(argv=None) -> dict:
         secs = {k: [r["decode"][i] for r in v] for k, v in runs.items() if v[0]["decode"]}
         tok_s = {k: 1.0 / statistics.median(v) for k, v in secs.items()}
         best, ratio = _ratios(tok_s)
+        kv = decode_kv_bytes(args.model, p, args.decode_tokens)
+        kv_of = {  # an engine's own KV bytes (a goinfer engine may keep another dtype)
+            e["label"]: kv * KV_ELEM_BYTES[e["options"].get("kv_dtype", "f16")] / 2 for e in engines
+        }
         row = {
             "prompt_tokens": p,
             "tokens": args.decode_tokens,
@@ -404,11 +434,14 @@ def main(argv=None) -> dict:
             "best_peer": best,
             "ratio": ratio,
             "weight_bytes_per_token": wbytes,
+            "kv_bytes_per_token": kv,
             "weight_GBs": {k: wbytes * v / 1e9 for k, v in tok_s.items()},
+            "kv_bytes_per_token_by_engine": {k: int(kv_of[k]) for k in tok_s},
+            "GBs": {k: (wbytes + kv_of[k]) * v / 1e9 for k, v in tok_s.items()},
         }
         if "bandwidth" in res:
             row["fraction_of_bandwidth"] = {
-                k: v / res["bandwidth"]["GBs"] for k, v in row["weight_GBs"].items()
+                k: v / res["bandwidth"]["GBs"] for k, v in row["GBs"].items()
             }
         res["decode"].append(row)
     print(table(res))
@@ -439,9 +472,10 @@ def table(res) -> str:
                     for k, v in r["fraction_of_bandwidth"].items()
                 ]
             lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")
-    if res["decode"]:
+    for r in res["decode"]:
         lines.append(
-            f"decode reads {res['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
+            f"decode after {r['prompt_tokens']} reads {r['weight_bytes_per_token'] / 1e6:.1f} MB "
+            f"of weights and {r['kv_bytes_per_token'] / 1e6:.1f} MB of f16 KV per token"
         )
     return "\n".join(lines)
 

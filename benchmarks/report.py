@@ -478,10 +478,11 @@ METHOD = """\
   2-core VMs drift by 15-30% between runs minutes apart, more under load.
 - **Prefill** is cold (a fresh KV cache: nothing reused); **decode** is greedy from a random
   prompt of the given length.  Prompts are seeded random ids of ordinary tokens.
-- **Decode weight bytes** (`peers.py`): the file's tensor bytes a decode step reads (every
-  tensor once, one embedding row unless the head is tied to it, the used share of MoE expert
-  tensors); with `--bandwidth` / `--measure-bandwidth` each engine's achieved fraction of the
-  streaming read bandwidth `limits.py` measures with the same threads.
+- **Decode bytes** (`peers.py`): the file's tensor bytes a decode step reads (every tensor
+  once, one embedding row unless the head is tied to it, the used share of MoE expert
+  tensors) plus the f16 KV cache it attends (each layer's window at most); with
+  `--bandwidth` / `--measure-bandwidth` each engine's achieved fraction of the streaming read
+  bandwidth `limits.py` measures with the same threads.
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built
   without AMX and is slower there than natively built llama.cpp is elsewhere; each table names
   its peer build.

@@ -308,6 +308,7 @@ def check_peers(res):
     (p,), (d,) = res["prefill"], res["decode"]
     assert _pos(p["tok_s"]["goinfer"]) and p["cached_tokens"]["goinfer"] == [0]  # cold prefill
     assert _pos(d["tok_s"]["goinfer"]) and _pos(d["weight_bytes_per_token"])
+    assert _pos(d["kv_bytes_per_token"]) and d["GBs"]["goinfer"] > d["weight_GBs"]["goinfer"]
     assert _pos(res["bandwidth"]["GBs"]) and _pos(d["fraction_of_bandwidth"]["goinfer"])
     assert res["settings"]["one_process_per_engine"] is True
     _alone(res)
@@ -599,6 +600,44 @@ def test_peers_weight_bytes_per_decode_step(smoke_path):
     emb = sizes.pop("token_embd.weight")
     rows = next(int(t.shape[1]) for t in r.tensors if t.name == "token_embd.weight")
     assert peers.decode_weight_bytes(smoke_path) == int(sum(sizes.values()) + emb / rows)
+
+
+def test_peers_kv_bytes_per_decode_step(smoke_path):
+    """peers.py's KV bytes per decode step from the file's metadata (gguf-py): every layer's
+    keys and values in f16 at every position a step attends, averaged over the steps."""
+    import peers
+    from gguf import GGUFReader
+
+    r = GGUFReader(smoke_path)
+    arch = str(r.fields["general.architecture"].contents())
+    meta = {k.removeprefix(arch + "."): f.contents() for k, f in r.fields.items()}
+    assert "attention.sliding_window" not in meta  # every layer attends every position
+    head_dim = (
+        meta.get("attention.key_length") or meta["embedding_length"] // meta["attention.head_count"]
+    )
+    per_pos = meta["block_count"] * 2 * meta["attention.head_count_kv"] * head_dim * 2
+    for prompt, tokens in ((64, 1), (64, 32), (300, 7)):
+        steps = [per_pos * (prompt + t + 1) for t in range(tokens)]
+        assert peers.decode_kv_bytes(smoke_path, prompt, tokens) == sum(steps) // tokens
+
+
+def test_peers_kv_bytes_stop_at_the_window(tmp_path):
+    """A sliding-window layer reads its window at most: a tiny Gemma 3 file (window 8, every
+    6th of its 7 layers global) after 4,096 tokens."""
+    import peers
+    from gguf import GGUFReader
+
+    from fixtures.tinygemma import hf_model, write_gguf
+
+    path = write_gguf(hf_model(num_hidden_layers=7, sliding_window=8), tmp_path / "g3.gguf")
+
+    r = GGUFReader(str(path))
+    meta = {k.removeprefix("gemma3."): f.contents() for k, f in r.fields.items()}
+    window, n_layers = meta["attention.sliding_window"], meta["block_count"]
+    per_layer = 2 * meta["attention.head_count_kv"] * meta["attention.key_length"] * 2
+    n_global = sum(1 for li in range(n_layers) if (li + 1) % 6 == 0)
+    want = per_layer * (n_global * 4097 + (n_layers - n_global) * min(window, 4097))
+    assert peers.decode_kv_bytes(str(path), 4096, 1) == want
 
 
 def test_peers_llama_cpp_only(tmp_path, capsys):
