@@ -91,39 +91,49 @@ def replica_names() -> set[str]:
 
 
 def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
-    """`goinfer serve MODEL --replicas ...` hands run() the replica spec and the routing policy
-    (run itself is what the cluster fixture starts)."""
+    """`goinfer serve MODEL --replicas ...` hands run() the replica spec (every per-process
+    field of the flags: test_serve_options.py checks each flag's field and the app a spec
+    builds), the routing policy and the log level (run itself is what the cluster fixture
+    starts)."""
+    from goinfer.server.cli import serve_options
+
     got = {}
     monkeypatch.setattr(goinfer_ray, "run", lambda spec, **kw: got.update(spec=spec, **kw))
     monkeypatch.setattr(goinfer_ray, "wait", lambda: None)
     monkeypatch.setattr(goinfer_ray, "stop", lambda joined: got.update(stopped=joined))
-    assert (
-        cli.main(
-            [
-                "serve",
-                str(tiny_path),
-                "--replicas",
-                "3",
-                "--threads-per-replica",
-                "2",
-                "--ray-address",
-                "auto",
-                "--route",
-                "random",
-                "--route-imbalance",
-                "7",
-                "--max-batch",
-                "4",
-                "--api-key",
-                "k",
-                "--port",
-                "9001",
-            ]
-        )
-        == 0
-    )
+    argv = [
+        "serve",
+        str(tiny_path),
+        "--replicas",
+        "3",
+        "--threads-per-replica",
+        "2",
+        "--ray-address",
+        "auto",
+        "--route",
+        "random",
+        "--route-imbalance",
+        "7",
+        "--max-batch",
+        "4",
+        "--api-key",
+        "k",
+        "--port",
+        "9001",
+        "--kv-dtype",
+        "f32",
+        "--log-level",
+        "warning",
+    ]
+    assert cli.main(argv) == 0
     spec = got["spec"]
-    assert (spec.model, spec.max_batch, spec.api_key) == (str(tiny_path), 4, "k")
+    assert spec == serve_options(cli.build_parser().parse_args(argv)).spec
+    assert (spec.model, spec.max_batch, spec.api_key, spec.kv_dtype) == (
+        str(tiny_path),
+        4,
+        "k",
+        "f32",
+    )
     assert (got["replicas"], got["threads_per_replica"], got["ray_address"], got["port"]) == (
         3,
         2,
@@ -131,6 +141,7 @@ def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
         9001,
     )
     assert (got["policy"].name, got["policy"].imbalance, got["stopped"]) == ("random", 7, True)
+    assert got["log_level"] == "warning"
 
 
 def test_openai_client_streamed_and_not(cluster):
