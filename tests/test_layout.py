@@ -1,6 +1,7 @@
 """The layout cache (goinfer/layout.py): built on the first load, memory-mapped after, the same
-bits as loading from the GGUF, rebuilt when stale or corrupt, never left half-written; the
-memory check before a load (goinfer/memory.py) and the KV cache's default size."""
+bits as loading from the GGUF, rebuilt when stale or corrupt, never left half-written, built
+once when two processes load at once; the memory check before a load (goinfer/memory.py) and
+the KV cache's default size."""
 
 from __future__ import annotations
 
@@ -456,3 +457,104 @@ def test_kv_cache_default_is_bounded_by_memory(tiny, monkeypatch):
     assert c.max_tokens == 512  # 500 tokens, rounded up to whole blocks of 16
     monkeypatch.setattr(memory, "available_bytes", lambda: 10**15)
     assert KVCache(m).max_tokens == 2 * 131072
+
+
+# ============================================================================ two processes at once
+
+_RACER = r"""
+import contextlib, json, sys, time
+from pathlib import Path
+import numpy as np
+from goinfer import layout
+from goinfer.gguf import GGUFFile
+from goinfer.model import Model
+
+gguf_path, me, other, sig, out = sys.argv[1:6]
+sig = Path(sig)
+ids = json.loads(sys.argv[6])
+real_lock, real_build = layout._lock, layout._build
+builds = []
+
+
+def seen(name, timeout):
+    end = time.monotonic() + timeout
+    while not (sig / name).exists():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@contextlib.contextmanager
+def lock(path):
+    (sig / f"{me}.at-lock").touch()  # about to take the lock
+    with real_lock(path):
+        yield
+
+
+def build(*a, **kw):
+    # the first to get the lock holds its build until the other process is at the lock, then
+    # gives it a second to start a build of its own (it must not: it waits for the lock)
+    builds.append(me)
+    (sig / f"{me}.building").touch()
+    assert seen(f"{other}.at-lock", 120), "the other process never reached the lock"
+    seen(f"{other}.building", 1.0)
+    return real_build(*a, **kw)
+
+
+layout._lock, layout._build = lock, build
+print("ready", flush=True)
+sys.stdin.readline()  # the barrier: both go at once
+m = Model(GGUFFile(gguf_path), threads=1, progress=False)
+np.save(out, m.logits(ids))
+print(json.dumps({"source": m.load_info.source, "builds": len(builds)}), flush=True)
+"""
+
+
+def test_two_processes_building_one_layout(q4_path, layouts, tmp_path):
+    """Two processes load a model with no layout cache at once (released together, the first
+    builder held until the other is at the lock): one builds, the other waits and maps the
+    finished file; both compute the logits of the GGUF bit for bit; one whole file is left
+    (verify: every array's crc32), no temporary file."""
+    ref = _load(q4_path, layout_cache=False).logits(IDS)  # (40, vocab)
+    sig = tmp_path / "signals"
+    sig.mkdir()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _RACER,
+                str(q4_path),
+                me,
+                other,
+                str(sig),
+                str(tmp_path / f"{me}.npy"),
+                json.dumps(IDS),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for me, other in (("a", "b"), ("b", "a"))
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:  # both past their imports: release them together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [json.loads(p.stdout.readline()) for p in procs]
+    finally:
+        for p in procs:
+            p.communicate("", timeout=300)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert sorted(r["source"] for r in results) == ["built", "layout"], results
+    assert sorted(r["builds"] for r in results) == [0, 1], results
+    for me in "ab":
+        assert np.array_equal(np.load(tmp_path / f"{me}.npy"), ref), me
+    (lp,) = [layouts / f for f in _files(layouts) if f.endswith(".layout")]
+    assert lp == layout.cache_path(GGUFFile(q4_path).fingerprint)
+    layout.verify(lp)
+    assert not [f for f in _files(layouts) if f.endswith(".tmp")], _files(layouts)
+    assert _load(q4_path).load_info.source == "layout"

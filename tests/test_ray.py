@@ -4,7 +4,6 @@ the module (started and stopped here); the replica-killing test runs last."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -91,39 +90,49 @@ def replica_names() -> set[str]:
 
 
 def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
-    """`goinfer serve MODEL --replicas ...` hands run() the replica spec and the routing policy
-    (run itself is what the cluster fixture starts)."""
+    """`goinfer serve MODEL --replicas ...` hands run() the replica spec (every per-process
+    field of the flags: test_serve_options.py checks each flag's field and the app a spec
+    builds), the routing policy and the log level (run itself is what the cluster fixture
+    starts)."""
+    from goinfer.server.cli import serve_options
+
     got = {}
     monkeypatch.setattr(goinfer_ray, "run", lambda spec, **kw: got.update(spec=spec, **kw))
     monkeypatch.setattr(goinfer_ray, "wait", lambda: None)
     monkeypatch.setattr(goinfer_ray, "stop", lambda joined: got.update(stopped=joined))
-    assert (
-        cli.main(
-            [
-                "serve",
-                str(tiny_path),
-                "--replicas",
-                "3",
-                "--threads-per-replica",
-                "2",
-                "--ray-address",
-                "auto",
-                "--route",
-                "random",
-                "--route-imbalance",
-                "7",
-                "--max-batch",
-                "4",
-                "--api-key",
-                "k",
-                "--port",
-                "9001",
-            ]
-        )
-        == 0
-    )
+    argv = [
+        "serve",
+        str(tiny_path),
+        "--replicas",
+        "3",
+        "--threads-per-replica",
+        "2",
+        "--ray-address",
+        "auto",
+        "--route",
+        "random",
+        "--route-imbalance",
+        "7",
+        "--max-batch",
+        "4",
+        "--api-key",
+        "k",
+        "--port",
+        "9001",
+        "--kv-dtype",
+        "f32",
+        "--log-level",
+        "warning",
+    ]
+    assert cli.main(argv) == 0
     spec = got["spec"]
-    assert (spec.model, spec.max_batch, spec.api_key) == (str(tiny_path), 4, "k")
+    assert spec == serve_options(cli.build_parser().parse_args(argv)).spec
+    assert (spec.model, spec.max_batch, spec.api_key, spec.kv_dtype) == (
+        str(tiny_path),
+        4,
+        "k",
+        "f32",
+    )
     assert (got["replicas"], got["threads_per_replica"], got["ray_address"], got["port"]) == (
         3,
         2,
@@ -131,6 +140,7 @@ def test_cli_maps_options_to_the_app(monkeypatch, tiny_path):
         9001,
     )
     assert (got["policy"].name, got["policy"].imbalance, got["stopped"]) == ("random", 7, True)
+    assert got["log_level"] == "warning"
 
 
 def test_openai_client_streamed_and_not(cluster):
@@ -257,13 +267,19 @@ def test_conversation_stays_on_one_replica_and_reuses_its_cache(cluster):
         assert cached >= prev_prompt - BLOCK, seen
 
 
-def test_concurrent_conversations_spread_over_both_replicas(cluster):
-    """8 conversations at once (no prefix in common): spread over both replicas by load, and
-    each one's second turn goes where its first went."""
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+def test_concurrent_conversations_stay_on_their_replicas(cluster):
+    """4 conversations at once (no prefix in common), two turns each: each one's second turn
+    goes where its first went, and the router's books say so (4 more prefix decisions, 8
+    decisions in all, nothing left in flight).  With 4 requests in flight at most, no replica
+    can be more than imbalance (4) ahead, so this holds however the requests interleave; how
+    a burst is spread by the router's own in-flight counts is tested without timing below
+    (test_router_spreads_a_burst_by_its_own_counts)."""
+    words = ["alpha", "bravo", "charlie", "delta"]
     start = threading.Barrier(len(words))
     where: dict[int, list[str]] = {}
     errors = []
+    ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
+    (before,) = ingress.routing_stats.remote().result()
 
     def talk(i: int) -> None:
         try:
@@ -273,7 +289,7 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
             start.wait()
             for _ in range(2):
                 raw = c.chat.completions.with_raw_response.create(
-                    model="tiny", messages=m, max_tokens=128, temperature=0
+                    model="tiny", messages=m, max_tokens=32, temperature=0
                 )
                 where[i].append(raw.headers[REPLICA_HEADER])
                 m += [
@@ -289,18 +305,69 @@ def test_concurrent_conversations_spread_over_both_replicas(cluster):
     for t in ths:
         t.join(120)
     assert not errors, errors
-    assert all(len(set(w)) == 1 for w in where.values()), where
-    per_replica = collections.Counter(w[0] for w in where.values())
-    assert len(per_replica) == 2 and min(per_replica.values()) >= 2, per_replica
-    # the router's own books: every second turn was a prefix decision; nothing left in flight
-    ingress = serve.get_deployment_handle("GoinferIngress", app_name=APP)
-    (stats,) = ingress.routing_stats.remote().result()
-    assert stats["policy"] == "prefix" and stats["decisions"]["prefix"] >= len(words), stats
-    assert sorted(stats["index_blocks"]) == sorted(set(per_replica)), stats
-    deadline = time.time() + 10
-    while ingress.routing_stats.remote().result()[0]["in_flight"]:
-        assert time.time() < deadline, "requests counted in flight after they completed"
+    assert all(len(w) == 2 and w[0] == w[1] for w in where.values()), where
+    # the router's own books: 8 decisions, every second turn a prefix one; nothing in flight
+    deadline = time.time() + 30  # completions reach the router asynchronously
+    while True:
+        (stats,) = ingress.routing_stats.remote().result()
+        if not stats["in_flight"]:
+            break
+        assert time.time() < deadline, f"requests counted in flight after they completed: {stats}"
         time.sleep(0.05)
+    grew = {k: v - before["decisions"].get(k, 0) for k, v in stats["decisions"].items()}
+    assert sum(grew.values()) == 2 * len(words) and grew.get("prefix", 0) >= len(words), grew
+    assert stats["policy"] == "prefix"
+    assert {w[0] for w in where.values()} <= set(stats["index_blocks"]), stats
+
+
+def test_router_spreads_a_burst_by_its_own_counts():
+    """PrefixRouter in this process, over two fake replicas whose Ray queue lengths read 0 (Ray's
+    view lags a burst): 8 requests routed before any completes go 4 and 4 (each to the replica
+    with fewer of this router's requests in flight, counted at the decision); each one's second
+    turn, after they all completed, goes where its first went (prefix); a replica Ray reports
+    busy beyond the imbalance loses a prefix it holds."""
+    import asyncio
+    import random
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
+
+    from goinfer.server.routing import prompt_chain
+
+    dep = DeploymentID(name="GoinferReplica", app_name="test")
+    router = goinfer_ray.PrefixRouter(dep, DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(policy="prefix", imbalance=4)
+    reps = [SimpleNamespace(replica_id=ReplicaID(u, dep)) for u in ("r0", "r1")]
+    name = {r.replica_id.to_full_id_str(): u for r, u in zip(reps, ("r0", "r1"))}
+
+    def queue(r0: int, r1: int) -> None:
+        for r, q in zip(reps, (r0, r1)):
+            router.replica_queue_len_cache.update(r.replica_id, q)
+
+    def request(rid: str, ids: list[int]):
+        meta = SimpleNamespace(internal_request_id=rid)
+        return SimpleNamespace(args=[{"chain": prompt_chain(ids, BLOCK)}], metadata=meta)
+
+    def route(rid: str, ids: list[int]) -> str:
+        ranking = asyncio.run(router.choose_replicas(reps, request(rid, ids)))
+        return name[ranking[0][0].replica_id.to_full_id_str()]
+
+    random.seed(3)  # ties (equal loads) go to a random replica: the same ones every run
+    queue(0, 0)
+    first = [list(range(100 * i, 100 * i + 40)) for i in range(8)]  # (8, 40), no prefix shared
+    went = [route(f"a{i}", ids) for i, ids in enumerate(first)]
+    # after each pair the two replicas hold as many: the second of a pair goes to the other one
+    assert all(went[k] != went[k + 1] for k in range(0, 8, 2)), went
+    for i, _ in enumerate(first):  # every first turn completes
+        rep = reps[int(went[i][1])].replica_id
+        router.on_request_completed(rep, f"a{i}")
+    assert router.in_flight() == {}
+    again = [route(f"b{i}", ids + [7] * 20) for i, ids in enumerate(first)]
+    assert again == went, (went, again)
+    assert router.stats()["decisions"] == {"no_match": 8, "prefix": 8}
+    queue(9, 0)  # r0 far busier than r1 in Ray's view: its prefix is not worth the wait
+    i = went.index("r0")
+    assert route("c", first[i] + [7] * 30) == "r1"
+    assert router.stats()["decisions"]["imbalanced"] == 1
 
 
 def test_responses_keys_and_stored_ids_reach_their_replica(cluster):

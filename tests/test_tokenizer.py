@@ -675,3 +675,76 @@ def test_random_conversations_match_transformers(contents, system, add_generatio
         template = (DATA / "chat_templates" / name).read_text(encoding="utf-8")
         _check_same(template, messages, add_generation_prompt, date_string="26 Jul 2024")
     _check_same(GEMMA_TEMPLATE, messages, add_generation_prompt)
+
+
+# --------------------------------------------------------------------------------------------
+# A vocabulary that asks for EOS (tokenizer.ggml.add_eos_token)
+# --------------------------------------------------------------------------------------------
+
+EOS_TEXTS = ["", "Hello world, the cat sat on the mat.", " the\n\nthe  other", "<|eot_id|> in text"]
+EOS_CHATS = [
+    [{"role": "user", "content": "Hi there."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "the cat?"},
+        {"role": "assistant", "content": "On the mat."},
+        {"role": "user", "content": "And then?"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def add_eos_llama():
+    """A tiny Llama 3 whose tokenizer adds BOS and EOS (a post-processor "BOS $A EOS", as
+    LlamaTokenizerFast with add_eos_token=True builds), converted by llama.cpp: (the
+    transformers tokenizer, the goinfer Model)."""
+    from transformers import AutoTokenizer
+
+    from fixtures import hfconvert
+    from fixtures.compare import load
+
+    _, path = hfconvert.build("llama", seed=1, add_bos_eos=True)
+    return AutoTokenizer.from_pretrained(path.parent / "hf"), load(path), path
+
+
+def test_add_eos_token_encode_matches_transformers(add_eos_llama):
+    """add_special: BOS first and EOS last, as the transformers tokenizer (and llama.cpp's
+    llama_tokenize with add_special) does; without it neither."""
+    from goinfer.gguf import GGUFFile
+
+    hf, m, path = add_eos_llama
+    assert GGUFFile(path).get("tokenizer.ggml.add_eos_token") is True  # as the converter wrote it
+    assert m.tokenizer.add_eos and m.tokenizer.add_bos
+    eos, bos = hf.convert_tokens_to_ids(["<|eot_id|>", "<|begin_of_text|>"])
+    assert (m.tokenizer.eos_id, m.tokenizer.bos_id) == (eos, bos)
+    for text in EOS_TEXTS:
+        want = hf(text)["input_ids"]
+        assert want[0] == bos and want[-1] == eos, want
+        assert m.tokenize(text, add_special=True) == want, text
+        assert m.tokenize(text) == hf(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_add_eos_token_chat_prompt_matches_transformers(add_eos_llama):
+    """A chat prompt's ids are transformers' apply_chat_template(tokenize=True): the template's
+    own BOS once, <|eot_id|> only where the template writes it (after each message), no EOS
+    appended after the generation prompt.  (llama.cpp's server differs: it tokenizes the
+    rendered prompt with add_special and so appends an EOS after "assistant<|end_header_id|>".)"""
+    hf, m, _ = add_eos_llama
+    eos = m.tokenizer.eos_id
+    for msgs in EOS_CHATS:
+        for gen in (True, False):
+            want = hf.apply_chat_template(
+                msgs, add_generation_prompt=gen, tokenize=True, return_dict=False
+            )
+            got = m.tokenize_chat(m.apply_chat_template(msgs, add_generation_prompt=gen))
+            assert got == want, (msgs, gen)
+            assert got.count(m.tokenizer.bos_id) == 1
+            # one <|eot_id|> per message (the template adds a system message if none is given)
+            assert got.count(eos) == len(msgs) + (msgs[0]["role"] != "system")
+            # ends with the generation prompt's "\n\n", or (without one) the last <|eot_id|>
+            assert (got[-1] == eos) is not gen
+    r = m.session().chat(EOS_CHATS[1], max_tokens=2)  # what a chat request prefills
+    want = hf.apply_chat_template(
+        EOS_CHATS[1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert r.prompt_tokens == len(want) and want[-1] != eos

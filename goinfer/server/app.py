@@ -98,6 +98,7 @@ def create_app(
         st.counts,
         instance,
     )
+    st.served = served  # (its runner: the drafting default; max_body, instance)
 
     # ------------------------------------------------------------------ errors
 

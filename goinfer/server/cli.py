@@ -17,13 +17,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from goinfer.cli_options import exact_option, kv_dtype_option
+from goinfer.server.routing import Policy
+from goinfer.server.spec import ReplicaSpec, ServeOptions
 from goinfer.speculative import DEFAULT_DRAFT_TOKENS, DRAFTS
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "/v1/messages requests that do not set them (default: "
         "$GOINFER_ANTHROPIC_DEFAULTS or none)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="server log level (uvicorn's; on Ray Serve the application's)",
+    )
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra)")
     ray.add_argument(
         "--replicas",
@@ -138,6 +145,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """The options of `goinfer serve`'s parsed arguments (ValueError for a bad routing policy)."""
+    spec = ReplicaSpec(
+        model=args.model,
+        threads=args.threads,
+        exact=args.exact,
+        ctx=args.ctx,
+        kv_tokens=args.kv_tokens,
+        kv_dtype=args.kv_dtype,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk,
+        max_body=args.max_body,
+        api_key=args.api_key,
+        draft=None if args.draft == "none" else args.draft,
+        draft_tokens=args.draft_tokens,
+    )
+    return ServeOptions(
+        spec=spec,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        anthropic_normalize=args.anthropic_normalize,
+        anthropic_defaults=args.anthropic_defaults,
+        replicas=args.replicas,
+        threads_per_replica=args.threads_per_replica,
+        ray_address=args.ray_address,
+        policy=Policy(args.route, args.route_imbalance),
+    )
+
+
 def is_loopback(host: str) -> bool:
     if host.lower() in LOOPBACK_NAMES:
         return True
@@ -156,9 +194,14 @@ def run(args) -> int:
     if args.url:
         print(f"goinfer serve: unexpected argument {args.url!r}", file=sys.stderr)
         return 2
-    if not is_loopback(args.host) and not args.api_key:
+    try:
+        opts = serve_options(args)
+    except ValueError as e:
+        print(f"goinfer serve: {e}", file=sys.stderr)
+        return 2
+    if not is_loopback(opts.host) and not opts.spec.api_key:
         print(
-            f"goinfer serve: refusing to bind {args.host} without --api-key (anyone who can "
+            f"goinfer serve: refusing to bind {opts.host} without --api-key (anyone who can "
             "reach it could use the model); bind 127.0.0.1 or set an API key",
             file=sys.stderr,
         )
@@ -167,8 +210,8 @@ def run(args) -> int:
     from goinfer.server.errors import APIError
 
     for env, value, validate, name in (
-        (ar.NORMALIZE_ENV, args.anthropic_normalize, ar.Normalize.parse, "normalize"),
-        (ar.DEFAULTS_ENV, args.anthropic_defaults, ar.parse_defaults, "defaults"),
+        (ar.NORMALIZE_ENV, opts.anthropic_normalize, ar.Normalize.parse, "normalize"),
+        (ar.DEFAULTS_ENV, opts.anthropic_defaults, ar.parse_defaults, "defaults"),
     ):
         try:
             validate(value)
@@ -176,8 +219,8 @@ def run(args) -> int:
             print(f"goinfer serve: --anthropic-{name}: {e}", file=sys.stderr)
             return 2
         os.environ[env] = value  # read by the route per request, in Ray's processes too
-    if args.replicas is not None or args.ray_address:
-        if not args.ray_address:  # a local Ray instance: its control plane on loopback only
+    if opts.on_ray:
+        if not opts.ray_address:  # a local Ray instance: its control plane on loopback only
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             from goinfer.server.ray import serve_cli
@@ -187,7 +230,7 @@ def run(args) -> int:
                 file=sys.stderr,
             )
             return 2
-        return serve_cli(args)
+        return serve_cli(opts)
     try:
         import uvicorn
     except ImportError:
@@ -195,37 +238,17 @@ def run(args) -> int:
             "goinfer serve needs the server extra: pip install 'goinfer[server]'", file=sys.stderr
         )
         return 2
-    from goinfer.kv_cache import KVCache
-    from goinfer.model import Model
-    from goinfer.server.app import create_app
+    from goinfer.server.spec import open_app
 
-    model = Model.load(
-        args.model,
-        threads=args.threads,
-        exact=args.exact,
-        context_length=args.ctx,
-        kv_dtype=args.kv_dtype,
-    )
-    cache = KVCache(model, max_tokens=args.kv_tokens)
-    model_id = Path(args.model).stem if str(args.model).endswith(".gguf") else str(args.model)
-    app = create_app(
-        model,
-        cache,
-        model_id=model_id,
-        api_key=args.api_key,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        prefill_chunk=args.prefill_chunk,
-        max_body_bytes=args.max_body,
-        draft=None if args.draft == "none" else args.draft,
-        draft_tokens=args.draft_tokens,
-    )
+    app = open_app(opts.spec)
+    model, cache = app.state.model, app.state.cache
     print(
-        f"goinfer: serving {model_id} ({model.config.describe()}, threads={model.threads}, "
-        f"KV cache {cache.max_tokens} tokens, {cache.dtype}) on http://{args.host}:{args.port}/v1",
+        f"goinfer: serving {app.state.model_id} ({model.config.describe()}, "
+        f"threads={model.threads}, KV cache {cache.max_tokens} tokens, {cache.dtype}) on "
+        f"http://{opts.host}:{opts.port}/v1",
         file=sys.stderr,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=opts.host, port=opts.port, log_level=opts.log_level)
     return 0
 
 

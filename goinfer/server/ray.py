@@ -31,7 +31,7 @@ import os
 import sys
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ray import serve
@@ -53,6 +53,7 @@ from goinfer.server.routing import (
     instance_tag,
     prompt_chain,
 )
+from goinfer.server.spec import ReplicaSpec, ServeOptions, open_app
 
 log = logging.getLogger("goinfer.server")
 
@@ -65,31 +66,6 @@ _DEFAULT_ROUTE = ApiRoute()  # any other path: errors in OpenAI's shape
 ROUTE_ENV = (NORMALIZE_ENV, DEFAULTS_ENV)  # settings routes read from the environment
 
 
-@dataclass
-class ReplicaSpec:
-    """What each replica runs: `goinfer serve`'s options for one process."""
-
-    model: str  # a model name or a .gguf path (hub.locate; each node resolves it)
-    model_id: str | None = None  # the id /v1/models reports (default: the name or file stem)
-    threads: int | None = None  # kernel threads per replica (default: physical cores)
-    exact: bool = False  # float64 attention at every position (--exact)
-    ctx: int | None = None
-    kv_tokens: int | None = None
-    block_size: int = 16  # KV block size: the replica's cache and the router's chain agree on it
-    max_batch: int = 8
-    max_queue: int = 64
-    prefill_chunk: int = 256
-    max_body: int = 8 << 20
-    api_key: str | None = None
-    draft: str | None = None  # speculative drafting default (--draft)
-    draft_tokens: int = 16
-
-    def resolved_model_id(self) -> str:
-        if self.model_id:
-            return self.model_id
-        return Path(self.model).stem if str(self.model).endswith(".gguf") else str(self.model)
-
-
 # ============================================================================ replica
 
 
@@ -97,33 +73,10 @@ class GoinferReplica:
     """One model, one KV cache, one engine thread: goinfer's single-process server in an actor."""
 
     def __init__(self, spec: ReplicaSpec):
-        from goinfer.kv_cache import KVCache
-        from goinfer.model import Model
-        from goinfer.server.app import create_app
-
         self.spec = spec
         self.id = serve.get_replica_context().replica_id.to_full_id_str()
-        model = Model.load(
-            spec.model,
-            threads=spec.threads,
-            exact=spec.exact,
-            context_length=spec.ctx,
-            progress=False,
-        )
-        cache = KVCache(model, max_tokens=spec.kv_tokens, block_size=spec.block_size)
-        self.app = create_app(
-            model,
-            cache,
-            model_id=spec.resolved_model_id(),
-            api_key=spec.api_key,
-            max_batch=spec.max_batch,
-            max_queue=spec.max_queue,
-            prefill_chunk=spec.prefill_chunk,
-            max_body_bytes=spec.max_body,
-            draft=spec.draft,
-            draft_tokens=spec.draft_tokens,
-            instance=instance_tag(self.id),
-        )
+        self.app = open_app(spec, progress=False, instance=instance_tag(self.id))
+        model, cache = self.app.state.model, self.app.state.cache
         self.engine = self.app.state.engine
         self.engine.start()  # the app's lifespan is not run: this process owns the engine
         log.info(
@@ -616,10 +569,12 @@ def run(
     port: int = 8000,
     ray_address: str | None = None,
     num_cpus: int | None = None,
+    log_level: str = "info",
 ) -> None:
     """Start a local Ray instance (num_cpus: its CPUs, default the machine's cores, at least
     replicas x threads) or join ray_address's cluster, deploy the application with Serve's HTTP
-    proxy on host:port, and return once it is ready."""
+    proxy on host:port, and return once it is ready.  log_level: the application's (uvicorn's
+    names; "trace" is Python's DEBUG)."""
     import ray
 
     threads = threads_per_replica or spec.threads or 1
@@ -644,6 +599,7 @@ def run(
         name=APP_NAME,
         route_prefix="/",
         blocking=False,
+        logging_config={"log_level": "DEBUG" if log_level == "trace" else log_level.upper()},
     )
 
 
@@ -659,35 +615,24 @@ def stop(joined: bool = False) -> None:
     ray.shutdown()
 
 
-def serve_cli(args) -> int:
-    """`goinfer serve MODEL --replicas N [--threads-per-replica T] [--ray-address ADDR]`."""
-    replicas = args.replicas or 1
-    spec = ReplicaSpec(
-        model=args.model,
-        threads=args.threads,
-        exact=args.exact,
-        ctx=args.ctx,
-        kv_tokens=args.kv_tokens,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        prefill_chunk=args.prefill_chunk,
-        max_body=args.max_body,
-        api_key=args.api_key,
-        draft=None if args.draft == "none" else args.draft,
-        draft_tokens=args.draft_tokens,
-    )
-    threads = args.threads_per_replica or args.threads or max(1, (os.cpu_count() or 1) // replicas)
-    policy = Policy(args.route, args.route_imbalance)
-    joined = bool(args.ray_address)
+def serve_cli(opts: ServeOptions) -> int:
+    """`goinfer serve MODEL --replicas N [--threads-per-replica T] [--ray-address ADDR]`
+    (opts: server/cli.py's serve_options of its flags)."""
+    replicas = opts.replicas or 1
+    spec = opts.spec
+    threads = opts.threads_per_replica or spec.threads or max(1, (os.cpu_count() or 1) // replicas)
+    policy = opts.policy
+    joined = bool(opts.ray_address)
     try:
         run(
             spec,
             replicas=replicas,
             threads_per_replica=threads,
             policy=policy,
-            host=args.host,
-            port=args.port,
-            ray_address=args.ray_address,
+            host=opts.host,
+            port=opts.port,
+            ray_address=opts.ray_address,
+            log_level=opts.log_level,
         )
     except Exception as e:  # noqa: BLE001 - a failed deployment: say why, leave nothing behind
         print(
@@ -701,7 +646,7 @@ def serve_cli(args) -> int:
     print(
         f"goinfer: serving {spec.resolved_model_id()} on Ray Serve, {replicas} replica(s) x "
         f"{threads} thread(s), routing {policy.name} (imbalance {policy.imbalance}), on "
-        f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
+        f"http://{opts.host}:{opts.port}/v1 (Ctrl-C stops)",
         file=sys.stderr,
     )
     try:
