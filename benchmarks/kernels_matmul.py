@@ -6,6 +6,7 @@ one gpt-oss-20b expert shape).
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set llama-1b --M 512 2048 --kinds q4_0
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q6k-1b --M 1 512 --kinds q6_k q8_0 --clock cpu
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q4km-1b --M 1 512 --kinds q4_k q4_1 q6_k q8_0
+    PYTHONPATH=. python benchmarks/kernels_matmul.py --set q5-270m --M 1 64 --kinds q5_0 q8_0
 
 For every (shape, kind, M, threads) it prints the median time of one matmul call (the
 activation already quantized), and
@@ -69,6 +70,13 @@ SETS = {
         ("v      2048->512", 2048, 512, ("q6_k", "q8_0")),
         ("output 2048->128256", 2048, 128256, ("q6_k", "q8_0")),
     ],
+    # the tensors a Q4_K_M file of Gemma 3 270M stores as Q5_0: q5_0 as it is, or q8_0
+    "q5-270m": [
+        ("q      640->1024", 640, 1024, ("q5_0", "q8_0")),
+        ("k/v    640->256", 640, 256, ("q5_0", "q8_0")),
+        ("gate/up 640->2048", 640, 2048, ("q5_0", "q8_0")),
+        ("down   2048->640", 2048, 640, ("q5_0", "q8_0")),
+    ],
     "llama-8b": [
         ("qkv    4096->6144", 4096, 6144, ("q4_0", "q4_1", "q8_0")),
         ("o      4096->4096", 4096, 4096, ("q4_0", "q4_1", "q8_0")),
@@ -120,7 +128,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
     ap.add_argument(
-        "--kinds", nargs="+", default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k"]
+        "--kinds",
+        nargs="+",
+        default=["q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1"],
     )
     ap.add_argument("--variant", default=None)
     ap.add_argument("--set", default="smollm2", choices=sorted(SETS), help="which model's shapes")

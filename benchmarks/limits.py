@@ -10,7 +10,7 @@ Bytes per token per file (every run, and alone with --bytes): the file's own byt
 tensors a decode step reads (every matrix, the LM head, one embedding row; the whole table when
 the head is tied to it) against the bytes goinfer's decode reads for them (its repacked layout,
 weight_bytes below), per weight kind and the GGUF type it came from.  Every type goinfer loads
-as it is (Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, F16, BF16, F32) has the file's bytes per
+as it is (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, F16, BF16, F32) has the file's bytes per
 row block of 16 rows, so the two are equal up to rows padded to a multiple of 16; a type
 converted at load (docs/design/gguf.md) shows its conversion's cost here.  Deterministic.
 

@@ -80,6 +80,8 @@ def byte_table(path) -> list[dict]:
         "q6_k": 210 / 256,
         "q4_k": 144 / 256,
         "q5_k": 176 / 256,
+        "q5_0": 22 / 32,
+        "q5_1": 24 / 32,
     }
     g = GGUFFile(path)
     rows: dict[str, dict] = {}

@@ -23,6 +23,7 @@ from goinfer.quant import (
     ROWS,
     QAct,
     QWeight,
+    codes,
     e8m0_half,
     q6k_codes,
     qk_codes,
@@ -55,6 +56,15 @@ def dequantize(w: QWeight) -> np.ndarray:
         vals = np.repeat(ds, GROUP, axis=1) * q.astype(np.float32) - np.repeat(dm, GROUP, axis=1)
         return np.ascontiguousarray(vals, dtype=np.float32)
     G = w.n_in // GROUP
+    if w.kind in ("q5_0", "q5_1"):  # d * (q - 16); d * q + m (two roundings, as q4_1)
+        q = codes(w).astype(np.float32).reshape(w.n_out, G, GROUP)  # (n_out, G, 32)
+        d = w.d.transpose(0, 2, 1).reshape(n_rb * ROWS, G)[: w.n_out, :, None].astype(np.float32)
+        if w.kind == "q5_0":
+            vals = (q - 16.0) * d
+        else:
+            m = w.m.transpose(0, 2, 1).reshape(n_rb * ROWS, G)[: w.n_out, :, None]
+            vals = q * d + m.astype(np.float32)
+        return np.ascontiguousarray(vals.reshape(w.n_out, w.n_in), dtype=np.float32)
     d = e8m0_half(w.d) if w.kind == "mxfp4" else w.d.astype(np.float32)  # (n_rb, G, 16)
     if w.kind in ("q4_0", "q4_1", "mxfp4"):
         qs = w.qs.reshape(n_rb, G, 4, ROWS, 4)
@@ -124,7 +134,7 @@ def dequantize_act(a: QAct) -> np.ndarray:
 def matmul(x, w: QWeight, out: np.ndarray | None = None, *, nthreads: int = 1) -> np.ndarray:
     """out (M, n_out) = x (M, K) @ W.T.
 
-    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k) take a QAct (the activation quantized once
+    Integer weight kinds (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k, q5_0, q5_1) take a QAct (the activation quantized once
     by quantize_act); float kinds (f32, f16, bf16) take float32 x.  Computed here in float64.
     """
     wd = dequantize(w).astype(np.float64)

@@ -45,6 +45,7 @@ from goinfer.quant import (
     pack_float,
     pack_mxfp4,
     pack_q4,
+    pack_q5,
     pack_q6k,
     pack_q8,
     pack_qk,
@@ -54,7 +55,6 @@ __all__ = ["GGUFFile", "ConversionSummary", "ConversionRow", "NATIVE_TARGET", "n
 
 # GGUF type name -> (native kind load_weight produces, how)
 #   "repack":     same values, bit-exact (only the memory layout changes)
-#   "exact":      a different encoding of exactly the same values
 #   "requantize": dequantized to float32, then quantized to q8_0 per group of 32
 NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "F32": ("f32", "repack"),
@@ -64,9 +64,9 @@ NATIVE_TARGET: dict[str, tuple[str, str]] = {
     "Q4_1": ("q4_1", "repack"),
     "Q8_0": ("q8_0", "repack"),
     "MXFP4": ("mxfp4", "repack"),
-    "Q5_0": ("q8_0", "exact"),
+    "Q5_0": ("q5_0", "repack"),
     "Q4_K": ("q4_k", "repack"),
-    "Q5_1": ("q8_0", "requantize"),
+    "Q5_1": ("q5_1", "repack"),
     "Q5_K": ("q5_k", "repack"),
     "Q6_K": ("q6_k", "repack"),
     "Q2_K": ("q8_0", "requantize"),
@@ -275,7 +275,7 @@ class _Reader(GGUFReader):
 class ConversionRow:
     source_type: str  # GGUF type, e.g. "Q4_K"
     kind: str  # native kind, or "f32 (dense)" for load_f32
-    how: str  # repack / exact / requantize / dequantize
+    how: str  # repack / requantize / dequantize
     count: int = 0
     bytes_in: int = 0  # bytes in the GGUF file
     bytes_out: int = 0  # bytes of the native arrays
@@ -638,7 +638,8 @@ class GGUFFile:
         n_rb = (n_out + ROWS - 1) // ROWS
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[tname]]
         nb = n_in // bs
-        c_int = {"q4_0": 4, "q4_1": 4, "mxfp4": 4, "q6_k": 6, "q4_k": 4, "q5_k": 5}.get(kind, 8)
+        c_int = {"q4_0": 4, "q4_1": 4, "mxfp4": 4, "q6_k": 6, "q4_k": 4}.get(kind, 8)
+        c_int = 5 if kind in ("q5_k", "q5_0", "q5_1") else c_int
         qs = np.empty((n_rb, G, c_int, ROWS, 4), np.int8 if kind == "q8_0" else np.uint8)
         if kind == "q6_k":
             d = np.empty((n_rb, G // 8, ROWS), np.float16)
@@ -648,7 +649,7 @@ class GGUFFile:
             m = np.empty((n_rb, G // 8, 12, ROWS), np.uint8)
         else:
             d = np.empty((n_rb, G, ROWS), np.uint8 if kind == "mxfp4" else np.float16)
-            m = np.empty((n_rb, G, ROWS), np.float16) if kind == "q4_1" else None
+            m = np.empty((n_rb, G, ROWS), np.float16) if kind in ("q4_1", "q5_1") else None
         step = max(ROWS, _CHUNK_ELEMS // n_in // ROWS * ROWS)
         for r0 in range(0, n_out, step):
             b = rows[r0 : r0 + step].reshape(-1, nb, ts)  # (R, nb, ts)
@@ -670,9 +671,10 @@ class GGUFFile:
             return pack_q8(q, d)
         if tname == "Q8_0":  # d f16, 32 int8
             return pack_q8(b[..., 2:34].view(np.int8).reshape(R, K), f16_at(b, 0))
-        if tname == "Q5_0":  # same d; codes 0..31 -> -16..15
-            q = (q5_codes(b, 2, 6).astype(np.int16) - 16).astype(np.int8)
-            return pack_q8(q.reshape(R, K), f16_at(b, 0))
+        if tname == "Q5_0":  # d, 4 bytes of fifth bits, 16 of nibbles: the same codes and d
+            return pack_q5("q5_0", q5_codes(b, 2, 6).reshape(R, K), f16_at(b, 0))
+        if tname == "Q5_1":  # d, m, then as Q5_0
+            return pack_q5("q5_1", q5_codes(b, 4, 8).reshape(R, K), f16_at(b, 0), f16_at(b, 2))
         if tname == "Q6_K":  # the same codes, scales and d
             q, sc, d = q6k_parts(b)
             return pack_q6k(q.reshape(R, K), sc.reshape(R, K // 16), d)
@@ -715,6 +717,8 @@ class GGUFFile:
                 "q6_k": 210 / 256,
                 "q4_k": 144 / 256,
                 "q5_k": 176 / 256,
+                "q5_0": 22 / 32,
+                "q5_1": 24 / 32,
             }[kind]
             total += int(n_mat * padded * per)
         return total

@@ -63,7 +63,7 @@ from goinfer.errors import GoinferError
 from goinfer.paths import goinfer_home
 from goinfer.quant import QWeight
 
-LAYOUT_VERSION = 3  # bump whenever the native layout or the weights tree of a family changes (2: q6_k, 3: q4_k, q5_k)
+LAYOUT_VERSION = 4  # bump whenever the native layout or the weights tree of a family changes (2: q6_k, 3: q4_k, q5_k, 4: q5_0, q5_1)
 MAGIC = b"GOINFER-LAYOUT\0\0"  # 16 bytes
 FORMAT = 1
 _FOOTER = struct.Struct("<16sIQQ32s")  # magic, format, header offset, header length, sha256

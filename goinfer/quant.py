@@ -13,6 +13,8 @@ docs/design/kernels.md).  Rows are grouped in row blocks of ROWS=16 output rows
     q4_k  value = d*sc * q - dmin*mn   qs uint8 (n_rb, G, 4, 16, 4), d float16 (n_rb, G/8, 2, 16):
                                        d, dmin; m uint8 (n_rb, G/8, 12, 16): packed sc, mn
     q5_k  as q4_k, q 0..31             qs uint8 (n_rb, G, 5, 16, 4), d and m as q4_k
+    q5_0  value = d * (q - 16)         qs uint8 (n_rb, G, 5, 16, 4), d float16 (n_rb, G, 16)
+    q5_1  value = d * q + m            qs uint8 (n_rb, G, 5, 16, 4), d, m float16 (n_rb, G, 16)
     f32 / f16 / bf16                   qs (n_rb, K, 16) float32 / float16 / uint16 (bf16 bits)
 
 mxfp4 is the OCP microscaling FP4 of GGUF type MXFP4 (gpt-oss): 4-bit e2m1 codes (sign bit 3)
@@ -42,6 +44,11 @@ The value is (d*sc) * q - dmin*mn; both products are exact in float32.  qs lines
 k = 4c + j in bit c and of k = 16 + 4c + j in bit 4 + c (c = 0..3).  ``d`` [rb, b, 0, r] is the
 d of row rb*16+r in super-block b, [rb, b, 1, r] its dmin; ``m`` [rb, b, i, r] is packed byte i
 of that row and super-block.  4.5 (5.5) bits per weight, as in the GGUF.
+
+q5_0 and q5_1 are GGUF's Q5_0 and Q5_1 as they are: 5-bit codes q (0..31) with q4_0's and
+q4_1's scales, one float16 ``d`` (and ``m``) per group of 32.  qs is q5_k's: lines 0..3 hold the
+low 4 bits as q4 does, line 4 the fifth bits (bit c of byte [r, j]: k = 4c + j; bit 4 + c:
+k = 16 + 4c + j).  5.5 (6) bits per weight, as in the GGUF.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ import numpy as np
 
 GROUP = 32
 ROWS = 16
-INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k")
+INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1")
+Q5_KINDS = ("q5_k", "q5_0", "q5_1")  # 5-bit codes: q4's 4 lines + a line of fifth bits
 K_KINDS = ("q6_k", "q4_k", "q5_k")  # n_in in whole super-blocks of QK_K
 QK_K = 256  # k-quants: values per super-block (one d)
 FLOAT_KINDS = ("f32", "f16", "bf16")
@@ -164,6 +172,38 @@ def pack_q4(
     return QWeight(kind, n_out, K, qs, dd, mm, source_type)
 
 
+def _bit4_line(q: np.ndarray, n_rb: int) -> np.ndarray:
+    """Codes q (n_out, K) 0..31 -> the line of their fifth bits (n_rb, G, 1, 16, 4): byte [r, j]
+    bit c <- bit 4 of k = 4c + j, bit 4 + c <- of k = 16 + 4c + j (c = 0..3)."""
+    G = q.shape[1] // GROUP
+    t = (_pad_rows(q, n_rb) >> 4).reshape(n_rb, ROWS, G, 2, 4, 4).astype(np.uint8)
+    t = t.transpose(0, 2, 4, 1, 5, 3)  # (rb, g, c, r, j, half)
+    sh = np.arange(4, dtype=np.uint8)[:, None, None, None] + 4 * np.arange(2, dtype=np.uint8)
+    bits = (t << sh).sum(axis=(2, 5), dtype=np.uint16).astype(np.uint8)  # (rb, g, r, j)
+    return bits[:, :, None]
+
+
+def _bit4_codes(qs: np.ndarray) -> np.ndarray:
+    """The fifth bits of line 4 of a 5-line qs (n_rb, G, 5, 16, 4) -> (n_rb * 16, G * 32) 0 / 16."""
+    n_rb, G = qs.shape[:2]
+    h = qs[:, :, 4].transpose(0, 2, 1, 3)  # (rb, r, g, j)
+    sh = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (half, c, j): bit 4*half + c
+    hb = (h[:, :, :, None, None, :] >> sh) & 1  # (rb, r, g, half, c, j)
+    return (hb.reshape(n_rb * ROWS, G * GROUP) << 4).astype(np.uint8)
+
+
+def pack_q5(
+    kind: str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None, source_type: str = ""
+) -> QWeight:
+    """q (n_out, K) uint8 codes 0..31, d (n_out, G) float16 [, m (n_out, G) float16] -> q5_0 /
+    q5_1 QWeight (q4_0's / q4_1's layout of the low 4 bits, plus the line of fifth bits)."""
+    assert kind in ("q5_0", "q5_1")
+    q = np.asarray(q, np.uint8)
+    w = pack_q4("q4_1" if kind == "q5_1" else "q4_0", q & 15, d, m, source_type)
+    qs = np.ascontiguousarray(np.concatenate([w.qs, _bit4_line(q, w.n_rb)], axis=2))
+    return QWeight(kind, w.n_out, w.n_in, qs, w.d, w.m, source_type)
+
+
 def pack_mxfp4(codes: np.ndarray, e: np.ndarray, source_type: str = "") -> QWeight:
     """codes (n_out, K) uint8 0..15 (e2m1, sign in bit 3), e (n_out, G) uint8 e8m0 -> QWeight mxfp4."""
     w = pack_q4("q4_0", codes, np.zeros(np.shape(e), np.float16), None, source_type)
@@ -246,14 +286,10 @@ def pack_qk(
         raise ValueError(f"{kind} weights need n_in divisible by {QK_K}, got {K}")
     q = np.asarray(q, np.uint8)
     w = pack_q4("q4_0", q & 15, np.zeros((n_out, K // GROUP), np.float16))
-    n_rb, G, nb = w.n_rb, K // GROUP, K // QK_K
+    n_rb, nb = w.n_rb, K // QK_K
     qs = w.qs
-    if kind == "q5_k":  # line 4: bit c <- bit 4 of k = 4c + j, bit 4 + c <- of k = 16 + 4c + j
-        t = (_pad_rows(q, n_rb) >> 4).reshape(n_rb, ROWS, G, 2, 4, 4).astype(np.uint8)
-        t = t.transpose(0, 2, 4, 1, 5, 3)  # (rb, g, c, r, j, half)
-        sh = np.arange(4, dtype=np.uint8)[:, None, None, None] + 4 * np.arange(2, dtype=np.uint8)
-        bits = (t << sh).sum(axis=(2, 5), dtype=np.uint16).astype(np.uint8)  # (rb, g, r, j)
-        qs = np.ascontiguousarray(np.concatenate([qs, bits[:, :, None]], axis=2))
+    if kind == "q5_k":  # line 4: the fifth bits (_bit4_line)
+        qs = np.ascontiguousarray(np.concatenate([qs, _bit4_line(q, n_rb)], axis=2))
     dd = np.stack(
         [_pad_rows(np.asarray(d, np.float16), n_rb), _pad_rows(np.asarray(dmin, np.float16), n_rb)],
         axis=1,
@@ -264,24 +300,28 @@ def pack_qk(
     return QWeight(kind, n_out, K, qs, dd, ss, source_type)
 
 
+def codes(w: QWeight) -> np.ndarray:
+    """The codes of a q4_0 / q4_1 / mxfp4 / q4_k (0..15) or q5_k / q5_0 / q5_1 (0..31) QWeight
+    in element order: (n_out, n_in) uint8."""
+    n_rb, G = w.qs.shape[:2]
+    b = w.qs.reshape(n_rb, G, -1, ROWS, 4)
+    x = b[:, :, :4].transpose(0, 3, 1, 2, 4).reshape(n_rb * ROWS, G, 16)  # (row, g, c*4+j)
+    q = np.concatenate([x & 15, x >> 4], axis=2).reshape(n_rb * ROWS, G * GROUP)  # (row, k)
+    if w.kind in Q5_KINDS:
+        q = q | _bit4_codes(w.qs)
+    return np.ascontiguousarray(q[: w.n_out])
+
+
 def qk_codes(w: QWeight):
     """A q4_k / q5_k QWeight -> q (n_out, K) uint8 codes, sc, mn (n_out, K/32) uint8,
     d, dmin (n_out, K/256) float16."""
     n_rb, G = w.qs.shape[:2]
-    b = w.qs.reshape(n_rb, G, -1, ROWS, 4)
-    x = b[:, :, :4].transpose(0, 3, 1, 2, 4).reshape(n_rb * ROWS, G, 16)  # (row, g, c*4+j)
-    q = np.concatenate([x & 15, x >> 4], axis=2)  # (row, g, 32)
-    if w.kind == "q5_k":
-        h = b[:, :, 4].transpose(0, 2, 1, 3)  # (rb, r, g, j)
-        sh = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (half, c, j): bit 4*half + c
-        hb = (h[:, :, :, None, None, :] >> sh) & 1  # (rb, r, g, half, c, j)
-        q = q | (hb.reshape(n_rb * ROWS, G, 32) << 4)
-    q = q.reshape(n_rb * ROWS, G * GROUP)
+    q = codes(w)
     scm = w.m.transpose(0, 3, 1, 2).reshape(n_rb * ROWS, G // 8, 12)
     sc, mn = unpack_scale_min(scm)
     d = w.d.transpose(0, 3, 2, 1).reshape(n_rb * ROWS, 2, G // 8)
     n = w.n_out
-    return (q[:n], sc.reshape(-1, G)[:n], mn.reshape(-1, G)[:n], d[:n, 0], d[:n, 1])
+    return (q, sc.reshape(-1, G)[:n], mn.reshape(-1, G)[:n], d[:n, 0], d[:n, 1])
 
 
 def pack_q8(q: np.ndarray, d: np.ndarray, source_type: str = "") -> QWeight:
@@ -350,6 +390,28 @@ def quantize_weight(w: np.ndarray, kind: str, source_type: str = "F32") -> QWeig
         q = np.clip(np.floor((wg - mn[..., None]) * inv[..., None] + 0.5), 0, 15).astype(np.uint8)
         return pack_q4(
             "q4_1", q.reshape(n_out, K), d.astype(np.float16), mn.astype(np.float16), source_type
+        )
+    if kind == "q5_0":  # as q4_0 with 16 levels a side (gguf-py's quantize_blocks)
+        idx = np.abs(wg).argmax(axis=2)
+        mx = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
+        d = (mx / -16.0).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+        q = np.clip(np.trunc(wg * inv[..., None] + np.float32(16.5)), 0, 31).astype(np.uint8)
+        return pack_q5("q5_0", q.reshape(n_out, K), d.astype(np.float16), None, source_type)
+    if kind == "q5_1":  # as q4_1 with 32 levels
+        mn = wg.min(axis=2)
+        mx = wg.max(axis=2)
+        d = ((mx - mn) / 31.0).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+        q = np.clip(np.trunc((wg - mn[..., None]) * inv[..., None] + np.float32(0.5)), 0, 31)
+        return pack_q5(
+            "q5_1",
+            q.astype(np.uint8).reshape(n_out, K),
+            d.astype(np.float16),
+            mn.astype(np.float16),
+            source_type,
         )
     if kind == "q8_0":
         amax = np.abs(wg).max(axis=2)

@@ -265,13 +265,19 @@ def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
     from fixtures import tinymodels
 
     files = []
-    for qt in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
+    T = gguf.GGMLQuantizationType
+    for qt in (T.Q4_0, T.Q8_0, T.Q5_0, T.Q5_1):
         model, _ = tiny("llama", 0)
         files.append(
             str(tinymodels.write_gguf(model, "llama", tmp_path / f"{qt.name}.gguf", qtype=qt))
         )
     res = limits.main(["--bytes", *files, "--threads", "1"])
-    assert [r["file"] for r in res["bytes_per_token"]] == ["Q4_0.gguf", "Q8_0.gguf"]
+    assert [r["file"] for r in res["bytes_per_token"]] == [
+        "Q4_0.gguf",
+        "Q8_0.gguf",
+        "Q5_0.gguf",
+        "Q5_1.gguf",
+    ]
     for f, r in zip(files, res["bytes_per_token"]):
         assert r["file_bytes"] == _file_decode_bytes(f) and r["goinfer_bytes"] == r["file_bytes"], r
     assert "decode" not in res and "bandwidth" not in res

@@ -245,14 +245,57 @@ def test_bf16_exact(tmp_path):
     )
 
 
-def test_q5_0_is_exact_q8_0(tmp_path):
-    rng = np.random.default_rng(5)
-    raw = random_blocks(T.Q5_0, 16, 64, rng)
-    w = GGUFFile(write_gguf(tmp_path / "t.gguf", {"w": (raw, T.Q5_0)})).load_weight("w")
-    # same scale as stored, codes -16..15
-    d_src = raw.reshape(16, 2, 22)[..., 0:2].copy().view("<f2")[..., 0]  # (16, 2)
-    np.testing.assert_array_equal(w.d[0].T, d_src)
-    assert w.qs.min() >= -16 and w.qs.max() <= 15
+def q5_by_hand(raw: np.ndarray, qtype: T, n_out: int, n_in: int):
+    """Q5_0 / Q5_1 blocks read by hand from the block layout (ggml's block_q5_0: d, qh u32, qs[16];
+    block_q5_1: d, m, qh, qs): codes (n_out, n_in) 0..31, d [, m] (n_out, n_in/32) float16."""
+    ts = 22 if qtype == T.Q5_0 else 24
+    b = raw.reshape(n_out, n_in // 32, ts)
+    at = 2 if qtype == T.Q5_0 else 4
+    qh = np.ascontiguousarray(b[..., at : at + 4]).view("<u4")[..., 0]  # (n_out, nb)
+    qs = b[..., at + 4 : at + 20]
+    q = np.empty((n_out, n_in // 32, 32), np.uint8)
+    for j in range(16):  # byte j: code j (low nibble), code j + 16 (high); qh bit e: code e's bit 4
+        q[..., j] = (qs[..., j] & 15) | (((qh >> j) & 1) << 4).astype(np.uint8)
+        q[..., j + 16] = (qs[..., j] >> 4) | (((qh >> (j + 16)) & 1) << 4).astype(np.uint8)
+    d = np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0]
+    m = np.ascontiguousarray(b[..., 2:4]).view("<f2")[..., 0] if qtype == T.Q5_1 else None
+    return q.reshape(n_out, n_in), d, m
+
+
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_q5_loads_as_stored(tmp_path, qtype):
+    """Q5_0 / Q5_1 load as q5_0 / q5_1: the file's codes, d (and m) unchanged, the file's bytes
+    per row block (no conversion to q8_0), dequantized bit for bit as gguf-py, whether the
+    blocks come from gguf-py's quantizer or are random bytes; goinfer's own quantizer picks
+    gguf-py's codes; the loaded weight multiplies with the contract's bits on every variant."""
+    from gguf.quants import quantize as gguf_quantize
+    from test_kernels_matmul import check_matmul
+
+    from goinfer.quant import codes, quantize_weight
+
+    kind = qtype.name.lower()
+    rng = np.random.default_rng(21)
+    n_out, n_in = 37, 320  # a ragged row block, 10 groups
+    x = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero group: d = 0
+    x[1, :32] = np.linspace(-3, 1, 32)  # the extreme codes 0 and 31
+    quantized = gguf_quantize(x, qtype)  # (n_out, row bytes)
+    for raw in (quantized, random_blocks(qtype, n_out, n_in, rng)):
+        g = GGUFFile(write_gguf(tmp_path / f"{kind}.gguf", {"w": (raw, qtype)}))
+        w = g.load_weight("w")
+        assert (w.kind, w.source_type, w.qs.shape) == (kind, qtype.name, (3, 10, 5, 16, 4))
+        q, d, m = q5_by_hand(raw, qtype, n_out, n_in)
+        np.testing.assert_array_equal(codes(w), q)
+        np.testing.assert_array_equal(w.d.transpose(0, 2, 1).reshape(48, 10)[:n_out], d)
+        if m is not None:
+            np.testing.assert_array_equal(w.m.transpose(0, 2, 1).reshape(48, 10)[:n_out], m)
+        assert w.nbytes == 48 * raw.shape[1]  # the file's bytes, rows padded to 16
+        np.testing.assert_array_equal(dequantize(w), reference(qtype, raw, n_out, n_in))
+        assert g.native_bytes() == w.nbytes
+        check_matmul(rng.standard_normal((5, n_in)).astype(np.float32), w)
+    mine = quantize_weight(x, kind)
+    np.testing.assert_array_equal(codes(mine), q5_by_hand(quantized, qtype, n_out, n_in)[0])
+    np.testing.assert_array_equal(dequantize(mine), reference(qtype, quantized, n_out, n_in))
 
 
 def test_mxfp4_extremes_and_quantizer(tmp_path):
@@ -375,9 +418,16 @@ def test_conversion_summary(tmp_path):
 
 
 def test_native_target_per_variant():
-    """The k-quants a Q4_K_M / Q5_K_M file holds load as they are on every variant (each has
-    q4_k, q5_k and q6_k microkernels), so the weights a decode step reads are the file's bytes."""
-    for t, kind in (("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k")):
+    """The k-quants a Q4_K_M / Q5_K_M file holds, and its Q5_0 / Q5_1, load as they are on every
+    variant (each has q4_k, q5_k, q6_k, q5_0 and q5_1 microkernels), so the weights a decode step
+    reads are the file's bytes."""
+    for t, kind in (
+        ("Q4_K", "q4_k"),
+        ("Q5_K", "q5_k"),
+        ("Q6_K", "q6_k"),
+        ("Q5_0", "q5_0"),
+        ("Q5_1", "q5_1"),
+    ):
         for v in ("portable", "avx2", "avx512-vnni"):
             assert native_target(t, v) == (kind, "repack"), (t, v)
     for t in NATIVE_TARGET:

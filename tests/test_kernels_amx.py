@@ -103,7 +103,7 @@ SHAPES = [
 
 
 @needs_amx
-@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0", "q6_k", "q4_k", "q5_k"])
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1"])
 @pytest.mark.parametrize("M,n_out,Kd", SHAPES)
 def test_amx_equals_vnni_and_contract(kind, M, n_out, Kd):
     rng = np.random.default_rng(M * 7919 + n_out * 31 + Kd)

@@ -35,9 +35,11 @@ from goinfer.quant import (
     QK_K,
     QAct,
     QWeight,
+    codes,
     e8m0_half,
     pack_mxfp4,
     pack_q4,
+    pack_q5,
     pack_q6k,
     pack_q8,
     pack_qk,
@@ -102,12 +104,15 @@ def fmaf(a, b, c):
 
 
 def unpack_int(w: QWeight):
-    """QWeight of an int kind -> q (n_out, K) int64 (nibbles, int8, or mxfp4's integer values
-    MXFP4_VALUES[code]), d, m (n_out, G) float32 (mxfp4: d = 2^(e-128))."""
+    """QWeight of an int kind -> q (n_out, K) int64 (nibbles, 5-bit codes, int8, or mxfp4's
+    integer values MXFP4_VALUES[code]), d, m (n_out, G) float32 (mxfp4: d = 2^(e-128))."""
     n_rb, G = w.qs.shape[:2]
     if w.kind == "q8_0":
         q = w.qs.view(np.int8).reshape(n_rb, G, 8, 16, 4).transpose(0, 3, 1, 2, 4)
         q = q.reshape(n_rb * 16, G * 32)
+    elif w.kind in ("q5_0", "q5_1"):  # (quant.codes: tested against gguf-py in test_quant_q5)
+        q = np.zeros((n_rb * 16, G * 32), np.uint8)
+        q[: w.n_out] = codes(w)
     else:
         b = w.qs.reshape(n_rb, G, 4, 16, 4).transpose(0, 3, 1, 2, 4).reshape(n_rb * 16, G, 16)
         q = np.concatenate([b & 15, b >> 4], axis=2).reshape(n_rb * 16, G * 32)
@@ -165,11 +170,11 @@ def emulate_matmul(x, w: QWeight) -> np.ndarray:
     for g in range(Kd // GROUP):
         sl = slice(g * GROUP, (g + 1) * GROUP)
         isum = qa[:, sl] @ q[:, sl].T  # exact (M, n_out)
-        if w.kind == "q4_0":
-            isum = isum - 8 * x.asum[:, g, None].astype(np.int64)
+        if w.kind in ("q4_0", "q5_0"):
+            isum = isum - (8 if w.kind == "q4_0" else 16) * x.asum[:, g, None].astype(np.int64)
         dd = d[None, :, g] * x.da[:, g, None]  # float32 product
         acc = fmaf(isum.astype(np.float32), dd, acc)
-        if w.kind == "q4_1":
+        if w.kind in ("q4_1", "q5_1"):
             acc = fmaf(mn[None, :, g], x.sa[:, g, None], acc)
     return acc
 
@@ -190,7 +195,7 @@ def tolerance(x, w: QWeight, xd: np.ndarray) -> np.ndarray:
     n = (
         w.n_in
         if w.kind in FLOAT_KINDS
-        else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k") else 1)
+        else (w.n_in // GROUP) * (2 if w.kind in ("q4_1", "q4_k", "q5_k", "q5_1") else 1)
     )
     isum_max = (
         1 if w.kind in FLOAT_KINDS else 32 * 32 * 127 * 128 if w.kind == "q6_k" else 32 * 128 * 127
@@ -232,6 +237,11 @@ def make_weight(rng, kind, n_out, n_in, scale=1.0, raw=False):
         e.flat[:3] = [0, 1, 2][: e.size]
         return pack_mxfp4(rng.integers(0, 16, (n_out, n_in)).astype(np.uint8), e.astype(np.uint8))
     d = (rng.uniform(-1, 1, (n_out, G)) * scale).astype(np.float16)
+    if kind in ("q5_0", "q5_1"):  # every code 0..31 (both ends included), d [, m]
+        q = rng.integers(0, 32, (n_out, n_in)).astype(np.uint8)
+        q.flat[:2] = [0, 31][: q.size]
+        mn = (rng.uniform(-1, 1, (n_out, G)) * scale).astype(np.float16) if kind == "q5_1" else None
+        return pack_q5(kind, q, d, mn)
     if kind == "q8_0":
         return pack_q8(rng.integers(-128, 128, (n_out, n_in)).astype(np.int8), d)
     q = rng.integers(0, 16, (n_out, n_in)).astype(np.uint8)
@@ -435,6 +445,14 @@ def test_matmul_int_k_blocks(kind, M):
 @example(kind="f32", M=1, n_out=1, G=1, wscale=1.0, xscale=1e-30, raw=False, seed=10)
 @example(kind="f16", M=17, n_out=80, G=3, wscale=300.0, xscale=1e4, raw=False, seed=11)
 @example(kind="bf16", M=30, n_out=15, G=8, wscale=1e-6, xscale=1.0, raw=False, seed=12)
+# q5_0 / q5_1 likewise: one group and row (f16-subnormal d), a ragged row block, the AMX tile
+# (16 rows) and one more, GEMM tiles of 4 (AVX2) / 6 (AVX-512) rows + 1, huge activations
+@example(kind="q5_0", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e30, raw=True, seed=13)
+@example(kind="q5_1", M=1, n_out=1, G=1, wscale=1e-6, xscale=1e-30, raw=True, seed=14)
+@example(kind="q5_0", M=17, n_out=17, G=2, wscale=300.0, xscale=1e-30, raw=True, seed=15)
+@example(kind="q5_1", M=16, n_out=33, G=8, wscale=300.0, xscale=1e30, raw=True, seed=16)
+@example(kind="q5_0", M=7, n_out=80, G=3, wscale=1e-3, xscale=1.0, raw=False, seed=17)
+@example(kind="q5_1", M=5, n_out=15, G=2, wscale=1.0, xscale=1e4, raw=False, seed=18)
 def test_matmul_property(kind, M, n_out, G, wscale, xscale, raw, seed):
     """Random shapes and scales (f16 subnormal weight scales, tiny/huge activations, raw
     random bits incl. q8 = -128, zero groups): contract bits, all variants, all splits."""
@@ -522,7 +540,27 @@ def test_matmul_qk_extremes(kind, M):
         check_matmul(x, pack_qk(kind, q, pack_scale_min(sc, mn), dd[0], dd[1]), check_rows=M < 5)
 
 
-@pytest.mark.parametrize("kind", ["q6_k", "q4_k", "q5_k"])
+@pytest.mark.parametrize("kind", ["q5_0", "q5_1"])
+@pytest.mark.parametrize("M", [1, 3, 33])
+def test_matmul_q5_extremes(kind, M):
+    """q5_0 / q5_1 at the int16 bounds of the AVX2 kernels: every code at its largest (31) or
+    smallest (0) against activations of +-127 (4 lines of vpmaddubsw pairs sum to 4*2*31*127 =
+    31496 in int16), q5_0's -16*asum at its largest (16*32*127): the contract's bits, every
+    variant and split, AMX included (M = 33)."""
+    n_out, Kd = 40, 512
+    x = np.full((M, Kd), 1.0, np.float32)
+    x[:, Kd // 2 :] = -1.0
+    G = Kd // GROUP
+    for code in (31, 0):
+        q = np.full((n_out, Kd), code, np.uint8)
+        q[1::2, ::5] = 31 - code
+        d = np.full((n_out, G), 0.5, np.float16)
+        d[::3] = -65504.0  # the largest float16 magnitude
+        mn = np.full((n_out, G), -0.25, np.float16) if kind == "q5_1" else None
+        check_matmul(x, pack_q5(kind, q, d, mn), check_rows=M < 5)
+
+
+@pytest.mark.parametrize("kind", ["q6_k", "q4_k", "q5_k", "q5_0", "q5_1"])
 def test_matmul_k_quants_seven_threads(kind):
     """More threads than row blocks or activation tiles (7): every share's tile still gives
     the contract's bits, GEMV and GEMM, every variant and AMX on / off."""
@@ -742,9 +780,16 @@ def test_errors():
         K.matmul(xs, sq, xs)
     with pytest.raises(TypeError):
         K.matmul(xq, np.zeros((20, 64), np.float32))  # not a QWeight
-    bad = QWeight("q5_0", 20, 64, wq.qs, wq.d, wq.m)
+    bad = QWeight("q3_0", 20, 64, wq.qs, wq.d, wq.m)
     with pytest.raises(ValueError):
         K.matmul(xq, bad)
+    with pytest.raises(ValueError, match="shape"):  # q4_1's qs (4 lines) as q5_1's (5)
+        K.matmul(xq, QWeight("q5_1", 20, 64, wq.qs, wq.d, wq.m))
+    w5 = make_weight(rng, "q5_1", 20, 64)
+    with pytest.raises(ValueError, match="shape"):  # and q5_1's as q4_1's
+        K.matmul(xq, QWeight("q4_1", 20, 64, w5.qs, w5.d, w5.m))
+    with pytest.raises(TypeError):  # q5_1 without m
+        K.matmul(xq, QWeight("q5_1", 20, 64, w5.qs, w5.d, None))
     with pytest.raises(ValueError):  # qs of the wrong layout
         K.matmul(xq, QWeight("q4_1", 20, 64, wq.qs[:, :1], wq.d, wq.m))
     with pytest.raises(TypeError):  # q4_1 without m
@@ -842,6 +887,8 @@ def test_matmul_experts(kind, E, M, n_out, Kd):
 @example(kind="q5_k", E=9, M=3, n_out=17, G=2, with_bias=True, seed=3)
 @example(kind="q8_0", E=2, M=33, n_out=16, G=4, with_bias=False, seed=4)
 @example(kind="mxfp4", E=3, M=40, n_out=70, G=1, with_bias=True, seed=5)
+@example(kind="q5_0", E=2, M=17, n_out=17, G=1, with_bias=False, seed=6)
+@example(kind="q5_1", E=9, M=3, n_out=33, G=2, with_bias=True, seed=7)
 def test_matmul_experts_property(kind, E, M, n_out, G, with_bias, seed):
     """Any number of experts, rows (none too), splits (empty experts anywhere): each expert's
     rows carry matmul's bits on every variant, AMX on and off, and every thread count."""

@@ -16,6 +16,8 @@ cdef extern from "matmul.h" nogil:
         GI_Q6_K
         GI_Q4_K
         GI_Q5_K
+        GI_Q5_0
+        GI_Q5_1
         GI_F32
         GI_F16
         GI_BF16

@@ -24,12 +24,14 @@ cnp.import_array()
 # kind name -> (C kind, qs numpy type, qs dtype name)
 _KIND = {
     "q4_0": GI_Q4_0, "q4_1": GI_Q4_1, "q8_0": GI_Q8_0, "mxfp4": GI_MXFP4, "q6_k": GI_Q6_K,
-    "q4_k": GI_Q4_K, "q5_k": GI_Q5_K, "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
+    "q4_k": GI_Q4_K, "q5_k": GI_Q5_K, "q5_0": GI_Q5_0, "q5_1": GI_Q5_1,
+    "f32": GI_F32, "f16": GI_F16, "bf16": GI_BF16,
 }
 _QS_TYPE = {
     GI_Q4_0: (cnp.NPY_UINT8, "uint8"), GI_Q4_1: (cnp.NPY_UINT8, "uint8"),
     GI_Q8_0: (cnp.NPY_INT8, "int8"), GI_MXFP4: (cnp.NPY_UINT8, "uint8"), GI_Q6_K: (cnp.NPY_UINT8, "uint8"),
     GI_Q4_K: (cnp.NPY_UINT8, "uint8"), GI_Q5_K: (cnp.NPY_UINT8, "uint8"),
+    GI_Q5_0: (cnp.NPY_UINT8, "uint8"), GI_Q5_1: (cnp.NPY_UINT8, "uint8"),
     GI_F32: (cnp.NPY_FLOAT32, "float32"),
     GI_F16: (cnp.NPY_FLOAT16, "float16"), GI_BF16: (cnp.NPY_UINT16, "uint16 (bf16 bits)"),
 }
@@ -114,7 +116,8 @@ cdef int _weight(object w, gi_weight *cw) except -1:
         cw.ks = <const uint8_t *>_data(carray(w.m, "w.m", cnp.NPY_UINT8, "uint8 (packed scales)", 4,
                                               n_rb, G // 8, 12, GI_ROWS))
         return 0
-    cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G, 8 if kind == GI_Q8_0 else 4,
+    cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 5, n_rb, G,
+                         8 if kind == GI_Q8_0 else 5 if kind == GI_Q5_0 or kind == GI_Q5_1 else 4,
                          GI_ROWS, 4))
     if kind == GI_MXFP4:  # e8m0 exponents in w.d
         cw.e = <const uint8_t *>_data(carray(w.d, "w.d", cnp.NPY_UINT8, "uint8 (e8m0)", 3, n_rb, G,
@@ -122,7 +125,7 @@ cdef int _weight(object w, gi_weight *cw) except -1:
         return 0
     cw.d = <const uint16_t *>_data(carray(w.d, "w.d", cnp.NPY_FLOAT16, "float16", 3, n_rb, G,
                                           GI_ROWS))
-    if kind == GI_Q4_1:
+    if kind == GI_Q4_1 or kind == GI_Q5_1:
         cw.m = <const uint16_t *>_data(carray(w.m, "w.m", cnp.NPY_FLOAT16, "float16", 3, n_rb, G,
                                               GI_ROWS))
     return 0
@@ -143,6 +146,8 @@ cdef int64_t _weight_bytes(const gi_weight *w) noexcept nogil:
         return w.n_rb * G * (384 + 32 + 4)
     if w.kind == GI_Q4_K or w.kind == GI_Q5_K:
         return w.n_rb * G * ((256 if w.kind == GI_Q4_K else 320) + 32)
+    if w.kind == GI_Q5_0 or w.kind == GI_Q5_1:
+        return w.n_rb * G * (320 + (64 if w.kind == GI_Q5_1 else 32))
     return w.n_rb * G * (256 + (64 if w.kind == GI_Q4_1 else 32))
 
 
@@ -527,8 +532,8 @@ def quantize_act(x, out=None, *, nthreads=1):
 def matmul(x_or_qact, w, out=None, *, nthreads=1):
     """out (M, n_out) float32 = x (M, K) @ W.T.
 
-    Integer weights (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k) take a QAct from quantize_act; float weights (f32,
-    f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
+    Integer weights (q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k, q5_0, q5_1) take a QAct from
+    quantize_act; float weights (f32, f16, bf16) take float32 x (M, K).  out, if given, is (M, n_out) float32 C-contiguous.
     """
     cdef int nt = check_threads(nthreads)
     cdef mm_args r

@@ -1,4 +1,4 @@
-/* Matrix-multiply kernels: activation quantization, int (q4_0/q4_1/q8_0/mxfp4/q6_k/q4_k/q5_k) and float
+/* Matrix-multiply kernels: activation quantization, int (q4_0/q4_1/q8_0/mxfp4/q6_k/q4_k/q5_k/q5_0/q5_1) and float
  * (f32/f16/bf16) matmul, embedding row lookup.  See docs/design/kernels.md for the layouts
  * and the exact per-element contracts; every variant computes the same bits.
  *
@@ -12,7 +12,7 @@
 
 /* Weight kinds, in the order of goinfer.quant.KINDS. */
 enum { GI_Q4_0 = 0, GI_Q4_1 = 1, GI_Q8_0 = 2, GI_MXFP4 = 3, GI_Q6_K = 4, GI_Q4_K = 5, GI_Q5_K = 6,
-       GI_F32 = 7, GI_F16 = 8, GI_BF16 = 9, GI_N_KINDS = 10 };
+       GI_Q5_0 = 7, GI_Q5_1 = 8, GI_F32 = 9, GI_F16 = 10, GI_BF16 = 11, GI_N_KINDS = 12 };
 
 /* A repacked weight (a view of goinfer.quant.QWeight's arrays; nothing is owned). */
 typedef struct gi_weight {
@@ -21,11 +21,12 @@ typedef struct gi_weight {
     int64_t n_rb;          /* row blocks of 16 rows: ceil(n_out / 16) */
     const void *qs;        /* q4, mxfp4: uint8 (n_rb, G, 4, 16, 4); q8: int8 (n_rb, G, 8, 16, 4);
                               q6_k: uint8 (n_rb, G, 6, 16, 4) (4 nibble lines, 2 lines of top bits);
-                              q4_k: as q4; q5_k: uint8 (n_rb, G, 5, 16, 4) (q4's + a line of bit 4);
+                              q4_k: as q4; q5_k, q5_0, q5_1: uint8 (n_rb, G, 5, 16, 4) (q4's + a
+                              line of bit 4);
                               float kinds: (n_rb, K, 16) float32 / float16 bits / bf16 bits */
-    const uint16_t *d;     /* q4_0, q4_1, q8_0: float16 bits (n_rb, G, 16); q6_k: (n_rb, G/8, 16);
+    const uint16_t *d;     /* q4_0, q4_1, q8_0, q5_0, q5_1: float16 bits (n_rb, G, 16); q6_k: (n_rb, G/8, 16);
                               q4_k, q5_k: d, dmin (n_rb, G/8, 2, 16); else NULL */
-    const uint16_t *m;     /* q4_1: float16 bits (n_rb, G, 16); else NULL */
+    const uint16_t *m;     /* q4_1, q5_1: float16 bits (n_rb, G, 16); else NULL */
     const uint8_t *e;      /* mxfp4: e8m0 exponents (n_rb, G, 16), scale 2^(e-128); else NULL */
     const int8_t *sc;      /* q6_k: scales per 16 k (n_rb, G, 16, 2); else NULL */
     const uint8_t *ks;     /* q4_k, q5_k: GGUF's 12 bytes of 6-bit scales and mins per row and

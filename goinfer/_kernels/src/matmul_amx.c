@@ -1,10 +1,10 @@
-/* AMX int8 GEMM for q4_0 / q4_1 / q8_0 / q6_k / q4_k / q5_k weights (see matmul_amx.h).
+/* AMX int8 GEMM for q4_0 / q4_1 / q8_0 / q6_k / q4_k / q5_k / q5_0 / q5_1 weights (see matmul_amx.h).
  *
  * Exactness: per output element (m, n) the contract of matmul_impl.h is
  *   acc = 0; for g in order: acc = fmaf((float)is, d[n,g]*da[m,g], acc)
  *                            (q4_1: then acc = fmaf(mn[n,g], sa[m,g], acc))
  * where is = the exact int32 dot product of group g with signed weights (q4_0: nib - 8,
- * q4_1: nib, q8_0: q).  One TDPBSSD of K = 32 gives exactly these int32 values for 16
+ * q4_1: nib, q5_0: q - 16, q5_1: q, q8_0: q; q5_1 folds as q4_1).  One TDPBSSD of K = 32 gives exactly these int32 values for 16
  * activation rows x 16 output rows (|is| <= 32*128*127 < 2^31), and the fold below does the
  * float operations of the VNNI kernel in the same order, so the bits are the same.
  *
@@ -97,13 +97,14 @@ static const tilecfg CFG = {
 
 #define ACT_CHUNK (768 * 1024)   /* activation bytes per cache block (as the VNNI GEMM) */
 
-/* q4 / q4_k / q5_k / q6_k row block -> signed int8 B tiles: bq (G, 8, 16, 4); line c <- the
-   codes of k = 4c + j, line 4+c <- those of k = 16 + 4c + j (minus 8: q4_0, minus 32: q6_k). */
+/* q4 / q4_k / q5 / q6_k row block -> signed int8 B tiles: bq (G, 8, 16, 4); line c <- the
+   codes of k = 4c + j, line 4+c <- those of k = 16 + 4c + j (minus 8: q4_0, minus 16: q5_0,
+   minus 32: q6_k). */
 static void unpack_q(int kind, const uint8_t *wq, int64_t G, int8_t *bq) {
     const int NL = LINES(kind);
     const __m512i nib = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F),
                   m30 = _mm512_set1_epi8(0x30);
-    const __m512i off = _mm512_set1_epi8((char)(kind == GI_Q4_0 ? 8 : kind == GI_Q6_K ? 32 : 0));
+    const __m512i off = _mm512_set1_epi8((char)(kind == GI_Q6_K ? 32 : CODE_OFF(kind)));
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *lg = wq + g * NL * 64;
         for (int c = 0; c < 4; c++) {
@@ -116,7 +117,7 @@ static void unpack_q(int kind, const uint8_t *wq, int64_t G, int8_t *bq) {
             } else {
                 lo = _mm512_and_si512(l, nib);
                 hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
-                if (kind == GI_Q5_K) {
+                if (IS_Q5(kind)) {
                     const __m512i h = _mm512_loadu_si512(lg + 4 * 64);
                     lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), b4));
                     hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, c), b4));
@@ -136,7 +137,7 @@ GI_INLINE void fold(const int KIND, __m512 acc[16], const int32_t *c, __m512 dv,
         __m512 dai = _mm512_set1_ps(da[i * G + g]);
         __m512 ci = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * 16));
         acc[i] = _mm512_fmadd_ps(ci, _mm512_mul_ps(dv, dai), acc[i]);
-        if (KIND == GI_Q4_1 || IS_QK(KIND)) acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[i * G + g]), acc[i]);
+        if (HAS_MIN(KIND) || IS_QK(KIND)) acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[i * G + g]), acc[i]);
     }
 }
 
@@ -152,7 +153,7 @@ GI_INLINE void fold_q6(__m512 acc[16], const int32_t *c0, const int32_t *c1, __m
     }
 }
 
-/* the group's scale vectors of a q4_0 / q4_1 / q8_0 / q4_k / q5_k row block (mv: q4_1, qk;
+/* the group's scale vectors of a q4_0 / q4_1 / q8_0 / q4_k / q5_k / q5_0 / q5_1 row block (mv: q4_1, q5_1, qk;
    qk from kq, the row block's scales decoded once: (G, 2, 16) float32) */
 GI_INLINE void scales(const int KIND, const gi_weight *w, const float *kq, int64_t rb, int64_t G, int64_t g,
                       __m512 *dv, __m512 *mv) {
@@ -162,7 +163,7 @@ GI_INLINE void scales(const int KIND, const gi_weight *w, const float *kq, int64
         return;
     }
     *dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + (rb * G + g) * 16)));
-    if (KIND == GI_Q4_1) *mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + (rb * G + g) * 16)));
+    if (HAS_MIN(KIND)) *mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + (rb * G + g) * 16)));
 }
 
 /* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes). */
@@ -225,16 +226,18 @@ typedef void (*tile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, co
     const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) { \
     tile16(KIND, w, a, m, rb, bq, kq, cbuf, out, ldo); }
 TILE_DEF(GI_Q4_0) TILE_DEF(GI_Q4_1) TILE_DEF(GI_Q8_0) TILE_DEF(GI_Q6_K) TILE_DEF(GI_Q4_K) TILE_DEF(GI_Q5_K)
-static const tile_fn TILES[GI_Q5_K + 1] = {
+TILE_DEF(GI_Q5_0) TILE_DEF(GI_Q5_1)
+static const tile_fn TILES[GI_Q5_1 + 1] = {
     [GI_Q4_0] = tile16_GI_Q4_0, [GI_Q4_1] = tile16_GI_Q4_1, [GI_Q8_0] = tile16_GI_Q8_0,
     [GI_Q6_K] = tile16_GI_Q6_K, [GI_Q4_K] = tile16_GI_Q4_K, [GI_Q5_K] = tile16_GI_Q5_K,
+    [GI_Q5_0] = tile16_GI_Q5_0, [GI_Q5_1] = tile16_GI_Q5_1,
 };
 
 int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1,
                         int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
     const int kind = w->kind;
     const int64_t K = w->n_in, G = K / GI_GROUP, M16 = (m1 - m0) / 16 * 16;
-    if (kind == GI_MXFP4 || kind > GI_Q5_K || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
+    if (kind == GI_MXFP4 || kind > GI_Q5_1 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
     int8_t *bq = 0;                  /* unpacked codes (G, 8, 16, 4), then qk: scales (G, 2, 16) float */
     float *kq = 0;
     int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */

@@ -1,8 +1,8 @@
-/* AMX int8 GEMM for the int weight kinds but mxfp4 (q4_0, q4_1, q8_0, q6_k, q4_k, q5_k): an
- * accelerator of the avx512 variant's matmul_q for M >= 16 activation rows.  It computes the same bits as the VNNI
- * kernel (docs/design/kernels.md "AMX prefill GEMM").  Compiled once (matmul_amx.c, with
- * -mamx-tile -mamx-int8 on top of the avx512 flags); its AMX instructions run only when
- * gi_amx_enabled() says so.
+/* AMX int8 GEMM for the int weight kinds but mxfp4 (q4_0, q4_1, q8_0, q6_k, q4_k, q5_k, q5_0,
+ * q5_1): an accelerator of the avx512 variant's matmul_q for M >= 16 activation rows.  It
+ * computes the same bits as the VNNI kernel (docs/design/kernels.md "AMX prefill GEMM").
+ * Compiled once (matmul_amx.c, with -mamx-tile -mamx-int8 on top of the avx512 flags); its AMX
+ * instructions run only when gi_amx_enabled() says so.
  */
 #ifndef GI_MATMUL_AMX_H
 #define GI_MATMUL_AMX_H

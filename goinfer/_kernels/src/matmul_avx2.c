@@ -245,7 +245,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 : QK ? w->d + rb * (G / 8) * 32 + h * 8 : w->d + rb * G * 16 + h * 8;
         wk[r] = QK ? w->ks + rb * (G / 8) * 192 + h * 8 : 0;
         ws[r] = KIND == GI_Q6_K ? w->sc + rb * G * 32 + h * 16 : 0;
-        wm[r] = KIND == GI_Q4_1 ? w->m + rb * G * 16 + h * 8 : 0;
+        wm[r] = HAS_MIN(KIND) ? w->m + rb * G * 16 + h * 8 : 0;
         we[r] = KIND == GI_MXFP4 ? w->e + rb * G * 16 + h * 8 : 0;
     }
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
@@ -262,14 +262,15 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
         for (int i = 0; i < MR; i++) acc[r][i] = _mm256_setzero_ps();
 
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
-        /* q4_0's integer correction 8*asum of 16 groups at a time, kept in memory so that
-           the broadcasts below are plain loads */
+        /* the integer correction of 16 groups at a time (q4_0 8*asum, q5_0 16*asum, mxfp4
+           12*asum), kept in memory so that the broadcasts below are plain loads */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
+        const int OFF = KIND == GI_MXFP4 ? 12 : CODE_OFF(KIND);
         int32_t cb[MAXMR][16];
-        if (KIND == GI_Q4_0 || KIND == GI_MXFP4)
+        if (OFF)
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++)
-                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * (KIND == GI_Q4_0 ? 8 : 12);
+                for (int gg = 0; gg < gn; gg++) cb[i][gg] = as[i * G + g0 + gg] * OFF;
         for (int gg = 0; gg < gn; gg++) {
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
@@ -288,14 +289,14 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     else if (QK) _mm_prefetch((const char *)(wk[r] + gp * 24), _MM_HINT_T0);
                     else _mm_prefetch((const char *)(wd[r] + gp * 16), _MM_HINT_T0);
                     if (QK && (g & 7) == 0) _mm_prefetch((const char *)(wd[r] + (gp >> 3) * 32), _MM_HINT_T0);
-                    if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
+                    if (HAS_MIN(KIND)) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
                 }
             }
             if (KIND == GI_Q6_K) {
                 q6_group(RB, MR, wq, ws, g, ag, K, as + g, G, is);
-            } else if (KIND == GI_MXFP4 || KIND == GI_Q5_K) {
+            } else if (KIND == GI_MXFP4 || IS_Q5(KIND)) {
                 /* mxfp4: codes looked up as KV + 12 (0..24, unsigned) against int8 activations,
-                   the -12*asum correction below; q5_k: the 5-bit codes (0..31).  An int16 lane of
+                   the -12*asum correction below; q5_k, q5_0, q5_1: the 5-bit codes (0..31).  An int16 lane of
                    one maddubs sums 2 products <= 31*127 (no saturation); the low and the high
                    halves accumulate apart over the 4 lines (each <= 4*7874 = 31496: no wrap)
                    and meet in int32. */
@@ -315,7 +316,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         if (KIND == GI_MXFP4) {
                             lo[r] = _mm256_shuffle_epi8(lutu, lo[r]);
                             hi[r] = _mm256_shuffle_epi8(lutu, hi[r]);
-                        } else {  /* q5_k: bit 4 is bit c (low half), 4 + c (high) of line 4 */
+                        } else {  /* q5: bit 4 is bit c (low half), 4 + c (high) of line 4 */
                             const __m256i h = _mm256_loadu_si256((const __m256i *)(wq[r] + (g * NL + 4) * 64));
                             lo[r] = _mm256_or_si256(lo[r], _mm256_and_si256(_mm256_slli_epi16(h, 4 - c), b4));
                             hi[r] = _mm256_or_si256(hi[r], _mm256_and_si256(_mm256_srli_epi16(h, c), b4));
@@ -413,18 +414,18 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 }
                 dv[r] = KIND == GI_MXFP4 ? e8m0_half8(we[r] + g * 16)
                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd[r] + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
-                if (KIND == GI_Q4_1) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
+                if (HAS_MIN(KIND)) mv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm[r] + g * 16)));
             }
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
                 __m256 dai = _mm256_set1_ps(da[i * G + g]);
                 __m256i corr = _mm256_setzero_si256();
-                if (KIND == GI_Q4_0 || KIND == GI_MXFP4) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
+                if (OFF) corr = _mm256_set1_epi32(cb[i][gg]);   /* load-only broadcast */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
-                    __m256i s = KIND == GI_Q4_0 || KIND == GI_MXFP4 ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
+                    __m256i s = OFF ? _mm256_sub_epi32(is[r][i], corr) : is[r][i];
                     acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv[r], dai), acc[r][i]);
-                    if (KIND == GI_Q4_1 || QK)
+                    if (HAS_MIN(KIND) || QK)
                         acc[r][i] = _mm256_fmadd_ps(mv[r], _mm256_set1_ps(sa[i * G + g]), acc[r][i]);
                 }
             }

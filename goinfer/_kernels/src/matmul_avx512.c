@@ -103,7 +103,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int64_t ds_ = KIND == GI_Q6_K ? G / 8 * 16 : QK ? G / 8 * 32 : G * 16;
     const uint16_t *wd = KIND == GI_MXFP4 ? 0 : w->d + u * ds_;
     const uint8_t *we = KIND == GI_MXFP4 ? w->e + u * G * 16 : 0; /* (RB, G, 16) */
-    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + u * G * 16 : 0; /* (RB, G, 16) */
+    const uint16_t *wm = HAS_MIN(KIND) ? w->m + u * G * 16 : 0;  /* (RB, G, 16) */
     const int8_t *wsc = KIND == GI_Q6_K ? w->sc + u * G * 32 : 0; /* (RB, G, 16, 2) */
     const uint8_t *wk = QK ? w->ks + u * (G / 8) * 192 : 0;      /* (RB, G/8, 12, 16) */
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
@@ -122,12 +122,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
         /* ---- the integer correction of 16 groups at a time: cb[i][gg] = -8*asum (q4_0),
-           -128*asum (q8_0), -12*asum (mxfp4) or -32 x the low half's sum (q6_k; cb1: the high
-           half's) of row m+i, group g0+gg.  It is the initial value of the int32 accumulators
+           -16*asum (q5_0), -128*asum (q8_0), -12*asum (mxfp4) or -32 x the low half's sum (q6_k;
+           cb1: the high half's) of row m+i, group g0+gg.  It is the initial value of the int32 accumulators
            (a load-only broadcast), so no subtraction is needed afterwards. */
         const int gn = (int)(G - g0 < 16 ? G - g0 : 16);
         int32_t cb[MAXMR][16], cb1[MAXMR][16];
-        if (KIND == GI_Q4_0 || KIND == GI_Q8_0 || KIND == GI_MXFP4) {
+        if (KIND == GI_Q4_0 || KIND == GI_Q5_0 || KIND == GI_Q8_0 || KIND == GI_MXFP4) {
             const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
@@ -135,7 +135,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 if (KIND == GI_MXFP4)
                     v = _mm512_mullo_epi32(v, _mm512_set1_epi32(-12));
                 else
-                    v = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : 7));
+                    v = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                         _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : KIND == GI_Q5_0 ? 4 : 7));
                 _mm512_storeu_si512(cb[i], v);
             }
         } else if (KIND == GI_Q6_K) {
@@ -153,7 +154,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m512i is[MAXRB][MAXMR], is1[MAXRB][MAXMR];
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
-                const int zero = KIND == GI_Q4_1 || QK;
+                const int zero = HAS_MIN(KIND) || QK;
                 __m512i c0 = zero ? _mm512_setzero_si512() : _mm512_set1_epi32(cb[i][gg]);
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) is[r][i] = c0;
@@ -176,7 +177,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         _mm_prefetch((const char *)(wk + r * (G / 8) * 192 + (g + PF_GROUPS) * 24), _MM_HINT_T0);
                     else
                         _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
-                    if (KIND == GI_Q4_1)
+                    if (HAS_MIN(KIND))
                         _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
                     if (QK && (g & 7) == 0)
                         _mm_prefetch((const char *)(wd + r * ds_ + ((g + PF_GROUPS) >> 3) * 32), _MM_HINT_T0);
@@ -225,7 +226,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                             lo[r] = _mm512_shuffle_epi8(lut, lo[r]);
                             hi[r] = _mm512_shuffle_epi8(lut, hi[r]);
                         }
-                        if (KIND == GI_Q5_K) {  /* bit 4: bit c (low half), 4 + c (high) of line 4 */
+                        if (IS_Q5(KIND)) {  /* bit 4: bit c (low half), 4 + c (high) of line 4 */
                             const __m512i h = _mm512_loadu_si512(lg + r * rbs + 4 * 64);
                             lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), b4));
                             hi[r] = _mm512_or_si512(hi[r], _mm512_and_si512(_mm512_srli_epi16(h, c), b4));
@@ -274,7 +275,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 }
                 dv[r] = KIND == GI_MXFP4 ? e8m0_half16(we + r * G * 16 + g * 16)
                         : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + r * ds_ + (KIND == GI_Q6_K ? g >> 3 : g) * 16)));
-                if (KIND == GI_Q4_1)
+                if (HAS_MIN(KIND))
                     mv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + r * G * 16 + g * 16)));
                 if (KIND == GI_Q6_K) q6_scales16(wsc + r * G * 32 + g * 32, &s0[r], &s1[r]);
             }
@@ -287,7 +288,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                     if (KIND == GI_Q6_K)   /* exact: see above */
                         isf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is1[r][i]), s1[r], _mm512_mul_ps(isf, s0[r]));
                     acc[r][i] = _mm512_fmadd_ps(isf, _mm512_mul_ps(dv[r], dai), acc[r][i]);
-                    if (KIND == GI_Q4_1 || QK)
+                    if (HAS_MIN(KIND) || QK)
                         acc[r][i] = _mm512_fmadd_ps(mv[r], _mm512_set1_ps(sa[i * G + g]), acc[r][i]);
                 }
             }

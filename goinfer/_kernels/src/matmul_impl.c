@@ -45,12 +45,14 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
     int64_t u, float *o, int64_t ldo) { ftile(K, RB, MR, w, x, m, u, o, ldo); }
 #define FG_PTR(K, RB, MR) fg_##K##_##RB##_##MR,
 
-/* kinds 0..6 = q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k; 7..9 = f32, f16, bf16 (matmul.h) */
-_Static_assert(GI_Q6_K == 4 && GI_Q5_K == 6 && GI_F32 == 7 && GI_BF16 == 9,
+/* kinds 0..8 = q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k, q5_0, q5_1; 9..11 = f32, f16, bf16
+   (matmul.h) */
+_Static_assert(GI_Q6_K == 4 && GI_Q5_K == 6 && GI_Q5_1 == 8 && GI_F32 == 9 && GI_BF16 == 11,
                "the instantiation lists below assume the kind numbers of matmul.h");
-#define N_QKINDS 7
+#define N_QKINDS 9
 SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
-SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QV_RB)(QV_DEF, 5, 1) SEQ(QV_RB)(QV_DEF, 6, 1)
+SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QV_RB)(QV_DEF, 5, 1) SEQ(QV_RB)(QV_DEF, 6, 1) SEQ(QV_RB)(QV_DEF, 7, 1)
+SEQ(QV_RB)(QV_DEF, 8, 1)
 /* the GEMM tiles of kind K: RB = 1 (and 2 when QG_RB == 2), MR = 1..QG_MR */
 #if QG_RB == 1
 #define QG_KIND(K) SEQ(QG_MR)(QG_DEF, K, 1)
@@ -61,10 +63,10 @@ SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QV_RB)(QV_DEF, 5, 1) SEQ(QV_RB)(QV_DEF, 6, 1)
 #else
 #error "QG_RB must be 1 or 2"
 #endif
-QG_KIND(0) QG_KIND(1) QG_KIND(2) QG_KIND(3) QG_KIND(4) QG_KIND(5) QG_KIND(6)
-SEQ(FV_RB)(FV_DEF, 7, 1) SEQ(FV_RB)(FV_DEF, 8, 1) SEQ(FV_RB)(FV_DEF, 9, 1)
-SEQ(FG_MR)(FG_DEF, 7, 1) SEQ(FG_MR)(FG_DEF, 8, 1) SEQ(FG_MR)(FG_DEF, 9, 1)
-SEQ(FG_MR)(FG_DEF, 7, 2) SEQ(FG_MR)(FG_DEF, 8, 2) SEQ(FG_MR)(FG_DEF, 9, 2)
+QG_KIND(0) QG_KIND(1) QG_KIND(2) QG_KIND(3) QG_KIND(4) QG_KIND(5) QG_KIND(6) QG_KIND(7) QG_KIND(8)
+SEQ(FV_RB)(FV_DEF, 9, 1) SEQ(FV_RB)(FV_DEF, 10, 1) SEQ(FV_RB)(FV_DEF, 11, 1)
+SEQ(FG_MR)(FG_DEF, 9, 1) SEQ(FG_MR)(FG_DEF, 10, 1) SEQ(FG_MR)(FG_DEF, 11, 1)
+SEQ(FG_MR)(FG_DEF, 9, 2) SEQ(FG_MR)(FG_DEF, 10, 2) SEQ(FG_MR)(FG_DEF, 11, 2)
 
 #if FG_RB != 2
 #error "instantiation lists above assume FG_RB == 2"
@@ -79,17 +81,17 @@ SEQ(FG_MR)(FG_DEF, 7, 2) SEQ(FG_MR)(FG_DEF, 8, 2) SEQ(FG_MR)(FG_DEF, 9, 2)
 static const qtile_fn qv_tab[N_QKINDS][QV_RB] = {
     {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)},
     {SEQ(QV_RB)(QV_PTR, 3, 1)}, {SEQ(QV_RB)(QV_PTR, 4, 1)}, {SEQ(QV_RB)(QV_PTR, 5, 1)},
-    {SEQ(QV_RB)(QV_PTR, 6, 1)},
+    {SEQ(QV_RB)(QV_PTR, 6, 1)}, {SEQ(QV_RB)(QV_PTR, 7, 1)}, {SEQ(QV_RB)(QV_PTR, 8, 1)},
 };
 static const qtile_fn qg_tab[N_QKINDS][QG_RB][QG_MR] = {
-    QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3) QG_ROW(4) QG_ROW(5) QG_ROW(6)
+    QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3) QG_ROW(4) QG_ROW(5) QG_ROW(6) QG_ROW(7) QG_ROW(8)
 };
 static const ftile_fn fv_tab[3][FV_RB] = {
-    {SEQ(FV_RB)(FV_PTR, 7, 1)}, {SEQ(FV_RB)(FV_PTR, 8, 1)}, {SEQ(FV_RB)(FV_PTR, 9, 1)}};
+    {SEQ(FV_RB)(FV_PTR, 9, 1)}, {SEQ(FV_RB)(FV_PTR, 10, 1)}, {SEQ(FV_RB)(FV_PTR, 11, 1)}};
 static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
-    {{SEQ(FG_MR)(FG_PTR, 7, 1)}, {SEQ(FG_MR)(FG_PTR, 7, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 8, 1)}, {SEQ(FG_MR)(FG_PTR, 8, 2)}},
-    {{SEQ(FG_MR)(FG_PTR, 9, 1)}, {SEQ(FG_MR)(FG_PTR, 9, 2)}}};
+    {{SEQ(FG_MR)(FG_PTR, 9, 1)}, {SEQ(FG_MR)(FG_PTR, 9, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 10, 1)}, {SEQ(FG_MR)(FG_PTR, 10, 2)}},
+    {{SEQ(FG_MR)(FG_PTR, 11, 1)}, {SEQ(FG_MR)(FG_PTR, 11, 2)}}};
 
 #define UPB (GI_ROWS / UNIT)       /* units per row block */
 #ifndef L2_CHUNK
@@ -150,7 +152,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
-    if (kind != GI_MXFP4 && kind != GI_Q5_K && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
+    if (kind != GI_MXFP4 && !IS_Q5(kind) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
 #endif
     const int mr = kind == GI_Q6_K ? QG_MR_Q6K : QG_MR;
     /* q4_k / q5_k: each chunk's scales decoded once (128 bytes per group and row block, counted
@@ -194,7 +196,7 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
 /* ============================================================================ get_rows (all variants: plain C) */
 
 /* Dequantized value = the reference's float32 expression: q4_0 (nib-8)*d, q4_1 nib*d + m
-   (two roundings), q8_0 q*d, mxfp4 KV[code]*2^(e-128) (exact), q6_k (d*sc)*(q-32) (exact),
+   (two roundings), q5_0 (q-16)*d, q5_1 q*d + m (two roundings), q8_0 q*d, mxfp4 KV[code]*2^(e-128) (exact), q6_k (d*sc)*(q-32) (exact),
    q4_k / q5_k (d*sc)*q - dmin*mn (one rounding), floats converted exactly. */
 static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out) {
     const int64_t K = w->n_in;
@@ -236,7 +238,14 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
             const float d = kind == GI_MXFP4 ? e8m0_half(w->e[(rb * G + g) * GI_ROWS + r])
                                              : f16_to_f32(w->d[(rb * G + g) * GI_ROWS + r]);
             const uint8_t *lg = wq + g * NL * 64 + r * 4;
-            if (kind == GI_MXFP4) {
+            if (kind == GI_Q5_0 || kind == GI_Q5_1) {
+                const float mn = kind == GI_Q5_1 ? f16_to_f32(w->m[(rb * G + g) * GI_ROWS + r]) : 0.0f;
+                for (int k = 0; k < GI_GROUP; k++) {
+                    const int q = qk_code(kind, wq + g * NL * 64, (int)r, k);
+                    if (kind == GI_Q5_0) og[k] = (float)(q - 16) * d;
+                    else og[k] = (float)q * d + mn;
+                }
+            } else if (kind == GI_MXFP4) {
                 for (int c = 0; c < 4; c++)
                     for (int j = 0; j < 4; j++) {
                         int b = lg[c * 64 + j];

@@ -3,9 +3,9 @@
  * matmul_avx512.c, matmul_avx2.c or matmul_portable.c).
  *
  * Contracts (docs/design/kernels.md), per output element (m, n):
- *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g (minus 8*asum for
- *                q4_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc); q4_1 also
- *                acc = fmaf(mn[n,g], sa[m,g], acc).  mxfp4: the group's int values are
+ *   int kinds:   acc = 0; for g in order: isum = exact int32 dot of group g's codes (minus 8*asum
+ *                for q4_0, 16*asum for q5_0); acc = fmaf((float)isum, d[n,g]*da[m,g], acc);
+ *                q4_1 and q5_1 also acc = fmaf(mn[n,g], sa[m,g], acc).  mxfp4: the group's int values are
  *                KV[code] (twice the e2m1 values, -12..12) and d = 2^(e-128) exactly.
  *                q6_k: isum = sum_k sc[n,k/16]*(q-32)*qa, exact int32; the fold's d is the
  *                super-block's d[n,g/8]
@@ -30,6 +30,7 @@
  *          ks (n_rb, G/8, 12, 16) uint8: byte i of GGUF's packed 6-bit scales/mins of row r
  *   q5_k   qs (n_rb, G, 5, 16, 4): lines 0..3 as q4 (bits 0..3), line 4 byte (r, j): bit c is
  *          bit 4 of the code of k = 4c+j, bit 4+c of k = 16+4c+j; d, ks as q4_k
+ *   q5_0, q5_1  qs as q5_k (codes 0..31), d [, m] as q4_0 [, q4_1]
  *   d, m   (n_rb, G, 16) float16
  *   float  (n_rb, K, 16)
  */
@@ -99,9 +100,14 @@ GI_INLINE int quant_one(float v, float inv) {
 }
 
 /* 64-byte lines per group of an int kind; scale (and min) bytes per group and row block. */
-#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : (kind) == GI_Q5_K ? 5 : 4)
-#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : (kind) == GI_Q4_1 ? 64 : (kind) == GI_Q6_K ? 36 : 32)
+#define IS_Q5(kind) ((kind) == GI_Q5_K || (kind) == GI_Q5_0 || (kind) == GI_Q5_1)  /* 5-bit codes */
+#define LINES(kind) ((kind) == GI_Q8_0 ? 8 : (kind) == GI_Q6_K ? 6 : IS_Q5(kind) ? 5 : 4)
+#define SCALE_BYTES(kind) ((kind) == GI_MXFP4 ? 16 : HAS_MIN(kind) ? 64 : (kind) == GI_Q6_K ? 36 : 32)
 #define IS_QK(kind) ((kind) == GI_Q4_K || (kind) == GI_Q5_K)  /* d*sc*q - dmin*mn kinds */
+#define HAS_MIN(kind) ((kind) == GI_Q4_1 || (kind) == GI_Q5_1)  /* d*q + m kinds: a float16 m per group */
+/* the code offset folded in as -OFF*asum: q4_0 8, q5_0 16 (q8_0's 128 and mxfp4's 12 belong to
+   the AVX-512 / AVX2 kernels' unsigned operands, not to the contract) */
+#define CODE_OFF(kind) ((kind) == GI_Q4_0 ? 8 : (kind) == GI_Q5_0 ? 16 : 0)
 
 /* q4_k / q5_k: 6-bit scale and min of sub-block s (0..7) of row r, from the super-block's 12
    lines ks (12, 16) (GGUF's get_scale_min_k4, one row) */
@@ -116,11 +122,12 @@ GI_INLINE void qk_scale_min(const uint8_t *ks, int r, int s, int *sc, int *mn) {
     }
 }
 
-/* q4_k / q5_k: code k (0..31) of row r in a group's lines lg (plain C: portable, get_rows) */
+/* q4 / q4_k / q5_k / q5_0 / q5_1: code k (0..31) of row r in a group's lines lg (plain C:
+   portable, get_rows) */
 GI_INLINE int qk_code(const int kind, const uint8_t *lg, int r, int k) {
     const int c = (k >> 2) & 3, j = k & 3, b = lg[c * 64 + r * 4 + j];
     int q = k < 16 ? b & 15 : b >> 4;
-    if (kind == GI_Q5_K) q |= (lg[4 * 64 + r * 4 + j] >> (c + (k < 16 ? 0 : 4)) & 1) << 4;
+    if (IS_Q5(kind)) q |= (lg[4 * 64 + r * 4 + j] >> (c + (k < 16 ? 0 : 4)) & 1) << 4;
     return q;
 }
 

@@ -52,7 +52,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
         const uint8_t *wq = (const uint8_t *)w->qs + rb * G * NL * 64;   /* (G, NL, 16, 4) */
         const uint16_t *wd = kind == GI_MXFP4 ? 0 : kind == GI_Q6_K ? w->d + rb * (G / 8) * 16
                            : IS_QK(kind) ? w->d + rb * (G / 8) * 32 : w->d + rb * G * 16;  /* (G, 16), (G/8, [2,] 16) */
-        const uint16_t *wm = kind == GI_Q4_1 ? w->m + rb * G * 16 : 0;
+        const uint16_t *wm = HAS_MIN(kind) ? w->m + rb * G * 16 : 0;
         const uint8_t *we = kind == GI_MXFP4 ? w->e + rb * G * 16 : 0;   /* (G, 16) */
         const int64_t cnt = cols_left(w, rb * GI_ROWS) < GI_ROWS ? cols_left(w, rb * GI_ROWS) : GI_ROWS;
         for (int64_t m = m0; m < m1; m++) {
@@ -61,7 +61,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                 const int8_t *ag = a->qa + m * K + g * GI_GROUP;      /* (32,) */
                 const uint8_t *lg = wq + g * NL * 64;
                 int32_t is[GI_ROWS] = {0};
-                if (IS_QK(kind)) {
+                if (IS_QK(kind) || IS_Q5(kind)) {  /* codes 0..15 / 0..31 */
                     for (int r = 0; r < GI_ROWS; r++)
                         for (int k = 0; k < GI_GROUP; k++) is[r] += qk_code(kind, lg, r, k) * ag[k];
                 } else if (kind == GI_Q6_K) {
@@ -92,7 +92,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                                 is[r] += (int8_t)lg[c * 64 + r * 4 + j] * ag[c * 4 + j];
                 }
                 const float dam = a->da[m * G + g];
-                const int32_t corr = kind == GI_Q4_0 ? 8 * a->asum[m * G + g] : 0;
+                const int32_t corr = CODE_OFF(kind) * a->asum[m * G + g];
                 if (IS_QK(kind)) {  /* the super-block's d, dmin times the 6-bit scale, min: exact */
                     const uint8_t *ks = w->ks + (rb * (G / 8) + g / 8) * 12 * 16;
                     for (int r = 0; r < GI_ROWS; r++) {
@@ -109,7 +109,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
                     float dd = (kind == GI_MXFP4 ? e8m0_half(we[g * 16 + r])
                                 : f16_to_f32(wd[(kind == GI_Q6_K ? g >> 3 : g) * 16 + r])) * dam;
                     acc[r] = fmaf((float)(is[r] - corr), dd, acc[r]);
-                    if (kind == GI_Q4_1) acc[r] = fmaf(f16_to_f32(wm[g * 16 + r]), a->sa[m * G + g], acc[r]);
+                    if (HAS_MIN(kind)) acc[r] = fmaf(f16_to_f32(wm[g * 16 + r]), a->sa[m * G + g], acc[r]);
                 }
             }
             for (int64_t r = 0; r < cnt; r++) out[m * ldo + rb * GI_ROWS + r] = acc[r];
