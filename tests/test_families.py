@@ -463,6 +463,7 @@ def test_converter_cache_layout():
     assert json.loads(json.dumps(sorted(hfconvert.FAMILIES))) == [
         "gemma4",
         "gpt-oss",
+        "llama",
         "qwen3",
         "qwen35",
         "qwen35moe",
