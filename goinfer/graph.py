@@ -14,15 +14,15 @@ work items with the same C code as the Python path, so logits are bit-identical.
 
 Everything a plan points to is persistent: the plan's own input buffers (tokens, positions,
 slots, block tables, and a cache that trims sliding windows their window slots and tables,
-logits), the model's scratch buffers, weights, RoPE tables and the KV
-cache (a plan keeps every array it points into alive: when the model's scratch is regrown for
-a bigger batch the plan keeps using the buffers it was captured with, which carry nothing from
-one step to the next).  Per step the inputs are copied into the plan's buffers.  A plan is
-rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
-variant, a position past the RoPE tables it was captured with, an attention crossing the size
-at which the Python kernel switches from one thread to several, or a sequence crossing the
-position from which its rows run the fast attention kernel (``Batch.fast_from``: a plan binds
-the exact or the fast kernel per sequence, as the Python path would call it).
+the RoPE cos / sin of the step's positions, logits), the model's scratch buffers, weights and
+the KV cache (a plan keeps every array it points into alive: when the model's scratch is
+regrown for a bigger batch the plan keeps using the buffers it was captured with, which carry
+nothing from one step to the next).  Per step the inputs are copied into the plan's buffers
+(and the RoPE of its positions computed there).  A plan is rebuilt when its assumptions
+break: another batch size, KV cache, thread count or kernel variant, an attention crossing
+the size at which the Python kernel switches from one thread to several, or a sequence
+crossing the position from which its rows run the fast attention kernel (``Batch.fast_from``:
+a plan binds the exact or the fast kernel per sequence, as the Python path would call it).
 
 A verify step of speculative decoding (goinfer/speculative.py: a sequence's last token and
 its draft, logits of every row) is replayed the same way: a plan's shape is the rows of each
@@ -248,6 +248,16 @@ class DecodePlan:
         self.wtables = np.zeros((B, self.max_blocks), np.int32) if self.windowed else None
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (T, vocab)
         self.rows = np.arange(T, dtype=np.int64)
+        # RoPE of the step's positions, per RoPE of the model: cos, sin (T, n_rot/2), rows (T,)
+        ropes = {impl.layer_rope(li) for li in range(cfg.n_layers)} - {None}
+        self.rope = {
+            r: (
+                np.zeros((T, r.args[0] // 2)),
+                np.zeros((T, r.args[0] // 2)),
+                np.arange(T, dtype=np.int32),
+            )
+            for r in ropes
+        }
         self.starts = np.concatenate([[0], np.cumsum(shape)]).astype(int).tolist()
         # hybrid models: the state each sequence's linear-layer ops read, by address
         self.spec = cfg.state_spec
@@ -258,7 +268,6 @@ class DecodePlan:
         self._kernels = kernels
         self._graph = None
         self.attn_key = None
-        self.rope_limit = 0
 
     # ------------------------------------------------------------------ per step
 
@@ -267,6 +276,8 @@ class DecodePlan:
         sequences' states into the slot tables; GraphRunner.decode checked their shapes)."""
         self.tokens[:] = batch.tokens
         self.positions[:] = batch.positions
+        for r, (cos, sin, _) in self.rope.items():
+            r.fill(self.positions, cos, sin)
         self.slots[:] = batch.slots
         if self.windowed:
             self.wslots[:] = batch.wslots
@@ -292,7 +303,6 @@ class DecodePlan:
             and cache.v is self.v
             and self.impl.threads == self.threads
             and self._kernels._config.variant() == self.variant
-            and pmax < self.rope_limit
             and pmax <= self.max_pos
             and attn_key == self.attn_key
         )
@@ -313,17 +323,9 @@ class DecodePlan:
     def capture(self, fast_from: int | None) -> None:
         """Record the family's forward over the loaded inputs and bind every call (rows at
         positions >= fast_from run the fast attention kernel)."""
-        impl, cfg, B = self.impl, self.impl.cfg, self.B
+        impl, B = self.impl, self.B
         binders, self._attn_mod = _bind_modules()
         Graph = importlib.import_module("goinfer._kernels.graph").Graph
-        # RoPE tables: grown now for the largest position seen, never during the capture
-        ropes = {
-            id(r): r for r in (impl.layer_rope(li) for li in range(cfg.n_layers)) if r is not None
-        }
-        n_pos = int(self.positions.max()) + 1
-        self.rope_limit = min(
-            (r.tables(n_pos)[0].shape[0] for r in ropes.values()), default=self.max_pos + 1
-        )
         st = self.starts
         segs = [
             Segment(
@@ -344,7 +346,14 @@ class DecodePlan:
                     slot_of[state.conv[li].ctypes.data] = (self.conv_slots, i * n_lin + li)
                     slot_of[state.ssm[li].ctypes.data] = (self.ssm_slots, i * n_lin + li)
         batch = Batch(
-            self.tokens, self.positions, self.slots, segs, self.rows, fast_from, wslots=self.wslots
+            self.tokens,
+            self.positions,
+            self.slots,
+            segs,
+            self.rows,
+            fast_from,
+            wslots=self.wslots,
+            rope=dict(self.rope),  # the plan's RoPE buffers, filled per step by load()
         )
         self.attn_key = attention_key(impl, batch)
         rec = _Recorder(self._kernels, binders)

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from goinfer.errors import CacheFileError, CacheFullError
-from goinfer.memory import default_max_tokens, populate_async
+from goinfer.memory import default_max_tokens, no_huge_pages, populate_async
 from goinfer.recurrent import MAX_SNAPSHOTS, SNAPSHOT_EVERY, StateStore, states_path
 
 EXACT = "exact"
@@ -319,6 +319,15 @@ class KVCache:
             self.k = [np.zeros(ks, npdt) for ks, _, npdt in shapes]
             self.v = [np.zeros(vs, npdt) for _, vs, npdt in shapes]
             per_layer = self.k + self.v
+        # the sliding-window layers' K/V is a few window slots per layer (the lowest): small
+        # pages there, or each layer's first write faults in 2 MB (memory.no_huge_pages)
+        no_huge_pages(
+            [
+                (a.ctypes.data, a.nbytes)
+                for j in self.window_layers
+                for a in (per_layer[j], per_layer[n_layers + j])
+            ]
+        )
         # fault in the blocks of the first PREFAULT_TOKENS tokens of every layer now, in the
         # background: blocks are handed out from 0 up, so these are the first prompt's
         # (goinfer/memory.py, "first touch"); the rest is touched only as it fills

@@ -190,6 +190,45 @@ def populate(ranges) -> bool:
     return True
 
 
+def trim() -> bool:
+    """Give the C heap's free memory back to the system (glibc's malloc_trim(0), every arena).
+    Building a tokenizer of a large vocabulary (Gemma's 262k tokens: half a million merges
+    passed through Python and Rust) frees ~80 MB it needed only meanwhile, in pieces that the
+    allocator keeps unless asked.  False where there is no glibc."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        f = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    f.argtypes = [ctypes.c_size_t]
+    f.restype = ctypes.c_int
+    f(0)
+    return True
+
+
+_MADV_NOHUGEPAGE = 15
+
+
+def no_huge_pages(ranges) -> bool:
+    """Back [(address, nbytes), ...] with small pages only (madvise(MADV_NOHUGEPAGE) on the
+    whole pages inside each range), before anything touches them.  For regions that are
+    written sparsely: NumPy asks for transparent huge pages on large arrays, and there the
+    first byte written in each 2 MB faults in the whole 2 MB (a sliding-window layer's KV holds
+    a few hundred KB: the window slots a session uses, lowest first).  False where the system
+    cannot (not Linux); the pages are then whatever the system gives."""
+    madvise = _madvise()
+    if madvise is None:
+        return False
+    for addr, n in ranges:
+        start = -(-int(addr) // _PAGE) * _PAGE
+        stop = (int(addr) + int(n)) // _PAGE * _PAGE
+        if stop > start and madvise(start, stop - start, _MADV_NOHUGEPAGE) != 0:
+            return False
+    return True
+
+
 def populate_async(ranges, keep_alive=None) -> threading.Thread:
     """populate(ranges) in a daemon thread, started; keep_alive: objects owning the memory
     (the thread holds them until it is done)."""

@@ -161,6 +161,7 @@ class Model:
                     if bar is not None:
                         bar.close()
             self.tokenizer = tokenizer.result()
+        memory.trim()  # what building the tokenizer freed goes back to the system
         self.conversions = (
             ConversionSummary.from_dicts(self.load_info.conversions)
             if self.load_info.source == "layout"

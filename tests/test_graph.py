@@ -244,18 +244,22 @@ def test_variant_change_rebuilds(tiny):
     assert m.graph.captures == len(variants)
 
 
-def test_rope_growth_and_attention_threads_rebuild(tiny):
-    """Decoding past the RoPE table the plan was captured with (1024 positions) rebuilds it;
-    with 2 threads the attention also crosses the size where its kernel starts using both
-    threads (H * hd * (pos + 1) >= grain), which rebuilds too.  Bits stay the Python path's."""
+def test_rope_per_step_and_attention_threads_rebuild(tiny):
+    """A plan computes each step's RoPE into its own (T, n_rot/2) buffers: decoding on across
+    position 1024 needs no table of every position.  With 2 threads the attention crosses the
+    size where its kernel starts using both threads (H * hd * (pos + 1) >= grain), which
+    rebuilds the plan.  Bits stay the Python path's."""
     path = tiny("llama", max_position_embeddings=2048)[1]
     prompt = (list(range(300)) * 4)[:1018]
     ref = run_decode(load(path, 1, graph=False), [prompt], 10, block_size=16, max_tokens=1100)
     m = load(path, 2)
     got = run_decode(m, [prompt], 10, block_size=16, max_tokens=1100)
     assert np.array_equal(got, ref)
-    assert m.impl.rope.cos.shape[0] >= 1028  # the tables grew ...
-    assert m.graph.captures >= 2  # ... and the plan was rebuilt
+    assert m.graph.captures >= 2  # the plan was rebuilt
+    for plan in (p for plans in m.graph._plans.values() for p in plans.values()):
+        ((cos, sin, rows),) = plan.rope.values()  # one RoPE (llama), the step's rows only
+        assert cos.shape == sin.shape == (plan.T, m.config.n_rot // 2)
+        assert np.array_equal(rows, np.arange(plan.T))
 
 
 def test_barriers_skipped_only_between_segments(tiny):

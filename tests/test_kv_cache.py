@@ -344,3 +344,44 @@ print(json.dumps({"layers": out, "zero": not c.k.any() and not c.v.any()}))
     assert len(res["layers"]) == 2 * 2 and res["zero"]  # k and v of 2 layers, still zeros
     for resident_first, pages_first, resident_middle in res["layers"]:
         assert resident_first == pages_first > 0 and resident_middle == 0
+
+
+def _vm_flags(addr: int) -> set[str]:
+    """The VmFlags of the mapping holding addr (/proc/self/smaps)."""
+    hit = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                hit = lo <= addr < hi
+            elif hit and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps, madvise: Linux")
+def test_window_layers_get_small_pages_only():
+    """A sliding-window layer's K/V (a few window slots, the lowest) is marked for small pages
+    (MADV_NOHUGEPAGE: VmFlags "nh") before anything touches it, so its first write does not
+    fault in 2 MB; a global layer's is left to the system (it fills from its start)."""
+    import os
+    from types import SimpleNamespace
+
+    from goinfer.models.base import ModelConfig
+
+    cfg = ModelConfig(
+        "gemma3", 4, 64, 4, 1, 256, 128, 400, 8192, 1e-6, sliding_window=512,
+        swa_layers=(True, False, True, True),
+    )  # fmt: skip
+    m = SimpleNamespace(config=cfg, fingerprint="window-pages", kv_dtype="f16")
+    c = KVCache(m, block_size=16)  # 2 x 8192 tokens: 8 KB a block and layer, 8 MB a layer
+    c._populating.join()
+    assert c.window_layers == (0, 2, 3)
+    thp = os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+    for a in (c.k, c.v):
+        for li in range(c.n_layers):
+            base = a.ctypes.data + li * a.strides[0]
+            inside = [base + a.strides[0] // 2, base + a.strides[0] - 4096]  # whole pages
+            for addr in inside:
+                assert ("nh" in _vm_flags(addr)) == (thp and li != 1), (li, addr)

@@ -623,8 +623,8 @@ cdef object _rope_prepare(rope_args *r, object x, object pos, object cos, object
 
 
 def rope(x, pos, cos, sin, neox, out=None, *, nthreads=1):
-    """Rotary embedding of x (T, H, hd) at positions pos (T,) int32; cos/sin (max_pos, n_rot/2)
-    float64 from rope_tables.  neox=False: pairs (2i, 2i+1); True: (i, i + n_rot/2).  Dims past
+    """Rotary embedding of x (T, H, hd) at rows pos (T,) int32 of cos/sin (n, n_rot/2) float64
+    (RopeCache.rows: the rows of a batch's positions).  neox=False: pairs (2i, 2i+1); True: (i, i + n_rot/2).  Dims past
     n_rot pass through.  In place when out is x.  Bit-exact with goinfer._reference.rope."""
     cdef int nt = check_threads(nthreads)
     cdef rope_args r

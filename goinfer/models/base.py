@@ -155,6 +155,8 @@ class Batch:
     fast_from: int | None = None  # rows at positions >= this run fast attention (None: none)
     hidden: bool = False  # give the rows' final-normed hidden states (R, D), not logits
     wslots: np.ndarray | None = None  # (T,) int64 slots in the sliding-window layers (None: slots)
+    # RoPE -> (cos, sin (T, n_rot/2) float64, rows (T,) int32) of these positions (RopeCache.rows)
+    rope: dict = field(default_factory=dict)
 
     def slots_for(self, window: int) -> np.ndarray:
         """The cache slots a layer with this sliding window (0: none) writes: a trimmed
@@ -165,31 +167,17 @@ class Batch:
 # ============================================================================ RoPE
 
 
-def rope_tables(
-    n_rot: int,
-    base: float,
-    n_pos: int,
-    freq_factors=None,
-    scale: float = 1.0,
-    yarn: Yarn | None = None,
-):
-    """cos, sin (n_pos, n_rot/2) float64: angle = (pos / scale) * base**(-2i/n_rot) / factor_i.
-    With YaRN the frequencies are yarn.inv_freq and cos, sin are multiplied by yarn.mscale
-    (so rotated q and k carry it, as transformers applies attention_scaling)."""
-    i = np.arange(n_rot // 2, dtype=np.float64)
-    inv_freq = base ** (-2.0 * i / n_rot) if yarn is None else yarn.inv_freq(n_rot, base)
-    if freq_factors is not None:
-        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
-    pos = np.arange(n_pos, dtype=np.float64) / scale
-    ang = pos[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(ang), np.sin(ang)
-    if yarn is not None and yarn.mscale != 1.0:
-        cos, sin = cos * yarn.mscale, sin * yarn.mscale
-    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-
-
 class RopeCache:
-    """RoPE tables grown on demand (doubling) up to the context length."""
+    """The RoPE cos / sin of the positions a batch rotates, computed for that batch.
+
+    ``rows(batch)`` -> cos, sin (T, n_rot/2) float64 of the batch's positions and the row of
+    each position in them (T,) int32 (0 .. T-1), what ops.rope reads; computed once per batch
+    and kept on it (every layer with this RoPE reuses them).  Each value has the bits of row
+    ``pos`` of a table of every position (angle (pos / scale) * inv_freq_i, times YaRN's
+    mscale): the same float64 operations on the same numbers, element by element.  No table of every position up to the context is kept (for
+    Gemma 3 270M at a 30k context its two tables took 117 MiB); a prefill chunk of 512 rows
+    needs 0.5 MiB per RoPE, a decode step one row.  ``max_pos``: the context length (positions
+    past it are the caller's error, checked before a forward runs)."""
 
     def __init__(
         self,
@@ -205,15 +193,48 @@ class RopeCache:
         self.scale = scale
         self.yarn = yarn
         self.max_pos = max_pos
-        self.cos = self.sin = np.zeros((0, n_rot // 2))
+        self._inv: tuple[tuple, np.ndarray] | None = None  # (what it was computed from, inv_freq)
 
-    def tables(self, n_pos: int):
-        if n_pos > self.cos.shape[0]:
-            n = min(self.max_pos, max(n_pos, 2 * self.cos.shape[0], 1024))
-            self.cos, self.sin = rope_tables(
-                *self.args, max(n, n_pos), self.freq_factors, self.scale, self.yarn
+    def inv_freq(self) -> np.ndarray:
+        """(n_rot/2,) float64 per-pair frequencies: base^(-2i/n_rot) (YaRN: yarn.inv_freq) /
+        freq_factors (recomputed when yarn or freq_factors are replaced)."""
+        key = (self.yarn, id(self.freq_factors), self.args)
+        if self._inv is None or self._inv[0] != key:
+            n_rot, base = self.args
+            i = np.arange(n_rot // 2, dtype=np.float64)
+            inv = (
+                base ** (-2.0 * i / n_rot) if self.yarn is None else self.yarn.inv_freq(n_rot, base)
             )
-        return self.cos, self.sin
+            if self.freq_factors is not None:
+                inv = inv / np.asarray(self.freq_factors, dtype=np.float64)
+            self._inv = (key, inv)
+        return self._inv[1]
+
+    def fill(self, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        """cos, sin (T, n_rot/2) float64 <- the angles of positions (T,), in place."""
+        ang = (np.asarray(positions, dtype=np.float64) / self.scale)[:, None] * self.inv_freq()[
+            None, :
+        ]  # (T, n_rot/2)
+        np.cos(ang, out=cos)
+        np.sin(ang, out=sin)
+        if self.yarn is not None and self.yarn.mscale != 1.0:
+            np.multiply(cos, self.yarn.mscale, out=cos)
+            np.multiply(sin, self.yarn.mscale, out=sin)
+
+    def at(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (T, n_rot/2) float64 of positions (T,)."""
+        T, half = len(positions), self.args[0] // 2
+        cos, sin = np.empty((T, half)), np.empty((T, half))
+        self.fill(positions, cos, sin)
+        return cos, sin
+
+    def rows(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cos, sin, row of each position) for batch (see the class); kept in batch.rope."""
+        got = batch.rope.get(self)
+        if got is None:
+            cos, sin = self.at(batch.positions)
+            got = batch.rope[self] = (cos, sin, np.arange(len(cos), dtype=np.int32))
+        return got
 
 
 # ============================================================================ activations

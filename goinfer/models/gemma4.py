@@ -432,13 +432,13 @@ class Gemma4Family(Family):
                     self.mm(a, L.wv, v.reshape(T, nkv))
         ops.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
         rope = self.layer_rope(li)
-        cos, sin = rope.tables(int(batch.positions.max()) + 1)
-        ops.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+        cos, sin, rows = rope.rows(batch)  # (T, n_rot/2) each, rows (T,): row t -> t
+        ops.rope(q, rows, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
         window = self.layer_window(li)  # a shared layer's is its source layer's
         if own:  # V = rmsnorm(v) without weight (of the raw K when there is no v projection)
             ops.rmsnorm(k if L.k_eq_v else v, self.ones[hd], cfg.norm_eps, out=v, nthreads=nt)
             ops.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
-            ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+            ops.rope(k, rows, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
             ops.kv_write(kc, vc, k, v, batch.slots_for(window), nthreads=nt)
         att = self.attend(
             li, q, kc, vc, batch, S.get(f"att{hd}", T, H, hd), window, 0.0, cfg.attn_scale

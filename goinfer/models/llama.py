@@ -151,9 +151,9 @@ class LlamaFamily(Family):
             ops.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
         rope = self.layer_rope(li)
         if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE layers)
-            cos, sin = rope.tables(int(batch.positions.max()) + 1)
-            ops.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
-            ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+            cos, sin, rows = rope.rows(batch)  # (T, n_rot/2) each, rows (T,): row t -> t
+            ops.rope(q, rows, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+            ops.rope(k, rows, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         window = self.layer_window(li)
         ops.kv_write(kc, vc, k, v, batch.slots_for(window), nthreads=nt)
         att = self.attend(

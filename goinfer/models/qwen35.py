@@ -346,9 +346,9 @@ class Qwen35Family(Family):
         ops.copy2d(v_src, out=v.reshape(T, nkv), nthreads=nt)
         ops.rmsnorm(q, L.q_norm, cfg.norm_eps, out=q, nthreads=nt)
         ops.rmsnorm(k, L.k_norm, cfg.norm_eps, out=k, nthreads=nt)
-        cos, sin = self.rope.tables(int(batch.positions.max()) + 1)
-        ops.rope(q, batch.positions, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
-        ops.rope(k, batch.positions, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
+        cos, sin, rows = self.rope.rows(batch)  # (T, n_rot/2) each, rows (T,): row t -> t
+        ops.rope(q, rows, cos, sin, cfg.rope_neox, out=q, nthreads=nt)
+        ops.rope(k, rows, cos, sin, cfg.rope_neox, out=k, nthreads=nt)
         ops.kv_write(kc, vc, k, v, batch.slots, nthreads=nt)
         att = self.attend(li, q, kc, vc, batch, S.get("att_out", T, H, hd), 0, 0.0, None)
         flat = att.reshape(T, H * hd)

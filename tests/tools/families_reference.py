@@ -87,7 +87,6 @@ def measure(label, family, opts, lengths, threads, use_llama):
     m = load(path, threads=threads)
     if truncate_yarn:
         m.impl.rope.yarn = replace(m.impl.rope.yarn, truncate=True)
-        m.impl.rope.cos = np.zeros((0, m.config.n_rot // 2))  # tables rebuilt on first use
     rows = dict(
         label=label,
         family=family,
