@@ -175,19 +175,25 @@ def _madvise():
         return None
 
 
-def populate(ranges) -> bool:
-    """Fault in [(address, nbytes), ...] for writing, keeping their contents (the whole pages
-    inside each range).  Blocks the caller (ctypes releases the GIL); False where the system
-    cannot (not Linux, a kernel before 5.14)."""
+def _advise(ranges, advice: int) -> bool:
+    """madvise(advice) on the whole pages inside each of [(address, nbytes), ...]; False where
+    the system has no madvise or refuses it."""
     madvise = _madvise()
     if madvise is None:
         return False
     for addr, n in ranges:
         start = -(-int(addr) // _PAGE) * _PAGE
         stop = (int(addr) + int(n)) // _PAGE * _PAGE
-        if stop > start and madvise(start, stop - start, _MADV_POPULATE_WRITE) != 0:
+        if stop > start and madvise(start, stop - start, advice) != 0:
             return False
     return True
+
+
+def populate(ranges) -> bool:
+    """Fault in [(address, nbytes), ...] for writing, keeping their contents (the whole pages
+    inside each range).  Blocks the caller (ctypes releases the GIL); False where the system
+    cannot (not Linux, a kernel before 5.14)."""
+    return _advise(ranges, _MADV_POPULATE_WRITE)
 
 
 def trim() -> bool:
@@ -218,15 +224,7 @@ def no_huge_pages(ranges) -> bool:
     first byte written in each 2 MB faults in the whole 2 MB (a sliding-window layer's KV holds
     a few hundred KB: the window slots a session uses, lowest first).  False where the system
     cannot (not Linux); the pages are then whatever the system gives."""
-    madvise = _madvise()
-    if madvise is None:
-        return False
-    for addr, n in ranges:
-        start = -(-int(addr) // _PAGE) * _PAGE
-        stop = (int(addr) + int(n)) // _PAGE * _PAGE
-        if stop > start and madvise(start, stop - start, _MADV_NOHUGEPAGE) != 0:
-            return False
-    return True
+    return _advise(ranges, _MADV_NOHUGEPAGE)
 
 
 def populate_async(ranges, keep_alive=None) -> threading.Thread:
