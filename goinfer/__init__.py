@@ -47,6 +47,7 @@ def config() -> dict:
         "kernel_variant": _config.variant(),
         "supported_variants": list(_config.supported_variants()),
         "amx": _config.amx_in_use(),
+        "gemv_prefetch": _config.gemv_prefetch(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
@@ -72,6 +73,12 @@ def show_config(file=None) -> dict:
     )
     amx = "on" if c["amx"] else ("off" if _amx_supported() else "off (not supported here)")
     print(f"  AMX int8 GEMM  : {amx} (prefill matmuls; GOINFER_AMX=0 turns it off)", file=out)
+    pf = c["gemv_prefetch"]
+    pf_text = f"{pf} groups ahead" if pf else "off"
+    print(
+        f"  GEMV prefetch  : {pf_text} (decode matmuls; GOINFER_PREFETCH=<groups> sets it)",
+        file=out,
+    )
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"
     print(f"  OpenMP         : {omp}", file=out)
     print(

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -22,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import goinfer
 import goinfer._kernels  # noqa: F401  (registers the submodule)
 from goinfer import _reference as ref
 from goinfer._kernels import _config
@@ -417,6 +420,69 @@ def test_matmul_int_k_blocks(kind, M):
     rng = np.random.default_rng(11 + M)
     Kd = kdim(kind, 4160)  # q6_k: 4352 = 136 groups
     check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, 277, Kd, raw=True), check_rows=True)
+
+
+@contextlib.contextmanager
+def gemv_prefetch(groups):
+    old = _config.set_gemv_prefetch(groups)
+    try:
+        yield
+    finally:
+        _config.set_gemv_prefetch(old)
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+@pytest.mark.parametrize("pf", [0, 1, 8, 64])
+def test_gemv_prefetch_distance_keeps_bits(kind, pf):
+    """The GEMV's software prefetch (off by default on some CPUs, so the suite's other GEMV
+    tests may never run it) reads ahead in every weight stream of every kind; at any distance,
+    64 groups past the end of a weight included, the results are the contract's bits."""
+    rng = np.random.default_rng(31 + pf)
+    Kd = kdim(kind, 768)  # 24 groups (q6_k, q4_k, q5_k: 3 super-blocks)
+    w = make_weight(rng, kind, 83, Kd, raw=True)
+    with gemv_prefetch(pf):
+        check_matmul(make_x(rng, 1, Kd), w, check_rows=False)
+
+
+def test_gemv_prefetch_setting():
+    old = _config.gemv_prefetch()
+    with gemv_prefetch(5):
+        assert _config.gemv_prefetch() == 5
+        assert goinfer.config()["gemv_prefetch"] == 5
+    assert _config.gemv_prefetch() == old
+    for bad in (-1, 65):
+        with pytest.raises(ValueError, match="0..64"):
+            _config.set_gemv_prefetch(bad)
+    assert _config.gemv_prefetch() == old
+
+
+def _cpu_vendor_family() -> tuple[str, int]:
+    with open("/proc/cpuinfo") as f:
+        first_cpu = f.read().split("\n\n")[0]
+    info = dict(
+        map(str.strip, line.split(":", 1)) for line in first_cpu.splitlines() if ":" in line
+    )
+    return info["vendor_id"], int(info["cpu family"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
+@pytest.mark.parametrize(
+    "env,expect",
+    [(None, None), ("0", 0), ("12", 12), ("64", 64), ("65", None), ("x", None), ("", None)],
+)
+def test_gemv_prefetch_from_env(env, expect):
+    """GOINFER_PREFETCH=<groups> (0..64) sets the distance at start; anything else leaves the
+    CPU's default: none on AMD family 19h (Zen 3, Zen 4), 8 groups elsewhere."""
+    vendor, family = _cpu_vendor_family()
+    default = 0 if (vendor, family) == ("AuthenticAMD", 0x19) else 8
+    e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH"}
+    if env is not None:
+        e["GOINFER_PREFETCH"] = env
+    code = "from goinfer._kernels import _config; print(_config.gemv_prefetch())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) == (default if expect is None else expect)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

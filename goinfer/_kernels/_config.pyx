@@ -1,7 +1,8 @@
 # cython: language_level=3
 """Build and runtime facts of the compiled kernels: ISA variant and OpenMP."""
 from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
-                                        gi_set_variant, gi_variant_name, GI_N_VARIANTS)
+                                        gi_set_variant, gi_variant_name, GI_N_VARIANTS,
+                                        gi_gemv_prefetch, gi_set_gemv_prefetch)
 
 cdef extern from *:
     """
@@ -54,6 +55,22 @@ def set_variant(name):
     if gi_set_variant(VARIANTS.index(name)) != 0:
         raise RuntimeError(f"kernel variant {name!r} is not supported by this CPU; "
                            f"supported: {', '.join(supported_variants())}")
+
+
+# ---------------------------------------------------------------- GEMV software prefetch
+def gemv_prefetch():
+    """The decode GEMV's software prefetch distance in groups of 32 weights (0: none).  Chosen
+    at first use from GOINFER_PREFETCH, else by CPU (src/dispatch_common.c)."""
+    return int(gi_gemv_prefetch())
+
+
+def set_gemv_prefetch(groups):
+    """Set the GEMV prefetch distance (0..64 groups, 0 turns it off); returns the old one.
+    The results are the same bits at every distance: it changes only when weights load."""
+    old = int(gi_gemv_prefetch())
+    if gi_set_gemv_prefetch(int(groups)) != 0:
+        raise ValueError(f"GEMV prefetch distance must be 0..64 groups, got {groups!r}")
+    return old
 
 
 # ---------------------------------------------------------------- AMX int8 GEMM (matmul_amx.c)

@@ -12,6 +12,8 @@ cdef extern from "dispatch.h" nogil:
     int gi_variant()
     int gi_set_variant(int v)
     const char *gi_variant_name(int v)
+    int gi_gemv_prefetch()
+    int gi_set_gemv_prefetch(int groups)
 
 
 cdef inline const void *variant_table(const void *portable, const void *avx2,

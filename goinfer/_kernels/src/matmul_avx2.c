@@ -16,9 +16,6 @@
 #ifndef QG_MR
 #define QG_MR 4
 #endif
-#ifndef PF_GROUPS
-#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (as AVX-512's) */
-#endif
 #define FV_RB 4          /* float GEMV: units per microkernel */
 #define FG_RB 2          /* float GEMM: units per microkernel */
 #define FG_MR 6          /* float GEMM: activation rows per microkernel */
@@ -251,6 +248,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
+    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;     /* GEMV prefetch distance, groups */
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), b4 = _mm256_set1_epi8(0x10);
     /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
     const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
@@ -275,13 +273,13 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
-            if (MR == 1 && PF_GROUPS > 0) {
-                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead.  Units
+            if (MR == 1 && pf > 0) {
+                /* GEMV streams the weight from memory: prefetch pf groups ahead.  Units
                    2j and 2j+1 read the two halves of the same lines (GEMV calls start at an even
                    unit), so the even ones prefetch for both; harmless past the end. */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r += 2) {
-                    const int64_t gp = g + PF_GROUPS;
+                    const int64_t gp = g + pf;
 #pragma GCC unroll 8
                     for (int c = 0; c < NL; c++) _mm_prefetch((const char *)(wq[r] + (gp * NL + c) * 64), _MM_HINT_T0);
                     if (KIND == GI_MXFP4) _mm_prefetch((const char *)(we[r] + gp * 16), _MM_HINT_T0);

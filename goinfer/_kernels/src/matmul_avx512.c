@@ -23,9 +23,6 @@
 #ifndef QG_MR
 #define QG_MR 6          /* GEMM: activation rows per microkernel */
 #endif
-#ifndef PF_GROUPS
-#define PF_GROUPS 8      /* GEMV software prefetch distance, in groups (2 KB of q4, 4 KB of q8) */
-#endif
 #define FV_RB 4          /* float GEMV: units per microkernel */
 #define FG_RB 2          /* float GEMM: units per microkernel */
 #define FG_MR 12         /* float GEMM: activation rows per microkernel */
@@ -109,6 +106,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
+    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;          /* GEMV prefetch distance, groups */
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     const __m512i b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
     /* mxfp4: code -> KV + 12 (0..24, unsigned for vpdpbusd), corrected by -12*asum */
@@ -161,26 +159,26 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             }
             const uint8_t *lg = wq + g * NL * 64;
             const int8_t *ag = qa + g * GI_GROUP;
-            if (MR == 1 && PF_GROUPS > 0) {
-                /* GEMV streams the weight from memory: prefetch PF_GROUPS groups ahead in each
+            if (MR == 1 && pf > 0) {
+                /* GEMV streams the weight from memory: prefetch pf groups ahead in each
                    unit's qs (and scale) stream; harmless past the end (prefetches never fault) */
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
 #pragma GCC unroll 8
                     for (int c = 0; c < NL; c++)
-                        _mm_prefetch((const char *)(lg + r * rbs + PF_GROUPS * NL * 64 + c * 64), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(lg + r * rbs + pf * NL * 64 + c * 64), _MM_HINT_T0);
                     if (KIND == GI_MXFP4)
-                        _mm_prefetch((const char *)(we + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(we + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
                     else if (KIND == GI_Q6_K)
-                        _mm_prefetch((const char *)(wsc + r * G * 32 + (g + PF_GROUPS) * 32), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(wsc + r * G * 32 + (g + pf) * 32), _MM_HINT_T0);
                     else if (QK)  /* 192 + 64 bytes per 8 groups: one line in 3, one in 8 */
-                        _mm_prefetch((const char *)(wk + r * (G / 8) * 192 + (g + PF_GROUPS) * 24), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(wk + r * (G / 8) * 192 + (g + pf) * 24), _MM_HINT_T0);
                     else
-                        _mm_prefetch((const char *)(wd + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(wd + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
                     if (HAS_MIN(KIND))
-                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + PF_GROUPS) * 16), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
                     if (QK && (g & 7) == 0)
-                        _mm_prefetch((const char *)(wd + r * ds_ + ((g + PF_GROUPS) >> 3) * 32), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(wd + r * ds_ + ((g + pf) >> 3) * 32), _MM_HINT_T0);
                 }
             }
             if (KIND == GI_Q6_K) {

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "matmul.h"
 
 /* ============================================================================ helpers */
@@ -79,6 +80,12 @@ GI_INLINE float e8m0_half(uint8_t e) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+/* The GEMV's software prefetch distance in groups (dispatch.h), read once per microkernel call */
+GI_INLINE int64_t gemv_prefetch(void) {
+    const int pf = gi_gemv_prefetch_groups;
+    return pf >= 0 ? pf : gi_gemv_prefetch();
 }
 
 GI_INLINE int32_t load_i32(const void *p) {
