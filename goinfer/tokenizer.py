@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
+import numpy as np
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _models
@@ -220,6 +222,83 @@ def _as_list(v: Any, key: str) -> list:
 
 
 # --------------------------------------------------------------------------------------------
+# Merge tables, made pair by pair
+# --------------------------------------------------------------------------------------------
+
+
+class _Pairs(Sequence[tuple[str, str]]):
+    """A BPE merge table for ``tokenizers.models.BPE(merges=...)``, each pair cut out of a string
+    only when it is read: pair j is ``(s[:k], s[k + gap:])`` with ``s = texts[index[j]]`` and
+    ``k = cut[j]`` (gap 1 skips the space of an "a b" merge line).
+
+    BPE copies the pairs into its own table in one pass over the sequence, so the half a million
+    (str, str) tuples of a 262k-token vocabulary never exist at once in Python (they took ~100
+    MB there, and Python's allocator kept the pages); here a pair costs 8 bytes until it is read.
+    """
+
+    def __init__(self, texts: Sequence[str], index: array, cut: array, gap: int) -> None:
+        self._texts = texts
+        self._index = index
+        self._cut = cut
+        self._gap = gap
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, j: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[tuple[str, str]]: ...
+    def __getitem__(self, j: int | slice) -> tuple[str, str] | list[tuple[str, str]]:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        s = self._texts[self._index[j]]
+        k = self._cut[j]
+        return s[:k], s[k + self._gap :]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        texts, gap = self._texts, self._gap
+        for i, k in zip(self._index, self._cut):
+            s = texts[i]
+            yield s[:k], s[k + gap :]
+
+
+def _merge_pairs(merges: Sequence[str], vocab: Mapping[str, int] | None, start: int) -> _Pairs:
+    """The merges "a b", cut at the first space at or after `start`, in file order: all of them
+    (vocab None), or those whose a, b and ab are all in `vocab`.  TokenizerError for a line
+    without such a space."""
+    texts = [str(m) for m in merges]
+    index, cut = array("i"), array("i")
+    for j, m in enumerate(texts):
+        k = m.find(" ", start)
+        if k < 0:
+            raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+        if vocab is not None:
+            a, b = m[:k], m[k + 1 :]
+            if not (a in vocab and b in vocab and (a + b) in vocab):
+                continue
+        index.append(j)
+        cut.append(k)
+    return _Pairs(texts, index, cut, 1)
+
+
+def _spm_pairs(tokens: Sequence[str], vocab: Mapping[str, int], scores: np.ndarray) -> _Pairs:
+    """llama.cpp's SentencePiece merging as a BPE merge table: every way to split each token into
+    two tokens, ranked by the token's score (best first, ties by id)."""
+    order = np.argsort(-scores, kind="stable")
+    index, cut = array("i"), array("i")
+    for i in order.tolist():
+        t = tokens[i]
+        if vocab.get(t) != i:
+            continue  # a duplicate text: the later id owns it
+        for k in range(1, len(t)):
+            if t[:k] in vocab and t[k:] in vocab:
+                index.append(i)
+                cut.append(k)
+    return _Pairs(tokens, index, cut, 0)
+
+
+# --------------------------------------------------------------------------------------------
 # The tokenizer
 # --------------------------------------------------------------------------------------------
 
@@ -268,6 +347,7 @@ class Tokenizer:
         self._tokens = tokens
         self._types = types
         self._ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
+        vocab = self._ids  # the BPE models' vocabulary too
 
         for name, v in (
             ("bos", bos_id),
@@ -290,13 +370,13 @@ class Tokenizer:
             self._add_space_prefix = (
                 bool(add_space_prefix) if add_space_prefix is not None else False
             )
-            self._hf = self._build_byte_level(tokens, merges, regexes, ignore_merges)
+            self._hf = self._build_byte_level(vocab, merges, regexes, ignore_merges)
         elif model == "gemma4":
             default_bos = True
             add_bos = True  # llama.cpp forces it for these vocabularies
             self._spm = True  # decoding: "▁" is a space, <0xXX> a byte
             self._add_space_prefix = False
-            self._hf = self._build_gemma4(tokens, merges)
+            self._hf = self._build_gemma4(vocab, merges)
         elif model == "llama":
             default_bos = True
             self._spm = True
@@ -305,12 +385,15 @@ class Tokenizer:
                 raise TokenizerError(
                     "a 'llama' (SentencePiece) vocabulary needs tokenizer.ggml.scores"
                 )
-            scores = [float(s) for s in scores]
-            if len(scores) != n:
+            try:
+                score_arr = np.asarray(scores, dtype=np.float64)  # (n,)
+            except (TypeError, ValueError) as e:
+                raise TokenizerError(f"tokenizer.ggml.scores are not numbers: {e}") from None
+            if score_arr.shape != (n,):
                 raise TokenizerError(
-                    f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens"
+                    f"tokenizer.ggml.scores has {score_arr.size} entries for {n} tokens"
                 )
-            self._hf = self._build_spm(tokens, scores, unk_id)
+            self._hf = self._build_spm(tokens, vocab, score_arr, unk_id)
         else:
             raise TokenizerError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model)")
 
@@ -358,7 +441,11 @@ class Tokenizer:
             model=str(model),
             tokens=tokens,
             token_types=None if types is None else _as_list(types, "tokenizer.ggml.token_type"),
-            scores=None if scores is None else _as_list(scores, "tokenizer.ggml.scores"),
+            scores=None
+            if scores is None
+            else scores  # kept as an array: a float object per token is 24 bytes
+            if isinstance(scores, np.ndarray)
+            else _as_list(scores, "tokenizer.ggml.scores"),
             merges=None if merges is None else _as_list(merges, "tokenizer.ggml.merges"),
             pre=str(_md_get(md, "tokenizer.ggml.pre", "default")),
             bos_id=_md_int(md, "tokenizer.ggml.bos_token_id"),
@@ -383,27 +470,24 @@ class Tokenizer:
 
     @staticmethod
     def _build_byte_level(
-        tokens: list[str], merges: Sequence[str] | None, regexes: list[str], ignore_merges: bool
+        vocab: dict[str, int],
+        merges: Sequence[str] | None,
+        regexes: list[str],
+        ignore_merges: bool,
     ) -> _HFTokenizer:
         if not merges:
             raise TokenizerError("a 'gpt2' (byte-level BPE) vocabulary needs tokenizer.ggml.merges")
-        vocab = {t: i for i, t in enumerate(tokens)}
-        try:  # fast path: every merge is "a b" with a, b and ab in the vocabulary (BPE checks)
-            pairs = [tuple(m.split(" ", 1)) for m in merges]
+        # "a b": cut at the first space; BPE checks the tokens exist (fast, as files have them)
+        pairs = _merge_pairs(merges, None, 0)
+        try:
             bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
-        except Exception:  # a malformed merge, or one naming unknown tokens: check one by one
+        except Exception:  # a merge naming a missing token: keep only the others
             bpe = None
-        if bpe is None:
-            pairs = []
-            for m in merges:
-                a, sep, b = str(m).partition(" ")
-                if not sep:
-                    raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-                if a in vocab and b in vocab and (a + b) in vocab:
-                    pairs.append((a, b))
         try:
             if bpe is None:
+                pairs = _merge_pairs(merges, vocab, 0)
                 bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
+            del pairs
             hf = _HFTokenizer(bpe)
             steps = [_pre.Split(Regex(r), behavior="isolated") for r in regexes]
             steps.append(_pre.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -413,42 +497,22 @@ class Tokenizer:
         return hf
 
     @staticmethod
-    def _build_gemma4(tokens: list[str], merges: Sequence[str] | None) -> _HFTokenizer:
+    def _build_gemma4(vocab: dict[str, int], merges: Sequence[str] | None) -> _HFTokenizer:
         if not merges:
             raise TokenizerError("a 'gemma4' vocabulary needs tokenizer.ggml.merges")
-        vocab = {t: i for i, t in enumerate(tokens)}
-        pairs = []
-        for m in merges:
-            m = str(m)
-            k = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
-            if k < 0:
-                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-            a, b = m[:k], m[k + 1 :]
-            if a in vocab and b in vocab and (a + b) in vocab:
-                pairs.append((a, b))
+        # llama.cpp cuts a merge at the first space after its first character
+        pairs = _merge_pairs(merges, vocab, 1)
         try:
             return _HFTokenizer(_models.BPE(vocab=vocab, merges=pairs, byte_fallback=True))
         except Exception as e:
             raise TokenizerError(f"cannot build the gemma4 tokenizer: {e}") from e
 
     @staticmethod
-    def _build_spm(tokens: list[str], scores: list[float], unk_id: int | None) -> _HFTokenizer:
+    def _build_spm(
+        tokens: list[str], vocab: dict[str, int], scores: np.ndarray, unk_id: int | None
+    ) -> _HFTokenizer:
         # llama.cpp joins any adjacent pair whose concatenation is a token, best score first.
-        # As a merge table: every way to split each token into two tokens, ranked by the
-        # token's score (ties by id).
-        vocab = {t: i for i, t in enumerate(tokens)}
-        order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
-        pairs: list[tuple[str, str]] = []
-        for i in order:
-            t = tokens[i]
-            if vocab.get(t) != i:
-                continue  # a duplicate text: the later id owns it
-            for k in range(1, len(t)):
-                a = t[:k]
-                if a in vocab:
-                    b = t[k:]
-                    if b in vocab:
-                        pairs.append((a, b))
+        pairs = _spm_pairs(tokens, vocab, scores)
         unk = tokens[unk_id] if unk_id is not None else None
         try:
             bpe = _models.BPE(vocab=vocab, merges=pairs, byte_fallback=True, unk_token=unk)
