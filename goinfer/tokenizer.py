@@ -344,10 +344,14 @@ class Tokenizer:
 
         self._model_name = model
         self._pre = pre
-        self._tokens = tokens
+        self._n = n
         self._types = types
-        self._ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
-        vocab = self._ids  # the BPE models' vocabulary too
+        ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
+        vocab = ids  # the BPE models' vocabulary too
+        # Token texts are looked up in the BPE model afterwards (it holds them anyway; a Python
+        # list and dict of them took ~40 MB for Gemma's 262k tokens), but for the ids of a
+        # duplicated text, which the model knows by its last id only.
+        self._dup_texts = {i: t for i, t in enumerate(tokens) if ids[t] != i}
 
         for name, v in (
             ("bos", bos_id),
@@ -400,12 +404,12 @@ class Tokenizer:
         self._add_bos = default_bos if add_bos is None else bool(add_bos)
         self._add_eos = bool(add_eos)
         stops = {i for i in (eos_id, eot_id, eom_id) if i is not None} | {
-            self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids
+            ids[t] for t in _END_OF_TURN_TEXTS if t in ids
         }
-        if "<|return|>" in self._ids and "<|call|>" in self._ids and "<|end|>" in self._ids:
+        if "<|return|>" in ids and "<|call|>" in ids and "<|end|>" in ids:
             # harmony (gpt-oss): <|end|> closes one message of a reply (the analysis before the
             # final answer), <|return|> and <|call|> end the reply (llama.cpp does the same)
-            stops.discard(self._ids["<|end|>"])
+            stops.discard(ids["<|end|>"])
         self._stop_ids = frozenset(stops)
 
         # Tokens cut out of the text before BPE: longest text first (llama.cpp's order).
@@ -420,7 +424,7 @@ class Tokenizer:
             (t, i) for t, i in self._special_all if types[i] == TOKEN_TYPE.USER_DEFINED
         ]
 
-        self._bytes_cache: list[bytes | None] = [None] * n
+        self._bytes_cache: dict[int, bytes] = {}
 
     # ---- construction ------------------------------------------------------------------
 
@@ -525,7 +529,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self._tokens)
+        return self._n
 
     @property
     def bos_id(self) -> int | None:
@@ -565,13 +569,20 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str:
         self._check_id(token_id)
-        return self._tokens[token_id]
+        return self._text(int(token_id))
+
+    def _text(self, i: int) -> str:
+        t = self._dup_texts.get(i)
+        if t is None:
+            t = self._hf.id_to_token(i)
+            assert t is not None  # every text is in the model's vocabulary
+        return t
 
     def token_to_id(self, token: str) -> int:
-        try:
-            return self._ids[token]
-        except KeyError:
-            raise TokenizerError(f"{token!r} is not a token of this vocabulary") from None
+        i = self._hf.token_to_id(token) if isinstance(token, str) else None
+        if i is None:
+            raise TokenizerError(f"{token!r} is not a token of this vocabulary")
+        return i
 
     def _check_id(self, token_id: int) -> None:
         if not isinstance(token_id, int) or isinstance(token_id, bool):
@@ -579,9 +590,9 @@ class Tokenizer:
                 token_id = int(token_id)  # numpy integers
             except (TypeError, ValueError):
                 raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
-        if not 0 <= token_id < len(self._tokens):
+        if not 0 <= token_id < self._n:
             raise TokenizerError(
-                f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})"
+                f"token id {token_id} is outside the vocabulary (0..{self._n - 1})"
             )
 
     # ---- encoding ------------------------------------------------------------------------
@@ -700,7 +711,7 @@ class Tokenizer:
                 continue
             for m in _NEWLINE_RUNS.finditer(p.replace(" ", _SPACE_MARK)):
                 w = m.group()
-                tid = self._ids.get(w) if w[0] == "\n" else None
+                tid = self._hf.token_to_id(w) if w[0] == "\n" else None
                 items.append(tid if tid is not None else w)
         texts = [w for w in items if isinstance(w, str)]
         encs = iter(self._hf.encode_batch(texts, add_special_tokens=False)) if texts else iter(())
@@ -718,14 +729,14 @@ class Tokenizer:
         """The raw bytes token `token_id` stands for (control tokens: their text)."""
         self._check_id(token_id)
         token_id = int(token_id)
-        b = self._bytes_cache[token_id]
+        b = self._bytes_cache.get(token_id)
         if b is None:
             b = self._compute_bytes(token_id)
             self._bytes_cache[token_id] = b
         return b
 
     def _compute_bytes(self, i: int) -> bytes:
-        text = self._tokens[i]
+        text = self._text(i)
         ty = self._types[i]
         if ty in (TOKEN_TYPE.CONTROL, TOKEN_TYPE.UNKNOWN, TOKEN_TYPE.USER_DEFINED):
             return text.encode("utf-8")

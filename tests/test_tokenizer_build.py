@@ -180,3 +180,14 @@ def test_byte_level_drops_merges_of_missing_tokens():
         Tokenizer(model="gpt2", tokens=tokens, merges=["a b", "ab"], pre="gpt2")
     with pytest.raises(TokenizerError, match="merges"):
         Tokenizer(model="gemma4", tokens=tokens, merges=[])
+
+
+def test_duplicate_texts_keep_their_ids():
+    # the model's vocabulary knows a duplicated text by its last id; the tokenizer knows both
+    tokens = ["a", "b", "ab", "a"]
+    tok = Tokenizer(model="gpt2", tokens=tokens, merges=["a b"], pre="gpt2")
+    assert [tok.id_to_token(i) for i in range(4)] == tokens
+    assert tok.token_to_id("a") == 3 and tok.token_bytes(0) == b"a"
+    assert tok.encode("aab") == [3, 2]
+    with pytest.raises(TokenizerError, match="not a token"):
+        tok.token_to_id("c")
