@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
+import numpy as np
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _models
@@ -220,6 +222,83 @@ def _as_list(v: Any, key: str) -> list:
 
 
 # --------------------------------------------------------------------------------------------
+# Merge tables, made pair by pair
+# --------------------------------------------------------------------------------------------
+
+
+class _Pairs(Sequence[tuple[str, str]]):
+    """A BPE merge table for ``tokenizers.models.BPE(merges=...)``, each pair cut out of a string
+    only when it is read: pair j is ``(s[:k], s[k + gap:])`` with ``s = texts[index[j]]`` and
+    ``k = cut[j]`` (gap 1 skips the space of an "a b" merge line).
+
+    BPE copies the pairs into its own table in one pass over the sequence, so the half a million
+    (str, str) tuples of a 262k-token vocabulary never exist at once in Python (they took ~100
+    MB there, and Python's allocator kept the pages); here a pair costs 8 bytes until it is read.
+    """
+
+    def __init__(self, texts: Sequence[str], index: array, cut: array, gap: int) -> None:
+        self._texts = texts
+        self._index = index
+        self._cut = cut
+        self._gap = gap
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, j: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[tuple[str, str]]: ...
+    def __getitem__(self, j: int | slice) -> tuple[str, str] | list[tuple[str, str]]:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        s = self._texts[self._index[j]]
+        k = self._cut[j]
+        return s[:k], s[k + self._gap :]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        texts, gap = self._texts, self._gap
+        for i, k in zip(self._index, self._cut):
+            s = texts[i]
+            yield s[:k], s[k + gap :]
+
+
+def _merge_pairs(merges: Sequence[str], vocab: Mapping[str, int] | None, start: int) -> _Pairs:
+    """The merges "a b", cut at the first space at or after `start`, in file order: all of them
+    (vocab None), or those whose a, b and ab are all in `vocab`.  TokenizerError for a line
+    without such a space."""
+    texts = [str(m) for m in merges]
+    index, cut = array("i"), array("i")
+    for j, m in enumerate(texts):
+        k = m.find(" ", start)
+        if k < 0:
+            raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+        if vocab is not None:
+            a, b = m[:k], m[k + 1 :]
+            if not (a in vocab and b in vocab and (a + b) in vocab):
+                continue
+        index.append(j)
+        cut.append(k)
+    return _Pairs(texts, index, cut, 1)
+
+
+def _spm_pairs(tokens: Sequence[str], vocab: Mapping[str, int], scores: np.ndarray) -> _Pairs:
+    """llama.cpp's SentencePiece merging as a BPE merge table: every way to split each token into
+    two tokens, ranked by the token's score (best first, ties by id)."""
+    order = np.argsort(-scores, kind="stable")
+    index, cut = array("i"), array("i")
+    for i in order.tolist():
+        t = tokens[i]
+        if vocab.get(t) != i:
+            continue  # a duplicate text: the later id owns it
+        for k in range(1, len(t)):
+            if t[:k] in vocab and t[k:] in vocab:
+                index.append(i)
+                cut.append(k)
+    return _Pairs(tokens, index, cut, 0)
+
+
+# --------------------------------------------------------------------------------------------
 # The tokenizer
 # --------------------------------------------------------------------------------------------
 
@@ -265,9 +344,14 @@ class Tokenizer:
 
         self._model_name = model
         self._pre = pre
-        self._tokens = tokens
+        self._n = n
         self._types = types
-        self._ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
+        ids: dict[str, int] = {t: i for i, t in enumerate(tokens)}  # last duplicate wins
+        vocab = ids  # the BPE models' vocabulary too
+        # Token texts are looked up in the BPE model afterwards (it holds them anyway; a Python
+        # list and dict of them took ~40 MB for Gemma's 262k tokens), but for the ids of a
+        # duplicated text, which the model knows by its last id only.
+        self._dup_texts = {i: t for i, t in enumerate(tokens) if ids[t] != i}
 
         for name, v in (
             ("bos", bos_id),
@@ -290,13 +374,13 @@ class Tokenizer:
             self._add_space_prefix = (
                 bool(add_space_prefix) if add_space_prefix is not None else False
             )
-            self._hf = self._build_byte_level(tokens, merges, regexes, ignore_merges)
+            self._hf = self._build_byte_level(vocab, merges, regexes, ignore_merges)
         elif model == "gemma4":
             default_bos = True
             add_bos = True  # llama.cpp forces it for these vocabularies
             self._spm = True  # decoding: "▁" is a space, <0xXX> a byte
             self._add_space_prefix = False
-            self._hf = self._build_gemma4(tokens, merges)
+            self._hf = self._build_gemma4(vocab, merges)
         elif model == "llama":
             default_bos = True
             self._spm = True
@@ -305,24 +389,27 @@ class Tokenizer:
                 raise TokenizerError(
                     "a 'llama' (SentencePiece) vocabulary needs tokenizer.ggml.scores"
                 )
-            scores = [float(s) for s in scores]
-            if len(scores) != n:
+            try:
+                score_arr = np.asarray(scores, dtype=np.float64)  # (n,)
+            except (TypeError, ValueError) as e:
+                raise TokenizerError(f"tokenizer.ggml.scores are not numbers: {e}") from None
+            if score_arr.shape != (n,):
                 raise TokenizerError(
-                    f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens"
+                    f"tokenizer.ggml.scores has {score_arr.size} entries for {n} tokens"
                 )
-            self._hf = self._build_spm(tokens, scores, unk_id)
+            self._hf = self._build_spm(tokens, vocab, score_arr, unk_id)
         else:
             raise TokenizerError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model)")
 
         self._add_bos = default_bos if add_bos is None else bool(add_bos)
         self._add_eos = bool(add_eos)
         stops = {i for i in (eos_id, eot_id, eom_id) if i is not None} | {
-            self._ids[t] for t in _END_OF_TURN_TEXTS if t in self._ids
+            ids[t] for t in _END_OF_TURN_TEXTS if t in ids
         }
-        if "<|return|>" in self._ids and "<|call|>" in self._ids and "<|end|>" in self._ids:
+        if "<|return|>" in ids and "<|call|>" in ids and "<|end|>" in ids:
             # harmony (gpt-oss): <|end|> closes one message of a reply (the analysis before the
             # final answer), <|return|> and <|call|> end the reply (llama.cpp does the same)
-            stops.discard(self._ids["<|end|>"])
+            stops.discard(ids["<|end|>"])
         self._stop_ids = frozenset(stops)
 
         # Tokens cut out of the text before BPE: longest text first (llama.cpp's order).
@@ -337,7 +424,7 @@ class Tokenizer:
             (t, i) for t, i in self._special_all if types[i] == TOKEN_TYPE.USER_DEFINED
         ]
 
-        self._bytes_cache: list[bytes | None] = [None] * n
+        self._bytes_cache: dict[int, bytes] = {}
 
     # ---- construction ------------------------------------------------------------------
 
@@ -358,7 +445,11 @@ class Tokenizer:
             model=str(model),
             tokens=tokens,
             token_types=None if types is None else _as_list(types, "tokenizer.ggml.token_type"),
-            scores=None if scores is None else _as_list(scores, "tokenizer.ggml.scores"),
+            scores=None
+            if scores is None
+            else scores  # kept as an array: a float object per token is 24 bytes
+            if isinstance(scores, np.ndarray)
+            else _as_list(scores, "tokenizer.ggml.scores"),
             merges=None if merges is None else _as_list(merges, "tokenizer.ggml.merges"),
             pre=str(_md_get(md, "tokenizer.ggml.pre", "default")),
             bos_id=_md_int(md, "tokenizer.ggml.bos_token_id"),
@@ -383,27 +474,24 @@ class Tokenizer:
 
     @staticmethod
     def _build_byte_level(
-        tokens: list[str], merges: Sequence[str] | None, regexes: list[str], ignore_merges: bool
+        vocab: dict[str, int],
+        merges: Sequence[str] | None,
+        regexes: list[str],
+        ignore_merges: bool,
     ) -> _HFTokenizer:
         if not merges:
             raise TokenizerError("a 'gpt2' (byte-level BPE) vocabulary needs tokenizer.ggml.merges")
-        vocab = {t: i for i, t in enumerate(tokens)}
-        try:  # fast path: every merge is "a b" with a, b and ab in the vocabulary (BPE checks)
-            pairs = [tuple(m.split(" ", 1)) for m in merges]
+        # "a b": cut at the first space; BPE checks the tokens exist (fast, as files have them)
+        pairs = _merge_pairs(merges, None, 0)
+        try:
             bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
-        except Exception:  # a malformed merge, or one naming unknown tokens: check one by one
+        except Exception:  # a merge naming a missing token: keep only the others
             bpe = None
-        if bpe is None:
-            pairs = []
-            for m in merges:
-                a, sep, b = str(m).partition(" ")
-                if not sep:
-                    raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-                if a in vocab and b in vocab and (a + b) in vocab:
-                    pairs.append((a, b))
         try:
             if bpe is None:
+                pairs = _merge_pairs(merges, vocab, 0)
                 bpe = _models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
+            del pairs
             hf = _HFTokenizer(bpe)
             steps = [_pre.Split(Regex(r), behavior="isolated") for r in regexes]
             steps.append(_pre.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -413,42 +501,22 @@ class Tokenizer:
         return hf
 
     @staticmethod
-    def _build_gemma4(tokens: list[str], merges: Sequence[str] | None) -> _HFTokenizer:
+    def _build_gemma4(vocab: dict[str, int], merges: Sequence[str] | None) -> _HFTokenizer:
         if not merges:
             raise TokenizerError("a 'gemma4' vocabulary needs tokenizer.ggml.merges")
-        vocab = {t: i for i, t in enumerate(tokens)}
-        pairs = []
-        for m in merges:
-            m = str(m)
-            k = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
-            if k < 0:
-                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-            a, b = m[:k], m[k + 1 :]
-            if a in vocab and b in vocab and (a + b) in vocab:
-                pairs.append((a, b))
+        # llama.cpp cuts a merge at the first space after its first character
+        pairs = _merge_pairs(merges, vocab, 1)
         try:
             return _HFTokenizer(_models.BPE(vocab=vocab, merges=pairs, byte_fallback=True))
         except Exception as e:
             raise TokenizerError(f"cannot build the gemma4 tokenizer: {e}") from e
 
     @staticmethod
-    def _build_spm(tokens: list[str], scores: list[float], unk_id: int | None) -> _HFTokenizer:
+    def _build_spm(
+        tokens: list[str], vocab: dict[str, int], scores: np.ndarray, unk_id: int | None
+    ) -> _HFTokenizer:
         # llama.cpp joins any adjacent pair whose concatenation is a token, best score first.
-        # As a merge table: every way to split each token into two tokens, ranked by the
-        # token's score (ties by id).
-        vocab = {t: i for i, t in enumerate(tokens)}
-        order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
-        pairs: list[tuple[str, str]] = []
-        for i in order:
-            t = tokens[i]
-            if vocab.get(t) != i:
-                continue  # a duplicate text: the later id owns it
-            for k in range(1, len(t)):
-                a = t[:k]
-                if a in vocab:
-                    b = t[k:]
-                    if b in vocab:
-                        pairs.append((a, b))
+        pairs = _spm_pairs(tokens, vocab, scores)
         unk = tokens[unk_id] if unk_id is not None else None
         try:
             bpe = _models.BPE(vocab=vocab, merges=pairs, byte_fallback=True, unk_token=unk)
@@ -461,7 +529,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self._tokens)
+        return self._n
 
     @property
     def bos_id(self) -> int | None:
@@ -501,13 +569,20 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str:
         self._check_id(token_id)
-        return self._tokens[token_id]
+        return self._text(int(token_id))
+
+    def _text(self, i: int) -> str:
+        t = self._dup_texts.get(i)
+        if t is None:
+            t = self._hf.id_to_token(i)
+            assert t is not None  # every text is in the model's vocabulary
+        return t
 
     def token_to_id(self, token: str) -> int:
-        try:
-            return self._ids[token]
-        except KeyError:
-            raise TokenizerError(f"{token!r} is not a token of this vocabulary") from None
+        i = self._hf.token_to_id(token) if isinstance(token, str) else None
+        if i is None:
+            raise TokenizerError(f"{token!r} is not a token of this vocabulary")
+        return i
 
     def _check_id(self, token_id: int) -> None:
         if not isinstance(token_id, int) or isinstance(token_id, bool):
@@ -515,9 +590,9 @@ class Tokenizer:
                 token_id = int(token_id)  # numpy integers
             except (TypeError, ValueError):
                 raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
-        if not 0 <= token_id < len(self._tokens):
+        if not 0 <= token_id < self._n:
             raise TokenizerError(
-                f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})"
+                f"token id {token_id} is outside the vocabulary (0..{self._n - 1})"
             )
 
     # ---- encoding ------------------------------------------------------------------------
@@ -636,7 +711,7 @@ class Tokenizer:
                 continue
             for m in _NEWLINE_RUNS.finditer(p.replace(" ", _SPACE_MARK)):
                 w = m.group()
-                tid = self._ids.get(w) if w[0] == "\n" else None
+                tid = self._hf.token_to_id(w) if w[0] == "\n" else None
                 items.append(tid if tid is not None else w)
         texts = [w for w in items if isinstance(w, str)]
         encs = iter(self._hf.encode_batch(texts, add_special_tokens=False)) if texts else iter(())
@@ -654,14 +729,14 @@ class Tokenizer:
         """The raw bytes token `token_id` stands for (control tokens: their text)."""
         self._check_id(token_id)
         token_id = int(token_id)
-        b = self._bytes_cache[token_id]
+        b = self._bytes_cache.get(token_id)
         if b is None:
             b = self._compute_bytes(token_id)
             self._bytes_cache[token_id] = b
         return b
 
     def _compute_bytes(self, i: int) -> bytes:
-        text = self._tokens[i]
+        text = self._text(i)
         ty = self._types[i]
         if ty in (TOKEN_TYPE.CONTROL, TOKEN_TYPE.UNKNOWN, TOKEN_TYPE.USER_DEFINED):
             return text.encode("utf-8")
