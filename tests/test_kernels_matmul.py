@@ -446,13 +446,16 @@ def test_gemv_prefetch_distance_keeps_bits(kind, pf):
 
 def test_gemv_prefetch_setting():
     old = _config.gemv_prefetch()
-    with gemv_prefetch(5):
+    assert _config.set_gemv_prefetch(5) is None  # the default was in use
+    try:
         assert _config.gemv_prefetch() == 5
         assert goinfer.config()["gemv_prefetch"] == 5
-    assert _config.gemv_prefetch() == old
-    for bad in (-1, 65):
-        with pytest.raises(ValueError, match="0..64"):
-            _config.set_gemv_prefetch(bad)
+        for bad in (-1, 65):
+            with pytest.raises(ValueError, match="0..64"):
+                _config.set_gemv_prefetch(bad)
+        assert _config.gemv_prefetch() == 5
+    finally:
+        assert _config.set_gemv_prefetch(None) == 5
     assert _config.gemv_prefetch() == old
 
 
@@ -471,18 +474,26 @@ def _cpu_vendor_family() -> tuple[str, int]:
     [(None, None), ("0", 0), ("12", 12), ("64", 64), ("65", None), ("x", None), ("", None)],
 )
 def test_gemv_prefetch_from_env(env, expect):
-    """GOINFER_PREFETCH=<groups> (0..64) sets the distance at start; anything else leaves the
-    CPU's default: none on AMD family 19h (Zen 3, Zen 4), 8 groups elsewhere."""
-    vendor, family = _cpu_vendor_family()
-    default = 0 if (vendor, family) == ("AuthenticAMD", 0x19) else 8
+    """GOINFER_PREFETCH=<groups> (0..64) sets the distance at start; anything else leaves each
+    variant's default on the CPU: none for avx512-vnni on AMD family 19h (Zen 3, Zen 4), 8 groups
+    otherwise."""
+    zen34 = _cpu_vendor_family() == ("AuthenticAMD", 0x19)
     e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH"}
     if env is not None:
         e["GOINFER_PREFETCH"] = env
-    code = "from goinfer._kernels import _config; print(_config.gemv_prefetch())"
+    code = (
+        "from goinfer._kernels import _config\n"
+        "for v in _config.supported_variants():\n"
+        "    _config.set_variant(v)\n"
+        "    print(v, _config.gemv_prefetch())"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
     )
-    assert int(out.stdout) == (default if expect is None else expect)
+    got = dict(line.split() for line in out.stdout.splitlines())
+    for v in VARIANTS:
+        default = 0 if (zen34 and v == "avx512-vnni") else 8
+        assert int(got[v]) == (default if expect is None else expect), v
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

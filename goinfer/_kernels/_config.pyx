@@ -2,7 +2,8 @@
 """Build and runtime facts of the compiled kernels: ISA variant and OpenMP."""
 from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
                                         gi_set_variant, gi_variant_name, GI_N_VARIANTS,
-                                        gi_gemv_prefetch, gi_set_gemv_prefetch)
+                                        gi_gemv_prefetch, gi_set_gemv_prefetch,
+                                        gi_gemv_prefetch_setting)
 
 cdef extern from *:
     """
@@ -59,18 +60,21 @@ def set_variant(name):
 
 # ---------------------------------------------------------------- GEMV software prefetch
 def gemv_prefetch():
-    """The decode GEMV's software prefetch distance in groups of 32 weights (0: none).  Chosen
-    at first use from GOINFER_PREFETCH, else by CPU (src/dispatch_common.c)."""
+    """The decode GEMV's software prefetch distance in groups of 32 weights (0: none) for the
+    variant in use: the one set_gemv_prefetch set, else GOINFER_PREFETCH, else the variant's
+    default on this CPU (src/dispatch_common.c)."""
     return int(gi_gemv_prefetch())
 
 
 def set_gemv_prefetch(groups):
-    """Set the GEMV prefetch distance (0..64 groups, 0 turns it off); returns the old one.
-    The results are the same bits at every distance: it changes only when weights load."""
-    old = int(gi_gemv_prefetch())
-    if gi_set_gemv_prefetch(int(groups)) != 0:
-        raise ValueError(f"GEMV prefetch distance must be 0..64 groups, got {groups!r}")
-    return old
+    """Set the GEMV prefetch distance (0..64 groups, 0 turns it off; None: back to the
+    default); returns the old setting (None if it was the default).  The results are the same
+    bits at every distance: only when the weights load changes."""
+    old = int(gi_gemv_prefetch_setting())
+    g = -1 if groups is None else int(groups)
+    if (groups is not None and g < 0) or gi_set_gemv_prefetch(g) != 0:
+        raise ValueError(f"GEMV prefetch distance must be 0..64 groups or None, got {groups!r}")
+    return None if old < 0 else old
 
 
 # ---------------------------------------------------------------- AMX int8 GEMM (matmul_amx.c)

@@ -14,6 +14,7 @@ cdef extern from "dispatch.h" nogil:
     const char *gi_variant_name(int v)
     int gi_gemv_prefetch()
     int gi_set_gemv_prefetch(int groups)
+    int gi_gemv_prefetch_setting()
 
 
 cdef inline const void *variant_table(const void *portable, const void *avx2,

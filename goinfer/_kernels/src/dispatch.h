@@ -10,11 +10,12 @@ int gi_variant(void);             /* the variant in use */
 int gi_set_variant(int v);        /* 0 on success, -1 if unsupported */
 const char *gi_variant_name(int v);
 
-/* GEMV software prefetch distance, in groups of 32 k (0: none): read by the SIMD GEMV
-   microkernels at each call.  Set from GOINFER_PREFETCH at first use, else by CPU (see
-   dispatch_common.c). */
-extern int gi_gemv_prefetch_groups;
-int gi_gemv_prefetch(void);          /* the distance in use (decides it at first call) */
-int gi_set_gemv_prefetch(int groups); /* 0 on success, -1 if groups is outside 0..64 */
+/* GEMV software prefetch distance, in groups of 32 k (0: none), read by the SIMD GEMV
+   microkernels at each call: the distance set (gi_set_gemv_prefetch), else GOINFER_PREFETCH
+   (0..64, read once), else the variant's default on this CPU (dispatch_common.c). */
+int gi_gemv_prefetch_for(int v);      /* the distance variant v's GEMV uses */
+int gi_gemv_prefetch(void);           /* ... the variant in use's */
+int gi_set_gemv_prefetch(int groups); /* 0..64, or -1: back to the default; 0 on success, -1 if outside */
+int gi_gemv_prefetch_setting(void);   /* the distance set, -1 if none */
 
 #endif

@@ -53,38 +53,61 @@ const char *gi_variant_name(int v) {
 
 /* ============================================================================ GEMV prefetch distance */
 
-int gi_gemv_prefetch_groups = -1;  /* -1: not decided yet (the kernels treat it as 0) */
+static int g_prefetch_set = -1;  /* -1: the variant's default; else the distance set */
+static int g_prefetch_env = -2;  /* -2: GOINFER_PREFETCH not read yet; -1: absent or invalid */
+static int g_amd_19h = -1;       /* -1: not probed yet */
 
-/* The default distance by CPU.  AMD family 19h (Zen 3, Zen 4): none.  There the hardware
-   prefetchers keep up with the GEMV's streams and the software prefetches only cost load
-   slots: a Zen 4 decoded a Llama-3.2-1B-shape Q4_K_M file ~13% faster without them.  Elsewhere
-   8 groups (2 KB of q4 ahead per stream): on a Zen 5 they took the AVX2 GEMV from 19-31 to
-   26-40 GB/s on a 2-core EPYC Zen 5. */
-static int default_prefetch(void) {
+static int amd_family_19h(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) {
         unsigned a, b, c, d;
         __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
         const unsigned family = ((a >> 8) & 15) + (((a >> 8) & 15) == 15 ? (a >> 20) & 255 : 0);
-        if (family == 0x19) return 0;
+        return family == 0x19;
     }
 #endif
+    return 0;
+}
+
+/* The default distance.  The avx512 variant on AMD family 19h (Zen 3, Zen 4): none.  There the
+   hardware prefetchers keep up with the four row-block streams of an AVX-512 GEMV call and the
+   software prefetches only cost load slots: a Zen 4 decoded a Llama-3.2-1B-shape Q4_K_M file
+   ~13% faster without them, while its avx2 variant (two row-block streams per call) decoded it
+   ~10% faster with them.  Elsewhere 8 groups (2 KB of q4 ahead per stream): on a Zen 5 they
+   took the AVX2 GEMV from 19-31 to 26-40 GB/s. */
+static int default_prefetch(int variant) {
+    if (variant == GI_AVX512) {
+        int amd = __atomic_load_n(&g_amd_19h, __ATOMIC_ACQUIRE);
+        if (amd < 0) {
+            amd = amd_family_19h();  /* idempotent: racing first callers get the same answer */
+            __atomic_store_n(&g_amd_19h, amd, __ATOMIC_RELEASE);
+        }
+        if (amd) return 0;
+    }
     return 8;
 }
 
-int gi_gemv_prefetch(void) {
-    if (gi_gemv_prefetch_groups < 0) {
-        const char *env = getenv("GOINFER_PREFETCH");
+int gi_gemv_prefetch_for(int variant) {
+    const int set = __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE);
+    if (set >= 0) return set;
+    int env = __atomic_load_n(&g_prefetch_env, __ATOMIC_ACQUIRE);
+    if (env == -2) {
+        const char *e = getenv("GOINFER_PREFETCH");
         char *end = 0;
-        long v = env && *env ? strtol(env, &end, 10) : -1;
-        gi_gemv_prefetch_groups = (v >= 0 && v <= 64 && end && *end == 0) ? (int)v : default_prefetch();
+        const long v = e && *e ? strtol(e, &end, 10) : -1;
+        env = (v >= 0 && v <= 64 && end && *end == 0) ? (int)v : -1;
+        __atomic_store_n(&g_prefetch_env, env, __ATOMIC_RELEASE);
     }
-    return gi_gemv_prefetch_groups;
+    return env >= 0 ? env : default_prefetch(variant);
 }
 
+int gi_gemv_prefetch(void) { return gi_gemv_prefetch_for(gi_variant()); }
+
 int gi_set_gemv_prefetch(int groups) {
-    if (groups < 0 || groups > 64) return -1;
-    gi_gemv_prefetch_groups = groups;
+    if (groups < -1 || groups > 64) return -1;
+    __atomic_store_n(&g_prefetch_set, groups, __ATOMIC_RELEASE);
     return 0;
 }
+
+int gi_gemv_prefetch_setting(void) { return __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE); }

@@ -84,8 +84,11 @@ GI_INLINE float e8m0_half(uint8_t e) {
 
 /* The GEMV's software prefetch distance in groups (dispatch.h), read once per microkernel call */
 GI_INLINE int64_t gemv_prefetch(void) {
-    const int pf = gi_gemv_prefetch_groups;
-    return pf >= 0 ? pf : gi_gemv_prefetch();
+#if defined(GI_VARIANT_AVX512)
+    return gi_gemv_prefetch_for(GI_AVX512);
+#else
+    return gi_gemv_prefetch_for(GI_AVX2);
+#endif
 }
 
 GI_INLINE int32_t load_i32(const void *p) {
