@@ -271,8 +271,12 @@ def memory_section(d: dict, notes: Notes) -> list[str]:
             a, b = g.get(key), (peers[peer].get(key) if peer else None)
             return "-" if a is None and b is None else f"{fmt(a)} / {fmt(b)}"
 
-        lr = rat.get("load_s")
-        pr = rat.get("peak_rss")
+        def over(key, peer):  # goinfer's value over the peer's, when the run did not say
+            a, b = g.get(key), (peers[peer].get(key) if peer else None)
+            return a / b if a and b else None
+
+        lr = rat.get("load_s") or over("load_s", fastest)
+        pr = rat.get("peak_rss") or over("peak_rss", lowest)
         rows.append(
             [
                 f"{model_label(run['model'])} {notes.mark(run)}",

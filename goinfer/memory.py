@@ -199,7 +199,7 @@ def populate(ranges) -> bool:
 def trim() -> bool:
     """Give the C heap's free memory back to the system (glibc's malloc_trim(0), every arena).
     Building a tokenizer of a large vocabulary (Gemma's 262k tokens: half a million merges
-    passed through Python and Rust) frees ~80 MB it needed only meanwhile, in pieces that the
+    copied into Rust's tables) frees tens of MB it needed only meanwhile, in pieces that the
     allocator keeps unless asked.  False where there is no glibc."""
     try:
         import ctypes
