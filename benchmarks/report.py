@@ -267,12 +267,15 @@ def memory_section(d: dict, notes: Notes) -> list[str]:
         fastest = min(peers, key=lambda k: peers[k].get("load_s") or float("inf"), default=None)
         rat = run.get("ratio") or {}
 
+        def values(key, peer):
+            return g.get(key), (peers[peer].get(key) if peer else None)
+
         def pair(key, fmt, peer):
-            a, b = g.get(key), (peers[peer].get(key) if peer else None)
+            a, b = values(key, peer)
             return "-" if a is None and b is None else f"{fmt(a)} / {fmt(b)}"
 
         def over(key, peer):  # goinfer's value over the peer's, when the run did not say
-            a, b = g.get(key), (peers[peer].get(key) if peer else None)
+            a, b = values(key, peer)
             return a / b if a and b else None
 
         lr = rat.get("load_s") or over("load_s", fastest)

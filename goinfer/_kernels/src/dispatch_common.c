@@ -89,6 +89,7 @@ static int default_prefetch(int variant) {
 }
 
 int gi_gemv_prefetch_for(int variant) {
+    if (variant == GI_PORTABLE) return 0;  /* its plain-C GEMV issues no prefetches */
     const int set = __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE);
     if (set >= 0) return set;
     int env = __atomic_load_n(&g_prefetch_env, __ATOMIC_ACQUIRE);
