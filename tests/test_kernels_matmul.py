@@ -411,6 +411,17 @@ def test_matmul_int_cache_blocking():
 
 
 @pytest.mark.parametrize("kind", INT_KINDS)
+def test_matmul_int_activation_blocks(kind):
+    """Several activation blocks of the AVX-512 GEMM (768 KB of int8 rows each: 96 rows at
+    K = 8192, so M = 101 is blocks of 96 and 5 rows), with what it computes once per block (the
+    q6_k low-half sums) indexed from the block's first row.  Contract bits."""
+    rng = np.random.default_rng(23)
+    check_matmul(
+        make_x(rng, 101, 8192), make_weight(rng, kind, 40, 8192, raw=True), check_rows=False
+    )
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
 @pytest.mark.parametrize("M", [7, 33])
 def test_matmul_int_k_blocks(kind, M):
     """The AVX2 GEMM's blocking: K blocks of 64 groups (130 groups: 64 + 64 + 2, the

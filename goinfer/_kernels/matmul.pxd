@@ -33,6 +33,8 @@ cdef extern from "matmul.h" nogil:
         const uint8_t *ks
         const float *kdec
         int64_t kdec_u0
+        const int32_t *q6lo
+        int64_t q6lo_m0
 
     ctypedef struct gi_qact:
         const int8_t *qa

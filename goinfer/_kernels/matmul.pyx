@@ -91,6 +91,8 @@ cdef int _weight(object w, gi_weight *cw) except -1:
     cw.ks = NULL
     cw.kdec = NULL
     cw.kdec_u0 = 0
+    cw.q6lo = NULL
+    cw.q6lo_m0 = 0
     if kind >= GI_F32:
         cw.qs = _data(carray(w.qs, "w.qs", typenum, dtname, 3, n_rb, n_in, GI_ROWS))
         return 0

@@ -35,6 +35,10 @@ typedef struct gi_weight {
                               q4_k / q5_k decoded once per cache chunk: (units from kdec_u0, G, 2,
                               unit rows) float32, d*sc then -(dmin*mn) */
     int64_t kdec_u0;
+    const int32_t *q6lo;   /* NULL from callers.  The q6_k GEMM's own copy (AVX-512) points it at the
+                              low-half sums of its activation block, rows from q6lo_m0: (rows, G)
+                              int32, each the sum of qa over k 0..15 of a group */
+    int64_t q6lo_m0;
 } gi_weight;
 
 /* Quantized activation rows (a view of goinfer.quant.QAct; rows are contiguous). */

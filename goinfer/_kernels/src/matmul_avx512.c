@@ -137,6 +137,16 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                                          _mm512_slli_epi32(v, KIND == GI_Q4_0 ? 3 : KIND == GI_Q5_0 ? 4 : 7));
                 _mm512_storeu_si512(cb[i], v);
             }
+        } else if (KIND == GI_Q6_K && w->q6lo) {  /* the GEMM's low sums of the block */
+            const __mmask16 gm = (__mmask16)((1u << gn) - 1u);
+            const __m512i zero = _mm512_setzero_si512();
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) {
+                const __m512i lo = _mm512_maskz_loadu_epi32(gm, w->q6lo + (m + i - w->q6lo_m0) * G + g0);
+                const __m512i all = _mm512_maskz_loadu_epi32(gm, as + i * G + g0);
+                _mm512_storeu_si512(cb[i], _mm512_sub_epi32(zero, _mm512_slli_epi32(lo, 5)));
+                _mm512_storeu_si512(cb1[i], _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_sub_epi32(all, lo), 5)));
+            }
         } else if (KIND == GI_Q6_K) {
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++)
@@ -296,6 +306,19 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
+}
+
+
+/* q6_k GEMM: the low-half sums of activation rows [m0, m1) into scratch, pointed to by w->q6lo
+   (left NULL without scratch: the tiles then compute them) */
+static void q6_lowsums(const gi_qact *a, int64_t K, int64_t m0, int64_t m1, gi_weight *w) {
+    const int64_t G = K / GI_GROUP;
+    int32_t *lo = (int32_t *)scratch_buffer((size_t)(m1 - m0) * (size_t)G * 4);
+    w->q6lo = lo;
+    w->q6lo_m0 = m0;
+    if (!lo) return;
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t g = 0; g < G; g++) lo[(m - m0) * G + g] = q6_lowsum(a->qa + m * K + g * GI_GROUP);
 }
 
 

@@ -104,11 +104,11 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
 /* GEMM tiling shared by the int and float paths.  Cache blocks: activation rows [m0, m1) in
    blocks of about ACT_CHUNK bytes, units [u0, u1) in chunks of about L2_CHUNK weight bytes
    (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
-   inside a tile, the chunk's units RB at a time.  PREP(c0, c1) runs at each chunk of units
-   [c0, c1) of each activation block, before its tiles; CALL(rb_count, mr, m, u) runs one
-   microkernel.  (The order of tiles does not matter for the bits: each output element is
+   inside a tile, the chunk's units RB at a time.  APREP(mb0, mb1) runs at each activation
+   block [mb0, mb1), PREP(c0, c1) at each chunk of units [c0, c1) of each activation block,
+   before its tiles; CALL(rb_count, mr, m, u) runs one microkernel.  (The order of tiles does not matter for the bits: each output element is
    computed entirely inside one microkernel call.) */
-#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, PREP, CALL)                  \
+#define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, APREP, PREP, CALL)           \
     do {                                                                                        \
         int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
         chunk_ = chunk_ < (RBn) ? (RBn) : chunk_ / (RBn) * (RBn);                               \
@@ -117,6 +117,7 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
         for (int64_t mb0_ = (m0); mb0_ < (m1); mb0_ += mblk_) {                                 \
             const int64_t mb1_ = min64(mb0_ + mblk_, (m1));                                     \
             const int64_t M_ = mb1_ - mb0_, nt_ = (M_ + (MRn) - 1) / (MRn);                     \
+            APREP(mb0_, mb1_);                                                                  \
             for (int64_t c0_ = (u0); c0_ < (u1); c0_ += chunk_) {                               \
                 const int64_t c1_ = min64(c0_ + chunk_, (u1));                                  \
                 PREP(c0_, c1_);                                                                 \
@@ -165,9 +166,17 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
         ch = ch < QG_RB ? QG_RB : ch / QG_RB * QG_RB;
         wl.kdec = (const float *)scratch_buffer((size_t)ch * (w->n_in / GI_GROUP) * 2 * UNIT * 4);
     }
+#if defined(GI_VARIANT_AVX512)
+    /* q6_k: each activation block's low-half sums computed once (the tiles' offsets of the
+       codes), instead of once per tile; without scratch, computed in the tiles */
+#define QAPREP(mb0, mb1) if (kind == GI_Q6_K) q6_lowsums(a, w->n_in, (mb0), (mb1), &wl)
+#else
+#define QAPREP(mb0, mb1) (void)0
+#endif
 #define QPREP(c0, c1) if (wl.kdec) { qk_decode(w, (c0), (c1), 0, w->n_in / GI_GROUP, (float *)wl.kdec); wl.kdec_u0 = (c0); }
 #define QCALL(rbn, mrn, m, u) qg_tab[kind][(rbn) - 1][(mrn) - 1](&wl, a, (m), (u), out, ldo)
-    GEMM_LOOP(u0, u1, m0, m1, ubk, w->n_in, QG_RB, mr, QPREP, QCALL);
+    GEMM_LOOP(u0, u1, m0, m1, ubk, w->n_in, QG_RB, mr, QAPREP, QPREP, QCALL);
+#undef QAPREP
 #undef QPREP
 #undef QCALL
 }
@@ -185,7 +194,7 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
     const int64_t ub = w->n_in * 16 * (w->kind == GI_F32 ? 4 : 2) / UPB;
 #define FCALL(rbn, mrn, m, u) fg_tab[kind][(rbn) - 1][(mrn) - 1](w, x, (m), (u), out, ldo)
 #define FPREP(c0, c1) (void)0
-    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FPREP, FCALL);
+    GEMM_LOOP(u0, u1, m0, m1, ub, w->n_in * 4, FG_RB, FG_MR, FPREP, FPREP, FCALL);
 #undef FPREP
 #undef FCALL
 }

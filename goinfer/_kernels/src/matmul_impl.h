@@ -149,8 +149,9 @@ GI_INLINE int q6_code(const uint8_t *lg, int r, int k) {
 }
 
 /* Each thread's scratch (AVX2 GEMM: an activation panel, then the unpacked q4 weights of a
-   chunk; q4_k / q5_k GEMM: a chunk's decoded scales), grown as needed and kept for the
-   thread's life: at most ~660 KB. */
+   chunk; q4_k / q5_k GEMM: a chunk's decoded scales; AVX-512 q6_k GEMM: an activation block's
+   low-half sums, ACT_CHUNK / 8 bytes), grown as needed and kept for the thread's life: at most
+   ~660 KB. */
 static __thread uint8_t *t_scratch;
 static __thread size_t t_scratch_cap;
 
