@@ -106,8 +106,9 @@ static const ftile_fn fg_tab[3][FG_RB][FG_MR] = {
    (together they stay in L2); inside, the block's rows in nearly equal tiles of <= MR rows;
    inside a tile, the chunk's units RB at a time.  APREP(mb0, mb1) runs at each activation
    block [mb0, mb1), PREP(c0, c1) at each chunk of units [c0, c1) of each activation block,
-   before its tiles; CALL(rb_count, mr, m, u) runs one microkernel.  (The order of tiles does not matter for the bits: each output element is
-   computed entirely inside one microkernel call.) */
+   before its tiles; CALL(rb_count, mr, m, u) runs one microkernel.  (The order of tiles does
+   not matter for the bits: each output element is computed entirely inside one microkernel
+   call.) */
 #define GEMM_LOOP(u0, u1, m0, m1, unit_bytes, row_bytes, RBn, MRn, APREP, PREP, CALL)           \
     do {                                                                                        \
         int64_t chunk_ = L2_CHUNK / ((unit_bytes) > 0 ? (unit_bytes) : 1);                      \
