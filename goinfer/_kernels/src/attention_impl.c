@@ -22,6 +22,8 @@
  *   softmax per row over its own range, in a per-thread score scratch (R x span doubles);
  *   AV  vectorized across d, register blocked RB rows x DV vectors of d, keys in order,
  *       block by block (a V block is read once; its d-chunks run from L1).
+ * Where the R rows do not fit the registers, QK and AV run them in passes of at most QK_PASS /
+ * AV_PASS rows over each key group / V block while it is in L1.
  * A row's operation sequence does not depend on the other rows of its tile: lanes of keys
  * outside a row's range are computed (where the block is shared) but never used.
  *
@@ -79,6 +81,22 @@ GI_INLINE vd attn_weight(vd x) {
 #endif
 #define GI_MAXV 8
 
+/* Rows per pass.  With 16 vector registers (avx2) an item of 8 or 12 rows runs QK with one
+ * key vector per step (a load and two converts per RB FMAs, RB broadcasts) and AV with one
+ * d-vector: in passes of 4 rows x 2 key vectors (QK) and 6 rows x 2 d-vectors (AV) the QK of a
+ * 512-token causal prefill took 14.5-17.1 -> 13.6 ms on a Zen 4 (f16 cache, one thread,
+ * shapes 16x2x128, 32x8x64, 8x1x256), AV about 5% less.  AVX-512 (32 registers) and the
+ * portable build are fastest without passes. */
+#if defined(GI_VARIANT_AVX2)
+#define QK_PASS 4
+#define AV_PASS 6
+#else
+#define QK_PASS GI_ATTN_RMAX
+#define AV_PASS GI_ATTN_RMAX
+#endif
+/* rows of each pass but the last, for R rows in passes of at most P: ceil(R / ceil(R / P)) */
+#define PASS_ROWS(R, P) (((R) + ((R) + (P) - 1) / (P) - 1) / (((R) + (P) - 1) / (P)))
+
 /* software prefetch (a hint; no effect on results) */
 #if defined(GI_ATTN_NO_PREFETCH)
 #define GI_PREFETCH(p) ((void)(p))
@@ -124,16 +142,18 @@ GI_INLINE vd k_load(const int DT, const int FULL, const char *kb, int64_t bs, in
     return vd_mul(FULL ? vd_load_i8(p) : vd_load_i8_n(p, n), sc); /* s * q: exact */
 }
 
-/* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector]; then scaled (and soft-capped) and
- * stored at sp[v] + r * ss.  kb[v]: the key vector's head-block, ko[v]: its first key's
- * offset in the block, kn[v]: its valid lanes (FULL: all VD_N).  pf[v]: the next group's
- * key vectors (byte addresses at d = 0, row stride pfs bytes), prefetched along d (the cache
- * is far larger than L2 at long contexts and blocks are scattered). */
+/* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector] for the RB rows r0.. of the item (qd:
+ * its row r0); then scaled and stored at sp[v] + (r0 + r) * ss (softmax_row applies the soft
+ * cap: its constants, live here, took registers the loop needs).  kb[v]: the
+ * key vector's head-block, ko[v]: its first key's offset in the block, kn[v]: its valid lanes
+ * (FULL: all VD_N).  pf[v]: the next group's key vectors (byte addresses at d = 0, row stride
+ * pfs bytes), prefetched along d (the cache is far larger than L2 at long contexts and blocks
+ * are scattered). */
 GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT,
-                        const double *qd, int64_t hd, const char *const *kb,
+                        const gi_attn_args *a, const double *qd, const char *const *kb,
                         const int64_t *ko, const int *kn, const char *const *pf, int64_t pfs,
-                        int64_t bs, double *const *sp, int64_t ss, double scale,
-                        double softcap) {
+                        double *const *sp, int64_t r0, int64_t ss) {
+    const int64_t hd = a->hd, bs = a->bs;
     vd acc[GI_ATTN_RMAX][GI_MAXV], sc[GI_MAXV];
     const int pstep = DT == GI_KV_F32 ? GI_PF_STEP : DT == GI_KV_F16 ? 2 * GI_PF_STEP
                                                                      : 4 * GI_PF_STEP;
@@ -160,17 +180,16 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT
                 acc[r][v] = vd_fma_exact(vd_set1(qd[r * hd + d]), kv, acc[r][v]);
         }
     }
-    const vd sv = vd_set1(scale), cv = vd_set1(softcap);
+    const vd sv = vd_set1(a->scale); /* read only now: not held in a register in the loop */
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
-            vd x = vd_mul(acc[r][v], sv);
-            if (softcap > 0.0) x = vd_mul(cv, gi_vd_tanh(vd_div(x, cv)));
+            const vd x = vd_mul(acc[r][v], sv);
             if (FULL)
-                vd_store(sp[v] + r * ss, x);
+                vd_store(sp[v] + (r0 + r) * ss, x);
             else
-                vd_store_n(sp[v] + r * ss, x, kn[v]);
+                vd_store_n(sp[v] + (r0 + r) * ss, x, kn[v]);
         }
 }
 
@@ -207,9 +226,25 @@ GI_INLINE int qk_fill(const int NV, const int DT, const gi_attn_args *a, const i
     return nv;
 }
 
+/* the R rows' scores of one group of NV key vectors (FULL: all lanes valid), in passes of P
+ * rows (the last: the rest) while the group's K lines are in L1 */
+GI_INLINE void qk_passes(const int R, const int P, const int NV, const int FULL, const int DT,
+                         const gi_attn_args *a, const item_ctx *c, const char *const *kb,
+                         const int64_t *ko, const int *kn, const char *const *pf, int64_t pfs,
+                         double *const *sp) {
+    const int np = (R + P - 1) / P, PL = R - (np - 1) * P;
+    const int nfull = PL == P ? np : np - 1;
+    for (int p = 0; p < nfull; p++)
+        qk_group(P, NV, FULL, DT, a, c->qd + (int64_t)p * P * a->hd, kb, ko, kn, pf, pfs, sp,
+                 (int64_t)p * P, c->ss);
+    if (PL != P)
+        qk_group(PL, NV, FULL, DT, a, c->qd + (int64_t)(np - 1) * P * a->hd, kb, ko, kn, pf, pfs,
+                 sp, (int64_t)(np - 1) * P, c->ss);
+}
+
 /* scores of all key vectors of blocks b0..b1, NV at a time, one group prefetched ahead */
-GI_INLINE void qk_rows(const int RB, const int DT, const gi_attn_args *a, const item_ctx *c) {
-    const int NV = QK_NV(RB);
+GI_INLINE void qk_rows(const int R, const int DT, const gi_attn_args *a, const item_ctx *c) {
+    const int P = PASS_ROWS(R, QK_PASS), NV = QK_NV(P);
     const char *kb[2][GI_MAXV], *pf[2][GI_MAXV];
     int64_t ko[2][GI_MAXV];
     double *sp[2][GI_MAXV];
@@ -225,15 +260,13 @@ GI_INLINE void qk_rows(const int RB, const int DT, const gi_attn_args *a, const 
         int full = 1;
         for (int v = 0; v < NV; v++) full &= kn[cur][v] == VD_N;
         if (full)
-            qk_group(RB, NV, 1, DT, c->qd, a->hd, kb[cur], ko[cur], kn[cur], pfp, pfs, a->bs,
-                     sp[cur], c->ss, a->scale, a->softcap);
+            qk_passes(R, P, NV, 1, DT, a, c, kb[cur], ko[cur], kn[cur], pfp, pfs, sp[cur]);
         else if (n == NV)
-            qk_group(RB, NV, 0, DT, c->qd, a->hd, kb[cur], ko[cur], kn[cur], pfp, pfs, a->bs,
-                     sp[cur], c->ss, a->scale, a->softcap);
+            qk_passes(R, P, NV, 0, DT, a, c, kb[cur], ko[cur], kn[cur], pfp, pfs, sp[cur]);
         else /* the last, short group: one vector at a time rather than NV with empty slots */
             for (int v = 0; v < n; v++)
-                qk_group(RB, 1, 0, DT, c->qd, a->hd, kb[cur] + v, ko[cur] + v, kn[cur] + v,
-                         pfp, pfs, a->bs, sp[cur] + v, c->ss, a->scale, a->softcap);
+                qk_passes(R, P, 1, 0, DT, a, c, kb[cur] + v, ko[cur] + v, kn[cur] + v, pfp, pfs,
+                          sp[cur] + v);
         cur = nx;
         n = nn;
     }
@@ -241,12 +274,25 @@ GI_INLINE void qk_rows(const int RB, const int DT, const gi_attn_args *a, const 
 
 /* ============================================================================ softmax weights */
 
-/* row r: mx = max of its scores and its sink, then e = trunc29(exp(s - mx)) in place over
-   [lo, hi]; returns the sink's weight trunc29(exp(sink - mx)) (0 for sink = -inf) */
-static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink) {
+/* row r over [lo, hi], in place: the soft cap s = softcap * tanh(s / softcap) if softcap > 0
+   (element by element, the same bits as in the QK epilogue, where its constants held on an
+   avx2 build made an accumulator spill: QK 2.3x slower), mx = max of the scores and the sink,
+   then e = trunc29(exp(s - mx)); returns the sink's weight trunc29(exp(sink - mx)) (0 for
+   sink = -inf) */
+static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink, double softcap) {
     const int64_t end = hi + 1;
-    vd mv = vd_set1(sink);
     int64_t i = lo;
+    if (softcap > 0.0) {
+        const vd cv = vd_set1(softcap);
+        for (; i + VD_N <= end; i += VD_N)
+            vd_store(srow + i, vd_mul(cv, gi_vd_tanh(vd_div(vd_load(srow + i), cv))));
+        if (i < end) {
+            const int n = (int)(end - i);
+            vd_store_n(srow + i, vd_mul(cv, gi_vd_tanh(vd_div(vd_load_n(srow + i, n), cv))), n);
+        }
+        i = lo;
+    }
+    vd mv = vd_set1(sink);
     for (; i + VD_N <= end; i += VD_N) mv = vd_max(mv, vd_load(srow + i));
     double mx = vd_hmax(mv);
     for (; i < end; i++) mx = srow[i] > mx ? srow[i] : mx; /* max is exact: order is free */
@@ -262,13 +308,13 @@ static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink) {
 
 /* ============================================================================ AV */
 
-/* one key j (relative to kbase): acc[r] += e[r] * v for rows r (all, or those whose range
- * holds j when CHECK); l[r] += e[r] when FIRST (in every lane of lacc[r]) */
+/* one key j (relative to kbase): acc[r] += e[r] * v for rows r of the pass (all, or those
+ * whose range holds j when CHECK); l[r] += e[r] when FIRST (in every lane of lacc[r]) */
 #define AV_KEY(CHECK)                                                                  \
     do {                                                                               \
         const double *er = e; /* row r's weight of key j: e + r * ss, stepped */       \
         _Pragma("GCC unroll 16") for (int r = 0; r < RB; r++, er += ss) {              \
-            if (CHECK && (j < c->lo[r] || j > c->hi[r])) continue;                     \
+            if (CHECK && (j < lo[r] || j > hi[r])) continue;                           \
             const vd ev = vd_set1(*er);                                                \
             _Pragma("GCC unroll 8") for (int v = 0; v < DV; v++) acc[r][v] =           \
                 vd_fma_exact(ev, vv[v], acc[r][v]);                                    \
@@ -297,27 +343,30 @@ GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, i
 }
 
 /* keys [j0, j1] of one block (relative to kbase; row of key j at vb + (j - jb) * vrb bytes),
- * d-chunk [d0, d0 + DV*VD_N) of every row: the accumulators come from and go back to c->o
- * (and l when FIRST), so each block is read from memory once while its d-chunks run from L1. */
+ * d-chunk [d0, d0 + DV*VD_N) of the RB rows r0..: the accumulators come from and go back to
+ * c->o (and l when FIRST), so each block is read from memory once while its d-chunks (and
+ * passes) run from L1; the first pass prefetches the next block. */
 GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int DT,
-                        const item_ctx *c, const char *vb, const char *vnext, int64_t vrb,
-                        int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
+                        const item_ctx *c, int64_t r0, const char *vb, const char *vnext,
+                        int64_t vrb, int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
                         int64_t clo, int64_t chi, double *l) {
     vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
-    const int64_t ss = c->ss;
+    const int64_t ss = c->ss, *lo = c->lo + r0, *hi = c->hi + r0;
+    double *o = c->o + r0 * hd;
+    l += r0;
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
         if (FIRST) lacc[r] = vd_set1(l[r]);
 #pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) acc[r][v] = vd_load(c->o + r * hd + d0 + v * VD_N);
+        for (int v = 0; v < DV; v++) acc[r][v] = vd_load(o + r * hd + d0 + v * VD_N);
     }
     for (int64_t j = j0; j <= j1; j++) {
         const char *vr = vb + (j - jb) * vrb;
-        if (FIRST) /* the next block's row of this offset, all of it */
+        if (FIRST && r0 == 0) /* the next block's row of this offset, all of it */
             for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
         vd vv[GI_MAXV];
         v_load(DV, DT, vr, hd, d0, vv);
-        const double *e = c->sc + j;
+        const double *e = c->sc + r0 * ss + j;
         if (j >= clo && j <= chi)
             AV_KEY(0);
         else
@@ -327,24 +376,40 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int D
     for (int r = 0; r < RB; r++) {
         if (FIRST) l[r] = vd_lane0(lacc[r]);
 #pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) vd_store(c->o + r * hd + d0 + v * VD_N, acc[r][v]);
+        for (int v = 0; v < DV; v++) vd_store(o + r * hd + d0 + v * VD_N, acc[r][v]);
     }
+}
+
+/* av_block over the R rows in passes of P (the last: the rest) */
+GI_INLINE void av_passes(const int R, const int P, const int DV, const int FIRST, const int DT,
+                         const item_ctx *c, const char *vb, const char *vnext, int64_t vrb,
+                         int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
+                         int64_t clo, int64_t chi, double *l) {
+    const int np = (R + P - 1) / P, PL = R - (np - 1) * P;
+    const int nfull = PL == P ? np : np - 1;
+    for (int p = 0; p < nfull; p++)
+        av_block(P, DV, FIRST, DT, c, (int64_t)p * P, vb, vnext, vrb, jb, j0, j1, hd, d0, clo,
+                 chi, l);
+    if (PL != P)
+        av_block(PL, DV, FIRST, DT, c, (int64_t)(np - 1) * P, vb, vnext, vrb, jb, j0, j1, hd, d0,
+                 clo, chi, l);
 }
 
 /* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, block by
  * block; then out = float(o / l) */
-GI_INLINE void av_rows(const int RB, const int DV, const int DT, const gi_attn_args *a,
+GI_INLINE void av_rows(const int R, const int DV, const int DT, const gi_attn_args *a,
                        const item_ctx *c) {
+    const int P = PASS_ROWS(R, AV_PASS);
     const int64_t hd = a->hd, bs = a->bs, step = (int64_t)DV * VD_N;
     const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
     double l[GI_ATTN_RMAX];
     int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
-    for (int r = 0; r < RB; r++) {
+    for (int r = 0; r < R; r++) {
         l[r] = 0.0;
         clo = c->lo[r] > clo ? c->lo[r] : clo;
         chi = c->hi[r] < chi ? c->hi[r] : chi;
     }
-    memset(c->o, 0, (size_t)RB * (size_t)hd * sizeof(double));
+    memset(c->o, 0, (size_t)R * (size_t)hd * sizeof(double));
     for (int64_t bi = c->b0; bi <= c->b1; bi++) {
         const int64_t blk = a->block_table[bi];
         const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
@@ -353,11 +418,11 @@ GI_INLINE void av_rows(const int RB, const int DV, const int DT, const gi_attn_a
         const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
         const int64_t nblk = a->block_table[bi < c->b1 ? bi + 1 : bi];
         const char *vn = (const char *)a->v_cache + (nblk * a->n_kv + c->kvh) * hb;
-        av_block(RB, DV, 1, DT, c, vb, vn, vrb, jb, j0, j1, hd, 0, clo, chi, l);
+        av_passes(R, P, DV, 1, DT, c, vb, vn, vrb, jb, j0, j1, hd, 0, clo, chi, l);
         for (int64_t d0 = step; d0 < hd; d0 += step)
-            av_block(RB, DV, 0, DT, c, vb, vn, vrb, jb, j0, j1, hd, d0, clo, chi, l);
+            av_passes(R, P, DV, 0, DT, c, vb, vn, vrb, jb, j0, j1, hd, d0, clo, chi, l);
     }
-    for (int r = 0; r < RB; r++) {
+    for (int r = 0; r < R; r++) {
         const vd lv = vd_set1(l[r] + c->esink[r]);
         for (int64_t d = 0; d < hd; d += VD_N)
             vd_storeps(c->orow[r] + d, vd_div(vd_load(c->o + r * hd + d), lv));
@@ -385,11 +450,12 @@ static void qk_dispatch(const gi_attn_args *a, const item_ctx *c) {
         else av_rows(RB, DV, GI_KV_F32, a, c);                              \
     } while (0)
 
-/* DV: the budget AV_DV(RB) if it divides the hd/VD_N vectors of a row, else 2, else 1 */
+/* DV: the budget AV_DV of a pass if it divides the hd/VD_N vectors of a row, else 2, else 1 */
+#define AV_DVP(RB) AV_DV(PASS_ROWS(RB, AV_PASS))
 #define AV_CASE(RB)                                                     \
     case RB:                                                            \
-        if (nvec % AV_DV(RB) == 0) AV_DT(RB, AV_DV(RB));                \
-        else if (AV_DV(RB) > 2 && nvec % 2 == 0) AV_DT(RB, 2);          \
+        if (nvec % AV_DVP(RB) == 0) AV_DT(RB, AV_DVP(RB));              \
+        else if (AV_DVP(RB) > 2 && nvec % 2 == 0) AV_DT(RB, 2);         \
         else AV_DT(RB, 1);                                              \
         break;
 static void av_dispatch(const gi_attn_args *a, const item_ctx *c) {
@@ -496,7 +562,8 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     qk_dispatch(a, &c);
     if (timing) ns1 = gi_attn_now_ns();
-    for (int r = 0; r < c.R; r++) c.esink[r] = softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r], c.sink[r]);
+    for (int r = 0; r < c.R; r++)
+        c.esink[r] = softmax_row(c.sc + r * c.ss, c.lo[r], c.hi[r], c.sink[r], a->softcap);
     if (timing) ns2 = gi_attn_now_ns();
     av_dispatch(a, &c);
     if (timing) {
