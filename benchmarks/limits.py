@@ -17,7 +17,8 @@ converted at load (docs/design/gguf.md) shows its conversion's cost here.  Deter
 Memory bandwidth (read_bandwidth): a read-only sweep of a float32 buffer larger than the caches
 (numpy max: one core, vector compares, the fastest of numpy's reductions here — sum, dot and
 integer sums read slower), median of 5, in one process, and in as many processes at once as
---threads (each its own buffer of max(256 MiB, 4 x L3 / threads)): the summed rate.  A lower
+--threads (each its own buffer of max(256 MiB, 4 x L3 / threads)), every rep started at a
+barrier: all their bytes over the span from the first start to the last end.  A lower
 bound of the machine's read bandwidth; peers.py --measure-bandwidth uses the same sweep.  Decode bytes per token: every weight a decode step reads
 (all layers' matmul weights in goinfer's layout, the LM head, one embedding row) plus the
 KV cache read by attention at that context (K and V of every layer in the cache's type).  Decode tok/s from
@@ -68,31 +69,64 @@ def _sweep(n_bytes: int, reps: int) -> float:
     return n_bytes / statistics.median(ts)
 
 
-def _sweep_child(n_bytes, reps, q):
-    q.put(_sweep(n_bytes, reps))
+def _sweep_child(n_bytes, reps, barrier, q):
+    """One process of a concurrent sweep: every rep starts at a barrier shared with the others,
+    so the processes read at the same time; (start, end) of each rep on the monotonic clock
+    (shared across processes)."""
+    a = np.ones(n_bytes // 4, np.float32)
+    a.max()  # touch
+    spans = []
+    for _ in range(reps):
+        barrier.wait()
+        t0 = time.monotonic()
+        a.max()
+        spans.append((t0, time.monotonic()))
+    q.put(spans)
+
+
+def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes: int) -> list[float]:
+    """Bytes/s of each rep of a concurrent sweep: spans[p][r] = (start, end) of process p's rep
+    r, each reading n_bytes; all the rep's bytes over its first start to its last end."""
+    return [
+        len(spans) * n_bytes / (max(s[r][1] for s in spans) - min(s[r][0] for s in spans))
+        for r in range(len(spans[0]))
+    ]
 
 
 def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> dict:
-    """GB/s of `threads` processes sweeping their own buffers at once (summed); n_bytes per
-    process (default max(256 MiB, 4 x L3 / threads))."""
+    """GB/s of `threads` processes sweeping their own buffers at once; n_bytes per process
+    (default max(256 MiB, 4 x L3 / threads)).  Each rep starts every process at a barrier and
+    counts all their bytes over the span from the first start to the last end (so a process
+    that ran alone for part of the rep cannot inflate the sum); the median rep."""
     if n_bytes is None:
         n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
     if threads == 1:
-        rates = [_sweep(n_bytes, reps)]
-    else:
-        q = mp.Queue()
-        ps = [mp.Process(target=_sweep_child, args=(n_bytes, reps, q)) for _ in range(threads)]
-        for p in ps:
-            p.start()
-        rates = [q.get() for _ in ps]
-        for p in ps:
-            p.join()
+        rate = _sweep(n_bytes, reps)
+        return {
+            "GBs": rate / 1e9,
+            "processes": 1,
+            "buffer_bytes_per_process": n_bytes,
+            "per_process_GBs": [rate / 1e9],
+            "reps": reps,
+        }
+    ctx = mp.get_context("spawn")
+    q, barrier = ctx.Queue(), ctx.Barrier(threads)
+    ps = [
+        ctx.Process(target=_sweep_child, args=(n_bytes, reps, barrier, q)) for _ in range(threads)
+    ]
+    for p in ps:
+        p.start()
+    spans = [q.get() for _ in ps]  # (threads, reps, 2)
+    for p in ps:
+        p.join()
+    per = [n_bytes / statistics.median(e - b for b, e in s) for s in spans]
     return {
-        "GBs": sum(rates) / 1e9,
+        "GBs": statistics.median(concurrent_rates(spans, n_bytes)) / 1e9,
         "processes": threads,
         "buffer_bytes_per_process": n_bytes,
-        "per_process_GBs": [r / 1e9 for r in rates],
+        "per_process_GBs": [r / 1e9 for r in per],
         "reps": reps,
+        "sync": "barrier per rep; all bytes over the first start to the last end",
     }
 
 

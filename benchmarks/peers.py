@@ -28,7 +28,8 @@ cache a step also reads is counted apart ("kv_bytes_per_token": keys and values 
 default cache of both engines, at the positions each layer attends, its sliding window at
 most, averaged over the decode steps; a goinfer engine with another --kv-dtype its own); the
 fractions below are of both.  --bandwidth GBS (or --measure-bandwidth: limits.py's
-streaming read with the same threads) adds, per decode row and engine, bytes x tok/s / bandwidth:
+streaming read with the same threads, sampled before every round of engine runs and after the
+last, the median of the samples) adds, per decode row and engine, bytes x tok/s / bandwidth:
 the achieved fraction of it.
 
 MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.
@@ -298,7 +299,8 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--measure-bandwidth",
         action="store_true",
-        help="measure it first (limits.py's streaming read, the same threads)",
+        help="measure it (limits.py's streaming read, the same threads) before every round of "
+        "runs and after the last; the median",
     )
     ap.add_argument(
         "--smoke", action="store_true", help="tiny model, one short run (the test suite)"
@@ -369,26 +371,44 @@ def main(argv=None) -> dict:
         "prefill": [],
         "decode": [],
     }
-    if args.measure_bandwidth or args.bandwidth:
-        if args.bandwidth:
-            res["bandwidth"] = {"GBs": args.bandwidth, "source": "given (--bandwidth)"}
-        else:
-            from limits import read_bandwidth
+    # the bandwidth, when measured: before every round of engine runs and after the last
+    # (the host's load shifts during a run), the median of those samples
+    bw_samples = []
 
-            res["bandwidth"] = {
-                **read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 5),
-                "source": "measured (limits.read_bandwidth)",
-            }
-        print(
-            f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s ({res['bandwidth']['source']})",
-            flush=True,
-        )
+    def sample_bandwidth():
+        from limits import read_bandwidth
+
+        bw_samples.append(read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 11))
+        print(f"read bandwidth: {bw_samples[-1]['GBs']:.1f} GB/s", flush=True)
+
+    if args.bandwidth:
+        res["bandwidth"] = {"GBs": args.bandwidth, "source": "given (--bandwidth)"}
+    measure = args.measure_bandwidth and not args.bandwidth
 
     # the engines alternate, each alone in its own process: goinfer, llama.cpp, goinfer, ...
     runs = {e["label"]: [] for e in engines}
     for _ in range(args.repeats):
+        if measure:
+            sample_bandwidth()
         for e in engines:
             runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
+    if measure:
+        sample_bandwidth()
+        res["bandwidth"] = {
+            **{
+                k: bw_samples[0][k]
+                for k in ("processes", "buffer_bytes_per_process", "reps", "sync")
+            },
+            "GBs": statistics.median(b["GBs"] for b in bw_samples),
+            "samples_GBs": [b["GBs"] for b in bw_samples],
+            "source": "measured (limits.read_bandwidth) before every round of runs and after "
+            "the last: the median",
+        }
+        print(
+            f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s, the median of "
+            f"{len(bw_samples)} samples",
+            flush=True,
+        )
     res["processes"] = {
         "parent": os.getpid(),
         **{k: [r["pid"] for r in v] for k, v in runs.items()},

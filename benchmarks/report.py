@@ -140,6 +140,10 @@ def _cell(row: dict, notes: Notes, run: dict) -> str:
             r = row["tok_s"][k] / row["tok_s"][best]
         tag = k[len("goinfer") :].strip()
         p = f"{num(row['tok_s'][k])} / {num(row['tok_s'][best]) if best else '-'} = {ratio(r)}"
+        frac, bw = row.get("fraction_of_bandwidth"), run.get("bandwidth") or {}
+        if frac and bw.get("sync") and k in frac:  # a sweep with its processes started together
+            peer = f" / {100 * frac[best]:.0f}%" if best in frac else ""
+            p += f", {100 * frac[k]:.0f}%{peer} of {num(bw['GBs'])} GB/s"
         parts.append(f"{tag}: {p}" if tag else p)
     extra = f" ({row['note']})" if row.get("note") else ""
     return "; ".join(parts) + extra + " " + notes.mark(run)
@@ -489,7 +493,11 @@ METHOD = """\
   once, one embedding row unless the head is tied to it, the used share of MoE expert
   tensors) plus the f16 KV cache it attends (each layer's window at most); with
   `--bandwidth` / `--measure-bandwidth` each engine's achieved fraction of the streaming read
-  bandwidth `limits.py` measures with the same threads.
+  bandwidth `limits.py` measures with the same threads (its processes started together at
+  every rep; sampled before every round of runs and after the last, the median).  A decode
+  cell then reads "goinfer / llama.cpp = ratio, goinfer's % / llama.cpp's % of that bandwidth";
+  runs whose sweep did not start its processes together show no fraction (their processes
+  could read one after the other, overstating the bandwidth up to twofold).
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built
   without AMX and is slower there than natively built llama.cpp is elsewhere; each table names
   its peer build.

@@ -285,6 +285,30 @@ def test_limits_bytes_equal_the_files(tiny, tmp_path, capsys):
     assert "Q4_0.gguf" in out and "Q8_0.gguf" in out
 
 
+def test_concurrent_read_bandwidth_counts_only_the_overlap():
+    """limits.concurrent_rates: the processes' bytes over the span from the first start to the
+    last end, so processes that happened to read one after the other count once, not twice."""
+    import limits
+
+    n = 10
+    assert limits.concurrent_rates([[(0.0, 1.0)], [(0.0, 1.0)]], n) == [20.0]  # at once
+    assert limits.concurrent_rates([[(0.0, 1.0)], [(1.0, 2.0)]], n) == [10.0]  # in turn
+    assert limits.concurrent_rates([[(0.0, 1.0), (5.0, 6.0)], [(0.5, 1.5), (5.0, 5.5)]], n) == [
+        pytest.approx(20 / 1.5),
+        20.0,
+    ]
+
+
+def test_read_bandwidth_processes_read_at_once():
+    """Two sweeping processes started at a barrier: each rep's span covers both, and the
+    summed rate is reported with how it was synchronized."""
+    import limits
+
+    r = limits.read_bandwidth(2, 4 << 20, 3)
+    assert r["processes"] == 2 and len(r["per_process_GBs"]) == 2 and r["reps"] == 3
+    assert _pos(r["GBs"]) and "barrier" in r["sync"]
+
+
 def check_memory(res):
     assert res["goinfer_first_load"]["source"] == "built"  # a fresh layout directory
     assert [r["source"] for r in res["runs"]["goinfer"]] == ["layout"]  # then mapped
