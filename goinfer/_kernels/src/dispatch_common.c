@@ -71,11 +71,12 @@ static int amd_family_19h(void) {
 }
 
 /* The default distance.  The avx512 variant on AMD family 19h (Zen 3, Zen 4): none.  There the
-   hardware prefetchers keep up with the four row-block streams of an AVX-512 GEMV call and the
-   software prefetches only cost load slots: a Zen 4 decoded a Llama-3.2-1B-shape Q4_K_M file
-   ~13% faster without them, while its avx2 variant (two row-block streams per call) decoded it
-   ~10% faster with them.  Elsewhere 8 groups (2 KB of q4 ahead per stream): on a Zen 5 they
-   took the AVX2 GEMV from 19-31 to 26-40 GB/s. */
+   hardware prefetchers keep up with the AVX-512 GEMV and the software prefetches only cost load
+   slots: when each GEMV call read four row blocks at once, a Zen 4 decoded a Llama-3.2-1B-shape
+   Q4_K_M file ~13% faster without them, while its avx2 variant (two row blocks per call then)
+   decoded it ~10% faster with them; since the calls read one row block each (one sequential
+   stream), 0, 8 and 16 groups decode alike there on both variants.  Elsewhere 8 groups (2 KB
+   of q4 ahead): on a Zen 5 they took the AVX2 GEMV from 19-31 to 26-40 GB/s. */
 static int default_prefetch(int variant) {
     if (variant == GI_AVX512) {
         int amd = __atomic_load_n(&g_amd_19h, __ATOMIC_ACQUIRE);

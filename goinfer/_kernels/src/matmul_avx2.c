@@ -11,7 +11,10 @@
 /* ============================================================================ tile sizes */
 
 #define UNIT 8           /* output rows per unit: half a row block */
-#define QV_RB 4
+#ifndef QV_RB
+#define QV_RB 2          /* GEMV: units per microkernel (MR = 1): one row block, so that the
+                            calls read the weight as one sequential stream (see matmul_q) */
+#endif
 #define QG_RB 1
 #ifndef QG_MR
 #define QG_MR 4

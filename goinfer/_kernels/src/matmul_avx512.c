@@ -10,7 +10,10 @@
 /* ============================================================================ tile sizes */
 
 #define UNIT 16          /* output rows per unit */
-#define QV_RB 4          /* GEMV: units per microkernel (MR = 1) */
+#ifndef QV_RB
+#define QV_RB 1          /* GEMV: units per microkernel (MR = 1): one row block, so that the
+                            calls read the weight as one sequential stream (see matmul_q) */
+#endif
 /* GEMM tile: 2 units x 6 activation rows, so each broadcast activation word feeds two
    vpdpbusd (12 int32 + 12 float accumulators: 24 of the 32 zmm).  Against 1 x 12 (one
    broadcast per vpdpbusd) it took the 1B / 8B prefill GEMM from ~35-68% to ~65-85% of the
