@@ -58,30 +58,29 @@ def _l3_bytes() -> int:
         return 32 << 20
 
 
-def _sweep(n_bytes: int, reps: int) -> float:
-    a = np.ones(n_bytes // 4, np.float32)
-    a.max()  # touch
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a.max()
-        ts.append(time.perf_counter() - t0)
-    return n_bytes / statistics.median(ts)
-
-
-def _sweep_child(n_bytes, reps, barrier, q):
-    """One process of a concurrent sweep: every rep starts at a barrier shared with the others,
-    so the processes read at the same time; (start, end) of each rep on the monotonic clock
-    (shared across processes)."""
+def _spans(n_bytes: int, reps: int, barrier=None) -> list[tuple[float, float]]:
+    """(start, end) of each of reps sweeps of an n_bytes buffer on the monotonic clock (shared
+    across processes); with a barrier (a concurrent sweep), every rep starts when all the
+    processes reach it, so they read at the same time."""
     a = np.ones(n_bytes // 4, np.float32)
     a.max()  # touch
     spans = []
     for _ in range(reps):
-        barrier.wait()
+        if barrier is not None:
+            barrier.wait()
         t0 = time.monotonic()
         a.max()
         spans.append((t0, time.monotonic()))
-    q.put(spans)
+    return spans
+
+
+def _rate(n_bytes: int, spans: list[tuple[float, float]]) -> float:
+    """bytes/s of one process's median rep"""
+    return n_bytes / statistics.median(e - b for b, e in spans)
+
+
+def _sweep_child(n_bytes, reps, barrier, q):
+    q.put(_spans(n_bytes, reps, barrier))
 
 
 def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes: int) -> list[float]:
@@ -101,7 +100,7 @@ def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> d
     if n_bytes is None:
         n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
     if threads == 1:
-        rate = _sweep(n_bytes, reps)
+        rate = _rate(n_bytes, _spans(n_bytes, reps))
         return {
             "GBs": rate / 1e9,
             "processes": 1,
@@ -119,7 +118,7 @@ def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> d
     spans = [q.get() for _ in ps]  # (threads, reps, 2)
     for p in ps:
         p.join()
-    per = [n_bytes / statistics.median(e - b for b, e in s) for s in spans]
+    per = [_rate(n_bytes, s) for s in spans]
     return {
         "GBs": statistics.median(concurrent_rates(spans, n_bytes)) / 1e9,
         "processes": threads,
