@@ -7,6 +7,7 @@ one gpt-oss-20b expert shape).
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q6k-1b --M 1 512 --kinds q6_k q8_0 --clock cpu
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q4km-1b --M 1 512 --kinds q4_k q4_1 q6_k q8_0
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q5-270m --M 1 64 --kinds q5_0 q8_0
+    PYTHONPATH=. python benchmarks/kernels_matmul.py --set gemv-l2 --M 1 --threads 1 --min-time 1
 
 For every (shape, kind, M, threads) it prints the median time of one matmul call (the
 activation already quantized), and
@@ -76,6 +77,12 @@ SETS = {
         ("k/v    640->256", 640, 256, ("q5_0", "q8_0")),
         ("gate/up 640->2048", 640, 2048, ("q5_0", "q8_0")),
         ("down   2048->640", 2048, 640, ("q5_0", "q8_0")),
+    ],
+    # GEMV compute rate: weights of ~0.6 MB that stay in a 1 MB L2, so "hot" is what a core
+    # computes per second, not what memory delivers (1B shapes cut to a few row blocks)
+    "gemv-l2": [
+        ("k/v    2048->512", 2048, 512, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
+        ("down   8192->128", 8192, 128, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
     ],
     "llama-8b": [
         ("qkv    4096->6144", 4096, 6144, ("q4_0", "q4_1", "q8_0")),

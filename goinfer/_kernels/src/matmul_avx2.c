@@ -25,6 +25,12 @@
 #define MR_Q QG2_MR      /* gi_matmul_ops.mr_q: activation rows per int GEMM tile (gemm2's) */
 
 
+/* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
+   keeps the accumulation order written (no reassociation into trees of temporaries, which
+   spill with 16 registers).  No instruction is emitted. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+
 /* ============================================================================ activation quantization */
 
 static void GI(quantize_act)(const float *x, int64_t K, int64_t m0, int64_t m1,
@@ -439,6 +445,151 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 }
 
 
+/* ============================================================================ q4 GEMV (q4_0, q4_1, q4_k) */
+
+/* The decode GEMV of the 4-bit kinds: qtile's work for one row block and one activation row,
+   with the same bits, written for the stream (one pointer per operand, no spills: ~30% more
+   bytes per second than qtile's GEMV when the weight is in cache).  q4_k unpacks a
+   super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines at once (a
+   few 256-bit byte operations) into a small buffer and unrolls its 8 groups, so each group only
+   converts its scales and mins; -(dmin*mn) is (-dmin)*mn (the product is exact).  q4_k needs
+   G % 8 == 0 (K a multiple of 256, as every q4_k weight). */
+
+/* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
+   8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap) */
+GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256i *s1) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(lg + c * 64));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + 32));
+        const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
+        const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
+        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(x0, nib), bl));
+        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(x1, nib), bl));
+        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh));
+        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh));
+        PIN(a0);
+        PIN(a1);
+    }
+    *s0 = a0;
+    *s1 = a1;
+}
+
+GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                     float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP, NS = G / 8;
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* (G, 4, 16, 4) */
+    const int8_t *qa = a->qa + m * K;                                 /* (K,) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
+    const int32_t *as = a->asum + m * G;
+    const int64_t pf = gemv_prefetch();                               /* groups */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();   /* rows 0..7, 8..15 */
+    if (KIND != GI_Q4_K) {
+        const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
+        const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
+            if (pf > 0) {
+                for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wd + (g + pf) * 16), _MM_HINT_T0);
+                if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm + (g + pf) * 16), _MM_HINT_T0);
+            }
+            __m256i s0, s1;
+            q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
+            __m256i i0 = _mm256_madd_epi16(s0, ones), i1 = _mm256_madd_epi16(s1, ones);
+            if (KIND == GI_Q4_0) {
+                const __m256i corr = _mm256_set1_epi32(8 * as[g]);
+                i0 = _mm256_sub_epi32(i0, corr);
+                i1 = _mm256_sub_epi32(i1, corr);
+            }
+            /* the contract's fold, as qtile's */
+            const __m256 dag = _mm256_set1_ps(da[g]);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16))), dag), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + 8))), dag), acc1);
+            if (KIND == GI_Q4_1) {
+                const __m256 sag = _mm256_set1_ps(sa[g]);
+                acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16))), sag, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + 8))), sag, acc1);
+            }
+        }
+    } else {
+        const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
+        const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
+        const int64_t pfs = (pf + 7) / 8;                             /* super-blocks */
+        const __m256i nib = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
+        const __m256 neg = _mm256_set1_ps(-0.0f);
+        uint8_t scm[2][8][16] __attribute__((aligned(32)));           /* [scale, min][sub-block][row] */
+        for (int64_t sb = 0; sb < NS; sb++) {
+            const uint8_t *kp = wk + sb * 192;
+            const uint16_t *kd = wd + sb * 32;
+            if (pf > 0) {
+                for (int c = 0; c < 3; c++) _mm_prefetch((const char *)(kp + pfs * 192 + c * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(kd + pfs * 32), _MM_HINT_T0);
+            }
+            /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
+               sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
+               4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3 (4..7) are the top
+               2 bits of sub-blocks 4..7's scales (mins).  Each ymm holds two lines. */
+            const __m256i l01 = _mm256_loadu_si256((const __m256i *)kp), l23 = _mm256_loadu_si256((const __m256i *)(kp + 32));
+            const __m256i l45 = _mm256_loadu_si256((const __m256i *)(kp + 64)), l67 = _mm256_loadu_si256((const __m256i *)(kp + 96));
+            const __m256i l89 = _mm256_loadu_si256((const __m256i *)(kp + 128)), lab = _mm256_loadu_si256((const __m256i *)(kp + 160));
+            _mm256_store_si256((__m256i *)scm[0][0], _mm256_and_si256(l01, m6));
+            _mm256_store_si256((__m256i *)scm[0][2], _mm256_and_si256(l23, m6));
+            _mm256_store_si256((__m256i *)scm[1][0], _mm256_and_si256(l45, m6));
+            _mm256_store_si256((__m256i *)scm[1][2], _mm256_and_si256(l67, m6));
+            _mm256_store_si256((__m256i *)scm[0][4], _mm256_or_si256(_mm256_and_si256(l89, nib),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(l01, 2), m30)));
+            _mm256_store_si256((__m256i *)scm[0][6], _mm256_or_si256(_mm256_and_si256(lab, nib),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(l23, 2), m30)));
+            _mm256_store_si256((__m256i *)scm[1][4], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l89, 4), nib),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(l45, 2), m30)));
+            _mm256_store_si256((__m256i *)scm[1][6], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lab, 4), nib),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(l67, 2), m30)));
+            __asm__("" ::: "memory");  /* the groups load scm back (held in registers, it spills) */
+            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kd));
+            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 8)));
+            const __m256 n0 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16))), neg);
+            const __m256 n1 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 24))), neg);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const int64_t g = sb * 8 + j;
+                const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
+                if (pf > 0)
+                    for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+                __m256i s0, s1;
+                q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
+#define SCM(t, h) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm[t][j] + 8 * (h)))))
+                const __m256 ds0 = _mm256_mul_ps(d0, SCM(0, 0)), ds1 = _mm256_mul_ps(d1, SCM(0, 1));
+                const __m256 dm0 = _mm256_mul_ps(n0, SCM(1, 0)), dm1 = _mm256_mul_ps(n1, SCM(1, 1));
+#undef SCM
+                const __m256 dag = _mm256_set1_ps(da[g]), sag = _mm256_set1_ps(sa[g]);
+                /* the contract's fold, as qtile's */
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s0, ones)), _mm256_mul_ps(ds0, dag), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s1, ones)), _mm256_mul_ps(ds1, dag), acc1);
+                acc0 = _mm256_fmadd_ps(dm0, sag, acc0);
+                acc1 = _mm256_fmadd_ps(dm1, sag, acc1);
+            }
+        }
+    }
+    store_unit(w, out, ldo, m, rb * 16, acc0);
+    store_unit(w, out, ldo, m, rb * 16 + 8, acc1);
+}
+
+/* The ISA file's dedicated GEMVs: matmul_q runs qv_dedicated for these kinds */
+#define QV_DEDICATED(kind) ((kind) == GI_Q4_0 || (kind) == GI_Q4_1 || (kind) == GI_Q4_K)
+static void qv_q4_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_0, w, a, m, rb, o, ldo); }
+static void qv_q4_1(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_1, w, a, m, rb, o, ldo); }
+static void qv_q4_k(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_K, w, a, m, rb, o, ldo); }
+static void qv_dedicated(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    void (*f)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t) =
+        w->kind == GI_Q4_0 ? qv_q4_0 : w->kind == GI_Q4_1 ? qv_q4_1 : qv_q4_k;
+    for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
+}
+
+
 /* ============================================================================ float microkernel */
 
 /* 8 weights (one k, rows 8h..8h+7) of a float kind -> float32 */
@@ -510,10 +661,6 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
 #ifndef KB_GROUPS
 #define KB_GROUPS 64     /* AVX2 GEMM: groups per K block (panel 12 KB, unpacked row block 32 KB) */
 #endif
-/* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
-   keeps the accumulation order written (no reassociation into trees of temporaries, which
-   spill with 16 registers).  No instruction is emitted. */
-#define PIN(v) __asm__("" : "+x"(v))
 
 /* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q6_k:
    q6_negsums), da (mr,), sa (mr,) f32 */

@@ -312,6 +312,116 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 }
 
 
+/* ============================================================================ q4 GEMV (q4_0, q4_1, q4_k) */
+
+/* The decode GEMV of the 4-bit kinds: qtile's work for one row block and one activation row,
+   with the same bits, written for the stream (one pointer per operand, the integer dot in two
+   chains: ~20% more bytes per second than qtile's GEMV when the weight is in cache).  q4_k
+   unpacks a super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines
+   at once (three 512-bit loads, a few byte operations) into a small buffer and unrolls its 8
+   groups, so each group only converts its scales and mins; -(dmin*mn) is (-dmin)*mn (the
+   product is exact).  q4_k needs G % 8 == 0 (K a multiple of 256, as every q4_k weight). */
+
+/* Group lg (4 lines x 64 bytes) x qa of the group (ag): the exact int32 dot of 16 rows */
+GI_INLINE __m512i q4_dot16(const uint8_t *lg, const int8_t *ag) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512i il = _mm512_setzero_si512(), ih = _mm512_setzero_si512();   /* k < 16, k >= 16 */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i x = _mm512_loadu_si512(lg + c * 64);
+        il = _mm512_dpbusd_epi32(il, _mm512_and_si512(x, nib), _mm512_set1_epi32(load_i32(ag + c * 4)));
+        ih = _mm512_dpbusd_epi32(ih, _mm512_and_si512(_mm512_srli_epi16(x, 4), nib),
+                                 _mm512_set1_epi32(load_i32(ag + 16 + c * 4)));
+    }
+    return _mm512_add_epi32(il, ih);
+}
+
+GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                     float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP, NS = G / 8;
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* (G, 4, 16, 4) */
+    const int8_t *qa = a->qa + m * K;                                 /* (K,) */
+    const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
+    const int32_t *as = a->asum + m * G;
+    const int64_t pf = gemv_prefetch();                               /* groups */
+    __m512 acc = _mm512_setzero_ps();
+    if (KIND != GI_Q4_K) {
+        const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
+        const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
+            if (pf > 0) {
+                for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wd + (g + pf) * 16), _MM_HINT_T0);
+                if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm + (g + pf) * 16), _MM_HINT_T0);
+            }
+            __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
+            if (KIND == GI_Q4_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * as[g]));
+            /* the contract's fold, as qtile's */
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + g * 16)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(da[g])), acc);
+            if (KIND == GI_Q4_1)
+                acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + g * 16))),
+                                      _mm512_set1_ps(sa[g]), acc);
+        }
+    } else {
+        const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
+        const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
+        const int64_t pfs = (pf + 7) / 8;                             /* super-blocks */
+        const __m512i nib = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+        uint8_t scm[2][8][16] __attribute__((aligned(64)));           /* [scale, min][sub-block][row] */
+        for (int64_t sb = 0; sb < NS; sb++) {
+            const uint8_t *kp = wk + sb * 192;
+            const uint16_t *kd = wd + sb * 32;
+            if (pf > 0) {
+                for (int c = 0; c < 3; c++) _mm_prefetch((const char *)(kp + pfs * 192 + c * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(kd + pfs * 32), _MM_HINT_T0);
+            }
+            /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
+               sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
+               4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3 (4..7) are the top
+               2 bits of sub-blocks 4..7's scales (mins).  Each zmm holds four lines.
+               (ternary logic 0xF8: A | (B & C)) */
+            const __m512i l0 = _mm512_loadu_si512(kp), l4 = _mm512_loadu_si512(kp + 64), l8 = _mm512_loadu_si512(kp + 128);
+            _mm512_store_si512(scm[0][0], _mm512_and_si512(l0, m6));
+            _mm512_store_si512(scm[1][0], _mm512_and_si512(l4, m6));
+            _mm512_store_si512(scm[0][4], _mm512_ternarylogic_epi32(_mm512_and_si512(l8, nib), _mm512_srli_epi16(l0, 2), m30, 0xF8));
+            _mm512_store_si512(scm[1][4], _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l8, 4), nib),
+                                                                    _mm512_srli_epi16(l4, 2), m30, 0xF8));
+            __asm__("" ::: "memory");  /* the groups load scm back rather than hold it in registers */
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd));
+            const __m512 nd = _mm512_castsi512_ps(_mm512_xor_si512(   /* -dmin */
+                _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + 16)))), _mm512_set1_epi32((int)0x80000000u)));
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const int64_t g = sb * 8 + j;
+                const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
+                if (pf > 0)
+                    for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+                const __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
+                const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[0][j]))));
+                const __m512 dm = _mm512_mul_ps(nd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[1][j]))));
+                /* the contract's fold, as qtile's */
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(ds, _mm512_set1_ps(da[g])), acc);
+                acc = _mm512_fmadd_ps(dm, _mm512_set1_ps(sa[g]), acc);
+            }
+        }
+    }
+    store_unit(w, out, ldo, m, rb * 16, acc);
+}
+
+/* The ISA file's dedicated GEMVs: matmul_q runs qv_dedicated for these kinds */
+#define QV_DEDICATED(kind) ((kind) == GI_Q4_0 || (kind) == GI_Q4_1 || (kind) == GI_Q4_K)
+static void qv_q4_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_0, w, a, m, rb, o, ldo); }
+static void qv_q4_1(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_1, w, a, m, rb, o, ldo); }
+static void qv_q4_k(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_K, w, a, m, rb, o, ldo); }
+static void qv_dedicated(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
+    void (*f)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t) =
+        w->kind == GI_Q4_0 ? qv_q4_0 : w->kind == GI_Q4_1 ? qv_q4_1 : qv_q4_k;
+    for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
+}
+
+
 /* q6_k GEMM: the low-half sums of activation rows [m0, m1) into scratch, pointed to by w->q6lo
    (left NULL without scratch: the tiles then compute them) */
 static void q6_lowsums(const gi_qact *a, int64_t K, int64_t m0, int64_t m1, gi_weight *w) {
