@@ -259,14 +259,26 @@ def make_x(rng, M, n_in, scale=1.0):
     return x
 
 
+@contextlib.contextmanager
+def shares_per_thread(n):
+    old = K._set_shares_per_thread(n)
+    try:
+        yield
+    finally:
+        K._set_shares_per_thread(old)
+
+
 def run_all(x, w):
-    """matmul on every variant and thread count -> {(variant, nthreads): out}."""
+    """matmul on every variant, thread count and GEMM tiles per thread (one share each, or
+    several claimed as the threads go) -> {(variant, nthreads, tiles per thread): out}."""
     res = {}
     for v in VARIANTS:
         with variant(v):
             xin = K.quantize_act(x) if w.kind in INT_KINDS else x
             for nt in THREADS:
-                res[(v, nt)] = K.matmul(xin, w, nthreads=nt)
+                for spt in (1, 4) if nt > 1 else (1,):
+                    with shares_per_thread(spt):
+                        res[(v, nt, spt)] = K.matmul(xin, w, nthreads=nt)
     return res
 
 
@@ -762,25 +774,25 @@ def qact_rows(b: QAct, r0, r1) -> QAct:
 
 @pytest.mark.parametrize("name, amx", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("nt", [1, 2])
-def test_bind_quantize_act_and_matmul(name, amx, kind, nt):
+@pytest.mark.parametrize("nt, spt", [(1, 4), (2, 1), (2, 3)])
+def test_bind_quantize_act_and_matmul(name, amx, kind, nt, spt):
     """Bound into rows [3, 3 + M) of larger buffers, run by a Graph: the contract's bits,
     nothing outside those rows written; replayed after new inputs are written in place: the
-    new product."""
+    new product.  A GEMM has spt shares per thread (one thread: one share)."""
     rng = np.random.default_rng(len(kind) * 10 + nt)
     M, n_out, Kd = 37, 50, kdim(kind, 192)  # M >= 16: the AMX GEMM's size
     w = make_weight(rng, kind, n_out, Kd)
     xbuf = np.full((M + 6, Kd), np.nan, np.float32)
     out = np.full((M + 6, n_out), np.nan, np.float32)
     x, y = xbuf[3 : 3 + M], out[3 : 3 + M]
-    with mode(name, amx):
+    with mode(name, amx), shares_per_thread(spt):
         if kind in INT_KINDS:
             qbuf = qact_buffer(M + 6, Kd)
             q = qact_rows(qbuf, 3, 3 + M)
             ops = [K.bind_quantize_act(x, q, nthreads=nt), K.bind_matmul(q, w, y, nthreads=nt)]
         else:
             ops = [K.bind_matmul(x, w, y, nthreads=nt)]
-        assert ops[-1].nshares == nt
+        assert ops[-1].nshares == (nt * spt if nt > 1 else 1)
         g = GRAPH.Graph(ops, nt)
         for step in range(2):
             x[...] = make_x(rng, M, Kd)

@@ -1,6 +1,6 @@
 # cython: language_level=3
 """C API of the graph executor (src/graph.h) and the Op record every bind_* function fills."""
-from cython.parallel cimport prange
+from cython.parallel cimport prange, threadid
 from libc.stdint cimport int64_t
 
 cdef extern from "graph.h" nogil:
@@ -35,6 +35,20 @@ cdef inline void run_shares(share_fn fn, const void *args, int64_t n) noexcept:
         elif n > 1:
             for t in prange(n, num_threads=n, schedule='static'):
                 fn(args, t, <int>t)
+
+
+cdef inline void run_shares_dynamic(share_fn fn, const void *args, int64_t n, int nthreads) noexcept:
+    """Shares 0 .. n-1 of a record on up to nthreads OpenMP threads, each taking the next share
+    as it finishes one (a thread slowed by the machine takes fewer): inline when one thread."""
+    cdef int64_t t
+    cdef int nt = <int>(n if n < nthreads else nthreads)
+    with nogil:
+        if nt <= 1:
+            for t in range(n):
+                fn(args, t, 0)
+        else:
+            for t in prange(n, num_threads=nt, schedule='dynamic', chunksize=1):
+                fn(args, t, <int>threadid())
 
 
 cdef inline Op bound(str name, tuple refs, share_fn fn, size_t size, void **rec):

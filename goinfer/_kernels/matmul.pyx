@@ -13,7 +13,7 @@ from libc.stdlib cimport free, malloc
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
                                       swap_grain)
 from goinfer._kernels.dispatch cimport table_variant, variant_table
-from goinfer._kernels.graph cimport Op, run_shares, share_fn
+from goinfer._kernels.graph cimport Op, run_shares, run_shares_dynamic, share_fn
 
 import numpy as np
 
@@ -40,6 +40,18 @@ _QS_TYPE = {
 # OpenMP fork/join (~1-2 us with idle cores) eats the gain.  Estimate for one core: weight
 # bytes at ~12 GB/s (DRAM stream, GEMV) plus multiply-adds at ~150 per ns (VNNI GEMM).
 cdef int64_t MIN_NS_PER_THREAD = 2000
+
+
+# A GEMM (M > 1) is cut into up to SHARES_PER_THREAD tiles per thread, which the threads claim
+# as they go: a thread the machine slows (a busy neighbour, a slower core) takes fewer, rather
+# than the others waiting for its one equal share.  (Every output element is still computed by
+# one tile: the bits do not depend on it.)  The GEMV keeps one share per thread.
+cdef int64_t SHARES_PER_THREAD = 4
+
+
+def _set_shares_per_thread(v):
+    """Tests, benchmarks: GEMM tiles per thread (1: one equal share each); returns the old value."""
+    return swap_grain(&SHARES_PER_THREAD, v)
 
 
 def _set_min_ns_per_thread(v):
@@ -259,8 +271,8 @@ def _threads_used(w, int64_t M, nthreads):
     _weight(w, &cw)
     cdef const gi_matmul_ops *ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
-    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
-                        check_threads(nthreads))
+    cdef int nt = check_threads(nthreads)
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f, nt)
     return p.n_rt * p.n_mt
 
 
@@ -482,7 +494,8 @@ cdef object _mm_prepare(mm_args *r, object x_or_qact, object w, object out, int 
     out = _output(out, M, &r.w, r.x, &r.out)
     r.ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&r.w) // 12 + M * r.w.n_rb * GI_ROWS * r.w.n_in // 150
-    r.p = _plan(M, r.w.n_rb, est_ns, r.ops.mr_q if r.is_int else r.ops.mr_f, nt)
+    cdef int spt = <int>SHARES_PER_THREAD if M > 1 and nt > 1 else 1
+    r.p = _plan(M, r.w.n_rb, est_ns, r.ops.mr_q if r.is_int else r.ops.mr_f, nt * spt)
     return out
 
 
@@ -540,7 +553,7 @@ def matmul(x_or_qact, w, out=None, *, nthreads=1):
     cdef int nt = check_threads(nthreads)
     cdef mm_args r
     out = _mm_prepare(&r, x_or_qact, w, out, nt)
-    run_shares(_mm_share, &r, r.p.n_rt * r.p.n_mt)
+    run_shares_dynamic(_mm_share, &r, r.p.n_rt * r.p.n_mt, nt)
     return out
 
 
