@@ -271,8 +271,8 @@ def _threads_used(w, int64_t M, nthreads):
     _weight(w, &cw)
     cdef const gi_matmul_ops *ops = _ops()
     cdef int64_t est_ns = _weight_bytes(&cw) // 12 + M * cw.n_rb * GI_ROWS * cw.n_in // 150
-    cdef int nt = check_threads(nthreads)
-    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f, nt)
+    cdef plan p = _plan(M, cw.n_rb, est_ns, ops.mr_q if cw.kind < GI_F32 else ops.mr_f,
+                        check_threads(nthreads))
     return p.n_rt * p.n_mt
 
 

@@ -1,6 +1,7 @@
 /* Matrix-multiply kernels, AVX2 + FMA + F16C (the avx2 variant): activation quantization, the
- * int / float microkernels qtile and ftile, which matmul_impl.c instantiates and tiles, and the
- * int GEMM of prefill (qgemm2 driven by gemm2, blocked for the caches).
+ * int / float microkernels qtile and ftile, which matmul_impl.c instantiates and tiles, the
+ * decode GEMV of the 4-bit kinds (qv_q4) and the int GEMM of prefill (qgemm2 driven by gemm2,
+ * blocked for the caches).
  * Included by matmul_impl.c only (see matmul_impl.h for the contracts and the helpers).
  */
 #if !defined(GI_MATMUL_IMPL_H) || !defined(GI_VARIANT_AVX2)
@@ -448,12 +449,13 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 /* ============================================================================ q4 GEMV (q4_0, q4_1, q4_k) */
 
 /* The decode GEMV of the 4-bit kinds: qtile's work for one row block and one activation row,
-   with the same bits, written for the stream (one pointer per operand, no spills: ~30% more
-   bytes per second than qtile's GEMV when the weight is in cache).  q4_k unpacks a
-   super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines at once (a
-   few 256-bit byte operations) into a small buffer and unrolls its 8 groups, so each group only
-   converts its scales and mins; -(dmin*mn) is (-dmin)*mn (the product is exact).  q4_k needs
-   G % 8 == 0 (K a multiple of 256, as every q4_k weight). */
+   with the same bits, written for the stream (one pointer per operand, no spills: q4_k reads
+   1.1-1.3x the bytes per second of qtile's GEMV when the weight is in cache on a Zen 4, q4_0
+   and q4_1 alike).  q4_k unpacks a super-block's 16 rows x 8 sub-blocks of 6-bit scales and
+   mins from their 12 lines at once (a few 256-bit byte operations) into a small buffer and
+   unrolls its 8 groups, so each group only converts its scales and mins; -(dmin*mn) is
+   (-dmin)*mn (the product is exact).  q4_k needs G % 8 == 0 (K a multiple of 256, as every
+   q4_k weight). */
 
 /* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
    8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap) */
@@ -578,16 +580,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     store_unit(w, out, ldo, m, rb * 16 + 8, acc1);
 }
 
-/* The ISA file's dedicated GEMVs: matmul_q runs qv_dedicated for these kinds */
-#define QV_DEDICATED(kind) ((kind) == GI_Q4_0 || (kind) == GI_Q4_1 || (kind) == GI_Q4_K)
-static void qv_q4_0(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_0, w, a, m, rb, o, ldo); }
-static void qv_q4_1(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_1, w, a, m, rb, o, ldo); }
-static void qv_q4_k(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, float *o, int64_t ldo) { qv_q4(GI_Q4_K, w, a, m, rb, o, ldo); }
-static void qv_dedicated(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1, float *out, int64_t ldo) {
-    void (*f)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t) =
-        w->kind == GI_Q4_0 ? qv_q4_0 : w->kind == GI_Q4_1 ? qv_q4_1 : qv_q4_k;
-    for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
-}
+#define QV_Q4 1   /* matmul_impl.c runs qv_q4 as the GEMV of q4_0, q4_1 and q4_k */
 
 
 /* ============================================================================ float microkernel */

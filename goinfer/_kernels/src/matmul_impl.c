@@ -28,6 +28,20 @@
 
 #if !defined(GI_VARIANT_PORTABLE)
 
+#if defined(QV_Q4)
+/* The ISA file's GEMV of the 4-bit kinds (qv_q4, one row block per call), instantiated per kind */
+#define QV_DEDICATED(kind) ((kind) == GI_Q4_0 || (kind) == GI_Q4_1 || (kind) == GI_Q4_K)
+typedef void (*qv_rb_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
+#define QV4_DEF(K) static void qv4_##K(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
+    float *o, int64_t ldo) { qv_q4(K, w, a, m, rb, o, ldo); }
+QV4_DEF(GI_Q4_0) QV4_DEF(GI_Q4_1) QV4_DEF(GI_Q4_K)
+static void qv_dedicated(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1,
+                         float *out, int64_t ldo) {
+    const qv_rb_fn f = w->kind == GI_Q4_0 ? qv4_GI_Q4_0 : w->kind == GI_Q4_1 ? qv4_GI_Q4_1 : qv4_GI_Q4_K;
+    for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
+}
+#endif
+
 typedef void (*qtile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
 typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, float *, int64_t);
 

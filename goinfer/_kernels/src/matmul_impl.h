@@ -216,7 +216,9 @@ GI_INLINE void q6_scales16(const int8_t *p, __m512 *s0, __m512 *s1) {
  *   qtile(KIND, RB, MR, w, a, m, u, out, ldo)   int kinds, ftile(...) float kinds
  * and their sizes: UNIT (output rows per unit), QV_RB / FV_RB (units per GEMV call), QG_RB x
  * QG_MR / FG_RB x FG_MR (units x activation rows per GEMM call), optionally QG_MR_Q6K (q6_k's
- * GEMM rows, <= QG_MR).  Every SIMD file has microkernels for every int kind.
+ * GEMM rows, <= QG_MR).  Every SIMD file has microkernels for every int kind.  It may also
+ * define QV_Q4 and qv_q4(KIND, w, a, m, rb, out, ldo): its own GEMV of q4_0, q4_1 and q4_k
+ * (one row block, one activation row, the same bits), which matmul_q runs instead of qtile's.
  *
  * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
  * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8
