@@ -260,12 +260,17 @@ def make_x(rng, M, n_in, scale=1.0):
 
 
 @contextlib.contextmanager
-def shares_per_thread(n):
-    old = K._set_shares_per_thread(n)
+def swapped(setter, value):
+    """setter(value) for the block, then setter(what it returned): a kernel setting swapped."""
+    old = setter(value)
     try:
         yield
     finally:
-        K._set_shares_per_thread(old)
+        setter(old)
+
+
+def shares_per_thread(n):
+    return swapped(K._set_shares_per_thread, n)
 
 
 def run_all(x, w):
@@ -445,13 +450,8 @@ def test_matmul_int_k_blocks(kind, M):
     check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, 277, Kd, raw=True), check_rows=True)
 
 
-@contextlib.contextmanager
 def gemv_prefetch(groups):
-    old = _config.set_gemv_prefetch(groups)
-    try:
-        yield
-    finally:
-        _config.set_gemv_prefetch(old)
+    return swapped(_config.set_gemv_prefetch, groups)
 
 
 @pytest.mark.parametrize("kind", INT_KINDS)
