@@ -29,14 +29,14 @@
 #if !defined(GI_VARIANT_PORTABLE)
 
 #if defined(QV_Q4)
-/* The ISA file's GEMV of the 4-bit kinds (qv_q4, one row block per call), instantiated per kind */
-#define QV_DEDICATED(kind) ((kind) == GI_Q4_0 || (kind) == GI_Q4_1 || (kind) == GI_Q4_K)
+/* The ISA file's GEMV of the 4-bit kinds (qv_q4, one row block per call), instantiated per kind;
+   qtile serves the GEMV of the other kinds (qv_tab) */
 typedef void (*qv_rb_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
 #define QV4_DEF(K) static void qv4_##K(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
     float *o, int64_t ldo) { qv_q4(K, w, a, m, rb, o, ldo); }
 QV4_DEF(GI_Q4_0) QV4_DEF(GI_Q4_1) QV4_DEF(GI_Q4_K)
-static void qv_dedicated(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1,
-                         float *out, int64_t ldo) {
+static void qv_q4_rows(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1,
+                       float *out, int64_t ldo) {
     const qv_rb_fn f = w->kind == GI_Q4_0 ? qv4_GI_Q4_0 : w->kind == GI_Q4_1 ? qv4_GI_Q4_1 : qv4_GI_Q4_K;
     for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
 }
@@ -61,11 +61,18 @@ typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, flo
 
 /* kinds 0..8 = q4_0, q4_1, q8_0, mxfp4, q6_k, q4_k, q5_k, q5_0, q5_1; 9..11 = f32, f16, bf16
    (matmul.h) */
-_Static_assert(GI_Q6_K == 4 && GI_Q5_K == 6 && GI_Q5_1 == 8 && GI_F32 == 9 && GI_BF16 == 11,
+_Static_assert(GI_Q6_K == 4 && GI_Q4_K == 5 && GI_Q5_K == 6 && GI_Q5_1 == 8 && GI_F32 == 9 && GI_BF16 == 11,
                "the instantiation lists below assume the kind numbers of matmul.h");
 #define N_QKINDS 9
-SEQ(QV_RB)(QV_DEF, 0, 1) SEQ(QV_RB)(QV_DEF, 1, 1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
-SEQ(QV_RB)(QV_DEF, 4, 1) SEQ(QV_RB)(QV_DEF, 5, 1) SEQ(QV_RB)(QV_DEF, 6, 1) SEQ(QV_RB)(QV_DEF, 7, 1)
+#if defined(QV_Q4)  /* q4_0, q4_1, q4_k (kinds 0, 1, 5): qv_q4, no qtile GEMV */
+#define QV_Q4DEF(K)
+#define QV_Q4ROW(K) {0},
+#else
+#define QV_Q4DEF(K) SEQ(QV_RB)(QV_DEF, K, 1)
+#define QV_Q4ROW(K) {SEQ(QV_RB)(QV_PTR, K, 1)},
+#endif
+QV_Q4DEF(0) QV_Q4DEF(1) SEQ(QV_RB)(QV_DEF, 2, 1) SEQ(QV_RB)(QV_DEF, 3, 1)
+SEQ(QV_RB)(QV_DEF, 4, 1) QV_Q4DEF(5) SEQ(QV_RB)(QV_DEF, 6, 1) SEQ(QV_RB)(QV_DEF, 7, 1)
 SEQ(QV_RB)(QV_DEF, 8, 1)
 /* the GEMM tiles of kind K: RB = 1 (and 2 when QG_RB == 2), MR = 1..QG_MR */
 #if QG_RB == 1
@@ -93,8 +100,8 @@ SEQ(FG_MR)(FG_DEF, 9, 2) SEQ(FG_MR)(FG_DEF, 10, 2) SEQ(FG_MR)(FG_DEF, 11, 2)
 #endif
 
 static const qtile_fn qv_tab[N_QKINDS][QV_RB] = {
-    {SEQ(QV_RB)(QV_PTR, 0, 1)}, {SEQ(QV_RB)(QV_PTR, 1, 1)}, {SEQ(QV_RB)(QV_PTR, 2, 1)},
-    {SEQ(QV_RB)(QV_PTR, 3, 1)}, {SEQ(QV_RB)(QV_PTR, 4, 1)}, {SEQ(QV_RB)(QV_PTR, 5, 1)},
+    QV_Q4ROW(0) QV_Q4ROW(1) {SEQ(QV_RB)(QV_PTR, 2, 1)},
+    {SEQ(QV_RB)(QV_PTR, 3, 1)}, {SEQ(QV_RB)(QV_PTR, 4, 1)}, QV_Q4ROW(5)
     {SEQ(QV_RB)(QV_PTR, 6, 1)}, {SEQ(QV_RB)(QV_PTR, 7, 1)}, {SEQ(QV_RB)(QV_PTR, 8, 1)},
 };
 static const qtile_fn qg_tab[N_QKINDS][QG_RB][QG_MR] = {
@@ -159,9 +166,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
            stream, which the hardware prefetchers follow best: on a Zen 4 this decoded 15-30%
            faster than two (avx2) or four (avx512) row blocks per call, as many streams 16 KB
            or more apart (the 1B Q4_0 shape alike on avx512). */
-#if defined(QV_DEDICATED)
-        if (QV_DEDICATED(kind)) {  /* the ISA file's own GEMV of this kind */
-            qv_dedicated(w, a, m0, rb0, rb1, out, ldo);
+#if defined(QV_Q4)
+        if (kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q4_K) {  /* the ISA file's own GEMV */
+            qv_q4_rows(w, a, m0, rb0, rb1, out, ldo);
             return;
         }
 #endif
