@@ -38,6 +38,8 @@ SECTIONS = [
     "AMX prefill GEMM",
     "Q6_K in Q4_K_M files",
     "AVX2 prefill GEMM",
+    "Decode GEMV of the 4-bit kinds",
+    "Prefill tiles per thread",
     "Mixture of Experts",
     "Constrained decoding",
     "OpenMP wait policy",
