@@ -120,14 +120,20 @@ typedef struct {
     double *qd;                      /* (R, hd) queries in double */
     double *o;                       /* (R, hd) AV accumulators */
     double *sc;                      /* (R, ss) scores, then weights */
+    float *kf;                       /* multi-pass items: a K group in float32 */
+    double *vd;                      /* and a V chunk in double */
     double sink[GI_ATTN_RMAX];       /* row's sink logit (-inf: none) */
     double esink[GI_ATTN_RMAX];      /* its weight trunc29(exp(sink - mx)), added to l */
 } item_ctx;
 
 /* ============================================================================ QK */
 
+/* V rows already converted to double (v_convert): read as they are */
+#define GI_KV_F64 (-1)
+
 /* One key vector (VD_N keys of one block, from key offset off) of row d of a K head-block kb
- * (kv_types.h layout) in double; sc: its q8_0 scales for the current 32-row group. */
+ * (kv_types.h layout, row stride bs) in double; sc: its q8_0 scales for the current 32-row
+ * group. */
 GI_INLINE vd k_load(const int DT, const int FULL, const char *kb, int64_t bs, int64_t d,
                     int64_t off, int n, vd sc) {
     if (DT == GI_KV_F32) {
@@ -151,8 +157,8 @@ GI_INLINE vd k_load(const int DT, const int FULL, const char *kb, int64_t bs, in
  * are scattered). */
 GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT,
                         const gi_attn_args *a, const double *qd, const char *const *kb,
-                        const int64_t *ko, const int *kn, const char *const *pf, int64_t pfs,
-                        double *const *sp, int64_t r0, int64_t ss) {
+                        int64_t kbs, const int64_t *ko, const int *kn, const char *const *pf,
+                        int64_t pfs, double *const *sp, int64_t r0, int64_t ss) {
     const int64_t hd = a->hd, bs = a->bs;
     vd acc[GI_ATTN_RMAX][GI_MAXV], sc[GI_MAXV];
     const int pstep = DT == GI_KV_F32 ? GI_PF_STEP : DT == GI_KV_F16 ? 2 * GI_PF_STEP
@@ -174,7 +180,7 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT
         for (int v = 0; v < NV; v += pstep) GI_PREFETCH(pf[v] + d * pfs);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
-            vd kv = k_load(DT, FULL, kb[v], bs, d, ko[v], kn[v], sc[v]);
+            vd kv = k_load(DT, FULL, kb[v], kbs, d, ko[v], kn[v], sc[v]);
 #pragma GCC unroll 16
             for (int r = 0; r < RB; r++)
                 acc[r][v] = vd_fma_exact(vd_set1(qd[r * hd + d]), kv, acc[r][v]);
@@ -226,20 +232,69 @@ GI_INLINE int qk_fill(const int NV, const int DT, const gi_attn_args *a, const i
     return nv;
 }
 
+/* VD_N stored values -> float32 at dst (exact: every stored value has at most 19 significant
+ * bits; lanes past n are 0): f16 by one F16C convert, q8_0 through k_load */
+GI_INLINE void k_store_f32(const int DT, const int FULL, const char *kb, int64_t bs, int64_t d,
+                           int64_t off, int n, vd sc, float *dst) {
+#if defined(GI_VARIANT_AVX2)
+    if (DT == GI_KV_F16 && FULL) {
+        const uint16_t *p = (const uint16_t *)kb + d * bs + off;
+        _mm_storeu_ps(dst, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)));
+        return;
+    }
+#endif
+    vd_storeps(dst, k_load(DT, FULL, kb, bs, d, off, n, sc));
+}
+
+/* the group's NV key vectors in float32, once for all passes: kf (hd, NV, VD_N) */
+GI_INLINE void k_convert(const int NV, const int FULL, const int DT, const gi_attn_args *a,
+                         const char *const *kb, const int64_t *ko, const int *kn, float *kf) {
+    const int64_t hd = a->hd, bs = a->bs;
+    vd sc[GI_MAXV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) sc[v] = vd_zero();
+    for (int64_t d = 0; d < hd; d++) {
+        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) {
+                const uint16_t *s16 = (const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs;
+                sc[v] = vd_load_scales(s16 + ko[v], FULL ? VD_N : kn[v]);
+            }
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            k_store_f32(DT, FULL, kb[v], bs, d, ko[v], kn[v], sc[v], kf + (d * NV + v) * VD_N);
+    }
+}
+
 /* the R rows' scores of one group of NV key vectors (FULL: all lanes valid), in passes of P
- * rows (the last: the rest) while the group's K lines are in L1 */
+ * rows (the last: the rest) while the group's K lines are in L1.  With more than one pass an
+ * f16 or q8_0 group is converted to float32 first (c->kf), once rather than per pass, and the
+ * passes read it as a float32 cache (the same values, so the same bits). */
 GI_INLINE void qk_passes(const int R, const int P, const int NV, const int FULL, const int DT,
                          const gi_attn_args *a, const item_ctx *c, const char *const *kb,
                          const int64_t *ko, const int *kn, const char *const *pf, int64_t pfs,
                          double *const *sp) {
     const int np = (R + P - 1) / P, PL = R - (np - 1) * P;
     const int nfull = PL == P ? np : np - 1;
+    if (np > 1 && DT != GI_KV_F32) {
+        const char *kc[GI_MAXV];
+        const int64_t zo[GI_MAXV] = {0};
+        k_convert(NV, FULL, DT, a, kb, ko, kn, c->kf);
+        for (int v = 0; v < NV; v++) kc[v] = (const char *)(c->kf + v * VD_N);
+        for (int p = 0; p < nfull; p++)
+            qk_group(P, NV, FULL, GI_KV_F32, a, c->qd + (int64_t)p * P * a->hd, kc, NV * VD_N,
+                     zo, kn, pf, pfs, sp, (int64_t)p * P, c->ss);
+        if (PL != P)
+            qk_group(PL, NV, FULL, GI_KV_F32, a, c->qd + (int64_t)(np - 1) * P * a->hd, kc,
+                     NV * VD_N, zo, kn, pf, pfs, sp, (int64_t)(np - 1) * P, c->ss);
+        return;
+    }
     for (int p = 0; p < nfull; p++)
-        qk_group(P, NV, FULL, DT, a, c->qd + (int64_t)p * P * a->hd, kb, ko, kn, pf, pfs, sp,
-                 (int64_t)p * P, c->ss);
+        qk_group(P, NV, FULL, DT, a, c->qd + (int64_t)p * P * a->hd, kb, a->bs, ko, kn, pf, pfs,
+                 sp, (int64_t)p * P, c->ss);
     if (PL != P)
-        qk_group(PL, NV, FULL, DT, a, c->qd + (int64_t)(np - 1) * P * a->hd, kb, ko, kn, pf, pfs,
-                 sp, (int64_t)(np - 1) * P, c->ss);
+        qk_group(PL, NV, FULL, DT, a, c->qd + (int64_t)(np - 1) * P * a->hd, kb, a->bs, ko, kn,
+                 pf, pfs, sp, (int64_t)(np - 1) * P, c->ss);
 }
 
 /* scores of all key vectors of blocks b0..b1, NV at a time, one group prefetched ahead */
@@ -325,7 +380,10 @@ static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink, dou
 /* DV vectors of d (from d0) of one V row (kv_types.h layout) in double */
 GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, int64_t d0,
                       vd *vv) {
-    if (DT == GI_KV_F32) {
+    if (DT == GI_KV_F64) { /* a converted chunk's row: its DV vectors from d0 */
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vv[v] = vd_load((const double *)row + v * VD_N);
+    } else if (DT == GI_KV_F32) {
 #pragma GCC unroll 8
         for (int v = 0; v < DV; v++) vv[v] = vd_loadps((const float *)row + d0 + v * VD_N);
     } else if (DT == GI_KV_F16) {
@@ -362,7 +420,7 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int D
     }
     for (int64_t j = j0; j <= j1; j++) {
         const char *vr = vb + (j - jb) * vrb;
-        if (FIRST && r0 == 0) /* the next block's row of this offset, all of it */
+        if (FIRST && r0 == 0 && vnext) /* the next block's row of this offset, all of it */
             for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
         vd vv[GI_MAXV];
         v_load(DV, DT, vr, hd, d0, vv);
@@ -380,13 +438,40 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int D
     }
 }
 
-/* av_block over the R rows in passes of P (the last: the rest) */
+/* keys [j0, j1] of one block, d-chunk [d0, d0 + DV*VD_N), in double: vd_ (j1 - j0 + 1, DV,
+ * VD_N); with FIRST the next block's rows are prefetched, as av_block's first pass does */
+GI_INLINE void v_convert(const int DV, const int FIRST, const int DT, const char *vb,
+                         const char *vnext, int64_t vrb, int64_t jb, int64_t j0, int64_t j1,
+                         int64_t hd, int64_t d0, double *vd_) {
+    for (int64_t j = j0; j <= j1; j++) {
+        if (FIRST)
+            for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
+        vd vv[GI_MAXV];
+        v_load(DV, DT, vb + (j - jb) * vrb, hd, d0, vv);
+#pragma GCC unroll 8
+        for (int v = 0; v < DV; v++) vd_store(vd_ + ((j - j0) * DV + v) * VD_N, vv[v]);
+    }
+}
+
+/* av_block over the R rows in passes of P (the last: the rest).  With more than one pass an
+ * f16 or q8_0 chunk is converted to double first (c->vd), once rather than per pass. */
 GI_INLINE void av_passes(const int R, const int P, const int DV, const int FIRST, const int DT,
                          const item_ctx *c, const char *vb, const char *vnext, int64_t vrb,
                          int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
                          int64_t clo, int64_t chi, double *l) {
     const int np = (R + P - 1) / P, PL = R - (np - 1) * P;
     const int nfull = PL == P ? np : np - 1;
+    if (np > 1 && DT != GI_KV_F32) {
+        const int64_t crb = (int64_t)DV * VD_N * (int64_t)sizeof(double);
+        v_convert(DV, FIRST, DT, vb, vnext, vrb, jb, j0, j1, hd, d0, c->vd);
+        for (int p = 0; p < nfull; p++)
+            av_block(P, DV, FIRST, GI_KV_F64, c, (int64_t)p * P, (const char *)c->vd, 0, crb,
+                     j0, j0, j1, hd, d0, clo, chi, l);
+        if (PL != P)
+            av_block(PL, DV, FIRST, GI_KV_F64, c, (int64_t)(np - 1) * P, (const char *)c->vd, 0,
+                     crb, j0, j0, j1, hd, d0, clo, chi, l);
+        return;
+    }
     for (int p = 0; p < nfull; p++)
         av_block(P, DV, FIRST, DT, c, (int64_t)p * P, vb, vnext, vrb, jb, j0, j1, hd, d0, clo,
                  chi, l);
@@ -505,6 +590,11 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
         maxss = ss > maxss ? ss : maxss;
     }
     a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
+#if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX /* kf, vd */
+    {
+        a->scratch_doubles += (a->hd * GI_MAXV * VD_N + 1) / 2 + a->bs * GI_MAXV * VD_N;
+    }
+#endif
     a->kchunks = 1; /* never split: one reduction order over all keys */
     a->shared_bytes = 0;
 }
@@ -547,10 +637,12 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
         c.hi[r] -= c.kbase;
     }
 
-    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss) */
+    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss) | vd (bs, 8 VD_N) | kf (hd, 8 VD_N) */
     c.qd = scratch;
     c.o = scratch + (int64_t)c.R * hd;
     c.sc = scratch + 2 * (int64_t)c.R * hd;
+    c.vd = c.sc + (int64_t)c.R * c.ss;
+    c.kf = (float *)(c.vd + a->bs * GI_MAXV * VD_N);
     for (int64_t ti = 0; ti < nt; ti++)
         for (int64_t hj = 0; hj < nhh; hj++) {
             const float *qr = a->q + ((t0 + ti) * a->H + c.kvh * G + h0 + hj) * hd;
