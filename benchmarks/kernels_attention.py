@@ -2,9 +2,10 @@
 
     PYTHONPATH=. python benchmarks/kernels_attention.py [--threads 1 2] [--variant NAME]
     PYTHONPATH=. python benchmarks/kernels_attention.py --fast [--lengths 512 1024 ...] \
-        [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256]
+        [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256] [--kv-dtypes f32 f16 q8_0]
     PYTHONPATH=. python benchmarks/kernels_attention.py --decode [--lengths 4096] \
-        [--threads 1 2] [--shapes 9x3x64x30 4x1x256x18] [--kv-dtypes f32 f16 q8_0]
+        [--threads 1 2] [--shapes 9x3x64x30 4x1x256x18] [--kv-dtypes f32 f16 q8_0] \
+        [--blocks-in-order]
     PYTHONPATH=. python benchmarks/kernels_attention.py --smoke   # all three tables, tiny (the test suite)
 
 --decode: one decode step's attention (T = 1) over every layer of a model's cache
@@ -38,11 +39,13 @@ from goinfer.kv_cache import kv_shapes
 H, N_KV, HD, BS = 9, 3, 64, 16
 
 
-def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD, dtype="f32"):
+def make_cache(n_tokens: int, rng, n_kv=N_KV, hd=HD, dtype="f32", in_order=False):
     nb = (n_tokens + BS - 1) // BS
     ks, vs, npdt = kv_shapes(dtype, nb + 4, n_kv, hd, BS)
     k_cache, v_cache = np.zeros(ks, npdt), np.zeros(vs, npdt)
-    block_table = rng.permutation(nb + 4)[:nb].astype(np.int32)  # non-contiguous ids
+    # non-contiguous block ids, or the blocks in order (a session's cache filled from empty)
+    ids = np.arange(nb + 4) if in_order else rng.permutation(nb + 4)
+    block_table = ids[:nb].astype(np.int32)
     k = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
     pos = np.arange(n_tokens)
@@ -74,13 +77,13 @@ def fast_vs_exact(args) -> list[dict]:
         f"median of {args.reps} alternating calls"
     )
     print(
-        f"{'shape':<10}{'n':>6}{'thr':>4}{'exact ms':>10}{'cpu':>9}{'GF/s':>7}"
+        f"{'shape':<10}{'dtype':>6}{'n':>6}{'thr':>4}{'exact ms':>10}{'cpu':>9}{'GF/s':>7}"
         f"{'fast ms':>10}{'cpu':>9}{'GF/s':>7}{'x wall':>8}{'x cpu':>7}"
     )
-    for shape in args.shapes:
+    for shape, dt in ((sh, dt) for sh in args.shapes for dt in args.kv_dtypes or ["f32"]):
         h, n_kv, hd = (int(v) for v in shape.split("x"))
         for n in args.lengths:
-            k_cache, v_cache, bt = make_cache(n, rng, n_kv, hd)
+            k_cache, v_cache, bt = make_cache(n, rng, n_kv, hd, dt)
             q = rng.standard_normal((n, h, hd)).astype(np.float32)
             q_pos = np.arange(n, dtype=np.int32)
             out = np.empty_like(q)
@@ -104,6 +107,7 @@ def fast_vs_exact(args) -> list[dict]:
                     {
                         "table": "prefill",
                         "shape": shape,
+                        "kv_dtype": dt,
                         "n": n,
                         "threads": nt,
                         "exact_ms": we * 1e3,
@@ -117,7 +121,7 @@ def fast_vs_exact(args) -> list[dict]:
                     }
                 )
                 print(
-                    f"{shape:<10}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
+                    f"{shape:<10}{dt:>6}{n:>6}{nt:>4}{we * 1e3:>10.1f}{ce * 1e3:>9.1f}"
                     f"{flops / we * 1e-9:>7.1f}{wf * 1e3:>10.1f}{cf * 1e3:>9.1f}"
                     f"{flops / wf * 1e-9:>7.1f}{we / wf:>8.2f}{ce / cf if cf > 0 else 0:>7.2f}",
                     flush=True,
@@ -140,8 +144,11 @@ def decode(args) -> list[dict]:
     for shape in args.shapes:
         h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
         for n in args.lengths:
-            for dt in args.kv_dtypes:
-                layers = [make_cache(n, rng, n_kv, hd, dt) for _ in range(n_layers)]
+            for dt in args.kv_dtypes or ["f32", "f16", "q8_0"]:
+                layers = [
+                    make_cache(n, rng, n_kv, hd, dt, args.blocks_in_order)
+                    for _ in range(n_layers)
+                ]
                 nbytes = (
                     n_layers * n * sum(c.nbytes / c.shape[0] / BS for c in layers[0][:2])
                 )  # K and V of n tokens
@@ -195,7 +202,17 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=["9x3x64", "8x2x128", "8x4x256"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--decode", action="store_true", help="decode attention over all layers")
-    ap.add_argument("--kv-dtypes", nargs="+", default=["f32", "f16", "q8_0"])
+    ap.add_argument(
+        "--kv-dtypes",
+        nargs="+",
+        default=None,
+        help="KV cache storage types (default: f32 for --fast, f32 f16 q8_0 for --decode)",
+    )
+    ap.add_argument(
+        "--blocks-in-order",
+        action="store_true",
+        help="--decode: block table 0, 1, 2, ... (default: a random permutation)",
+    )
     ap.add_argument(
         "--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)"
     )

@@ -196,7 +196,7 @@ def check_float_copy(res):
 def check_kernels_attention(res):
     kinds = [(r["table"], r.get("kv_dtype")) for r in res["rows"]]
     assert kinds == [
-        ("prefill", None),
+        ("prefill", "f32"),
         ("decode", "f32"),
         ("decode", "f16"),
         ("decode", "q8_0"),
