@@ -40,6 +40,7 @@ SECTIONS = [
     "AVX2 prefill GEMM",
     "Decode GEMV of the 4-bit kinds",
     "Prefill tiles per thread",
+    "Attention kernels",
     "Mixture of Experts",
     "Constrained decoding",
     "OpenMP wait policy",
