@@ -128,9 +128,6 @@ typedef struct {
 
 /* ============================================================================ QK */
 
-/* V rows already converted to double (v_convert): read as they are */
-#define GI_KV_F64 (-1)
-
 /* One key vector (VD_N keys of one block, from key offset off) of row d of a K head-block kb
  * (kv_types.h layout, row stride bs) in double; sc: its q8_0 scales for the current 32-row
  * group. */
@@ -377,6 +374,9 @@ static double softmax_row(double *srow, int64_t lo, int64_t hi, double sink, dou
         }                                                                              \
     } while (0)
 
+/* V rows already converted to double (v_convert): read as they are */
+#define GI_KV_F64 (-1)
+
 /* DV vectors of d (from d0) of one V row (kv_types.h layout) in double */
 GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, int64_t d0,
                       vd *vv) {
@@ -590,10 +590,8 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
         maxss = ss > maxss ? ss : maxss;
     }
     a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
-#if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX /* kf, vd */
-    {
-        a->scratch_doubles += (a->hd * GI_MAXV * VD_N + 1) / 2 + a->bs * GI_MAXV * VD_N;
-    }
+#if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX /* vd, kf of items run in passes */
+    a->scratch_doubles += a->bs * GI_MAXV * VD_N + (a->hd * GI_MAXV * VD_N + 1) / 2;
 #endif
     a->kchunks = 1; /* never split: one reduction order over all keys */
     a->shared_bytes = 0;
@@ -641,8 +639,13 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     c.qd = scratch;
     c.o = scratch + (int64_t)c.R * hd;
     c.sc = scratch + 2 * (int64_t)c.R * hd;
+#if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX
     c.vd = c.sc + (int64_t)c.R * c.ss;
     c.kf = (float *)(c.vd + a->bs * GI_MAXV * VD_N);
+#else
+    c.vd = 0; /* one pass: nothing converted */
+    c.kf = 0;
+#endif
     for (int64_t ti = 0; ti < nt; ti++)
         for (int64_t hj = 0; hj < nhh; hj++) {
             const float *qr = a->q + ((t0 + ti) * a->H + c.kvh * G + h0 + hj) * hd;
