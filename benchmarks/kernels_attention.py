@@ -146,8 +146,7 @@ def decode(args) -> list[dict]:
         for n in args.lengths:
             for dt in args.kv_dtypes or ["f32", "f16", "q8_0"]:
                 layers = [
-                    make_cache(n, rng, n_kv, hd, dt, args.blocks_in_order)
-                    for _ in range(n_layers)
+                    make_cache(n, rng, n_kv, hd, dt, args.blocks_in_order) for _ in range(n_layers)
                 ]
                 nbytes = (
                     n_layers * n * sum(c.nbytes / c.shape[0] / BS for c in layers[0][:2])
