@@ -145,6 +145,17 @@ GI_INLINE vd k_load(const int DT, const int FULL, const char *kb, int64_t bs, in
     return vd_mul(FULL ? vd_load_i8(p) : vd_load_i8_n(p, n), sc); /* s * q: exact */
 }
 
+/* sc[v]: the q8_0 scales of key vector v (head-block kb[v], offset ko[v], kn[v] valid lanes)
+ * for the 32-row group of row d */
+GI_INLINE void k_scales(const int NV, const int FULL, const char *const *kb, const int64_t *ko,
+                        const int *kn, int64_t hd, int64_t bs, int64_t d, vd *sc) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        const uint16_t *s16 = (const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs;
+        sc[v] = vd_load_scales(s16 + ko[v], FULL ? VD_N : kn[v]);
+    }
+}
+
 /* acc[r][v] = sum_d qd[r][d] * k[d][v-th key vector] for the RB rows r0.. of the item (qd:
  * its row r0); then scaled and stored at sp[v] + (r0 + r) * ss (softmax_row applies the soft
  * cap: its constants, live here, took registers the loop needs).  kb[v]: the
@@ -167,12 +178,7 @@ GI_INLINE void qk_group(const int RB, const int NV, const int FULL, const int DT
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) sc[v] = vd_zero();
     for (int64_t d = 0; d < hd; d++) {
-        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) {
-                const uint16_t *s16 = (const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs;
-                sc[v] = vd_load_scales(s16 + ko[v], FULL ? VD_N : kn[v]);
-            }
+        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0) k_scales(NV, FULL, kb, ko, kn, hd, bs, d, sc);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v += pstep) GI_PREFETCH(pf[v] + d * pfs);
 #pragma GCC unroll 8
@@ -251,12 +257,7 @@ GI_INLINE void k_convert(const int NV, const int FULL, const int DT, const gi_at
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) sc[v] = vd_zero();
     for (int64_t d = 0; d < hd; d++) {
-        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) {
-                const uint16_t *s16 = (const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs;
-                sc[v] = vd_load_scales(s16 + ko[v], FULL ? VD_N : kn[v]);
-            }
+        if (DT == GI_KV_Q8_0 && d % GI_KV_QB == 0) k_scales(NV, FULL, kb, ko, kn, hd, bs, d, sc);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             k_store_f32(DT, FULL, kb[v], bs, d, ko[v], kn[v], sc[v], kf + (d * NV + v) * VD_N);
