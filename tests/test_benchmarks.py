@@ -536,7 +536,8 @@ def test_smoke(name, tmp_path):
 
 
 def test_kernels_attention_decode_table():
-    """kernels_attention --decode gives one row per storage type and thread count."""
+    """kernels_attention --decode gives one row per storage type and thread count (block
+    table in order here; the smoke run covers the random one)."""
     import kernels_attention
 
     res = kernels_attention.main(
@@ -551,6 +552,7 @@ def test_kernels_attention_decode_table():
             "2",
             "--reps",
             "1",
+            "--blocks-in-order",
         ]
     )
     got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
