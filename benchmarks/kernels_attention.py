@@ -11,7 +11,9 @@
 --decode: one decode step's attention (T = 1) over every layer of a model's cache
 (HxKVxHDxLAYERS: SmolLM2-135M 9x3x64x30, Gemma 3 270M 4x1x256x18 without its sliding
 windows), as big as the real cache so it streams from memory, per storage type and kernel:
-median ms per step (alternating calls) and the GB/s of cache it reads.
+median ms per step (alternating calls) and the GB/s of cache it reads; "graph" is the fast
+kernel's layers bound into one graph and replayed, as a model's decode step runs them (no
+per-call thread start or allocation).
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -34,6 +36,8 @@ import numpy as np
 import regime
 
 from goinfer._kernels import _config, attention, attention_fast, kv_write
+from goinfer._kernels.attention import attention_scratch, bind_attention_fast
+from goinfer._kernels.graph import Graph
 from goinfer.kv_cache import kv_shapes
 
 H, N_KV, HD, BS = 9, 3, 64, 16
@@ -129,6 +133,36 @@ def fast_vs_exact(args) -> list[dict]:
     return rows
 
 
+def decode_graph(layers, q, q_pos, out, nt):
+    """the fast kernel over every layer as one bound Graph on nt threads (a decode step's
+    attention as a model replays it); one scratch serves every layer"""
+    hd = q.shape[2]
+    max_pos = int(q_pos[-1])
+    per = max(
+        attention_scratch(
+            q, kc, vc, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt, max_pos=max_pos, fast=True
+        )
+        for kc, vc, bt in layers
+    )
+    scratch = np.zeros((nt, per), np.float64)
+    ops = [
+        bind_attention_fast(
+            q,
+            kc,
+            vc,
+            bt,
+            q_pos,
+            1 / np.sqrt(hd),
+            out=out,
+            nthreads=nt,
+            scratch=scratch,
+            max_pos=max_pos,
+        )
+        for kc, vc, bt in layers
+    ]
+    return Graph(ops, nt)
+
+
 def decode(args) -> list[dict]:
     """one decode step's attention over every layer, per storage type and kernel"""
     rows = []
@@ -139,7 +173,7 @@ def decode(args) -> list[dict]:
     )
     print(
         f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
-        f"{'GB/s':>7}"
+        f"{'GB/s':>7}{'graph ms':>10}{'GB/s':>7}"
     )
     for shape in args.shapes:
         h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
@@ -155,10 +189,14 @@ def decode(args) -> list[dict]:
                 q_pos = np.array([n - 1], np.int32)
                 out = np.empty_like(q)
                 for nt in args.threads:
-                    res = {"exact": [], "fast": []}
+                    res = {"exact": [], "fast": [], "graph": []}
                     fns = {"exact": attention, "fast": attention_fast}
+                    graph = decode_graph(layers, q, q_pos, out, nt)
 
                     def step(name):
+                        if name == "graph":
+                            graph.run()
+                            return
                         for kc, vc, bt in layers:
                             fns[name](q, kc, vc, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt)
 
@@ -169,7 +207,7 @@ def decode(args) -> list[dict]:
                             t0 = time.perf_counter()
                             step(name)
                             res[name].append(time.perf_counter() - t0)
-                    we, wf = (float(np.median(res[k])) for k in ("exact", "fast"))
+                    we, wf, wg = (float(np.median(res[k])) for k in ("exact", "fast", "graph"))
                     rows.append(
                         {
                             "table": "decode",
@@ -181,11 +219,14 @@ def decode(args) -> list[dict]:
                             "exact_GBs": nbytes / we * 1e-9,
                             "fast_ms": wf * 1e3,
                             "fast_GBs": nbytes / wf * 1e-9,
+                            "graph_ms": wg * 1e3,
+                            "graph_GBs": nbytes / wg * 1e-9,
                         }
                     )
                     print(
                         f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
-                        f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}",
+                        f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}"
+                        f"{wg * 1e3:>10.2f}{nbytes / wg * 1e-9:>7.1f}",
                         flush=True,
                     )
                 layers.clear()  # free this shape's caches before the next one

@@ -557,7 +557,7 @@ def test_kernels_attention_decode_table():
     )
     got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
     assert got == {(dt, t) for dt in ("f32", "f16", "q8_0") for t in (1, 2)}
-    assert all(r["n"] == 600 and _pos(r["fast_GBs"]) for r in res["rows"])
+    assert all(r["n"] == 600 and _pos(r["fast_GBs"]) and _pos(r["graph_GBs"]) for r in res["rows"])
 
 
 # ============================================================================ goinfer bench

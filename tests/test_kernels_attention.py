@@ -842,6 +842,50 @@ def test_fast_decode_split_equals_prefill_rows(variant, dtype):
                 assert np.array_equal(one[0], full[p]), (window, p, nt)
 
 
+# (n_kv, window, threads) -> (kvspan, kchunks) of a decode step at position 1099 (3 chunks of
+# keys), hd 64: the span starts at every kv head, halves while a tile of its K and V is over
+# 128 KB, then while the items (spans x chunks when split) cannot occupy the threads twice
+# over; a window of 700 keys covers 2 chunks.  A tile of 8 kv heads is 128 KB in f16, 70 KB
+# in q8_0 and 256 KB in f32 (SPAN_PLANS_F32).
+SPAN_PLANS = {
+    (8, 0, 1): (8, 1),
+    (8, 0, 2): (4, 3),
+    (8, 0, 3): (4, 3),
+    (8, 700, 2): (4, 3),
+    (3, 0, 1): (3, 1),
+    (3, 0, 2): (2, 3),  # spans of 2 and 1 kv heads
+    (3, 0, 3): (2, 3),
+}
+SPAN_PLANS_F32 = {**SPAN_PLANS, (8, 0, 1): (4, 1)}
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+@pytest.mark.parametrize("n_kv, window", [(8, 0), (3, 0), (8, 700)])
+def test_fast_decode_kv_head_span(variant, dtype, n_kv, window):
+    """A decode step over more than one chunk of keys (over 512) runs several kv heads per
+    item, tile by tile (the plan's kvspan, non-vacuity); its bits are the prefill row's (one
+    kv head per item) for 1-3 threads and at positions around the chunk boundaries.  Within
+    one chunk (and for a prefill) an item keeps one kv head."""
+    rng = np.random.default_rng(n_kv + window)
+    n, H, hd = 1100, 2 * n_kv, 64
+    seq = Seq(rng, n, n_kv, hd, 16, fill=np.nan, dtype=dtype)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    pos = np.arange(n, dtype=np.int32)
+    for (nk, w, nt), want in (SPAN_PLANS_F32 if dtype == "f32" else SPAN_PLANS).items():
+        if (nk, w) == (n_kv, window):
+            plan = _att._fast_plan(q[:1], *seq.args(), pos[-1:], w, nthreads=nt)
+            assert (plan["kvspan"], plan["kchunks"]) == want, nt
+    assert _att._fast_plan(q[:1], *seq.args(), pos[500:501], nthreads=1)["kvspan"] == 1
+    assert _att._fast_plan(q[:40], *seq.args(), pos[-40:], nthreads=1)["kvspan"] == 1
+    full = attention_fast(q, *seq.args(), pos, 0.125, window, nthreads=2)
+    for p in (511, 512, 1023, 1024, 1099):
+        for nt in (1, 2, 3):
+            one = attention_fast(
+                q[p : p + 1], *seq.args(), pos[p : p + 1], 0.125, window, nthreads=nt
+            )
+            assert np.array_equal(one[0], full[p]), (p, nt)
+
+
 @pytest.mark.parametrize("dtype", KV_DTYPES)
 def test_bound_fast_decode_split(variant, dtype):
     """The graph-replayed fast attention (bind_attention_fast) of a decode step: its keys are

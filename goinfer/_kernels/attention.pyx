@@ -58,7 +58,7 @@ cdef extern from "attention.h" nogil:
         const float *sinks
         int64_t tq, nh, nparts, n_items, scratch_doubles
         int split_ok
-        int64_t max_pos, kchunks, shared_bytes
+        int64_t max_pos, kchunks, kvspan, shared_bytes
         void *shared
     ctypedef struct gi_attn_ops:
         void (*plan)(gi_attn_args *a, int nthreads) noexcept nogil
@@ -329,6 +329,7 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
     a.split_ok = 0
     a.max_pos = 0
     a.kchunks = 1
+    a.kvspan = 1
     a.shared_bytes = 0
     a.shared = NULL
     if T == 0:
@@ -508,6 +509,8 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
     cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
     a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
     a.window = 0
+    a.split_ok = 1  # as _bind plans it (the split and the kv-head span follow from it)
+    a.max_pos = max_pos
     cdef plan_fn plan = _fast_table().plan if fast else _table().plan
     plan(&a, _att_threads(&a, nt, pmax))
     return (a.scratch_doubles + 7) & ~(<int64_t>7)
@@ -594,20 +597,21 @@ def _variant_used():
                          &gi_attn_ops_avx512)
 
 
-def _fast_plan(q, k_cache, v_cache, block_table, q_pos, *, nthreads=1):
-    """{"n_items", "kchunks"} of attention_fast's plan for this call (tests: kchunks > 1 when
-    the keys of a few rows are split over threads)."""
+def _fast_plan(q, k_cache, v_cache, block_table, q_pos, window=0, *, nthreads=1):
+    """{"n_items", "kchunks", "kvspan"} of attention_fast's plan for this call (tests:
+    kchunks > 1 when the keys of a few rows are split over threads, kvspan > 1 when an item
+    covers several kv heads)."""
     cdef int nt = check_threads(nthreads)
     cdef gi_attn_args a
     cdef int64_t pmax = 0
-    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, 0, 0.0, None, &pmax)
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, window, 0.0, None, &pmax)
     if a.T == 0:
-        return {"n_items": 0, "kchunks": 1}
+        return {"n_items": 0, "kchunks": 1, "kvspan": 1}
     if a.T * a.H * (pmax + 1) * a.hd < _GRAIN:
         nt = 1
     a.split_ok = 1
     _fast_table().plan(&a, nt)
-    return {"n_items": a.n_items, "kchunks": a.kchunks}
+    return {"n_items": a.n_items, "kchunks": a.kchunks, "kvspan": a.kvspan}
 
 
 def _get_grain():

@@ -11,8 +11,9 @@
  * Each output row is computed by one thread with one fixed operation sequence, so it does not
  * depend on the tiling, on the other queries in the batch or on the thread count.
  *
- * The fast kernel (attention_fast_impl.c) has the same arguments and item scheme with its own
- * plan: float32 throughout, not bit-exact with the exact kernel (see that file).
+ * The fast kernel (attention_fast_impl.c) has the same arguments with its own plan (an item
+ * may cover several kv heads, or one chunk of keys): float32 throughout, not bit-exact with
+ * the exact kernel (see that file).
  */
 #ifndef GI_ATTENTION_H
 #define GI_ATTENTION_H
@@ -48,6 +49,8 @@ typedef struct {
     int split_ok;
     int64_t max_pos;             /* largest query position any run will see */
     int64_t kchunks;             /* items per (query block, head group); 1: not split */
+    int64_t kvspan;              /* fast kernel: kv heads per item (1: one, as the exact
+                                    kernel; more for a few queries over many keys) */
     int64_t shared_bytes;
     void *shared;
 } gi_attn_args;
@@ -72,6 +75,12 @@ typedef struct {
     void (*plan)(gi_attn_args *a, int nthreads);
     void (*run)(const gi_attn_args *a, int64_t item, double *scratch);
 } gi_attn_fast_ops;
+
+/* a run()'s scratch rounded up to 64 bytes (each plan() leaves 64 bytes for it): a bound op's
+ * scratch is the caller's buffer (a NumPy array), aligned only to its allocator's 16 */
+static inline double *gi_attn_scratch64(double *p) {
+    return (double *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
 
 extern const gi_attn_fast_ops gi_attn_fast_ops_portable;
 extern const gi_attn_fast_ops gi_attn_fast_ops_avx2;

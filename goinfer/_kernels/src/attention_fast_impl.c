@@ -20,10 +20,11 @@
  * So a long row's keys can be split over threads by chunk (decode: few rows, many keys) with
  * the same bits as one thread running every chunk: the fold order is fixed by position.
  *
- * Work item = a block of tq consecutive queries x nh query heads of ONE kv head (R <= FA_RMAX
- * rows): each key tile is gathered once per item (K transposed into a packed (hd, 64) tile,
- * V read in place through row pointers) and used by all R rows, so a kv head's keys are read
- * once per query block for the whole GQA group.  Items run in parallel (OpenMP, dynamic
+ * Work item = a block of tq consecutive queries x nh query heads of one kv head (R <= FA_RMAX
+ * rows), or of kvspan kv heads in turn, tile by tile (a decode step over many keys: see the
+ * plan): each key tile is gathered once per kv head (K transposed into a packed (hd, 64)
+ * tile, V read in place through row pointers) and used by all R rows, so a kv head's keys are
+ * read once per query block for the whole GQA group.  Items run in parallel (OpenMP, dynamic
  * schedule, the longest query blocks first).  Within a tile, QK runs in chunks of 64 dims and
  * AV in chunks of d, so the piece of K or V in use stays in L1 for all the row blocks.
  *
@@ -44,7 +45,13 @@
 #define FA_TK 64           /* keys per tile */
 #define FA_CH 512          /* keys per chunk (a multiple of FA_TK) */
 #ifndef FA_PF
-#define FA_PF 2            /* tiles ahead to prefetch */
+#define FA_PF 2            /* tiles ahead to prefetch (1 when a tile is over FA_PF_BYTES) */
+#endif
+#ifndef FA_PF_BYTES
+#define FA_PF_BYTES 32768  /* K and V bytes of a tile (of an item's kv heads) */
+#endif
+#ifndef FA_SPAN_BYTES
+#define FA_SPAN_BYTES 131072 /* at most this many K and V bytes per tile of a kv-head span */
 #endif
 #define FA_RMAX 64         /* rows (query x head) per item */
 #define FA_DC 64           /* d-chunk of QK: a (FA_DC, FA_TK) piece of the K tile, 16 KB */
@@ -82,6 +89,17 @@
 
 /* ============================================================================ item context */
 
+/* The prefetch cursor of an item, shared by its kv heads: the blocks pfb..pfb1 of the tile
+ * `ahead` tiles after `tile`, each from kv head h0 to h0 + nh - 1 (side by side in a block),
+ * byte pfi of the current one, pq lines before each step of a tile. */
+typedef struct {
+    int64_t h0, nh;
+    int64_t ahead;           /* tiles */
+    int64_t tile;            /* the tile whose look-ahead this is (-1: none yet) */
+    int64_t pfb, pfb1, pfi;
+    int64_t pq;
+} fa_pf;
+
 typedef struct {
     int R;                   /* rows r = ti * nhh + hj */
     int64_t kvh;             /* kv head */
@@ -103,7 +121,7 @@ typedef struct {
     int nf[FA_RMAX];         /* chunks folded */
     int act[FA_RMAX];        /* row has keys in the current tile */
     float sink[FA_RMAX];     /* row's sink logit in log2 units (-inf: none) */
-    int64_t pfb, pfb1, pfi;  /* prefetch cursor: block pfb (of pfb..pfb1), byte pfi */
+    fa_pf *pf;               /* the item's prefetch cursor */
 } fa_ctx;
 
 /* ============================================================================ prefetch */
@@ -115,29 +133,31 @@ typedef struct {
  * at 4,096 tokens took 1.1-1.3x as long on a Zen 4, about the time of its compute plus that
  * of its reads, as if the burst held the step until memory answered.  They go to L2, not L1:
  * two tiles ahead are 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the
- * same step ran 1.15-1.3x slower there. */
-static void fa_pf_some(const gi_attn_args *a, fa_ctx *x, int64_t lines) {
-    const int64_t hb = gi_kv_head_bytes(a->kv_dtype, a->hd, a->bs);
-    while (lines > 0 && x->pfb <= x->pfb1) {
-        const int64_t off = (a->block_table[x->pfb] * a->n_kv + x->kvh) * hb;
+ * same step ran 1.15-1.3x slower there.  An item of several kv heads has larger tiles (128 KB
+ * for 8 kv heads of hd 64, f16) and looks one tile ahead: two threads ran the 1B shape's 16
+ * layers at 4,096 tokens in 5.9-6.5 ms so, against 6.8-7.4 two tiles ahead and 6.7-8.4 four. */
+static void fa_pf_some(const gi_attn_args *a, fa_pf *f, int64_t lines) {
+    const int64_t hb = gi_kv_head_bytes(a->kv_dtype, a->hd, a->bs), nb = f->nh * hb;
+    while (lines > 0 && f->pfb <= f->pfb1) {
+        const int64_t off = (a->block_table[f->pfb] * a->n_kv + f->h0) * hb;
         const char *kb = (const char *)a->k_cache + off, *vb = (const char *)a->v_cache + off;
-        for (; lines > 0 && x->pfi < hb; x->pfi += 64, lines--) {
-            __builtin_prefetch(kb + x->pfi, 0, 2); /* into L2 (prefetcht1) */
-            __builtin_prefetch(vb + x->pfi, 0, 2);
+        for (; lines > 0 && f->pfi < nb; f->pfi += 64, lines--) {
+            __builtin_prefetch(kb + f->pfi, 0, 2); /* into L2 (prefetcht1) */
+            __builtin_prefetch(vb + f->pfi, 0, 2);
         }
-        if (x->pfi >= hb) {
-            x->pfb++;
-            x->pfi = 0;
+        if (f->pfi >= nb) {
+            f->pfb++;
+            f->pfi = 0;
         }
     }
 }
 
 /* start prefetching the blocks of keys [pa, pb] (what is left of the previous range first) */
-static void fa_pf_start(const gi_attn_args *a, fa_ctx *x, int64_t pa, int64_t pb) {
-    fa_pf_some(a, x, INT64_MAX);
-    x->pfb = pa <= pb ? pa / a->bs : 1;
-    x->pfb1 = pa <= pb ? pb / a->bs : 0;
-    x->pfi = 0;
+static void fa_pf_start(const gi_attn_args *a, fa_pf *f, int64_t pa, int64_t pb) {
+    fa_pf_some(a, f, INT64_MAX);
+    f->pfb = pa <= pb ? pa / a->bs : 1;
+    f->pfb1 = pa <= pb ? pb / a->bs : 0;
+    f->pfi = 0;
 }
 
 /* ============================================================================ QK */
@@ -511,19 +531,21 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     /* few rows and whole key vectors per block: QK reads the cache directly */
     const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
-    /* prefetch: the tile FA_PF tiles ahead, spread over this tile's QK blocks or d-chunks and
-     * its AV d-chunks (pq lines before each) */
-    int64_t pq = 0;
-    if (FA_PF > 0) {
-        const int64_t pa = t0 + FA_PF * FA_TK, pb0 = pa + FA_TK - 1;
+    /* prefetch: the tile pf->ahead tiles ahead (every kv head of the item), started by the
+     * item's first kv head at this tile and spread over the QK blocks or d-chunks and the AV
+     * d-chunks of all its kv heads (pq lines before each) */
+    fa_pf *pf = x->pf;
+    if (FA_PF > 0 && pf->tile != t0) {
+        const int64_t pa = t0 + pf->ahead * FA_TK, pb0 = pa + FA_TK - 1;
         const int64_t pb = pb0 < x->kmax ? pb0 : x->kmax;
-        fa_pf_start(a, x, pa, pb);
-        const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) *
-                                             ((gi_kv_head_bytes(a->kv_dtype, hd, a->bs) + 63) / 64)
+        fa_pf_start(a, pf, pa, pb);
+        const int64_t hb = gi_kv_head_bytes(a->kv_dtype, hd, a->bs);
+        const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) * ((pf->nh * hb + 63) / 64)
                                        : 0;
         const int64_t steps = (direct ? tb / a->bs - ta / a->bs + 1 : (hd + FA_DC - 1) / FA_DC) +
                               (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
-        pq = (lines + steps - 1) / steps;
+        pf->pq = (lines + steps * pf->nh - 1) / (steps * pf->nh);
+        pf->tile = t0;
     }
     fa_gather(a, x, t0, ta, tb, !direct);
     int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
@@ -539,7 +561,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     if (direct && gact[0]) {
         const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
         for (int64_t b = ta / bs; b <= tb / bs; b++) {
-            fa_pf_some(a, x, pq);
+            fa_pf_some(a, pf, pf->pq);
             const char *kb = (const char *)a->k_cache +
                              (a->block_table[b] * a->n_kv + x->kvh) * hb;
             fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kb, bs, 0, bs,
@@ -548,7 +570,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     }
     for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
         const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
-        fa_pf_some(a, x, pq);
+        fa_pf_some(a, pf, pf->pq);
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
@@ -578,7 +600,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     /* ---- AV */
     for (int64_t d0 = 0; d0 < hd;) {
         const int64_t nd = fa_av_extent(d0, hd);
-        fa_pf_some(a, x, pq);
+        fa_pf_some(a, pf, pf->pq);
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
@@ -602,17 +624,31 @@ GI_INLINE int64_t fa_row_lo(const gi_attn_args *a, int64_t p) {
     return lo > 0 ? lo : 0;
 }
 
-GI_INLINE int64_t fa_items(const gi_attn_args *a, int64_t tq, int64_t nparts) {
-    return (a->T + tq - 1) / tq * a->n_kv * nparts;
+/* K and V bytes of one key tile of nh kv heads */
+GI_INLINE int64_t fa_tile_bytes(const gi_attn_args *a, int64_t nh) {
+    return 2 * FA_TK * nh * gi_kv_head_bytes(a->kv_dtype, a->hd, a->bs) / a->bs;
+}
+
+/* work items before the key split: query blocks x kv-head spans x head groups */
+GI_INLINE int64_t fa_items(const gi_attn_args *a, int64_t tq, int64_t span, int64_t nparts) {
+    return (a->T + tq - 1) / tq * ((a->n_kv + span - 1) / span) * nparts;
 }
 
 #define FA_ALIGN(n) (((n) + 15) & ~(int64_t)15) /* floats, to 64 bytes */
 #define FA_PART(hd) FA_ALIGN((hd) + 2) /* floats of one row's chunk partial: o, m, l */
+#define FA_CTX_FLOATS FA_ALIGN((int64_t)((sizeof(fa_ctx) + 3) / 4)) /* an fa_ctx in scratch */
 
-/* R = tq * nh <= FA_RMAX rows per item; smaller query blocks while there are fewer items than
- * threads.  Then, if the caller allows it (split_ok: it provides shared memory), the keys of
- * each (query block, head group) are split by chunk over kchunks items while the groups alone
- * cannot occupy the threads twice over.  The tiling and the split never change a result. */
+/* R = tq * nh <= FA_RMAX rows per kv head; smaller query blocks while there are fewer items
+ * than threads.  A few queries over at least two chunks of keys (a decode step) take several
+ * kv heads per item (kvspan): a block holds the keys of every kv head side by side, so the
+ * item reads each block's heads in one run, in memory order, where items of one kv head each
+ * would stride through the blocks (measured 1.2x slower from memory on a Zen 4).  The span
+ * starts at every kv head and halves while a tile of it is over FA_SPAN_BYTES (the tile
+ * ahead must stay in L2 beside the current one), then while the items (with the split
+ * below) cannot occupy the threads twice over.  Then, if the caller allows it (split_ok: it
+ * provides shared memory), the keys of each (query block, head span, head group) are split
+ * by chunk over kchunks items while the groups alone cannot occupy the threads twice over.
+ * The tiling, the span and the split never change a result. */
 static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
     const int64_t G = a->H / a->n_kv;
     const int64_t rows = FA_RMAX;
@@ -621,27 +657,40 @@ static void GI(attn_fast_plan)(gi_attn_args *a, int nthreads) {
     int64_t tq = rows / nh;
     if (tq > a->T) tq = a->T;
     if (tq < 1) tq = 1;
-    while (fa_items(a, tq, nparts) < nthreads && tq > 1) tq = (tq + 1) / 2;
+    while (fa_items(a, tq, 1, nparts) < nthreads && tq > 1) tq = (tq + 1) / 2;
     a->tq = tq;
     a->nh = nh;
     a->nparts = nparts;
-    const int64_t groups = fa_items(a, tq, nparts);
+    int64_t pmax = a->max_pos;
+    for (int64_t t = 0; t < a->T; t++) pmax = a->q_pos[t] > pmax ? a->q_pos[t] : pmax;
+    const int64_t nch = pmax / FA_CH + 1;
+    const int split = a->split_ok && nthreads > 1;
+    int64_t span = 1;
+    if (tq >= a->T && nparts == 1 && a->n_kv > 1) {
+        const int64_t keys = a->window > 0 && a->window < pmax + 1 ? a->window : pmax + 1;
+        const int64_t kc = (keys + FA_CH - 1) / FA_CH; /* chunks a row's keys span, at least */
+        if (kc >= 2) {
+            span = a->n_kv;
+            while (span > 1 && fa_tile_bytes(a, span) > FA_SPAN_BYTES) span = (span + 1) / 2;
+            while (nthreads > 1 && span > 1 &&
+                   fa_items(a, tq, span, 1) * (split ? kc : 1) < 2 * (int64_t)nthreads)
+                span = (span + 1) / 2;
+        }
+    }
+    a->kvspan = span;
+    const int64_t groups = fa_items(a, tq, span, nparts);
     const int64_t R = tq * nh;
     a->kchunks = 1;
     a->shared_bytes = 0;
-    if (a->split_ok && nthreads > 1 && groups < 2 * (int64_t)nthreads) {
-        int64_t pmax = a->max_pos;
-        for (int64_t t = 0; t < a->T; t++) pmax = a->q_pos[t] > pmax ? a->q_pos[t] : pmax;
-        const int64_t nch = pmax / FA_CH + 1;
-        if (nch > 1) {
-            a->kchunks = nch;
-            a->shared_bytes = 64 * ((groups * 8 + 63) / 64) /* counters, int64 */
-                              + groups * nch * R * FA_PART(a->hd) * (int64_t)sizeof(float);
-        }
+    if (split && groups < 2 * (int64_t)nthreads && nch > 1) {
+        a->kchunks = nch;
+        a->shared_bytes = 64 * ((groups * 8 + 63) / 64) /* counters, int64 */
+                          + groups * nch * span * R * FA_PART(a->hd) * (int64_t)sizeof(float);
     }
     a->n_items = groups * a->kchunks;
-    const int64_t floats = 3 * FA_ALIGN(R * a->hd) + FA_ALIGN(R * FA_TK) +
-                           2 * FA_ALIGN(a->hd * FA_TK) + 2 * FA_TK /* pointers */ + 16;
+    const int64_t floats = span * (FA_CTX_FLOATS + 3 * FA_ALIGN(R * a->hd)) +
+                           FA_ALIGN(R * FA_TK) + 2 * FA_ALIGN(a->hd * FA_TK) +
+                           2 * FA_TK /* pointers */ + 16 + 16 /* alignment */;
     a->scratch_doubles = (floats + 1) / 2;
 }
 
@@ -650,17 +699,22 @@ GI_INLINE int fa_row_in_chunk(const fa_ctx *x, int r, int64_t ch) {
     return x->lo[r] < (ch + 1) * FA_CH && x->hi[r] >= ch * FA_CH;
 }
 
-/* the tiles of chunk ch for every row, from a fresh online softmax */
-static void fa_chunk(const gi_attn_args *a, fa_ctx *x, int64_t ch) {
-    for (int r = 0; r < x->R; r++) {
-        x->m[r] = -INFINITY;
-        x->l[r] = 0.0f;
+/* the tiles of chunk ch for every row of the item's ns kv heads (the same query rows and key
+ * range), from a fresh online softmax; each tile for every kv head in turn */
+static void fa_chunk(const gi_attn_args *a, fa_ctx *xs, int ns, int64_t ch) {
+    for (int s = 0; s < ns; s++) {
+        fa_ctx *x = &xs[s];
+        for (int r = 0; r < x->R; r++) {
+            x->m[r] = -INFINITY;
+            x->l[r] = 0.0f;
+        }
+        memset(x->o, 0, (size_t)x->R * (size_t)a->hd * sizeof(float));
     }
-    memset(x->o, 0, (size_t)x->R * (size_t)a->hd * sizeof(float));
-    int64_t t = ch * FA_CH, kmin_tile = (x->kmin / FA_TK) * FA_TK;
+    int64_t t = ch * FA_CH, kmin_tile = (xs->kmin / FA_TK) * FA_TK;
     if (t < kmin_tile) t = kmin_tile;
-    const int64_t end = (ch + 1) * FA_CH - 1 < x->kmax ? (ch + 1) * FA_CH - 1 : x->kmax;
-    for (; t <= end; t += FA_TK) fa_tile(a, x, t);
+    const int64_t end = (ch + 1) * FA_CH - 1 < xs->kmax ? (ch + 1) * FA_CH - 1 : xs->kmax;
+    for (; t <= end; t += FA_TK)
+        for (int s = 0; s < ns; s++) fa_tile(a, &xs[s], t);
 }
 
 /* fold row r's chunk (m, l, o) into (M, L, O) (see the file comment) */
@@ -724,90 +778,116 @@ static void fa_scale_q(int64_t hd, float sc, fa_ctx *x) {
         for (int64_t d = 0; d < hd; d++) x->qs[r * hd + d] = x->qrow[r][d] * sc;
 }
 
+/* kv head kvh's rows of the query block [t0, t0 + nt) x query heads [h0, h0 + nhh) of its
+ * group: their key ranges, q and out rows, sinks */
+static void fa_rows(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t nt, int64_t h0,
+                    int64_t nhh) {
+    const int64_t G = a->H / a->n_kv, hd = a->hd;
+    x->R = (int)(nt * nhh);
+    x->kmin = INT64_MAX;
+    x->kmax = -1;
+    for (int64_t ti = 0; ti < nt; ti++) {
+        const int64_t t = t0 + ti, pos = a->q_pos[t], lo = fa_row_lo(a, pos);
+        x->kmin = lo < x->kmin ? lo : x->kmin;
+        x->kmax = pos > x->kmax ? pos : x->kmax;
+        for (int64_t hj = 0; hj < nhh; hj++) {
+            const int r = (int)(ti * nhh + hj);
+            const int64_t h = x->kvh * G + h0 + hj;
+            x->lo[r] = lo;
+            x->hi[r] = pos;
+            x->orow[r] = a->out + (t * a->H + h) * hd;
+            x->nf[r] = 0;
+            x->qrow[r] = a->q + (t * a->H + h) * hd;
+            x->sink[r] = a->sinks ? (float)((double)a->sinks[h] * FA_LOG2E) : -INFINITY;
+        }
+    }
+}
+
 static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     const int64_t G = a->H / a->n_kv, hd = a->hd;
     const int64_t group = item / a->kchunks, slot = item % a->kchunks;
-    const int64_t per_tile = a->n_kv * a->nparts;
+    const int64_t per_tile = (a->n_kv + a->kvspan - 1) / a->kvspan * a->nparts;
     const int64_t n_tiles = (a->T + a->tq - 1) / a->tq;
     const int64_t tile = n_tiles - 1 - group / per_tile; /* later queries (more keys) first */
     const int64_t rem = group % per_tile, part = rem % a->nparts;
     const int64_t t0 = tile * a->tq, h0 = part * a->nh;
     const int64_t nt = a->T - t0 < a->tq ? a->T - t0 : a->tq;
     const int64_t nhh = G - h0 < a->nh ? G - h0 : a->nh;
+    const int64_t kv0 = rem / a->nparts * a->kvspan; /* kv heads [kv0, kv0 + ns) */
+    const int ns = (int)(a->n_kv - kv0 < a->kvspan ? a->n_kv - kv0 : a->kvspan);
+    const int64_t R = nt * nhh;
     const float sc = (float)(a->scale * FA_LOG2E); /* scores in log2 units */
-    fa_ctx x;
-    x.kvh = rem / a->nparts;
-    x.R = (int)(nt * nhh);
-    x.pfb = 1; /* no prefetch range yet */
-    x.pfb1 = 0;
-    x.pfi = 0;
-    x.vdt = x.R > FA_RB ? GI_KV_F32 : a->kv_dtype; /* float V tile for several row blocks */
+    fa_pf pf = {kv0, ns, fa_tile_bytes(a, ns) > FA_PF_BYTES && FA_PF > 1 ? 1 : FA_PF, -1, 1, 0, 0,
+                0};
 
-    /* ---- scratch: qs (R, hd) | o (R, hd) | O (R, hd) | p (R, TK) | kt (hd, TK) | vt (TK, hd)
-     * | vp */
-    float *f = (float *)scratch;
-    x.qs = f;
-    x.o = f + FA_ALIGN(x.R * hd);
-    x.O = x.o + FA_ALIGN(x.R * hd);
-    x.p = x.O + FA_ALIGN(x.R * hd);
-    x.kt = x.p + FA_ALIGN((int64_t)x.R * FA_TK);
-    x.vt = x.kt + FA_ALIGN(hd * FA_TK);
-    x.vp = (const char **)(void *)(x.vt + FA_ALIGN(hd * FA_TK));
-
-    /* ---- rows */
-    x.kmin = INT64_MAX;
-    x.kmax = -1;
-    for (int64_t ti = 0; ti < nt; ti++) {
-        const int64_t t = t0 + ti, pos = a->q_pos[t], lo = fa_row_lo(a, pos);
-        x.kmin = lo < x.kmin ? lo : x.kmin;
-        x.kmax = pos > x.kmax ? pos : x.kmax;
-        for (int64_t hj = 0; hj < nhh; hj++) {
-            const int r = (int)(ti * nhh + hj);
-            const int64_t h = x.kvh * G + h0 + hj;
-            x.lo[r] = lo;
-            x.hi[r] = pos;
-            x.orow[r] = a->out + (t * a->H + h) * hd;
-            x.nf[r] = 0;
-            x.qrow[r] = a->q + (t * a->H + h) * hd;
-            x.sink[r] = a->sinks ? (float)((double)a->sinks[h] * FA_LOG2E) : -INFINITY;
-        }
+    /* ---- scratch: per kv head, its context | qs (R, hd) | o (R, hd) | O (R, hd); then, for
+     * one tile of one kv head at a time: p (R, TK) | kt (hd, TK) | vt (TK, hd) | vp */
+    float *f = (float *)gi_attn_scratch64(scratch);
+    fa_ctx *xs = (fa_ctx *)(void *)f;
+    f += ns * FA_CTX_FLOATS;
+    float *p = f + ns * 3 * FA_ALIGN(R * hd);
+    float *kt = p + FA_ALIGN(R * FA_TK);
+    float *vt = kt + FA_ALIGN(hd * FA_TK);
+    const char **vp = (const char **)(void *)(vt + FA_ALIGN(hd * FA_TK));
+    for (int s = 0; s < ns; s++) {
+        fa_ctx *x = &xs[s];
+        x->kvh = kv0 + s;
+        x->pf = &pf;
+        x->qs = f + s * 3 * FA_ALIGN(R * hd);
+        x->o = x->qs + FA_ALIGN(R * hd);
+        x->O = x->o + FA_ALIGN(R * hd);
+        x->p = p;
+        x->kt = kt;
+        x->vt = vt;
+        x->vp = vp;
+        fa_rows(a, x, t0, nt, h0, nhh);
+        x->vdt = x->R > FA_RB ? GI_KV_F32 : a->kv_dtype; /* float V tile for several row blocks */
     }
+    const int64_t kmin = xs->kmin, kmax = xs->kmax;
 
     if (a->kchunks == 1) { /* every chunk here, folded in order */
-        fa_scale_q(hd, sc, &x);
-        for (int64_t ch = x.kmin / FA_CH; ch <= x.kmax / FA_CH; ch++) {
-            fa_chunk(a, &x, ch);
-            for (int r = 0; r < x.R; r++)
-                if (fa_row_in_chunk(&x, r, ch)) fa_fold(hd, &x, r, x.m[r], x.l[r], x.o + r * hd);
+        for (int s = 0; s < ns; s++) fa_scale_q(hd, sc, &xs[s]);
+        for (int64_t ch = kmin / FA_CH; ch <= kmax / FA_CH; ch++) {
+            fa_chunk(a, xs, ns, ch);
+            for (int s = 0; s < ns; s++) {
+                fa_ctx *x = &xs[s];
+                for (int r = 0; r < x->R; r++)
+                    if (fa_row_in_chunk(x, r, ch))
+                        fa_fold(hd, x, r, x->m[r], x->l[r], x->o + r * hd);
+            }
         }
-        fa_finish(hd, &x);
+        for (int s = 0; s < ns; s++) fa_finish(hd, &xs[s]);
         return;
     }
 
-    /* ---- split: this item computes chunk `slot`, the last item of the group folds them all */
-    const int64_t groups = a->n_items / a->kchunks, R = x.R, pf = FA_PART(hd);
+    /* ---- split: this item computes chunk `slot`, the last item of the group folds them all;
+     * a group's partials are (kchunks, kvspan * tq * nh rows, pw), row s * R + r */
+    const int64_t groups = a->n_items / a->kchunks, rg = a->kvspan * a->tq * a->nh;
+    const int64_t pw = FA_PART(hd);
     int64_t *count = (int64_t *)a->shared;
     float *parts = (float *)((char *)a->shared + 64 * ((groups * 8 + 63) / 64)) +
-                   group * a->kchunks * (a->tq * a->nh) * pf; /* (kchunks, R, pf) */
+                   group * a->kchunks * rg * pw;
     const int64_t ch = slot;
-    if (ch >= x.kmin / FA_CH && ch <= x.kmax / FA_CH) {
-        fa_scale_q(hd, sc, &x);
-        fa_chunk(a, &x, ch);
-        for (int r = 0; r < R; r++) {
-            float *pr = parts + (ch * R + r) * pf;
-            memcpy(pr, x.o + r * hd, (size_t)hd * sizeof(float));
-            pr[hd] = x.m[r];
-            pr[hd + 1] = x.l[r];
-        }
+    if (ch >= kmin / FA_CH && ch <= kmax / FA_CH) {
+        for (int s = 0; s < ns; s++) fa_scale_q(hd, sc, &xs[s]);
+        fa_chunk(a, xs, ns, ch);
+        for (int s = 0; s < ns; s++)
+            for (int r = 0; r < R; r++) {
+                float *pr = parts + (ch * rg + s * R + r) * pw;
+                memcpy(pr, xs[s].o + r * hd, (size_t)hd * sizeof(float));
+                pr[hd] = xs[s].m[r];
+                pr[hd + 1] = xs[s].l[r];
+            }
     }
     if (__atomic_add_fetch(&count[group], 1, __ATOMIC_ACQ_REL) % a->kchunks != 0) return;
-    for (int64_t c = x.kmin / FA_CH; c <= x.kmax / FA_CH; c++)
-        for (int r = 0; r < R; r++)
-            if (fa_row_in_chunk(&x, r, c)) {
-                const float *pr = parts + (c * R + r) * pf;
-                fa_fold(hd, &x, r, pr[hd], pr[hd + 1], pr);
-            }
-    fa_finish(hd, &x);
+    for (int64_t c = kmin / FA_CH; c <= kmax / FA_CH; c++)
+        for (int s = 0; s < ns; s++)
+            for (int r = 0; r < R; r++)
+                if (fa_row_in_chunk(&xs[s], r, c)) {
+                    const float *pr = parts + (c * rg + s * R + r) * pw;
+                    fa_fold(hd, &xs[s], r, pr[hd], pr[hd + 1], pr);
+                }
+    for (int s = 0; s < ns; s++) fa_finish(hd, &xs[s]);
 }
 
 /* ============================================================================ table */

@@ -590,15 +590,17 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
         int64_t ss = ((kmax / a->bs - kmin / a->bs + 1) * a->bs + 7) & ~(int64_t)7;
         maxss = ss > maxss ? ss : maxss;
     }
-    a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8;
+    a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8 + 8 /* alignment */;
 #if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX /* vd, kf of items run in passes */
     a->scratch_doubles += a->bs * GI_MAXV * VD_N + (a->hd * GI_MAXV * VD_N + 1) / 2;
 #endif
     a->kchunks = 1; /* never split: one reduction order over all keys */
+    a->kvspan = 1;
     a->shared_bytes = 0;
 }
 
 static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
+    scratch = gi_attn_scratch64(scratch);
     const int64_t G = a->H / a->n_kv;
     const int64_t per_tile = a->n_kv * a->nparts;
     const int64_t tile = item / per_tile, rem = item % per_tile;
