@@ -1072,6 +1072,34 @@ def test_sinks_prefill_equals_decode(variant, dtype):
             assert np.array_equal(one[0], ffull[p]), (p, nt)
 
 
+@pytest.mark.parametrize("offset", range(8))
+def test_bound_scratch_at_any_alignment(variant, offset):
+    """A bound op's scratch is the caller's buffer at any 8-byte offset from a cache line (a
+    NumPy array is aligned to 16 bytes only): each run aligns it to 64 bytes inside the size
+    attention_scratch gave, writes nothing past it (a NaN sentinel stays) and computes the
+    call's bits, for both kernels, a decode step with its keys split and kv heads spanned."""
+    from goinfer._kernels.graph import Graph
+
+    rng = np.random.default_rng(61)
+    n, H, n_kv = 1300, 8, 4
+    seq = Seq(rng, n, n_kv, 64, 16, fill=np.nan, dtype="f16")
+    q = rng.standard_normal((1, H, 64)).astype(np.float32)
+    pos = np.array([n - 1], np.int32)
+    for fast, bind, kernel in (
+        (False, _att.bind_attention, attention),
+        (True, _att.bind_attention_fast, attention_fast),
+    ):
+        out = np.empty((1, H, 64), np.float32)
+        kw = dict(out=out, nthreads=1, max_pos=n - 1)
+        per = _att.attention_scratch(q, *seq.args(), pos, 0.125, fast=fast, **kw)
+        raw = np.full(per + 64, np.nan)  # 8-byte aligned at least
+        start = (-(raw.ctypes.data // 8) % 8 + offset) % 8  # the row starts `offset` past a line
+        scratch = raw[start : start + per].reshape(1, per)
+        Graph([bind(q, *seq.args(), pos, 0.125, scratch=scratch, **kw)], 1).run()
+        assert np.isnan(raw[start + per :]).all()
+        assert np.array_equal(out, kernel(q, *seq.args(), pos, 0.125)), fast
+
+
 @pytest.mark.parametrize("dtype", KV_DTYPES)
 def test_bound_attention_with_sinks(dtype):
     """bind_attention / bind_attention_fast carry the sinks: each graph run (the fast one's
