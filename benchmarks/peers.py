@@ -27,10 +27,11 @@ tensors of an MoE (the used share, expert_used_count / expert_count, of their by
 cache a step also reads is counted apart ("kv_bytes_per_token": keys and values in f16, the
 default cache of both engines, at the positions each layer attends, its sliding window at
 most, averaged over the decode steps; a goinfer engine with another --kv-dtype its own); the
-fractions below are of both.  --bandwidth GBS (or --measure-bandwidth: limits.py's
-streaming read with the same threads, sampled before every round of engine runs and after the
-last, the median of the samples) adds, per decode row and engine, bytes x tok/s / bandwidth:
-the achieved fraction of it.
+fractions below are of both.  --bandwidth GBS adds, per decode row and engine, bytes x tok/s /
+bandwidth: the achieved fraction of it.  --measure-bandwidth measures it instead (limits.py's
+streaming read with the same threads) before every engine's run and after the last: a shared
+host's bandwidth moves by up to 1.6x within minutes, so each run's fraction is of the mean of
+the two samples around it, and the row's fraction is the median of its runs'.
 
 MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.
 --smoke: the tiny shape, one short run of each row, bandwidth on a small buffer (the test suite).
@@ -299,8 +300,8 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--measure-bandwidth",
         action="store_true",
-        help="measure it (limits.py's streaming read, the same threads) before every round of "
-        "runs and after the last; the median",
+        help="measure it (limits.py's streaming read, the same threads) before every engine's "
+        "run and after the last; each run's fraction is of the two samples around it",
     )
     ap.add_argument(
         "--smoke", action="store_true", help="tiny model, one short run (the test suite)"
@@ -371,8 +372,8 @@ def main(argv=None) -> dict:
         "prefill": [],
         "decode": [],
     }
-    # the bandwidth, when measured: before every round of engine runs and after the last
-    # (the host's load shifts during a run), the median of those samples
+    # the bandwidth, when measured: before every engine's run and after the last (the host's
+    # load shifts during a run); run j lies between samples j and j + 1
     bw_samples = []
 
     def sample_bandwidth():
@@ -387,26 +388,33 @@ def main(argv=None) -> dict:
 
     # the engines alternate, each alone in its own process: goinfer, llama.cpp, goinfer, ...
     runs = {e["label"]: [] for e in engines}
+    run_bw = {e["label"]: [] for e in engines}  # GB/s around each of an engine's runs
     for _ in range(args.repeats):
-        if measure:
-            sample_bandwidth()
         for e in engines:
+            if measure:
+                sample_bandwidth()
             runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
+            run_bw[e["label"]].append(len(bw_samples) - 1)  # the sample before; after: + 1
     if measure:
         sample_bandwidth()
+        gbs = [b["GBs"] for b in bw_samples]
+        run_bw = {k: [(gbs[j] + gbs[j + 1]) / 2 for j in v] for k, v in run_bw.items()}
         res["bandwidth"] = {
             **{
                 k: bw_samples[0][k]
                 for k in ("processes", "buffer_bytes_per_process", "reps", "sync")
             },
-            "GBs": statistics.median(b["GBs"] for b in bw_samples),
-            "samples_GBs": [b["GBs"] for b in bw_samples],
-            "source": "measured (limits.read_bandwidth) before every round of runs and after "
-            "the last: the median",
+            "GBs": statistics.median(gbs),
+            "samples_GBs": gbs,
+            "runs_GBs": run_bw,
+            "per_run": True,
+            "source": "measured (limits.read_bandwidth) before every engine's run and after the "
+            "last; each run's fraction is of the mean of the two samples around it, a row's "
+            "the median of its runs'; GBs: the median sample",
         }
         print(
             f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s, the median of "
-            f"{len(bw_samples)} samples",
+            f"{len(bw_samples)} samples ({min(gbs):.1f}-{max(gbs):.1f})",
             flush=True,
         )
     res["processes"] = {
@@ -460,8 +468,16 @@ def main(argv=None) -> dict:
             "GBs": {k: (wbytes + kv_of[k]) * v / 1e9 for k, v in tok_s.items()},
         }
         if "bandwidth" in res:
+            bw = res["bandwidth"]
+            row["runs_fraction_of_bandwidth"] = {  # each run's bytes/s over its bandwidth
+                k: [
+                    (wbytes + kv_of[k]) / s / 1e9 / (bw["runs_GBs"][k][j] if measure else bw["GBs"])
+                    for j, s in enumerate(v)
+                ]
+                for k, v in secs.items()
+            }
             row["fraction_of_bandwidth"] = {
-                k: v / res["bandwidth"]["GBs"] for k, v in row["GBs"].items()
+                k: statistics.median(v) for k, v in row["runs_fraction_of_bandwidth"].items()
             }
         res["decode"].append(row)
     print(table(res))
@@ -487,8 +503,9 @@ def table(res) -> str:
             parts = [f"{k} {v:{fmt}}" for k, v in r["tok_s"].items()]
             parts += [f"{k} x{v:.2f} of llama.cpp's best" for k, v in r["ratio"].items()]
             if "fraction_of_bandwidth" in r:
+                of = "~" if res["bandwidth"].get("per_run") else ""  # each run its own
                 parts += [
-                    f"{k} {100 * v:.0f}% of {res['bandwidth']['GBs']:.1f} GB/s"
+                    f"{k} {100 * v:.0f}% of {of}{res['bandwidth']['GBs']:.1f} GB/s"
                     for k, v in r["fraction_of_bandwidth"].items()
                 ]
             lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")

@@ -146,7 +146,8 @@ def _cell(row: dict, notes: Notes, run: dict) -> str:
         frac, bw = row.get("fraction_of_bandwidth"), run.get("bandwidth") or {}
         if frac and bw.get("sync") and k in frac:  # a sweep with its processes started together
             peer = f" / {100 * frac[best]:.0f}%" if best in frac else ""
-            p += f", {100 * frac[k]:.0f}%{peer} of {num(bw['GBs'])} GB/s"
+            of = "~" if bw.get("per_run") else ""  # each run against the samples around it
+            p += f", {100 * frac[k]:.0f}%{peer} of {of}{num(bw['GBs'])} GB/s"
         parts.append(f"{tag}: {p}" if tag else p)
     extra = f" ({row['note']})" if row.get("note") else ""
     return "; ".join(parts) + extra + " " + notes.mark(run)
@@ -498,7 +499,10 @@ METHOD = """\
   `--bandwidth` / `--measure-bandwidth` each engine's achieved fraction of the streaming read
   bandwidth `limits.py` measures with the same threads (its processes started together at
   every rep; sampled before every round of runs and after the last, the median).  A decode
-  cell then reads "goinfer / llama.cpp = ratio, goinfer's % / llama.cpp's % of that bandwidth";
+  cell then reads "goinfer / llama.cpp = ratio, goinfer's % / llama.cpp's % of that bandwidth".
+  "of ~N GB/s" marks runs sampled before every engine's run and after the last: each run's
+  fraction is of the mean of the two samples around it (a shared host's bandwidth moved by up
+  to 1.6x within minutes), the cell's the median of its runs', N the median sample;
   runs whose sweep did not start its processes together show no fraction (their processes
   could read one after the other, overstating the bandwidth up to twofold).
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built

@@ -342,6 +342,13 @@ def check_peers(res):
     assert _pos(d["tok_s"]["goinfer"]) and _pos(d["weight_bytes_per_token"])
     assert _pos(d["kv_bytes_per_token"]) and d["GBs"]["goinfer"] > d["weight_GBs"]["goinfer"]
     assert _pos(res["bandwidth"]["GBs"]) and _pos(d["fraction_of_bandwidth"]["goinfer"])
+    # sampled before every engine's run and after the last; each run against its two samples
+    bw, n_runs = res["bandwidth"], sum(len(v) for v in d["runs_s_per_token"].values())
+    assert bw["per_run"] and len(bw["samples_GBs"]) == n_runs + 1
+    g = bw["samples_GBs"][:2]
+    assert bw["runs_GBs"]["goinfer"][0] == pytest.approx(sum(g) / 2)  # goinfer runs first
+    (f0,) = d["runs_fraction_of_bandwidth"]["goinfer"]
+    assert f0 == pytest.approx(d["GBs"]["goinfer"] / (sum(g) / 2))  # one run: its own tok/s
     assert res["settings"]["one_process_per_engine"] is True
     _alone(res)
     if _peer_ran(res):
