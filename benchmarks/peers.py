@@ -30,7 +30,7 @@ most, averaged over the decode steps; a goinfer engine with another --kv-dtype i
 fractions below are of both.  --bandwidth GBS adds, per decode row and engine, bytes x tok/s /
 bandwidth: the achieved fraction of it.  --measure-bandwidth measures it instead (limits.py's
 streaming read with the same threads) before every engine's run and after the last: a shared
-host's bandwidth moves by up to 1.6x within minutes, so each run's fraction is of the mean of
+host's bandwidth moved by up to 2x within minutes, so each run's fraction is of the mean of
 the two samples around it, and the row's fraction is the median of its runs'.
 
 MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.

@@ -502,7 +502,7 @@ METHOD = """\
   cell then reads "goinfer / llama.cpp = ratio, goinfer's % / llama.cpp's % of that bandwidth".
   "of ~N GB/s" marks runs sampled before every engine's run and after the last: each run's
   fraction is of the mean of the two samples around it (a shared host's bandwidth moved by up
-  to 1.6x within minutes), the cell's the median of its runs', N the median sample;
+  to 2x within minutes), the cell's the median of its runs', N the median sample;
   runs whose sweep did not start its processes together show no fraction (their processes
   could read one after the other, overstating the bandwidth up to twofold).
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built
