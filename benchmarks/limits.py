@@ -22,7 +22,9 @@ barrier: all their bytes over the span from the first start to the last end.  A 
 bound of the machine's read bandwidth; peers.py --measure-bandwidth uses the same sweep.  Decode bytes per token: every weight a decode step reads
 (all layers' matmul weights in goinfer's layout, the LM head, one embedding row) plus the
 KV cache read by attention at that context (K and V of every layer in the cache's type).  Decode tok/s from
-goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s.
+goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s, a fraction of the mean of
+two sweeps with --threads processes, just before and just after the row (a shared host's
+bandwidth moved by up to 2x within minutes).
 
 Prefill: `goinfer.profile` times the matmul kernels of one cold prefill; int8 operations =
 2 x (weight elements of every matmul) x tokens (the LM head runs for the last position only).
@@ -280,25 +282,31 @@ def main(argv=None):
         "prefill": [],
     }
     print_bytes(res["bytes_per_token"])
-    bw_threads = bw["threads"]["GBs"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         b = decode_bytes(model, ctx)
+        # the bandwidth just before and just after the row (a shared host's moves within
+        # minutes): the row is set against their mean
+        around = [read_bandwidth(a.threads, n_bytes, reps)["GBs"]]
         tok_s = 1.0 / statistics.median(
             bench.time_decode(model, ctx, 4 if a.smoke else 32, 1 if a.smoke else 3)
         )
+        around.append(read_bandwidth(a.threads, n_bytes, reps)["GBs"])
+        bw_threads = sum(around) / 2
         gbs = b["total"] * tok_s / 1e9
         row = {
             "context": ctx,
             "bytes_per_token": b,
             "tok_s": tok_s,
             "GBs": gbs,
+            "bandwidth_around_GBs": around,
             "fraction_of_bandwidth": gbs / bw_threads,
         }
         res["decode"].append(row)
         print(
             f"decode after {ctx}: {b['total'] / 1e6:.1f} MB/token (weights "
             f"{b['weights'] / 1e6:.1f}, KV {b['kv'] / 1e6:.1f}) x {tok_s:.1f} tok/s = "
-            f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the measured bandwidth"
+            f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the bandwidth measured around it "
+            f"({around[0]:.1f}, {around[1]:.1f} GB/s)"
         )
     ghz = cpu_ghz()
     ops = peak_ops_per_cycle(_config.variant())  # the running variant's int8 ops per cycle

@@ -339,6 +339,13 @@ def limits_section(d: dict, notes: Notes) -> list[str]:
                 f"decode after {r['context']:,}: {b['total'] / 1e6:.1f} MB/token x "
                 f"{num(r['tok_s'])} tok/s = {num(r['GBs'])} GB/s, "
                 f"**{100 * r['fraction_of_bandwidth']:.0f}%** of the bandwidth"
+                + (  # swept just before and after the row
+                    " measured around it ({} and {} GB/s)".format(
+                        *(num(x) for x in r["bandwidth_around_GBs"])
+                    )
+                    if r.get("bandwidth_around_GBs")
+                    else ""
+                )
             )
         for r in run["prefill"]:
             share = (
@@ -346,10 +353,15 @@ def limits_section(d: dict, notes: Notes) -> list[str]:
                 if r.get("matmul_share") is not None
                 else ""
             )
+            peak = r.get("peak_GOPs") or 0  # older runs stored the fraction, newer the two rates
+            frac = r.get("fraction_of_peak", r["int8_GOPs"] / peak if peak else None)
             parts.append(
-                f"prefill {r['tokens']:,}{share}: {num(r['int8_GOPs'])} int8 GOP/s, "
-                f"**{100 * r['fraction_of_peak']:.0f}%** of the {num(r['peak_GOPs'])} GOP/s "
-                f"nominal peak"
+                f"prefill {r['tokens']:,}{share}: {num(r['int8_GOPs'])} int8 GOP/s"
+                + (
+                    f", **{100 * frac:.0f}%** of the {num(peak)} GOP/s nominal peak"
+                    if frac is not None
+                    else ""
+                )
             )
         out.append(f"- {model_label(run['model'])} {notes.mark(run)}: " + "; ".join(parts) + ".")
     if out:

@@ -233,6 +233,9 @@ def check_limits(res):
     b = d["bytes_per_token"]
     assert b["kv"] > 0 and b["weights"] > 0 and b["total"] == b["weights"] + b["kv"]
     assert d["GBs"] == pytest.approx(b["total"] * d["tok_s"] / 1e9)
+    around = d["bandwidth_around_GBs"]  # swept just before and after the row: their mean
+    assert len(around) == 2 and all(_pos(x) for x in around)
+    assert d["fraction_of_bandwidth"] == pytest.approx(d["GBs"] / (sum(around) / 2))
     (p,) = res["prefill"]
     assert p["tokens"] == 64 and _pos(p["tok_s"]) and _pos(p["int8_GOPs"])
     assert 0 < p["matmul_share"] <= 1
