@@ -388,17 +388,16 @@ def main(argv=None) -> dict:
 
     # the engines alternate, each alone in its own process: goinfer, llama.cpp, goinfer, ...
     runs = {e["label"]: [] for e in engines}
-    run_bw = {e["label"]: [] for e in engines}  # GB/s around each of an engine's runs
+    before = {e["label"]: [] for e in engines}  # the sample just before each run, by index
     for _ in range(args.repeats):
         for e in engines:
             if measure:
                 sample_bandwidth()
+                before[e["label"]].append(len(bw_samples) - 1)  # and after it: the next one
             runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
-            run_bw[e["label"]].append(len(bw_samples) - 1)  # the sample before; after: + 1
     if measure:
         sample_bandwidth()
         gbs = [b["GBs"] for b in bw_samples]
-        run_bw = {k: [(gbs[j] + gbs[j + 1]) / 2 for j in v] for k, v in run_bw.items()}
         res["bandwidth"] = {
             **{
                 k: bw_samples[0][k]
@@ -406,7 +405,7 @@ def main(argv=None) -> dict:
             },
             "GBs": statistics.median(gbs),
             "samples_GBs": gbs,
-            "runs_GBs": run_bw,
+            "runs_GBs": {k: [(gbs[j] + gbs[j + 1]) / 2 for j in v] for k, v in before.items()},
             "per_run": True,
             "source": "measured (limits.read_bandwidth) before every engine's run and after the "
             "last; each run's fraction is of the mean of the two samples around it, a row's "
