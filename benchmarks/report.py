@@ -358,7 +358,8 @@ def limits_section(d: dict, notes: Notes) -> list[str]:
             parts.append(
                 f"prefill {r['tokens']:,}{share}: {num(r['int8_GOPs'])} int8 GOP/s"
                 + (
-                    f", **{100 * frac:.0f}%** of the {num(peak)} GOP/s nominal peak"
+                    f", **{100 * frac:.0f}%** of the {num(peak)} GOP/s "
+                    + ("measured int8 peak" if r.get("peak_measured") else "nominal peak")
                     if frac is not None
                     else ""
                 )
@@ -517,6 +518,15 @@ METHOD = """\
   to 2x within minutes), the cell's the median of its runs', N the median sample;
   runs whose sweep did not start its processes together show no fraction (their processes
   could read one after the other, overstating the bandwidth up to twofold).
+- **Prefill against the int8 peak** (`limits.py`, `kernels_matmul.py`): the "measured int8
+  peak" is the variant's dot-product instruction alone (AVX-512 `vpdpbusd`, AVX2
+  `vpmaddubsw`, 12 independent accumulators per thread) timed on the same threads at once, so
+  it assumes no clock.  A "nominal peak" (older runs) was 256 (AVX-512) or 128 (AVX2) int8
+  operations per cycle times the clock `/proc/cpuinfo` reports: on the Zen 4 guest that clock
+  (2.60 GHz) was below the cores' real one (the probe measured 470 GOP/s per core on both
+  variants, 128 operations per cycle at about 3.66 GHz; a Zen 4 core splits a 512-bit
+  `vpdpbusd` in two halves), so a nominal share there is 0.71x (AVX2) or 1.41x (AVX-512) the
+  share of the measured peak.
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built
   without AMX and is slower there than natively built llama.cpp is elsewhere; each table names
   its peer build.

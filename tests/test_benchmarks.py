@@ -212,6 +212,13 @@ def check_kernels_matmul(res):
     assert got == {(k, m) for k in ("q4_0", "q8_0", "q6_k", "q4_k") for m in (1, 16)}
     assert all(_pos(r["us"]) and _pos(r["GOPs"]) for r in res["rows"])
     assert all(_pos(r["cold_GBs"]) for r in res["rows"] if r["M"] == 1)
+    # the GEMM rows' peak: the int8 peak measured on the threads used (none on portable)
+    simd = res["regime"]["goinfer"]["kernel_variant"] != "portable"
+    assert set(res["peak_GOPs"]) == {"1"} and (res["peak_GOPs"]["1"] > 0) == simd
+    for r in (r for r in res["rows"] if r["M"] > 1):
+        assert r["peak_GOPs"] == res["peak_GOPs"][str(r["threads_used"])]
+        if simd:
+            assert r["fraction_of_peak"] == pytest.approx(r["GOPs"] / r["peak_GOPs"])
     assert len(res["quantize_act"]) == 3 and all(_pos(q["GBs"]) for q in res["quantize_act"])
 
 
@@ -239,6 +246,8 @@ def check_limits(res):
     (p,) = res["prefill"]
     assert p["tokens"] == 64 and _pos(p["tok_s"]) and _pos(p["int8_GOPs"])
     assert 0 < p["matmul_share"] <= 1
+    simd = res["regime"]["goinfer"]["kernel_variant"] != "portable"
+    assert p["peak_measured"] and (p["peak_GOPs"] > 0) == simd
     (t,) = res["bytes_per_token"]
     assert t["goinfer_bytes"] == b["weights"] == t["file_bytes"], t
     assert t["file_by_type"] == {"Q4_0": t["file_bytes"]} and t["goinfer_over_file"] == 1.0

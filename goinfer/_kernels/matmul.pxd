@@ -53,6 +53,7 @@ cdef extern from "matmul.h" nogil:
         void (*get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1,
                          float *out) noexcept nogil
         int mr_q, mr_f
+        int64_t (*int8_probe)(int64_t reps) noexcept nogil
 
     const gi_matmul_ops gi_matmul_ops_portable
     const gi_matmul_ops gi_matmul_ops_avx2

@@ -15,6 +15,8 @@ from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, c
 from goinfer._kernels.dispatch cimport table_variant, variant_table
 from goinfer._kernels.graph cimport Op, run_shares, run_shares_dynamic, share_fn
 
+import time
+
 import numpy as np
 
 from goinfer.quant import QAct, QWeight
@@ -73,6 +75,45 @@ def _variant_used():
     (tests: dispatch follows _config.set_variant)."""
     return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2,
                          &gi_matmul_ops_avx512)
+
+
+# ============================================================================ int8 peak
+
+
+cdef struct probe_args:
+    const gi_matmul_ops *ops
+    int64_t reps
+
+
+cdef void _probe_share(const void *args, int64_t t, int tid) noexcept nogil:
+    cdef const probe_args *a = <const probe_args *>args
+    a.ops.int8_probe(a.reps)
+
+
+def _int8_peak(nthreads=1, double min_time=0.1):
+    """The measured int8 peak (benchmarks): int8 operations per second (2 per multiply-add) of
+    the running variant's dot-product instruction alone (gi_matmul_ops.int8_probe), on nthreads
+    threads at once; 0.0 for the portable variant.  The rounds double until one run takes
+    min_time; the fastest of 3 runs."""
+    cdef probe_args r
+    cdef int nt = check_threads(nthreads)
+    r.ops = _ops()
+    cdef int64_t per = r.ops.int8_probe(1)
+    if per == 0:
+        return 0.0
+    r.reps = 1024
+    while True:
+        t0 = time.perf_counter()
+        run_shares(_probe_share, &r, nt)
+        if time.perf_counter() - t0 >= min_time or r.reps >= (1 << 40):
+            break
+        r.reps *= 2
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run_shares(_probe_share, &r, nt)
+        best = min(best, time.perf_counter() - t0)
+    return per * r.reps * nt / best
 
 
 cdef inline void *_data(cnp.ndarray a) noexcept:

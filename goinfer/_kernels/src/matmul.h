@@ -65,6 +65,10 @@ typedef struct gi_matmul_ops {
     void (*get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int64_t t1, float *out);
     /* Activation rows per GEMM microkernel tile (int, float): a hint for splitting M. */
     int mr_q, mr_f;
+    /* The int8 peak probe: reps rounds of 12 independent dot-product instructions of the kind
+       the variant's GEMM is built on (AVX-512: vpdpbusd zmm, AVX2: vpmaddubsw ymm), nothing
+       else; returns the int8 operations done (2 per multiply-add; portable: 0, no probe). */
+    int64_t (*int8_probe)(int64_t reps);
 } gi_matmul_ops;
 
 extern const gi_matmul_ops gi_matmul_ops_portable, gi_matmul_ops_avx2, gi_matmul_ops_avx512;

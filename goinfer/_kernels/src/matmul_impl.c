@@ -321,5 +321,5 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
 /* ============================================================================ table */
 
 const gi_matmul_ops GI(gi_matmul_ops) = {
-    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR,
+    GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR, GI(int8_probe),
 };
