@@ -141,7 +141,6 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
     }
 }
 
-
 /* gi_matmul_ops.int8_probe: no SIMD dot-product instruction, so no peak is stated */
 static int64_t GI(int8_probe)(int64_t reps) {
     (void)reps;
