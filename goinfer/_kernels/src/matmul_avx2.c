@@ -25,6 +25,13 @@
 #define FG_MR 6          /* float GEMM: activation rows per microkernel */
 #define MR_Q QG2_MR      /* gi_matmul_ops.mr_q: activation rows per int GEMM tile (gemm2's) */
 
+/* int8 peak probe (matmul_impl.c): vpmaddubsw ymm, 32 multiply-adds each */
+#define PROBE_T __m256i
+#define PROBE_SET1 _mm256_set1_epi32
+#define PROBE_STEP(acc, a, b) _mm256_maddubs_epi16((acc), (b))
+#define PROBE_LANE0 _mm256_cvtsi256_si32
+#define PROBE_OPS 64
+
 
 /* An empty asm that "modifies" v: the value must exist in a register here, so the compiler
    keeps the accumulation order written (no reassociation into trees of temporaries, which
@@ -974,26 +981,4 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
         }
     }
     return 1;
-}
-
-/* ============================================================================ int8 peak probe */
-/* gi_matmul_ops.int8_probe: 12 independent accumulators (more than latency x throughput), the
-   asm barrier keeps each instruction from being folded away. */
-static int64_t GI(int8_probe)(int64_t reps) {
-    __m256i acc[12];
-    const __m256i b = _mm256_set1_epi32(0x05060708);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_epi32(i);
-    for (int64_t n = 0; n < reps; n++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) {
-            acc[i] = _mm256_maddubs_epi16(acc[i], b);
-            __asm__("" : "+v"(acc[i]));
-        }
-    }
-    int32_t sink = 0;
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) sink ^= _mm256_cvtsi256_si32(acc[i]);
-    __asm__ volatile("" : : "r"(sink));
-    return reps * 12 * 64;
 }

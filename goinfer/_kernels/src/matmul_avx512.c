@@ -33,6 +33,13 @@
 #define QG_MR_Q6K 4      /* q6_k GEMM: fewer rows (3 live vectors per output: H0 x sc0, H1, acc) */
 #define MR_Q QG_MR       /* gi_matmul_ops.mr_q: activation rows per int GEMM tile */
 
+/* int8 peak probe (matmul_impl.c): vpdpbusd zmm, 64 multiply-adds each */
+#define PROBE_T __m512i
+#define PROBE_SET1 _mm512_set1_epi32
+#define PROBE_STEP(acc, a, b) _mm512_dpbusd_epi32((acc), (a), (b))
+#define PROBE_LANE0 _mm512_cvtsi512_si32
+#define PROBE_OPS 128
+
 
 /* ============================================================================ activation quantization */
 
@@ -478,26 +485,4 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) store_unit(w, out, ldo, m + i, (u + r) * UNIT, acc[r][i]);
-}
-
-/* ============================================================================ int8 peak probe */
-/* gi_matmul_ops.int8_probe: 12 independent accumulators (more than latency x throughput), the
-   asm barrier keeps each instruction from being folded away. */
-static int64_t GI(int8_probe)(int64_t reps) {
-    __m512i acc[12];
-    const __m512i a = _mm512_set1_epi32(0x01020304), b = _mm512_set1_epi32(0x05060708);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
-    for (int64_t n = 0; n < reps; n++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) {
-            acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-            __asm__("" : "+v"(acc[i]));
-        }
-    }
-    int32_t sink = 0;
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) sink ^= _mm512_cvtsi512_si32(acc[i]);
-    __asm__ volatile("" : : "r"(sink));
-    return reps * 12 * 128;
 }

@@ -318,6 +318,34 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
 }
 
 
+/* ============================================================================ int8 peak probe */
+/* gi_matmul_ops.int8_probe: reps rounds of 12 independent PROBE_STEPs (the variant's
+   dot-product instruction: more accumulators than its latency x throughput), the asm barrier
+   keeping each from being folded away; returns the int8 operations done. */
+static int64_t GI(int8_probe)(int64_t reps) {
+#if PROBE_OPS > 0
+    PROBE_T acc[12];
+    const PROBE_T a = PROBE_SET1(0x01020304), b = PROBE_SET1(0x05060708);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[i] = PROBE_SET1(i);
+    for (int64_t n = 0; n < reps; n++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            acc[i] = PROBE_STEP(acc[i], a, b);
+            __asm__("" : "+v"(acc[i]));
+        }
+    }
+    int32_t sink = 0;
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) sink ^= PROBE_LANE0(acc[i]);
+    __asm__ volatile("" : : "r"(sink));
+    (void)a;
+#else
+    (void)reps;
+#endif
+    return reps * 12 * PROBE_OPS;
+}
+
 /* ============================================================================ table */
 
 const gi_matmul_ops GI(gi_matmul_ops) = {

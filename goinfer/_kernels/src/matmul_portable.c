@@ -8,6 +8,7 @@
 
 #define MR_Q 4           /* gi_matmul_ops.mr_q, mr_f: a hint for splitting M */
 #define FG_MR 4
+#define PROBE_OPS 0      /* int8 peak probe: no SIMD dot-product instruction, no peak stated */
 
 
 /* ============================================================================ activation quantization */
@@ -139,10 +140,4 @@ static void GI(matmul_f)(const gi_weight *w, const float *x, int64_t m0, int64_t
             for (int64_t r = 0; r < cnt; r++) out[m * ldo + rb * GI_ROWS + r] = acc[r];
         }
     }
-}
-
-/* gi_matmul_ops.int8_probe: no SIMD dot-product instruction, so no peak is stated */
-static int64_t GI(int8_probe)(int64_t reps) {
-    (void)reps;
-    return 0;
 }
