@@ -523,10 +523,10 @@ METHOD = """\
   `vpmaddubsw`, 12 independent accumulators per thread) timed on the same threads at once, so
   it assumes no clock.  A "nominal peak" (older runs) was 256 (AVX-512) or 128 (AVX2) int8
   operations per cycle times the clock `/proc/cpuinfo` reports: on the Zen 4 guest that clock
-  (2.60 GHz) was below the cores' real one (the probe measured 470 GOP/s per core on both
-  variants, 128 operations per cycle at about 3.66 GHz; a Zen 4 core splits a 512-bit
-  `vpdpbusd` in two halves), so a nominal share there is 0.71x (AVX2) or 1.41x (AVX-512) the
-  share of the measured peak.
+  (2.60 GHz) was below the cores' real one, and a Zen 4 core issues one 512-bit `vpdpbusd`
+  per cycle, not two: the probe measured 470 GOP/s per core on both variants (128 operations
+  per cycle at about 3.66 GHz), so a nominal share there is 1.41x (AVX2) or 0.71x (AVX-512)
+  the share of the measured peak.
 - **llama.cpp builds.** Where llama.cpp's AMX path crashed (the Xeon VMs), the peer was built
   without AMX and is slower there than natively built llama.cpp is elsewhere; each table names
   its peer build.

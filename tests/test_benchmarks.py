@@ -217,8 +217,6 @@ def check_kernels_matmul(res):
     assert set(res["peak_GOPs"]) == {"1"} and (res["peak_GOPs"]["1"] > 0) == simd
     for r in (r for r in res["rows"] if r["M"] > 1):
         assert r["peak_GOPs"] == res["peak_GOPs"][str(r["threads_used"])]
-        if simd:
-            assert r["fraction_of_peak"] == pytest.approx(r["GOPs"] / r["peak_GOPs"])
     assert len(res["quantize_act"]) == 3 and all(_pos(q["GBs"]) for q in res["quantize_act"])
 
 
