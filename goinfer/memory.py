@@ -6,8 +6,9 @@
 What "needed" means for a model (docs/design/gguf.md, "Memory"): the bytes of its weights in
 goinfer's native layout, which must stay resident for the model to run at any useful speed,
 whether they are memory-mapped from the layout cache (shared, file-backed pages: not
-"allocated", but evicted and re-read from disk on every token if they do not fit) or held in
-process memory (no layout cache).  The KV cache is not counted: it is sized at its creation
+"allocated", but evicted and re-read from disk on every token if they do not fit), copied from
+it into anonymous huge pages (goinfer/layout.py, place_weights) or held in process memory (no
+layout cache).  The KV cache is not counted: it is sized at its creation
 (goinfer/kv_cache.py, bounded by half of what is available then) and its pages are touched only
 as tokens fill them.
 """
@@ -214,7 +215,63 @@ def trim() -> bool:
     return True
 
 
+_MADV_HUGEPAGE = 14
 _MADV_NOHUGEPAGE = 15
+_MADV_POPULATE_READ = 22
+HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 (one PMD entry)
+
+
+def huge_pages_available() -> bool:
+    """True when the system gives transparent huge pages to memory that asks for them
+    (/sys/kernel/mm/transparent_hugepage/enabled is [always] or [madvise])."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        return False
+    return "[always]" in mode or "[madvise]" in mode
+
+
+def want_huge_pages(ranges) -> bool:
+    """madvise(MADV_HUGEPAGE) on [(address, nbytes), ...], before they are touched: anonymous
+    memory then faults in 2 MB at a time, and a file mapping reads the file in 2 MB folios where
+    its file system caches files that way (ext4 from Linux 6.16, XFS).  False where the system
+    cannot."""
+    return _advise(ranges, _MADV_HUGEPAGE)
+
+
+def populate_read(ranges) -> bool:
+    """Fault in [(address, nbytes), ...] for reading (MADV_POPULATE_READ, Linux >= 5.14), without
+    the GIL.  False where the system cannot."""
+    return _advise(ranges, _MADV_POPULATE_READ)
+
+
+def huge_share(address: int) -> float | None:
+    """The share of the resident pages of the mapping that starts at address which the process
+    maps with 2 MB entries (/proc/self/smaps: AnonHugePages, FilePmdMapped, ShmemPmdMapped over
+    Rss); None where it cannot be read or nothing is resident."""
+    start = f"{address:x}-"
+    fields = {}
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                if not inside:
+                    inside = line.startswith(start)
+                    continue
+                key, _, rest = line.partition(":")
+                if " " in key or "-" in key:  # the next mapping's first line
+                    break
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    fields[key] = int(parts[0])
+    except OSError:
+        return None
+    rss = fields.get("Rss", 0)
+    if not rss:
+        return None
+    huge = sum(fields.get(k, 0) for k in ("AnonHugePages", "FilePmdMapped", "ShmemPmdMapped"))
+    return min(1.0, huge / rss)
 
 
 def no_huge_pages(ranges) -> bool:

@@ -417,6 +417,100 @@ def test_cache_off(q4_path, layouts, monkeypatch):
     assert _files(layouts) == []
 
 
+# ============================================================================ pages
+
+
+def _mapped_rss(path: Path) -> int:
+    """Resident bytes of this process's mappings of path (/proc/self/smaps)."""
+    rss, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's first line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1]) * 1024
+    return rss
+
+
+def _opened(path: Path) -> layout.Layout:
+    header = layout.verify(path)
+    keys = ("format", "layout_version", "fingerprint", "variant", "family")
+    return layout.open_layout(path, {k: header[k] for k in keys})
+
+
+def test_copied_weights_are_the_same_bits(q4_path, layouts, monkeypatch):
+    mapped = _load(q4_path)
+    assert mapped.load_info.pages in ("huge", "small")  # a tiny layout stays mapped
+    monkeypatch.setenv("GOINFER_LAYOUT_PAGES", "copy")
+    m = _load(q4_path)
+    assert m.load_info.source == "layout" and m.load_info.pages == "copied"
+    assert m.load_info.huge_share is not None
+    for a, b in zip(_arrays(mapped), _arrays(m), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        assert not b.flags.writeable
+        assert not np.shares_memory(a, b)
+    assert np.array_equal(m.logits(IDS), mapped.logits(IDS))
+    monkeypatch.setenv("GOINFER_LAYOUT_PAGES", "sometimes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fails before anything is read (no rebuild)
+        with pytest.raises(ValueError, match="LAYOUT_PAGES must be one of auto, map, copy"):
+            _load(q4_path)
+
+
+def test_copy_lets_the_files_pages_go(q4_path, layouts):
+    lp = _load(q4_path).load_info.path
+    lay = _opened(lp)
+    before = _mapped_rss(lp)
+    assert before >= 0.9 * os.path.getsize(lp)  # populated
+    layout.place_weights(lay, "copy")
+    assert lay.pages == "copied" and lay.copy is not None
+    assert lay.shift == -layout._address(lay.copy) % memory.HUGE_PAGE
+    # what stays resident of the file: the preamble's page and the header after the arrays
+    arrays_end = max(off + n for off, n, *_ in lay.header["arrays"])
+    assert _mapped_rss(lp) <= before - (arrays_end - 4096) // 4096 * 4096 + 4096
+
+
+@pytest.mark.parametrize(
+    "mode, size, share, thp, copied",
+    [
+        ("auto", "large", 0.1, True, True),  # mostly 4 KB pages: copied
+        ("auto", "large", 0.9, True, False),  # mostly 2 MB pages already
+        ("auto", "large", None, True, False),  # not known (no /proc): left alone
+        ("auto", "large", 0.1, False, False),  # the system gives no huge pages
+        ("auto", "small", 0.1, True, False),  # under 32 MB
+        ("map", "large", 0.1, True, False),
+        ("copy", "small", 0.9, False, True),
+    ],
+)
+def test_auto_copies_a_large_layout_on_small_pages(
+    mode, size, share, thp, copied, q4_path, layouts, monkeypatch
+):
+    lay = _opened(_load(q4_path).load_info.path)
+    if size == "large":
+        monkeypatch.setattr(layout, "_COPY_MIN", 0)
+    monkeypatch.setattr(memory, "huge_share", lambda address: share)
+    monkeypatch.setattr(memory, "huge_pages_available", lambda: thp)
+    layout.place_weights(lay, mode)
+    assert (lay.copy is not None) == copied
+    want = "copied" if copied else "huge" if share is not None and share >= 0.5 else "small"
+    assert lay.pages == want
+
+
+def test_huge_share_reads_the_mapping():
+    import mmap
+
+    n = 8 * memory.HUGE_PAGE
+    buf = mmap.mmap(-1, n)
+    addr = layout._address(buf)
+    assert memory.huge_share(addr) is None  # nothing resident yet
+    memory.want_huge_pages([(addr, n)])
+    np.frombuffer(buf, np.uint8)[::4096] = 1  # touch every page
+    share = memory.huge_share(addr)
+    assert share is not None and 0.0 <= share <= 1.0
+    if not memory.huge_pages_available():
+        assert share == 0.0
+    assert memory.huge_share(addr + 4096) is None  # not the start of a mapping
+
+
 # ============================================================================ memory
 
 
