@@ -276,6 +276,7 @@ def main(argv=None):
         "benchmark": "limits",
         "regime": regime.header(a.threads, argv=argv),
         "model": regime.model(model.path),
+        "weight_pages": bench.weight_pages(model),
         "bytes_per_token": [bytes_per_token(model)],
         "bandwidth": bw,
         "decode": [],

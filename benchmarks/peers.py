@@ -77,6 +77,7 @@ class GoinferEngine:
         """Native weight kinds and the GGUF types they came from; where the weights came from."""
         return {
             "load_source": self.model.load_info.source,
+            "weight_pages": self.bench.weight_pages(self.model),
             "weights": sorted(
                 {
                     w.kind + (f" (from {w.source_type})" if w.source_type else "")
@@ -424,6 +425,10 @@ def main(argv=None) -> dict:
     g = next((first[e["label"]] for e in engines if e["engine"] == "goinfer"), None)
     res["goinfer_load"] = g["load_source"] if g else "not run"
     res["goinfer_weights"] = g["weights"] if g else ["not run"]
+    # each process maps (or copies) the weights itself: how each run's were backed
+    res["goinfer_pages"] = [
+        r.get("weight_pages") for e in engines if e["engine"] == "goinfer" for r in runs[e["label"]]
+    ]
     ll = next((first[e["label"]] for e in engines if e["engine"] == "llama.cpp"), None)
     if ll is not None:
         res["regime"]["peer"]["system_info"] = ll["system_info"]

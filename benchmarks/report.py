@@ -39,6 +39,7 @@ SECTIONS = [
     "Q6_K in Q4_K_M files",
     "AVX2 prefill GEMM",
     "Decode GEMV of the 4-bit kinds",
+    "Weight pages",
     "Prefill tiles per thread",
     "Attention kernels",
     "Mixture of Experts",

@@ -127,6 +127,15 @@ def machine() -> dict:
     }
 
 
+def weight_pages(model) -> dict:
+    """How the model's weights are backed in memory (goinfer/layout.py, place_weights): "huge"
+    (the mapped layout, mostly 2 MB pages), "copied" (a copy in anonymous huge pages), "small"
+    (mapped on 4 KB pages), "process" (converted in process memory, no layout cache); and the
+    share of their pages mapped 2 MB at a time, where known."""
+    info = model.load_info
+    return {"pages": info.pages or "process", "huge_share": info.huge_share}
+
+
 def cold_prefill(model, ids) -> tuple[float, int]:
     """(seconds, cached tokens) of one prefill of ids on a fresh KV cache: the cached count is
     the cache's hit tokens after it, 0 for a cold prefill."""
@@ -201,6 +210,7 @@ def run(
         "date": date.today().isoformat(),
         "repeats": repeats,
         "goinfer": config(),
+        "weight_pages": weight_pages(model),
         "prefill": [],
         "decode": [],
     }

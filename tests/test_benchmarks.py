@@ -249,6 +249,32 @@ def check_limits(res):
     (t,) = res["bytes_per_token"]
     assert t["goinfer_bytes"] == b["weights"] == t["file_bytes"], t
     assert t["file_by_type"] == {"Q4_0": t["file_bytes"]} and t["goinfer_over_file"] == 1.0
+    _check_pages(res["weight_pages"])
+
+
+PAGES = ("huge", "copied", "small", "process")
+
+
+def check_weight_pages(res):
+    """One map and one copy run, each its own process, both from the layout cache: the map run
+    on the file's own pages (a tiny layout: 4 KB ones), the copy run on the copy."""
+    (m,), (c,) = res["runs"]["map"], res["runs"]["copy"]
+    assert m["pages"] == "small" and m["huge_share"] == 0.0, m
+    assert c["pages"] == "copied" and c["huge_share"] is not None, c
+    for r in (m, c):
+        assert r["load_source"] == "layout" and _pos(r["tok_s"]) and _pos(r["load_s"])
+        assert _pos(r["bandwidth_GBs"]) and len(r["runs_s_per_token"]) == 1
+        _check_pages(r)
+    assert res["copy_over_map"] == pytest.approx(c["tok_s"] / m["tok_s"])
+    assert res["round_ratios"] == [pytest.approx(c["tok_s"] / m["tok_s"])]
+    assert res["round_ratio_median"] == pytest.approx(res["copy_over_map"])
+    assert len({m["pid"], c["pid"], os.getpid()}) == 3
+
+
+def _check_pages(p):
+    """How a run's weights were backed (goinfer.bench.weight_pages)."""
+    assert p["pages"] in PAGES, p
+    assert p["huge_share"] is None or 0.0 <= p["huge_share"] <= 1.0, p
 
 
 def _file_decode_bytes(path) -> int:
@@ -360,6 +386,9 @@ def check_peers(res):
     (f0,) = d["runs_fraction_of_bandwidth"]["goinfer"]
     assert f0 == pytest.approx(d["GBs"]["goinfer"] / (sum(g) / 2))  # one run: its own tok/s
     assert res["settings"]["one_process_per_engine"] is True
+    assert len(res["goinfer_pages"]) == len(d["runs_s_per_token"]["goinfer"])
+    for pages in res["goinfer_pages"]:
+        _check_pages(pages)
     _alone(res)
     if _peer_ran(res):
         assert p["best_peer"] == "llama.cpp" and _pos(p["ratio"]["goinfer"])
@@ -633,6 +662,8 @@ def test_bench_run_cold_prefills(smoke_path):
     (d,) = res["decode"]
     assert _pos(d["tok_s"]) and d["tokens"] == 2
     assert res["machine"]["vendor"] and isinstance(res["machine"]["isa"], list)
+    assert res["weight_pages"] == {"pages": m.load_info.pages, "huge_share": m.load_info.huge_share}
+    _check_pages(res["weight_pages"])
     json.loads(bench.to_json(res))
 
 
