@@ -459,6 +459,11 @@ def _map(fd: int, populate: bool) -> mmap.mmap:
     return mm
 
 
+def _anonymous(n: int) -> mmap.mmap:
+    """n bytes of private anonymous memory (place_weights' copy)."""
+    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, name: str = ""):
     """Back the arrays of a mapped layout with 2 MB pages where the system allows.
 
@@ -471,7 +476,8 @@ def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, 
     into anonymous memory that asks for huge pages, and the file's pages are let go as the
     copy proceeds (the process's resident memory stays about one copy).  A copy is the
     process's own: processes that load the model each hold one.  Layouts under 32 MB always
-    stay mapped.  Sets lay.pages and lay.huge_share."""
+    stay mapped, and so does any layout when there is no memory for the copy (with a warning
+    when "copy" asked for one).  Sets lay.pages and lay.huge_share."""
     mode = mode or pages_mode()
     arrays = lay.header["arrays"]
     end = max((off + n for off, n, *_ in arrays), default=_DATA0)
@@ -484,7 +490,18 @@ def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, 
         lay.pages = "huge" if share is not None and share >= 0.5 else "small"
         return
     H = memory.HUGE_PAGE
-    copy = mmap.mmap(-1, end + H, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        copy = _anonymous(end + H)
+    except OSError as e:  # no memory for a copy: the mapping serves, as it is
+        lay.pages = "huge" if share is not None and share >= 0.5 else "small"
+        if mode == "copy":
+            warnings.warn(
+                f"goinfer: GOINFER_LAYOUT_PAGES=copy: no memory for a copy of {name or lay.path}"
+                f" ({e}); the weights stay mapped",
+                LayoutWarning,
+                stacklevel=3,
+            )
+        return
     base = _address(copy)
     shift = -base % H  # file offset 0 at a 2 MB boundary
     memory.want_huge_pages([(base, end + H)])
@@ -673,16 +690,17 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
     with _lock(path):
         try:
             lay = open_layout(path, expect)
-            return _loaded(lay, classes, "layout", mode, progress, name)
         except (FileNotFoundError, NotADirectoryError):
-            pass  # not built yet
+            lay = None  # not built yet
         except (LayoutError, OSError, ValueError) as e:
+            lay = None
             warnings.warn(
                 f"goinfer: rebuilding the layout cache of {name}: {e}", LayoutWarning, stacklevel=3
             )
+        if lay is not None:
+            return _loaded(lay, classes, "layout", mode, progress, name)
         try:
             lay = _build(g, family, cfg, path, expect, progress, name)
-            return _loaded(lay, classes, "built", mode, progress, name)
         except _WriteFailed as e:
             err = e.__cause__ or e
             warnings.warn(
@@ -693,6 +711,7 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
             )
             g.conversion_summary().rows.clear()  # the failed build's partial counts
             return None, LoadInfo("gguf", reason=f"write failed: {err}")
+        return _loaded(lay, classes, "built", mode, progress, name)
 
 
 def prepare(path, *, progress: bool = True) -> Path:

@@ -495,6 +495,31 @@ def test_auto_copies_a_large_layout_on_small_pages(
     assert lay.pages == want
 
 
+def test_no_memory_for_a_copy_keeps_the_mapping(q4_path, layouts, monkeypatch):
+    """A copy that cannot be allocated leaves the weights mapped: no rebuild of a sound layout,
+    the same logits; a forced copy says so."""
+    ref = _load(q4_path)
+    stamp = os.stat(ref.load_info.path).st_mtime_ns
+
+    def no_memory(n):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(layout, "_anonymous", no_memory)
+    monkeypatch.setattr(layout, "_COPY_MIN", 0)
+    monkeypatch.setattr(memory, "huge_share", lambda address: 0.0)
+    monkeypatch.setattr(memory, "huge_pages_available", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto: quietly mapped
+        m = _load(q4_path)
+    assert m.load_info.source == "layout" and m.load_info.pages == "small"
+    assert np.array_equal(m.logits(IDS), ref.logits(IDS))
+    monkeypatch.setenv("GOINFER_LAYOUT_PAGES", "copy")
+    with pytest.warns(layout.LayoutWarning, match="no memory for a copy.*stay mapped"):
+        m = _load(q4_path)
+    assert m.load_info.source == "layout" and m.load_info.pages == "small"
+    assert os.stat(ref.load_info.path).st_mtime_ns == stamp  # never rebuilt
+
+
 def test_huge_share_reads_the_mapping():
     import mmap
 
