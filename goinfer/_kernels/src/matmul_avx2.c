@@ -633,26 +633,28 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
 
 /* ============================================================================ int GEMM of prefill (qgemm2, gemm2)
  *
- * q4_0 / q4_1 / q8_0 prefill (qgemm2, driven by gemm2 below): one row block (16 output rows,
+ * The prefill of every int kind but mxfp4 (qgemm2, driven by gemm2 below): one row block (16 output rows,
  * two ymm halves) x MR activation rows over one block of groups [g0, g1).  The operands are
  * prepared once and reused:
  *   - the activation rows of a tile are packed into a panel, group by group (pack_panel: the
- *     MR rows' 32 qa bytes, then their 8*asum, da and sa), read by every row block of a chunk,
+ *     MR rows' 32 qa bytes, then their offset sums, da and sa), read by every row block of a chunk,
  *     so the kernel walks one pointer with constant offsets;
- *   - with at least UNP_MIN_TILES activation tiles, q4 weights are unpacked once per chunk and
- *     K block (unpack_q4: one nibble per byte), read by every tile, so the kernel does no
+ *   - with at least UNP_MIN_TILES activation tiles, 4-, 5- and 6-bit codes are unpacked once per chunk and
+ *     K block (unpack_codes: one code per byte), read by every tile, so the kernel does no
  *     unpacking (fewer tiles unpack in registers, UNP = 0; q8_0 is read as it is).
  * The int16 pair sums of the 2 x MR output vectors stay in registers for one group; the float
  * accumulators live in a small buffer in L1 (one load + fma + store per output vector and
  * group), so the 16 ymm registers go to the integer work: each weight vector is multiplied by
  * MR broadcast activations, each broadcast by 2 weight vectors.  Per 8 outputs and group: 8
- * vpmaddubsw + 8 vpaddw (q4) or 8 x (sign, maddubs, madd, add) (q8), then the contract's fold:
- * madd (int16 pairs -> int32), [q4_0: - 8*asum], cvt, d*da, fma [q4_1: fma(mn, sa)], the same
+ * vpmaddubsw + 8 vpaddw (q4), 8 maddubs + 4 x (add, madd, add) (q5, q6_k: by pairs of lines)
+ * or 8 x (sign, maddubs, madd, add) (q8), then the contract's fold: madd (int16 pairs ->
+ * int32), [q4_0, q5_0: - 8*asum, 16*asum], cvt, d*da, fma [q4_1, q5_1, k-quants: fma(mn, sa)], the same
  * float sequence as qtile's in group order, so the bits are the same (GEMM == GEMV, any
  * tiling, any K blocking: a K block continues the accumulators the previous one stored).
  *
  * Bounds (vpmaddubsw saturates an int16 pair sum, vpaddw wraps): q4: a pair is at most
  * 2*15*127 = 3810 and a lane sums 8 pairs (k and k+16 of 4 lines), <= 30480 < 32767;
+ * q5 (q6_k): 2*31*127 = 7874 (2*63*127 = 16002) and a lane sums 2 (1) pairs before widening;
  * q8 (sign trick |q| x qa*sign(q)): a pair is at most 2*128*127 = 32512, widened at once.
  */
 #ifndef QG2_MR
@@ -662,8 +664,8 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
 #define KB_GROUPS 64     /* AVX2 GEMM: groups per K block (panel 12 KB, unpacked row block 32 KB) */
 #endif
 
-/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q6_k:
-   q6_negsums), da (mr,), sa (mr,) f32 */
+/* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q5_0:
+   16*asum; q6_k: q6_negsums), da (mr,), sa (mr,) f32 */
 #define PANEL_STRIDE(mr) ((mr) * 48)
 
 /* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */
@@ -676,7 +678,7 @@ static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0
         for (int64_t g = g0; g < g1; g++) {
             uint8_t *p = panel + (g - g0) * PANEL_STRIDE(mr);
             _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
-            int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : 8 * as[g];
+            int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : CODE_OFF(kind) * as[g];
             memcpy(p + mr * 32 + i * 4, &cb, 4);
             memcpy(p + mr * 36 + i * 4, da + g, 4);
             memcpy(p + mr * 40 + i * 4, sa + g, 4);
@@ -684,25 +686,9 @@ static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0
     }
 }
 
-/* A q4 row block unpacked by unpack_q4: per group and line c, 64 bytes of low nibbles (16 rows
-   x 4 k) then 64 bytes of high nibbles, one per byte: (groups, 4, 2, 16, 4). */
+/* A row block of codes unpacked by unpack_codes: per group and line c, 64 bytes of the codes of
+   k = 4c+j (16 rows x 4 k), then 64 bytes of k = 16+4c+j, one code per byte: (groups, 4, 2, 16, 4). */
 #define UNP_GROUP_BYTES 512
-
-/* Row blocks [rb0, rb1), groups [g0, g1) of a q4 weight -> dst, row block after row block. */
-static void unpack_q4(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
-    const int64_t G = w->n_in / GI_GROUP;
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    for (int64_t rb = rb0; rb < rb1; rb++) {
-        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 256;
-        for (int64_t j = 0; j < (g1 - g0) * 4; j++, dst += 128) {          /* 64-byte lines */
-            for (int h = 0; h < 2; h++) {
-                __m256i l = _mm256_loadu_si256((const __m256i *)(src + j * 64 + h * 32));
-                _mm256_store_si256((__m256i *)(dst + h * 32), _mm256_and_si256(l, nib));
-                _mm256_store_si256((__m256i *)(dst + 64 + h * 32), _mm256_and_si256(_mm256_srli_epi16(l, 4), nib));
-            }
-        }
-    }
-}
 
 /* q6_k lines c of group g (64 bytes at x, the 2 nibble lines at y) -> codes of k = 4c+j
    (lo) and k = 16+4c+j (hi), one per byte, for the 32 bytes at offset h*32 (rows 8h..8h+7). */
@@ -714,17 +700,39 @@ GI_INLINE void q6_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m2
                           _mm256_and_si256(_mm256_srli_epi16(x, 2), _mm256_set1_epi8(0x30)));
 }
 
-/* Row blocks [rb0, rb1), groups [g0, g1) of a q6_k weight -> dst as unpack_q4 lays q4 out
-   (codes 0..63 one per byte: per group and line c, 64 bytes of k = 4c+j, then 64 of 16+4c+j). */
-static void unpack_q6(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
-    const int64_t G = w->n_in / GI_GROUP;
+/* q5 (q5_0, q5_1, q5_k) likewise: the nibbles of line c, bit 4 from line 4 (bit c for k = 4c+j,
+   bit 4+c for 16+4c+j; epi16 shifts: the mask drops what crosses bytes), codes 0..31. */
+GI_INLINE void q5_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m256i *hi) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + 4 * 64 + h * 32));
+    const __m256i nib = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    *lo = _mm256_or_si256(_mm256_and_si256(x, nib), _mm256_and_si256(_mm256_slli_epi16(y, 4 - c), b4));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), nib), _mm256_and_si256(_mm256_srli_epi16(y, c), b4));
+}
+
+/* q4 (q4_0, q4_1, q4_k) likewise: the nibbles of line c, codes 0..15. */
+GI_INLINE void q4_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m256i *hi) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    *lo = _mm256_and_si256(x, nib);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+}
+
+/* Row blocks [rb0, rb1), groups [g0, g1) of a q4, q5 or q6_k weight -> dst, row block after row
+   block, in the layout of UNP_GROUP_BYTES. */
+static void unpack_codes(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
+    const int64_t G = w->n_in / GI_GROUP, gb = LINES(w->kind) * 64;    /* bytes per group */
     for (int64_t rb = rb0; rb < rb1; rb++) {
-        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * 384;
+        const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * gb;
         for (int64_t g = 0; g < g1 - g0; g++)
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++, dst += 128)
+#pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     __m256i lo, hi;
-                    q6_unpack_line(src + g * 384, c, h, &lo, &hi);
+                    if (w->kind == GI_Q6_K) q6_unpack_line(src + g * gb, c, h, &lo, &hi);
+                    else if (IS_Q5(w->kind)) q5_unpack_line(src + g * gb, c, h, &lo, &hi);
+                    else q4_unpack_line(src + g * gb, c, h, &lo, &hi);
                     _mm256_store_si256((__m256i *)(dst + h * 32), lo);
                     _mm256_store_si256((__m256i *)(dst + 64 + h * 32), hi);
                 }
@@ -752,8 +760,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
     const int NL = LINES(KIND);
     const uint8_t *wq = (const uint8_t *)w->qs + (rb * G + g0) * NL * 64;     /* (groups, NL, 16, 4) */
     const uint16_t *wd = KIND == GI_Q6_K ? w->d + (rb * (G / 8) + g0 / 8) * 16   /* q6_k: (groups/8, 16) */
-                         : KIND == GI_Q4_K ? 0 : w->d + (rb * G + g0) * 16;      /* (groups, 16) */
-    const uint16_t *wm = KIND == GI_Q4_1 ? w->m + (rb * G + g0) * 16 : 0;
+                         : IS_QK(KIND) ? 0 : w->d + (rb * G + g0) * 16;          /* (groups, 16) */
+    const uint16_t *wm = HAS_MIN(KIND) ? w->m + (rb * G + g0) * 16 : 0;
     const __m256i ones = _mm256_set1_epi16(1);
     float accm[2][MAXMR][8] __attribute__((aligned(32)));                     /* (2, MR, 8) */
 #pragma GCC unroll 2
@@ -768,23 +776,31 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         const int32_t *cb = (const int32_t *)(pg + MR * 32);
         const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
         __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q6_k: int32 sums */
-        if (KIND == GI_Q6_K) {
-            /* as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two lines
-               of one sub-block added in int16, vpmaddwd by the rows' sub-block scales; the sums
-               start at the -32 offset's correction (cb: the panel's q6_negsums) */
+        if (KIND == GI_Q6_K || IS_Q5(KIND)) {
+            /* q6_k as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two
+               lines of one sub-block added in int16, vpmaddwd by the rows' sub-block scales;
+               the sums start at the -32 offset's correction (cb: the panel's q6_negsums).
+               q5: the same with scales of 1, from 0 (a pair is at most 2*31*127, so 8 pairs
+               would overflow int16; two lines add to <= 15748) */
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
-            const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;                /* (16, 2) */
             const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
             const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
             __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
 #pragma GCC unroll 2
             for (int r = 0; r < 2; r++) {
-                const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
-                sv[r][0] = _mm256_shuffle_epi8(v, plo);
-                sv[r][1] = _mm256_shuffle_epi8(v, phi);
-                const __m256i v32 = _mm256_slli_epi16(v, 5);
+                if (KIND == GI_Q6_K) {
+                    const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
+                    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
+                    sv[r][0] = _mm256_shuffle_epi8(v, plo);
+                    sv[r][1] = _mm256_shuffle_epi8(v, phi);
+                    const __m256i v32 = _mm256_slli_epi16(v, 5);
 #pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(v32, _mm256_set1_epi32(cb[i]));
+                    for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(v32, _mm256_set1_epi32(cb[i]));
+                } else {
+                    sv[r][0] = sv[r][1] = ones;
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) s[r][i] = _mm256_setzero_si256();
+                }
             }
 #pragma GCC unroll 2
             for (int hi = 0; hi < 2; hi++) {
@@ -801,8 +817,13 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 #pragma GCC unroll 2
                         for (int r = 0; r < 2; r++) {
                             __m256i l0, h0, l1, h1;
-                            q6_unpack_line(lg, 2 * cp, r, &l0, &h0);
-                            q6_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            if (KIND == GI_Q6_K) {
+                                q6_unpack_line(lg, 2 * cp, r, &l0, &h0);
+                                q6_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            } else {
+                                q5_unpack_line(lg, 2 * cp, r, &l0, &h0);
+                                q5_unpack_line(lg, 2 * cp + 1, r, &l1, &h1);
+                            }
                             we[r] = hi ? h0 : l0;
                             wo[r] = hi ? h1 : l1;
                         }
@@ -882,7 +903,7 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++) {
             __m256 dv, mv = _mm256_setzero_ps();
-            if (KIND == GI_Q4_K) {  /* decoded by gemm2: (2 halves, g1-g0, 2, 8) */
+            if (IS_QK(KIND)) {  /* decoded by gemm2: (2 halves, g1-g0, 2, 8) */
                 const float *kf = ksd + (r * (g1 - g0) + g) * 16;
                 dv = _mm256_load_ps(kf);
                 mv = _mm256_load_ps(kf + 8);
@@ -890,14 +911,14 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                 dv = _mm256_cvtph_ps(_mm_loadu_si128(
                     (const __m128i *)(wd + (KIND == GI_Q6_K ? ((g0 + g) >> 3) - (g0 >> 3) : g) * 16 + r * 8)));
             }
-            if (KIND == GI_Q4_1) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
+            if (HAS_MIN(KIND)) mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + r * 8)));
 #pragma GCC unroll 16
             for (int i = 0; i < MR; i++) {
                 __m256i t = s[r][i];
-                if (KIND == GI_Q4_0) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
+                if (CODE_OFF(KIND)) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
                 __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
                                              _mm256_load_ps(accm[r][i]));
-                if (KIND == GI_Q4_1 || KIND == GI_Q4_K) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
+                if (HAS_MIN(KIND) || IS_QK(KIND)) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
                 _mm256_store_ps(accm[r][i], acc);
             }
         }
@@ -919,16 +940,21 @@ SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 1) SEQ(QG2_MR)(Q2_D
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_K, 1)
 SEQ(QG2_MR)(Q2_DEF, GI_Q4_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q8_0, 0)
 SEQ(QG2_MR)(Q2_DEF, GI_Q6_K, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q4_K, 0)
+SEQ(QG2_MR)(Q2_DEF, GI_Q5_0, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q5_1, 1) SEQ(QG2_MR)(Q2_DEF, GI_Q5_K, 1)
+SEQ(QG2_MR)(Q2_DEF, GI_Q5_0, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q5_1, 0) SEQ(QG2_MR)(Q2_DEF, GI_Q5_K, 0)
 #if QG2_MR > MAXMR
 #error "QG2_MR exceeds the register array bounds"
 #endif
 /* [unpacked][kind][rows - 1] */
-static const q2_fn q2_tab[2][GI_Q4_K + 1][QG2_MR] = {
+static const q2_fn q2_tab[2][GI_Q5_1 + 1][QG2_MR] = {
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 0)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 0)},
      [GI_Q8_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q8_0, 0)}, [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 0)},
-     [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 0)}},
+     [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 0)}, [GI_Q5_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_K, 0)},
+     [GI_Q5_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_0, 0)}, [GI_Q5_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_1, 0)}},
     {[GI_Q4_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_0, 1)}, [GI_Q4_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_1, 1)},
-     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}, [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 1)}}};
+     [GI_Q6_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q6_K, 1)}, [GI_Q4_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q4_K, 1)},
+     [GI_Q5_K] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_K, 1)}, [GI_Q5_0] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_0, 1)},
+     [GI_Q5_1] = {SEQ(QG2_MR)(Q2_PTR, GI_Q5_1, 1)}}};
 
 #ifndef UNP_MIN_TILES
 #define UNP_MIN_TILES 8            /* AVX2 q4 GEMM: unpack when at least this many tiles reuse it */
@@ -937,10 +963,10 @@ static const q2_fn q2_tab[2][GI_Q4_K + 1][QG2_MR] = {
 #define UNP_CHUNK (512 * 1024)     /* AVX2 q4 GEMM: unpacked weight bytes per chunk (in L2) */
 #endif
 
-/* The q4_0 / q4_1 / q8_0 GEMM of AVX2, blocked for the caches:
+/* The int GEMM of AVX2 (every int kind but mxfp4), blocked for the caches:
      for each chunk of row blocks (~UNP_CHUNK unpacked bytes per K block, in L2):
        for each K block of KB_GROUPS groups:
-         unpack the chunk's q4 weights of the block once
+         unpack the chunk's codes of the block once (not q8_0's)
          for each tile of <= QG2_MR activation rows (nearly equal tiles):
            pack its panel of the block once (L1), then run every row block of the chunk.
    An output element is computed by one microkernel call per K block, in group order, the
@@ -959,7 +985,7 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
     chunk = chunk < 1 ? 1 : chunk;
     const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
     const size_t uq_bytes = unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0;
-    const size_t ksd_bytes = kind == GI_Q4_K ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
+    const size_t ksd_bytes = IS_QK(kind) ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
     uint8_t *panel = scratch_buffer(panel_bytes + uq_bytes + ksd_bytes);
     if (!panel) return 0;
     uint8_t *uq = panel + panel_bytes;
@@ -968,9 +994,8 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
         const int64_t c1 = min64(c0 + chunk, rb1);
         for (int64_t g0 = 0; g0 < G; g0 += kb) {
             const int64_t g1 = min64(g0 + kb, G);
-            if (unp && kind == GI_Q6_K) unpack_q6(w, c0, c1, g0, g1, uq);
-            else if (unp) unpack_q4(w, c0, c1, g0, g1, uq);
-            if (kind == GI_Q4_K) qk_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
+            if (unp) unpack_codes(w, c0, c1, g0, g1, uq);
+            if (IS_QK(kind)) qk_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
                 pack_panel(a, kind, ma, (int)mr, g0, g1, panel);

@@ -185,7 +185,7 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
 #endif
     const int64_t ub = (w->n_in / GI_GROUP) * (LINES(kind) * 64 + SCALE_BYTES(kind)) / UPB;
 #if defined(GI_VARIANT_AVX2)
-    if (kind != GI_MXFP4 && !IS_Q5(kind) && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
+    if (kind != GI_MXFP4 && gemm2(w, a, m0, m1, rb0, rb1, out, ldo)) return;
 #endif
     const int mr = kind == GI_Q6_K ? QG_MR_Q6K : QG_MR;
     /* q4_k / q5_k: each chunk's scales decoded once (128 bytes per group and row block, counted
