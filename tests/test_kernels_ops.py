@@ -67,8 +67,10 @@ def _rand(rng, shape, scale=1.0):
 # ============================================================================ RMSNorm
 
 
-@pytest.mark.parametrize("M", [1, 3, 4, 7, 8, 9, 17, 130])
-@pytest.mark.parametrize("D", [1, 5, 64, 576, 1000])
+# M: row groups of 12 (avx2: 3 x 4 rows) and 24 (avx-512: 3 x 8) and what is left of them;
+# D: columns by 4 / 8 (a transpose) and the last D % 4 / 8 (gathers)
+@pytest.mark.parametrize("M", [1, 3, 4, 7, 8, 9, 12, 17, 24, 25, 48, 130])
+@pytest.mark.parametrize("D", [1, 5, 19, 64, 576, 1000, 1003])
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_rmsnorm_bit_exact(variant, M, D, nthreads):
     rng = np.random.default_rng(M * 1000 + D)

@@ -35,6 +35,25 @@ GI_INLINE vd rms_gather(const float *p, __m256i idx) {
 GI_INLINE __m256i rms_index(int32_t s) {
     return _mm256_setr_epi32(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s);
 }
+/* x[k, i .. i+7] of 8 rows (stride xs) -> col[j] = x[0..7, i+j] as double (an 8 x 8 transpose) */
+GI_INLINE void rms_cols(const float *p, int64_t xs, vd col[8]) {
+    __m256 r[8], t[8], u[8];
+    for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(p + k * xs);
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+        u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+        u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        col[j] = _mm512_cvtps_pd(_mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+        col[j + 4] = _mm512_cvtps_pd(_mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+    }
+}
 #define GI_RMS_GATHER 1
 typedef __m256i rms_idx_t;
 #elif defined(GI_VARIANT_AVX2)
@@ -42,16 +61,55 @@ GI_INLINE vd rms_gather(const float *p, __m128i idx) {
     return _mm256_cvtps_pd(_mm_i32gather_ps(p, idx, 4));
 }
 GI_INLINE __m128i rms_index(int32_t s) { return _mm_setr_epi32(0, s, 2 * s, 3 * s); }
+/* x[k, i .. i+3] of 4 rows (stride xs) -> col[j] = x[0..3, i+j] as double (a 4 x 4 transpose) */
+GI_INLINE void rms_cols(const float *p, int64_t xs, vd col[4]) {
+    __m128 r0 = _mm_loadu_ps(p), r1 = _mm_loadu_ps(p + xs), r2 = _mm_loadu_ps(p + 2 * xs), r3 = _mm_loadu_ps(p + 3 * xs);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    col[0] = _mm256_cvtps_pd(r0);
+    col[1] = _mm256_cvtps_pd(r1);
+    col[2] = _mm256_cvtps_pd(r2);
+    col[3] = _mm256_cvtps_pd(r3);
+}
 #define GI_RMS_GATHER 1
 typedef __m128i rms_idx_t;
 #endif
+
+#define RMS_NG 3  /* row groups of VD_N whose sum chains interleave (the chain's latency) */
 
 static void GI(rmsnorm)(const float *x, int64_t xs, const float *w, float *out, int64_t os,
                         int64_t m0, int64_t m1, int64_t D, double eps) {
     int64_t m = m0;
 #if defined(GI_RMS_GATHER)
+    /* RMS_NG groups of VD_N rows: columns VD_N at a time by loads and a transpose, each
+       lane's chain in index order; the last D % VD_N columns by gathers */
     if (xs <= INT32_MAX / VD_N) {
         const rms_idx_t idx = rms_index((int32_t)xs);
+        for (; m + RMS_NG * VD_N <= m1; m += RMS_NG * VD_N) {
+            const float *xr = x + m * xs;
+            vd ss[RMS_NG];
+            for (int q = 0; q < RMS_NG; q++) ss[q] = vd_zero();
+            int64_t i = 0;
+            for (; i + VD_N <= D; i += VD_N) {
+#pragma GCC unroll 4
+                for (int q = 0; q < RMS_NG; q++) {
+                    vd col[VD_N];
+                    rms_cols(xr + q * VD_N * xs + i, xs, col);
+#pragma GCC unroll 8
+                    for (int j = 0; j < VD_N; j++) ss[q] = vd_fma_exact(col[j], col[j], ss[q]);
+                }
+            }
+            for (; i < D; i++)
+                for (int q = 0; q < RMS_NG; q++) {
+                    vd v = rms_gather(xr + q * VD_N * xs + i, idx);
+                    ss[q] = vd_fma_exact(v, v, ss[q]);
+                }
+            for (int q = 0; q < RMS_NG; q++) {
+                double sv[VD_N];
+                vd_store(sv, ss[q]);
+                for (int k = 0; k < VD_N; k++)
+                    rms_scale_row(xr + (q * VD_N + k) * xs, w, out + (m + q * VD_N + k) * os, D, sv[k], eps);
+            }
+        }
         for (; m + VD_N <= m1; m += VD_N) {
             const float *xr = x + m * xs;
             vd ss = vd_zero();
