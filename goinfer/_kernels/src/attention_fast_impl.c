@@ -192,13 +192,19 @@ GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
     }
 }
 
-/* Direct QK for an item of at most FA_RB rows (a decode step): the scores of one block's
- * keys [off, off + PW vectors) straight from the cache, p[r][...] for RB rows.  The same chain
- * per key as fa_qk over the gathered tile (acc = 0; acc = muladd(q[d], k[d], acc) for d in
- * order), so the same bits, without packing the tile first. */
+/* Direct QK for an item of at most FA_RB rows (a decode step): the scores of PW key vectors
+ * straight from the cache (vector v: the VF_N keys from offset off[v] of the K head-block
+ * kb[v]; the vectors of a tile may lie in different blocks), p[r][v * VF_N ...] for RB rows.
+ * The same chain per key as fa_qk over the gathered tile (acc = 0; acc = muladd(q[d], k[d],
+ * acc) for d in order), so the same bits, without packing the tile first; RB x PW independent
+ * chains, so that a few rows still keep the FMA units busy. */
 GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const float *qs, int64_t hd,
-                            const char *kb, int64_t bs, int64_t off, float *p) {
+                            const char *const *kb, const int64_t *off, int64_t bs, float *p) {
     vf acc[FA_RB][FA_PW], sc[FA_PW];
+    const char *kp[FA_PW];                            /* vector v's first key in row d = 0 */
+    const int es = DT == GI_KV_F32 ? 4 : DT == GI_KV_F16 ? 2 : 1;
+#pragma GCC unroll 8
+    for (int v = 0; v < PW; v++) kp[v] = kb[v] + off[v] * es;
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 8
@@ -208,22 +214,19 @@ GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const floa
     for (int64_t d = 0; d < hd; d++) {
         vf kv[FA_PW];
         if (DT == GI_KV_F32) {
-            const float *kp = (const float *)kb + d * bs + off;
 #pragma GCC unroll 8
-            for (int v = 0; v < PW; v++) kv[v] = vf_load(kp + v * VF_N);
+            for (int v = 0; v < PW; v++) kv[v] = vf_load((const float *)kp[v] + d * bs);
         } else if (DT == GI_KV_F16) {
-            const uint16_t *kp = (const uint16_t *)kb + d * bs + off;
 #pragma GCC unroll 8
-            for (int v = 0; v < PW; v++) kv[v] = vf_load_f16(kp + v * VF_N);
+            for (int v = 0; v < PW; v++) kv[v] = vf_load_f16((const uint16_t *)kp[v] + d * bs);
         } else {
             if (d % GI_KV_QB == 0) {
-                const uint16_t *sp = (const uint16_t *)(kb + hd * bs) + (d / GI_KV_QB) * bs + off;
 #pragma GCC unroll 8
-                for (int v = 0; v < PW; v++) sc[v] = vf_load_f16(sp + v * VF_N);
+                for (int v = 0; v < PW; v++)
+                    sc[v] = vf_load_f16((const uint16_t *)(kb[v] + hd * bs) + (d / GI_KV_QB) * bs + off[v]);
             }
-            const int8_t *kp = (const int8_t *)kb + d * bs + off;
 #pragma GCC unroll 8
-            for (int v = 0; v < PW; v++) kv[v] = vf_mul(vf_load_i8(kp + v * VF_N), sc[v]);
+            for (int v = 0; v < PW; v++) kv[v] = vf_mul(vf_load_i8((const int8_t *)kp[v] + d * bs), sc[v]);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < RB; r++) {
@@ -383,27 +386,28 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
     switch (RB) { FA_RB_CASES(FA_QK_CASE) default: break; }
 }
 
-/* direct QK of the keys [off, off + n) of one block (n a multiple of VF_N), RB rows */
-static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *kb,
-                               int64_t bs, int64_t off, int64_t n, float *p) {
-#define FA_QKD_DT(N, PW)                                                               \
-    do {                                                                               \
-        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, bs, off, p);    \
-        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, bs, off, p); \
-        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, bs, off, p);                   \
+/* direct QK of nv key vectors (kb[v], off[v]: see fa_qk_direct) to p[r][v * VF_N ...], RB
+ * rows, FA_PW vectors at a time */
+static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *const *kb,
+                               const int64_t *off, int64_t bs, int64_t nv, float *p) {
+#define FA_QKD_DT(N, PW)                                                                \
+    do {                                                                                \
+        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, off, bs, p);     \
+        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p); \
+        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p);                    \
     } while (0)
 #define FA_QKD_CASE(N)                               \
     case N:                                          \
         if (nv >= FA_PW) FA_QKD_DT(N, FA_PW);        \
         else FA_QKD_DT(N, 1);                        \
         break;
-    while (n > 0) {
-        const int64_t nv = n / VF_N;
+    while (nv > 0) {
         switch (RB) { FA_RB_CASES(FA_QKD_CASE) default: break; }
-        const int64_t done = (nv >= FA_PW ? FA_PW : 1) * VF_N;
+        const int64_t done = nv >= FA_PW ? FA_PW : 1;
+        kb += done;
         off += done;
-        p += done;
-        n -= done;
+        p += done * VF_N;
+        nv -= done;
     }
 }
 
@@ -542,7 +546,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         const int64_t hb = gi_kv_head_bytes(a->kv_dtype, hd, a->bs);
         const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) * ((pf->nh * hb + 63) / 64)
                                        : 0;
-        const int64_t steps = (direct ? tb / a->bs - ta / a->bs + 1 : (hd + FA_DC - 1) / FA_DC) +
+        const int64_t dvecs = (tb / a->bs - ta / a->bs + 1) * (a->bs / VF_N);
+        const int64_t steps = (direct ? (dvecs + FA_PW - 1) / FA_PW : (hd + FA_DC - 1) / FA_DC) +
                               (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
         pf->pq = (lines + steps * pf->nh - 1) / (steps * pf->nh);
         pf->tile = t0;
@@ -559,13 +564,23 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     }
     /* ---- QK */
     if (direct && gact[0]) {
+        /* the key vectors of the tile's blocks, in key order, FA_PW at a time across blocks */
         const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
+        const char *kbv[FA_TV];
+        int64_t offv[FA_TV], nv = 0;
         for (int64_t b = ta / bs; b <= tb / bs; b++) {
-            fa_pf_some(a, pf, pf->pq);
             const char *kb = (const char *)a->k_cache +
                              (a->block_table[b] * a->n_kv + x->kvh) * hb;
-            fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kb, bs, 0, bs,
-                               x->p + (b * bs - t0));
+            for (int64_t o = 0; o < bs; o += VF_N, nv++) {
+                kbv[nv] = kb;
+                offv[nv] = o;
+            }
+        }
+        float *p0 = x->p + ((ta / bs) * bs - t0);
+        for (int64_t v = 0; v < nv; v += FA_PW) {  /* prefetch paced as the other steps */
+            fa_pf_some(a, pf, pf->pq);
+            fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kbv + v, offv + v, bs,
+                               nv - v < FA_PW ? nv - v : FA_PW, p0 + v * VF_N);
         }
     }
     for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
