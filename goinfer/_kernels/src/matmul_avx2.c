@@ -721,7 +721,8 @@ GI_INLINE void q4_unpack_line(const uint8_t *lg, int c, int h, __m256i *lo, __m2
 /* Row blocks [rb0, rb1), groups [g0, g1) of a q4, q5 or q6_k weight -> dst, row block after row
    block, in the layout of UNP_GROUP_BYTES. */
 static void unpack_codes(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g0, int64_t g1, uint8_t *dst) {
-    const int64_t G = w->n_in / GI_GROUP, gb = LINES(w->kind) * 64;    /* bytes per group */
+    const int kind = w->kind;                       /* (read once: the byte stores may alias w) */
+    const int64_t G = w->n_in / GI_GROUP, gb = LINES(kind) * 64;       /* bytes per group */
     for (int64_t rb = rb0; rb < rb1; rb++) {
         const uint8_t *src = (const uint8_t *)w->qs + (rb * G + g0) * gb;
         for (int64_t g = 0; g < g1 - g0; g++)
@@ -730,8 +731,8 @@ static void unpack_codes(const gi_weight *w, int64_t rb0, int64_t rb1, int64_t g
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     __m256i lo, hi;
-                    if (w->kind == GI_Q6_K) q6_unpack_line(src + g * gb, c, h, &lo, &hi);
-                    else if (IS_Q5(w->kind)) q5_unpack_line(src + g * gb, c, h, &lo, &hi);
+                    if (kind == GI_Q6_K) q6_unpack_line(src + g * gb, c, h, &lo, &hi);
+                    else if (IS_Q5(kind)) q5_unpack_line(src + g * gb, c, h, &lo, &hi);
                     else q4_unpack_line(src + g * gb, c, h, &lo, &hi);
                     _mm256_store_si256((__m256i *)(dst + h * 32), lo);
                     _mm256_store_si256((__m256i *)(dst + 64 + h * 32), hi);
@@ -775,7 +776,7 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
         const int8_t *ag = (const int8_t *)pg;                                /* (MR, 32) */
         const int32_t *cb = (const int32_t *)(pg + MR * 32);
         const float *da = (const float *)(pg + MR * 36), *sa = (const float *)(pg + MR * 40);
-        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q6_k: int32 sums */
+        __m256i s[2][MAXMR];                     /* q4: int16 pair sums; q8, q5, q6_k: int32 sums */
         if (KIND == GI_Q6_K || IS_Q5(KIND)) {
             /* q6_k as q6_group: the codes (unpacked, or unpacked here) x qa by vpmaddubsw, two
                lines of one sub-block added in int16, vpmaddwd by the rows' sub-block scales;
