@@ -90,14 +90,21 @@
 /* ============================================================================ item context */
 
 /* The prefetch cursor of an item, shared by its kv heads: the blocks pfb..pfb1 of the tile
- * `ahead` tiles after `tile`, each from kv head h0 to h0 + nh - 1 (side by side in a block),
- * byte pfi of the current one, pq lines before each step of a tile. */
+ * `ahead` tiles after `tile`, each from kv head h0 to h0 + nh - 1 (side by side in a block,
+ * nh * hb bytes of K, and as many of V at the same offset), the K lines [cur, end) of the
+ * block being walked; pq lines per step of a tile, credit lines the kernels may still issue. */
 typedef struct {
     int64_t h0, nh;
     int64_t ahead;           /* tiles */
     int64_t tile;            /* the tile whose look-ahead this is (-1: none yet) */
-    int64_t pfb, pfb1, pfi;
-    int64_t pq;
+    int64_t pfb, pfb1;       /* blocks of the look-ahead not yet walked */
+    const char *cur, *end;   /* K lines left of the block being walked */
+    ptrdiff_t dv;            /* a V line = its K line + dv */
+    int64_t pq, credit;      /* lines per step or kv head; lines left to the kernels */
+    int every, tick;         /* the kernels issue a line every `every` loop steps */
+    const int32_t *bt;       /* the sequence's block table */
+    const char *kc;          /* the K cache */
+    int64_t n_kv, hb;        /* kv heads, bytes of one head in a block */
 } fa_pf;
 
 typedef struct {
@@ -128,36 +135,52 @@ typedef struct {
 
 /* The K and V blocks of the tile FA_PF tiles ahead are prefetched while the current one is
  * computed (the cache streams from memory at long contexts, and its blocks are scattered; a
- * hint, no effect on results).  The lines go out a few at a time between the tile's steps
- * (fa_pf_some): all at the tile's start (256 lines for hd 64, f16), a decode step's attention
- * at 4,096 tokens took 1.1-1.3x as long on a Zen 4, about the time of its compute plus that
- * of its reads, as if the burst held the step until memory answered.  They go to L2, not L1:
- * two tiles ahead are 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the
- * same step ran 1.15-1.3x slower there.  An item of several kv heads has larger tiles (128 KB
- * for 8 kv heads of hd 64, f16) and looks one tile ahead: two threads ran the 1B shape's 16
- * layers at 4,096 tokens 1.04-1.05x faster so than two tiles ahead, 1.08-1.10x than four. */
-static void fa_pf_some(const gi_attn_args *a, fa_pf *f, int64_t lines) {
-    const int64_t hb = gi_kv_head_bytes(a->kv_dtype, a->hd, a->bs), nb = f->nh * hb;
-    while (lines > 0 && f->pfb <= f->pfb1) {
-        const int64_t off = (a->block_table[f->pfb] * a->n_kv + f->h0) * hb;
-        const char *kb = (const char *)a->k_cache + off, *vb = (const char *)a->v_cache + off;
-        for (; lines > 0 && f->pfi < nb; f->pfi += 64, lines--) {
-            __builtin_prefetch(kb + f->pfi, 0, 2); /* into L2 (prefetcht1) */
-            __builtin_prefetch(vb + f->pfi, 0, 2);
-        }
-        if (f->pfi >= nb) {
-            f->pfb++;
-            f->pfi = 0;
-        }
+ * hint, no effect on results).  The lines go out a few at a time, never in a burst: all at
+ * the tile's start (256 lines for hd 64, f16), a decode step's attention at 4,096 tokens took
+ * 1.1-1.3x as long on a Zen 4, about the time of its compute plus that of its reads, as if
+ * the burst held the step until memory answered.  With few rows (a decode step, the direct
+ * path) a line goes out every few steps of the kernels' own loops (fa_pf_step, paced so that
+ * a kv head's share of the look-ahead spreads over its tile): on a Zen 5, where hardware
+ * prefetch left the step's reads serialized with its compute, two threads ran the 1B shape's
+ * 16 layers at 4,096 tokens at 52-54 GB/s (avx512-vnni) against 28-32 with a share before
+ * each QK and AV call, 1.56x faster on the 8B shape (avx2: 1.05-1.2x, closer to its compute
+ * bound); every second line alone was no faster than none.  They go to L2, not L1: two tiles
+ * ahead are 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the same step ran
+ * 1.15-1.3x slower there.  An item of several kv heads has larger tiles (128 KB for 8 kv heads
+ * of hd 64, f16) and looks one tile ahead (two tiles ahead: 1.15-1.2x slower on the Zen 5). */
+static int fa_pf_refill(fa_pf *f) {
+    if (f->pfb > f->pfb1) return 0;
+    f->cur = f->kc + (f->bt[f->pfb++] * f->n_kv + f->h0) * f->hb;
+    f->end = f->cur + f->nh * f->hb;
+    return 1;
+}
+
+/* one K line and its V line, into L2 (prefetcht1) */
+GI_INLINE void fa_pf_line(fa_pf *f) {
+    if (f->cur >= f->end && !fa_pf_refill(f)) return;
+    __builtin_prefetch(f->cur, 0, 2);
+    __builtin_prefetch((const char *)((uintptr_t)f->cur + (uintptr_t)f->dv), 0, 2);
+    f->cur += 64;
+}
+
+static void fa_pf_some(fa_pf *f, int64_t lines) {
+    for (; lines > 0 && (f->cur < f->end || f->pfb <= f->pfb1); lines--) fa_pf_line(f);
+}
+
+/* a kernel's loop step: every `every` steps one more line, while the kv head's share lasts */
+GI_INLINE void fa_pf_step(fa_pf *f) {
+    if (f && f->credit > 0 && --f->tick <= 0) {
+        f->tick = f->every;
+        f->credit--;
+        fa_pf_line(f);
     }
 }
 
 /* start prefetching the blocks of keys [pa, pb] (what is left of the previous range first) */
 static void fa_pf_start(const gi_attn_args *a, fa_pf *f, int64_t pa, int64_t pb) {
-    fa_pf_some(a, f, INT64_MAX);
+    fa_pf_some(f, INT64_MAX);
     f->pfb = pa <= pb ? pa / a->bs : 1;
     f->pfb1 = pa <= pb ? pb / a->bs : 0;
-    f->pfi = 0;
 }
 
 /* ============================================================================ QK */
@@ -199,7 +222,8 @@ GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
  * acc) for d in order), so the same bits, without packing the tile first; RB x PW independent
  * chains, so that a few rows still keep the FMA units busy. */
 GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const float *qs, int64_t hd,
-                            const char *const *kb, const int64_t *off, int64_t bs, float *p) {
+                            const char *const *kb, const int64_t *off, int64_t bs, float *p,
+                            fa_pf *pf) {
     vf acc[FA_RB][FA_PW], sc[FA_PW];
     const char *kp[FA_PW];                            /* vector v's first key in row d = 0 */
     const int es = DT == GI_KV_F32 ? 4 : DT == GI_KV_F16 ? 2 : 1;
@@ -212,6 +236,7 @@ GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const floa
 #pragma GCC unroll 8
     for (int v = 0; v < PW; v++) sc[v] = vf_zero();
     for (int64_t d = 0; d < hd; d++) {
+        fa_pf_step(pf);
         vf kv[FA_PW];
         if (DT == GI_KV_F32) {
 #pragma GCC unroll 8
@@ -333,7 +358,7 @@ GI_INLINE void fa_vload(const int DT, const int DV, const int TAIL, int n, const
  * n: valid lanes of the last vector (VF_N: all). */
 GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, int n, float *o,
                      int64_t hd, const float *p, const char *const *vp, int ja, int jb,
-                     const float *c, int64_t d0) {
+                     const float *c, int64_t d0, fa_pf *pf) {
     vf acc[FA_RB][FA_DV];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
@@ -345,6 +370,7 @@ GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, i
         }
     }
     for (int j = ja; j <= jb; j++) {
+        fa_pf_step(pf);
         vf vv[FA_DV];
         fa_vload(DT, DV, TAIL, n, vp[j], hd, d0, vv);
 #pragma GCC unroll 8
@@ -389,12 +415,12 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
 /* direct QK of nv key vectors (kb[v], off[v]: see fa_qk_direct) to p[r][v * VF_N ...], RB
  * rows, FA_PW vectors at a time */
 static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *const *kb,
-                               const int64_t *off, int64_t bs, int64_t nv, float *p) {
+                               const int64_t *off, int64_t bs, int64_t nv, float *p, fa_pf *pf) {
 #define FA_QKD_DT(N, PW)                                                                \
     do {                                                                                \
-        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, off, bs, p);     \
-        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p); \
-        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p);                    \
+        if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, off, bs, p, pf);     \
+        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p, pf); \
+        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p, pf);                \
     } while (0)
 #define FA_QKD_CASE(N)                               \
     case N:                                          \
@@ -414,13 +440,14 @@ static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, cons
 /* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
 #define FA_AV_DT(N, DV, TAIL, n)                                                           \
     do {                                                                                   \
-        if (dt == GI_KV_F16) fa_av(N, DV, TAIL, GI_KV_F16, n, o, hd, p, vp, ja, jb, c, d0); \
+        if (dt == GI_KV_F16) fa_av(N, DV, TAIL, GI_KV_F16, n, o, hd, p, vp, ja, jb, c, d0, pf); \
         else if (dt == GI_KV_Q8_0)                                                         \
-            fa_av(N, DV, TAIL, GI_KV_Q8_0, n, o, hd, p, vp, ja, jb, c, d0);                \
-        else fa_av(N, DV, TAIL, GI_KV_F32, n, o, hd, p, vp, ja, jb, c, d0);                \
+            fa_av(N, DV, TAIL, GI_KV_Q8_0, n, o, hd, p, vp, ja, jb, c, d0, pf);                \
+        else fa_av(N, DV, TAIL, GI_KV_F32, n, o, hd, p, vp, ja, jb, c, d0, pf);                \
     } while (0)
 static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const float *p,
-                        const char *const *vp, int ja, int jb, const float *c, int64_t d0) {
+                        const char *const *vp, int ja, int jb, const float *c, int64_t d0,
+                        fa_pf *pf) {
 #define FA_AV_CASE(N)                                                  \
     case N:                                                            \
         if (nd == FA_DV * VF_N) FA_AV_DT(N, FA_DV, 0, VF_N);           \
@@ -536,22 +563,32 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     /* few rows and whole key vectors per block: QK reads the cache directly */
     const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
     /* prefetch: the tile pf->ahead tiles ahead (every kv head of the item), started by the
-     * item's first kv head at this tile and spread over the QK blocks or d-chunks and the AV
-     * d-chunks of all its kv heads (pq lines before each) */
+     * item's first kv head at this tile.  Direct: a line per step of the kernels' loops
+     * while the kv head's share (pq lines) lasts; otherwise pq lines before each QK block
+     * or d-chunk and each AV d-chunk */
     fa_pf *pf = x->pf;
     if (FA_PF > 0 && pf->tile != t0) {
         const int64_t pa = t0 + pf->ahead * FA_TK, pb0 = pa + FA_TK - 1;
         const int64_t pb = pb0 < x->kmax ? pb0 : x->kmax;
         fa_pf_start(a, pf, pa, pb);
-        const int64_t hb = gi_kv_head_bytes(a->kv_dtype, hd, a->bs);
-        const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) * ((pf->nh * hb + 63) / 64)
+        const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) * ((pf->nh * pf->hb + 63) / 64)
                                        : 0;
-        const int64_t dvecs = (tb / a->bs - ta / a->bs + 1) * (a->bs / VF_N);
-        const int64_t steps = (direct ? (dvecs + FA_PW - 1) / FA_PW : (hd + FA_DC - 1) / FA_DC) +
-                              (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
+        const int64_t steps = direct ? 1 : (hd + FA_DC - 1) / FA_DC + (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
         pf->pq = (lines + steps * pf->nh - 1) / (steps * pf->nh);
+        pf->credit = 0;
         pf->tile = t0;
     }
+    if (FA_PF > 0 && direct) {
+        /* the kernels' loop steps on this kv head's tile: QK over d per FA_PW key vectors,
+         * AV over the keys per d-chunk */
+        const int64_t nv = (tb / a->bs - ta / a->bs + 1) * (a->bs / VF_N);
+        const int64_t slots = (nv + FA_PW - 1) / FA_PW * hd +
+                              (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N) * (jb - ja + 1);
+        pf->credit += pf->pq;
+        pf->every = pf->credit > 0 && slots > pf->credit ? (int)(slots / pf->credit) : 1;
+        pf->tick = 1;
+    }
+    fa_pf *kpf = FA_PF > 0 && direct ? pf : NULL; /* the kernels' prefetch */
     fa_gather(a, x, t0, ta, tb, !direct);
     int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
     for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
@@ -577,15 +614,11 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
             }
         }
         float *p0 = x->p + ((ta / bs) * bs - t0);
-        for (int64_t v = 0; v < nv; v += FA_PW) {  /* prefetch paced as the other steps */
-            fa_pf_some(a, pf, pf->pq);
-            fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kbv + v, offv + v, bs,
-                               nv - v < FA_PW ? nv - v : FA_PW, p0 + v * VF_N);
-        }
+        fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kbv, offv, bs, nv, p0, kpf);
     }
     for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
         const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
-        fa_pf_some(a, pf, pf->pq);
+        fa_pf_some(pf, pf->pq);
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
@@ -615,12 +648,12 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     /* ---- AV */
     for (int64_t d0 = 0; d0 < hd;) {
         const int64_t nd = fa_av_extent(d0, hd);
-        fa_pf_some(a, pf, pf->pq);
+        if (!kpf) fa_pf_some(pf, pf->pq);
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
             const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
             fa_av_block(RB, x->vdt, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK,
-                        x->vp, ja, jb, x->c + r0, d0);
+                        x->vp, ja, jb, x->c + r0, d0, kpf);
         }
         d0 += nd;
     }
@@ -832,8 +865,17 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
     const int ns = (int)(a->n_kv - kv0 < a->kvspan ? a->n_kv - kv0 : a->kvspan);
     const int64_t R = nt * nhh;
     const float sc = (float)(a->scale * FA_LOG2E); /* scores in log2 units */
-    fa_pf pf = {kv0, ns, fa_tile_bytes(a, ns) > FA_PF_BYTES && FA_PF > 1 ? 1 : FA_PF, -1, 1, 0, 0,
-                0};
+    fa_pf pf = {0};
+    pf.h0 = kv0;
+    pf.nh = ns;
+    pf.ahead = fa_tile_bytes(a, ns) > FA_PF_BYTES && FA_PF > 1 ? 1 : FA_PF;
+    pf.tile = -1;
+    pf.pfb = 1; /* nothing to walk yet */
+    pf.dv = (ptrdiff_t)((uintptr_t)a->v_cache - (uintptr_t)a->k_cache);
+    pf.bt = a->block_table;
+    pf.kc = (const char *)a->k_cache;
+    pf.n_kv = a->n_kv;
+    pf.hb = gi_kv_head_bytes(a->kv_dtype, hd, a->bs);
 
     /* ---- scratch: per kv head, its context | qs (R, hd) | o (R, hd) | O (R, hd); then, for
      * one tile of one kv head at a time: p (R, TK) | kt (hd, TK) | vt (TK, hd) | vp */
