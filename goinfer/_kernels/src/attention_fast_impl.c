@@ -101,7 +101,7 @@ typedef struct {
     const char *cur, *end;   /* K lines left of the block being walked */
     ptrdiff_t dv;            /* a V line = its K line + dv */
     int64_t pq, credit;      /* lines per step or kv head; lines left to the kernels */
-    int every, tick;         /* the kernels issue a line every `every` loop steps */
+    int64_t mask;            /* the kernels issue a line at loop steps i with i & mask == 0 */
     const int32_t *bt;       /* the sequence's block table */
     const char *kc;          /* the K cache */
     int64_t n_kv, hb;        /* kv heads, bytes of one head in a block */
@@ -139,14 +139,15 @@ typedef struct {
  * the tile's start (256 lines for hd 64, f16), a decode step's attention at 4,096 tokens took
  * 1.1-1.3x as long on a Zen 4, about the time of its compute plus that of its reads, as if
  * the burst held the step until memory answered.  With few rows (a decode step, the direct
- * path) a line goes out every few steps of the kernels' own loops (fa_pf_step, paced so that
+ * path) a line goes out every 2^k steps of the kernels' own loops (fa_pf_step, paced so that
  * a kv head's share of the look-ahead spreads over its tile): on a Zen 5, where hardware
- * prefetch left the step's reads serialized with its compute, two threads ran the 1B shape's
- * 16 layers at 4,096 tokens at 52-54 GB/s (avx512-vnni) against 28-32 with a share before
- * each QK and AV call, 1.56x faster on the 8B shape (avx2: 1.05-1.2x, closer to its compute
- * bound); every second line alone was no faster than none.  They go to L2, not L1: two tiles
- * ahead are 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the same step ran
- * 1.15-1.3x slower there.  An item of several kv heads has larger tiles (128 KB for 8 kv heads
+ * prefetch left the step's reads serialized with its compute, two threads ran the 1B and 8B
+ * shapes' layers at 4,096 tokens (f16) at 50-53 GB/s on avx512-vnni against 31-33 with a share
+ * before each QK and AV call, 1.12-1.39x faster on avx2 (q8_0: 1.2-1.3x, avx2 1.0-1.07x, its
+ * compute bound); a counter per step in place of the loop index cost avx2 10%, and every
+ * second line alone was no faster than none.  They go to L2, not L1: two tiles ahead are
+ * 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the same step ran 1.15-1.3x
+ * slower there.  An item of several kv heads has larger tiles (128 KB for 8 kv heads
  * of hd 64, f16) and looks one tile ahead (two tiles ahead: 1.15-1.2x slower on the Zen 5). */
 static int fa_pf_refill(fa_pf *f) {
     if (f->pfb > f->pfb1) return 0;
@@ -167,10 +168,10 @@ static void fa_pf_some(fa_pf *f, int64_t lines) {
     for (; lines > 0 && (f->cur < f->end || f->pfb <= f->pfb1); lines--) fa_pf_line(f);
 }
 
-/* a kernel's loop step: every `every` steps one more line, while the kv head's share lasts */
-GI_INLINE void fa_pf_step(fa_pf *f) {
-    if (f && f->credit > 0 && --f->tick <= 0) {
-        f->tick = f->every;
+/* a kernel's loop step i (pm: f's mask, or INT64_MAX without f): one more line at every
+ * (mask + 1)-th step while the kv head's share lasts */
+GI_INLINE void fa_pf_step(fa_pf *f, int64_t pm, int64_t i) {
+    if ((i & pm) == 0 && f && f->credit > 0) {
         f->credit--;
         fa_pf_line(f);
     }
@@ -235,8 +236,9 @@ GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const floa
         for (int v = 0; v < PW; v++) acc[r][v] = vf_zero();
 #pragma GCC unroll 8
     for (int v = 0; v < PW; v++) sc[v] = vf_zero();
+    const int64_t pm = pf ? pf->mask : INT64_MAX;
     for (int64_t d = 0; d < hd; d++) {
-        fa_pf_step(pf);
+        fa_pf_step(pf, pm, d);
         vf kv[FA_PW];
         if (DT == GI_KV_F32) {
 #pragma GCC unroll 8
@@ -369,8 +371,9 @@ GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, i
             acc[r][v] = vf_mul(TAIL && v == DV - 1 ? vf_load_n(op, n) : vf_load(op), cv);
         }
     }
+    const int64_t pm = pf ? pf->mask : INT64_MAX;
     for (int j = ja; j <= jb; j++) {
-        fa_pf_step(pf);
+        fa_pf_step(pf, pm, j);
         vf vv[FA_DV];
         fa_vload(DT, DV, TAIL, n, vp[j], hd, d0, vv);
 #pragma GCC unroll 8
@@ -585,8 +588,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         const int64_t slots = (nv + FA_PW - 1) / FA_PW * hd +
                               (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N) * (jb - ja + 1);
         pf->credit += pf->pq;
-        pf->every = pf->credit > 0 && slots > pf->credit ? (int)(slots / pf->credit) : 1;
-        pf->tick = 1;
+        pf->mask = 0; /* the largest power of two at most slots / credit, less one */
+        while (pf->credit > 0 && 2 * (pf->mask + 1) * pf->credit <= slots) pf->mask = 2 * pf->mask + 1;
     }
     fa_pf *kpf = FA_PF > 0 && direct ? pf : NULL; /* the kernels' prefetch */
     fa_gather(a, x, t0, ta, tb, !direct);
