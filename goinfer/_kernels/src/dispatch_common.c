@@ -55,16 +55,15 @@ const char *gi_variant_name(int v) {
 
 static int g_prefetch_set = -1;  /* -1: the variant's default; else the distance set */
 static int g_prefetch_env = -2;  /* -2: GOINFER_PREFETCH not read yet; -1: absent or invalid */
-static int g_amd_19h = -1;       /* -1: not probed yet */
+static int g_amd_family = -1;    /* -1: not probed yet; else the AMD family (0: not AMD) */
 
-static int amd_family_19h(void) {
+static int amd_family(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) {
         unsigned a, b, c, d;
         __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-        const unsigned family = ((a >> 8) & 15) + (((a >> 8) & 15) == 15 ? (a >> 20) & 255 : 0);
-        return family == 0x19;
+        return (int)(((a >> 8) & 15) + (((a >> 8) & 15) == 15 ? (a >> 20) & 255 : 0));
     }
 #endif
     return 0;
@@ -75,17 +74,19 @@ static int amd_family_19h(void) {
    slots: when each GEMV call read four row blocks at once, a Zen 4 decoded a Llama-3.2-1B-shape
    Q4_K_M file ~13% faster without them, while its avx2 variant (two row blocks per call then)
    decoded it ~10% faster with them; since the calls read one row block each (one sequential
-   stream), 0, 8 and 16 groups decode alike there on both variants.  Elsewhere 8 groups (2 KB
-   of q4 ahead): on a Zen 5 they took the AVX2 GEMV from 19-31 to 26-40 GB/s. */
+   stream), 0, 8 and 16 groups decode alike there on both variants.  AMD family 1Ah (Zen 5):
+   16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
+   shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 88-90 and
+   93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 99-101 with 32 (48 and 64
+   alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8. */
 static int default_prefetch(int variant) {
-    if (variant == GI_AVX512) {
-        int amd = __atomic_load_n(&g_amd_19h, __ATOMIC_ACQUIRE);
-        if (amd < 0) {
-            amd = amd_family_19h();  /* idempotent: racing first callers get the same answer */
-            __atomic_store_n(&g_amd_19h, amd, __ATOMIC_RELEASE);
-        }
-        if (amd) return 0;
+    int fam = __atomic_load_n(&g_amd_family, __ATOMIC_ACQUIRE);
+    if (fam < 0) {
+        fam = amd_family();  /* idempotent: racing first callers get the same answer */
+        __atomic_store_n(&g_amd_family, fam, __ATOMIC_RELEASE);
     }
+    if (fam == 0x19 && variant == GI_AVX512) return 0;
+    if (fam == 0x1A) return variant == GI_AVX512 ? 16 : 32;
     return 8;
 }
 
