@@ -515,9 +515,11 @@ def _cpu_vendor_family() -> tuple[str, int]:
 )
 def test_gemv_prefetch_from_env(env, expect):
     """GOINFER_PREFETCH=<groups> (0..64) sets the distance at start; anything else leaves each
-    variant's default on the CPU: none for avx512-vnni on AMD family 19h (Zen 3, Zen 4), 8 groups
-    otherwise; the portable variant issues none."""
-    zen34 = _cpu_vendor_family() == ("AuthenticAMD", 0x19)
+    variant's default on the CPU: none for avx512-vnni on AMD family 19h (Zen 3, Zen 4), 16
+    (avx512-vnni) and 32 (avx2) groups on AMD family 1Ah (Zen 5), 8 otherwise; the portable
+    variant issues none."""
+    vendor, family = _cpu_vendor_family()
+    amd = vendor == "AuthenticAMD"
     e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH"}
     if env is not None:
         e["GOINFER_PREFETCH"] = env
@@ -535,7 +537,12 @@ def test_gemv_prefetch_from_env(env, expect):
         if v == "portable":  # plain C, no prefetches to set
             assert int(got[v]) == 0
             continue
-        default = 0 if (zen34 and v == "avx512-vnni") else 8
+        if amd and family == 0x19:
+            default = 0 if v == "avx512-vnni" else 8
+        elif amd and family == 0x1A:
+            default = 16 if v == "avx512-vnni" else 32
+        else:
+            default = 8
         assert int(got[v]) == (default if expect is None else expect), v
 
 
