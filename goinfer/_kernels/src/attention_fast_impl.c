@@ -142,13 +142,14 @@ typedef struct {
  * path) a line goes out every 2^k steps of the kernels' own loops (fa_pf_step, paced so that
  * a kv head's share of the look-ahead spreads over its tile): on a Zen 5, where hardware
  * prefetch left the step's reads serialized with its compute, two threads ran the 1B and 8B
- * shapes' layers at 4,096 tokens (f16) at 50-53 GB/s on avx512-vnni against 31-33 with a share
- * before each QK and AV call, 1.12-1.39x faster on avx2 (q8_0: 1.2-1.3x, avx2 1.0-1.07x, its
- * compute bound); a counter per step in place of the loop index cost avx2 10%, and every
- * second line alone was no faster than none.  They go to L2, not L1: two tiles ahead are
- * 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the same step ran 1.15-1.3x
- * slower there.  An item of several kv heads has larger tiles (128 KB for 8 kv heads
- * of hd 64, f16) and looks one tile ahead (two tiles ahead: 1.15-1.2x slower on the Zen 5). */
+ * shapes' layers at 4,096 tokens (f16) 1.59-1.72x as fast on avx512-vnni (50-53 GB/s against
+ * 28-32 with a share before each QK and AV call) and 1.36-1.42x on avx2 (q8_0: 1.25-1.37x and
+ * 1.05x, nearer their compute bound); a counter per step in place of the loop index cost
+ * avx2 10%, and every second line alone was no faster than none.  They go to L2, not L1: two
+ * tiles ahead are 32 KB (hd 64, f16), all of a Zen 4's L1, and prefetched into L1 the same
+ * step ran 1.15-1.3x slower there.  An item of several kv heads has larger tiles (128 KB for
+ * 8 kv heads of hd 64, f16) and looks one tile ahead (two tiles ahead: 1.15-1.2x slower on
+ * the Zen 5). */
 static int fa_pf_refill(fa_pf *f) {
     if (f->pfb > f->pfb1) return 0;
     f->cur = f->kc + (f->bt[f->pfb++] * f->n_kv + f->h0) * f->hb;
@@ -419,11 +420,12 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
  * rows, FA_PW vectors at a time */
 static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *const *kb,
                                const int64_t *off, int64_t bs, int64_t nv, float *p, fa_pf *pf) {
-#define FA_QKD_DT(N, PW)                                                                \
-    do {                                                                                \
+#define FA_QKD_DT(N, PW)                                                                    \
+    do {                                                                                    \
         if (dt == GI_KV_F16) fa_qk_direct(N, PW, GI_KV_F16, qs, hd, kb, off, bs, p, pf);     \
-        else if (dt == GI_KV_Q8_0) fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p, pf); \
-        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p, pf);                \
+        else if (dt == GI_KV_Q8_0)                                                          \
+            fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p, pf);                     \
+        else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p, pf);                     \
     } while (0)
 #define FA_QKD_CASE(N)                               \
     case N:                                          \
@@ -441,12 +443,13 @@ static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, cons
 }
 
 /* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
-#define FA_AV_DT(N, DV, TAIL, n)                                                           \
-    do {                                                                                   \
-        if (dt == GI_KV_F16) fa_av(N, DV, TAIL, GI_KV_F16, n, o, hd, p, vp, ja, jb, c, d0, pf); \
-        else if (dt == GI_KV_Q8_0)                                                         \
-            fa_av(N, DV, TAIL, GI_KV_Q8_0, n, o, hd, p, vp, ja, jb, c, d0, pf);                \
-        else fa_av(N, DV, TAIL, GI_KV_F32, n, o, hd, p, vp, ja, jb, c, d0, pf);                \
+#define FA_AV_DT(N, DV, TAIL, n)                                                            \
+    do {                                                                                    \
+        if (dt == GI_KV_F16)                                                                \
+            fa_av(N, DV, TAIL, GI_KV_F16, n, o, hd, p, vp, ja, jb, c, d0, pf);               \
+        else if (dt == GI_KV_Q8_0)                                                          \
+            fa_av(N, DV, TAIL, GI_KV_Q8_0, n, o, hd, p, vp, ja, jb, c, d0, pf);              \
+        else fa_av(N, DV, TAIL, GI_KV_F32, n, o, hd, p, vp, ja, jb, c, d0, pf);              \
     } while (0)
 static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const float *p,
                         const char *const *vp, int ja, int jb, const float *c, int64_t d0,
@@ -574,9 +577,10 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         const int64_t pa = t0 + pf->ahead * FA_TK, pb0 = pa + FA_TK - 1;
         const int64_t pb = pb0 < x->kmax ? pb0 : x->kmax;
         fa_pf_start(a, pf, pa, pb);
-        const int64_t lines = pa <= pb ? (pb / a->bs - pa / a->bs + 1) * ((pf->nh * pf->hb + 63) / 64)
-                                       : 0;
-        const int64_t steps = direct ? 1 : (hd + FA_DC - 1) / FA_DC + (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
+        const int64_t blocks = pa <= pb ? pb / a->bs - pa / a->bs + 1 : 0;
+        const int64_t lines = blocks * ((pf->nh * pf->hb + 63) / 64); /* K lines (and V) */
+        const int64_t steps =
+            direct ? 1 : (hd + FA_DC - 1) / FA_DC + (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
         pf->pq = (lines + steps * pf->nh - 1) / (steps * pf->nh);
         pf->credit = 0;
         pf->tile = t0;
@@ -589,7 +593,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
                               (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N) * (jb - ja + 1);
         pf->credit += pf->pq;
         pf->mask = 0; /* the largest power of two at most slots / credit, less one */
-        while (pf->credit > 0 && 2 * (pf->mask + 1) * pf->credit <= slots) pf->mask = 2 * pf->mask + 1;
+        while (pf->credit > 0 && 2 * (pf->mask + 1) * pf->credit <= slots)
+            pf->mask = 2 * pf->mask + 1;
     }
     fa_pf *kpf = FA_PF > 0 && direct ? pf : NULL; /* the kernels' prefetch */
     fa_gather(a, x, t0, ta, tb, !direct);
