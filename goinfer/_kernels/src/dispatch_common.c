@@ -76,8 +76,8 @@ static int amd_family(void) {
    decoded it ~10% faster with them; since the calls read one row block each (one sequential
    stream), 0, 8 and 16 groups decode alike there on both variants.  AMD family 1Ah (Zen 5):
    16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
-   shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 88-90 and
-   93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 99-101 with 32 (48 and 64
+   shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 86-90 and
+   93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 92-101 with 32 (48 and 64
    alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8. */
 static int default_prefetch(int variant) {
     int fam = __atomic_load_n(&g_amd_family, __ATOMIC_ACQUIRE);
