@@ -709,6 +709,7 @@ def test_fast_prefill_chunks_equal_one_call(variant):
         (16, 1, 64, 12, 90, 0.0),
         (4, 2, 256, 16, 0, 0.0),
         (8, 1, 512, 16, 0, 0.0),
+        (12, 4, 80, 16, 0, 0.0),  # decode's AV d-chunks of 3 and 2 vectors (avx2)
     ],
 )
 def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, softcap):

@@ -74,14 +74,45 @@
 #define FA_DV 8
 #endif
 #define FA_TV (FA_TK / VF_N) /* vectors per tile row */
-/* direct QK (few rows, fa_qk_direct): key vectors of one block per pass over d */
+/* direct QK (few rows, fa_qk_direct): key vectors of one block per pass over d.  An item of
+ * at most FA_FEW rows (a decode step of a GQA group of 4 or fewer) takes FA_PW_FEW key vectors
+ * per QK pass and FA_DV_FEW d-vectors per AV chunk: on avx2, 4 x 3 = 12 accumulators instead
+ * of 8, which keep both FMA pipes busy past the FMA latency (8 chains ran 12% below 12 on a
+ * Zen 5; the 1B shape's decode attention with the cache in L3, one thread: 1.09x). */
 #if defined(GI_VARIANT_AVX512)
 #define FA_PW 4
+#define FA_FEW 0
 #elif defined(GI_VARIANT_AVX2)
 #define FA_PW 2
+#define FA_FEW 4
+#define FA_PW_FEW 3
+#define FA_DV_FEW 3
 #else
 #define FA_PW 8
+#define FA_FEW 0
 #endif
+#ifndef FA_PW_FEW
+#define FA_PW_FEW FA_PW
+#define FA_DV_FEW FA_DV
+#endif
+#define FA_PW_MAX (FA_PW > FA_PW_FEW ? FA_PW : FA_PW_FEW)
+#define FA_DV_MAX (FA_DV > FA_DV_FEW ? FA_DV : FA_DV_FEW)
+#define FA_PWN(rb) ((rb) <= FA_FEW ? FA_PW_FEW : FA_PW) /* QK key vectors per pass, rb rows */
+#define FA_DVN(rb) ((rb) <= FA_FEW ? FA_DV_FEW : FA_DV) /* AV d-vectors per chunk, rb rows */
+
+/* vectors of the next pass (QK key vectors, AV d-vectors) with n left, w per full pass: w,
+ * then 2 or 1 at the end (3 + 1 as 2 + 2, so that no pass runs on 4 chains) */
+GI_INLINE int fa_pass(int w, int64_t n) {
+    if (n >= w) return n - w == 1 && w == 3 ? 2 : w;
+    return n >= 2 ? 2 : 1;
+}
+
+/* passes that cover n vectors */
+GI_INLINE int64_t fa_passes(int w, int64_t n) {
+    int64_t k = 0;
+    for (; n > 0; k++) n -= fa_pass(w, n);
+    return k;
+}
 
 #if FA_TV % FA_NV != 0
 #error "FA_NV must divide the vectors of a tile"
@@ -226,8 +257,8 @@ GI_INLINE void fa_qk(const int RB, const int FIRST, const float *qs, int64_t hd,
 GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const float *qs, int64_t hd,
                             const char *const *kb, const int64_t *off, int64_t bs, float *p,
                             fa_pf *pf) {
-    vf acc[FA_RB][FA_PW], sc[FA_PW];
-    const char *kp[FA_PW];                            /* vector v's first key in row d = 0 */
+    vf acc[FA_RB][FA_PW_MAX], sc[FA_PW_MAX];
+    const char *kp[FA_PW_MAX];                            /* vector v's first key in row d = 0 */
     const int es = DT == GI_KV_F32 ? 4 : DT == GI_KV_F16 ? 2 : 1;
 #pragma GCC unroll 8
     for (int v = 0; v < PW; v++) kp[v] = kb[v] + off[v] * es;
@@ -240,7 +271,7 @@ GI_INLINE void fa_qk_direct(const int RB, const int PW, const int DT, const floa
     const int64_t pm = pf ? pf->mask : INT64_MAX;
     for (int64_t d = 0; d < hd; d++) {
         fa_pf_step(pf, pm, d);
-        vf kv[FA_PW];
+        vf kv[FA_PW_MAX];
         if (DT == GI_KV_F32) {
 #pragma GCC unroll 8
             for (int v = 0; v < PW; v++) kv[v] = vf_load((const float *)kp[v] + d * bs);
@@ -362,7 +393,7 @@ GI_INLINE void fa_vload(const int DT, const int DV, const int TAIL, int n, const
 GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, int n, float *o,
                      int64_t hd, const float *p, const char *const *vp, int ja, int jb,
                      const float *c, int64_t d0, fa_pf *pf) {
-    vf acc[FA_RB][FA_DV];
+    vf acc[FA_RB][FA_DV_MAX];
 #pragma GCC unroll 8
     for (int r = 0; r < RB; r++) {
         const vf cv = vf_set1(c[r]);
@@ -375,7 +406,7 @@ GI_INLINE void fa_av(const int RB, const int DV, const int TAIL, const int DT, i
     const int64_t pm = pf ? pf->mask : INT64_MAX;
     for (int j = ja; j <= jb; j++) {
         fa_pf_step(pf, pm, j);
-        vf vv[FA_DV];
+        vf vv[FA_DV_MAX];
         fa_vload(DT, DV, TAIL, n, vp[j], hd, d0, vv);
 #pragma GCC unroll 8
         for (int r = 0; r < RB; r++) {
@@ -417,7 +448,7 @@ static void fa_qk_block(int RB, int first, const float *qs, int64_t hd, const fl
 }
 
 /* direct QK of nv key vectors (kb[v], off[v]: see fa_qk_direct) to p[r][v * VF_N ...], RB
- * rows, FA_PW vectors at a time */
+ * rows, FA_PWN(RB) vectors at a time (fa_pass) */
 static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, const char *const *kb,
                                const int64_t *off, int64_t bs, int64_t nv, float *p, fa_pf *pf) {
 #define FA_QKD_DT(N, PW)                                                                    \
@@ -427,22 +458,25 @@ static void fa_qk_direct_block(int RB, int dt, const float *qs, int64_t hd, cons
             fa_qk_direct(N, PW, GI_KV_Q8_0, qs, hd, kb, off, bs, p, pf);                     \
         else fa_qk_direct(N, PW, GI_KV_F32, qs, hd, kb, off, bs, p, pf);                     \
     } while (0)
-#define FA_QKD_CASE(N)                               \
-    case N:                                          \
-        if (nv >= FA_PW) FA_QKD_DT(N, FA_PW);        \
-        else FA_QKD_DT(N, 1);                        \
+#define FA_QKD_CASE(N)                                   \
+    case N:                                              \
+        if (pw == FA_PWN(N)) FA_QKD_DT(N, FA_PWN(N));    \
+        else if (pw == 2) FA_QKD_DT(N, 2);               \
+        else FA_QKD_DT(N, 1);                            \
         break;
+    const int w = FA_PWN(RB);
     while (nv > 0) {
+        const int pw = fa_pass(w, nv);
         switch (RB) { FA_RB_CASES(FA_QKD_CASE) default: break; }
-        const int64_t done = nv >= FA_PW ? FA_PW : 1;
-        kb += done;
-        off += done;
-        p += done * VF_N;
-        nv -= done;
+        kb += pw;
+        off += pw;
+        p += pw * VF_N;
+        nv -= pw;
     }
 }
 
-/* d-chunk [d0, d0 + FA_DV vectors) of RB rows, or a single (tail) vector of n <= VF_N lanes */
+/* d-chunk [d0, d0 + nd) of RB rows: FA_DVN(RB), 2 or 1 whole vectors, or a single (tail)
+ * vector of nd < VF_N lanes */
 #define FA_AV_DT(N, DV, TAIL, n)                                                            \
     do {                                                                                    \
         if (dt == GI_KV_F16)                                                                \
@@ -456,7 +490,8 @@ static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const 
                         fa_pf *pf) {
 #define FA_AV_CASE(N)                                                  \
     case N:                                                            \
-        if (nd == FA_DV * VF_N) FA_AV_DT(N, FA_DV, 0, VF_N);           \
+        if (nd == FA_DVN(N) * VF_N) FA_AV_DT(N, FA_DVN(N), 0, VF_N);   \
+        else if (nd == 2 * VF_N) FA_AV_DT(N, 2, 0, VF_N);              \
         else if (nd == VF_N) FA_AV_DT(N, 1, 0, VF_N);                  \
         else FA_AV_DT(N, 1, 1, (int)nd);                               \
         break;
@@ -465,10 +500,19 @@ static void fa_av_block(int RB, int dt, int64_t nd, float *o, int64_t hd, const 
 
 /* ============================================================================ one key tile */
 
-/* the d extent of the AV chunk starting at d0: FA_DV vectors, else one (maybe partial) */
-GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd) {
-    if (d0 + FA_DV * VF_N <= hd) return FA_DV * VF_N;
-    return hd - d0 < VF_N ? hd - d0 : VF_N;
+/* the d extent of the AV chunk starting at d0 for row blocks of at most rb rows: whole
+ * vectors by fa_pass, else the partial tail */
+GI_INLINE int64_t fa_av_extent(int64_t d0, int64_t hd, int rb) {
+    const int64_t n = (hd - d0) / VF_N;
+    if (n > 0) return fa_pass(FA_DVN(rb), n) * VF_N;
+    return hd - d0;
+}
+
+/* AV d-chunks of a row, row blocks of at most rb rows */
+GI_INLINE int64_t fa_av_chunks(int64_t hd, int rb) {
+    int64_t k = 0;
+    for (int64_t d0 = 0; d0 < hd; k++) d0 += fa_av_extent(d0, hd, rb);
+    return k;
 }
 
 /* n keys (a run inside one block, from offset off) of K row d, as float, to dst */
@@ -526,12 +570,15 @@ GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int6
         } else { /* several row blocks will read V: convert its rows once, exactly */
             for (int64_t i = 0; i < n; i++) {
                 float *dst = x->vt + (j - t0 + i) * hd;
-                for (int64_t d0 = 0; d0 < hd; d0 += fa_av_extent(d0, hd)) {
-                    const int64_t nd = fa_av_extent(d0, hd);
-                    vf vv[FA_DV];
+                for (int64_t d0 = 0; d0 < hd; d0 += fa_av_extent(d0, hd, FA_RB)) {
+                    const int64_t nd = fa_av_extent(d0, hd, FA_RB);
+                    vf vv[FA_DV_MAX];
                     if (nd == FA_DV * VF_N) {
                         fa_vload(DT, FA_DV, 0, VF_N, vb + i * vrb, hd, d0, vv);
                         for (int v = 0; v < FA_DV; v++) vf_store(dst + d0 + v * VF_N, vv[v]);
+                    } else if (nd == 2 * VF_N) {
+                        fa_vload(DT, 2, 0, VF_N, vb + i * vrb, hd, d0, vv);
+                        for (int v = 0; v < 2; v++) vf_store(dst + d0 + v * VF_N, vv[v]);
                     } else if (nd == VF_N) {
                         fa_vload(DT, 1, 0, VF_N, vb + i * vrb, hd, d0, vv);
                         vf_store(dst + d0, vv[0]);
@@ -568,6 +615,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     /* few rows and whole key vectors per block: QK reads the cache directly */
     const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
+    const int rbx = x->R <= FA_FEW ? x->R : FA_RB; /* the AV d-chunks' row-block size */
     /* prefetch: the tile pf->ahead tiles ahead (every kv head of the item), started by the
      * item's first kv head at this tile.  Direct: a line per step of the kernels' loops
      * while the kv head's share (pq lines) lasts; otherwise pq lines before each QK block
@@ -580,17 +628,17 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         const int64_t blocks = pa <= pb ? pb / a->bs - pa / a->bs + 1 : 0;
         const int64_t lines = blocks * ((pf->nh * pf->hb + 63) / 64); /* K lines (and V) */
         const int64_t steps =
-            direct ? 1 : (hd + FA_DC - 1) / FA_DC + (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N);
+            direct ? 1 : (hd + FA_DC - 1) / FA_DC + fa_av_chunks(hd, rbx);
         pf->pq = (lines + steps * pf->nh - 1) / (steps * pf->nh);
         pf->credit = 0;
         pf->tile = t0;
     }
     if (FA_PF > 0 && direct) {
-        /* the kernels' loop steps on this kv head's tile: QK over d per FA_PW key vectors,
+        /* the kernels' loop steps on this kv head's tile: QK over d per pass of key vectors,
          * AV over the keys per d-chunk */
         const int64_t nv = (tb / a->bs - ta / a->bs + 1) * (a->bs / VF_N);
-        const int64_t slots = (nv + FA_PW - 1) / FA_PW * hd +
-                              (hd + FA_DV * VF_N - 1) / (FA_DV * VF_N) * (jb - ja + 1);
+        const int64_t slots =
+            fa_passes(FA_PWN(x->R), nv) * hd + fa_av_chunks(hd, rbx) * (jb - ja + 1);
         pf->credit += pf->pq;
         pf->mask = 0; /* the largest power of two at most slots / credit, less one */
         while (pf->credit > 0 && 2 * (pf->mask + 1) * pf->credit <= slots)
@@ -609,7 +657,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     }
     /* ---- QK */
     if (direct && gact[0]) {
-        /* the key vectors of the tile's blocks, in key order, FA_PW at a time across blocks */
+        /* the key vectors of the tile's blocks, in key order, a pass (fa_pass) of them at a
+         * time across blocks */
         const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
         const char *kbv[FA_TV];
         int64_t offv[FA_TV], nv = 0;
@@ -655,7 +704,7 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     if (timing) ns2 = gi_attn_now_ns();
     /* ---- AV */
     for (int64_t d0 = 0; d0 < hd;) {
-        const int64_t nd = fa_av_extent(d0, hd);
+        const int64_t nd = fa_av_extent(d0, hd, rbx);
         if (!kpf) fa_pf_some(pf, pf->pq);
         for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
             if (!gact[r0]) continue;
