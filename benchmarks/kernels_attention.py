@@ -13,7 +13,10 @@
 windows), as big as the real cache so it streams from memory, per storage type and kernel:
 median ms per step (alternating calls) and the GB/s of cache it reads; "graph" is the fast
 kernel's layers bound into one graph and replayed, as a model's decode step runs them (no
-per-call thread start or allocation).
+per-call thread start or allocation).  FMA: the graph's float operations (4 * hd per query
+head and key, as below) per second as a share of the variant's float32 FMA peak measured on
+the same threads (kernels_matmul.fma_peak; none on portable): what bounds a step whose cache
+streams faster than the kernels compute.
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -34,6 +37,7 @@ import time
 
 import numpy as np
 import regime
+from kernels_matmul import fma_peak
 
 from goinfer._kernels import _config, attention, attention_fast, kv_write
 from goinfer._kernels.attention import attention_scratch, bind_attention_fast
@@ -173,8 +177,9 @@ def decode(args) -> list[dict]:
     )
     print(
         f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
-        f"{'GB/s':>7}{'graph ms':>10}{'GB/s':>7}"
+        f"{'GB/s':>7}{'graph ms':>10}{'GB/s':>7}{'FMA':>6}"
     )
+    peaks = {nt: fma_peak(nt) for nt in args.threads}  # GFLOP/s (0.0: portable)
     for shape in args.shapes:
         h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
         for n in args.lengths:
@@ -208,6 +213,8 @@ def decode(args) -> list[dict]:
                             step(name)
                             res[name].append(time.perf_counter() - t0)
                     we, wf, wg = (float(np.median(res[k])) for k in ("exact", "fast", "graph"))
+                    flops = 4 * h * hd * n * n_layers  # QK and AV of every query head and key
+                    share = flops / wg * 1e-9 / peaks[nt] if peaks[nt] else None
                     rows.append(
                         {
                             "table": "decode",
@@ -221,12 +228,15 @@ def decode(args) -> list[dict]:
                             "fast_GBs": nbytes / wf * 1e-9,
                             "graph_ms": wg * 1e3,
                             "graph_GBs": nbytes / wg * 1e-9,
+                            "fma_peak_GFLOPs": peaks[nt],
+                            "graph_fma_share": share,
                         }
                     )
                     print(
                         f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
                         f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}"
-                        f"{wg * 1e3:>10.2f}{nbytes / wg * 1e-9:>7.1f}",
+                        f"{wg * 1e3:>10.2f}{nbytes / wg * 1e-9:>7.1f}"
+                        + (f"{100 * share:>5.0f}%" if share is not None else f"{'-':>6}"),
                         flush=True,
                     )
                 layers.clear()  # free this shape's caches before the next one

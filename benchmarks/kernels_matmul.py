@@ -105,6 +105,16 @@ def int8_peak(threads: int) -> float:
     return importlib.import_module("goinfer._kernels.matmul")._int8_peak(threads) / 1e9
 
 
+def fma_peak(threads: int) -> float:
+    """The running variant's float32 FMA peak in GFLOP/s (2 operations per lane), measured on
+    `threads` threads at once: fused multiply-adds on its float vector alone (AVX-512: zmm,
+    AVX2: ymm), 12 independent accumulators per thread (matmul._fma_peak); what bounds the
+    float kernels (attention).  No clock assumed.  0.0 for the portable variant."""
+    import importlib
+
+    return importlib.import_module("goinfer._kernels.matmul")._fma_peak(threads) / 1e9
+
+
 def median_time(fn, min_time=0.15, reps=7, clock=time.perf_counter):
     """Median over `reps` samples of the time per call; each sample loops >= min_time/reps."""
     fn()

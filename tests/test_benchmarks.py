@@ -205,6 +205,21 @@ def check_kernels_attention(res):
     ]
     for r in res["rows"]:
         assert all(_pos(r[k]) for k in r if k.endswith("_ms")), r
+    _check_fma_share(res)
+
+
+def _check_fma_share(res):
+    """decode rows: the graph's share of the float32 FMA peak measured on its threads (none on
+    portable, whose probe states no peak); well above 1 would mean miscounted operations or a
+    probe slower than the kernels (the softmax's work is not counted, so a real share is lower)"""
+    portable = res["regime"]["goinfer"]["kernel_variant"] == "portable"
+    for r in res["rows"]:
+        if r["table"] != "decode":
+            continue
+        if portable:
+            assert r["fma_peak_GFLOPs"] == 0.0 and r["graph_fma_share"] is None, r
+        else:
+            assert _pos(r["fma_peak_GFLOPs"]) and 0.0 < r["graph_fma_share"] < 1.25, r
 
 
 def check_kernels_matmul(res):
@@ -604,6 +619,7 @@ def test_kernels_attention_decode_table():
     got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
     assert got == {(dt, t) for dt in ("f32", "f16", "q8_0") for t in (1, 2)}
     assert all(r["n"] == 600 and _pos(r["fast_GBs"]) and _pos(r["graph_GBs"]) for r in res["rows"])
+    _check_fma_share(res)
 
 
 # ============================================================================ goinfer bench

@@ -87,18 +87,20 @@ def test_dispatch_follows_config(v):
     assert K._variant_used() == _config.variant()
 
 
+@pytest.mark.parametrize("probe", ["_int8_peak", "_fma_peak"])
 @pytest.mark.parametrize("v", VARIANTS)
-def test_int8_peak_probe(v):
-    """The benchmarks' measured int8 peak (kernels_matmul.int8_peak): a finite rate above
-    1 GOP/s for the SIMD variants on one and two threads, none (0.0) for the portable build.
-    No speed is asserted beyond that."""
+def test_peak_probes(v, probe):
+    """The benchmarks' measured int8 and float32 FMA peaks (kernels_matmul.int8_peak,
+    fma_peak): a finite rate above 1 G operations/s for the SIMD variants on one and two
+    threads, none (0.0) for the portable build.  No speed is asserted beyond that."""
+    peak = getattr(K, probe)
     with variant(v):
-        one = K._int8_peak(1, min_time=0.005)
+        one = peak(1, min_time=0.005)
         if v == "portable":
             assert one == 0.0
             return
-        assert np.isfinite(one) and one > 1e9  # above 1 GOP/s: any SIMD core since 2013
-        two = K._int8_peak(2, min_time=0.005)
+        assert np.isfinite(one) and one > 1e9  # above 1 G/s: any SIMD core since 2013
+        two = peak(2, min_time=0.005)
         assert np.isfinite(two) and two > 1e9
 
 

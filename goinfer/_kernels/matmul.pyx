@@ -77,28 +77,31 @@ def _variant_used():
                          &gi_matmul_ops_avx512)
 
 
-# ============================================================================ int8 peak
+# ============================================================================ peaks
 
 
 cdef struct probe_args:
     const gi_matmul_ops *ops
     int64_t reps
+    bint fma
 
 
 cdef void _probe_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const probe_args *a = <const probe_args *>args
-    a.ops.int8_probe(a.reps)
+    if a.fma:
+        a.ops.fma_probe(a.reps)
+    else:
+        a.ops.int8_probe(a.reps)
 
 
-def _int8_peak(nthreads=1, double min_time=0.1):
-    """The measured int8 peak (benchmarks): int8 operations per second (2 per multiply-add) of
-    the running variant's dot-product instruction alone (gi_matmul_ops.int8_probe), on nthreads
-    threads at once; 0.0 for the portable variant.  The rounds double until one run takes
-    min_time; the fastest of 3 runs."""
+cdef double _peak(bint fma, int nthreads, double min_time) except? -1.0:
+    """Operations per second of one probe of the running variant on nthreads threads at once;
+    the rounds double until one run takes min_time; the fastest of 3 runs.  0.0: no probe."""
     cdef probe_args r
     cdef int nt = check_threads(nthreads)
     r.ops = _ops()
-    cdef int64_t per = r.ops.int8_probe(1)
+    r.fma = fma
+    cdef int64_t per = r.ops.fma_probe(1) if fma else r.ops.int8_probe(1)
     if per == 0:
         return 0.0
     r.reps = 1024
@@ -114,6 +117,20 @@ def _int8_peak(nthreads=1, double min_time=0.1):
         run_shares(_probe_share, &r, nt)
         best = min(best, time.perf_counter() - t0)
     return per * r.reps * nt / best
+
+
+def _int8_peak(nthreads=1, double min_time=0.1):
+    """The measured int8 peak (benchmarks): int8 operations per second (2 per multiply-add) of
+    the running variant's dot-product instruction alone (gi_matmul_ops.int8_probe), on nthreads
+    threads at once; 0.0 for the portable variant."""
+    return _peak(False, nthreads, min_time)
+
+
+def _fma_peak(nthreads=1, double min_time=0.1):
+    """The measured float32 FMA peak (benchmarks): float operations per second (2 per lane of a
+    fused multiply-add) on the running variant's float vector (gi_matmul_ops.fma_probe), on
+    nthreads threads at once; 0.0 for the portable variant."""
+    return _peak(True, nthreads, min_time)
 
 
 cdef inline void *_data(cnp.ndarray a) noexcept:

@@ -77,8 +77,8 @@
 /* direct QK (few rows, fa_qk_direct): key vectors of one block per pass over d.  An item of
  * at most FA_FEW rows (a decode step of a GQA group of 4 or fewer) takes FA_PW_FEW key vectors
  * per QK pass and FA_DV_FEW d-vectors per AV chunk: on avx2, 4 x 3 = 12 accumulators instead
- * of 8, which keep both FMA pipes busy past the FMA latency (8 chains ran 12% below 12 on a
- * Zen 5; the 1B shape's decode attention with the cache in L3, one thread: 1.09x). */
+ * of 8, more independent chains than the FMA latency x throughput (the 1B shape's decode
+ * attention with the cache in L3, one Zen 5 core: 1.10x). */
 #if defined(GI_VARIANT_AVX512)
 #define FA_PW 4
 #define FA_FEW 0

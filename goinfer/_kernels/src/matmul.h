@@ -69,6 +69,10 @@ typedef struct gi_matmul_ops {
        the variant's GEMM is built on (AVX-512: vpdpbusd zmm, AVX2: vpmaddubsw ymm), nothing
        else; returns the int8 operations done (2 per multiply-add; portable: 0, no probe). */
     int64_t (*int8_probe)(int64_t reps);
+    /* The float32 FMA peak probe: reps rounds of 12 independent fused multiply-adds on the
+       variant's float vector (AVX-512: zmm, AVX2: ymm), nothing else; returns the float
+       operations done (2 per lane; portable: 0, no probe). */
+    int64_t (*fma_probe)(int64_t reps);
 } gi_matmul_ops;
 
 extern const gi_matmul_ops gi_matmul_ops_portable, gi_matmul_ops_avx2, gi_matmul_ops_avx512;

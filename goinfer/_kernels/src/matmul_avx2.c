@@ -31,6 +31,12 @@
 #define PROBE_STEP(acc, a, b) _mm256_maddubs_epi16((acc), (b))
 #define PROBE_LANE0 _mm256_cvtsi256_si32
 #define PROBE_OPS 64
+/* float32 FMA peak probe: vfmadd ymm, 8 lanes (2 operations each) */
+#define FPROBE_T __m256
+#define FPROBE_SET1 _mm256_set1_ps
+#define FPROBE_STEP(acc, a, b) _mm256_fmadd_ps((acc), (a), (b))
+#define FPROBE_LANE0 _mm256_cvtss_f32
+#define FPROBE_OPS 16
 
 
 /* An empty asm that "modifies" v: the value must exist in a register here, so the compiler

@@ -39,6 +39,12 @@
 #define PROBE_STEP(acc, a, b) _mm512_dpbusd_epi32((acc), (a), (b))
 #define PROBE_LANE0 _mm512_cvtsi512_si32
 #define PROBE_OPS 128
+/* float32 FMA peak probe: vfmadd zmm, 16 lanes (2 operations each) */
+#define FPROBE_T __m512
+#define FPROBE_SET1 _mm512_set1_ps
+#define FPROBE_STEP(acc, a, b) _mm512_fmadd_ps((acc), (a), (b))
+#define FPROBE_LANE0 _mm512_cvtss_f32
+#define FPROBE_OPS 32
 
 
 /* ============================================================================ activation quantization */

@@ -318,36 +318,53 @@ static void GI(get_rows)(const gi_weight *w, const int64_t *ids, int64_t t0, int
 }
 
 
-/* ============================================================================ int8 peak probe */
-/* gi_matmul_ops.int8_probe: reps rounds of 12 independent PROBE_STEPs (the variant's
-   dot-product instruction: more accumulators than its latency x throughput), the asm barrier
-   keeping each from being folded away; returns the int8 operations done. */
-static int64_t GI(int8_probe)(int64_t reps) {
-#if PROBE_OPS > 0
-    PROBE_T acc[12];
-    const PROBE_T a = PROBE_SET1(0x01020304), b = PROBE_SET1(0x05060708);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) acc[i] = PROBE_SET1(i);
-    for (int64_t n = 0; n < reps; n++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) {
-            acc[i] = PROBE_STEP(acc[i], a, b);
-            __asm__("" : "+v"(acc[i]));
-        }
+/* ============================================================================ peak probes */
+/* reps rounds of 12 independent STEP(acc, a, b) on vectors of type T (more accumulators than
+   the instruction's latency x throughput), the asm barrier keeping each from being folded
+   away; the lanes' xor / sum goes to a volatile.  OPS: operations per STEP (0: no probe). */
+#define PEAK_PROBE(NAME, T, SET1, STEP, LANE0, OPS, A, B, INIT, SINK_T, FOLD)                   \
+    static int64_t GI(NAME)(int64_t reps) {                                                    \
+        T acc[12];                                                                             \
+        const T a = SET1(A), b = SET1(B);                                                      \
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = SET1(INIT);             \
+        for (int64_t n = 0; n < reps; n++) {                                                   \
+            _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) {                            \
+                acc[i] = STEP(acc[i], a, b);                                                   \
+                __asm__("" : "+v"(acc[i]));                                                    \
+            }                                                                                  \
+        }                                                                                      \
+        SINK_T sink = 0;                                                                       \
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)                                  \
+            sink = FOLD(sink, LANE0(acc[i]));                                                  \
+        volatile SINK_T keep = sink;                                                           \
+        (void)keep;                                                                            \
+        return reps * 12 * (OPS);                                                              \
     }
-    int32_t sink = 0;
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) sink ^= PROBE_LANE0(acc[i]);
-    __asm__ volatile("" : : "r"(sink));
-    (void)a;
+#define PROBE_XOR(s, v) ((s) ^ (v))
+#define PROBE_ADD(s, v) ((s) + (v))
+
+/* gi_matmul_ops.int8_probe: the variant's dot-product instruction (PROBE_STEP); returns the
+   int8 operations done (2 per multiply-add) */
+#if PROBE_OPS > 0
+PEAK_PROBE(int8_probe, PROBE_T, PROBE_SET1, PROBE_STEP, PROBE_LANE0, PROBE_OPS, 0x01020304,
+           0x05060708, i, int32_t, PROBE_XOR)
 #else
-    (void)reps;
+static int64_t GI(int8_probe)(int64_t reps) { (void)reps; return 0; }
 #endif
-    return reps * 12 * PROBE_OPS;
-}
+
+/* gi_matmul_ops.fma_probe: the float32 fused multiply-add on the widest vector (FPROBE_STEP:
+   acc = acc * 0.999 + 0.001, which stays near 1, no denormals); returns the float operations
+   done (2 per lane) */
+#if FPROBE_OPS > 0
+PEAK_PROBE(fma_probe, FPROBE_T, FPROBE_SET1, FPROBE_STEP, FPROBE_LANE0, FPROBE_OPS, 0.999f,
+           0.001f, (float)i, float, PROBE_ADD)
+#else
+static int64_t GI(fma_probe)(int64_t reps) { (void)reps; return 0; }
+#endif
 
 /* ============================================================================ table */
 
 const gi_matmul_ops GI(gi_matmul_ops) = {
     GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR, GI(int8_probe),
+    GI(fma_probe),
 };

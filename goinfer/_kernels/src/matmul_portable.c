@@ -9,6 +9,7 @@
 #define MR_Q 4           /* gi_matmul_ops.mr_q, mr_f: a hint for splitting M */
 #define FG_MR 4
 #define PROBE_OPS 0      /* int8 peak probe: no SIMD dot-product instruction, no peak stated */
+#define FPROBE_OPS 0     /* float32 FMA peak probe: none either */
 
 
 /* ============================================================================ activation quantization */
