@@ -1199,14 +1199,23 @@ def test_burst_of_bad_and_cancelled_requests_leaks_nothing(model):
         assert set(dropped) <= {"cancelled", 429}, dropped
         # the queue alone takes 8 of the 12 jobs, at most 4 of them good ones
         assert dropped.count("cancelled") >= 4, dropped
-        # every hang-up the engine held and every dropped stream the server admitted
-        assert s.engine.n_cancelled >= dropped.count("cancelled")
         codes = {f.__name__: set() for f in (good, bad, ctx)}
         for f, r in zip(fns, out):
             if f.__name__ in codes:
                 codes[f.__name__].add(r.status_code)
         assert codes["bad"] == {400} and codes["ctx"] == {400}
         assert codes["good"] <= {200, 429}
+        # every admitted job ended cancelled or finished, none failed: a dropped stream may
+        # finish its few hundred tokens before the server sees the hang-up (counting the
+        # cancellations alone came up one short twice in five full runs, all 8 admitted), so
+        # the two counts are taken together
+        served = sum(1 for f, r in zip(fns, out) if f is good and r.status_code == 200)
+        e = s.engine
+        assert e.n_failed == 0
+        assert e.n_cancelled + e.n_finished == dropped.count("cancelled") + served, (
+            e.n_cancelled,
+            e.n_finished,
+        )
         assert good().status_code == 200  # still serving
 
 
