@@ -660,7 +660,7 @@ def test_fast_long_window_softcap(window, softcap):
     st.integers(0, 2**32 - 1),
     st.integers(1, 100),
     st.sampled_from([0, 5, 70]),
-    st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4)]),
+    st.sampled_from([(9, 3), (8, 2), (16, 1), (4, 4), (7, 1), (18, 2)]),
     st.sampled_from([1, 2, 3]),
     st.booleans(),
 )
@@ -710,6 +710,11 @@ def test_fast_prefill_chunks_equal_one_call(variant):
         (4, 2, 256, 16, 0, 0.0),
         (8, 1, 512, 16, 0, 0.0),
         (12, 4, 80, 16, 0, 0.0),  # decode's AV d-chunks of 3 and 2 vectors (avx2)
+        # decode in two or three direct row blocks of 3 + 4, 4 + 5 (avx2: 3 key vectors per
+        # QK pass in one, 2 in the other) and 6 + 6 rows (portable: 3 + 4, 3 x 3, 3 x 4)
+        (7, 1, 64, 16, 0, 0.0),
+        (18, 2, 96, 16, 40, 0.0),
+        (12, 1, 128, 32, 0, 20.0),
     ],
 )
 def test_fast_prefill_equals_decode_steps(variant, H, n_kv, hd, bs, window, softcap):

@@ -99,6 +99,12 @@
 #define FA_DV_MAX (FA_DV > FA_DV_FEW ? FA_DV : FA_DV_FEW)
 #define FA_PWN(rb) ((rb) <= FA_FEW ? FA_PW_FEW : FA_PW) /* QK key vectors per pass, rb rows */
 #define FA_DVN(rb) ((rb) <= FA_FEW ? FA_DV_FEW : FA_DV) /* AV d-vectors per chunk, rb rows */
+/* direct path (fa_tile): items of at most FA_DMAX rows, in the fewest nearly equal row blocks
+ * of at most FA_RB rows, each block reading the tile's K and V from the cache (the second from
+ * L1) */
+#ifndef FA_DMAX
+#define FA_DMAX (2 * FA_RB)
+#endif
 
 /* vectors of the next pass (QK key vectors, AV d-vectors) with n left, w per full pass: w,
  * then 2 or 1 at the end (3 + 1 as 2 + 2, so that no pass runs on 4 chains) */
@@ -151,7 +157,7 @@ typedef struct {
     float *p;                /* (R, FA_TK) scores, then weights */
     float *kt;               /* (hd, FA_TK) the tile's keys, transposed, as float */
     const char **vp;         /* (FA_TK,) the tile's value rows (of type vdt) */
-    float *vt;               /* (FA_TK, hd) the tile's values as float, when R > FA_RB */
+    float *vt;               /* (FA_TK, hd) the tile's values as float (gathered, R > FA_RB) */
     int vdt;                 /* the type AV reads: kv_dtype, or GI_KV_F32 from vt */
     float *O;                /* (R, hd) the folded chunks */
     float m[FA_RMAX], l[FA_RMAX], c[FA_RMAX];   /* the current chunk */
@@ -603,6 +609,27 @@ static void fa_gather(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t ta, 
     else fa_gather_dt(GI_KV_F32, a, x, t0, ta, tb, with_k);
 }
 
+/* the direct path (an item of few rows, a decode step): QK reads the cache directly and AV
+ * the V rows in place; it needs whole key vectors per block and whole blocks per tile */
+GI_INLINE int fa_direct(const gi_attn_args *a, int R) {
+    return R <= FA_DMAX && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
+}
+
+/* the row blocks of an item of R rows: [rs[i], rs[i + 1]) for i < the count returned; direct:
+ * the fewest nearly equal blocks of at most FA_RB rows (8 rows on avx2: 4 + 4, each with the
+ * 12 accumulators of FA_FEW), else blocks of FA_RB and the rest */
+static int fa_row_blocks(int R, int direct, int *rs) {
+    int n = 0;
+    if (direct) {
+        const int nb = (R + FA_RB - 1) / FA_RB;
+        for (; n <= nb; n++) rs[n] = n * R / nb;
+        return nb;
+    }
+    for (int r0 = 0; r0 < R; r0 += FA_RB) rs[n++] = r0;
+    rs[n] = R;
+    return n;
+}
+
 /* One key tile [t0, t0 + FA_TK) for every row of the item: QK in chunks of FA_DC dims (a
  * chunk of the K tile stays in L1 while every row block passes over it), the online softmax
  * of each row, then AV in chunks of d (likewise for V). */
@@ -614,8 +641,11 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
     /* few rows and whole key vectors per block: QK reads the cache directly */
-    const int direct = x->R <= FA_RB && a->bs % VF_N == 0 && FA_TK % a->bs == 0;
-    const int rbx = x->R <= FA_FEW ? x->R : FA_RB; /* the AV d-chunks' row-block size */
+    const int direct = fa_direct(a, x->R);
+    int rs[FA_RMAX + 1];
+    const int nrb = fa_row_blocks(x->R, direct, rs);
+    int rbx = 0; /* the largest row block: sets the AV d-chunks */
+    for (int i = 0; i < nrb; i++) rbx = rs[i + 1] - rs[i] > rbx ? rs[i + 1] - rs[i] : rbx;
     /* prefetch: the tile pf->ahead tiles ahead (every kv head of the item), started by the
      * item's first kv head at this tile.  Direct: a line per step of the kernels' loops
      * while the kv head's share (pq lines) lasts; otherwise pq lines before each QK block
@@ -637,8 +667,10 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
         /* the kernels' loop steps on this kv head's tile: QK over d per pass of key vectors,
          * AV over the keys per d-chunk */
         const int64_t nv = (tb / a->bs - ta / a->bs + 1) * (a->bs / VF_N);
-        const int64_t slots =
-            fa_passes(FA_PWN(x->R), nv) * hd + fa_av_chunks(hd, rbx) * (jb - ja + 1);
+        int64_t slots = 0;
+        for (int i = 0; i < nrb; i++)
+            slots += fa_passes(FA_PWN(rs[i + 1] - rs[i]), nv) * hd +
+                     fa_av_chunks(hd, rbx) * (jb - ja + 1);
         pf->credit += pf->pq;
         pf->mask = 0; /* the largest power of two at most slots / credit, less one */
         while (pf->credit > 0 && 2 * (pf->mask + 1) * pf->credit <= slots)
@@ -646,17 +678,16 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     }
     fa_pf *kpf = FA_PF > 0 && direct ? pf : NULL; /* the kernels' prefetch */
     fa_gather(a, x, t0, ta, tb, !direct);
-    int gact[FA_RMAX]; /* gact[r0]: the row block starting at r0 has an active row */
-    for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
-        const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-        gact[r0] = 0;
-        for (int r = r0; r < r0 + RB; r++) {
+    int gact[FA_RMAX]; /* gact[i]: row block i has an active row */
+    for (int i = 0; i < nrb; i++) {
+        gact[i] = 0;
+        for (int r = rs[i]; r < rs[i + 1]; r++) {
             x->act[r] = x->lo[r] <= tb && x->hi[r] >= ta;
-            gact[r0] |= x->act[r];
+            gact[i] |= x->act[r];
         }
     }
     /* ---- QK */
-    if (direct && gact[0]) {
+    if (direct) {
         /* the key vectors of the tile's blocks, in key order, a pass (fa_pass) of them at a
          * time across blocks */
         const int64_t bs = a->bs, hb = gi_kv_head_bytes(a->kv_dtype, hd, bs);
@@ -671,25 +702,27 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
             }
         }
         float *p0 = x->p + ((ta / bs) * bs - t0);
-        fa_qk_direct_block(x->R, a->kv_dtype, x->qs, hd, kbv, offv, bs, nv, p0, kpf);
+        for (int i = 0; i < nrb; i++)
+            if (gact[i])
+                fa_qk_direct_block(rs[i + 1] - rs[i], a->kv_dtype, x->qs + rs[i] * hd, hd, kbv,
+                                   offv, bs, nv, p0 + (int64_t)rs[i] * FA_TK, kpf);
     }
     for (int64_t d0 = 0; !direct && d0 < hd; d0 += FA_DC) {
         const int64_t dn = hd - d0 < FA_DC ? hd - d0 : FA_DC;
         fa_pf_some(pf, pf->pq);
-        for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
-            if (!gact[r0]) continue;
-            const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-            fa_qk_block(RB, d0 == 0, x->qs + r0 * hd + d0, hd, x->kt + d0 * FA_TK, dn,
-                        x->p + (int64_t)r0 * FA_TK);
+        for (int i = 0; i < nrb; i++) {
+            if (!gact[i]) continue;
+            const int r0 = rs[i];
+            fa_qk_block(rs[i + 1] - r0, d0 == 0, x->qs + r0 * hd + d0, hd, x->kt + d0 * FA_TK,
+                        dn, x->p + (int64_t)r0 * FA_TK);
         }
     }
     if (timing) ns1 = gi_attn_now_ns();
     /* ---- softmax */
     const float cap2 = (float)(a->softcap * FA_LOG2E);
-    for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
-        if (!gact[r0]) continue;
-        const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-        for (int r = r0; r < r0 + RB; r++) {
+    for (int i = 0; i < nrb; i++) {
+        if (!gact[i]) continue;
+        for (int r = rs[i]; r < rs[i + 1]; r++) {
             float *pr = x->p + (int64_t)r * FA_TK;
             if (x->act[r]) {
                 const int64_t lo = x->lo[r] > t0 ? x->lo[r] - t0 : 0;
@@ -706,11 +739,11 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     for (int64_t d0 = 0; d0 < hd;) {
         const int64_t nd = fa_av_extent(d0, hd, rbx);
         if (!kpf) fa_pf_some(pf, pf->pq);
-        for (int r0 = 0; r0 < x->R; r0 += FA_RB) {
-            if (!gact[r0]) continue;
-            const int RB = x->R - r0 < FA_RB ? x->R - r0 : FA_RB;
-            fa_av_block(RB, x->vdt, nd, x->o + r0 * hd, hd, x->p + (int64_t)r0 * FA_TK,
-                        x->vp, ja, jb, x->c + r0, d0, kpf);
+        for (int i = 0; i < nrb; i++) {
+            if (!gact[i]) continue;
+            const int r0 = rs[i];
+            fa_av_block(rs[i + 1] - r0, x->vdt, nd, x->o + r0 * hd, hd,
+                        x->p + (int64_t)r0 * FA_TK, x->vp, ja, jb, x->c + r0, d0, kpf);
         }
         d0 += nd;
     }
@@ -955,7 +988,8 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
         x->vt = vt;
         x->vp = vp;
         fa_rows(a, x, t0, nt, h0, nhh);
-        x->vdt = x->R > FA_RB ? GI_KV_F32 : a->kv_dtype; /* float V tile for several row blocks */
+        /* a float V tile when several gathered row blocks read it */
+        x->vdt = x->R > FA_RB && !fa_direct(a, x->R) ? GI_KV_F32 : a->kv_dtype;
     }
     const int64_t kmin = xs->kmin, kmax = xs->kmax;
 
