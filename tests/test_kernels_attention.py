@@ -893,11 +893,13 @@ def test_fast_decode_kv_head_span(variant, dtype, n_kv, window):
 
 
 @pytest.mark.parametrize("dtype", KV_DTYPES)
-def test_bound_fast_decode_split(variant, dtype):
+@pytest.mark.parametrize("window", [0, 600])
+def test_bound_fast_decode_split(variant, dtype, window):
     """The graph-replayed fast attention (bind_attention_fast) of a decode step: its keys are
-    split by chunk over the shares (kchunks sized for max_pos, shared counters reused modulo
-    kchunks run after run), and each run's row equals attention_fast's, as the position
-    moves over the chunks (and back)."""
+    split by chunk over the shares (kchunks sized for max_pos; only the items of chunks with
+    keys count, and the folding one resets the shared counters for the next run), and each
+    run's row equals attention_fast's, as the position moves over the chunks (and back),
+    windowed too (the first chunks then hold no keys)."""
     from goinfer._kernels.graph import Graph
 
     rng = np.random.default_rng(21)
@@ -906,11 +908,11 @@ def test_bound_fast_decode_split(variant, dtype):
     q = rng.standard_normal((n, H, hd)).astype(np.float32)
     qb, pos, out = q[700:701].copy(), np.array([700], np.int32), np.empty((1, H, hd), np.float32)
     per = _att.attention_scratch(
-        qb, *seq.args(), pos, 0.125, out=out, nthreads=2, max_pos=n - 1, fast=True
+        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=2, max_pos=n - 1, fast=True
     )
     scratch = np.zeros((2, per), np.float64)
     op = _att.bind_attention_fast(
-        qb, *seq.args(), pos, 0.125, out=out, nthreads=2, scratch=scratch, max_pos=n - 1
+        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=2, scratch=scratch, max_pos=n - 1
     )
     assert (
         op.nshares == 2
@@ -918,11 +920,11 @@ def test_bound_fast_decode_split(variant, dtype):
         == 4
     )
     g = Graph([op], 2)
-    for p in (700, 1599, 1024, 3, 1200, 1599):
+    for p in (700, 1599, 1024, 3, 1200, 1599, 511, 512, 1100):
         qb[:] = q[p]
         pos[0] = p
         g.run()
-        want = attention_fast(q[p : p + 1], *seq.args(), pos, 0.125, nthreads=1)
+        want = attention_fast(q[p : p + 1], *seq.args(), pos, 0.125, window, nthreads=1)
         assert np.array_equal(out, want), p
 
 

@@ -479,8 +479,8 @@ cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
 
 
 cdef int _bind_shared(Op op, gi_attn_args *a) except -1:
-    """The memory a split fast plan shares between its items (zeroed; counters taken modulo
-    kchunks, so one buffer serves every run), kept alive by the op."""
+    """The memory a split fast plan shares between its items (zeroed; each run leaves its
+    counters at 0, so one buffer serves every run), kept alive by the op."""
     if a.shared_bytes <= 0:
         return 0
     cdef cnp.ndarray buf = np.zeros(a.shared_bytes + 64, np.uint8)

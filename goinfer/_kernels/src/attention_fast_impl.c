@@ -954,6 +954,22 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
     const int64_t kv0 = rem / a->nparts * a->kvspan; /* kv heads [kv0, kv0 + ns) */
     const int ns = (int)(a->n_kv - kv0 < a->kvspan ? a->n_kv - kv0 : a->kvspan);
     const int64_t R = nt * nhh;
+    /* split: the chunks that hold keys of the block's queries ([kmin, kmax], the same for
+     * every head); an item of another chunk has nothing to do.  A bound op's kchunks covers
+     * max_pos, the cache's capacity: most of its items are of chunks past the positions of
+     * the step, and return here before any setup */
+    int64_t ch0 = 0, ch1 = 0;
+    if (a->kchunks > 1) {
+        int64_t lo = INT64_MAX, hi = -1;
+        for (int64_t t = t0; t < t0 + nt; t++) {
+            const int64_t l = fa_row_lo(a, a->q_pos[t]);
+            lo = l < lo ? l : lo;
+            hi = a->q_pos[t] > hi ? a->q_pos[t] : hi;
+        }
+        ch0 = lo / FA_CH;
+        ch1 = hi / FA_CH;
+        if (slot < ch0 || slot > ch1) return;
+    }
     const float sc = (float)(a->scale * FA_LOG2E); /* scores in log2 units */
     fa_pf pf = {0};
     pf.h0 = kv0;
@@ -1008,27 +1024,27 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
         return;
     }
 
-    /* ---- split: this item computes chunk `slot`, the last item of the group folds them all;
-     * a group's partials are (kchunks, kvspan * tq * nh rows, pw), row s * R + r */
+    /* ---- split: this item computes chunk `slot`, the last of the group's ch1 - ch0 + 1 items
+     * with keys folds them all and sets the group's counter back to 0 for the next run (the
+     * op's next run starts after this one has finished); a group's partials are (kchunks,
+     * kvspan * tq * nh rows, pw), row s * R + r */
     const int64_t groups = a->n_items / a->kchunks, rg = a->kvspan * a->tq * a->nh;
     const int64_t pw = FA_PART(hd);
     int64_t *count = (int64_t *)a->shared;
     float *parts = (float *)((char *)a->shared + 64 * ((groups * 8 + 63) / 64)) +
                    group * a->kchunks * rg * pw;
-    const int64_t ch = slot;
-    if (ch >= kmin / FA_CH && ch <= kmax / FA_CH) {
-        for (int s = 0; s < ns; s++) fa_scale_q(hd, sc, &xs[s]);
-        fa_chunk(a, xs, ns, ch);
-        for (int s = 0; s < ns; s++)
-            for (int r = 0; r < R; r++) {
-                float *pr = parts + (ch * rg + s * R + r) * pw;
-                memcpy(pr, xs[s].o + r * hd, (size_t)hd * sizeof(float));
-                pr[hd] = xs[s].m[r];
-                pr[hd + 1] = xs[s].l[r];
-            }
-    }
-    if (__atomic_add_fetch(&count[group], 1, __ATOMIC_ACQ_REL) % a->kchunks != 0) return;
-    for (int64_t c = kmin / FA_CH; c <= kmax / FA_CH; c++)
+    for (int s = 0; s < ns; s++) fa_scale_q(hd, sc, &xs[s]);
+    fa_chunk(a, xs, ns, slot);
+    for (int s = 0; s < ns; s++)
+        for (int r = 0; r < R; r++) {
+            float *pr = parts + (slot * rg + s * R + r) * pw;
+            memcpy(pr, xs[s].o + r * hd, (size_t)hd * sizeof(float));
+            pr[hd] = xs[s].m[r];
+            pr[hd + 1] = xs[s].l[r];
+        }
+    if (__atomic_add_fetch(&count[group], 1, __ATOMIC_ACQ_REL) != ch1 - ch0 + 1) return;
+    __atomic_store_n(&count[group], 0, __ATOMIC_RELAXED);
+    for (int64_t c = ch0; c <= ch1; c++)
         for (int s = 0; s < ns; s++)
             for (int r = 0; r < R; r++)
                 if (fa_row_in_chunk(&xs[s], r, c)) {
