@@ -5,7 +5,7 @@
         [--threads 1] [--shapes 9x3x64 8x2x128 8x4x256] [--kv-dtypes f32 f16 q8_0]
     PYTHONPATH=. python benchmarks/kernels_attention.py --decode [--lengths 4096] \
         [--threads 1 2] [--shapes 9x3x64x30 4x1x256x18] [--kv-dtypes f32 f16 q8_0] \
-        [--blocks-in-order]
+        [--blocks-in-order] [--capacity 131072]
     PYTHONPATH=. python benchmarks/kernels_attention.py --smoke   # all three tables, tiny (the test suite)
 
 --decode: one decode step's attention (T = 1) over every layer of a model's cache
@@ -13,10 +13,11 @@
 windows), as big as the real cache so it streams from memory, per storage type and kernel:
 median ms per step (alternating calls) and the GB/s of cache it reads; "graph" is the fast
 kernel's layers bound into one graph and replayed, as a model's decode step runs them (no
-per-call thread start or allocation).  FMA: the graph's float operations (4 * hd per query
-head and key, as below) per second as a share of the variant's float32 FMA peak measured on
-the same threads (kernels_matmul.fma_peak; none on portable): what bounds a step whose cache
-streams faster than the kernels compute.
+per-call thread start or allocation), bound for a cache of --capacity tokens if given (a
+model's graph is bound for its cache's capacity, which sizes the split of its keys).  FMA: the
+graph's float operations (4 * hd per query head and key, as below) per second as a share of
+the variant's float32 FMA peak measured on the same threads (kernels_matmul.fma_peak; none on
+portable): what bounds a step whose cache streams faster than the kernels compute.
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -137,11 +138,18 @@ def fast_vs_exact(args) -> list[dict]:
     return rows
 
 
-def decode_graph(layers, q, q_pos, out, nt):
+def decode_graph(layers, q, q_pos, out, nt, capacity=0):
     """the fast kernel over every layer as one bound Graph on nt threads (a decode step's
-    attention as a model replays it); one scratch serves every layer"""
+    attention as a model replays it); one scratch serves every layer.  capacity: bound for
+    positions up to capacity - 1, as a model's graph is for its cache's (the block tables
+    padded with block 0 past the keys, which no step reads)"""
     hd = q.shape[2]
-    max_pos = int(q_pos[-1])
+    max_pos = max(int(q_pos[-1]), capacity - 1)
+    need = max_pos // BS + 1
+    layers = [
+        (kc, vc, np.concatenate([bt, np.zeros(max(0, need - len(bt)), np.int32)]))
+        for kc, vc, bt in layers
+    ]
     per = max(
         attention_scratch(
             q, kc, vc, bt, q_pos, 1 / np.sqrt(hd), out=out, nthreads=nt, max_pos=max_pos, fast=True
@@ -196,7 +204,7 @@ def decode(args) -> list[dict]:
                 for nt in args.threads:
                     res = {"exact": [], "fast": [], "graph": []}
                     fns = {"exact": attention, "fast": attention_fast}
-                    graph = decode_graph(layers, q, q_pos, out, nt)
+                    graph = decode_graph(layers, q, q_pos, out, nt, args.capacity)
 
                     def step(name):
                         if name == "graph":
@@ -222,6 +230,7 @@ def decode(args) -> list[dict]:
                             "n": n,
                             "kv_dtype": dt,
                             "threads": nt,
+                            "capacity": max(n, args.capacity),
                             "exact_ms": we * 1e3,
                             "exact_GBs": nbytes / we * 1e-9,
                             "fast_ms": wf * 1e3,
@@ -262,6 +271,12 @@ def main(argv=None):
         "--blocks-in-order",
         action="store_true",
         help="--decode: block table 0, 1, 2, ... (default: a random permutation)",
+    )
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        default=0,
+        help="--decode: bind the graph for a cache of this many tokens (default: the length)",
     )
     ap.add_argument(
         "--smoke", action="store_true", help="all three tables at 64 tokens (the test suite)"

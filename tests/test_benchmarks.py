@@ -614,11 +614,14 @@ def test_kernels_attention_decode_table():
             "--reps",
             "1",
             "--blocks-in-order",
+            "--capacity",
+            "40000",
         ]
     )
     got = {(r["kv_dtype"], r["threads"]) for r in res["rows"]}
     assert got == {(dt, t) for dt in ("f32", "f16", "q8_0") for t in (1, 2)}
     assert all(r["n"] == 600 and _pos(r["fast_GBs"]) and _pos(r["graph_GBs"]) for r in res["rows"])
+    assert all(r["capacity"] == 40000 for r in res["rows"])
     _check_fma_share(res)
 
 
