@@ -164,6 +164,9 @@ typedef struct {
     float M[FA_RMAX], L[FA_RMAX];               /* the folded chunks */
     int nf[FA_RMAX];         /* chunks folded */
     int act[FA_RMAX];        /* row has keys in the current tile */
+    int direct;              /* fa_direct: QK and AV read the cache in place */
+    int nrb, rbx;            /* row blocks (fa_row_blocks), rows of the largest (AV d-chunks) */
+    int rs[FA_RMAX + 1];     /* row block i: rows [rs[i], rs[i + 1]) */
     float sink[FA_RMAX];     /* row's sink logit in log2 units (-inf: none) */
     fa_pf *pf;               /* the item's prefetch cursor */
 } fa_ctx;
@@ -640,12 +643,8 @@ static void fa_tile(const gi_attn_args *a, fa_ctx *x, int64_t t0) {
     const int ja = (int)(ta - t0), jb = (int)(tb - t0);
     const int timing = __atomic_load_n(&gi_attn_timing, __ATOMIC_RELAXED);
     int64_t ns0 = timing ? gi_attn_now_ns() : 0, ns1 = 0, ns2 = 0;
-    /* few rows and whole key vectors per block: QK reads the cache directly */
-    const int direct = fa_direct(a, x->R);
-    int rs[FA_RMAX + 1];
-    const int nrb = fa_row_blocks(x->R, direct, rs);
-    int rbx = 0; /* the largest row block: sets the AV d-chunks */
-    for (int i = 0; i < nrb; i++) rbx = rs[i + 1] - rs[i] > rbx ? rs[i + 1] - rs[i] : rbx;
+    const int direct = x->direct, nrb = x->nrb, rbx = x->rbx;
+    const int *rs = x->rs;
     /* prefetch: the tile pf->ahead tiles ahead (every kv head of the item), started by the
      * item's first kv head at this tile.  Direct: a line per step of the kernels' loops
      * while the kv head's share (pq lines) lasts; otherwise pq lines before each QK block
@@ -918,16 +917,32 @@ static void fa_scale_q(int64_t hd, float sc, fa_ctx *x) {
 
 /* kv head kvh's rows of the query block [t0, t0 + nt) x query heads [h0, h0 + nhh) of its
  * group: their key ranges, q and out rows, sinks */
+/* the union key range [kmin, kmax] of the queries [t0, t0 + nt) */
+GI_INLINE void fa_key_range(const gi_attn_args *a, int64_t t0, int64_t nt, int64_t *kmin,
+                            int64_t *kmax) {
+    *kmin = INT64_MAX;
+    *kmax = -1;
+    for (int64_t t = t0; t < t0 + nt; t++) {
+        const int64_t lo = fa_row_lo(a, a->q_pos[t]);
+        *kmin = lo < *kmin ? lo : *kmin;
+        *kmax = a->q_pos[t] > *kmax ? a->q_pos[t] : *kmax;
+    }
+}
+
 static void fa_rows(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t nt, int64_t h0,
                     int64_t nhh) {
     const int64_t G = a->H / a->n_kv, hd = a->hd;
     x->R = (int)(nt * nhh);
-    x->kmin = INT64_MAX;
-    x->kmax = -1;
+    fa_key_range(a, t0, nt, &x->kmin, &x->kmax);
+    x->direct = fa_direct(a, x->R);
+    x->nrb = fa_row_blocks(x->R, x->direct, x->rs);
+    x->rbx = 0;
+    for (int i = 0; i < x->nrb; i++)
+        x->rbx = x->rs[i + 1] - x->rs[i] > x->rbx ? x->rs[i + 1] - x->rs[i] : x->rbx;
+    /* a float V tile when several gathered row blocks read it */
+    x->vdt = x->R > FA_RB && !x->direct ? GI_KV_F32 : a->kv_dtype;
     for (int64_t ti = 0; ti < nt; ti++) {
         const int64_t t = t0 + ti, pos = a->q_pos[t], lo = fa_row_lo(a, pos);
-        x->kmin = lo < x->kmin ? lo : x->kmin;
-        x->kmax = pos > x->kmax ? pos : x->kmax;
         for (int64_t hj = 0; hj < nhh; hj++) {
             const int r = (int)(ti * nhh + hj);
             const int64_t h = x->kvh * G + h0 + hj;
@@ -960,12 +975,8 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
      * the step, and return here before any setup */
     int64_t ch0 = 0, ch1 = 0;
     if (a->kchunks > 1) {
-        int64_t lo = INT64_MAX, hi = -1;
-        for (int64_t t = t0; t < t0 + nt; t++) {
-            const int64_t l = fa_row_lo(a, a->q_pos[t]);
-            lo = l < lo ? l : lo;
-            hi = a->q_pos[t] > hi ? a->q_pos[t] : hi;
-        }
+        int64_t lo, hi;
+        fa_key_range(a, t0, nt, &lo, &hi);
         ch0 = lo / FA_CH;
         ch1 = hi / FA_CH;
         if (slot < ch0 || slot > ch1) return;
@@ -1004,8 +1015,6 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
         x->vt = vt;
         x->vp = vp;
         fa_rows(a, x, t0, nt, h0, nhh);
-        /* a float V tile when several gathered row blocks read it */
-        x->vdt = x->R > FA_RB && !fa_direct(a, x->R) ? GI_KV_F32 : a->kv_dtype;
     }
     const int64_t kmin = xs->kmin, kmax = xs->kmax;
 
