@@ -915,8 +915,6 @@ static void fa_scale_q(int64_t hd, float sc, fa_ctx *x) {
         for (int64_t d = 0; d < hd; d++) x->qs[r * hd + d] = x->qrow[r][d] * sc;
 }
 
-/* kv head kvh's rows of the query block [t0, t0 + nt) x query heads [h0, h0 + nhh) of its
- * group: their key ranges, q and out rows, sinks */
 /* the union key range [kmin, kmax] of the queries [t0, t0 + nt) */
 GI_INLINE void fa_key_range(const gi_attn_args *a, int64_t t0, int64_t nt, int64_t *kmin,
                             int64_t *kmax) {
@@ -929,6 +927,8 @@ GI_INLINE void fa_key_range(const gi_attn_args *a, int64_t t0, int64_t nt, int64
     }
 }
 
+/* kv head kvh's rows of the query block [t0, t0 + nt) x query heads [h0, h0 + nhh) of its
+ * group: their key ranges, row blocks, q and out rows, sinks */
 static void fa_rows(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t nt, int64_t h0,
                     int64_t nhh) {
     const int64_t G = a->H / a->n_kv, hd = a->hd;
