@@ -18,11 +18,13 @@ the RoPE cos / sin of the step's positions, logits), the model's scratch buffers
 the KV cache (a plan keeps every array it points into alive: when the model's scratch is
 regrown for a bigger batch the plan keeps using the buffers it was captured with, which carry
 nothing from one step to the next).  Per step the inputs are copied into the plan's buffers
-(and the RoPE of its positions computed there).  A plan is rebuilt when its assumptions
-break: another batch size, KV cache, thread count or kernel variant, an attention crossing
-the size at which the Python kernel switches from one thread to several, or a sequence
-crossing the position from which its rows run the fast attention kernel (``Batch.fast_from``:
-a plan binds the exact or the fast kernel per sequence, as the Python path would call it).
+(and the RoPE of its positions computed there; the row blocks of its tokens are read into the
+staging weight of each row table that a get_rows is bound to: goinfer/row_table.py).  A plan
+is rebuilt when its assumptions break: another batch size, KV cache, thread count or kernel
+variant, an attention crossing the size at which the Python kernel switches from one thread
+to several, or a sequence crossing the position from which its rows run the fast attention
+kernel (``Batch.fast_from``: a plan binds the exact or the fast kernel per sequence, as the
+Python path would call it).
 
 A verify step of speculative decoding (goinfer/speculative.py: a sequence's last token and
 its draft, logits of every row) is replayed the same way: a plan's shape is the rows of each
@@ -275,6 +277,8 @@ class DecodePlan:
         """Copy a batch's inputs into the plan's buffers (hybrid: the addresses of the
         sequences' states into the slot tables; GraphRunner.decode checked their shapes)."""
         self.tokens[:] = batch.tokens
+        for table in self.impl.row_tables.values():  # the bound get_rows reads its staging
+            table.stage(self.tokens)
         self.positions[:] = batch.positions
         for r, (cos, sin, _) in self.rope.items():
             r.fill(self.positions, cos, sin)
@@ -454,6 +458,8 @@ class GraphRunner:
                     and (int(bt.min()) < 0 or int(bt.max()) >= cache.n_blocks)
                 ):
                     return None  # the Python path raises the kernel's error
+        if any(len(batch.tokens) > t.capacity for t in m.impl.row_tables.values()):
+            return None  # more rows than a row table stages at once
         spec = self.spec
         if spec is not None and not all(
             seg.stop - seg.start == 1 and _replayable_state(seg.rec, spec) for seg in batch.segments

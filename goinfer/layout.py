@@ -10,7 +10,10 @@ rewrites every weight: seconds per GB.  The first load of a model writes the res
 ``$GOINFER_HOME/layouts/<fingerprint>-<variant>.layout`` (``GOINFER_LAYOUT_DIR`` overrides the
 directory, ``GOINFER_LAYOUT_CACHE=0`` turns the cache off); later loads map that file read-only
 and shared, asking for 2 MB pages, and fault it all in, so a load costs about what mapping the
-file costs, and every process that loads the model shares the same physical pages.  Where the
+file costs, and every process that loads the model shares the same physical pages.  The
+exception is a table that steps read a row at a time (an embedding not tied to the LM head:
+Family.row_table_names): it is not faulted in, and row_table.py reads the rows a step needs
+from the file.  Where the
 system maps less than half of a large layout with 2 MB pages (a file system that caches files
 in 4 KB pages, or pages that came in piecemeal), the weights are copied into anonymous huge
 pages instead: decode reads every weight once per token, and from 4 KB pages it ran up to 14%
@@ -309,7 +312,8 @@ class _Writer:
 @dataclass
 class Layout:
     """A mapped layout file: its header and read-only views of its arrays (in the mapping, or
-    in the anonymous copy place_weights made: file offset o at copy[o + shift])."""
+    in the anonymous copy place_weights made: file offset o at copy[o + shift]; the arrays of
+    row tables always in the mapping, where nothing populated them: row_table.py)."""
 
     path: Path
     header: dict
@@ -318,11 +322,22 @@ class Layout:
     shift: int = 0
     pages: str = "small"  # "huge" (the mapping, 2 MB entries), "copied", "small"
     huge_share: float | None = None  # the share of the arrays' pages mapped 2 MB at a time
+    # the row tables: {name: [(file offset, bytes) of each of its arrays]}
+    row_tables: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def dense(self) -> list[tuple[int, int]]:
+        """[lo, hi) file ranges of the arrays outside row tables (what is populated and
+        copied), in order."""
+        return _dense(self.header, [sp for v in self.row_tables.values() for sp in v])
 
     def array(self, i: int) -> np.ndarray:
         off, nbytes, dt, shape, _ = self.header["arrays"][i]
         dtype = np.dtype(dt)
-        buf, base = (self.mm, 0) if self.copy is None else (self.copy, self.shift)
+        if any(lo == off for v in self.row_tables.values() for lo, _ in v):
+            buf, base = self.mm, 0
+        else:
+            buf, base = (self.mm, 0) if self.copy is None else (self.copy, self.shift)
         a = np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=off + base)
         a.flags.writeable = False
         return a.reshape(shape)
@@ -443,16 +458,69 @@ def _address(buf) -> int:
     return int(a.ctypes.data)
 
 
-def _map(fd: int, populate: bool) -> mmap.mmap:
+def _array_ids(node, out: list[int]) -> list[int]:
+    """Indices of the arrays in an encoded weights-tree node (see _decode)."""
+    if isinstance(node, dict):
+        if "a" in node:
+            out.append(node["a"])
+        for v in node.get("l") or [*node.get("d", {}).values(), *node.get("f", {}).values()]:
+            _array_ids(v, out)
+    return out
+
+
+def _row_tables(header: dict, names) -> dict[str, list[tuple[int, int]]]:
+    """{name: [(file offset, bytes) of its arrays]} of the top-level weights that names(top)
+    gives (Family.row_table_names; None: none)."""
+    tree = header["tree"]
+    top = tree.get("d") if isinstance(tree, dict) else None
+    if names is None or not isinstance(top, dict):
+        return {}
+    arrays = header["arrays"]
+    out = {}
+    for name in names(top):
+        ids = _array_ids(top.get(name), [])
+        if ids:
+            out[name] = [(arrays[i][0], arrays[i][1]) for i in sorted(ids)]
+    return out
+
+
+def _dense(header: dict, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[lo, hi) file ranges of the arrays outside the (file offset, bytes) spans, in order."""
+    holes = sorted((lo, lo + n) for lo, n in spans)
+    end = max((off + n for off, n, *_ in header["arrays"]), default=_DATA0)
+    out, lo = [], _DATA0
+    for a, b in holes:
+        if a > lo:
+            out.append((lo, a))
+        lo = max(lo, b)
+    if end > lo:
+        out.append((lo, end))
+    return out
+
+
+def _let_go(mm: mmap.mmap, lo: int, hi: int) -> None:
+    """madvise(MADV_DONTNEED) on the whole pages of mm inside [lo, hi).  They leave the
+    process; a shared file mapping reads them back from the page cache when touched again."""
+    P = mmap.PAGESIZE
+    a, b = -(-lo // P) * P, min(len(mm), hi) // P * P
+    if b > a:
+        with contextlib.suppress(AttributeError, OSError):  # no madvise: the pages stay mapped
+            mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+
+
+def _map(fd: int, populate: bool, dense: list[tuple[int, int]] | None = None) -> mmap.mmap:
     """The file, mapped read-only and shared.  populate: asks for 2 MB pages first (a file
-    system that caches files in large folios then reads it 2 MB at a time), then faults it all
-    in (without the GIL); before Linux 5.14, MAP_POPULATE instead."""
+    system that caches files in large folios then reads it 2 MB at a time), then faults in the
+    dense [lo, hi) file ranges (None: all of it) without the GIL; before Linux 5.14,
+    MAP_POPULATE (all of it) instead."""
     if not populate:
         return mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    whole = [(_address(mm), len(mm))]
+    base = _address(mm)
+    whole = [(base, len(mm))]
     memory.want_huge_pages(whole)
-    if not memory.populate_read(whole):
+    ranges = whole if dense is None else [(base + lo, hi - lo) for lo, hi in dense]
+    if not memory.populate_read(ranges):
         mm.close()
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mm = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
@@ -510,7 +578,7 @@ def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, 
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=end,
+            total=sum(hi - lo for lo, hi in lay.dense),
             desc=f"{name}: weights into huge pages",
             unit="B",
             unit_scale=True,
@@ -518,15 +586,15 @@ def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, 
             disable=None,
         )
     step = 1 << 26
-    for lo in range(_DATA0, end, step):
-        hi = min(lo + step, end)
-        dst = np.frombuffer(copy, np.uint8, count=hi - lo, offset=shift + lo)
-        dst[:] = np.frombuffer(lay.mm, np.uint8, count=hi - lo, offset=lo)
-        del dst
-        with contextlib.suppress(AttributeError, OSError):  # no madvise: the pages stay mapped
-            lay.mm.madvise(mmap.MADV_DONTNEED, lo, (hi - lo) // mmap.PAGESIZE * mmap.PAGESIZE)
-        if bar is not None:
-            bar.update(hi - lo)
+    for r0, r1 in lay.dense:  # the row tables are not copied (row_table.py reads them)
+        for lo in range(r0, r1, step):
+            hi = min(lo + step, r1)
+            dst = np.frombuffer(copy, np.uint8, count=hi - lo, offset=shift + lo)
+            dst[:] = np.frombuffer(lay.mm, np.uint8, count=hi - lo, offset=lo)
+            del dst
+            _let_go(lay.mm, lo, hi)
+            if bar is not None:
+                bar.update(hi - lo)
     if bar is not None:
         bar.close()
     lay.copy, lay.shift, lay.pages = copy, shift, "copied"
@@ -534,19 +602,29 @@ def place_weights(lay: Layout, mode: str | None = None, progress: bool = False, 
 
 
 def open_layout(
-    path: Path, expect: dict, *, full_check: bool = False, populate: bool = True
+    path: Path,
+    expect: dict,
+    *,
+    full_check: bool = False,
+    populate: bool = True,
+    row_table_names=None,
 ) -> Layout:
     """Map a layout file read-only after the checks of every load (see the module docstring);
-    raises LayoutError if it is stale or corrupt, FileNotFoundError if it is not there."""
+    raises LayoutError if it is stale or corrupt, FileNotFoundError if it is not there.
+    row_table_names(top) names the top-level weights read a row at a time
+    (Family.row_table_names): they are not populated (row_table.py reads them)."""
     with open(path, "rb") as fh:
         header = _read_header(path, fh)
         _check_key(path, header, expect)
         st = os.fstat(fh.fileno())
-        mm = _map(fh.fileno(), populate)
-    lay = Layout(path, header, mm)
+        spans = _row_tables(header, row_table_names)
+        mm = _map(fh.fileno(), populate, _dense(header, [x for v in spans.values() for x in v]))
+    lay = Layout(path, header, mm, row_tables=spans)
     if full_check or not _stamp_ok(path, st):
         _check_arrays(lay)
         _write_stamp(path, st)
+        for lo, n in (x for v in spans.values() for x in v):  # the check read them
+            _let_go(mm, lo, lo + n)
     return lay
 
 
@@ -577,6 +655,8 @@ class LoadInfo:
     conversions: list | None = None  # ConversionSummary rows of the build (from the header)
     pages: str = ""  # how the mapped weights are backed: "huge", "copied", "small" (place_weights)
     huge_share: float | None = None  # the share of their pages mapped 2 MB at a time
+    # {name: RowTable} of the weights read a row at a time from the file (row_table.py)
+    row_tables: dict = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -655,19 +735,31 @@ def _build(g, family, cfg, path: Path, expect: dict, progress: bool, name: str):
         w.commit()
     finally:
         w.discard()
-    return open_layout(path, expect)
+    return open_layout(path, expect, row_table_names=getattr(family, "row_table_names", None))
 
 
 def _loaded(lay: Layout, classes, source: str, mode: str, progress: bool, name: str):
+    from goinfer.row_table import RowTable
+
     place_weights(lay, mode, progress=progress, name=name)
+    weights = lay.weights(classes)
+    base = _address(lay.mm)
+    tables = {}
+    for key in lay.row_tables:
+        w = weights[key]
+        offsets = {
+            f: a.ctypes.data - base for f in ("qs", "d", "m") if (a := getattr(w, f)) is not None
+        }
+        tables[key] = RowTable(lay.path, w, offsets)
     info = LoadInfo(
         source,
         lay.path,
         conversions=lay.header.get("conversions"),
         pages=lay.pages,
         huge_share=lay.huge_share,
+        row_tables=tables,
     )
-    return lay.weights(classes), info
+    return weights, info
 
 
 def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, name: str = ""):
@@ -689,7 +781,9 @@ def load(g, family, cfg, *, enabled: bool | None = None, progress: bool = True, 
     expect = _expect(g, family, variant)
     with _lock(path):
         try:
-            lay = open_layout(path, expect)
+            lay = open_layout(
+                path, expect, row_table_names=getattr(family, "row_table_names", None)
+            )
         except (FileNotFoundError, NotADirectoryError):
             lay = None  # not built yet
         except (LayoutError, OSError, ValueError) as e:

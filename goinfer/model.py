@@ -136,6 +136,7 @@ class Model:
             )
             if weights is not None:  # mapped from the layout cache
                 self.impl = family(gguf, self.config, self.kernels, self.threads, weights=weights)
+                self.impl.row_tables = self.load_info.row_tables  # read from the file by row
                 del weights
             else:  # converted from the GGUF into process memory
                 bar = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import json
 import os
 import subprocess
@@ -467,6 +468,90 @@ def test_copy_lets_the_files_pages_go(q4_path, layouts):
     # what stays resident of the file: the preamble's page and the header after the arrays
     arrays_end = max(off + n for off, n, *_ in lay.header["arrays"])
     assert _mapped_rss(lp) <= before - (arrays_end - 4096) // 4096 * 4096 + 4096
+
+
+def _vma_rss(address: int) -> int:
+    """Resident bytes of the mapping of this process that starts at address (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's first line
+            inside = line.startswith(f"{address:x}-")
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:x}")
+
+
+@pytest.mark.parametrize("pages", ["map", "copy"])
+def test_untied_embedding_is_read_by_row(pages, tmp_path, layouts, monkeypatch):
+    """An embedding table that only lookups read (not tied to the LM head) is neither faulted in
+    at load nor copied, and no step maps it: steps read their tokens' row blocks from the file
+    into a staging weight (row_table.py).  Logits (prefill, decode steps replayed by a graph,
+    a batch longer than the staging holds) keep the bits of a load without the cache."""
+    monkeypatch.setenv("GOINFER_LAYOUT_PAGES", pages)
+    # tok_embd f32: 16 MB, untied
+    model = tinymodels.hf_model(
+        "llama", 5, vocab_size=16384, hidden_size=256, intermediate_size=256
+    )
+    path = tinymodels.write_gguf(model, "llama", tmp_path / "untied.gguf")
+    ids = np.random.default_rng(3).integers(0, 16384, 300).tolist()
+    plain = _load(path, layout_cache=False)
+    ref = plain.logits(ids)
+    ref_gen = plain.session().generate(ids[:8], max_tokens=6).tokens
+    assert _load(path).load_info.source == "built"
+    gc.collect()  # that model's mapping goes
+    m = _load(path)
+    info = m.load_info
+    assert info.source == "layout" and list(info.row_tables) == ["tok_embd"]
+    table = info.row_tables["tok_embd"]
+    assert m.impl.row_tables is info.row_tables
+    emb = m.impl.tok_embd.qs  # the table's view of the mapping, which no kernel reads
+    assert emb.nbytes == 16384 * 256 * 4 and not emb.flags.writeable
+    lp = info.path
+    size = os.path.getsize(lp)
+    resident = _mapped_rss(lp)
+    # the rest is populated or copied (a mapping with 2 MB entries: to the 2 MB around it)
+    assert resident <= size - emb.nbytes + 2 * memory.HUGE_PAGE + 8 * 4096
+    assert np.array_equal(m.logits(ids), ref)  # 300 rows: staged in two pieces
+    assert len(ids) > table.capacity
+    assert m.session().generate(ids[:8], max_tokens=6).tokens == ref_gen
+    assert m.graph is None or m.graph.replays > 0
+    assert _mapped_rss(lp) <= resident + 2 * 4096  # nothing of the table came in (its edges)
+    staged = table.weight.qs
+    assert staged.shape == (table.capacity,) + emb.shape[1:]
+    # the staging holds whole row blocks of the table: the rows of the last tokens staged
+    toks = np.array(ids[-4:])
+    rows = table.stage(toks)
+    for t, r in zip(toks.tolist(), rows.tolist(), strict=True):
+        assert np.array_equal(staged[r // 16, :, r % 16], emb[t // 16, :, t % 16])
+    with pytest.raises(ValueError, match="out of range"):
+        table.stage(np.array([16384]))
+    with pytest.raises(ValueError, match="holds 256"):
+        table.stage(np.zeros(257, np.int64))
+
+
+@pytest.mark.parametrize("family, tables", [("gemma4", ["ple_embd"]), ("gpt-oss", ["tok_embd"])])
+def test_row_tables_of_families(family, tables, layouts):
+    """Gemma 4's per-layer embedding (its tok_embd is tied to the head) and gpt-oss's untied
+    tok_embd are read by row: the same logits and greedy tokens as a load without the cache."""
+    from fixtures import hfconvert
+
+    path = hfconvert.build(family)[1]
+    plain = _load(path, layout_cache=False)
+    assert plain.impl.row_tables == {}
+    _load(path)
+    m = _load(path)
+    assert m.load_info.source == "layout" and sorted(m.load_info.row_tables) == tables
+    assert np.array_equal(m.logits(IDS[:24]), plain.logits(IDS[:24]))
+    want = plain.session().generate(IDS[:5], max_tokens=5).tokens
+    assert m.session().generate(IDS[:5], max_tokens=5).tokens == want
+
+
+def test_tied_embedding_stays_with_the_weights(q4_path, layouts):
+    """Tied to the LM head, the table is read whole every step: no row table."""
+    _load(q4_path)
+    m = _load(q4_path)
+    assert m.load_info.source == "layout" and m.load_info.row_tables == {}
+    assert m.impl.lm_head is m.impl.tok_embd
 
 
 @pytest.mark.parametrize(

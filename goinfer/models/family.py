@@ -139,6 +139,7 @@ class Family:
         self.embed_scale: np.float32 | None = None  # multiplies the embedding rows (None: none)
         self.final_softcap = 0.0  # tanh softcap of the output logits (0: none)
         self.scratch = Scratch()
+        self.row_tables: dict = {}  # {name: RowTable}: weights read from the file by row
 
     @classmethod
     def load_weights(
@@ -174,6 +175,14 @@ class Family:
             rope_freqs=rope_freqs,
         )
 
+    @classmethod
+    def row_table_names(cls, top: dict) -> tuple[str, ...]:
+        """The top-level weights (keys of load_weights' dict; top maps them to a stored form
+        where None stays None) that the model only ever reads a row at a time: an embedding
+        table not tied to the LM head.  Loaded from the layout cache, they are read from the
+        file as steps need their rows (goinfer/row_table.py; self.row_tables)."""
+        return ("tok_embd",) if top.get("lm_head") is not None else ()
+
     def weights(self) -> list[QWeight]:
         ws = [self.tok_embd] + [w for L in self.layers for w in L.weights()]
         if self.lm_head is not self.tok_embd:
@@ -206,10 +215,22 @@ class Family:
 
     def embed(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Token embeddings (T, D) into out (times embed_scale when set)."""
-        x = self.ops.get_rows(self.tok_embd, tokens, out=out, nthreads=self.threads)
+        x = self.get_rows("tok_embd", self.tok_embd, tokens, out)
         if self.embed_scale is not None:
             self.ops.scale(x, self.embed_scale, out=x, nthreads=self.threads)
         return x
+
+    def get_rows(self, name: str, w: QWeight, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows tokens of the weight w (the top-level weight name) into out (T, n_in): from w,
+        or, for a row table, staged from the file (row_table.py) a capacity at a time."""
+        table = self.row_tables.get(name)
+        if table is None:
+            return self.ops.get_rows(w, tokens, out=out, nthreads=self.threads)
+        for i in range(0, len(tokens), table.capacity):
+            j = min(len(tokens), i + table.capacity)
+            ids = table.stage(tokens[i:j])
+            self.ops.get_rows(table.weight, ids, out=out[i:j], nthreads=self.threads)
+        return out
 
     def head(
         self, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None, hidden: bool = False

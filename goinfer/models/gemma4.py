@@ -337,6 +337,12 @@ class Gemma4Family(Family):
             )
         return w
 
+    @classmethod
+    def row_table_names(cls, top: dict) -> tuple[str, ...]:
+        """The per-layer embedding table too (read by token, like tok_embd)."""
+        ple = ("ple_embd",) if top.get("ple_embd") is not None else ()
+        return super().row_table_names(top) + ple
+
     def weights(self) -> list[QWeight]:
         return super().weights() + [
             w for w in (self.ple_embd, self.ple_model_proj) if w is not None
@@ -382,7 +388,7 @@ class Gemma4Family(Family):
         ops, cfg, nt, S = self.ops, self.cfg, self.threads, self.scratch
         T, P = len(tokens), cfg.per_layer_dim
         LP = cfg.n_layers * P
-        e = ops.get_rows(self.ple_embd, tokens, out=S.get("ple_e", T, LP), nthreads=nt)  # (T, LP)
+        e = self.get_rows("ple_embd", self.ple_embd, tokens, S.get("ple_e", T, LP))  # (T, LP)
         ops.scale(e, np.float32(np.sqrt(P)), out=e, nthreads=nt)
         pr = self.mm(
             Act(ops, x, S.qact(T, cfg.d_model), nt), self.ple_model_proj, S.get("ple", T, LP)
