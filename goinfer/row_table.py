@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from goinfer import memory
 from goinfer.quant import ROWS, QWeight
 
 CAPACITY = 256  # token rows one stage() takes (a longer batch is staged in pieces)
@@ -64,6 +65,10 @@ class RowTable:
             weight.source_type,
         )
         self.ids = np.zeros(capacity, np.int64)  # (capacity,) rows of self.weight
+        # faulted in now, in the background: a first touch of fresh memory is slow on virtual
+        # machines whose host backs guest memory lazily (memory.py), and the first prefill
+        # chunk would pay it
+        memory.populate_async([(a.ctypes.data, a.nbytes) for a in staged.values()], staged)
 
     @property
     def n_out(self) -> int:
