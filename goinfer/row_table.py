@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class RowTable:
         self.source = weight  # the table's own (mapped, never read) weight: kind, shapes
         self.capacity = capacity
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._finalizer = _closer(self, self._fd)
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
         self._lock = threading.Lock()
         fields = [f for f in ("qs", "d", "m") if getattr(weight, f) is not None]
         # per array: file offset, bytes per row block, the staging array (capacity, ...)
@@ -94,6 +95,7 @@ class RowTable:
         return self.ids[:T]
 
     def close(self) -> None:
+        """Close the layout file now (otherwise when the table is collected)."""
         self._finalizer()
 
 
@@ -104,15 +106,3 @@ def _pread_exact(fd: int, dst: np.ndarray, offset: int) -> None:
         if n <= 0:
             raise OSError(f"short read of a row table at byte {offset}")
         view, offset = view[n:], offset + n
-
-
-def _closer(owner, fd: int):
-    import weakref
-
-    def close(fd=fd):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-    return weakref.finalize(owner, close)
