@@ -100,9 +100,16 @@ class RowTable:
 
 
 def _pread_exact(fd: int, dst: np.ndarray, offset: int) -> None:
-    view = memoryview(dst)
+    """dst's bytes from the file at offset (os.preadv into dst; os.pread and a copy where the
+    system has no preadv)."""
+    view = memoryview(dst).cast("B")
     while len(view):
-        n = os.preadv(fd, [view], offset)
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view], offset)
+        else:  # no preadv (macOS before Python 3.12)
+            b = os.pread(fd, len(view), offset)
+            n = len(b)
+            view[:n] = b
         if n <= 0:
-            raise OSError(f"short read of a row table at byte {offset}")
+            raise OSError(f"short read of a row table at byte {offset} (the file was truncated?)")
         view, offset = view[n:], offset + n
