@@ -470,17 +470,6 @@ def test_copy_lets_the_files_pages_go(q4_path, layouts):
     assert _mapped_rss(lp) <= before - (arrays_end - 4096) // 4096 * 4096 + 4096
 
 
-def _vma_rss(address: int) -> int:
-    """Resident bytes of the mapping of this process that starts at address (/proc/self/smaps)."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's first line
-            inside = line.startswith(f"{address:x}-")
-        elif inside and line.startswith("Rss:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping at {address:x}")
-
-
 @pytest.mark.parametrize("pages", ["map", "copy"])
 def test_untied_embedding_is_read_by_row(pages, tmp_path, layouts, monkeypatch):
     """An embedding table that only lookups read (not tied to the LM head) is neither faulted in
