@@ -2,7 +2,7 @@
 
     python benchmarks/memory.py MODEL.gguf [--prefill 4096]
         [--decode 64] [--threads 2] [--repeats 3] [--layout-dir DIR] [--no-first-load]
-        [--flash-attn on|off|both] [--json out.json]
+        [--flash-attn on|off|both] [--llama-mmap on|off|both] [--json out.json]
     PYTHONPATH=. python benchmarks/memory.py --smoke
 
 Each run is a new Python process that imports its engine, then (timed) loads the model, runs
@@ -19,8 +19,11 @@ one prefill of --prefill seeded random tokens and --decode greedy decode steps, 
              measure of that choice).
 Both engines get the same context: n_ctx = prefill + decode (+16); goinfer's KV cache is the
 model's default (2 x context, touched only as it fills), llama.cpp's is its own (f16, allocated
-for n_ctx at load), with flash attention off and on.  Runs alternate between the engines;
-medians.  The page cache is warm for every run but goinfer's first (the file was just read).
+for n_ctx at load), with flash attention off and on, and with its GGUF mapped (its default) or
+read into memory (--llama-mmap: a CPU backend that repacks weights, as llama.cpp's does for
+MXFP4 experts, holds the mapped file and the repacked copy when mapped, one copy when not).
+Runs alternate between the engines; medians.  The page cache is warm for every run but
+goinfer's first (the file was just read).
 --smoke: the tiny shape (benchmarks/shapes.py), short prefill, one repeat; the llama.cpp side is
 skipped (with a message) when llama-cpp-python is not installed.
 """
@@ -41,8 +44,9 @@ import regime
 CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np
-engine, path, n_prefill, n_decode, threads, fa = sys.argv[1:7]
-n_prefill, n_decode, threads, fa = int(n_prefill), int(n_decode), int(threads), fa == "1"
+engine, path, n_prefill, n_decode, threads, fa, use_mmap = sys.argv[1:8]
+n_prefill, n_decode, threads = int(n_prefill), int(n_decode), int(threads)
+fa, use_mmap = fa == "1", use_mmap == "1"
 n_ctx = n_prefill + n_decode + 16
 
 def status():
@@ -64,9 +68,9 @@ else:
     import llama_cpp
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                          flash_attn=fa, verbose=False)
+                          flash_attn=fa, use_mmap=use_mmap, verbose=False)
     load_s = time.perf_counter() - t0
-    src = "mmap"
+    src = "mmap" if use_mmap else "read"
     vocab = llm.n_vocab()
 after_load = status()
 ids = [int(t) for t in np.random.default_rng(n_prefill).integers(200, vocab - 200, n_prefill)]
@@ -95,7 +99,7 @@ print(json.dumps({"load_s": load_s, "source": src, "rss_load": after_load["VmRSS
 """
 
 
-def run_child(engine: str, path: str, args, fa: bool, layout_dir: str) -> dict:
+def run_child(engine: str, path: str, args, fa: bool, layout_dir: str, mmap: bool = True) -> dict:
     env = dict(os.environ, GOINFER_LAYOUT_DIR=layout_dir, OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run(
         [
@@ -108,6 +112,7 @@ def run_child(engine: str, path: str, args, fa: bool, layout_dir: str) -> dict:
             str(args.decode),
             str(args.threads),
             "1" if fa else "0",
+            "1" if mmap else "0",
         ],
         env=env,
         capture_output=True,
@@ -143,6 +148,13 @@ def main(argv=None) -> dict:
         help="llama.cpp's flash attention (its lowest-memory setting is on)",
     )
     ap.add_argument(
+        "--llama-mmap",
+        choices=["on", "off", "both"],
+        default="on",
+        help="llama.cpp's use_mmap (its default, on, maps the GGUF; off reads it into memory: "
+        "a CPU backend that repacks weights then holds one copy of them, not two)",
+    )
+    ap.add_argument(
         "--no-first-load",
         action="store_true",
         help="skip goinfer's separate first-load run (the layout cache is built already)",
@@ -159,7 +171,7 @@ def main(argv=None) -> dict:
     if not args.model:
         ap.error("a model path is needed (or --smoke)")
     layout_dir = args.layout_dir or str(Path(tmp.name) / "layouts")
-    engines = [("goinfer", False)]
+    engines = [("goinfer", False, True)]
     res = {
         "benchmark": "memory",
         "regime": regime.header(args.threads, argv=argv, peer_name="llama.cpp"),
@@ -175,9 +187,11 @@ def main(argv=None) -> dict:
     elif not res["regime"]["peer"]["installed"]:
         peer = "skipped (llama-cpp-python is not installed)"
     else:
+        sides = {"on": [True], "off": [False], "both": [False, True]}
         engines += [
-            ("llama.cpp", fa)
-            for fa in {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
+            ("llama.cpp", fa, mm)
+            for mm in sides[args.llama_mmap][::-1]
+            for fa in sides[args.flash_attn]
         ]
         peer = f"llama-cpp-python {res['regime']['peer']['version']}"
     print(
@@ -185,11 +199,10 @@ def main(argv=None) -> dict:
         f"{args.threads} threads; llama.cpp: {peer}",
         flush=True,
     )
-    label = {
-        ("goinfer", False): "goinfer",
-        ("llama.cpp", False): "llama.cpp",
-        ("llama.cpp", True): "llama.cpp + flash attention",
-    }
+
+    def label(eng: str, fa: bool, mm: bool) -> str:
+        return eng + (" + flash attention" if fa else "") + ("" if mm else ", no mmap")
+
     if not args.no_first_load:
         first = run_child("goinfer", args.model, args, False, layout_dir)
         res["goinfer_first_load"] = first
@@ -199,11 +212,11 @@ def main(argv=None) -> dict:
             flush=True,
         )
     for _ in range(args.repeats):
-        for eng, fa in engines:
-            r = run_child(eng, args.model, args, fa, layout_dir)
-            res["runs"].setdefault(label[eng, fa], []).append(r)
+        for eng, fa, mm in engines:
+            r = run_child(eng, args.model, args, fa, layout_dir, mm)
+            res["runs"].setdefault(label(eng, fa, mm), []).append(r)
             print(
-                f"  {label[eng, fa]}: load {r['load_s']:.2f} s ({r['source']}), RSS after load "
+                f"  {label(eng, fa, mm)}: load {r['load_s']:.2f} s ({r['source']}), RSS after load "
                 f"{_gb(r['rss_load'])} GB, peak {_gb(r['peak_rss'])} GB (anon {_gb(r['anon_end'] or 0)}"
                 f" + file {_gb(r['file_end'] or 0)} at the end)",
                 flush=True,
