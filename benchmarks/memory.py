@@ -24,8 +24,8 @@ read into memory (--llama-mmap: a CPU backend that repacks weights, as llama.cpp
 MXFP4 experts, holds the mapped file and the repacked copy when mapped, one copy when not).
 Runs alternate between the engines; medians.  The page cache is warm for every run but
 goinfer's first (the file was just read).
---smoke: the tiny shape (benchmarks/shapes.py), short prefill, one repeat; the llama.cpp side is
-skipped (with a message) when llama-cpp-python is not installed.
+--smoke: the tiny shape (benchmarks/shapes.py), short prefill, one repeat, llama.cpp mapped and
+read into memory; the llama.cpp side is skipped (with a message) when llama-cpp-python is not installed.
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ def main(argv=None) -> dict:
 
         args.model = str(smoke_model(tmp.name))
         args.prefill, args.decode, args.repeats = 64, 4, 1
+        args.llama_mmap = "both"  # (with llama-cpp-python) each way of loading its GGUF
     if not args.model:
         ap.error("a model path is needed (or --smoke)")
     layout_dir = args.layout_dir or str(Path(tmp.name) / "layouts")

@@ -13,11 +13,11 @@ and shared, asking for 2 MB pages, and fault it all in, so a load costs about wh
 file costs, and every process that loads the model shares the same physical pages.  The
 exception is a table that steps read a row at a time (an embedding not tied to the LM head:
 Family.row_table_names): it is not faulted in, and row_table.py reads the rows a step needs
-from the file.  Where the
-system maps less than half of a large layout with 2 MB pages (a file system that caches files
-in 4 KB pages, or pages that came in piecemeal), the weights are copied into anonymous huge
-pages instead: decode reads every weight once per token, and from 4 KB pages it ran up to 14%
-slower (place_weights; ``GOINFER_LAYOUT_PAGES=map`` keeps the mapping, ``=copy`` always copies).
+from the file.  Where the system maps less than half of a large layout with 2 MB pages (a
+file system that caches files in 4 KB pages, or pages that came in piecemeal), the weights
+are copied into anonymous huge pages instead: decode reads every weight once per token, and
+from 4 KB pages it ran up to 14% slower (place_weights; ``GOINFER_LAYOUT_PAGES=map`` keeps the
+mapping, ``=copy`` always copies).
 
 The file is keyed by the GGUF's fingerprint (header, size and sampled data, of every part of a
 split model: gguf.py) and the kernel variant in its name; its header also carries LAYOUT_VERSION
@@ -329,12 +329,12 @@ class Layout:
     def dense(self) -> list[tuple[int, int]]:
         """[lo, hi) file ranges of the arrays outside row tables (what is populated and
         copied), in order."""
-        return _dense(self.header, [sp for v in self.row_tables.values() for sp in v])
+        return _dense(self.header, self.row_tables)
 
     def array(self, i: int) -> np.ndarray:
         off, nbytes, dt, shape, _ = self.header["arrays"][i]
         dtype = np.dtype(dt)
-        if any(lo == off for v in self.row_tables.values() for lo, _ in v):
+        if any(lo == off for lo, _ in _spans(self.row_tables)):
             buf, base = self.mm, 0
         else:
             buf, base = (self.mm, 0) if self.copy is None else (self.copy, self.shift)
@@ -484,9 +484,14 @@ def _row_tables(header: dict, names) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def _dense(header: dict, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """[lo, hi) file ranges of the arrays outside the (file offset, bytes) spans, in order."""
-    holes = sorted((lo, lo + n) for lo, n in spans)
+def _spans(row_tables: dict) -> list[tuple[int, int]]:
+    """(file offset, bytes) of every array of the row tables ({name: spans})."""
+    return [x for v in row_tables.values() for x in v]
+
+
+def _dense(header: dict, row_tables: dict) -> list[tuple[int, int]]:
+    """[lo, hi) file ranges of the arrays outside the row tables ({name: spans}), in order."""
+    holes = sorted((lo, lo + n) for lo, n in _spans(row_tables))
     end = max((off + n for off, n, *_ in header["arrays"]), default=_DATA0)
     out, lo = [], _DATA0
     for a, b in holes:
@@ -618,12 +623,12 @@ def open_layout(
         _check_key(path, header, expect)
         st = os.fstat(fh.fileno())
         spans = _row_tables(header, row_table_names)
-        mm = _map(fh.fileno(), populate, _dense(header, [x for v in spans.values() for x in v]))
+        mm = _map(fh.fileno(), populate, _dense(header, spans))
     lay = Layout(path, header, mm, row_tables=spans)
     if full_check or not _stamp_ok(path, st):
         _check_arrays(lay)
         _write_stamp(path, st)
-        for lo, n in (x for v in spans.values() for x in v):  # the check read them
+        for lo, n in _spans(spans):  # the check read them
             _let_go(mm, lo, lo + n)
     return lay
 

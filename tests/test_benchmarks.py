@@ -369,6 +369,11 @@ def check_memory(res):
         assert _pos(v["load_s"]) and _pos(v["peak_rss"]) and _pos(v["prefill_tok_s"]), k
     assert "goinfer" in res["runs"]
     assert any(k.startswith("llama.cpp") for k in res["runs"]) == _peer_ran(res)
+    if _peer_ran(res):  # the smoke loads llama.cpp's GGUF mapped and read into memory
+        assert {r["source"] for k, v in res["runs"].items() if k != "goinfer" for r in v} == {
+            "mmap",
+            "read",
+        }
 
 
 def check_moe(res):
