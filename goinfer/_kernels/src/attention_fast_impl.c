@@ -575,7 +575,9 @@ GI_INLINE void fa_gather_dt(const int DT, const gi_attn_args *a, fa_ctx *x, int6
         else
             for (int64_t d = 0; d < hd; d++) fa_krow(DT, 0, kb, hd, bs, d, off, n, dst + d * FA_TK);
         if (x->vdt == DT) {
-            for (int64_t i = 0; i < n; i++) x->vp[j - t0 + i] = vb + i * vrb;
+            const char **vp = x->vp + (j - t0); /* a local: x->vp itself would be reloaded
+                                                   after every store (they may alias) */
+            for (int64_t i = 0; i < n; i++) vp[i] = vb + i * vrb;
         } else { /* several row blocks will read V: convert its rows once, exactly */
             for (int64_t i = 0; i < n; i++) {
                 float *dst = x->vt + (j - t0 + i) * hd;
