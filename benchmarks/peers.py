@@ -497,7 +497,8 @@ def table(res) -> str:
     lines = [
         f"{res['model']['file']} ({res['model']['quantization']}), {r0['threads']} threads, "
         f"{r0['machine']['model_name']}, goinfer {r0['goinfer']['kernel_variant']}"
-        f"{' + AMX' if r0['goinfer']['amx'] else ''}, {r0['date']}, medians of "
+        f"{' + AMX' if r0['goinfer']['amx'] else ''}"
+        f"{' + AVX-VNNI' if r0['goinfer'].get('avxvnni') else ''}, {r0['date']}, medians of "
         f"{res['settings']['repeats']} alternating runs, each engine in its own process; "
         f"llama-cpp-python {peer['version'] if peer['installed'] else 'not installed'}; "
         f"goinfer weights: {', '.join(res['goinfer_weights'])}"

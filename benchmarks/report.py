@@ -428,9 +428,16 @@ def machine_line(d: dict) -> str:
     ]
     if g:
         how = f" ({g['selected_by']})" if g.get("selected_by") else ""
+        # AVX-VNNI: the avx2 variant's int matmuls where the CPU has it (absent: runs from
+        # before it existed, off)
+        vnni = (
+            f", AVX-VNNI {'on' if g.get('avxvnni') else 'off'}"
+            if g["kernel_variant"] == "avx2"
+            else ""
+        )
         s.append(
             f"goinfer kernel variant `{g['kernel_variant']}`, AMX {'on' if g.get('amx') else 'off'}"
-            f"{how}, {d.get('threads')} threads."
+            f"{vnni}{how}, {d.get('threads')} threads."
         )
     if p:
         build = f", built with {p['build']}" if p.get("build") else ""

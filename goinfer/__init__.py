@@ -47,6 +47,7 @@ def config() -> dict:
         "kernel_variant": _config.variant(),
         "supported_variants": list(_config.supported_variants()),
         "amx": _config.amx_in_use(),
+        "avxvnni": _config.avxvnni_in_use(),
         "gemv_prefetch": _config.gemv_prefetch(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
@@ -62,6 +63,12 @@ def _amx_supported() -> bool:
     return _config.amx_supported()
 
 
+def _avxvnni_supported() -> bool:
+    from goinfer._kernels import _config
+
+    return _config.avxvnni_supported()
+
+
 def show_config(file=None) -> dict:
     """Print (and return) the version, the kernel variant in use, OpenMP on/off, threads."""
     c = config()
@@ -73,6 +80,13 @@ def show_config(file=None) -> dict:
     )
     amx = "on" if c["amx"] else ("off" if _amx_supported() else "off (not supported here)")
     print(f"  AMX int8 GEMM  : {amx} (prefill matmuls; GOINFER_AMX=0 turns it off)", file=out)
+    if c["kernel_variant"] == "avx2":
+        vnni = (
+            "on"
+            if c["avxvnni"]
+            else ("off" if _avxvnni_supported() else "off (not supported here)")
+        )
+        print(f"  AVX-VNNI       : {vnni} (int matmuls; GOINFER_AVXVNNI=0 turns it off)", file=out)
     pf = c["gemv_prefetch"]
     pf_text = f"{pf} groups ahead" if pf else "off"
     print(

@@ -238,7 +238,7 @@ class DecodePlan:
         self.block_size = bs
         self.max_blocks = min(cache.n_blocks, -(-n_ctx // bs))
         self.max_pos = min(n_ctx, self.max_blocks * bs) - 1
-        self.variant = kernels._config.variant()
+        self.dispatch = kernels._config.dispatch_key()  # the kernel tables bound
         # ---- the plan's own input and output buffers (the graph points into them)
         self.tokens = np.zeros(T, np.int64)  # (T,)
         self.positions = np.zeros(T, np.int32)  # (T,)
@@ -306,7 +306,7 @@ class DecodePlan:
             cache.k is self.k
             and cache.v is self.v
             and self.impl.threads == self.threads
-            and self._kernels._config.variant() == self.variant
+            and self._kernels._config.dispatch_key() == self.dispatch
             and pmax <= self.max_pos
             and attn_key == self.attn_key
         )

@@ -244,6 +244,32 @@ def test_variant_change_rebuilds(tiny):
     assert m.graph.captures == len(variants)
 
 
+def test_avxvnni_change_rebuilds(tiny):
+    """Turning the avx2 variant's AVX-VNNI matmuls on or off rebinds the plan to the other
+    table (its function pointers); the bits stay the Python path's either way."""
+    if not _config.avxvnni_supported():
+        pytest.skip("no AVX-VNNI on this CPU")
+    path = tiny("llama")[1]
+    old, old_vnni = _config.variant(), _config.avxvnni_in_use()
+    _config.set_variant("avx2")
+    try:
+        m, ref_m = load(path, 1), load(path, 1, graph=False)
+        s = m.session(KVCache(m, max_tokens=100))
+        r = ref_m.session(KVCache(ref_m, max_tokens=100))
+        s.prefill([1, 2, 3])
+        r.prefill([1, 2, 3])
+        for on in (True, False, True):
+            _config.set_avxvnni(on)
+            assert MM._avxvnni_used() == on
+            assert np.array_equal(s.decode(5), r.decode(5))
+            plans = [p for plans in m.graph._plans.values() for p in plans.values()]
+            assert {p.dispatch for p in plans} == {("avx2", False, on)}
+        assert m.graph.captures == 3
+    finally:
+        _config.set_variant(old)
+        _config.set_avxvnni(old_vnni)
+
+
 def test_rope_per_step_and_attention_threads_rebuild(tiny):
     """A plan computes each step's RoPE into its own (T, n_rot/2) buffers: decoding on across
     position 1024 needs no table of every position.  With 2 threads the attention crosses the

@@ -54,20 +54,27 @@ from goinfer.quant import (
 
 # the package re-exports the function `matmul`, which shadows the submodule attribute
 K = sys.modules["goinfer._kernels.matmul"]
-VARIANTS = _config.supported_variants()
+# every ISA variant of this machine; the avx2 variant with and without AVX-VNNI where the CPU
+# has it ("avx2+avxvnni": the avx2 variant's second matmul table, the same bits)
+VARIANTS = _config.supported_variants() + (("avx2+avxvnni",) if _config.avxvnni_supported() else ())
 THREADS = (1, 2, 3, 7)  # 7: more threads than cores, row blocks or activation tiles
 U = 2.0**-24  # float32 unit roundoff
 
 
 @contextlib.contextmanager
 def variant(name):
+    base, vnni = name.removesuffix("+avxvnni"), name.endswith("+avxvnni")
     old = _config.variant()
-    _config.set_variant(name)
-    assert K._variant_used() == name  # the switch reached the kernel tables
+    old_vnni = _config.set_avxvnni(vnni) if _config.avxvnni_supported() else None
+    _config.set_variant(base)
+    # the switch reached the kernel tables
+    assert K._variant_used() == base and K._avxvnni_used() == vnni
     try:
         yield
     finally:
         _config.set_variant(old)
+        if old_vnni is not None:
+            _config.set_avxvnni(old_vnni)
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +90,39 @@ def test_dispatch_follows_config(v):
     """Forcing a variant switches the kernel table matmul calls (the variants give the same
     bits by contract, so the outputs alone could not tell)."""
     with variant(v):
-        assert K._variant_used() == v == _config.variant()
+        assert K._variant_used() == v.removesuffix("+avxvnni") == _config.variant()
+        assert _config.avxvnni_in_use() == v.endswith("+avxvnni")
     assert K._variant_used() == _config.variant()
+
+
+def test_avxvnni_setting():
+    """AVX-VNNI (the avx2 variant's int matmuls): on by default where supported, off with
+    GOINFER_AVXVNNI=0 at start; set_avxvnni switches the table matmul calls; turning it on
+    where unsupported raises.  goinfer.config() and `goinfer config` report it."""
+    code = (
+        "import goinfer; from goinfer._kernels import _config; _config.set_variant('avx2')\n"
+        "print(_config.avxvnni_supported(), _config.avxvnni_in_use(), goinfer.config()['avxvnni'])"
+    )
+    if "avx2" not in _config.supported_variants():
+        pytest.skip("no avx2 variant on this CPU")
+    for env, on in ((None, True), ("0", False), ("1", True)):
+        e = {k: v for k, v in os.environ.items() if k != "GOINFER_AVXVNNI"}
+        if env is not None:
+            e["GOINFER_AVXVNNI"] = env
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+        ).stdout.split()
+        supported = out[0] == "True"
+        assert out[1:] == [str(on and supported)] * 2, (env, out)
+    if not _config.avxvnni_supported():
+        with pytest.raises(RuntimeError, match="AVX-VNNI is not supported"):
+            _config.set_avxvnni(True)
+        return
+    with variant("avx2"):
+        assert not K._avxvnni_used()
+        assert _config.set_avxvnni(True) is False
+        assert K._avxvnni_used() and K._variant_used() == "avx2"
+        assert _config.dispatch_key() == ("avx2", False, True)
 
 
 @pytest.mark.parametrize("probe", ["_int8_peak", "_fma_peak"])
@@ -535,7 +573,7 @@ def test_gemv_prefetch_from_env(env, expect):
         [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
     )
     got = dict(line.split() for line in out.stdout.splitlines())
-    for v in VARIANTS:
+    for v in _config.supported_variants():
         if v == "portable":  # plain C, no prefetches to set
             assert int(got[v]) == 0
             continue

@@ -3,7 +3,8 @@
 from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
                                         gi_set_variant, gi_variant_name, GI_N_VARIANTS,
                                         gi_gemv_prefetch, gi_set_gemv_prefetch,
-                                        gi_gemv_prefetch_setting)
+                                        gi_gemv_prefetch_setting, gi_avxvnni_supported,
+                                        gi_avxvnni_enabled, gi_avxvnni_set)
 
 cdef extern from *:
     """
@@ -102,3 +103,31 @@ def set_amx(on):
         raise RuntimeError("AMX is not supported here (CPU without AMX-INT8, OS without "
                            "tile data, or a build without AMX)")
     return old
+
+
+# ---------------------------------------------------------------- AVX-VNNI (avx2 variant's matmuls)
+def avxvnni_supported():
+    """True if this build has the avx2 variant's AVX-VNNI matmuls and the CPU has AVX-VNNI."""
+    return bool(gi_avxvnni_supported())
+
+
+def avxvnni_in_use():
+    """True if the int matmuls run with AVX-VNNI now (avx2 variant, AVX-VNNI on).  The same
+    bits as without it: only the speed differs."""
+    return bool(gi_avxvnni_enabled()) and variant() == "avx2"
+
+
+def set_avxvnni(on):
+    """Turn the avx2 variant's AVX-VNNI matmuls on or off (GOINFER_AVXVNNI=0 turns them off at
+    start); returns the old setting.  Turning them on where unsupported raises RuntimeError."""
+    old = bool(gi_avxvnni_enabled())
+    if gi_avxvnni_set(1 if on else 0) != 0:
+        raise RuntimeError("AVX-VNNI is not supported here (a CPU without AVX-VNNI, or a build "
+                           "whose compiler could not emit it)")
+    return old
+
+
+def dispatch_key():
+    """What selects the kernel tables now: (variant, AMX in use, AVX-VNNI in use).  A plan
+    bound to kernel function pointers (goinfer/graph.py) is valid while this is unchanged."""
+    return (variant(), amx_in_use(), avxvnni_in_use())

@@ -15,6 +15,9 @@ cdef extern from "dispatch.h" nogil:
     int gi_gemv_prefetch()
     int gi_set_gemv_prefetch(int groups)
     int gi_gemv_prefetch_setting()
+    int gi_avxvnni_supported()
+    int gi_avxvnni_enabled()
+    int gi_avxvnni_set(int on)
 
 
 cdef inline const void *variant_table(const void *portable, const void *avx2,

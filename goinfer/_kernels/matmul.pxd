@@ -59,3 +59,4 @@ cdef extern from "matmul.h" nogil:
     const gi_matmul_ops gi_matmul_ops_portable
     const gi_matmul_ops gi_matmul_ops_avx2
     const gi_matmul_ops gi_matmul_ops_avx512
+    const gi_matmul_ops gi_matmul_ops_avx2vnni

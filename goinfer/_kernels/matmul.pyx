@@ -12,7 +12,8 @@ from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
                                       swap_grain)
-from goinfer._kernels.dispatch cimport table_variant, variant_table
+from goinfer._kernels.dispatch cimport (GI_AVX2, gi_avxvnni_enabled, gi_variant, table_variant,
+                                        variant_table)
 from goinfer._kernels.graph cimport Op, run_shares, run_shares_dynamic, share_fn
 
 import time
@@ -66,15 +67,25 @@ def _set_min_ns_per_thread(v):
 
 
 cdef inline const gi_matmul_ops *_ops() noexcept nogil:
+    """The variant's table; the avx2 variant's with AVX-VNNI where it is on (dispatch.h)."""
+    if gi_variant() == GI_AVX2 and gi_avxvnni_enabled():
+        return &gi_matmul_ops_avx2vnni
     return <const gi_matmul_ops *>variant_table(&gi_matmul_ops_portable, &gi_matmul_ops_avx2,
                                                 &gi_matmul_ops_avx512)
 
 
 def _variant_used():
     """Name of the variant whose kernel table matmul, quantize_act and get_rows call now
-    (tests: dispatch follows _config.set_variant)."""
+    (tests: dispatch follows _config.set_variant); the AVX-VNNI table is the avx2 variant's."""
+    if _ops() == &gi_matmul_ops_avx2vnni:
+        return "avx2"
     return table_variant(_ops(), &gi_matmul_ops_portable, &gi_matmul_ops_avx2,
                          &gi_matmul_ops_avx512)
+
+
+def _avxvnni_used():
+    """True if matmul calls the avx2 variant's AVX-VNNI table now (tests)."""
+    return _ops() == &gi_matmul_ops_avx2vnni
 
 
 # ============================================================================ peaks

@@ -18,4 +18,13 @@ int gi_gemv_prefetch(void);           /* ... the variant in use's */
 int gi_set_gemv_prefetch(int groups); /* 0..64, or -1: back to the default; 0 on success, -1 if outside */
 int gi_gemv_prefetch_setting(void);   /* the distance set, -1 if none */
 
+/* AVX-VNNI in the avx2 variant's int matmuls: a second avx2 matmul table,
+   gi_matmul_ops_avx2vnni (matmul_impl.c compiled again with -mavxvnni; the same bits).
+   Supported: built with it, and the CPU has AVX2 and AVX-VNNI (CPUID.(7,1):EAX bit 4: Intel
+   from Alder Lake, AMD Zen 5).  Enabled: supported, and not turned off by GOINFER_AVXVNNI=0
+   in the environment (read once) or gi_avxvnni_set(0). */
+int gi_avxvnni_supported(void);
+int gi_avxvnni_enabled(void);
+int gi_avxvnni_set(int on);           /* 0 on success, -1 when turning on where unsupported */
+
 #endif

@@ -2,6 +2,10 @@
 #include "dispatch.h"
 
 #include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 static int g_variant = -1;
 
@@ -114,3 +118,35 @@ int gi_set_gemv_prefetch(int groups) {
 }
 
 int gi_gemv_prefetch_setting(void) { return __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE); }
+
+
+/* ============================================================================ AVX-VNNI (avx2 variant) */
+
+extern const int gi_avxvnni_built;  /* matmul_impl.c's avx2vnni object: 1 if built with -mavxvnni */
+static int g_avxvnni_on = -1;       /* -1: not decided yet */
+
+int gi_avxvnni_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return gi_avxvnni_built && gi_variant_supported(GI_AVX2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+           (a >> 4 & 1);
+#else
+    return 0;
+#endif
+}
+
+int gi_avxvnni_enabled(void) {
+    int on = __atomic_load_n(&g_avxvnni_on, __ATOMIC_ACQUIRE);
+    if (on < 0) {
+        const char *env = getenv("GOINFER_AVXVNNI");
+        on = gi_avxvnni_supported() && !(env && strcmp(env, "0") == 0);
+        __atomic_store_n(&g_avxvnni_on, on, __ATOMIC_RELEASE);
+    }
+    return on;
+}
+
+int gi_avxvnni_set(int on) {
+    if (on && !gi_avxvnni_supported()) return -1;
+    __atomic_store_n(&g_avxvnni_on, on ? 1 : 0, __ATOMIC_RELEASE);
+    return 0;
+}

@@ -76,5 +76,6 @@ typedef struct gi_matmul_ops {
 } gi_matmul_ops;
 
 extern const gi_matmul_ops gi_matmul_ops_portable, gi_matmul_ops_avx2, gi_matmul_ops_avx512;
+extern const gi_matmul_ops gi_matmul_ops_avx2vnni; /* the avx2 variant with AVX-VNNI (dispatch.h) */
 
 #endif

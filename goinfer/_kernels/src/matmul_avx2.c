@@ -9,6 +9,22 @@
 #endif
 #include <immintrin.h>
 
+/* ============================================================================ AVX-VNNI
+ * This file is compiled twice for the avx2 variant: as it is, and with -mavxvnni (the variant's
+ * second matmul table, gi_matmul_ops_avx2vnni, chosen at run time where the CPU has AVX-VNNI:
+ * Intel from Alder Lake, AMD Zen 5; dispatch.h).  There vpdpbusd multiplies unsigned by signed bytes and
+ * adds each int32 lane's four products to it, exactly (no int16 step, no saturation), where
+ * plain AVX2 needs vpmaddubsw + vpaddw and a vpmaddwd by ones to widen.  The 4-, 5- and 8-bit
+ * kinds' integer sums take it; q6_k keeps vpmaddubsw (its int16 pair sums are what vpmaddwd
+ * multiplies by the sub-block scales).  Integer sums are exact either way and the float fold
+ * is the same code, so both tables give the same bits. */
+#if defined(__AVXVNNI__)
+#define VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#else
+#define VNNI 0
+#endif
+
 /* ============================================================================ tile sizes */
 
 #define UNIT 8           /* output rows per unit: half a row block */
@@ -349,8 +365,13 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
 #pragma GCC unroll 16
                         for (int r = 0; r < RB; r++) {
+#if VNNI
+                            sl[r][i] = DPBUSD(sl[r][i], lo[r], bl);  /* int32 sums */
+                            sh[r][i] = DPBUSD(sh[r][i], hi[r], bh);
+#else
                             sl[r][i] = _mm256_add_epi16(sl[r][i], _mm256_maddubs_epi16(lo[r], bl));
                             sh[r][i] = _mm256_add_epi16(sh[r][i], _mm256_maddubs_epi16(hi[r], bh));
+#endif
                         }
                     }
                 }
@@ -358,7 +379,11 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                 for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++)
+#if VNNI
+                        is[r][i] = _mm256_add_epi32(sl[r][i], sh[r][i]);
+#else
                         is[r][i] = _mm256_add_epi32(_mm256_madd_epi16(sl[r][i], ones), _mm256_madd_epi16(sh[r][i], ones));
+#endif
             } else if (KIND != GI_Q8_0) {
                 /* int16 partial sums: each lane sums 16 products |nib*qa| <= 15*128, so <= 30720:
                    no saturation in maddubs, no wrap in add_epi16 */
@@ -382,15 +407,19 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         __m256i bh = _mm256_set1_epi32(load_i32(ag + i * K + 16 + c * 4));
 #pragma GCC unroll 16
                         for (int r = 0; r < RB; r++) {
+#if VNNI
+                            s16[r][i] = DPBUSD(DPBUSD(s16[r][i], lo[r], bl), hi[r], bh);  /* int32 */
+#else
                             s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(lo[r], bl));
                             s16[r][i] = _mm256_add_epi16(s16[r][i], _mm256_maddubs_epi16(hi[r], bh));
+#endif
                         }
                     }
                 }
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-                    for (int i = 0; i < MR; i++) is[r][i] = _mm256_madd_epi16(s16[r][i], ones);
+                    for (int i = 0; i < MR; i++) is[r][i] = VNNI ? s16[r][i] : _mm256_madd_epi16(s16[r][i], ones);
             } else {
                 /* sign trick: |q| (unsigned) x (qa * sign(q)); a 16-bit lane <= 2*128*127 */
 #pragma GCC unroll 16
@@ -410,8 +439,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
                         __m256i b = _mm256_set1_epi32(load_i32(ag + i * K + c * 4));
 #pragma GCC unroll 16
                         for (int r = 0; r < RB; r++) {
+#if VNNI
+                            is[r][i] = DPBUSD(is[r][i], aq[r], _mm256_sign_epi8(b, q[r]));
+#else
                             __m256i p = _mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r]));
                             is[r][i] = _mm256_add_epi32(is[r][i], _mm256_madd_epi16(p, ones));
+#endif
                         }
                     }
                 }
@@ -471,7 +504,7 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
    q4_k weight). */
 
 /* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
-   8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap) */
+   8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap); with VNNI the rows' int32 sums */
 GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256i *s1) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
@@ -481,16 +514,26 @@ GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + 32));
         const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
         const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
+#if VNNI
+        a0 = DPBUSD(a0, _mm256_and_si256(x0, nib), bl);
+        a1 = DPBUSD(a1, _mm256_and_si256(x1, nib), bl);
+        a0 = DPBUSD(a0, _mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh);
+        a1 = DPBUSD(a1, _mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh);
+#else
         a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(x0, nib), bl));
         a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(x1, nib), bl));
         a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh));
         a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh));
+#endif
         PIN(a0);
         PIN(a1);
     }
     *s0 = a0;
     *s1 = a1;
 }
+
+/* q4_dot16's sums of a row half as int32 */
+GI_INLINE __m256i q4_widen(__m256i s) { return VNNI ? s : _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 
 GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
                      float *out, int64_t ldo) {
@@ -500,7 +543,6 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
     const int64_t pf = gemv_prefetch();                               /* groups */
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();   /* rows 0..7, 8..15 */
     if (KIND != GI_Q4_K) {
         const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
@@ -514,7 +556,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
             }
             __m256i s0, s1;
             q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
-            __m256i i0 = _mm256_madd_epi16(s0, ones), i1 = _mm256_madd_epi16(s1, ones);
+            __m256i i0 = q4_widen(s0), i1 = q4_widen(s1);
             if (KIND == GI_Q4_0) {
                 const __m256i corr = _mm256_set1_epi32(8 * as[g]);
                 i0 = _mm256_sub_epi32(i0, corr);
@@ -582,8 +624,8 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
 #undef SCM
                 const __m256 dag = _mm256_set1_ps(da[g]), sag = _mm256_set1_ps(sa[g]);
                 /* the contract's fold, as qtile's */
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s0, ones)), _mm256_mul_ps(ds0, dag), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s1, ones)), _mm256_mul_ps(ds1, dag), acc1);
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s0)), _mm256_mul_ps(ds0, dag), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s1)), _mm256_mul_ps(ds1, dag), acc1);
                 acc0 = _mm256_fmadd_ps(dm0, sag, acc0);
                 acc1 = _mm256_fmadd_ps(dm1, sag, acc1);
             }
@@ -841,6 +883,13 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                         const __m256i bo = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + 8 * cp + 4));
 #pragma GCC unroll 2
                         for (int r = 0; r < 2; r++) {
+#if VNNI
+                            if (KIND != GI_Q6_K) { /* q5: scales of 1 */
+                                s[r][i] = DPBUSD(DPBUSD(s[r][i], we[r], be), wo[r], bo);
+                                PIN(s[r][i]);
+                                continue;
+                            }
+#endif
                             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we[r], be), _mm256_maddubs_epi16(wo[r], bo));
                             s[r][i] = _mm256_add_epi32(s[r][i], _mm256_madd_epi16(p, sv[r][hi]));
                             PIN(s[r][i]);
@@ -872,18 +921,26 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++) {
                         const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + hi * 16 + c * 4));
+#if VNNI
+                        const __m256i z = _mm256_setzero_si256();  /* int32 sums */
+                        s[0][i] = DPBUSD(c + hi == 0 ? z : s[0][i], v0, b);
+                        s[1][i] = DPBUSD(c + hi == 0 ? z : s[1][i], v1, b);
+#else
                         const __m256i p0 = _mm256_maddubs_epi16(v0, b), p1 = _mm256_maddubs_epi16(v1, b);
                         s[0][i] = c + hi == 0 ? p0 : _mm256_add_epi16(s[0][i], p0);
                         s[1][i] = c + hi == 0 ? p1 : _mm256_add_epi16(s[1][i], p1);
+#endif
                         PIN(s[0][i]);
                         PIN(s[1][i]);
                     }
                 }
             }
+#if !VNNI
 #pragma GCC unroll 2
             for (int r = 0; r < 2; r++)
 #pragma GCC unroll 16
                 for (int i = 0; i < MR; i++) s[r][i] = _mm256_madd_epi16(s[r][i], ones);
+#endif
         } else {
             const uint8_t *lg = wq + g * NL * 64;
 #pragma GCC unroll 8
@@ -899,8 +956,12 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                     const __m256i b = _mm256_set1_epi32(load_i32(ag + i * 32 + c * 4));
 #pragma GCC unroll 2
                     for (int r = 0; r < 2; r++) {
+#if VNNI
+                        s[r][i] = DPBUSD(c == 0 ? _mm256_setzero_si256() : s[r][i], aq[r], _mm256_sign_epi8(b, q[r]));
+#else
                         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(b, q[r])), ones);
                         s[r][i] = c == 0 ? p : _mm256_add_epi32(s[r][i], p);
+#endif
                         PIN(s[r][i]);
                     }
                 }

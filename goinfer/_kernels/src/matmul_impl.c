@@ -12,6 +12,12 @@
  */
 #include "matmul_impl.h"
 
+#if defined(GI_AVXVNNI_TABLE)
+/* this object is the avx2 variant's second table, gi_matmul_ops_avx2vnni (dispatch.h): 1 when
+   compiled with -mavxvnni, 0 when the compiler could not (then never selected) */
+const int gi_avxvnni_built = GI_AVXVNNI_TABLE;
+#endif
+
 #if defined(GI_VARIANT_AVX512)
 #include "matmul_amx.h"
 #include "matmul_avx512.c"
