@@ -15,9 +15,10 @@
  * Intel from Alder Lake, AMD Zen 5; dispatch.h).  There vpdpbusd multiplies unsigned by signed bytes and
  * adds each int32 lane's four products to it, exactly (no int16 step, no saturation), where
  * plain AVX2 needs vpmaddubsw + vpaddw and a vpmaddwd by ones to widen.  The 4-, 5- and 8-bit
- * kinds' integer sums take it; q6_k keeps vpmaddubsw (its int16 pair sums are what vpmaddwd
- * multiplies by the sub-block scales).  Integer sums are exact either way and the float fold
- * is the same code, so both tables give the same bits. */
+ * kinds' integer sums take it, and q6_k's GEMM as the avx512 one does (each sub-block's sum
+ * apart, scaled in float32, exactly: qgemm2); q6_k's GEMV keeps vpmaddubsw (its int16 pair
+ * sums are what vpmaddwd multiplies by the sub-block scales).  Integer sums are exact either
+ * way and the float fold is the same, so both tables give the same bits. */
 #if defined(__AVXVNNI__)
 #define VNNI 1
 #define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
@@ -835,9 +836,21 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
             const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
             const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
             __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
+            /* q6_k with VNNI (as the avx512 GEMM): per sub-block, H = the exact int32 vpdpbusd
+               of the codes started at -32 x the sub-block's activation sum, so |H| <= 16*32*127
+               < 2^16; then isum = fma(H1, sc1, H0*sc0) in float32, exact (every partial result
+               an integer below 2^24): scf the rows' scales as floats, hf H0*sc0 meanwhile */
+            float scf[2][2][8] __attribute__((aligned(32))), hf[2][MAXMR][8] __attribute__((aligned(32)));
 #pragma GCC unroll 2
             for (int r = 0; r < 2; r++) {
-                if (KIND == GI_Q6_K) {
+                if (VNNI && KIND == GI_Q6_K) {
+                    const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
+                    const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(sg + r * 16)),
+                                                        _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+                    _mm256_store_ps(scf[r][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eo)));
+                    _mm256_store_ps(scf[r][1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8))));
+                    sv[r][0] = sv[r][1] = ones;  /* unused */
+                } else if (KIND == GI_Q6_K) {
                     const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
                     const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
                     sv[r][0] = _mm256_shuffle_epi8(v, plo);
@@ -853,6 +866,13 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
             }
 #pragma GCC unroll 2
             for (int hi = 0; hi < 2; hi++) {
+                if (VNNI && KIND == GI_Q6_K)  /* H of sub-block hi starts at -32 x its activation sum */
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) {
+                        const int32_t ns = (int32_t)(int16_t)((uint32_t)cb[i] >> (16 * hi)); /* q6_negsums */
+#pragma GCC unroll 2
+                        for (int r = 0; r < 2; r++) s[r][i] = _mm256_set1_epi32(32 * ns);
+                    }
 #pragma GCC unroll 2
                 for (int cp = 0; cp < 2; cp++) {                 /* lines c = 2cp, 2cp+1: one sub-block's int16 sums */
                     __m256i we[2], wo[2];                           /* [half] of lines 2cp, 2cp+1 */
@@ -884,18 +904,27 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
 #pragma GCC unroll 2
                         for (int r = 0; r < 2; r++) {
 #if VNNI
-                            if (KIND != GI_Q6_K) { /* q5: scales of 1 */
-                                s[r][i] = DPBUSD(DPBUSD(s[r][i], we[r], be), wo[r], bo);
-                                PIN(s[r][i]);
-                                continue;
-                            }
-#endif
+                            s[r][i] = DPBUSD(DPBUSD(s[r][i], we[r], be), wo[r], bo);  /* q5: scales of 1 */
+#else
                             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we[r], be), _mm256_maddubs_epi16(wo[r], bo));
                             s[r][i] = _mm256_add_epi32(s[r][i], _mm256_madd_epi16(p, sv[r][hi]));
+#endif
                             PIN(s[r][i]);
                         }
                     }
                 }
+                if (VNNI && KIND == GI_Q6_K)  /* hf = H0*sc0, then s = the float isum's bits */
+#pragma GCC unroll 2
+                    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 16
+                        for (int i = 0; i < MR; i++) {
+                            const __m256 h = _mm256_cvtepi32_ps(s[r][i]);
+                            if (hi == 0)
+                                _mm256_store_ps(hf[r][i], _mm256_mul_ps(h, _mm256_load_ps(scf[r][0])));
+                            else
+                                s[r][i] = _mm256_castps_si256(_mm256_fmadd_ps(h, _mm256_load_ps(scf[r][1]),
+                                                                              _mm256_load_ps(hf[r][i])));
+                        }
             }
         } else if (KIND != GI_Q8_0) {
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
@@ -984,8 +1013,9 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
             for (int i = 0; i < MR; i++) {
                 __m256i t = s[r][i];
                 if (CODE_OFF(KIND)) t = _mm256_sub_epi32(t, _mm256_set1_epi32(cb[i]));
-                __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dv, _mm256_set1_ps(da[i])),
-                                             _mm256_load_ps(accm[r][i]));
+                /* (float)isum; q6_k with VNNI: isum is already a float (above) */
+                const __m256 fi = VNNI && KIND == GI_Q6_K ? _mm256_castsi256_ps(t) : _mm256_cvtepi32_ps(t);
+                __m256 acc = _mm256_fmadd_ps(fi, _mm256_mul_ps(dv, _mm256_set1_ps(da[i])), _mm256_load_ps(accm[r][i]));
                 if (HAS_MIN(KIND) || IS_QK(KIND)) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[i]), acc);
                 _mm256_store_ps(accm[r][i], acc);
             }
