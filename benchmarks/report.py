@@ -38,6 +38,7 @@ SECTIONS = [
     "AMX prefill GEMM",
     "Q6_K in Q4_K_M files",
     "AVX2 prefill GEMM",
+    "AVX-VNNI in the avx2 variant",
     "Decode GEMV of the 4-bit kinds",
     "Weight pages",
     "Prefill tiles per thread",
