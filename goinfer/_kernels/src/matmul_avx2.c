@@ -12,13 +12,14 @@
 /* ============================================================================ AVX-VNNI
  * This file is compiled twice for the avx2 variant: as it is, and with -mavxvnni (the variant's
  * second matmul table, gi_matmul_ops_avx2vnni, chosen at run time where the CPU has AVX-VNNI:
- * Intel from Alder Lake, AMD Zen 5; dispatch.h).  There vpdpbusd multiplies unsigned by signed bytes and
- * adds each int32 lane's four products to it, exactly (no int16 step, no saturation), where
- * plain AVX2 needs vpmaddubsw + vpaddw and a vpmaddwd by ones to widen.  The 4-, 5- and 8-bit
- * kinds' integer sums take it, and q6_k's GEMM as the avx512 one does (each sub-block's sum
- * apart, scaled in float32, exactly: qgemm2); q6_k's GEMV keeps vpmaddubsw (its int16 pair
- * sums are what vpmaddwd multiplies by the sub-block scales).  Integer sums are exact either
- * way and the float fold is the same, so both tables give the same bits. */
+ * Intel from Alder Lake, AMD Zen 5; dispatch.h).  There vpdpbusd multiplies unsigned by
+ * signed bytes and adds each int32 lane's four products to it, exactly (no int16 step, no
+ * saturation), where plain AVX2 needs vpmaddubsw + vpaddw and a vpmaddwd by ones to widen.
+ * The 4-, 5- and 8-bit kinds' integer sums take it, and q6_k's GEMM as the avx512 one does
+ * (each sub-block's sum apart, scaled in float32, exactly: qgemm2); q6_k's GEMV keeps
+ * vpmaddubsw (its int16 pair sums are what vpmaddwd multiplies by the sub-block scales).
+ * Integer sums are exact either way and the float fold is the same, so both tables give the
+ * same bits. */
 #if defined(__AVXVNNI__)
 #define VNNI 1
 #define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
