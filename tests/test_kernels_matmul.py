@@ -100,8 +100,10 @@ def test_avxvnni_setting():
     GOINFER_AVXVNNI=0 at start; set_avxvnni switches the table matmul calls; turning it on
     where unsupported raises.  goinfer.config() and `goinfer config` report it."""
     code = (
-        "import goinfer; from goinfer._kernels import _config; _config.set_variant('avx2')\n"
-        "print(_config.avxvnni_supported(), _config.avxvnni_in_use(), goinfer.config()['avxvnni'])"
+        "import io, goinfer; from goinfer._kernels import _config; _config.set_variant('avx2')\n"
+        "out = io.StringIO(); goinfer.show_config(out)\n"
+        "print(_config.avxvnni_supported(), _config.avxvnni_in_use(), goinfer.config()['avxvnni'],"
+        " 'AVX-VNNI       : on' in out.getvalue())"
     )
     if "avx2" not in _config.supported_variants():
         pytest.skip("no avx2 variant on this CPU")
@@ -113,7 +115,7 @@ def test_avxvnni_setting():
             [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
         ).stdout.split()
         supported = out[0] == "True"
-        assert out[1:] == [str(on and supported)] * 2, (env, out)
+        assert out[1:] == [str(on and supported)] * 3, (env, out)
     if not _config.avxvnni_supported():
         with pytest.raises(RuntimeError, match="AVX-VNNI is not supported"):
             _config.set_avxvnni(True)

@@ -18,6 +18,12 @@ int gi_gemv_prefetch(void);           /* ... the variant in use's */
 int gi_set_gemv_prefetch(int groups); /* 0..64, or -1: back to the default; 0 on success, -1 if outside */
 int gi_gemv_prefetch_setting(void);   /* the distance set, -1 if none */
 
+/* The switch of an optional kernel path (AVX-VNNI, AMX): *state is -1 until first read, then
+   on where supported() unless the environment variable env is "0" (read once).  Setting it on
+   where unsupported returns -1 (else 0). */
+int gi_switch_enabled(int *state, const char *env, int (*supported)(void));
+int gi_switch_set(int *state, int on, int (*supported)(void));
+
 /* AVX-VNNI in the avx2 variant's int matmuls: a second avx2 matmul table,
    gi_matmul_ops_avx2vnni (matmul_impl.c compiled again with -mavxvnni; the same bits).
    Supported: built with it, and the CPU has AVX2 and AVX-VNNI (CPUID.(7,1):EAX bit 4: Intel

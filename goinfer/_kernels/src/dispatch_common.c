@@ -136,17 +136,26 @@ int gi_avxvnni_supported(void) {
 }
 
 int gi_avxvnni_enabled(void) {
-    int on = __atomic_load_n(&g_avxvnni_on, __ATOMIC_ACQUIRE);
+    return gi_switch_enabled(&g_avxvnni_on, "GOINFER_AVXVNNI", gi_avxvnni_supported);
+}
+
+int gi_avxvnni_set(int on) { return gi_switch_set(&g_avxvnni_on, on, gi_avxvnni_supported); }
+
+
+/* ============================================================================ optional kernel paths */
+
+int gi_switch_enabled(int *state, const char *env, int (*supported)(void)) {
+    int on = __atomic_load_n(state, __ATOMIC_ACQUIRE);
     if (on < 0) {
-        const char *env = getenv("GOINFER_AVXVNNI");
-        on = gi_avxvnni_supported() && !(env && strcmp(env, "0") == 0);
-        __atomic_store_n(&g_avxvnni_on, on, __ATOMIC_RELEASE);
+        const char *e = getenv(env);
+        on = supported() && !(e && strcmp(e, "0") == 0);
+        __atomic_store_n(state, on, __ATOMIC_RELEASE);
     }
     return on;
 }
 
-int gi_avxvnni_set(int on) {
-    if (on && !gi_avxvnni_supported()) return -1;
-    __atomic_store_n(&g_avxvnni_on, on ? 1 : 0, __ATOMIC_RELEASE);
+int gi_switch_set(int *state, int on, int (*supported)(void)) {
+    if (on && !supported()) return -1;
+    __atomic_store_n(state, on ? 1 : 0, __ATOMIC_RELEASE);
     return 0;
 }

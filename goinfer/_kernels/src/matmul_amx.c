@@ -65,21 +65,9 @@ int gi_amx_supported(void) {
     return s;
 }
 
-int gi_amx_enabled(void) {
-    int on = __atomic_load_n(&g_on, __ATOMIC_ACQUIRE);
-    if (on < 0) {
-        const char *env = getenv("GOINFER_AMX");
-        on = gi_amx_supported() && !(env && strcmp(env, "0") == 0);
-        __atomic_store_n(&g_on, on, __ATOMIC_RELEASE);
-    }
-    return on;
-}
+int gi_amx_enabled(void) { return gi_switch_enabled(&g_on, "GOINFER_AMX", gi_amx_supported); }
 
-int gi_amx_set(int on) {
-    if (on && !gi_amx_supported()) return -1;
-    __atomic_store_n(&g_on, on ? 1 : 0, __ATOMIC_RELEASE);
-    return 0;
-}
+int gi_amx_set(int on) { return gi_switch_set(&g_on, on, gi_amx_supported); }
 
 /* ============================================================================ kernel */
 
