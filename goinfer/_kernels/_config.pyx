@@ -98,11 +98,18 @@ def amx_in_use():
 def set_amx(on):
     """Turn the AMX GEMM on or off (GOINFER_AMX=0 turns it off at start); returns the old
     setting.  Turning it on where AMX is unsupported raises RuntimeError."""
-    old = bool(gi_amx_enabled())
-    if gi_amx_set(1 if on else 0) != 0:
-        raise RuntimeError("AMX is not supported here (CPU without AMX-INT8, OS without "
-                           "tile data, or a build without AMX)")
-    return old
+    cdef int was = gi_amx_enabled()
+    return _switch(was, gi_amx_set(1 if on else 0),
+                   "AMX is not supported here (CPU without AMX-INT8, OS without tile data, or a "
+                   "build without AMX)")
+
+
+cdef _switch(int was, int rc, str unsupported):
+    """An optional kernel path's setter's result: the old setting, or RuntimeError(unsupported)
+    when the set failed (turning it on where unsupported)."""
+    if rc != 0:
+        raise RuntimeError(unsupported)
+    return bool(was)
 
 
 # ---------------------------------------------------------------- AVX-VNNI (avx2 variant's matmuls)
@@ -120,11 +127,10 @@ def avxvnni_in_use():
 def set_avxvnni(on):
     """Turn the avx2 variant's AVX-VNNI matmuls on or off (GOINFER_AVXVNNI=0 turns them off at
     start); returns the old setting.  Turning them on where unsupported raises RuntimeError."""
-    old = bool(gi_avxvnni_enabled())
-    if gi_avxvnni_set(1 if on else 0) != 0:
-        raise RuntimeError("AVX-VNNI is not supported here (a CPU without AVX-VNNI, or a build "
-                           "whose compiler could not emit it)")
-    return old
+    cdef int was = gi_avxvnni_enabled()
+    return _switch(was, gi_avxvnni_set(1 if on else 0),
+                   "AVX-VNNI is not supported here (a CPU without AVX-VNNI, or a build whose "
+                   "compiler could not emit it)")
 
 
 def dispatch_key():
