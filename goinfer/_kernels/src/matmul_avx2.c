@@ -832,7 +832,8 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                lines of one sub-block added in int16, vpmaddwd by the rows' sub-block scales;
                the sums start at the -32 offset's correction (cb: the panel's q6_negsums).
                q5: the same with scales of 1, from 0 (a pair is at most 2*31*127, so 8 pairs
-               would overflow int16; two lines add to <= 15748) */
+               would overflow int16; two lines add to <= 15748).  With VNNI both sum by vpdpbusd
+               in int32 (sv unused), q6_k per sub-block as below */
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
             const __m256i plo = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
             const __m256i phi = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
@@ -850,7 +851,6 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                                                         _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
                     _mm256_store_ps(scf[r][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eo)));
                     _mm256_store_ps(scf[r][1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8))));
-                    sv[r][0] = sv[r][1] = ones;  /* unused */
                 } else if (KIND == GI_Q6_K) {
                     const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
                     const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
