@@ -106,8 +106,10 @@ cdef void _probe_share(const void *args, int64_t t, int tid) noexcept nogil:
 
 
 cdef double _peak(bint fma, int nthreads, double min_time) except? -1.0:
-    """Operations per second of one probe of the running variant on nthreads threads at once;
-    the rounds double until one run takes min_time; the fastest of 3 runs.  0.0: no probe."""
+    """Operations per second of one probe of the running variant on nthreads threads at once:
+    the fastest of 3 runs of a round count whose fastest run takes at least min_time / 2 (the
+    rounds double until then: a run stretched by a thread descheduled under other load does
+    not stop the doubling at a count too small to time).  0.0: no probe."""
     cdef probe_args r
     cdef int nt = check_threads(nthreads)
     r.ops = _ops()
@@ -117,17 +119,16 @@ cdef double _peak(bint fma, int nthreads, double min_time) except? -1.0:
         return 0.0
     r.reps = 1024
     while True:
-        t0 = time.perf_counter()
-        run_shares(_probe_share, &r, nt)
-        if time.perf_counter() - t0 >= min_time or r.reps >= (1 << 40):
-            break
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run_shares(_probe_share, &r, nt)
+            best = min(best, time.perf_counter() - t0)
+            if best < min_time / 2:
+                break
+        if best >= min_time / 2 or r.reps >= (1 << 40):
+            return per * r.reps * nt / best
         r.reps *= 2
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        run_shares(_probe_share, &r, nt)
-        best = min(best, time.perf_counter() - t0)
-    return per * r.reps * nt / best
 
 
 def _int8_peak(nthreads=1, double min_time=0.1):
