@@ -82,7 +82,10 @@ static int amd_family(void) {
    16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
    shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 86-90 and
    93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 92-101 with 32 (48 and 64
-   alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8. */
+   alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8:
+   an Intel Xeon of the Emerald Rapids class (family 6 model 207, avx512) decoded the 1B shape
+   Q4_K_M after 64 tokens alike with 8, 16 and 24 (medians of 5 alternating runs 26.5, 25.9 and
+   26.2 tok/s) and at 21.6-23.4 with none. */
 static int default_prefetch(int variant) {
     int fam = __atomic_load_n(&g_amd_family, __ATOMIC_ACQUIRE);
     if (fam < 0) {
