@@ -49,6 +49,7 @@ def config() -> dict:
         "amx": _config.amx_in_use(),
         "avxvnni": _config.avxvnni_in_use(),
         "gemv_prefetch": _config.gemv_prefetch(),
+        "gemv_prefetch_far": _config.gemv_prefetch_far(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
@@ -87,10 +88,14 @@ def show_config(file=None) -> dict:
             else ("off" if _avxvnni_supported() else "off (not supported here)")
         )
         print(f"  AVX-VNNI       : {vnni} (int matmuls; GOINFER_AVXVNNI=0 turns it off)", file=out)
-    pf = c["gemv_prefetch"]
-    pf_text = f"{pf} groups ahead" if pf else "off"
+    near, far = c["gemv_prefetch"], c["gemv_prefetch_far"]
+    pf_text = ", ".join(
+        f"{d} groups ahead ({hint})" if d else f"none ({hint})"
+        for d, hint in ((near, "prefetcht0"), (far, "prefetcht2"))
+    )
     print(
-        f"  GEMV prefetch  : {pf_text} (decode matmuls; GOINFER_PREFETCH=<groups> sets it)",
+        f"  GEMV prefetch  : {pf_text} (decode matmuls; GOINFER_PREFETCH=<groups> and "
+        "GOINFER_PREFETCH_FAR=<groups> set them)",
         file=out,
     )
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"

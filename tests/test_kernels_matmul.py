@@ -511,34 +511,48 @@ def gemv_prefetch(groups):
     return swapped(_config.set_gemv_prefetch, groups)
 
 
+def gemv_prefetch_far(groups):
+    return swapped(_config.set_gemv_prefetch_far, groups)
+
+
 @pytest.mark.parametrize("kind", INT_KINDS)
-@pytest.mark.parametrize("pf", [0, 1, 8, 64])
-def test_gemv_prefetch_distance_keeps_bits(kind, pf):
-    """The GEMV's software prefetch (off by default on some CPUs, so the suite's other GEMV
-    tests may never run it) reads ahead in every weight stream of every kind; at any distance,
-    64 groups past the end of a weight included, the results are the contract's bits."""
-    rng = np.random.default_rng(31 + pf)
+@pytest.mark.parametrize("pf,far", [(0, 0), (1, 0), (8, 0), (64, 0), (0, 1), (8, 128), (64, 1024)])
+def test_gemv_prefetch_distance_keeps_bits(kind, pf, far):
+    """The GEMV's software prefetches, near and far (off by default on some CPUs, so the suite's
+    other GEMV tests may never run them), read ahead in every weight stream of every kind; at
+    any distances, far past the end of a weight included, the results are the contract's
+    bits."""
+    rng = np.random.default_rng(31 + pf + far)
     Kd = kdim(kind, 768)  # 24 groups (q6_k, q4_k, q5_k: 3 super-blocks)
     w = make_weight(rng, kind, 83, Kd, raw=True)
-    with gemv_prefetch(pf):
+    with gemv_prefetch(pf), gemv_prefetch_far(far):
         check_matmul(make_x(rng, 1, Kd), w, check_rows=False)
 
 
-def test_gemv_prefetch_setting():
+@pytest.mark.parametrize(
+    "get,set_,key,top",
+    [
+        ("gemv_prefetch", "set_gemv_prefetch", "gemv_prefetch", 64),
+        ("gemv_prefetch_far", "set_gemv_prefetch_far", "gemv_prefetch_far", 1024),
+    ],
+)
+def test_gemv_prefetch_setting(get, set_, key, top):
     if _config.variant() == "portable":
         pytest.skip("the portable GEMV issues no prefetches")
-    old = _config.gemv_prefetch()
-    assert _config.set_gemv_prefetch(5) is None  # the default was in use
+    get, set_ = getattr(_config, get), getattr(_config, set_)
+    old = get()
+    assert set_(5) is None  # the default was in use
     try:
-        assert _config.gemv_prefetch() == 5
-        assert goinfer.config()["gemv_prefetch"] == 5
-        for bad in (-1, 65):
-            with pytest.raises(ValueError, match="0..64"):
-                _config.set_gemv_prefetch(bad)
-        assert _config.gemv_prefetch() == 5
+        assert get() == 5
+        assert goinfer.config()[key] == 5
+        for bad in (-1, top + 1):
+            with pytest.raises(ValueError, match=f"0..{top}"):
+                set_(bad)
+        assert get() == 5
+        assert set_(top) == 5
     finally:
-        assert _config.set_gemv_prefetch(None) == 5
-    assert _config.gemv_prefetch() == old
+        assert set_(None) == top
+    assert get() == old
 
 
 def _cpu_vendor_family() -> tuple[str, int]:
@@ -585,6 +599,36 @@ def test_gemv_prefetch_from_env(env, expect):
             default = 16 if v == "avx512-vnni" else 32
         else:
             default = 8
+        assert int(got[v]) == (default if expect is None else expect), v
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
+@pytest.mark.parametrize(
+    "env,expect",
+    [(None, None), ("0", 0), ("96", 96), ("1024", 1024), ("1025", None), ("-1", None), ("x", None)],
+)
+def test_gemv_prefetch_far_from_env(env, expect):
+    """GOINFER_PREFETCH_FAR=<groups> (0..1024) sets the far distance at start; anything else
+    leaves the default: 128 groups, none on AMD (and on the portable variant)."""
+    vendor, _ = _cpu_vendor_family()
+    e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH_FAR"}
+    if env is not None:
+        e["GOINFER_PREFETCH_FAR"] = env
+    code = (
+        "from goinfer._kernels import _config\n"
+        "for v in _config.supported_variants():\n"
+        "    _config.set_variant(v)\n"
+        "    print(v, _config.gemv_prefetch_far())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+    )
+    got = dict(line.split() for line in out.stdout.splitlines())
+    for v in _config.supported_variants():
+        if v == "portable":
+            assert int(got[v]) == 0
+            continue
+        default = 0 if vendor == "AuthenticAMD" else 128
         assert int(got[v]) == (default if expect is None else expect), v
 
 

@@ -3,7 +3,8 @@
 from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
                                         gi_set_variant, gi_variant_name, GI_N_VARIANTS,
                                         gi_gemv_prefetch, gi_set_gemv_prefetch,
-                                        gi_gemv_prefetch_setting, gi_avxvnni_supported,
+                                        gi_gemv_prefetch_setting, GI_PF_NEAR, GI_PF_FAR,
+                                        gi_avxvnni_supported,
                                         gi_avxvnni_enabled, gi_avxvnni_set)
 
 cdef extern from *:
@@ -60,22 +61,45 @@ def set_variant(name):
 
 
 # ---------------------------------------------------------------- GEMV software prefetch
+_PF_MAX = {GI_PF_NEAR: 64, GI_PF_FAR: 1024}
+
+
+def _set_prefetch(int which, groups, str name):
+    old = int(gi_gemv_prefetch_setting(which))
+    g = -1 if groups is None else int(groups)
+    if (groups is not None and g < 0) or gi_set_gemv_prefetch(which, g) != 0:
+        raise ValueError(
+            f"{name} distance must be 0..{_PF_MAX[which]} groups or None, got {groups!r}"
+        )
+    return None if old < 0 else old
+
+
 def gemv_prefetch():
-    """The decode GEMV's software prefetch distance in groups of 32 weights (0: none) for the
-    variant in use: the one set_gemv_prefetch set, else GOINFER_PREFETCH, else the variant's
-    default on this CPU (src/dispatch_common.c)."""
-    return int(gi_gemv_prefetch())
+    """The decode GEMV's near software prefetch distance (prefetcht0, into L1) in groups of 32
+    weights (0: none) for the variant in use: the one set_gemv_prefetch set, else
+    GOINFER_PREFETCH, else the variant's default on this CPU (src/dispatch_common.c)."""
+    return int(gi_gemv_prefetch(GI_PF_NEAR))
 
 
 def set_gemv_prefetch(groups):
-    """Set the GEMV prefetch distance (0..64 groups, 0 turns it off; None: back to the
+    """Set the GEMV's near prefetch distance (0..64 groups, 0 turns it off; None: back to the
     default); returns the old setting (None if it was the default).  The results are the same
     bits at every distance: only when the weights load changes."""
-    old = int(gi_gemv_prefetch_setting())
-    g = -1 if groups is None else int(groups)
-    if (groups is not None and g < 0) or gi_set_gemv_prefetch(g) != 0:
-        raise ValueError(f"GEMV prefetch distance must be 0..64 groups or None, got {groups!r}")
-    return None if old < 0 else old
+    return _set_prefetch(GI_PF_NEAR, groups, "GEMV prefetch")
+
+
+def gemv_prefetch_far():
+    """The decode GEMV's far software prefetch distance (prefetcht2: the outer caches, not L1)
+    in groups of 32 weights (0: none) for the variant in use: the one set_gemv_prefetch_far
+    set, else GOINFER_PREFETCH_FAR, else the default on this CPU (src/dispatch_common.c)."""
+    return int(gi_gemv_prefetch(GI_PF_FAR))
+
+
+def set_gemv_prefetch_far(groups):
+    """Set the GEMV's far prefetch distance (0..1024 groups, 0 turns it off; None: back to the
+    default); returns the old setting (None if it was the default).  The same bits at every
+    distance."""
+    return _set_prefetch(GI_PF_FAR, groups, "GEMV far prefetch")
 
 
 # ---------------------------------------------------------------- AMX int8 GEMM (matmul_amx.c)

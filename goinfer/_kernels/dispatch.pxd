@@ -12,9 +12,12 @@ cdef extern from "dispatch.h" nogil:
     int gi_variant()
     int gi_set_variant(int v)
     const char *gi_variant_name(int v)
-    int gi_gemv_prefetch()
-    int gi_set_gemv_prefetch(int groups)
-    int gi_gemv_prefetch_setting()
+    enum:
+        GI_PF_NEAR
+        GI_PF_FAR
+    int gi_gemv_prefetch(int which)
+    int gi_set_gemv_prefetch(int which, int groups)
+    int gi_gemv_prefetch_setting(int which)
     int gi_avxvnni_supported()
     int gi_avxvnni_enabled()
     int gi_avxvnni_set(int on)

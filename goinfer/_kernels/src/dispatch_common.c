@@ -55,10 +55,12 @@ const char *gi_variant_name(int v) {
 }
 
 
-/* ============================================================================ GEMV prefetch distance */
+/* ============================================================================ GEMV prefetch distances */
 
-static int g_prefetch_set = -1;  /* -1: the variant's default; else the distance set */
-static int g_prefetch_env = -2;  /* -2: GOINFER_PREFETCH not read yet; -1: absent or invalid */
+static int g_prefetch_set[2] = {-1, -1};  /* -1: the variant's default; else the distance set */
+static int g_prefetch_env[2] = {-2, -2};  /* -2: the variable not read yet; -1: absent or invalid */
+static const char *const PREFETCH_ENV[2] = {"GOINFER_PREFETCH", "GOINFER_PREFETCH_FAR"};
+static const int PREFETCH_MAX[2] = {64, 1024};
 static int g_amd_family = -1;    /* -1: not probed yet; else the AMD family (0: not AMD) */
 
 static int amd_family(void) {
@@ -73,7 +75,17 @@ static int amd_family(void) {
     return 0;
 }
 
-/* The default distance.  The avx512 variant on AMD family 19h (Zen 3, Zen 4): none.  There the
+/* amd_family(), probed once (idempotent: racing first callers get the same answer) */
+static int cpu_amd_family(void) {
+    int fam = __atomic_load_n(&g_amd_family, __ATOMIC_ACQUIRE);
+    if (fam < 0) {
+        fam = amd_family();
+        __atomic_store_n(&g_amd_family, fam, __ATOMIC_RELEASE);
+    }
+    return fam;
+}
+
+/* The near default.  The avx512 variant on AMD family 19h (Zen 3, Zen 4): none.  There the
    hardware prefetchers keep up with the AVX-512 GEMV and the software prefetches only cost load
    slots: when each GEMV call read four row blocks at once, a Zen 4 decoded a Llama-3.2-1B-shape
    Q4_K_M file ~13% faster without them, while its avx2 variant (two row blocks per call then)
@@ -87,40 +99,58 @@ static int amd_family(void) {
    Q4_K_M after 64 tokens alike with 8, 16 and 24 (medians of 5 alternating runs 26.5, 25.9 and
    26.2 tok/s) and at 21.6-23.4 with none. */
 static int default_prefetch(int variant) {
-    int fam = __atomic_load_n(&g_amd_family, __ATOMIC_ACQUIRE);
-    if (fam < 0) {
-        fam = amd_family();  /* idempotent: racing first callers get the same answer */
-        __atomic_store_n(&g_amd_family, fam, __ATOMIC_RELEASE);
-    }
+    const int fam = cpu_amd_family();
     if (fam == 0x19 && variant == GI_AVX512) return 0;
     if (fam == 0x1A) return variant == GI_AVX512 ? 16 : 32;
     return 8;
 }
 
-int gi_gemv_prefetch_for(int variant) {
-    if (variant == GI_PORTABLE) return 0;  /* its plain-C GEMV issues no prefetches */
-    const int set = __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE);
-    if (set >= 0) return set;
-    int env = __atomic_load_n(&g_prefetch_env, __ATOMIC_ACQUIRE);
-    if (env == -2) {
-        const char *e = getenv("GOINFER_PREFETCH");
-        char *end = 0;
-        const long v = e && *e ? strtol(e, &end, 10) : -1;
-        env = (v >= 0 && v <= 64 && end && *end == 0) ? (int)v : -1;
-        __atomic_store_n(&g_prefetch_env, env, __ATOMIC_RELEASE);
-    }
-    return env >= 0 ? env : default_prefetch(variant);
+/* The far default: prefetcht2, 128 groups (32 KB of q4, 48 of q6_k) ahead; none on AMD, where
+   it was not measured.  One core of the 2-core Emerald Rapids Xeon (family 6 model 207) reads
+   about 12 GB/s alone, half of what both read at once, so the GEMV reaches the bandwidth only
+   if each core's stream never pauses while it computes: with the near prefetch (8 groups,
+   into L1) and the hardware prefetchers, its decode matmuls read 18-21 GB/s of ~25.  With the
+   far one added, the Llama-3.2-1B-shape Q4_K_M file decoded after 64 tokens at 27.3-30.2 tok/s
+   on avx512 against 19.9-25.9 without it (alternating runs; 64, 256 and 512 groups:
+   26.2-28.1), and at 23.7-27.3 on avx2 against 20.9-24.2; the near one still counts beside it
+   (27.9-28.5 with it, 24.9-26.7 without).  A loop of the same shape (a 64-byte load and 3
+   vector operations on it, 2 threads over 1 GB) read 14.5 GB/s with no software prefetch,
+   20.7-21.5 with prefetcht0 2-4 KB ahead and 23.4-24.7 with prefetcht2 32 KB ahead, where a
+   plain read measured 23-25. */
+static int default_far(int variant) {
+    (void)variant;
+    return cpu_amd_family() ? 0 : 128;
 }
 
-int gi_gemv_prefetch(void) { return gi_gemv_prefetch_for(gi_variant()); }
+int gi_gemv_prefetch_for(int which, int variant) {
+    if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
+        return 0;  /* the portable variant's plain-C GEMV issues no prefetches */
+    const int set = __atomic_load_n(&g_prefetch_set[which], __ATOMIC_ACQUIRE);
+    if (set >= 0) return set;
+    int env = __atomic_load_n(&g_prefetch_env[which], __ATOMIC_ACQUIRE);
+    if (env == -2) {
+        const char *e = getenv(PREFETCH_ENV[which]);
+        char *end = 0;
+        const long v = e && *e ? strtol(e, &end, 10) : -1;
+        env = (v >= 0 && v <= PREFETCH_MAX[which] && end && *end == 0) ? (int)v : -1;
+        __atomic_store_n(&g_prefetch_env[which], env, __ATOMIC_RELEASE);
+    }
+    if (env >= 0) return env;
+    return which == GI_PF_NEAR ? default_prefetch(variant) : default_far(variant);
+}
 
-int gi_set_gemv_prefetch(int groups) {
-    if (groups < -1 || groups > 64) return -1;
-    __atomic_store_n(&g_prefetch_set, groups, __ATOMIC_RELEASE);
+int gi_gemv_prefetch(int which) { return gi_gemv_prefetch_for(which, gi_variant()); }
+
+int gi_set_gemv_prefetch(int which, int groups) {
+    if ((which != GI_PF_NEAR && which != GI_PF_FAR) || groups < -1 || groups > PREFETCH_MAX[which])
+        return -1;
+    __atomic_store_n(&g_prefetch_set[which], groups, __ATOMIC_RELEASE);
     return 0;
 }
 
-int gi_gemv_prefetch_setting(void) { return __atomic_load_n(&g_prefetch_set, __ATOMIC_ACQUIRE); }
+int gi_gemv_prefetch_setting(int which) {
+    return which == GI_PF_NEAR || which == GI_PF_FAR ? __atomic_load_n(&g_prefetch_set[which], __ATOMIC_ACQUIRE) : -1;
+}
 
 
 /* ============================================================================ AVX-VNNI (avx2 variant) */

@@ -289,7 +289,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;     /* GEMV prefetch distance, groups */
+    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;     /* GEMV prefetch distances, groups */
+    const int64_t ff = MR == 1 ? gemv_prefetch_far() : 0;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), b4 = _mm256_set1_epi8(0x10);
     /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
     const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
@@ -314,21 +315,23 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             const int64_t g = g0 + gg;
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
-            if (MR == 1 && pf > 0) {
-                /* GEMV streams the weight from memory: prefetch pf groups ahead.  Units
-                   2j and 2j+1 read the two halves of the same lines (GEMV calls start at an even
-                   unit), so the even ones prefetch for both; harmless past the end. */
+            /* GEMV streams the weight from memory: prefetch pf groups ahead (into L1) and ff
+               (prefetcht2: the outer caches).  Units 2j and 2j+1 read the two halves of the same lines
+               (GEMV calls start at an even unit), so the even ones prefetch for both. */
+#pragma GCC unroll 2
+            for (int far = 0; far < 2 && MR == 1; far++) {
+                const int64_t d = far ? ff : pf, gp = g + d;
+                if (d <= 0) continue;
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r += 2) {
-                    const int64_t gp = g + pf;
 #pragma GCC unroll 8
-                    for (int c = 0; c < NL; c++) _mm_prefetch((const char *)(wq[r] + (gp * NL + c) * 64), _MM_HINT_T0);
-                    if (KIND == GI_MXFP4) _mm_prefetch((const char *)(we[r] + gp * 16), _MM_HINT_T0);
-                    else if (KIND == GI_Q6_K) _mm_prefetch((const char *)(ws[r] + gp * 32), _MM_HINT_T0);
-                    else if (QK) _mm_prefetch((const char *)(wk[r] + gp * 24), _MM_HINT_T0);
-                    else _mm_prefetch((const char *)(wd[r] + gp * 16), _MM_HINT_T0);
-                    if (QK && (g & 7) == 0) _mm_prefetch((const char *)(wd[r] + (gp >> 3) * 32), _MM_HINT_T0);
-                    if (HAS_MIN(KIND)) _mm_prefetch((const char *)(wm[r] + gp * 16), _MM_HINT_T0);
+                    for (int c = 0; c < NL; c++) prefetch_line(wq[r] + (gp * NL + c) * 64, far);
+                    if (KIND == GI_MXFP4) prefetch_line(we[r] + gp * 16, far);
+                    else if (KIND == GI_Q6_K) prefetch_line(ws[r] + gp * 32, far);
+                    else if (QK) prefetch_line(wk[r] + gp * 24, far);
+                    else prefetch_line(wd[r] + gp * 16, far);
+                    if (QK && (g & 7) == 0) prefetch_line(wd[r] + (gp >> 3) * 32, far);
+                    if (HAS_MIN(KIND)) prefetch_line(wm[r] + gp * 16, far);
                 }
             }
             if (KIND == GI_Q6_K) {
@@ -544,17 +547,20 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = gemv_prefetch();                               /* groups */
+    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();   /* groups: near, far */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();   /* rows 0..7, 8..15 */
     if (KIND != GI_Q4_K) {
         const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
         const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
-            if (pf > 0) {
-                for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wd + (g + pf) * 16), _MM_HINT_T0);
-                if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm + (g + pf) * 16), _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int far = 0; far < 2; far++) {
+                const int64_t d = far ? ff : pf;
+                if (d <= 0) continue;
+                for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
+                prefetch_line(wd + (g + d) * 16, far);
+                if (KIND == GI_Q4_1) prefetch_line(wm + (g + d) * 16, far);
             }
             __m256i s0, s1;
             q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
@@ -577,16 +583,19 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     } else {
         const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
         const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
-        const int64_t pfs = (pf + 7) / 8;                             /* super-blocks */
+        const int64_t pfs = (pf + 7) / 8, ffs = (ff + 7) / 8;         /* super-blocks */
         const __m256i nib = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
         const __m256 neg = _mm256_set1_ps(-0.0f);
         uint8_t scm[2][8][16] __attribute__((aligned(32)));           /* [scale, min][sub-block][row] */
         for (int64_t sb = 0; sb < NS; sb++) {
             const uint8_t *kp = wk + sb * 192;
             const uint16_t *kd = wd + sb * 32;
-            if (pf > 0) {
-                for (int c = 0; c < 3; c++) _mm_prefetch((const char *)(kp + pfs * 192 + c * 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(kd + pfs * 32), _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int far = 0; far < 2; far++) {
+                const int64_t ds = far ? ffs : pfs;
+                if (ds <= 0) continue;
+                for (int c = 0; c < 3; c++) prefetch_line(kp + ds * 192 + c * 64, far);
+                prefetch_line(kd + ds * 32, far);
             }
             /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
                sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
@@ -616,8 +625,12 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
             for (int j = 0; j < 8; j++) {
                 const int64_t g = sb * 8 + j;
                 const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
-                if (pf > 0)
-                    for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+#pragma GCC unroll 2
+                for (int far = 0; far < 2; far++) {
+                    const int64_t d = far ? ff : pf;
+                    if (d > 0)
+                        for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
+                }
                 __m256i s0, s1;
                 q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
 #define SCM(t, h) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm[t][j] + 8 * (h)))))

@@ -123,7 +123,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
-    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;          /* GEMV prefetch distance, groups */
+    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;          /* GEMV prefetch distances, groups */
+    const int64_t ff = MR == 1 ? gemv_prefetch_far() : 0;
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     const __m512i b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
     /* mxfp4: code -> KV + 12 (0..24, unsigned for vpdpbusd), corrected by -12*asum */
@@ -186,26 +187,23 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             }
             const uint8_t *lg = wq + g * NL * 64;
             const int8_t *ag = qa + g * GI_GROUP;
-            if (MR == 1 && pf > 0) {
-                /* GEMV streams the weight from memory: prefetch pf groups ahead in each
-                   unit's qs (and scale) stream; harmless past the end (prefetches never fault) */
+            /* GEMV streams the weight from memory: prefetch pf groups ahead (into L1) and ff
+               (prefetcht2: the outer caches) in each unit's qs (and scale) streams */
+#pragma GCC unroll 2
+            for (int far = 0; far < 2 && MR == 1; far++) {
+                const int64_t d = far ? ff : pf, gp = g + d;
+                if (d <= 0) continue;
 #pragma GCC unroll 16
                 for (int r = 0; r < RB; r++) {
 #pragma GCC unroll 8
-                    for (int c = 0; c < NL; c++)
-                        _mm_prefetch((const char *)(lg + r * rbs + pf * NL * 64 + c * 64), _MM_HINT_T0);
-                    if (KIND == GI_MXFP4)
-                        _mm_prefetch((const char *)(we + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
-                    else if (KIND == GI_Q6_K)
-                        _mm_prefetch((const char *)(wsc + r * G * 32 + (g + pf) * 32), _MM_HINT_T0);
+                    for (int c = 0; c < NL; c++) prefetch_line(lg + r * rbs + d * NL * 64 + c * 64, far);
+                    if (KIND == GI_MXFP4) prefetch_line(we + r * G * 16 + gp * 16, far);
+                    else if (KIND == GI_Q6_K) prefetch_line(wsc + r * G * 32 + gp * 32, far);
                     else if (QK)  /* 192 + 64 bytes per 8 groups: one line in 3, one in 8 */
-                        _mm_prefetch((const char *)(wk + r * (G / 8) * 192 + (g + pf) * 24), _MM_HINT_T0);
-                    else
-                        _mm_prefetch((const char *)(wd + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
-                    if (HAS_MIN(KIND))
-                        _mm_prefetch((const char *)(wm + r * G * 16 + (g + pf) * 16), _MM_HINT_T0);
-                    if (QK && (g & 7) == 0)
-                        _mm_prefetch((const char *)(wd + r * ds_ + ((g + pf) >> 3) * 32), _MM_HINT_T0);
+                        prefetch_line(wk + r * (G / 8) * 192 + gp * 24, far);
+                    else prefetch_line(wd + r * G * 16 + gp * 16, far);
+                    if (HAS_MIN(KIND)) prefetch_line(wm + r * G * 16 + gp * 16, far);
+                    if (QK && (g & 7) == 0) prefetch_line(wd + r * ds_ + (gp >> 3) * 32, far);
                 }
             }
             if (KIND == GI_Q6_K) {
@@ -358,17 +356,20 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = gemv_prefetch();                               /* groups */
+    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();   /* groups: near, far */
     __m512 acc = _mm512_setzero_ps();
     if (KIND != GI_Q4_K) {
         const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
         const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
-            if (pf > 0) {
-                for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wd + (g + pf) * 16), _MM_HINT_T0);
-                if (KIND == GI_Q4_1) _mm_prefetch((const char *)(wm + (g + pf) * 16), _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int far = 0; far < 2; far++) {
+                const int64_t d = far ? ff : pf;
+                if (d <= 0) continue;
+                for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
+                prefetch_line(wd + (g + d) * 16, far);
+                if (KIND == GI_Q4_1) prefetch_line(wm + (g + d) * 16, far);
             }
             __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
             if (KIND == GI_Q4_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * as[g]));
@@ -382,15 +383,18 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     } else {
         const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
         const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
-        const int64_t pfs = (pf + 7) / 8;                             /* super-blocks */
+        const int64_t pfs = (pf + 7) / 8, ffs = (ff + 7) / 8;         /* super-blocks */
         const __m512i nib = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
         uint8_t scm[2][8][16] __attribute__((aligned(64)));           /* [scale, min][sub-block][row] */
         for (int64_t sb = 0; sb < NS; sb++) {
             const uint8_t *kp = wk + sb * 192;
             const uint16_t *kd = wd + sb * 32;
-            if (pf > 0) {
-                for (int c = 0; c < 3; c++) _mm_prefetch((const char *)(kp + pfs * 192 + c * 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(kd + pfs * 32), _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int far = 0; far < 2; far++) {
+                const int64_t ds = far ? ffs : pfs;
+                if (ds <= 0) continue;
+                for (int c = 0; c < 3; c++) prefetch_line(kp + ds * 192 + c * 64, far);
+                prefetch_line(kd + ds * 32, far);
             }
             /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
                sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
@@ -411,8 +415,12 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
             for (int j = 0; j < 8; j++) {
                 const int64_t g = sb * 8 + j;
                 const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
-                if (pf > 0)
-                    for (int c = 0; c < 4; c++) _mm_prefetch((const char *)(lg + pf * 256 + c * 64), _MM_HINT_T0);
+#pragma GCC unroll 2
+                for (int far = 0; far < 2; far++) {
+                    const int64_t d = far ? ff : pf;
+                    if (d > 0)
+                        for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
+                }
                 const __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
                 const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[0][j]))));
                 const __m512 dm = _mm512_mul_ps(nd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[1][j]))));

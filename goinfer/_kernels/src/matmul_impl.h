@@ -82,14 +82,24 @@ GI_INLINE float e8m0_half(uint8_t e) {
     return f;
 }
 
-/* The GEMV's software prefetch distance in groups (dispatch.h), read once per microkernel call */
-GI_INLINE int64_t gemv_prefetch(void) {
+/* The GEMV's software prefetch distances in groups (dispatch.h), read once per microkernel
+   call: near (prefetcht0) and far (prefetcht2) */
 #if defined(GI_VARIANT_AVX512)
-    return gi_gemv_prefetch_for(GI_AVX512);
+#define GI_THIS_VARIANT GI_AVX512
 #else
-    return gi_gemv_prefetch_for(GI_AVX2);
+#define GI_THIS_VARIANT GI_AVX2
 #endif
+GI_INLINE int64_t gemv_prefetch(void) { return gi_gemv_prefetch_for(GI_PF_NEAR, GI_THIS_VARIANT); }
+GI_INLINE int64_t gemv_prefetch_far(void) { return gi_gemv_prefetch_for(GI_PF_FAR, GI_THIS_VARIANT); }
+#if !defined(GI_VARIANT_PORTABLE)
+#include <xmmintrin.h>
+/* One software prefetch of the line at p: far (a constant where it is inlined): prefetcht2
+   (the outer caches, not L1), else prefetcht0 (into L1).  Never faults, so a distance past a weight's end is harmless. */
+GI_INLINE void prefetch_line(const void *p, const int far) {
+    if (far) _mm_prefetch((const char *)p, _MM_HINT_T2);
+    else _mm_prefetch((const char *)p, _MM_HINT_T0);
 }
+#endif
 
 GI_INLINE int32_t load_i32(const void *p) {
     int32_t v;
