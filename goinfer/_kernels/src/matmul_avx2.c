@@ -316,8 +316,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
             __m256i is[MAXRB][MAXMR];
             const int8_t *ag = qa + g * GI_GROUP;
             /* GEMV streams the weight from memory: prefetch pf groups ahead (into L1) and ff
-               (prefetcht2: the outer caches).  Units 2j and 2j+1 read the two halves of the same lines
-               (GEMV calls start at an even unit), so the even ones prefetch for both. */
+               (prefetcht2: the outer caches).  Units 2j and 2j+1 read the two halves of the
+               same lines (GEMV calls start at an even unit), so the even ones prefetch for both. */
 #pragma GCC unroll 2
             for (int far = 0; far < 2 && MR == 1; far++) {
                 const int64_t d = far ? ff : pf, gp = g + d;
