@@ -564,6 +564,26 @@ def _cpu_vendor_family() -> tuple[str, int]:
     return info["vendor_id"], int(info["cpu family"])
 
 
+def _prefetch_from_env(var, getter, env):
+    """{variant: getter()} in a fresh process with the environment variable var set to env
+    (None: unset); the distances are read once, at first use."""
+    e = {k: v for k, v in os.environ.items() if k != var}
+    if env is not None:
+        e[var] = env
+    code = (
+        "from goinfer._kernels import _config\n"
+        "for v in _config.supported_variants():\n"
+        "    _config.set_variant(v)\n"
+        f"    print(v, _config.{getter}())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+    )
+    got = {v: int(n) for v, n in (line.split() for line in out.stdout.splitlines())}
+    assert got.pop("portable") == 0  # plain C, no prefetches to set
+    return got
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
 @pytest.mark.parametrize(
     "env,expect",
@@ -576,30 +596,14 @@ def test_gemv_prefetch_from_env(env, expect):
     variant issues none."""
     vendor, family = _cpu_vendor_family()
     amd = vendor == "AuthenticAMD"
-    e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH"}
-    if env is not None:
-        e["GOINFER_PREFETCH"] = env
-    code = (
-        "from goinfer._kernels import _config\n"
-        "for v in _config.supported_variants():\n"
-        "    _config.set_variant(v)\n"
-        "    print(v, _config.gemv_prefetch())"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
-    )
-    got = dict(line.split() for line in out.stdout.splitlines())
-    for v in _config.supported_variants():
-        if v == "portable":  # plain C, no prefetches to set
-            assert int(got[v]) == 0
-            continue
+    for v, got in _prefetch_from_env("GOINFER_PREFETCH", "gemv_prefetch", env).items():
         if amd and family == 0x19:
             default = 0 if v == "avx512-vnni" else 8
         elif amd and family == 0x1A:
             default = 16 if v == "avx512-vnni" else 32
         else:
             default = 8
-        assert int(got[v]) == (default if expect is None else expect), v
+        assert got == (default if expect is None else expect), v
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
@@ -610,26 +614,9 @@ def test_gemv_prefetch_from_env(env, expect):
 def test_gemv_prefetch_far_from_env(env, expect):
     """GOINFER_PREFETCH_FAR=<groups> (0..1024) sets the far distance at start; anything else
     leaves the default: 128 groups, none on AMD (and on the portable variant)."""
-    vendor, _ = _cpu_vendor_family()
-    e = {k: v for k, v in os.environ.items() if k != "GOINFER_PREFETCH_FAR"}
-    if env is not None:
-        e["GOINFER_PREFETCH_FAR"] = env
-    code = (
-        "from goinfer._kernels import _config\n"
-        "for v in _config.supported_variants():\n"
-        "    _config.set_variant(v)\n"
-        "    print(v, _config.gemv_prefetch_far())"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
-    )
-    got = dict(line.split() for line in out.stdout.splitlines())
-    for v in _config.supported_variants():
-        if v == "portable":
-            assert int(got[v]) == 0
-            continue
-        default = 0 if vendor == "AuthenticAMD" else 128
-        assert int(got[v]) == (default if expect is None else expect), v
+    default = 0 if _cpu_vendor_family()[0] == "AuthenticAMD" else 128
+    for v, got in _prefetch_from_env("GOINFER_PREFETCH_FAR", "gemv_prefetch_far", env).items():
+        assert got == (default if expect is None else expect), v
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

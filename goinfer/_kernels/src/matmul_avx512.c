@@ -363,14 +363,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
         const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
-#pragma GCC unroll 2
-            for (int far = 0; far < 2; far++) {
-                const int64_t d = far ? ff : pf;
-                if (d <= 0) continue;
-                for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
-                prefetch_line(wd + (g + d) * 16, far);
-                if (KIND == GI_Q4_1) prefetch_line(wm + (g + d) * 16, far);
-            }
+            qv_q4_prefetch(KIND, lg, wd, wm, g, pf, ff);
             __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
             if (KIND == GI_Q4_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * as[g]));
             /* the contract's fold, as qtile's */
@@ -389,13 +382,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
         for (int64_t sb = 0; sb < NS; sb++) {
             const uint8_t *kp = wk + sb * 192;
             const uint16_t *kd = wd + sb * 32;
-#pragma GCC unroll 2
-            for (int far = 0; far < 2; far++) {
-                const int64_t ds = far ? ffs : pfs;
-                if (ds <= 0) continue;
-                for (int c = 0; c < 3; c++) prefetch_line(kp + ds * 192 + c * 64, far);
-                prefetch_line(kd + ds * 32, far);
-            }
+            qv_q4k_prefetch(kp, kd, pfs, ffs);
             /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
                sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
                4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3 (4..7) are the top
@@ -415,12 +402,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
             for (int j = 0; j < 8; j++) {
                 const int64_t g = sb * 8 + j;
                 const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
-#pragma GCC unroll 2
-                for (int far = 0; far < 2; far++) {
-                    const int64_t d = far ? ff : pf;
-                    if (d > 0)
-                        for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
-                }
+                qv_q4_prefetch(GI_Q4_K, lg, 0, 0, g, pf, ff);
                 const __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
                 const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[0][j]))));
                 const __m512 dm = _mm512_mul_ps(nd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[1][j]))));

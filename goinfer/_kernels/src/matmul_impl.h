@@ -99,6 +99,33 @@ GI_INLINE void prefetch_line(const void *p, const int far) {
     if (far) _mm_prefetch((const char *)p, _MM_HINT_T2);
     else _mm_prefetch((const char *)p, _MM_HINT_T0);
 }
+
+/* The q4 GEMV's (qv_q4) prefetches, near (pf) and far (ff) groups ahead: of group g's 4 lines
+   at lg and, for q4_0 / q4_1, its scales (wd) and mins (wm: q4_1) */
+GI_INLINE void qv_q4_prefetch(const int KIND, const uint8_t *lg, const uint16_t *wd, const uint16_t *wm,
+                              int64_t g, int64_t pf, int64_t ff) {
+#pragma GCC unroll 2
+    for (int far = 0; far < 2; far++) {
+        const int64_t d = far ? ff : pf;
+        if (d <= 0) continue;
+        for (int c = 0; c < 4; c++) prefetch_line(lg + d * 256 + c * 64, far);
+        if (KIND == GI_Q4_K) continue;  /* its scales: qv_q4k_prefetch, once per super-block */
+        prefetch_line(wd + (g + d) * 16, far);
+        if (KIND == GI_Q4_1) prefetch_line(wm + (g + d) * 16, far);
+    }
+}
+
+/* ... and q4_k's packed scales (kp: 192 bytes) and d, dmin (kd) of super-block sb, pfs and ffs
+   super-blocks ahead */
+GI_INLINE void qv_q4k_prefetch(const uint8_t *kp, const uint16_t *kd, int64_t pfs, int64_t ffs) {
+#pragma GCC unroll 2
+    for (int far = 0; far < 2; far++) {
+        const int64_t ds = far ? ffs : pfs;
+        if (ds <= 0) continue;
+        for (int c = 0; c < 3; c++) prefetch_line(kp + ds * 192 + c * 64, far);
+        prefetch_line(kd + ds * 32, far);
+    }
+}
 #endif
 
 GI_INLINE int32_t load_i32(const void *p) {
