@@ -113,14 +113,9 @@ static int default_prefetch(int variant) {
    far one added, the Llama-3.2-1B-shape Q4_K_M file decoded after 64 tokens at 27.3-30.2 tok/s
    on avx512 against 19.9-25.9 without it (alternating runs; 64, 256 and 512 groups:
    26.2-28.1), and at 23.7-27.3 on avx2 against 20.9-24.2; the near one still counts beside it
-   (27.9-28.5 with it, 24.9-26.7 without).  A loop of the same shape (a 64-byte load and 3
-   vector operations on it, 2 threads over 1 GB) read 14.5 GB/s with no software prefetch,
-   20.7-21.5 with prefetcht0 2-4 KB ahead and 23.4-24.7 with prefetcht2 32 KB ahead, where a
-   plain read measured 23-25. */
-static int default_far(int variant) {
-    (void)variant;
-    return cpu_amd_family() ? 0 : 128;
-}
+   (27.9-28.5 with it, 24.9-26.7 without); docs/benchmarks.md, "Decode GEMV of the 4-bit
+   kinds". */
+static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 
 int gi_gemv_prefetch_for(int which, int variant) {
     if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
@@ -136,7 +131,7 @@ int gi_gemv_prefetch_for(int which, int variant) {
         __atomic_store_n(&g_prefetch_env[which], env, __ATOMIC_RELEASE);
     }
     if (env >= 0) return env;
-    return which == GI_PF_NEAR ? default_prefetch(variant) : default_far(variant);
+    return which == GI_PF_NEAR ? default_prefetch(variant) : default_far();
 }
 
 int gi_gemv_prefetch(int which) { return gi_gemv_prefetch_for(which, gi_variant()); }
