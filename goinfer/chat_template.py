@@ -6,127 +6,19 @@ the way transformers' does (same Jinja options, the same helper functions and fi
 preparation of the messages), so the output is the same text byte for byte.
 
 Untrusted templates run in Jinja's immutable sandbox; a template that reaches for Python
-internals (``__class__``, ``__subclasses__`` ...) fails with ChatTemplateError.
+internals (``__class__``, ``__subclasses__`` ...) fails with ChatTemplateError.  The sandbox
+(goinfer/jinja_sandbox.py) is imported on the first render.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
-
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.utils
-from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import ChatTemplateError
 
 __all__ = ["GEMMA_TEMPLATE", "builtin_template", "render_chat_template"]
-
-# --------------------------------------------------------------------------------------------
-# Helpers visible to templates
-# --------------------------------------------------------------------------------------------
-
-
-def _raise_exception(message: Any) -> None:
-    raise TemplateError(message)
-
-
-def _tojson(
-    x: Any,
-    ensure_ascii: bool = False,
-    indent: Any = None,
-    separators: Any = None,
-    sort_keys: bool = False,
-) -> str:
-    # Unlike Jinja's own tojson, no HTML escaping, and non-ASCII stays as it is.
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _DictFactory:
-    """``dict(...)`` inside templates, without handing the `dict` type itself to the template."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
-        return dict.fromkeys(*args, **kwargs)
-
-
-class _Namespace(jinja2.utils.Namespace):
-    """``namespace(...)`` that refuses attribute names starting with an underscore."""
-
-    def __init__(*args: Any, **kwargs: Any) -> None:
-        self, rest = args[0], args[1:]
-        attrs = dict(*rest, **kwargs)
-        for name in attrs:
-            _Namespace._check(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _Namespace._check(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check(name: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise SecurityError(f"a chat template may not set the namespace attribute {name!r}")
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """Accepts ``{% generation %}...{% endgeneration %}`` (marks assistant text for training);
-    the body is rendered as if the tags were not there."""
-
-    tags = frozenset({"generation"})
-
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    @staticmethod
-    def _body(caller: Any) -> str:
-        return caller()
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
-        # Jinja would hand back an undefined value that only fails when used further; a template
-        # that touches an unsafe attribute at all is hostile, so fail right away.
-        raise SecurityError(
-            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Compiling (cached per template text)
-# --------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=32)
-def _compile(template: str) -> jinja2.Template:
-    env = _Sandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _DictFactory()
-    env.globals["namespace"] = _Namespace
-    return env.from_string(template)
-
 
 # --------------------------------------------------------------------------------------------
 # Preparing what the template sees
@@ -219,8 +111,10 @@ def render_chat_template(
     """
     if not isinstance(template, str):
         raise ChatTemplateError(f"a chat template must be a str, got {type(template).__name__}")
+    from .jinja_sandbox import TemplateError, compile_template  # Jinja2 loads on first use
+
     try:
-        compiled = _compile(template)
+        compiled = compile_template(template)
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template does not compile: {e}") from e
     except Exception as e:

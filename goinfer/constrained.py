@@ -63,7 +63,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import llguidance as llg
 import numpy as np
 
 from goinfer.errors import GrammarError
@@ -78,6 +77,14 @@ MAX_ERROR_CHARS = 600
 # Compute the next mask in a worker thread while the forward pass runs (False: compute it when
 # it is needed; benchmarks/constrained.py measures both).
 OVERLAP = os.environ.get("GOINFER_MASK_OVERLAP", "1") != "0"
+
+
+def _llg():
+    """llguidance, imported on first use: ``import goinfer`` does not load it."""
+    import llguidance
+
+    return llguidance
+
 
 # ============================================================================ tokenizer view
 
@@ -122,7 +129,7 @@ class TokenView:
                 tokens.append(tok.token_bytes(i))
         self.vocab_size = n
         wrapper = _Wrapper(tok, tokens, special)
-        self.ll = wrapper.ll = llg.LLTokenizer(wrapper)
+        self.ll = wrapper.ll = _llg().LLTokenizer(wrapper)
         wrapper.tokens = wrapper.special_token_ids = None  # copied into llguidance's trie
         self.eos = int(self.ll.eos_token)  # == tok.eos_id; one past the vocabulary if it has none
         self.n_bits = int(self.ll.vocab_size)
@@ -143,10 +150,10 @@ class TokenView:
             if g is not None:
                 self._cache.move_to_end(source)
                 return g
-        is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(source, self.ll)
+        is_err, msgs = _llg().LLMatcher.validate_grammar_with_warnings(source, self.ll)
         if is_err:
             raise GrammarError(f"{_what(kind)} cannot be enforced: {_short(msgs[0])}", param)
-        proto = llg.LLMatcher(self.ll, source, log_level=0)
+        proto = _llg().LLMatcher(self.ll, source, log_level=0)
         if proto.is_error():
             raise GrammarError(
                 f"{_what(kind)} cannot be enforced: {_short(proto.get_error())}", param
@@ -393,7 +400,7 @@ def enforced_schema(schema):
 @functools.lru_cache(maxsize=256)
 def schema_error(schema_json: str) -> str:
     """'' if llguidance compiles the schema, else its message (first line)."""
-    bad, msgs = llg.LLMatcher.validate_grammar_with_warnings("start: %json " + schema_json)
+    bad, msgs = _llg().LLMatcher.validate_grammar_with_warnings("start: %json " + schema_json)
     if not bad:
         return ""
     msg = msgs[0] if msgs else "the schema does not compile"
@@ -411,7 +418,7 @@ def json_schema_source(schema) -> str:
     except (TypeError, ValueError) as e:
         raise GrammarError(f"the JSON schema is not JSON: {e}", "response_format") from None
     try:
-        return llg.LLMatcher.grammar_from_json_schema(
+        return _llg().LLMatcher.grammar_from_json_schema(
             text, defaults={"whitespace_pattern": JSON_WHITESPACE}
         )
     except (ValueError, TypeError) as e:
@@ -490,8 +497,8 @@ def request_source(response_format=None, grammar=None) -> tuple[str, str, str] |
     if not text.strip():
         raise GrammarError(f"the {kind} is empty", "grammar")
     if kind == "regex":
-        return kind, "grammar", llg.LLMatcher.grammar_from_regex(text)
-    return kind, "grammar", llg.LLMatcher.grammar_from_lark(text)
+        return kind, "grammar", _llg().LLMatcher.grammar_from_regex(text)
+    return kind, "grammar", _llg().LLMatcher.grammar_from_lark(text)
 
 
 def compile_request(tokenizer, response_format=None, grammar=None) -> Grammar | None:
