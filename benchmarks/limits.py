@@ -24,7 +24,10 @@ bound of the machine's read bandwidth; peers.py --measure-bandwidth uses the sam
 KV cache read by attention at that context (K and V of every layer in the cache's type).  Decode tok/s from
 goinfer.bench.time_decode; achieved bandwidth = bytes/token x tok/s, a fraction of the mean of
 two sweeps with --threads processes, just before and just after the row (a shared host's
-bandwidth moved by up to 2x within minutes).
+bandwidth moved by up to 2x within minutes).  Where the weights are mapped from goinfer's
+layout cache, the row also sweeps those very pages (read_bandwidth with pages=, after the row)
+and gives its fraction of their bandwidth: in a virtual machine the same file's page-cache
+pages read up to 25% slower or faster than a fresh buffer, depending on where they landed.
 
 Prefill: `goinfer.profile` times the matmul kernels of one cold prefill; int8 operations =
 2 x (weight elements of every matmul) x tokens (the LM head runs for the last position only).
@@ -37,6 +40,7 @@ benchmarks/kernels_matmul.py.
 from __future__ import annotations
 
 import argparse
+import bisect
 import multiprocessing as mp
 import statistics
 import time
@@ -60,18 +64,31 @@ def _l3_bytes() -> int:
         return 32 << 20
 
 
-def _spans(n_bytes: int, reps: int, barrier=None) -> list[tuple[float, float]]:
-    """(start, end) of each of reps sweeps of an n_bytes buffer on the monotonic clock (shared
-    across processes); with a barrier (a concurrent sweep), every rep starts when all the
-    processes reach it, so they read at the same time."""
-    a = np.ones(n_bytes // 4, np.float32)
-    a.max()  # touch
+def _arrays(n_bytes: int, pages: tuple | None = None) -> list[np.ndarray]:
+    """What one process sweeps: a fresh float32 buffer of n_bytes, or with pages = (path,
+    [(lo, hi), ...]) float32 views of those ranges of a file, mapped read-only (its pages in the
+    page cache, the very memory a process mapping the file reads)."""
+    if pages is None:
+        return [np.ones(n_bytes // 4, np.float32)]
+    path, pieces = pages
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    return [mm[lo : lo + (hi - lo) // 4 * 4].view(np.float32) for lo, hi in pieces if hi - lo >= 4]
+
+
+def _spans(n_bytes: int, reps: int, barrier=None, pages=None) -> list[tuple[float, float]]:
+    """(start, end) of each of reps sweeps of the process's arrays (_arrays) on the monotonic
+    clock (shared across processes); with a barrier (a concurrent sweep), every rep starts when
+    all the processes reach it, so they read at the same time."""
+    arrays = _arrays(n_bytes, pages)
+    for a in arrays:
+        a.max()  # touch
     spans = []
     for _ in range(reps):
         if barrier is not None:
             barrier.wait()
         t0 = time.monotonic()
-        a.max()
+        for a in arrays:
+            a.max()
         spans.append((t0, time.monotonic()))
     return spans
 
@@ -81,53 +98,96 @@ def _rate(n_bytes: int, spans: list[tuple[float, float]]) -> float:
     return n_bytes / statistics.median(e - b for b, e in spans)
 
 
-def _sweep_child(n_bytes, reps, barrier, q):
-    q.put(_spans(n_bytes, reps, barrier))
+def _sweep_child(n_bytes, reps, barrier, q, pages=None):
+    q.put((n_bytes, _spans(n_bytes, reps, barrier, pages)))
 
 
-def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes: int) -> list[float]:
+def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes) -> list[float]:
     """Bytes/s of each rep of a concurrent sweep: spans[p][r] = (start, end) of process p's rep
-    r, each reading n_bytes; all the rep's bytes over its first start to its last end."""
+    r, each process reading n_bytes (or n_bytes[p]); all the rep's bytes over its first start
+    to its last end."""
+    total = n_bytes * len(spans) if isinstance(n_bytes, int) else sum(n_bytes)
     return [
-        len(spans) * n_bytes / (max(s[r][1] for s in spans) - min(s[r][0] for s in spans))
+        total / (max(s[r][1] for s in spans) - min(s[r][0] for s in spans))
         for r in range(len(spans[0]))
     ]
 
 
-def read_bandwidth(threads: int, n_bytes: int | None = None, reps: int = 5) -> dict:
+def shares(pieces: list[tuple[int, int]], n: int) -> list[list[tuple[int, int]]]:
+    """[lo, hi) ranges cut into n shares of (nearly) equal bytes: share k holds, in order, the
+    bytes from k/n to (k+1)/n of the ranges laid end to end, cut at 64-byte boundaries (as
+    decode splits the rows of a weight between its threads)."""
+    total = sum(hi - lo for lo, hi in pieces)
+    cuts = [total * k // n // 64 * 64 for k in range(1, n)]  # positions in the ranges end to end
+    out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    pos = 0  # where the current range starts, end to end
+    for lo, hi in pieces:
+        a = lo
+        while a < hi:
+            k = bisect.bisect_right(cuts, pos + a - lo)  # the share of byte a
+            end = hi if k == n - 1 else min(hi, lo + cuts[k] - pos)
+            out[k].append((a, end))
+            a = end
+        pos += hi - lo
+    return out
+
+
+def read_bandwidth(
+    threads: int, n_bytes: int | None = None, reps: int = 5, pages: tuple | None = None
+) -> dict:
     """GB/s of `threads` processes sweeping their own buffers at once; n_bytes per process
     (default max(256 MiB, 4 x L3 / threads)).  Each rep starts every process at a barrier and
     counts all their bytes over the span from the first start to the last end (so a process
-    that ran alone for part of the rep cannot inflate the sum); the median rep."""
-    if n_bytes is None:
-        n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
+    that ran alone for part of the rep cannot inflate the sum); the median rep.
+
+    pages = (path, [(lo, hi), ...]): the bandwidth of those pages of a file instead, each
+    process sweeping its share of the ranges (shares) in the page cache: the memory a model's
+    mapped weights occupy.  Where a virtual machine's memory is not uniformly fast, the same
+    bytes read at different speeds depending on which physical pages hold them, and a fresh
+    buffer does not tell which."""
+    if pages is not None:
+        parts = [(pages[0], share) for share in shares(pages[1], threads)]
+        sizes = [sum((hi - lo) // 4 * 4 for lo, hi in share) for _, share in parts]
+        if min(sizes) < 4:
+            raise ValueError(
+                f"{sum(sizes)} bytes of pages are too few to share among {threads} processes"
+            )
+    else:
+        if n_bytes is None:
+            n_bytes = max(256 << 20, 4 * _l3_bytes() // threads)
+        parts, sizes = [None] * threads, [n_bytes] * threads
+    where = {} if pages is None else {"pages_of": str(pages[0]), "bytes": sum(sizes)}
     if threads == 1:
-        rate = _rate(n_bytes, _spans(n_bytes, reps))
+        rate = _rate(sizes[0], _spans(sizes[0], reps, pages=parts[0]))
         return {
             "GBs": rate / 1e9,
             "processes": 1,
-            "buffer_bytes_per_process": n_bytes,
+            "buffer_bytes_per_process": sizes[0],
             "per_process_GBs": [rate / 1e9],
             "reps": reps,
+            **where,
         }
     ctx = mp.get_context("spawn")
     q, barrier = ctx.Queue(), ctx.Barrier(threads)
     ps = [
-        ctx.Process(target=_sweep_child, args=(n_bytes, reps, barrier, q)) for _ in range(threads)
+        ctx.Process(target=_sweep_child, args=(sizes[i], reps, barrier, q, parts[i]))
+        for i in range(threads)
     ]
     for p in ps:
         p.start()
-    spans = [q.get() for _ in ps]  # (threads, reps, 2)
+    got = [q.get() for _ in ps]  # (bytes, (reps, 2) spans) of each process as it finished
     for p in ps:
         p.join()
-    per = [_rate(n_bytes, s) for s in spans]
+    spans = [s for _, s in got]
+    per = [_rate(n, s) for n, s in got]
     return {
-        "GBs": statistics.median(concurrent_rates(spans, n_bytes)) / 1e9,
+        "GBs": statistics.median(concurrent_rates(spans, [n for n, _ in got])) / 1e9,
         "processes": threads,
-        "buffer_bytes_per_process": n_bytes,
+        "buffer_bytes_per_process": max(sizes),
         "per_process_GBs": [r / 1e9 for r in per],
         "reps": reps,
         "sync": "barrier per rep; all bytes over the first start to the last end",
+        **where,
     }
 
 
@@ -302,12 +362,22 @@ def main(argv=None):
             "bandwidth_around_GBs": around,
             "fraction_of_bandwidth": gbs / bw_threads,
         }
+        pages = bench.mapped_pages(model)  # and the memory the weights occupy (module docstring)
+        if pages is not None:
+            row["weight_pages_GBs"] = read_bandwidth(a.threads, reps=reps, pages=pages)["GBs"]
+            row["fraction_of_weight_pages"] = gbs / row["weight_pages_GBs"]
         res["decode"].append(row)
         print(
             f"decode after {ctx}: {b['total'] / 1e6:.1f} MB/token (weights "
             f"{b['weights'] / 1e6:.1f}, KV {b['kv'] / 1e6:.1f}) x {tok_s:.1f} tok/s = "
             f"{gbs:.1f} GB/s = {100 * gbs / bw_threads:.0f}% of the bandwidth measured around it "
             f"({around[0]:.1f}, {around[1]:.1f} GB/s)"
+            + (
+                f", {100 * row['fraction_of_weight_pages']:.0f}% of its weight pages' "
+                f"{row['weight_pages_GBs']:.1f} GB/s"
+                if pages is not None
+                else ""
+            )
         )
     peak = int8_peak(a.threads)  # GOP/s, measured (0.0: portable, no peak stated)
     for n in (int(c) for c in a.prefill.split(",")):

@@ -31,7 +31,13 @@ fractions below are of both.  --bandwidth GBS adds, per decode row and engine, b
 bandwidth: the achieved fraction of it.  --measure-bandwidth measures it instead (limits.py's
 streaming read with the same threads) before every engine's run and after the last: a shared
 host's bandwidth moved by up to 2x within minutes, so each run's fraction is of the mean of
-the two samples around it, and the row's fraction is the median of its runs'.
+the two samples around it, and the row's fraction is the median of its runs'.  It also sweeps,
+right after each goinfer run, the page-cache pages that run mapped its weights from (its layout
+file's, limits.read_bandwidth with pages=): in a virtual machine whose memory is not uniformly
+fast the same file's pages read up to 25% slower or faster depending on where they landed when
+the file was cached, which a fresh buffer does not show; each goinfer decode row also gives
+its fraction of that ("fraction_of_weight_pages").  llama.cpp's weights are partly its own
+repacked copies, so its rows have only the fresh buffer's fraction.
 
 MODEL can be any GGUF, e.g. the shapes of real models that benchmarks/shapes.py writes.
 --smoke: the tiny shape, one short run of each row, bandwidth on a small buffer (the test suite).
@@ -74,10 +80,13 @@ class GoinferEngine:
         return self.bench.decode_seconds(self.model, ids, n)
 
     def facts(self) -> dict:
-        """Native weight kinds and the GGUF types they came from; where the weights came from."""
+        """Native weight kinds and the GGUF types they came from; where the weights came from;
+        the layout file ranges the weights are mapped from (None when they are not: a copy in
+        process memory, or no layout cache)."""
         return {
             "load_source": self.model.load_info.source,
             "weight_pages": self.bench.weight_pages(self.model),
+            "mapped_pages": self.bench.mapped_pages(self.model),
             "weights": sorted(
                 {
                     w.kind + (f" (from {w.source_type})" if w.source_type else "")
@@ -376,12 +385,26 @@ def main(argv=None) -> dict:
     # the bandwidth, when measured: before every engine's run and after the last (the host's
     # load shifts during a run); run j lies between samples j and j + 1
     bw_samples = []
+    pages_GBs = {}  # a goinfer engine's: the bandwidth of its run's weight pages, after each run
 
     def sample_bandwidth():
         from limits import read_bandwidth
 
         bw_samples.append(read_bandwidth(args.threads, bw_bytes, 1 if args.smoke else 11))
         print(f"read bandwidth: {bw_samples[-1]['GBs']:.1f} GB/s", flush=True)
+
+    def sample_pages(label: str, run: dict):
+        """The read bandwidth of the page-cache pages the run's weights were mapped from (the
+        same physical memory while the file stays cached), swept with the same threads."""
+        from limits import read_bandwidth
+
+        where = run.get("mapped_pages")
+        if where is None:  # copied into the process's own memory, gone with it
+            pages_GBs.setdefault(label, []).append(None)
+            return
+        r = read_bandwidth(args.threads, reps=1 if args.smoke else 11, pages=tuple(where))
+        pages_GBs.setdefault(label, []).append(r["GBs"])
+        print(f"{label}: its weight pages read at {r['GBs']:.1f} GB/s", flush=True)
 
     if args.bandwidth:
         res["bandwidth"] = {"GBs": args.bandwidth, "source": "given (--bandwidth)"}
@@ -396,6 +419,8 @@ def main(argv=None) -> dict:
                 sample_bandwidth()
                 before[e["label"]].append(len(bw_samples) - 1)  # and after it: the next one
             runs[e["label"]].append(isolate.run_child(HERE, {**spec, **e}))
+            if measure and e["engine"] == "goinfer":
+                sample_pages(e["label"], runs[e["label"]][-1])
     if measure:
         sample_bandwidth()
         gbs = [b["GBs"] for b in bw_samples]
@@ -411,6 +436,10 @@ def main(argv=None) -> dict:
             "source": "measured (limits.read_bandwidth) before every engine's run and after the "
             "last; each run's fraction is of the mean of the two samples around it, a row's "
             "the median of its runs'; GBs: the median sample",
+            "weight_pages_GBs": pages_GBs,
+            "weight_pages_source": "a goinfer engine's: limits.read_bandwidth over the layout "
+            "file's pages its run mapped its weights from, right after the run (None: the "
+            "weights were a copy in the process's memory)",
         }
         print(
             f"read bandwidth: {res['bandwidth']['GBs']:.1f} GB/s, the median of "
@@ -483,6 +512,17 @@ def main(argv=None) -> dict:
             row["fraction_of_bandwidth"] = {
                 k: statistics.median(v) for k, v in row["runs_fraction_of_bandwidth"].items()
             }
+            # a goinfer engine's bytes/s over its own weight pages' bandwidth, run by run
+            of_pages = {
+                k: [(wbytes + kv_of[k]) / s / 1e9 / p for s, p in zip(secs[k], v) if p]
+                for k, v in bw.get("weight_pages_GBs", {}).items()
+                if k in secs
+            }
+            if any(of_pages.values()):
+                row["runs_fraction_of_weight_pages"] = of_pages
+                row["fraction_of_weight_pages"] = {
+                    k: statistics.median(v) for k, v in of_pages.items() if v
+                }
         res["decode"].append(row)
     print(table(res))
     tmp.cleanup()
@@ -512,6 +552,10 @@ def table(res) -> str:
                 parts += [
                     f"{k} {100 * v:.0f}% of {of}{res['bandwidth']['GBs']:.1f} GB/s"
                     for k, v in r["fraction_of_bandwidth"].items()
+                ]
+                parts += [
+                    f"{k} {100 * v:.0f}% of its weight pages' bandwidth"
+                    for k, v in r.get("fraction_of_weight_pages", {}).items()
                 ]
             lines.append(f"{kind} {r['prompt_tokens']:>5}: " + ", ".join(parts) + " tok/s")
     for r in res["decode"]:

@@ -150,6 +150,9 @@ def _cell(row: dict, notes: Notes, run: dict) -> str:
             peer = f" / {100 * frac[best]:.0f}%" if best in frac else ""
             of = "~" if bw.get("per_run") else ""  # each run against the samples around it
             p += f", {100 * frac[k]:.0f}%{peer} of {of}{num(bw['GBs'])} GB/s"
+            pages = (row.get("fraction_of_weight_pages") or {}).get(k)
+            if pages:  # of the bandwidth of the memory its weights were mapped in
+                p += f" ({100 * pages:.0f}% of its weight pages')"
         parts.append(f"{tag}: {p}" if tag else p)
     extra = f" ({row['note']})" if row.get("note") else ""
     return "; ".join(parts) + extra + " " + notes.mark(run)
@@ -526,7 +529,11 @@ METHOD = """\
   fraction is of the mean of the two samples around it (a shared host's bandwidth moved by up
   to 2x within minutes), the cell's the median of its runs', N the median sample;
   runs whose sweep did not start its processes together show no fraction (their processes
-  could read one after the other, overstating the bandwidth up to twofold).
+  could read one after the other, overstating the bandwidth up to twofold).  "(N% of its
+  weight pages')" is goinfer's fraction of the bandwidth of the very memory its weights were
+  mapped in (its layout file's page-cache pages, swept the same way right after each run): in
+  a virtual machine the same bytes stream up to 25% slower or faster depending on which
+  physical pages hold them, which a fresh buffer does not show.
 - **Prefill against the int8 peak** (`limits.py`, `kernels_matmul.py`): the "measured int8
   peak" is the variant's dot-product instruction alone (AVX-512 `vpdpbusd`, AVX2
   `vpmaddubsw`, 12 independent accumulators per thread) timed on the same threads at once, so

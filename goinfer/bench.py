@@ -136,6 +136,16 @@ def weight_pages(model) -> dict:
     return {"pages": info.pages or "process", "huge_share": info.huge_share}
 
 
+def mapped_pages(model) -> tuple[str, list] | None:
+    """(layout file, its [lo, hi) ranges the weights are mapped from) while the model's weights
+    are mapped from its layout cache (their page-cache pages); None when they are not (a copy
+    in process memory, or no cache)."""
+    info = model.load_info
+    if info.path is None or info.pages not in ("huge", "small") or not info.dense:
+        return None
+    return str(info.path), [list(r) for r in info.dense]
+
+
 def cold_prefill(model, ids) -> tuple[float, int]:
     """(seconds, cached tokens) of one prefill of ids on a fresh KV cache: the cached count is
     the cache's hit tokens after it, 0 for a cold prefill."""

@@ -662,6 +662,8 @@ class LoadInfo:
     huge_share: float | None = None  # the share of their pages mapped 2 MB at a time
     # {name: RowTable} of the weights read a row at a time from the file (row_table.py)
     row_tables: dict = dataclasses.field(default_factory=dict)
+    # [lo, hi) ranges of the layout file held in memory (all but the row tables), in order
+    dense: list = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -763,6 +765,7 @@ def _loaded(lay: Layout, classes, source: str, mode: str, progress: bool, name: 
         pages=lay.pages,
         huge_share=lay.huge_share,
         row_tables=tables,
+        dense=lay.dense,
     )
     return weights, info
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import goinfer
 
@@ -256,6 +258,10 @@ def check_limits(res):
     around = d["bandwidth_around_GBs"]  # swept just before and after the row: their mean
     assert len(around) == 2 and all(_pos(x) for x in around)
     assert d["fraction_of_bandwidth"] == pytest.approx(d["GBs"] / (sum(around) / 2))
+    # the weights are mapped from the layout cache: those pages' bandwidth too
+    assert res["weight_pages"]["pages"] in ("huge", "small"), res["weight_pages"]
+    assert _pos(d["weight_pages_GBs"])
+    assert d["fraction_of_weight_pages"] == pytest.approx(d["GBs"] / d["weight_pages_GBs"])
     (p,) = res["prefill"]
     assert p["tokens"] == 64 and _pos(p["tok_s"]) and _pos(p["int8_GOPs"])
     assert 0 < p["matmul_share"] <= 1
@@ -362,6 +368,68 @@ def test_read_bandwidth_processes_read_at_once():
     assert r["GBs"] <= 2 * min(r["per_process_GBs"]) * (1 + 1e-9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=1, max_size=6),
+    n=st.integers(1, 4),
+)
+@example(sizes=[(0, 1600)], n=2)  # one range, cut at a 64-byte boundary
+@example(sizes=[(0, 10)], n=3)  # fewer bytes than 64 per share: all in the last
+def test_shares_cut_the_ranges_in_order(sizes, n):
+    """limits.shares: the n shares, laid end to end, are the ranges themselves in order; each
+    cut falls on a 64-byte boundary of the ranges laid end to end; the shares differ by less
+    than 64 bytes plus the rounding of total / n."""
+    import limits
+
+    pieces, pos = [], 0
+    for gap, size in sizes:  # disjoint [lo, hi) ranges in order, some empty
+        pos += gap
+        pieces.append((pos, pos + size))
+        pos += size
+    out = limits.shares(pieces, n)
+    assert len(out) == n
+    flat = [r for share in out for r in share]
+    assert all(lo < hi for lo, hi in flat)
+    # the same bytes in the same order: merged, the pieces again (empty ones dropped)
+    merged: list[list[int]] = []
+    for lo, hi in flat:
+        if merged and merged[-1][1] == lo:
+            merged[-1][1] = hi
+        else:
+            merged.append([lo, hi])
+    want: list[list[int]] = []
+    for lo, hi in pieces:
+        if hi > lo:
+            if want and want[-1][1] == lo:
+                want[-1][1] = hi
+            else:
+                want.append([lo, hi])
+    assert merged == want
+    total = sum(hi - lo for lo, hi in pieces)
+    got = [sum(hi - lo for lo, hi in share) for share in out]
+    ends = np.cumsum(got)[:-1]
+    assert all(e % 64 == 0 for e in ends)
+    assert all(e == total * (k + 1) // n // 64 * 64 for k, e in enumerate(ends))
+
+
+def test_read_bandwidth_of_a_files_pages(tmp_path):
+    """read_bandwidth(pages=(path, ranges)): the processes sweep their shares of those ranges
+    of the file (its page-cache pages), every byte of them once, with the same barrier."""
+    import limits
+
+    f = tmp_path / "w.bin"
+    f.write_bytes(np.arange(3 << 20, dtype=np.uint8).tobytes())
+    ranges = [(4096, 1 << 20), ((1 << 20) + 8192, 3 << 20)]
+    r = limits.read_bandwidth(2, reps=3, pages=(str(f), ranges))
+    assert r["pages_of"] == str(f) and r["processes"] == 2 and _pos(r["GBs"])
+    assert r["bytes"] == sum((hi - lo) // 4 * 4 for lo, hi in ranges)
+    assert r["GBs"] <= 2 * min(r["per_process_GBs"]) * (1 + 1e-9)
+    one = limits.read_bandwidth(1, reps=3, pages=(str(f), ranges))
+    assert one["processes"] == 1 and one["bytes"] == r["bytes"] and _pos(one["GBs"])
+    with pytest.raises(ValueError, match="too few"):
+        limits.read_bandwidth(2, pages=(str(f), [(0, 8)]))
+
+
 def check_memory(res):
     assert res["goinfer_first_load"]["source"] == "built"  # a fresh layout directory
     assert [r["source"] for r in res["runs"]["goinfer"]] == ["layout"]  # then mapped
@@ -405,6 +473,12 @@ def check_peers(res):
     assert bw["runs_GBs"]["goinfer"][0] == pytest.approx(sum(g) / 2)  # goinfer runs first
     (f0,) = d["runs_fraction_of_bandwidth"]["goinfer"]
     assert f0 == pytest.approx(d["GBs"]["goinfer"] / (sum(g) / 2))  # one run: its own tok/s
+    # and the pages its weights were mapped from (its layout file), swept right after the run
+    (pg,) = bw["weight_pages_GBs"]["goinfer"]
+    assert _pos(pg) and d["runs_fraction_of_weight_pages"]["goinfer"] == [
+        pytest.approx(d["GBs"]["goinfer"] / pg)
+    ]
+    assert d["fraction_of_weight_pages"]["goinfer"] == pytest.approx(d["GBs"]["goinfer"] / pg)
     assert res["settings"]["one_process_per_engine"] is True
     assert len(res["goinfer_pages"]) == len(d["runs_s_per_token"]["goinfer"])
     for pages in res["goinfer_pages"]:
