@@ -102,13 +102,11 @@ def _sweep_child(n_bytes, reps, barrier, q, pages=None):
     q.put((n_bytes, _spans(n_bytes, reps, barrier, pages)))
 
 
-def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes) -> list[float]:
+def concurrent_rates(spans: list[list[tuple[float, float]]], n_bytes: list[int]) -> list[float]:
     """Bytes/s of each rep of a concurrent sweep: spans[p][r] = (start, end) of process p's rep
-    r, each process reading n_bytes (or n_bytes[p]); all the rep's bytes over its first start
-    to its last end."""
-    total = n_bytes * len(spans) if isinstance(n_bytes, int) else sum(n_bytes)
+    r, reading n_bytes[p]; all the rep's bytes over its first start to its last end."""
     return [
-        total / (max(s[r][1] for s in spans) - min(s[r][0] for s in spans))
+        sum(n_bytes) / (max(s[r][1] for s in spans) - min(s[r][0] for s in spans))
         for r in range(len(spans[0]))
     ]
 

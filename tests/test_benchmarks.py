@@ -347,13 +347,14 @@ def test_concurrent_read_bandwidth_counts_only_the_overlap():
     last end, so processes that happened to read one after the other count once, not twice."""
     import limits
 
-    n = 10
+    n = [10, 10]
     assert limits.concurrent_rates([[(0.0, 1.0)], [(0.0, 1.0)]], n) == [20.0]  # at once
     assert limits.concurrent_rates([[(0.0, 1.0)], [(1.0, 2.0)]], n) == [10.0]  # in turn
     assert limits.concurrent_rates([[(0.0, 1.0), (5.0, 6.0)], [(0.5, 1.5), (5.0, 5.5)]], n) == [
         pytest.approx(20 / 1.5),
         20.0,
     ]
+    assert limits.concurrent_rates([[(0.0, 1.0)], [(0.0, 2.0)]], [10, 30]) == [20.0]  # shares
 
 
 def test_read_bandwidth_processes_read_at_once():
