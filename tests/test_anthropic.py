@@ -610,7 +610,11 @@ def test_failure_after_the_stream_began_is_an_error_event(srv, monkeypatch):
     calls["n"] = 0
     with pytest.raises(anthropic.APIStatusError, match="injected failure"):
         with client(srv).messages.stream(
-            model="tiny", max_tokens=12, system=SYSTEM, messages=[{"role": "user", "content": ASK}]
+            model="tiny",
+            max_tokens=12,
+            system=SYSTEM,
+            messages=[{"role": "user", "content": ASK}],
+            extra_body=GREEDY,  # the raw request's reply: sampled, it may end before token 4
         ) as s:
             for _ in s:
                 pass
