@@ -8,19 +8,26 @@
  * activation rows x 16 output rows (|is| <= 32*128*127 < 2^31), and the fold below does the
  * float operations of the VNNI kernel in the same order, so the bits are the same.
  *
- * Tiles (palette 1):
- *   tmm0, tmm1  C: 16 activation rows x 16 int32 (two groups in flight)
- *   tmm2, tmm3  A: 16 activation rows x 32 int8 (one group of qa; row stride K)
- *   tmm4, tmm5  B: 8 rows x 64 bytes = 16 output rows x 4 consecutive k (row kk: k = 4kk..4kk+3)
+ * Tiles (palette 1; CFG):
+ *   tmm0..tmm3  C: 16 activation rows x 16 int32 (four groups in flight)
+ *   tmm4, tmm5  A: 16 activation rows x 32 int8 (one group of qa; row stride K)
+ *   tmm6, tmm7  B: 8 rows x 64 bytes = 16 output rows x 4 consecutive k (row kk: k = 4kk..4kk+3)
  * B for q8_0 is the repacked weight itself (line c = k 4c..4c+3 x 16 rows x 4); for q4 the
  * nibbles are unpacked into signed int8 once per row block and reused by every activation tile.
+ * Every group's C tile goes through memory to the fold (the scales are per group); four
+ * groups are in flight.  With that and the accumulators held in registers (they were in
+ * memory: GCC does not scalarize an array indexed in a loop it did not unroll), one core of
+ * an Emerald Rapids Xeon ran the Llama-3.2-1B shape's q4_k GEMMs (M = 512) at 1.08-1.20x the
+ * GOP/s of two groups in flight, q6_k's at 1.02-1.05x.  What is left is the per-group C
+ * store and fold: without the fold the tile work alone ran ~2x as fast, the fold alone ~2.5x.
  *
  * q4_k, q5_k: the codes unpacked the same way (0..15, 0..31), the fold as q4_1's with the
  * group's d*sc and -(dmin*mn) (exact products, the contract of matmul_impl.h).  q6_k: q - 32
  * unpacked (-32..31); the two 16-k halves of a group have their own scales, so each half is
- * one TDPBSSD of K = 16 (tmm6: A 16 rows x 16 int8, tmm7: B 4 rows x 64 bytes) into its own C
- * tile (tmm0: H0, tmm1: H1), and the fold forms isum = fma(H1, sc1, H0*sc0) in float32, exact
- * (integers below 2^24), as the VNNI kernel does.
+ * one TDPBSSD of K = 16 into its own C tile (H0, H1), and the fold forms
+ * isum = fma(H1, sc1, H0*sc0) in float32, exact (integers below 2^24), as the VNNI kernel
+ * does.  q6_k tiles (CFG_Q6): two groups in flight, C tmm0, tmm1 (H0, H1 of the first) and
+ * tmm2, tmm3 (the second's); A tmm4, tmm6: 16 rows x 16 int8; B tmm5, tmm7: 4 rows x 64 bytes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +86,13 @@ typedef struct tilecfg {
 
 static const tilecfg CFG = {
     1, 0, {0},
-    {64, 64, 32, 32, 64, 64, 16, 64, 0, 0, 0, 0, 0, 0, 0, 0},
-    {16, 16, 16, 16, 8, 8, 16, 4, 0, 0, 0, 0, 0, 0, 0, 0},
+    {64, 64, 64, 64, 32, 32, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+    {16, 16, 16, 16, 16, 16, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0},
+};
+static const tilecfg CFG_Q6 = {
+    1, 0, {0},
+    {64, 64, 64, 64, 16, 64, 16, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+    {16, 16, 16, 16, 16, 4, 16, 4, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 #define ACT_CHUNK (768 * 1024)   /* activation bytes per cache block (as the VNNI GEMM) */
@@ -154,57 +166,88 @@ GI_INLINE void scales(const int KIND, const gi_weight *w, const float *kq, int64
     if (HAS_MIN(KIND)) *mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + (rb * G + g) * 16)));
 }
 
-/* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes). */
+/* 16 activation rows from m x one row block rb (B tiles at bq, row stride 64 bytes); cbuf:
+   four C tiles (4, 16, 16).  The accumulators stay in registers (every index constant). */
 GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
                       const int8_t *bq, const float *kq, int32_t *cbuf, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
     const int8_t *qa = a->qa + m * K;                              /* (16, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;          /* (16, G) */
     __m512 acc[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    __m512 dv0, dv1, mv0 = _mm512_setzero_ps(), mv1 = _mm512_setzero_ps();
+    int64_t g = 0;
     if (KIND == GI_Q6_K) {
-        for (int64_t g = 0; g < G; g++) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_loadd(6, qa + g * GI_GROUP, K);
-            _tile_loadd(7, bq + g * 512, 64);
-            _tile_dpbssd(0, 6, 7);
-            _tile_loadd(6, qa + g * GI_GROUP + 16, K);
-            _tile_loadd(7, bq + g * 512 + 256, 64);
-            _tile_dpbssd(1, 6, 7);
-            __m512 s0, s1;
-            q6_scales16(w->sc + (rb * G + g) * 32, &s0, &s1);
-            dv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + (rb * (G / 8) + g / 8) * 16)));
-            _tile_stored(0, cbuf, 64);
-            _tile_stored(1, cbuf + 256, 64);
-            fold_q6(acc, cbuf, cbuf + 256, dv0, s0, s1, da, G, g);
+/* group gg's halves into C tiles H0, H1 (A tile TA, B tile TB), then its fold from cbuf + c */
+#define Q6_DP(H0, H1, TA, TB, gg)                                   \
+        do {                                                        \
+            _tile_zero(H0);                                         \
+            _tile_zero(H1);                                         \
+            _tile_loadd(TA, qa + (gg) * GI_GROUP, K);               \
+            _tile_loadd(TB, bq + (gg) * 512, 64);                   \
+            _tile_dpbssd(H0, TA, TB);                               \
+            _tile_loadd(TA, qa + (gg) * GI_GROUP + 16, K);          \
+            _tile_loadd(TB, bq + (gg) * 512 + 256, 64);             \
+            _tile_dpbssd(H1, TA, TB);                               \
+        } while (0)
+#define Q6_FOLD(H0, H1, c, gg)                                                                         \
+        do {                                                                                           \
+            __m512 s0, s1;                                                                             \
+            q6_scales16(w->sc + (rb * G + (gg)) * 32, &s0, &s1);                                       \
+            const __m512 dv = _mm512_cvtph_ps(                                                         \
+                _mm256_loadu_si256((const __m256i *)(w->d + (rb * (G / 8) + (gg) / 8) * 16)));         \
+            _tile_stored(H0, cbuf + (c), 64);                                                          \
+            _tile_stored(H1, cbuf + (c) + 256, 64);                                                    \
+            fold_q6(acc, cbuf + (c), cbuf + (c) + 256, dv, s0, s1, da, G, gg);                         \
+        } while (0)
+        for (; g + 2 <= G; g += 2) {
+            Q6_DP(0, 1, 4, 5, g);
+            Q6_DP(2, 3, 6, 7, g + 1);
+            Q6_FOLD(0, 1, 0, g);
+            Q6_FOLD(2, 3, 512, g + 1);
         }
+        if (g < G) {
+            Q6_DP(0, 1, 4, 5, g);
+            Q6_FOLD(0, 1, 0, g);
+        }
+#undef Q6_DP
+#undef Q6_FOLD
     } else {
-        for (int64_t g = 0; g < G; g += 2) {
-            const int two = g + 1 < G;
-            _tile_zero(0);
-            _tile_loadd(2, qa + g * GI_GROUP, K);
-            _tile_loadd(4, bq + g * 512, 64);
-            _tile_dpbssd(0, 2, 4);
-            if (two) {
-                _tile_zero(1);
-                _tile_loadd(3, qa + (g + 1) * GI_GROUP, K);
-                _tile_loadd(5, bq + (g + 1) * 512, 64);
-                _tile_dpbssd(1, 3, 5);
-            }
-            scales(KIND, w, kq, rb, G, g, &dv0, &mv0);
-            _tile_stored(0, cbuf, 64);
-            fold(KIND, acc, cbuf, dv0, mv0, da, sa, G, g);
-            if (two) {
-                scales(KIND, w, kq, rb, G, g + 1, &dv1, &mv1);
-                _tile_stored(1, cbuf + 256, 64);
-                fold(KIND, acc, cbuf + 256, dv1, mv1, da, sa, G, g + 1);
-            }
+/* group gg into C tile C (A tile TA, B tile TB), then its fold from cbuf + c */
+#define Q_DP(C, TA, TB, gg)                                         \
+        do {                                                        \
+            _tile_zero(C);                                          \
+            _tile_loadd(TA, qa + (gg) * GI_GROUP, K);               \
+            _tile_loadd(TB, bq + (gg) * 512, 64);                   \
+            _tile_dpbssd(C, TA, TB);                                \
+        } while (0)
+#define Q_FOLD(C, c, gg)                                            \
+        do {                                                        \
+            __m512 dv, mv = _mm512_setzero_ps();                    \
+            scales(KIND, w, kq, rb, G, gg, &dv, &mv);               \
+            _tile_stored(C, cbuf + (c), 64);                        \
+            fold(KIND, acc, cbuf + (c), dv, mv, da, sa, G, gg);     \
+        } while (0)
+        for (; g + 4 <= G; g += 4) {
+            Q_DP(0, 4, 6, g);
+            Q_DP(1, 5, 7, g + 1);
+            Q_DP(2, 4, 6, g + 2);
+            Q_DP(3, 5, 7, g + 3);
+            Q_FOLD(0, 0, g);
+            Q_FOLD(1, 256, g + 1);
+            Q_FOLD(2, 512, g + 2);
+            Q_FOLD(3, 768, g + 3);
         }
+        for (; g < G; g++) {
+            Q_DP(0, 4, 6, g);
+            Q_FOLD(0, 0, g);
+        }
+#undef Q_DP
+#undef Q_FOLD
     }
     const int64_t n0 = rb * GI_ROWS, cnt = w->n_out - n0;
     const __mmask16 keep = cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u);
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(out + (m + i) * ldo + n0, keep, acc[i]);
 }
 
@@ -228,14 +271,14 @@ int64_t gi_matmul_q_amx(const gi_weight *w, const gi_qact *a, int64_t m0, int64_
     if (kind == GI_MXFP4 || kind > GI_Q5_1 || M16 <= 0 || rb1 <= rb0 || G <= 0) return 0;  /* mxfp4: VNNI */
     int8_t *bq = 0;                  /* unpacked codes (G, 8, 16, 4), then qk: scales (G, 2, 16) float */
     float *kq = 0;
-    int32_t cbuf[2 * 16 * 16] __attribute__((aligned(64)));      /* two C tiles (16, 16) */
+    int32_t cbuf[4 * 16 * 16] __attribute__((aligned(64)));      /* four C tiles (16, 16) */
     if (kind != GI_Q8_0) {
         bq = aligned_alloc(64, (size_t)G * (IS_QK(kind) ? 512 + 128 : 512));
         if (!bq) return 0;
         kq = (float *)(bq + G * 512);
     }
     const tile_fn tile = TILES[kind];
-    _tile_loadconfig(&CFG);
+    _tile_loadconfig(kind == GI_Q6_K ? &CFG_Q6 : &CFG);
     int64_t mblk = ACT_CHUNK / K / 16 * 16;
     if (mblk < 16) mblk = 16;
     for (int64_t mb0 = m0; mb0 < m0 + M16; mb0 += mblk) {
