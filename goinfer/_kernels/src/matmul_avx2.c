@@ -16,10 +16,10 @@
  * signed bytes and adds each int32 lane's four products to it, exactly (no int16 step, no
  * saturation), where plain AVX2 needs vpmaddubsw + vpaddw and a vpmaddwd by ones to widen.
  * The 4-, 5- and 8-bit kinds' integer sums take it, and q6_k's GEMM as the avx512 one does
- * (each sub-block's sum apart, scaled in float32, exactly: qgemm2); q6_k's GEMV keeps
- * vpmaddubsw (its int16 pair sums are what vpmaddwd multiplies by the sub-block scales).
- * Integer sums are exact either way and the float fold is the same, so both tables give the
- * same bits. */
+ * (each sub-block's sum apart, scaled in float32, exactly: qgemm2); q6_k's GEMV has its own
+ * kernel there (qv_q6), without it qtile's q6_group (vpmaddubsw pair sums, which vpmaddwd
+ * multiplies by the sub-block scales).  Integer sums are exact either way and the float fold
+ * is the same, so both tables give the same bits. */
 #if defined(__AVXVNNI__)
 #define VNNI 1
 #define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
@@ -633,6 +633,88 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
 }
 
 #define QV_Q4 1   /* matmul_impl.c runs qv_q4 as the GEMV of q4_0, q4_1 and q4_k */
+
+
+/* ============================================================================ q6_k GEMV with AVX-VNNI (qv_q6) */
+
+#if VNNI
+/* The decode GEMV of q6_k where the CPU has AVX-VNNI: qtile's q6_group sums (vpmaddubsw pairs
+   scaled by vpmaddwd) cost ~30% more operations per byte.  Per group and row half, four exact
+   int32 vpdpbusd sums of the codes' bit fields against the activations: L (the low sub-block:
+   bits 0..5 of lines 0..3), and the high sub-block's codes in three parts, H (the low nibbles of
+   line 4 + c/2 for even c), N (its high nibbles for odd c, masked in place: 16x) and T (bits
+   6..7 of lines 0..3, masked in place: 64x), which meet as H + N/16 + T/4 (exact shifts).  L and
+   H start at the -32 offset's -32*sum(qa) of their half of the group (ns: once per call, for
+   every row block).  isum = fma(H, sc1, L*sc0) in float32, exact (|L*sc0|, |H*sc1| < 2^23,
+   integers), as the GEMM forms it; then the contract's fold.  The same bits as qtile's. */
+GI_INLINE void qv_q6(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, const int32_t *ns,
+                     float *out, int64_t ldo) {
+    const int64_t K = w->n_in, G = K / GI_GROUP;
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 384;      /* (G, 6, 16, 4) */
+    const int8_t *ws = w->sc + rb * G * 32;                          /* (G, 16 rows x 2) */
+    const uint16_t *wd = w->d + rb * (G / 8) * 16;                   /* (G/8, 16) */
+    const int8_t *qa = a->qa + m * K;                                /* (K,) */
+    const float *da = a->da + m * G;                                 /* (G,) */
+    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();    /* groups: near, far */
+    const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8((char)0xC0);
+    const __m256i nlo = _mm256_set1_epi8(0x0F), nhi = _mm256_set1_epi8((char)0xF0);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  /* rows 0..7, 8..15 */
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *lg = wq + g * 384;                            /* (6, 16, 4) */
+        const int8_t *ag = qa + g * GI_GROUP;
+#pragma GCC unroll 2
+        for (int far = 0; far < 2; far++) {
+            const int64_t d = far ? ff : pf;
+            if (d <= 0) continue;
+#pragma GCC unroll 6
+            for (int c = 0; c < 6; c++) prefetch_line(lg + d * 384 + c * 64, far);
+            prefetch_line(ws + (g + d) * 32, far);
+            if ((g & 7) == 0) prefetch_line(wd + ((g + d) >> 3) * 16, far);
+        }
+        const __m256 dag = _mm256_set1_ps(da[g]);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i L = _mm256_set1_epi32(ns[2 * g]), H = _mm256_set1_epi32(ns[2 * g + 1]);
+            __m256i N = _mm256_setzero_si256(), T = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
+                const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
+                const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
+                L = DPBUSD(L, _mm256_and_si256(x, m3f), bl);
+                T = DPBUSD(T, _mm256_and_si256(x, mc0), bh);
+                if (c & 1) N = DPBUSD(N, _mm256_and_si256(y, nhi), bh);
+                else H = DPBUSD(H, _mm256_and_si256(y, nlo), bh);
+            }
+            H = _mm256_add_epi32(H, _mm256_add_epi32(_mm256_srai_epi32(N, 4), _mm256_srai_epi32(T, 2)));
+            const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ws + g * 32 + h * 16)));
+            const __m256 s0 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16));
+            const __m256 s1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 16));
+            const __m256 isf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(H), s1, _mm256_mul_ps(_mm256_cvtepi32_ps(L), s0));
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + (g >> 3) * 16 + h * 8)));
+            /* the contract's fold, as qtile's */
+            if (h == 0) acc0 = _mm256_fmadd_ps(isf, _mm256_mul_ps(dv, dag), acc0);
+            else acc1 = _mm256_fmadd_ps(isf, _mm256_mul_ps(dv, dag), acc1);
+        }
+    }
+    store_unit(w, out, ldo, m, rb * 16, acc0);
+    store_unit(w, out, ldo, m, rb * 16 + 8, acc1);
+}
+
+/* ns (2G,): -32 x the sums of qa[0..15] and qa[16..31] of each group of activation row m */
+static void q6_offsets(const gi_qact *a, int64_t K, int64_t m, int32_t *ns) {
+    const int64_t G = K / GI_GROUP;
+    const int8_t *qa = a->qa + m * K;
+    for (int64_t g = 0; g < G; g++) {
+        const int32_t p = q6_negsums(qa + g * GI_GROUP, a->asum[m * G + g]);   /* (-lo, -hi) int16 */
+        ns[2 * g] = 32 * (int32_t)(int16_t)(p & 0xFFFF);
+        ns[2 * g + 1] = 32 * (int32_t)(int16_t)((uint32_t)p >> 16);
+    }
+}
+
+#define QV_Q6 1   /* matmul_impl.c runs qv_q6 as the GEMV of q6_k */
+#endif
 
 
 /* ============================================================================ float microkernel */

@@ -48,6 +48,14 @@ static void qv_q4_rows(const gi_weight *w, const gi_qact *a, int64_t m, int64_t 
 }
 #endif
 
+#if defined(QV_Q6)
+/* q6_k's GEMV (qv_q6) for K up to 32 * QV_Q6_MAXG (its per-call offsets live on the stack);
+   qtile's beyond */
+#define QV_Q6_MAXG 1024
+static void qv_q6_rb(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, const int32_t *ns,
+                     float *out, int64_t ldo) { qv_q6(w, a, m, rb, ns, out, ldo); }
+#endif
+
 typedef void (*qtile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
 typedef void (*ftile_fn)(const gi_weight *, const float *, int64_t, int64_t, float *, int64_t);
 
@@ -172,6 +180,14 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
            stream, which the hardware prefetchers follow best: on a Zen 4 this decoded 15-30%
            faster than two (avx2) or four (avx512) row blocks per call, as many streams 16 KB
            or more apart (the 1B Q4_0 shape alike on avx512). */
+#if defined(QV_Q6)
+        if (kind == GI_Q6_K && w->n_in / GI_GROUP <= QV_Q6_MAXG) {  /* the ISA file's own GEMV */
+            int32_t ns[2 * QV_Q6_MAXG];
+            q6_offsets(a, w->n_in, m0, ns);
+            for (int64_t rb = rb0; rb < rb1; rb++) qv_q6_rb(w, a, m0, rb, ns, out, ldo);
+            return;
+        }
+#endif
 #if defined(QV_Q4)
         if (kind == GI_Q4_0 || kind == GI_Q4_1 || kind == GI_Q4_K) {  /* the ISA file's own GEMV */
             qv_q4_rows(w, a, m0, rb0, rb1, out, ldo);
