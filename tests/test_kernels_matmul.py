@@ -507,6 +507,27 @@ def test_matmul_int_k_blocks(kind, M):
     check_matmul(make_x(rng, M, Kd), make_weight(rng, kind, 277, Kd, raw=True), check_rows=True)
 
 
+@pytest.mark.parametrize("kind", INT_KINDS + FLOAT_KINDS)
+def test_gemv_tail_shares_keep_bits(kind):
+    """A GEMV of enough row blocks is cut into one long share per thread and small tail shares
+    claimed as the threads finish (matmul.pyx).  1813 rows (114 row blocks, the last 5 rows
+    wide) on 1, 2, 3 and 7 threads: the contract's bits with the tail shares and without."""
+    rng = np.random.default_rng(41)
+    Kd = kdim(kind, 256)
+    w = make_weight(rng, kind, 1813, Kd, raw=True)
+    x = make_x(rng, 1, Kd)
+    xin = K.quantize_act(x) if kind in INT_KINDS else x
+
+    def shares(nt):
+        return K.bind_matmul(xin, w, np.empty((1, 1813), np.float32), nthreads=nt).nshares
+
+    assert (shares(2), shares(7)) == (2 + 2 * 2, 7 + 2 * 7)  # 114 >= 16 row blocks x 7
+    first = check_matmul(x, w, check_rows=False)
+    with swapped(K._set_gemv_tail_shares, 0):
+        assert (shares(2), shares(7)) == (2, 7)
+        assert np.array_equal(check_matmul(x, w, check_rows=False), first)
+
+
 def gemv_prefetch(groups):
     return swapped(_config.set_gemv_prefetch, groups)
 
