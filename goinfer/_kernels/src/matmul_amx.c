@@ -17,8 +17,8 @@
  * Every group's C tile goes through memory to the fold (the scales are per group); four
  * groups are in flight.  With that and the accumulators held in registers (they were in
  * memory: GCC does not scalarize an array indexed in a loop it did not unroll), one core of
- * an Emerald Rapids Xeon ran the Llama-3.2-1B shape's q4_k GEMMs (M = 512) at 1.08-1.20x the
- * GOP/s of two groups in flight, q6_k's at 1.02-1.05x.  What is left is the per-group C
+ * an Emerald Rapids Xeon ran the Llama-3.2-1B shape's q4_k GEMMs (M = 512) at 1.07-1.21x the
+ * GOP/s of two groups in flight, q6_k's at 0.98-1.07x.  What is left is the per-group C
  * store and fold: without the fold the tile work alone ran ~2x as fast, the fold alone ~2.5x.
  *
  * q4_k, q5_k: the codes unpacked the same way (0..15, 0..31), the fold as q4_1's with the
@@ -200,15 +200,11 @@ GI_INLINE void tile16(const int KIND, const gi_weight *w, const gi_qact *a, int6
             _tile_stored(H1, cbuf + (c) + 256, 64);                                                    \
             fold_q6(acc, cbuf + (c), cbuf + (c) + 256, dv, s0, s1, da, G, gg);                         \
         } while (0)
-        for (; g + 2 <= G; g += 2) {
+        for (; g < G; g += 2) {  /* G % 8 == 0: q6_k's K is whole super-blocks of 256 */
             Q6_DP(0, 1, 4, 5, g);
             Q6_DP(2, 3, 6, 7, g + 1);
             Q6_FOLD(0, 1, 0, g);
             Q6_FOLD(2, 3, 512, g + 1);
-        }
-        if (g < G) {
-            Q6_DP(0, 1, 4, 5, g);
-            Q6_FOLD(0, 1, 0, g);
         }
 #undef Q6_DP
 #undef Q6_FOLD
