@@ -509,10 +509,17 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
    q4_k weight). */
 
 /* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
-   8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap); with VNNI the rows' int32 sums */
+   8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap); with VNNI the rows' int32 sums.
+   With VNNI the high nibbles are masked in place (16 x their value) and their sums shifted
+   back once per group (exact), and the low and high nibbles add in chains of their own (8
+   dependent vpdpbusd per group would be longer than the group's work); vpmaddubsw's int16
+   pairs would saturate at 16x, so without VNNI each nibble is shifted down. */
 GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256i *s1) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    __m256i l0 = _mm256_setzero_si256(), l1 = _mm256_setzero_si256();   /* rows 0..7, 8..15 */
+#if VNNI
+    __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();   /* 16 x the high nibbles' */
+#endif
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(lg + c * 64));
@@ -520,21 +527,27 @@ GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256
         const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
         const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
 #if VNNI
-        a0 = DPBUSD(a0, _mm256_and_si256(x0, nib), bl);
-        a1 = DPBUSD(a1, _mm256_and_si256(x1, nib), bl);
-        a0 = DPBUSD(a0, _mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh);
-        a1 = DPBUSD(a1, _mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh);
+        l0 = DPBUSD(l0, _mm256_and_si256(x0, nib), bl);
+        l1 = DPBUSD(l1, _mm256_and_si256(x1, nib), bl);
+        h0 = DPBUSD(h0, _mm256_andnot_si256(nib, x0), bh);
+        h1 = DPBUSD(h1, _mm256_andnot_si256(nib, x1), bh);
+        PIN(h0);
+        PIN(h1);
 #else
-        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(x0, nib), bl));
-        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(x1, nib), bl));
-        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh));
-        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh));
+        l0 = _mm256_add_epi16(l0, _mm256_maddubs_epi16(_mm256_and_si256(x0, nib), bl));
+        l1 = _mm256_add_epi16(l1, _mm256_maddubs_epi16(_mm256_and_si256(x1, nib), bl));
+        l0 = _mm256_add_epi16(l0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), nib), bh));
+        l1 = _mm256_add_epi16(l1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), nib), bh));
 #endif
-        PIN(a0);
-        PIN(a1);
+        PIN(l0);
+        PIN(l1);
     }
-    *s0 = a0;
-    *s1 = a1;
+#if VNNI
+    l0 = _mm256_add_epi32(l0, _mm256_srai_epi32(h0, 4));   /* h0, h1: multiples of 16 */
+    l1 = _mm256_add_epi32(l1, _mm256_srai_epi32(h1, 4));
+#endif
+    *s0 = l0;
+    *s1 = l1;
 }
 
 /* q4_dot16's sums of a row half as int32 */
