@@ -511,9 +511,9 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 /* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
    8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap); with VNNI the rows' int32 sums.
    With VNNI the high nibbles are masked in place (16 x their value) and their sums shifted
-   back once per group (exact), and the low and high nibbles add in chains of their own (8
-   dependent vpdpbusd per group would be longer than the group's work); vpmaddubsw's int16
-   pairs would saturate at 16x, so without VNNI each nibble is shifted down. */
+   back once per group (exact), and the low and high nibbles add in chains of their own (4
+   dependent vpdpbusd each rather than 8); vpmaddubsw's int16 pairs would saturate at 16x, so
+   without VNNI each nibble is shifted down. */
 GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256i *s1) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256i l0 = _mm256_setzero_si256(), l1 = _mm256_setzero_si256();   /* rows 0..7, 8..15 */
