@@ -17,7 +17,10 @@ per-call thread start or allocation), bound for a cache of --capacity tokens if 
 model's graph is bound for its cache's capacity, which sizes the split of its keys).  FMA: the
 graph's float operations (4 * hd per query head and key, as below) per second as a share of
 the variant's float32 FMA peak measured on the same threads (kernels_matmul.fma_peak; none on
-portable): what bounds a step whose cache streams faster than the kernels compute.
+portable): what bounds a step whose cache streams faster than the kernels compute.  f16
+floor (f16 rows): the same rate as a share of the f16 mix's (kernels_matmul.f16_fma_peak: a
+vector converted from float16 for every 4 multiply-adds, as a GQA group of 4 reads the
+cache), the most such a kernel can reach where the conversion takes FMA port time.
 
 Default: the exact kernel at SmolLM2-135M's shape.  --fast: a prefill of n tokens (queries at
 positions 0..n-1 over the n keys just written, causal) by the exact and the fast kernel,
@@ -38,7 +41,7 @@ import time
 
 import numpy as np
 import regime
-from kernels_matmul import fma_peak
+from kernels_matmul import f16_fma_peak, fma_peak
 
 from goinfer._kernels import _config, attention, attention_fast, kv_write
 from goinfer._kernels.attention import attention_scratch, bind_attention_fast
@@ -185,9 +188,10 @@ def decode(args) -> list[dict]:
     )
     print(
         f"{'shape':<14}{'n':>6}{'dtype':>6}{'thr':>4}{'exact ms':>10}{'GB/s':>7}{'fast ms':>10}"
-        f"{'GB/s':>7}{'graph ms':>10}{'GB/s':>7}{'FMA':>6}"
+        f"{'GB/s':>7}{'graph ms':>10}{'GB/s':>7}{'FMA':>6}{'f16 floor':>10}"
     )
     peaks = {nt: fma_peak(nt) for nt in args.threads}  # GFLOP/s (0.0: portable)
+    f16_peaks = {nt: f16_fma_peak(nt) for nt in args.threads}  # the f16 mix's, likewise
     for shape in args.shapes:
         h, n_kv, hd, n_layers = (int(v) for v in shape.split("x"))
         for n in args.lengths:
@@ -223,6 +227,8 @@ def decode(args) -> list[dict]:
                     we, wf, wg = (float(np.median(res[k])) for k in ("exact", "fast", "graph"))
                     flops = 4 * h * hd * n * n_layers  # QK and AV of every query head and key
                     share = flops / wg * 1e-9 / peaks[nt] if peaks[nt] else None
+                    f16p = f16_peaks[nt] if dt == "f16" else None
+                    floor = flops / wg * 1e-9 / f16p if f16p else None
                     rows.append(
                         {
                             "table": "decode",
@@ -239,13 +245,16 @@ def decode(args) -> list[dict]:
                             "graph_GBs": nbytes / wg * 1e-9,
                             "fma_peak_GFLOPs": peaks[nt],
                             "graph_fma_share": share,
+                            "f16_fma_peak_GFLOPs": f16p,
+                            "graph_f16_floor_share": floor,
                         }
                     )
                     print(
                         f"{shape:<14}{n:>6}{dt:>6}{nt:>4}{we * 1e3:>10.2f}{nbytes / we * 1e-9:>7.1f}"
                         f"{wf * 1e3:>10.2f}{nbytes / wf * 1e-9:>7.1f}"
                         f"{wg * 1e3:>10.2f}{nbytes / wg * 1e-9:>7.1f}"
-                        + (f"{100 * share:>5.0f}%" if share is not None else f"{'-':>6}"),
+                        + (f"{100 * share:>5.0f}%" if share is not None else f"{'-':>6}")
+                        + (f"{100 * floor:>9.0f}%" if floor is not None else f"{'-':>10}"),
                         flush=True,
                     )
                 layers.clear()  # free this shape's caches before the next one

@@ -115,6 +115,18 @@ def fma_peak(threads: int) -> float:
     return importlib.import_module("goinfer._kernels.matmul")._fma_peak(threads) / 1e9
 
 
+def f16_fma_peak(threads: int) -> float:
+    """The FMA rate of the fast attention's mix over an f16 cache in GFLOP/s, measured on
+    `threads` threads at once: fma_peak's loop with a vector converted from float16 (from L1)
+    for every 4 fused multiply-adds, as QK and AV convert a key or value vector once for the 4
+    query heads of a GQA group (matmul._f16_fma_peak); only the multiply-adds are counted.  The
+    most an f16 decode attention can reach where the conversion shares the FMA ports.  0.0 for
+    the portable variant."""
+    import importlib
+
+    return importlib.import_module("goinfer._kernels.matmul")._f16_fma_peak(threads) / 1e9
+
+
 def median_time(fn, min_time=0.15, reps=7, clock=time.perf_counter):
     """Median over `reps` samples of the time per call; each sample loops >= min_time/reps."""
     fn()

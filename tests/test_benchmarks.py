@@ -213,15 +213,25 @@ def check_kernels_attention(res):
 def _check_fma_share(res):
     """decode rows: the graph's share of the float32 FMA peak measured on its threads (none on
     portable, whose probe states no peak); well above 1 would mean miscounted operations or a
-    probe slower than the kernels (the softmax's work is not counted, so a real share is lower)"""
+    probe slower than the kernels (the softmax's work is not counted, so a real share is lower);
+    f16 rows also against the f16 mix's rate (kernels_matmul.f16_fma_peak)"""
     portable = res["regime"]["goinfer"]["kernel_variant"] == "portable"
     for r in res["rows"]:
         if r["table"] != "decode":
             continue
         if portable:
             assert r["fma_peak_GFLOPs"] == 0.0 and r["graph_fma_share"] is None, r
+            assert r["f16_fma_peak_GFLOPs"] in (None, 0.0) and r["graph_f16_floor_share"] is None
         else:
             assert _pos(r["fma_peak_GFLOPs"]) and 0.0 < r["graph_fma_share"] < 1.25, r
+            if r["kv_dtype"] != "f16":
+                assert r["f16_fma_peak_GFLOPs"] is None and r["graph_f16_floor_share"] is None
+                continue
+            # the f16 mix: the FMA loop with conversions on top, so not above the FMA peak
+            # (10% for two separately timed probes); the share of it above the FMA share
+            assert _pos(r["f16_fma_peak_GFLOPs"]) and 0.0 < r["graph_f16_floor_share"] < 1.25, r
+            assert r["f16_fma_peak_GFLOPs"] < 1.1 * r["fma_peak_GFLOPs"], r
+            assert r["graph_f16_floor_share"] > 0.9 * r["graph_fma_share"], r
 
 
 def check_kernels_matmul(res):

@@ -127,11 +127,11 @@ def test_avxvnni_setting():
         assert _config.dispatch_key() == ("avx2", False, True)
 
 
-@pytest.mark.parametrize("probe", ["_int8_peak", "_fma_peak"])
+@pytest.mark.parametrize("probe", ["_int8_peak", "_fma_peak", "_f16_fma_peak"])
 @pytest.mark.parametrize("v", VARIANTS)
 def test_peak_probes(v, probe):
-    """The benchmarks' measured int8 and float32 FMA peaks (kernels_matmul.int8_peak,
-    fma_peak): a finite rate above 1 G operations/s for the SIMD variants on one and two
+    """The benchmarks' measured int8, float32 FMA and f16 attention mix peaks
+    (kernels_matmul.int8_peak, fma_peak, f16_fma_peak): a finite rate above 1 G operations/s for the SIMD variants on one and two
     threads, none (0.0) for the portable build.  No speed is asserted beyond that."""
     peak = getattr(K, probe)
     with variant(v):

@@ -55,6 +55,7 @@ cdef extern from "matmul.h" nogil:
         int mr_q, mr_f
         int64_t (*int8_probe)(int64_t reps) noexcept nogil
         int64_t (*fma_probe)(int64_t reps) noexcept nogil
+        int64_t (*f16_fma_probe)(int64_t reps) noexcept nogil
 
     const gi_matmul_ops gi_matmul_ops_portable
     const gi_matmul_ops gi_matmul_ops_avx2

@@ -114,18 +114,23 @@ def _avxvnni_used():
 cdef struct probe_args:
     const gi_matmul_ops *ops
     int64_t reps
-    bint fma
+    int kind  # 0: int8_probe, 1: fma_probe, 2: f16_fma_probe
+
+
+cdef int64_t _probe(const probe_args *a, int64_t reps) noexcept nogil:
+    if a.kind == 1:
+        return a.ops.fma_probe(reps)
+    if a.kind == 2:
+        return a.ops.f16_fma_probe(reps)
+    return a.ops.int8_probe(reps)
 
 
 cdef void _probe_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const probe_args *a = <const probe_args *>args
-    if a.fma:
-        a.ops.fma_probe(a.reps)
-    else:
-        a.ops.int8_probe(a.reps)
+    _probe(a, a.reps)
 
 
-cdef double _peak(bint fma, int nthreads, double min_time) except? -1.0:
+cdef double _peak(int kind, int nthreads, double min_time) except? -1.0:
     """Operations per second of one probe of the running variant on nthreads threads at once:
     the fastest of 3 runs of a round count whose fastest run takes at least min_time / 2 (the
     rounds double until then: a run stretched by a thread descheduled under other load does
@@ -133,8 +138,8 @@ cdef double _peak(bint fma, int nthreads, double min_time) except? -1.0:
     cdef probe_args r
     cdef int nt = check_threads(nthreads)
     r.ops = _ops()
-    r.fma = fma
-    cdef int64_t per = r.ops.fma_probe(1) if fma else r.ops.int8_probe(1)
+    r.kind = kind
+    cdef int64_t per = _probe(&r, 1)
     if per == 0:
         return 0.0
     r.reps = 1024
@@ -155,14 +160,22 @@ def _int8_peak(nthreads=1, double min_time=0.1):
     """The measured int8 peak (benchmarks): int8 operations per second (2 per multiply-add) of
     the running variant's dot-product instruction alone (gi_matmul_ops.int8_probe), on nthreads
     threads at once; 0.0 for the portable variant."""
-    return _peak(False, nthreads, min_time)
+    return _peak(0, nthreads, min_time)
 
 
 def _fma_peak(nthreads=1, double min_time=0.1):
     """The measured float32 FMA peak (benchmarks): float operations per second (2 per lane of a
     fused multiply-add) on the running variant's float vector (gi_matmul_ops.fma_probe), on
     nthreads threads at once; 0.0 for the portable variant."""
-    return _peak(True, nthreads, min_time)
+    return _peak(1, nthreads, min_time)
+
+
+def _f16_fma_peak(nthreads=1, double min_time=0.1):
+    """The FMA rate of the f16 attention mix (benchmarks): float operations per second of the
+    fused multiply-adds of gi_matmul_ops.f16_fma_probe (a vector converted from float16 for
+    every 4 of them, as QK and AV over an f16 cache for 4 query heads per kv head), on nthreads
+    threads at once: the most an f16 decode attention can reach; 0.0 for portable."""
+    return _peak(2, nthreads, min_time)
 
 
 cdef inline void *_data(cnp.ndarray a) noexcept:

@@ -73,6 +73,11 @@ typedef struct gi_matmul_ops {
        variant's float vector (AVX-512: zmm, AVX2: ymm), nothing else; returns the float
        operations done (2 per lane; portable: 0, no probe). */
     int64_t (*fma_probe)(int64_t reps);
+    /* The f16 attention mix probe: as fma_probe, with a vector converted from float16 (read
+       from L1) for every 4 fused multiply-adds, the mix of the fast attention's QK and AV over
+       an f16 cache for a GQA group of 4 (a key or value vector converted once, used by the 4
+       query heads); returns the float operations of the multiply-adds alone (portable: 0). */
+    int64_t (*f16_fma_probe)(int64_t reps);
 } gi_matmul_ops;
 
 extern const gi_matmul_ops gi_matmul_ops_portable, gi_matmul_ops_avx2, gi_matmul_ops_avx512;

@@ -54,6 +54,7 @@
 #define FPROBE_SET1 _mm256_set1_ps
 #define FPROBE_STEP(acc, a, b) _mm256_fmadd_ps((acc), (a), (b))
 #define FPROBE_LANE0 _mm256_cvtss_f32
+#define F16PROBE_LOAD(p) _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(p)))
 #define FPROBE_OPS 16
 
 

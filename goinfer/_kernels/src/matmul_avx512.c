@@ -44,6 +44,7 @@
 #define FPROBE_SET1 _mm512_set1_ps
 #define FPROBE_STEP(acc, a, b) _mm512_fmadd_ps((acc), (a), (b))
 #define FPROBE_LANE0 _mm512_cvtss_f32
+#define F16PROBE_LOAD(p) _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p)))
 #define FPROBE_OPS 32
 
 

@@ -384,9 +384,41 @@ PEAK_PROBE(fma_probe, FPROBE_T, FPROBE_SET1, FPROBE_STEP, FPROBE_LANE0, FPROBE_O
 static int64_t GI(fma_probe)(int64_t reps) { (void)reps; return 0; }
 #endif
 
+/* gi_matmul_ops.f16_fma_probe: 12 accumulators as fma_probe, each step's multiplier one of 3
+   vectors converted from float16 in its round (F16PROBE_LOAD; 0.999, so acc stays near 1), so
+   1 conversion per 4 multiply-adds; the rounds alternate between two copies of the source so
+   that no conversion is hoisted out of the loop.  Returns the float operations of the
+   multiply-adds (2 per lane). */
+#if FPROBE_OPS > 0
+static int64_t GI(f16_fma_probe)(int64_t reps) {
+    uint16_t h[2][3][FPROBE_OPS / 2] __attribute__((aligned(64)));
+    for (int i = 0; i < 2 * 3 * (FPROBE_OPS / 2); i++) (&h[0][0][0])[i] = 0x3BFE; /* 0.99902 */
+    FPROBE_T acc[12];
+    const FPROBE_T b = FPROBE_SET1(0.001f);
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = FPROBE_SET1((float)i);
+    for (int64_t n = 0; n < reps; n++) {
+        const uint16_t *p = &h[n & 1][0][0];
+        __asm__("" : "+r"(p));
+        FPROBE_T k[3];
+        _Pragma("GCC unroll 3") for (int c = 0; c < 3; c++) k[c] = F16PROBE_LOAD(p + c * (FPROBE_OPS / 2));
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) {
+            acc[i] = FPROBE_STEP(acc[i], k[i % 3], b);
+            __asm__("" : "+v"(acc[i]));
+        }
+    }
+    float sink = 0;
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) sink += FPROBE_LANE0(acc[i]);
+    volatile float keep = sink;
+    (void)keep;
+    return reps * 12 * (FPROBE_OPS);
+}
+#else
+static int64_t GI(f16_fma_probe)(int64_t reps) { (void)reps; return 0; }
+#endif
+
 /* ============================================================================ table */
 
 const gi_matmul_ops GI(gi_matmul_ops) = {
     GI(quantize_act), GI(matmul_q), GI(matmul_f), GI(get_rows), MR_Q, FG_MR, GI(int8_probe),
-    GI(fma_probe),
+    GI(fma_probe), GI(f16_fma_probe),
 };
