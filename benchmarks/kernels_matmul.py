@@ -8,6 +8,7 @@ one gpt-oss-20b expert shape).
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q4km-1b --M 1 512 --kinds q4_k q4_1 q6_k q8_0
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set q5-270m --M 1 64 --kinds q5_0 q8_0
     PYTHONPATH=. python benchmarks/kernels_matmul.py --set gemv-l2 --M 1 --threads 1 --min-time 1
+    PYTHONPATH=. python benchmarks/kernels_matmul.py --peaks 8 --threads 1 2 --M   # peaks only
 
 For every (shape, kind, M, threads) it prints the median time of one matmul call (the
 activation already quantized), and
@@ -20,7 +21,10 @@ activation already quantized), and
 quantize_act is timed separately (it is shared by all the matmuls that read one activation).
 Column thr: requested threads, "2>1" when the work is too small and the kernel uses fewer.
 Times are medians of 7 samples; on a shared machine 2-thread rows suffer most from noise.
---smoke: one shape, M 1 and 16, one thread, minimal timing (the test suite).
+--peaks R: first the variant's float32 FMA peak and the f16 attention mix's rate (f16_fma_peak)
+on each --threads, R alternating rounds: medians and the median ratio of the mix to the FMA
+peak (what an f16 decode attention can reach at most); an empty --M times no matmul.
+--smoke: one shape, M 1 and 16, one thread, minimal timing, 2 rounds of --peaks (the test suite).
 """
 
 from __future__ import annotations
@@ -127,6 +131,41 @@ def f16_fma_peak(threads: int) -> float:
     return importlib.import_module("goinfer._kernels.matmul")._f16_fma_peak(threads) / 1e9
 
 
+def float_peaks(threads, rounds: int, min_time: float) -> list[dict]:
+    """--peaks: per thread count, `rounds` alternating measurements of fma_peak and
+    f16_fma_peak (GFLOP/s, medians) and the median of their paired ratios (None on portable,
+    whose probes state no peak); printed as measured."""
+    import importlib
+
+    m = importlib.import_module("goinfer._kernels.matmul")
+    rows = []
+    for t in threads if rounds > 0 else []:
+        fma, mix = [], []
+        for _ in range(rounds):
+            fma.append(m._fma_peak(t, min_time=min_time) / 1e9)
+            mix.append(m._f16_fma_peak(t, min_time=min_time) / 1e9)
+        ratio = float(np.median(np.array(mix) / np.array(fma))) if fma[0] > 0 else None
+        rows.append(
+            {
+                "threads": t,
+                "rounds": rounds,
+                "fma_GFLOPs": float(np.median(fma)),
+                "f16_mix_GFLOPs": float(np.median(mix)),
+                "mix_over_fma": ratio,
+            }
+        )
+        th = f"{t} thread{'s' if t > 1 else ''}"
+        if ratio is None:
+            print(f"{th}: no float peak probes (portable)", flush=True)
+            continue
+        print(
+            f"{th}: float32 FMA peak {np.median(fma):.1f} GFLOP/s, f16 attention mix "
+            f"{np.median(mix):.1f} GFLOP/s, ratio {ratio:.3f} ({rounds} alternating rounds, medians)",
+            flush=True,
+        )
+    return rows
+
+
 def median_time(fn, min_time=0.15, reps=7, clock=time.perf_counter):
     """Median over `reps` samples of the time per call; each sample loops >= min_time/reps."""
     fn()
@@ -148,7 +187,7 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--M", type=int, nargs="+", default=[1, 16, 64, 512])
+    ap.add_argument("--M", type=int, nargs="*", default=[1, 16, 64, 512])
     ap.add_argument(
         "--kinds",
         nargs="+",
@@ -169,13 +208,16 @@ def main(argv=None):
     )
     ap.add_argument("--min-time", type=float, default=0.15)
     ap.add_argument(
+        "--peaks", type=int, default=0, metavar="ROUNDS", help="FMA and f16 mix peaks first"
+    )
+    ap.add_argument(
         "--smoke", action="store_true", help="one shape, minimal timing (the test suite)"
     )
     regime.add_json_arg(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.threads, args.M, args.kinds = [1], [1, 16], ["q4_0", "q8_0", "q6_k", "q4_k"]
-        args.cold_mb, args.min_time = 1.0, 0.001
+        args.cold_mb, args.min_time, args.peaks = 1.0, 0.001, 2
     if args.variant:
         _config.set_variant(args.variant)
     peaks = {t: int8_peak(t) for t in range(1, max(args.threads) + 1)}  # GOP/s, measured
@@ -185,6 +227,7 @@ def main(argv=None):
         "set": args.set,
         "clock": args.clock,
         "peak_GOPs": {str(t): p for t, p in peaks.items()},
+        "float_peaks": [],
         "rows": [],
         "quantize_act": [],
     }
@@ -192,6 +235,7 @@ def main(argv=None):
         f"variant {_config.variant()}, OpenMP {_config.openmp_enabled()}, measured int8 peak: "
         + ", ".join(f"{p:.0f} GOP/s on {t} thread{'s' if t > 1 else ''}" for t, p in peaks.items())
     )
+    res["float_peaks"] = float_peaks(args.threads, args.peaks, 0.005 if args.smoke else 0.3)
     rng = np.random.default_rng(0)
     hdr = (
         f"{'shape':21s} {'kind':5s} {'M':>4s} {'thr':>5s} {'us':>10s}  "

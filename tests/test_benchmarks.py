@@ -245,6 +245,15 @@ def check_kernels_matmul(res):
     for r in (r for r in res["rows"] if r["M"] > 1):
         assert r["peak_GOPs"] == res["peak_GOPs"][str(r["threads_used"])]
     assert len(res["quantize_act"]) == 3 and all(_pos(q["GBs"]) for q in res["quantize_act"])
+    # --peaks (2 rounds in the smoke run): the f16 mix converts on top of the FMA loop, so it
+    # is not above the FMA peak (10% for separately timed probes); none on portable
+    (fp,) = res["float_peaks"]
+    assert fp["threads"] == 1 and fp["rounds"] == 2
+    if simd:
+        assert _pos(fp["fma_GFLOPs"]) and _pos(fp["f16_mix_GFLOPs"])
+        assert 0.0 < fp["mix_over_fma"] < 1.1
+    else:
+        assert fp["fma_GFLOPs"] == fp["f16_mix_GFLOPs"] == 0.0 and fp["mix_over_fma"] is None
 
 
 def check_kernels_ssm(res):
