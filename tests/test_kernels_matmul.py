@@ -131,8 +131,9 @@ def test_avxvnni_setting():
 @pytest.mark.parametrize("v", VARIANTS)
 def test_peak_probes(v, probe):
     """The benchmarks' measured int8, float32 FMA and f16 attention mix peaks
-    (kernels_matmul.int8_peak, fma_peak, f16_fma_peak): a finite rate above 1 G operations/s for the SIMD variants on one and two
-    threads, none (0.0) for the portable build.  No speed is asserted beyond that."""
+    (kernels_matmul.int8_peak, fma_peak, f16_fma_peak): a finite rate above 1 G operations/s
+    for the SIMD variants on one and two threads, none (0.0) for the portable build.  No speed
+    is asserted beyond that."""
     peak = getattr(K, probe)
     with variant(v):
         one = peak(1, min_time=0.005)
