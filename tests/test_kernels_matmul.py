@@ -782,6 +782,31 @@ def test_matmul_q5_extremes(kind, M):
         check_matmul(x, pack_q5(kind, q, d, mn), check_rows=M < 5)
 
 
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("M", [1, 3, 33])
+def test_matmul_fold_extremes(kind, M):
+    """The group sums at their largest magnitude, where the AVX-VNNI GEMM's fold reads the
+    int32 sum as a float (started at 1.5*2^23, so the sum must stay within 2^22): q8_0 codes
+    -128 and 127 against activations of +-127 (|isum| = 32*128*127), q4 codes 15 and 0 (q4_0
+    with its -8*asum at 8*32*127): the contract's bits, every variant and split, AMX included
+    (M = 33)."""
+    n_out, Kd = 40, 512
+    x = np.full((M, Kd), 1.0, np.float32)
+    x[:, Kd // 2 :] = -1.0
+    G = Kd // GROUP
+    d = np.full((n_out, G), 0.5, np.float16)
+    d[::3] = -65504.0  # the largest float16 magnitude
+    for lo, hi in ((-128, 127), (127, -128)) if kind == "q8_0" else ((0, 15), (15, 0)):
+        q = np.full((n_out, Kd), lo, np.int8 if kind == "q8_0" else np.uint8)
+        q[1::2] = hi
+        q[2::4, ::5] = lo // 2
+        if kind == "q8_0":
+            w = pack_q8(q, d)
+        else:
+            w = pack_q4(kind, q, d, np.full((n_out, G), -0.25, np.float16) if kind == "q4_1" else None)
+        check_matmul(x, w, check_rows=M < 5)
+
+
 @pytest.mark.parametrize("kind", ["q6_k", "q4_k", "q5_k", "q5_0", "q5_1"])
 def test_matmul_k_quants_seven_threads(kind):
     """More threads than row blocks or activation tiles (7): every share's tile still gives
