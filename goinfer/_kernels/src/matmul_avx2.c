@@ -810,16 +810,10 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
    16*asum; q6_k: q6_negsums; a BIASED kind: FOLD_BIAS minus that), da (mr,), sa (mr,) f32 */
 #define PANEL_STRIDE(mr) ((mr) * 48)
 
-/* The int32 -> float32 of the fold without vcvtdq2ps (ports 0 and 1, which every vpdpbusd
-   and FMA also needs): a BIASED kind's int32 sums start at FOLD_BIAS - cb instead of 0, so
-   their bits read as a float are 1.5*2^23 + isum - cb exactly (the binade [2^23, 2^24) steps by
-   1 and |isum - cb| <= 32*128*127 < 2^22), and one float subtraction (an adder on port 1 or 5
-   on Intel cores from Golden Cove) gives the float vcvtdq2ps would, bit for bit.  BIASED: the
-   kinds whose sums start from a value anyway (every kind with AVX-VNNI, q5 by vpmaddwd
-   without), q6_k's by sub-block sums (H below) apart.  Measured on Emerald Rapids with
-   AVX-VNNI, 1B shapes, M = 512, one thread: q4_0 1.07-1.10x, q4_k 1.01-1.07x, q8_0 1.00x. */
-#define FOLD_BIAS 0x4B400000
-#define FOLD_BIAS_F 12582912.0f
+/* FOLD_BIAS (matmul_impl.h) for the kinds whose int32 sums start from a value anyway (every
+   kind with AVX-VNNI, q5 by vpmaddwd without): they start at FOLD_BIAS - cb, and with AVX-VNNI
+   q6_k's sub-block sums (H below) at FOLD_BIAS.  Measured on Emerald Rapids with AVX-VNNI, 1B
+   shapes, M = 512, one thread: q4_0 1.07-1.10x, q4_k 1.01-1.07x, q8_0 1.00x. */
 #define BIASED(kind) ((VNNI && (kind) != GI_Q6_K) || IS_Q5(kind))
 
 /* Rows [m, m+mr), groups [g0, g1) of the activation -> panel ((g1-g0) x PANEL_STRIDE(mr) bytes). */

@@ -156,6 +156,14 @@ GI_INLINE int quant_one(float v, float inv) {
    the AVX-512 / AVX2 kernels' unsigned operands, not to the contract) */
 #define CODE_OFF(kind) ((kind) == GI_Q4_0 ? 8 : (kind) == GI_Q5_0 ? 16 : 0)
 
+/* The int32 -> float32 of the fold without vcvtdq2ps, which on Intel cores shares ports 0 and 1
+   (0 and 5 for 512 bits) with every vpdpbusd and FMA: an int32 group sum started at FOLD_BIAS
+   instead of 0 reads as the float 1.5*2^23 + isum exactly (the binade [2^23, 2^24) steps by 1,
+   and every kind's |isum| <= 32*128*127 < 2^22), so subtracting FOLD_BIAS_F (an adder: ports
+   1 and 5 from Golden Cove) gives the float the conversion would, bit for bit. */
+#define FOLD_BIAS 0x4B400000
+#define FOLD_BIAS_F 12582912.0f
+
 /* q4_k / q5_k: 6-bit scale and min of sub-block s (0..7) of row r, from the super-block's 12
    lines ks (12, 16) (GGUF's get_scale_min_k4, one row) */
 GI_INLINE void qk_scale_min(const uint8_t *ks, int r, int s, int *sc, int *mn) {
