@@ -264,6 +264,21 @@ static void qk_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, in
         }
 }
 
+/* q6_k (the AVX-VNNI GEMM): the sub-block scales of units [u0, u1), groups [g0, g1) as
+   float32, each unit's (g1 - g0, 2, 8) in turn: per group the 8 rows' scales of its low 16 k,
+   then of its high 16 (the layout of qk_decode) */
+static void q6_decode(const gi_weight *w, int64_t u0, int64_t u1, int64_t g0, int64_t g1, float *dst) {
+    const int64_t G = w->n_in / GI_GROUP;
+    const __m128i eo = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t g = g0; g < g1; g++, dst += 16) {
+            const __m128i v = _mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(w->sc + ((u >> 1) * G + g) * 32 + (u & 1) * 16)), eo);
+            _mm256_storeu_ps(dst, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+            _mm256_storeu_ps(dst + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+        }
+}
+
 /* Unit u is half (u & 1) of row block u >> 1: bytes [32*h, 32*h+32) of each 64-byte line
    (rows 8h..8h+7), and d[.., 8h..8h+7]. */
 GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight *w,
@@ -807,7 +822,9 @@ GI_INLINE void ftile(const int KIND, const int RB, const int MR, const gi_weight
 #endif
 
 /* Panel bytes per group for mr rows: qa (mr, 32) int8, cb (mr,) int32 (q4_0: 8*asum; q5_0:
-   16*asum; q6_k: q6_negsums; a BIASED kind: FOLD_BIAS minus that), da (mr,), sa (mr,) f32 */
+   16*asum; q6_k: q6_negsums; a BIASED kind: FOLD_BIAS minus that; q6_k with AVX-VNNI: its low
+   sub-block's start FOLD_BIAS - 32*lo), da (mr,), sa (mr,) f32, then (q6_k with AVX-VNNI) the
+   high sub-block's start (mr,) int32 */
 #define PANEL_STRIDE(mr) ((mr) * 48)
 
 /* FOLD_BIAS (matmul_impl.h) for the kinds whose int32 sums start from a value anyway (every
@@ -828,6 +845,11 @@ static void pack_panel(const gi_qact *a, int kind, int64_t m, int mr, int64_t g0
             _mm256_storeu_si256((__m256i *)(p + i * 32), _mm256_loadu_si256((const __m256i *)(qa + g * GI_GROUP)));
             int32_t cb = kind == GI_Q6_K ? q6_negsums(qa + g * GI_GROUP, as[g]) : CODE_OFF(kind) * as[g];
             if (BIASED(kind)) cb = FOLD_BIAS - cb;
+            if (VNNI && kind == GI_Q6_K) {  /* the two sub-blocks' starts (q6_negsums: -lo, -hi) */
+                const int32_t c1 = FOLD_BIAS + 32 * (int32_t)(int16_t)((uint32_t)cb >> 16);
+                cb = FOLD_BIAS + 32 * (int32_t)(int16_t)(uint32_t)cb;
+                memcpy(p + mr * 44 + i * 4, &c1, 4);
+            }
             memcpy(p + mr * 32 + i * 4, &cb, 4);
             memcpy(p + mr * 36 + i * 4, da + g, 4);
             memcpy(p + mr * 40 + i * 4, sa + g, 4);
@@ -939,19 +961,15 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
             __m256i sv[2][2];                                                   /* [half][lo/hi sub-block] */
             /* q6_k with VNNI (as the avx512 GEMM): per sub-block, H = the exact int32 vpdpbusd
                of the codes started at -32 x the sub-block's activation sum, so |H| <= 16*32*127
-               < 2^16 (started at FOLD_BIAS, read as a float less 1.5*2^23); then isum =
-               fma(H1, sc1, H0*sc0) in float32, exact (every partial result an integer below
-               2^24): scf the rows' scales as floats, hf H0*sc0 meanwhile */
-            float scf[2][2][8] __attribute__((aligned(32))), hf[2][MAXMR][8] __attribute__((aligned(32)));
+               < 2^16 (started at FOLD_BIAS, the panel's starts, read as a float less
+               1.5*2^23); then isum = fma(H1, sc1, H0*sc0) in float32, exact (every partial
+               result an integer below 2^24): scf the rows' scales as floats (q6_decode's, per
+               chunk), hf H0*sc0 meanwhile */
+            float hf[2][MAXMR][8] __attribute__((aligned(32)));
 #pragma GCC unroll 2
             for (int r = 0; r < 2; r++) {
-                if (VNNI && KIND == GI_Q6_K) {
-                    const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
-                    const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(sg + r * 16)),
-                                                        _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-                    _mm256_store_ps(scf[r][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eo)));
-                    _mm256_store_ps(scf[r][1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8))));
-                } else if (KIND == GI_Q6_K) {
+                if (VNNI && KIND == GI_Q6_K) continue;  /* its sums start per sub-block, below */
+                if (KIND == GI_Q6_K) {
                     const int8_t *sg = w->sc + (rb * G + g0 + g) * 32;            /* (16, 2) */
                     const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sg + r * 16)));
                     sv[r][0] = _mm256_shuffle_epi8(v, plo);
@@ -970,9 +988,9 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                 if (VNNI && KIND == GI_Q6_K)  /* H of sub-block hi starts at -32 x its activation sum */
 #pragma GCC unroll 16
                     for (int i = 0; i < MR; i++) {
-                        const int32_t ns = (int32_t)(int16_t)((uint32_t)cb[i] >> (16 * hi)); /* q6_negsums */
+                        const __m256i h0 = _mm256_set1_epi32((hi ? (const int32_t *)(pg + MR * 44) : cb)[i]);
 #pragma GCC unroll 2
-                        for (int r = 0; r < 2; r++) s[r][i] = _mm256_set1_epi32(FOLD_BIAS + 32 * ns);
+                        for (int r = 0; r < 2; r++) s[r][i] = h0;
                     }
 #pragma GCC unroll 2
                 for (int cp = 0; cp < 2; cp++) {                 /* lines c = 2cp, 2cp+1: one sub-block's int16 sums */
@@ -1016,16 +1034,18 @@ GI_INLINE void qgemm2(const int KIND, const int MR, const int UNP, const gi_weig
                 }
                 if (VNNI && KIND == GI_Q6_K)  /* hf = H0*sc0, then s = the float isum's bits */
 #pragma GCC unroll 2
-                    for (int r = 0; r < 2; r++)
+                    for (int r = 0; r < 2; r++) {
+                        const float *scf = ksd + (r * (g1 - g0) + g) * 16;        /* (2, 8) */
 #pragma GCC unroll 16
                         for (int i = 0; i < MR; i++) {
                             const __m256 h = _mm256_sub_ps(_mm256_castsi256_ps(s[r][i]), _mm256_set1_ps(FOLD_BIAS_F));
                             if (hi == 0)
-                                _mm256_store_ps(hf[r][i], _mm256_mul_ps(h, _mm256_load_ps(scf[r][0])));
+                                _mm256_store_ps(hf[r][i], _mm256_mul_ps(h, _mm256_loadu_ps(scf)));
                             else
-                                s[r][i] = _mm256_castps_si256(_mm256_fmadd_ps(h, _mm256_load_ps(scf[r][1]),
+                                s[r][i] = _mm256_castps_si256(_mm256_fmadd_ps(h, _mm256_loadu_ps(scf + 8),
                                                                               _mm256_load_ps(hf[r][i])));
                         }
+                    }
             }
         } else if (KIND != GI_Q8_0) {
             const uint8_t *ug = uq + g * UNP_GROUP_BYTES, *lg = wq + g * NL * 64;
@@ -1185,7 +1205,8 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
     chunk = chunk < 1 ? 1 : chunk;
     const size_t panel_bytes = ((size_t)kb * PANEL_STRIDE(QG2_MR) + 63) & ~(size_t)63;
     const size_t uq_bytes = unp ? (size_t)chunk * kb * UNP_GROUP_BYTES : 0;
-    const size_t ksd_bytes = IS_QK(kind) ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
+    const int dec = IS_QK(kind) || (VNNI && kind == GI_Q6_K);            /* scales decoded per chunk */
+    const size_t ksd_bytes = dec ? (size_t)chunk * kb * 128 : 0;   /* (chunk, 2, kb, 2, 8) float */
     uint8_t *panel = scratch_buffer(panel_bytes + uq_bytes + ksd_bytes);
     if (!panel) return 0;
     uint8_t *uq = panel + panel_bytes;
@@ -1196,6 +1217,7 @@ static int gemm2(const gi_weight *w, const gi_qact *a, int64_t m0, int64_t m1, i
             const int64_t g1 = min64(g0 + kb, G);
             if (unp) unpack_codes(w, c0, c1, g0, g1, uq);
             if (IS_QK(kind)) qk_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
+            if (VNNI && kind == GI_Q6_K) q6_decode(w, 2 * c0, 2 * c1, g0, g1, ksd);
             for (int64_t t = 0; t < nt; t++) {
                 const int64_t ma = m0 + t * M / nt, mr = m0 + (t + 1) * M / nt - ma;
                 pack_panel(a, kind, ma, (int)mr, g0, g1, panel);
