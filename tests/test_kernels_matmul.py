@@ -800,10 +800,8 @@ def test_matmul_fold_extremes(kind, M):
         q = np.full((n_out, Kd), lo, np.int8 if kind == "q8_0" else np.uint8)
         q[1::2] = hi
         q[2::4, ::5] = lo // 2
-        if kind == "q8_0":
-            w = pack_q8(q, d)
-        else:
-            w = pack_q4(kind, q, d, np.full((n_out, G), -0.25, np.float16) if kind == "q4_1" else None)
+        mn = np.full((n_out, G), -0.25, np.float16) if kind == "q4_1" else None
+        w = pack_q8(q, d) if kind == "q8_0" else pack_q4(kind, q, d, mn)
         check_matmul(x, w, check_rows=M < 5)
 
 
