@@ -309,6 +309,8 @@ CASES = [
     (9, 4, 2, 96, 5, 7, 0.0, 17),  # odd block size
     (4, 3, 3, 8, 64, 0, 0.0, 150),  # tiny head_dim, block 64
     (20, 3, 1, 64, 12, 0, 0.0, 0),  # block 12 (not a multiple of the vector width)
+    (12, 8, 2, 64, 16, 0, 0.0, 200),  # 14 blocks: AV over several spans of blocks (avx2: 8)
+    (10, 16, 2, 128, 8, 40, 0.0, 170),  # a window across span boundaries, 8 rows in 2 passes
 ]
 
 

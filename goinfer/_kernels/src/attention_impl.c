@@ -20,10 +20,11 @@
  *   QK  vectorized across the keys of a block (k_cache is transposed per block), register
  *       blocked RB rows x NV key vectors, d innermost;
  *   softmax per row over its own range, in a per-thread score scratch (R x span doubles);
- *   AV  vectorized across d, register blocked RB rows x DV vectors of d, keys in order,
- *       block by block (a V block is read once; its d-chunks run from L1).
- * Where the R rows do not fit the registers, QK and AV run them in passes of at most QK_PASS /
- * AV_PASS rows over each key group / V block while it is in L1.
+ *   AV  vectorized across d, register blocked RB rows x DV vectors of d: one d-chunk at a
+ *       time over all the item's keys in order, its accumulators in registers throughout.
+ * Where the R rows do not fit the registers, QK runs them in passes of at most QK_PASS rows
+ * over each key group while it is in L1, AV in passes of at most AV_PASS rows over each
+ * d-chunk (an f16 or q8_0 chunk converted to double once for all passes).
  * A row's operation sequence does not depend on the other rows of its tile: lanes of keys
  * outside a row's range are computed (where the block is shared) but never used.
  *
@@ -401,17 +402,45 @@ GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, i
     }
 }
 
-/* keys [j0, j1] of one block (relative to kbase; row of key j at vb + (j - jb) * vrb bytes),
- * d-chunk [d0, d0 + DV*VD_N) of the RB rows r0..: the accumulators come from and go back to
- * c->o (and l when FIRST), so each block is read from memory once while its d-chunks (and
- * passes) run from L1; the first pass prefetches the next block. */
-GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int DT,
-                        const item_ctx *c, int64_t r0, const char *vb, const char *vnext,
-                        int64_t vrb, int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
-                        int64_t clo, int64_t chi, double *l) {
+/* The keys of an item run in spans of AV_SPAN blocks: per span, d-chunk and pass, the
+ * accumulators are loaded from c->o, stay in registers over the span's keys and are stored
+ * back.  AVX-512 (no passes) runs all keys as one span; avx2 (two passes, each span's chunk
+ * converted to double once for both) spans of 8 blocks, whose converted chunk stays in L1 (a
+ * whole item's chunk made 16x2x128 1.07x slower).  The AV of a 512-token causal prefill (f16,
+ * one thread, Zen 4) against spans of one block: avx512-vnni 16.0 -> 13.0 ms (32x8x64) and
+ * 30.2 -> 25.4 (32x8x128); avx2 16.4 -> 15.7 and 31.4 -> 29.7; 16x2x128 alike on both. */
+#if defined(GI_VARIANT_AVX2)
+#define AV_SPAN 8
+#else
+#define AV_SPAN ((int64_t)1 << 40)
+#if AV_PASS < GI_ATTN_RMAX
+#error "AV passes convert a span's chunk into scratch: AV_SPAN must be a few blocks"
+#endif
+#endif
+
+/* the key range [j0, j1] of blocks [s0, s1] of the item (relative to kbase) */
+GI_INLINE void span_keys(const item_ctx *c, int64_t bs, int64_t s0, int64_t s1, int64_t *j0,
+                         int64_t *j1) {
+    const int64_t a0 = (s0 - c->b0) * bs, a1 = (s1 - c->b0 + 1) * bs - 1;
+    *j0 = c->jmin > a0 ? c->jmin : a0;
+    *j1 = c->jmax < a1 ? c->jmax : a1;
+}
+
+/* d-chunk [d0, d0 + DV*VD_N) of the RB rows r0.. over the keys of blocks [s0, s1] in order,
+ * the accumulators (and l when FIRST, in every lane of lacc[r]) from c->o and back.  Keys are
+ * read from the cache blocks (DT), or with DT = GI_KV_F64 from the span's chunk converted to
+ * double (c->vd: key j at (j - first key) * DV * VD_N).  FIRST and r0 == 0 prefetch the next
+ * block's V rows. */
+GI_INLINE void av_span(const int RB, const int DV, const int FIRST, const int DT,
+                       const gi_attn_args *a, const item_ctx *c, int64_t r0, int64_t s0,
+                       int64_t s1, int64_t d0, int64_t clo, int64_t chi, double *l) {
     vd acc[GI_ATTN_RMAX][GI_MAXV], lacc[GI_ATTN_RMAX];
-    const int64_t ss = c->ss, *lo = c->lo + r0, *hi = c->hi + r0;
+    const int64_t hd = a->hd, bs = a->bs, ss = c->ss, *lo = c->lo + r0, *hi = c->hi + r0;
+    const int CONV = DT == GI_KV_F64;
+    const int64_t hb = CONV ? 0 : gi_kv_head_bytes(DT, hd, bs);
+    const int64_t vrb = CONV ? 0 : gi_kv_vrow_bytes(DT, hd);
     double *o = c->o + r0 * hd;
+    const double *vp = c->vd; /* CONV: the next key's converted chunk */
     l += r0;
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
@@ -419,17 +448,33 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int D
 #pragma GCC unroll 8
         for (int v = 0; v < DV; v++) acc[r][v] = vd_load(o + r * hd + d0 + v * VD_N);
     }
-    for (int64_t j = j0; j <= j1; j++) {
-        const char *vr = vb + (j - jb) * vrb;
-        if (FIRST && r0 == 0 && vnext) /* the next block's row of this offset, all of it */
-            for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
-        vd vv[GI_MAXV];
-        v_load(DV, DT, vr, hd, d0, vv);
-        const double *e = c->sc + r0 * ss + j;
-        if (j >= clo && j <= chi)
-            AV_KEY(0);
-        else
-            AV_KEY(1);
+    for (int64_t bi = s0; bi <= s1; bi++) {
+        int64_t j0, j1;
+        span_keys(c, bs, bi, bi, &j0, &j1);
+        const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
+        const char *vb = 0, *vnext = 0;
+        if (!CONV) {
+            vb = (const char *)a->v_cache + (a->block_table[bi] * a->n_kv + c->kvh) * hb;
+            if (FIRST && r0 == 0 && bi < c->b1)
+                vnext = (const char *)a->v_cache +
+                        (a->block_table[bi + 1] * a->n_kv + c->kvh) * hb;
+        }
+        for (int64_t j = j0; j <= j1; j++) {
+            vd vv[GI_MAXV];
+            if (CONV) {
+                v_load(DV, GI_KV_F64, (const char *)vp, hd, 0, vv);
+                vp += DV * VD_N;
+            } else {
+                if (vnext) /* the next block's row of this offset, all of it */
+                    for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
+                v_load(DV, DT, vb + (j - jb) * vrb, hd, d0, vv);
+            }
+            const double *e = c->sc + r0 * ss + j;
+            if (j >= clo && j <= chi)
+                AV_KEY(0);
+            else
+                AV_KEY(1);
+        }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++) {
@@ -439,55 +484,60 @@ GI_INLINE void av_block(const int RB, const int DV, const int FIRST, const int D
     }
 }
 
-/* keys [j0, j1] of one block, d-chunk [d0, d0 + DV*VD_N), in double: vd_ (j1 - j0 + 1, DV,
- * VD_N); with FIRST the next block's rows are prefetched, as av_block's first pass does */
-GI_INLINE void v_convert(const int DV, const int FIRST, const int DT, const char *vb,
-                         const char *vnext, int64_t vrb, int64_t jb, int64_t j0, int64_t j1,
-                         int64_t hd, int64_t d0, double *vd_) {
-    for (int64_t j = j0; j <= j1; j++) {
-        if (FIRST)
-            for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
-        vd vv[GI_MAXV];
-        v_load(DV, DT, vb + (j - jb) * vrb, hd, d0, vv);
+/* d-chunk [d0, d0 + DV*VD_N) of the keys of blocks [s0, s1] in double, key-major: vd_
+ * (keys, DV, VD_N), as av_span reads it; with FIRST the next block's V rows are prefetched */
+GI_INLINE void v_convert(const int DV, const int FIRST, const int DT, const gi_attn_args *a,
+                         const item_ctx *c, int64_t s0, int64_t s1, int64_t d0, double *vd_) {
+    const int64_t hd = a->hd, bs = a->bs;
+    const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
+    for (int64_t bi = s0; bi <= s1; bi++) {
+        int64_t j0, j1;
+        span_keys(c, bs, bi, bi, &j0, &j1);
+        const int64_t jb = (bi - c->b0) * bs;
+        const char *vb = (const char *)a->v_cache + (a->block_table[bi] * a->n_kv + c->kvh) * hb;
+        const char *vnext = 0;
+        if (FIRST && bi < c->b1)
+            vnext = (const char *)a->v_cache + (a->block_table[bi + 1] * a->n_kv + c->kvh) * hb;
+        for (int64_t j = j0; j <= j1; j++) {
+            if (vnext)
+                for (int64_t f = 0; f < vrb; f += 64) GI_PREFETCH(vnext + (j - jb) * vrb + f);
+            vd vv[GI_MAXV];
+            v_load(DV, DT, vb + (j - jb) * vrb, hd, d0, vv);
 #pragma GCC unroll 8
-        for (int v = 0; v < DV; v++) vd_store(vd_ + ((j - j0) * DV + v) * VD_N, vv[v]);
+            for (int v = 0; v < DV; v++) vd_store(vd_ + v * VD_N, vv[v]);
+            vd_ += DV * VD_N;
+        }
     }
 }
 
-/* av_block over the R rows in passes of P (the last: the rest).  With more than one pass an
+/* av_span over the R rows in passes of P (the last: the rest).  With more than one pass an
  * f16 or q8_0 chunk is converted to double first (c->vd), once rather than per pass. */
 GI_INLINE void av_passes(const int R, const int P, const int DV, const int FIRST, const int DT,
-                         const item_ctx *c, const char *vb, const char *vnext, int64_t vrb,
-                         int64_t jb, int64_t j0, int64_t j1, int64_t hd, int64_t d0,
-                         int64_t clo, int64_t chi, double *l) {
+                         const gi_attn_args *a, const item_ctx *c, int64_t s0, int64_t s1,
+                         int64_t d0, int64_t clo, int64_t chi, double *l) {
     const int np = (R + P - 1) / P, PL = R - (np - 1) * P;
     const int nfull = PL == P ? np : np - 1;
     if (np > 1 && DT != GI_KV_F32) {
-        const int64_t crb = (int64_t)DV * VD_N * (int64_t)sizeof(double);
-        v_convert(DV, FIRST, DT, vb, vnext, vrb, jb, j0, j1, hd, d0, c->vd);
+        v_convert(DV, FIRST, DT, a, c, s0, s1, d0, c->vd);
         for (int p = 0; p < nfull; p++)
-            av_block(P, DV, FIRST, GI_KV_F64, c, (int64_t)p * P, (const char *)c->vd, 0, crb,
-                     j0, j0, j1, hd, d0, clo, chi, l);
+            av_span(P, DV, FIRST, GI_KV_F64, a, c, (int64_t)p * P, s0, s1, d0, clo, chi, l);
         if (PL != P)
-            av_block(PL, DV, FIRST, GI_KV_F64, c, (int64_t)(np - 1) * P, (const char *)c->vd, 0,
-                     crb, j0, j0, j1, hd, d0, clo, chi, l);
+            av_span(PL, DV, FIRST, GI_KV_F64, a, c, (int64_t)(np - 1) * P, s0, s1, d0, clo, chi,
+                    l);
         return;
     }
     for (int p = 0; p < nfull; p++)
-        av_block(P, DV, FIRST, DT, c, (int64_t)p * P, vb, vnext, vrb, jb, j0, j1, hd, d0, clo,
-                 chi, l);
+        av_span(P, DV, FIRST, DT, a, c, (int64_t)p * P, s0, s1, d0, clo, chi, l);
     if (PL != P)
-        av_block(PL, DV, FIRST, DT, c, (int64_t)(np - 1) * P, vb, vnext, vrb, jb, j0, j1, hd, d0,
-                 clo, chi, l);
+        av_span(PL, DV, FIRST, DT, a, c, (int64_t)(np - 1) * P, s0, s1, d0, clo, chi, l);
 }
 
-/* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, block by
- * block; then out = float(o / l) */
+/* o[r] = sum_j e[r][j] * v_j, l[r] = sum_j e[r][j] over the item's keys in order, span by
+ * span; then out = float(o / l) */
 GI_INLINE void av_rows(const int R, const int DV, const int DT, const gi_attn_args *a,
                        const item_ctx *c) {
     const int P = PASS_ROWS(R, AV_PASS);
-    const int64_t hd = a->hd, bs = a->bs, step = (int64_t)DV * VD_N;
-    const int64_t hb = gi_kv_head_bytes(DT, hd, bs), vrb = gi_kv_vrow_bytes(DT, hd);
+    const int64_t hd = a->hd, step = (int64_t)DV * VD_N;
     double l[GI_ATTN_RMAX];
     int64_t clo = c->lo[0], chi = c->hi[0]; /* keys every row sees */
     for (int r = 0; r < R; r++) {
@@ -496,17 +546,11 @@ GI_INLINE void av_rows(const int R, const int DV, const int DT, const gi_attn_ar
         chi = c->hi[r] < chi ? c->hi[r] : chi;
     }
     memset(c->o, 0, (size_t)R * (size_t)hd * sizeof(double));
-    for (int64_t bi = c->b0; bi <= c->b1; bi++) {
-        const int64_t blk = a->block_table[bi];
-        const int64_t jb = (bi - c->b0) * bs; /* first key of the block, relative */
-        const char *vb = (const char *)a->v_cache + (blk * a->n_kv + c->kvh) * hb;
-        const int64_t j0 = c->jmin > jb ? c->jmin : jb;
-        const int64_t j1 = c->jmax < jb + bs - 1 ? c->jmax : jb + bs - 1;
-        const int64_t nblk = a->block_table[bi < c->b1 ? bi + 1 : bi];
-        const char *vn = (const char *)a->v_cache + (nblk * a->n_kv + c->kvh) * hb;
-        av_passes(R, P, DV, 1, DT, c, vb, vn, vrb, jb, j0, j1, hd, 0, clo, chi, l);
+    for (int64_t s0 = c->b0; s0 <= c->b1; s0 += AV_SPAN) {
+        const int64_t s1 = c->b1 - s0 < AV_SPAN ? c->b1 : s0 + AV_SPAN - 1;
+        av_passes(R, P, DV, 1, DT, a, c, s0, s1, 0, clo, chi, l);
         for (int64_t d0 = step; d0 < hd; d0 += step)
-            av_passes(R, P, DV, 0, DT, c, vb, vn, vrb, jb, j0, j1, hd, d0, clo, chi, l);
+            av_passes(R, P, DV, 0, DT, a, c, s0, s1, d0, clo, chi, l);
     }
     for (int r = 0; r < R; r++) {
         const vd lv = vd_set1(l[r] + c->esink[r]);
@@ -592,7 +636,7 @@ static void GI(attn_plan)(gi_attn_args *a, int nthreads) {
     }
     a->scratch_doubles = tq * nh * (2 * a->hd + maxss) + 8 + 8 /* alignment */;
 #if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX /* vd, kf of items run in passes */
-    a->scratch_doubles += a->bs * GI_MAXV * VD_N + (a->hd * GI_MAXV * VD_N + 1) / 2;
+    a->scratch_doubles += a->bs * AV_SPAN * GI_MAXV * VD_N + (a->hd * GI_MAXV * VD_N + 1) / 2;
 #endif
     a->kchunks = 1; /* never split: one reduction order over all keys */
     a->kvspan = 1;
@@ -638,13 +682,14 @@ static void GI(attn_run)(const gi_attn_args *a, int64_t item, double *scratch) {
         c.hi[r] -= c.kbase;
     }
 
-    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss) | vd (bs, 8 VD_N) | kf (hd, 8 VD_N) */
+    /* ---- scratch: qd (R, hd) | o (R, hd) | sc (R, ss); with passes vd (AV_SPAN bs, 8 VD_N) |
+       kf (hd, 8 VD_N) */
     c.qd = scratch;
     c.o = scratch + (int64_t)c.R * hd;
     c.sc = scratch + 2 * (int64_t)c.R * hd;
 #if QK_PASS < GI_ATTN_RMAX || AV_PASS < GI_ATTN_RMAX
     c.vd = c.sc + (int64_t)c.R * c.ss;
-    c.kf = (float *)(c.vd + a->bs * GI_MAXV * VD_N);
+    c.kf = (float *)(c.vd + a->bs * AV_SPAN * GI_MAXV * VD_N);
 #else
     c.vd = 0; /* one pass: nothing converted */
     c.kf = 0;
