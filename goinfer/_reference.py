@@ -252,6 +252,17 @@ def gelu_tanh_mul(gate, up, out=None, *, nthreads: int = 1):
     return res
 
 
+GATED = ("swiglu", "gelu_tanh_mul")
+
+
+def quantize_gated(gate, up, act: str = "swiglu", out: QAct | None = None, *, nthreads: int = 1):
+    """QAct of the gated activation act(gate) * up (act: "swiglu" or "gelu_tanh_mul"):
+    quantize_act of that product (the kernel never stores the float32 product)."""
+    if act not in GATED:
+        raise ValueError(f"act must be one of {sorted(GATED)}, got {act!r}")
+    return quantize_act(globals()[act](gate, up), out=out)
+
+
 def rope_tables(n_rot: int, base: float, max_pos: int, freq_factors=None):
     """cos, sin tables (max_pos, n_rot/2) float64: angle = pos * base**(-2i/n_rot) / factor_i."""
     i = np.arange(n_rot // 2, dtype=np.float64)

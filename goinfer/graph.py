@@ -91,6 +91,7 @@ def _bind_modules():
     }
     return {
         "quantize_act": m["matmul"].bind_quantize_act,
+        "quantize_gated": m["matmul"].bind_quantize_gated,
         "matmul": m["matmul"].bind_matmul,
         "matmul_experts": m["matmul"].bind_matmul_experts,
         "get_rows": m["matmul"].bind_get_rows,

@@ -7,7 +7,8 @@ compiled call, which releases the GIL and runs its own OpenMP region).  Families
              split further into QK (with the key gather), softmax and AV in proportion to the
              thread-time their phase timers measure (attention_phase_timing)
   moe        routing and expert dispatch kernels
-  other      norms, RoPE, activations, residual adds, and Python between kernel calls
+  other      norms, RoPE, activations (quantize_gated: a gated activation with its
+             quantization), residual adds, and Python between kernel calls
 """
 
 from __future__ import annotations

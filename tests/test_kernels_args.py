@@ -124,8 +124,10 @@ def _experts(rng: np.random.Generator) -> dict[str, Any]:
     return dict(x_or_qact=q, ws=[w, w], offsets=np.array([0, 1, 3], np.int64))
 
 
-def _bin(rng: np.random.Generator, a: str = "gate", b: str = "up") -> dict[str, Any]:
-    return {a: _rows(rng), b: _rows(rng)}
+def _bin(
+    rng: np.random.Generator, a: str = "gate", b: str = "up", shape: tuple[int, ...] = (3, 16)
+) -> dict[str, Any]:
+    return {a: _rows(rng, shape), b: _rows(rng, shape)}
 
 
 def _out(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -137,6 +139,10 @@ BUILDERS: dict[str, Callable[[np.random.Generator], Call]] = {
     "quantize_act": lambda g: Call(MM.quantize_act, dict(x=_rows(g, (3, 64)))),
     "bind_quantize_act": lambda g: Call(
         MM.bind_quantize_act, dict(x=_rows(g, (3, 64)), out=QAct.empty(3, 64))
+    ),
+    "quantize_gated": lambda g: Call(MM.quantize_gated, _bin(g, shape=(3, 64))),
+    "bind_quantize_gated": lambda g: Call(
+        MM.bind_quantize_gated, dict(**_bin(g, shape=(3, 64)), act="swiglu", out=QAct.empty(3, 64))
     ),
     "matmul": lambda g: Call(MM.matmul, dict(**_mm(g), out=_out((3, 20))), ("out",)),
     "bind_matmul": lambda g: Call(MM.bind_matmul, dict(**_mm(g), out=_out((3, 20))), ("out",)),

@@ -435,6 +435,83 @@ def test_quantize_act_property(M, G, data):
             assert_qact_equal(K.quantize_act(x, nthreads=data.draw(st.sampled_from(THREADS))), want)
 
 
+# ============================================================================ quantize_gated
+
+OPS = importlib.import_module("goinfer._kernels.ops")
+
+
+def gated_halves(rng, M, F):
+    """gate, up: the column halves of one (M, 2F) buffer (as the FFN passes them), with a zero
+    group, a group of tiny values and large ones."""
+    gu = (rng.standard_normal((M, 2 * F)) * 4).astype(np.float32)
+    gu[0, :32] = 0.0
+    gu[-1, F - 32 : F] *= np.float32(1e-30)
+    gu[0, F : F + 4] = [60.0, -60.0, 1e20, -1e20]
+    return gu[:, :F], gu[:, F:]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_mul"])
+@pytest.mark.parametrize("M,F", [(1, 32), (1, 65536), (3, 64), (17, 576), (70, 2048)])
+def test_quantize_gated_is_quantize_act_of_the_product(act, M, F):
+    """The bits of quantize_act(act(gate, up)) on every variant and thread count ((1, 65536):
+    one row split by groups across threads), and within one quantization step of the NumPy
+    reference's float64 product."""
+    rng = np.random.default_rng(M * 7 + F)
+    gate, up = gated_halves(rng, M, F)
+    want = ref.quantize_gated(gate, up, act)
+    for v in VARIANTS:
+        with variant(v):
+            for nt in THREADS:
+                got = K.quantize_gated(gate, up, act, nthreads=nt)
+                f = getattr(OPS, act)(gate, up, nthreads=nt)
+                assert_qact_equal(got, K.quantize_act(f, nthreads=nt))
+            deq, deq_ref = ref.dequantize_act(got), ref.dequantize_act(want)
+            step = np.repeat(np.maximum(got.da, want.da), 32, axis=1)
+            assert (np.abs(deq - deq_ref) <= 1.01 * step + 1e-37).all(), (v, act)
+
+
+def test_quantize_gated_out_and_errors():
+    rng = np.random.default_rng(2)
+    gate, up = gated_halves(rng, 4, 96)
+    buf = QAct.empty(10, 96)
+    got = K.quantize_gated(gate, up, out=buf.rows(4), nthreads=2)
+    assert got.qa.base is buf.qa and not buf.qa[4:].any()
+    assert_qact_equal(got, K.quantize_act(OPS.swiglu(gate, up)))
+    with pytest.raises(ValueError, match="act must be one of"):
+        K.quantize_gated(gate, up, "relu")
+    with pytest.raises(ValueError, match="same shape"):
+        K.quantize_gated(gate, up[:3])
+    with pytest.raises(ValueError, match="divisible by 32"):
+        K.quantize_gated(gate[:, :40], up[:, :40])
+    with pytest.raises(ValueError, match="rows"):
+        K.quantize_gated(gate, up, out=QAct.empty(5, 96))
+    with pytest.raises(ValueError, match="needs out"):
+        K.bind_quantize_gated(gate, up, "swiglu", None)
+    with pytest.raises(ValueError, match="act must be one of"):
+        ref.quantize_gated(gate, up, "relu")
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_mul"])
+@pytest.mark.parametrize("M, F, nt", [(37, 192, 1), (37, 192, 2), (1, 65536, 2)])
+def test_bind_quantize_gated(act, M, F, nt):
+    """Bound into rows [3, 3 + M) of a larger QAct and run by a Graph: the bits of the Python
+    call, nothing outside those rows written; replayed after new inputs: the new product."""
+    rng = np.random.default_rng(M + F)
+    gu = np.empty((M, 2 * F), np.float32)
+    qbuf = qact_buffer(M + 6, F)
+    q = qact_rows(qbuf, 3, 3 + M)
+    op = K.bind_quantize_gated(gu[:, :F], gu[:, F:], act, q, nthreads=nt)
+    g = GRAPH.Graph([op], nt)
+    for _ in range(2):
+        gate, up = gated_halves(rng, M, F)
+        gu[:, :F], gu[:, F:] = gate, up
+        g.run()
+        assert_qact_equal(q, K.quantize_gated(gate, up, act))
+        assert_qact_equal(qact_rows(qbuf, 0, 3), qact_buffer(3, F))
+        assert_qact_equal(qact_rows(qbuf, 3 + M, M + 6), qact_buffer(3, F))
+
+
 # ============================================================================ matmul
 
 # (M, n_out, K): n_out not multiples of 16, M around the microkernel tile sizes

@@ -19,7 +19,7 @@ if _os.environ.get("GOINFER_KERNEL"):
 # module -> the public kernels it defines, exported here (the bind_* forms and the graph
 # helpers stay in their modules: goinfer._kernels.<module>.bind_*)
 KERNELS: dict[str, tuple[str, ...]] = {
-    "matmul": ("quantize_act", "matmul", "matmul_experts", "get_rows"),
+    "matmul": ("quantize_act", "quantize_gated", "matmul", "matmul_experts", "get_rows"),
     "ops": (
         "rmsnorm",
         "swiglu",

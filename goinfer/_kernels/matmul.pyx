@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Matrix-multiply kernels: quantize_act, matmul, get_rows (same API as goinfer._reference).
+"""Matrix-multiply kernels: quantize_act, quantize_gated, matmul, get_rows (same API as
+goinfer._reference).
 
 The C kernels (src/matmul_impl.c) compute one rectangular output tile (activation rows x row
 blocks of 16 output rows) per call; here the output is split into at most `nthreads` tiles
@@ -11,10 +12,12 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 
 from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, check_writeable,
-                                      swap_grain)
+                                      f32_rows, rows_view, swap_grain)
 from goinfer._kernels.dispatch cimport (GI_AVX2, gi_avxvnni_enabled, gi_variant, table_variant,
                                         variant_table)
 from goinfer._kernels.graph cimport Op, run_shares, run_shares_dynamic, share_fn
+from goinfer._kernels.ops cimport (gi_ops_ops, gi_ops_ops_avx2, gi_ops_ops_avx512,
+                                   gi_ops_ops_portable)
 
 import time
 
@@ -408,6 +411,23 @@ cdef struct qz_args:
     float *sa
 
 
+cdef struct qg_args:
+    const gi_matmul_ops *ops
+    const gi_ops_ops *eops
+    int act  # _GATED: 0 swiglu, 1 gelu_tanh_mul
+    int by_cols  # shares split each row's groups (fewer rows than shares) instead of rows
+    const float *g
+    int64_t gs
+    const float *u
+    int64_t us
+    float *buf  # (n, K) float32: a share's row of the product
+    int64_t M, K, n
+    int8_t *qa
+    float *da
+    int32_t *asum
+    float *sa
+
+
 cdef struct mm_args:
     const gi_matmul_ops *ops
     gi_weight w
@@ -430,6 +450,30 @@ cdef struct gr_args:
 cdef void _qz_share(const void *args, int64_t t, int tid) noexcept nogil:
     cdef const qz_args *a = <const qz_args *>args
     a.ops.quantize_act(a.x, a.K, t * a.M // a.n, (t + 1) * a.M // a.n, a.qa, a.da, a.asum, a.sa)
+
+
+cdef void _qg_share(const void *args, int64_t t, int tid) noexcept nogil:
+    """Rows (or, by_cols, every row's groups) of share t: each row's product computed into
+    the share's buffer, then quantized from it while it is in L1."""
+    cdef const qg_args *a = <const qg_args *>args
+    cdef int64_t G = a.K // GI_GROUP, m0 = 0, m1 = a.M, g0 = 0, g1 = G, m, c0, w
+    if a.by_cols:
+        g0 = t * G // a.n
+        g1 = (t + 1) * G // a.n
+    else:
+        m0 = t * a.M // a.n
+        m1 = (t + 1) * a.M // a.n
+    c0 = g0 * GI_GROUP
+    w = (g1 - g0) * GI_GROUP
+    cdef float *buf = a.buf + t * a.K
+    for m in range(m0, m1):
+        if a.act == 0:
+            a.eops.swiglu(a.g + m * a.gs + c0, a.gs, a.u + m * a.us + c0, a.us, buf, w, 0, 1, 0, w)
+        else:
+            a.eops.gelu_tanh_mul(a.g + m * a.gs + c0, a.gs, a.u + m * a.us + c0, a.us, buf, w, 0,
+                                 1, 0, w)
+        a.ops.quantize_act(buf, w, 0, 1, a.qa + m * a.K + c0, a.da + m * G + g0,
+                           a.asum + m * G + g0, a.sa + m * G + g0)
 
 
 cdef void _mm_share(const void *args, int64_t t, int tid) noexcept nogil:
@@ -571,6 +615,48 @@ cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     return out
 
 
+_GATED = {"swiglu": 0, "gelu_tanh_mul": 1}
+
+
+cdef tuple _qg_prepare(qg_args *r, object gate, object up, str act, object out, int nt):
+    """-> (out, the shares' row buffer)"""
+    if act not in _GATED:
+        raise ValueError(f"act must be one of {sorted(_GATED)}, got {act!r}")
+    cdef f32_rows gr = rows_view(gate, "gate", False)
+    cdef f32_rows ur = rows_view(up, "up", False)
+    if np.ndim(gate) != 2 or np.shape(gate) != np.shape(up):
+        raise ValueError(f"gate and up must be 2-D arrays of the same shape, got "
+                         f"{np.shape(gate)} and {np.shape(up)}")
+    cdef int64_t M = gr.M, K = gr.N, Mo = 0
+    if K % GI_GROUP:
+        raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
+    if out is None:
+        out = QAct.empty(M, K)
+    cdef gi_qact ca
+    _qact(out, &ca, &Mo, K, True)
+    if Mo != M:
+        raise ValueError(f"out has {Mo} rows, gate has {M}")
+    r.ops = _ops()
+    r.eops = <const gi_ops_ops *>variant_table(&gi_ops_ops_portable, &gi_ops_ops_avx2,
+                                               &gi_ops_ops_avx512)
+    r.act = _GATED[act]
+    r.g = gr.p
+    r.gs = gr.stride
+    r.u = ur.p
+    r.us = ur.stride
+    r.M = M
+    r.K = K
+    r.n = _elem_threads(nt, M if M > 1 else K // GI_GROUP, M * K)
+    r.by_cols = M < r.n
+    buf = np.empty((r.n, max(K, 1)), np.float32)
+    r.buf = <float *>_data(buf)
+    r.qa = <int8_t *>ca.qa
+    r.da = <float *>ca.da
+    r.asum = <int32_t *>ca.asum
+    r.sa = <float *>ca.sa
+    return out, buf
+
+
 cdef int64_t _operand(object x_or_qact, const gi_weight *w, str kind, gi_qact *a,
                       const float **x) except -1:
     """The activation a matmul with w reads: a QAct (int kinds) into a, float32 rows (float
@@ -663,6 +749,20 @@ def quantize_act(x, out=None, *, nthreads=1):
     return out
 
 
+def quantize_gated(gate, up, act="swiglu", out=None, *, nthreads=1):
+    """QAct of the gated activation act(gate) * up (act: "swiglu" or "gelu_tanh_mul"): the
+    bits quantize_act(swiglu(gate, up)) gives, without the float32 product in memory (each
+    row of it is computed into a buffer and quantized while in L1).  gate, up (M, K), K % 32
+    == 0, may be strided column halves of one (M, 2K) buffer (rows strided, last axis
+    contiguous)."""
+    cdef int nt = check_threads(nthreads)
+    cdef qg_args r
+    out, buf = _qg_prepare(&r, gate, up, act, out, nt)
+    if r.M > 0:
+        run_shares(_qg_share, &r, r.n)
+    return out
+
+
 def matmul(x_or_qact, w, out=None, *, nthreads=1):
     """out (M, n_out) float32 = x (M, K) @ W.T.
 
@@ -729,6 +829,19 @@ def bind_quantize_act(x, out, *, nthreads=1):
     cdef qz_args *r = <qz_args *>op.alloc(sizeof(qz_args))
     _qz_prepare(r, x, out, nt)
     op.op.run = _qz_share
+    op.op.nshares = r.n if r.M > 0 else 0
+    return op
+
+
+def bind_quantize_gated(gate, up, act, out, *, nthreads=1):
+    if out is None:  # (the Op points into out: it must outlive it)
+        raise ValueError("a bound quantize_gated needs out")
+    cdef int nt = check_threads(nthreads)
+    cdef Op op = Op("quantize_gated", (gate, up, out))
+    cdef qg_args *r = <qg_args *>op.alloc(sizeof(qg_args))
+    _, buf = _qg_prepare(r, gate, up, act, out, nt)
+    op.refs = op.refs + (buf,)
+    op.op.run = _qg_share
     op.op.nshares = r.n if r.M > 0 else 0
     return op
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from goinfer.models.base import Act, Batch, ModelConfig, RopeCache, Scratch
 from goinfer.models.loading import Loader
-from goinfer.quant import QWeight
+from goinfer.quant import INT_KINDS, QWeight
 
 if TYPE_CHECKING:
     from goinfer.gguf import GGUFFile
@@ -314,5 +314,9 @@ class Family:
         else:
             gate = self.mm(a, L.w_gate, S.get("gate" + sfx, T, F))
             up = self.mm(a, L.w_up, S.get("up" + sfx, T, F))
+        if L.w_down.kind in INT_KINDS:  # the product quantized as it is computed
+            q = ops.quantize_gated(gate, up, self.ffn_act, out=S.qact(T, F).rows(T), nthreads=nt)
+            ops.matmul(q, L.w_down, out=out, nthreads=nt)
+            return
         f = getattr(ops, self.ffn_act)(gate, up, out=S.get("f" + sfx, T, F), nthreads=nt)
         self.mm(Act(ops, f, S.qact(T, F), nt), L.w_down, out)
