@@ -407,8 +407,9 @@ GI_INLINE void v_load(const int DV, const int DT, const char *row, int64_t hd, i
  * back.  AVX-512 (no passes) runs all keys as one span; avx2 (two passes, each span's chunk
  * converted to double once for both) spans of 8 blocks, whose converted chunk stays in L1 (a
  * whole item's chunk made 16x2x128 1.07x slower).  The AV of a 512-token causal prefill (f16,
- * one thread, Zen 4) against spans of one block: avx512-vnni 16.0 -> 13.0 ms (32x8x64) and
- * 30.2 -> 25.4 (32x8x128); avx2 16.4 -> 15.7 and 31.4 -> 29.7; 16x2x128 alike on both. */
+ * one thread, Zen 4, medians of 5 rounds) against spans of one block: avx512-vnni 16.2 -> 13.7
+ * ms (32x8x64) and 29.9 -> 26.2 (32x8x128), avx2 17.4 -> 16.0 and 31.9 -> 31.6, 16x2x128
+ * alike on both (docs/benchmarks.md, "Attention kernels"). */
 #if defined(GI_VARIANT_AVX2)
 #define AV_SPAN 8
 #else
