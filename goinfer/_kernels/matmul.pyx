@@ -591,19 +591,27 @@ cdef object _mx_prepare(mx_args *r, object x_or_qact, object ws, object offsets,
     return out
 
 
+cdef object _qact_out(object out, int64_t M, int64_t K, str xname, gi_qact *ca):
+    """A quantizing kernel's out: a QAct of M rows and K columns (a new one when None), its
+    arrays' pointers in ca."""
+    cdef int64_t Mo = 0
+    if out is None:
+        out = QAct.empty(M, K)
+    _qact(out, ca, &Mo, K, True)
+    if Mo != M:
+        raise ValueError(f"out has {Mo} rows, {xname} has {M}")
+    return out
+
+
 cdef object _qz_prepare(qz_args *r, object x, object out, int nt):
     if not isinstance(x, cnp.ndarray) or (<cnp.ndarray>x).ndim != 2:
         raise ValueError("x must be a 2-D numpy array (M, K) of float32")
-    cdef int64_t M = x.shape[0], K = x.shape[1], Mo = 0
+    cdef int64_t M = x.shape[0], K = x.shape[1]
     if K % GI_GROUP:
         raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
     r.x = <const float *>_data(carray(x, "x", cnp.NPY_FLOAT32, "float32", 2, M, K))
-    if out is None:
-        out = QAct.empty(M, K)
     cdef gi_qact ca
-    _qact(out, &ca, &Mo, K, True)
-    if Mo != M:
-        raise ValueError(f"out has {Mo} rows, x has {M}")
+    out = _qact_out(out, M, K, "x", &ca)
     r.ops = _ops()
     r.M = M
     r.K = K
@@ -627,15 +635,11 @@ cdef tuple _qg_prepare(qg_args *r, object gate, object up, str act, object out, 
     if np.ndim(gate) != 2 or np.shape(gate) != np.shape(up):
         raise ValueError(f"gate and up must be 2-D arrays of the same shape, got "
                          f"{np.shape(gate)} and {np.shape(up)}")
-    cdef int64_t M = gr.M, K = gr.N, Mo = 0
+    cdef int64_t M = gr.M, K = gr.N
     if K % GI_GROUP:
         raise ValueError(f"K must be divisible by {GI_GROUP}, got {K}")
-    if out is None:
-        out = QAct.empty(M, K)
     cdef gi_qact ca
-    _qact(out, &ca, &Mo, K, True)
-    if Mo != M:
-        raise ValueError(f"out has {Mo} rows, gate has {M}")
+    out = _qact_out(out, M, K, "gate", &ca)
     r.ops = _ops()
     r.eops = <const gi_ops_ops *>variant_table(&gi_ops_ops_portable, &gi_ops_ops_avx2,
                                                &gi_ops_ops_avx512)
