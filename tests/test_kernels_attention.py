@@ -895,8 +895,8 @@ def test_fast_decode_kv_head_span(variant, dtype, n_kv, window):
 
 
 @pytest.mark.parametrize("dtype", KV_DTYPES)
-@pytest.mark.parametrize("window", [0, 600])
-def test_bound_fast_decode_split(variant, dtype, window):
+@pytest.mark.parametrize("window, nt", [(0, 2), (600, 2), (0, 3)])
+def test_bound_fast_decode_split(variant, dtype, window, nt):
     """The graph-replayed fast attention (bind_attention_fast) of a decode step: its keys are
     split by chunk over the shares (kchunks sized for max_pos; only the items of chunks with
     keys count, and the folding one resets the shared counters for the next run), and each
@@ -910,24 +910,63 @@ def test_bound_fast_decode_split(variant, dtype, window):
     q = rng.standard_normal((n, H, hd)).astype(np.float32)
     qb, pos, out = q[700:701].copy(), np.array([700], np.int32), np.empty((1, H, hd), np.float32)
     per = _att.attention_scratch(
-        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=2, max_pos=n - 1, fast=True
+        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=nt, max_pos=n - 1, fast=True
     )
-    scratch = np.zeros((2, per), np.float64)
+    scratch = np.zeros((nt, per), np.float64)
     op = _att.bind_attention_fast(
-        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=2, scratch=scratch, max_pos=n - 1
+        qb, *seq.args(), pos, 0.125, window, out=out, nthreads=nt, scratch=scratch, max_pos=n - 1
     )
     assert (
-        op.nshares == 2
-        and _att._fast_plan(qb, *seq.args(), np.array([n - 1], np.int32), nthreads=2)["kchunks"]
+        op.nshares == nt
+        and _att._fast_plan(qb, *seq.args(), np.array([n - 1], np.int32), nthreads=nt)["kchunks"]
         == 4
     )
-    g = Graph([op], 2)
+    g = Graph([op], nt)
     for p in (700, 1599, 1024, 3, 1200, 1599, 511, 512, 1100):
         qb[:] = q[p]
         pos[0] = p
         g.run()
         want = attention_fast(q[p : p + 1], *seq.args(), pos, 0.125, window, nthreads=1)
         assert np.array_equal(out, want), p
+
+
+# (n_kv, hd, window, threads, position, max_pos): decode steps of 2-8 kv heads (one group of
+# items, or several when the kv-head span is smaller), windowed, over 2-3 shares
+SHARE_CASES = [
+    (2, 64, 0, 2, 1599, 1599),
+    (2, 64, 0, 3, 1599, 1599),
+    (2, 64, 0, 2, 1100, 4095),  # kchunks sized for max_pos: the chunks past 1100 hold no keys
+    (2, 64, 700, 2, 2000, 4095),  # the first chunks hold no keys
+    (8, 128, 0, 2, 2500, 4095),  # kv-head spans of 4: two groups
+    (8, 128, 900, 3, 3000, 4095),
+    (3, 64, 0, 3, 1030, 2047),  # a last chunk of 7 keys
+]
+
+
+@pytest.mark.parametrize("n_kv, hd, window, nt, p, max_pos", SHARE_CASES)
+def test_bound_fast_shares_are_runs_of_chunks(n_kv, hd, window, nt, p, max_pos):
+    """A bound split decode step gives each share a run of consecutive items (chunks of keys
+    in (group, chunk) order) with nearly equal key counts: every item with keys exactly once,
+    no item without keys, and each share's keys within one chunk (512) of an equal cut."""
+    rng = np.random.default_rng(n_kv + window + nt)
+    seq = Seq(rng, max_pos + 1, n_kv, hd, 16, dtype="f16")
+    q = rng.standard_normal((1, 2 * n_kv, hd)).astype(np.float32)
+    kchunks, n_items, shares = _att._fast_shares(
+        q, *seq.args(), np.array([p], np.int32), window, nthreads=nt, max_pos=max_pos
+    )
+    assert kchunks == max_pos // 512 + 1 and len(shares) == nt  # split, sized for max_pos
+    lo = max(0, p - window + 1) if window else 0
+    chunks = range(lo // 512, p // 512 + 1)
+    active = [g * kchunks + c for g in range(n_items // kchunks) for c in chunks]
+    assert [it for sh in shares for it in sh] == active  # in order: runs, each item once
+
+    def keys(it):
+        c = it % kchunks
+        return min(p, 512 * c + 511) - max(lo, 512 * c) + 1
+
+    total = sum(keys(it) for it in active)
+    for sh in shares:
+        assert abs(sum(keys(it) for it in sh) - total / nt) <= 512, shares
 
 
 def test_counters_count_each_kernel():

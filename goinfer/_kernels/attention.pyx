@@ -75,6 +75,8 @@ cdef extern from "attention.h" nogil:
     ctypedef struct gi_attn_fast_ops:
         void (*plan)(gi_attn_args *a, int nthreads) noexcept nogil
         void (*run)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
+        int64_t (*share)(const gi_attn_args *a, int64_t s, int64_t nshares, double *scratch,
+                         int64_t *items) noexcept nogil
     const gi_attn_fast_ops gi_attn_fast_ops_portable
     const gi_attn_fast_ops gi_attn_fast_ops_avx2
     const gi_attn_fast_ops gi_attn_fast_ops_avx512
@@ -373,6 +375,8 @@ cdef object _prepare(gi_attn_args *a, object q, object k_cache, object v_cache,
 
 ctypedef void (*plan_fn)(gi_attn_args *a, int nthreads) noexcept nogil
 ctypedef void (*run_fn)(const gi_attn_args *a, int64_t item, double *scratch) noexcept nogil
+ctypedef int64_t (*share_fn)(const gi_attn_args *a, int64_t s, int64_t nshares, double *scratch,
+                             int64_t *items) noexcept nogil
 
 
 cdef int _run_items(gi_attn_args *a, plan_fn plan, run_fn run, int nt, int64_t pmax) except -1:
@@ -456,7 +460,8 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
 
 # ============================================================================ bind (graph replay)
 # A bound attention's work items are striped over nshares shares (item i in share
-# i % nshares); an item is never split, so the result is the dynamic schedule's.  The scratch
+# i % nshares; the fast kernel's split items in runs of consecutive chunks, its share()); an
+# item is never split, so the result is the dynamic schedule's.  The scratch
 # is a float64 buffer (threads, per) given by the caller: row tid serves the thread running a
 # share, so one buffer can serve every bound attention of a graph.  attention_scratch() sizes
 # a row for the largest position the op will ever see.
@@ -465,6 +470,7 @@ def attention_fast(q, k_cache, v_cache, block_table, q_pos, scale, window=0, sof
 cdef struct att_args:
     gi_attn_args a
     run_fn run
+    share_fn share  # the fast kernel's (NULL: striped)
     double *scratch
     int64_t per, nshares
 
@@ -473,6 +479,9 @@ cdef void _att_share(const void *args, int64_t s, int tid) noexcept nogil:
     cdef const att_args *r = <const att_args *>args
     cdef int64_t it = s
     cdef double *sc = r.scratch + tid * r.per
+    if r.share != NULL:
+        r.share(&r.a, s, r.nshares, sc, NULL)
+        return
     while it < r.a.n_items:
         r.run(&r.a, it, sc)
         it += r.nshares
@@ -541,9 +550,11 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
     cdef int n = _att_threads(&r.a, nt, pmax)
     r.a.split_ok = 1  # (the fast plan may split keys: sized for max_pos, shared memory below)
     r.a.max_pos = max_pos
+    r.share = NULL
     if fast:
         _fast_table().plan(&r.a, n)
         r.run = _fast_table().run
+        r.share = _fast_table().share
     else:
         _table().plan(&r.a, n)
         r.run = _table().run
@@ -612,6 +623,29 @@ def _fast_plan(q, k_cache, v_cache, block_table, q_pos, window=0, *, nthreads=1)
     a.split_ok = 1
     _fast_table().plan(&a, nt)
     return {"n_items": a.n_items, "kchunks": a.kchunks, "kvspan": a.kvspan}
+
+
+def _fast_shares(q, k_cache, v_cache, block_table, q_pos, window=0, *, nthreads, max_pos):
+    """The items of each share of a bound attention_fast planned for max_pos on nthreads (as
+    bind_attention_fast plans it), in run order, for a run at q_pos: (kchunks, n_items, [items
+    of share 0, ...]); item = group * kchunks + chunk (tests)."""
+    cdef int nt = check_threads(nthreads)
+    cdef gi_attn_args a
+    cdef int64_t pmax = 0
+    _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, window, 0.0, None, &pmax)
+    if a.T == 0:
+        return 1, 0, []
+    cdef int n = _att_threads(&a, nt, pmax)
+    a.split_ok = 1
+    a.max_pos = max_pos
+    _fast_table().plan(&a, n)
+    cdef int64_t ns = n if n < a.n_items else a.n_items
+    cdef cnp.ndarray items = np.empty(a.n_items, np.int64)
+    cdef int64_t *ip = <int64_t *>cnp.PyArray_DATA(items)
+    shares = []
+    for s in range(ns):
+        shares.append(items[: _fast_table().share(&a, s, ns, NULL, ip)].tolist())
+    return a.kchunks, a.n_items, shares
 
 
 def _get_grain():

@@ -74,6 +74,9 @@ typedef struct {
 typedef struct {
     void (*plan)(gi_attn_args *a, int nthreads);
     void (*run)(const gi_attn_args *a, int64_t item, double *scratch);
+    /* a bound op's share s of nshares: runs its items (items == NULL) or lists them */
+    int64_t (*share)(const gi_attn_args *a, int64_t s, int64_t nshares, double *scratch,
+                     int64_t *items);
 } gi_attn_fast_ops;
 
 /* a run()'s scratch rounded up to 64 bytes (each plan() leaves 64 bytes for it): a bound op's

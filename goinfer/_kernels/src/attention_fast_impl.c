@@ -958,15 +958,24 @@ static void fa_rows(const gi_attn_args *a, fa_ctx *x, int64_t t0, int64_t nt, in
     }
 }
 
+/* the query block [t0, t0 + nt) of the items of group `group` (a query block x kv-head span x
+ * head group) */
+GI_INLINE void fa_group_queries(const gi_attn_args *a, int64_t group, int64_t *t0, int64_t *nt) {
+    const int64_t per_tile = (a->n_kv + a->kvspan - 1) / a->kvspan * a->nparts;
+    const int64_t n_tiles = (a->T + a->tq - 1) / a->tq;
+    const int64_t tile = n_tiles - 1 - group / per_tile; /* later queries (more keys) first */
+    *t0 = tile * a->tq;
+    *nt = a->T - *t0 < a->tq ? a->T - *t0 : a->tq;
+}
+
 static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scratch) {
     const int64_t G = a->H / a->n_kv, hd = a->hd;
     const int64_t group = item / a->kchunks, slot = item % a->kchunks;
     const int64_t per_tile = (a->n_kv + a->kvspan - 1) / a->kvspan * a->nparts;
-    const int64_t n_tiles = (a->T + a->tq - 1) / a->tq;
-    const int64_t tile = n_tiles - 1 - group / per_tile; /* later queries (more keys) first */
     const int64_t rem = group % per_tile, part = rem % a->nparts;
-    const int64_t t0 = tile * a->tq, h0 = part * a->nh;
-    const int64_t nt = a->T - t0 < a->tq ? a->T - t0 : a->tq;
+    int64_t t0, nt;
+    fa_group_queries(a, group, &t0, &nt);
+    const int64_t h0 = part * a->nh;
     const int64_t nhh = G - h0 < a->nh ? G - h0 : a->nh;
     const int64_t kv0 = rem / a->nparts * a->kvspan; /* kv heads [kv0, kv0 + ns) */
     const int ns = (int)(a->n_kv - kv0 < a->kvspan ? a->n_kv - kv0 : a->kvspan);
@@ -1065,6 +1074,54 @@ static void GI(attn_fast_run)(const gi_attn_args *a, int64_t item, double *scrat
     for (int s = 0; s < ns; s++) fa_finish(hd, &xs[s]);
 }
 
+/* ============================================================================ shares */
+
+/* Share s of nshares (a bound op's; run by one thread): its items in order, run with scratch,
+ * or (items != NULL) only listed in items; returns how many.  Not split (kchunks == 1): items
+ * s, s + nshares, ...  Split: the items with keys in this run, in (group, chunk) order, cut
+ * into nshares runs of consecutive items with nearly equal key counts (an item goes to the
+ * share whose part of the keys holds its middle key), so a thread streams through
+ * consecutive chunks and the look-ahead prefetch of a chunk's last tiles lands in the next
+ * chunk it runs; striped (item i to share i % nshares), those tiles were another thread's and
+ * every chunk started from memory: a decode step's attention at 4,000 tokens (f16, 2 threads,
+ * a Zen 4; the 1B, 3B and 8B shapes) took 1.01-1.09x as long.  Which thread runs an item
+ * never changes a result. */
+static int64_t GI(attn_fast_share)(const gi_attn_args *a, int64_t s, int64_t nshares,
+                                   double *scratch, int64_t *items) {
+    int64_t n = 0;
+    if (a->kchunks <= 1) {
+        for (int64_t it = s; it < a->n_items; it += nshares, n++) {
+            if (items) items[n] = it;
+            else GI(attn_fast_run)(a, it, scratch);
+        }
+        return n;
+    }
+    const int64_t groups = a->n_items / a->kchunks;
+    int64_t total = 0, before = 0, t0, nt, lo, hi;
+    for (int64_t g = 0; g < groups; g++) {
+        fa_group_queries(a, g, &t0, &nt);
+        fa_key_range(a, t0, nt, &lo, &hi);
+        total += hi - lo + 1;
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        fa_group_queries(a, g, &t0, &nt);
+        fa_key_range(a, t0, nt, &lo, &hi);
+        for (int64_t ch = lo / FA_CH; ch <= hi / FA_CH; ch++) {
+            const int64_t ka = ch * FA_CH > lo ? ch * FA_CH : lo;
+            const int64_t kb = (ch + 1) * FA_CH - 1 < hi ? (ch + 1) * FA_CH - 1 : hi;
+            const int64_t w = kb - ka + 1, owner = (2 * before + w) * nshares / (2 * total);
+            before += w;
+            if (owner < s) continue;
+            if (owner > s) return n;
+            if (items) items[n] = g * a->kchunks + ch;
+            else GI(attn_fast_run)(a, g * a->kchunks + ch, scratch);
+            n++;
+        }
+    }
+    return n;
+}
+
 /* ============================================================================ table */
 
-const gi_attn_fast_ops GI(gi_attn_fast_ops) = {GI(attn_fast_plan), GI(attn_fast_run)};
+const gi_attn_fast_ops GI(gi_attn_fast_ops) = {GI(attn_fast_plan), GI(attn_fast_run),
+                                               GI(attn_fast_share)};
