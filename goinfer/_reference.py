@@ -252,7 +252,7 @@ def gelu_tanh_mul(gate, up, out=None, *, nthreads: int = 1):
     return res
 
 
-GATED = ("swiglu", "gelu_tanh_mul")
+GATED = {"swiglu": swiglu, "gelu_tanh_mul": gelu_tanh_mul}  # quantize_gated's act names
 
 
 def quantize_gated(gate, up, act: str = "swiglu", out: QAct | None = None, *, nthreads: int = 1):
@@ -260,7 +260,7 @@ def quantize_gated(gate, up, act: str = "swiglu", out: QAct | None = None, *, nt
     quantize_act of that product (the kernel never stores the float32 product)."""
     if act not in GATED:
         raise ValueError(f"act must be one of {sorted(GATED)}, got {act!r}")
-    return quantize_act(globals()[act](gate, up), out=out)
+    return quantize_act(GATED[act](gate, up), out=out)
 
 
 def rope_tables(n_rot: int, base: float, max_pos: int, freq_factors=None):
