@@ -503,6 +503,19 @@ cdef int _att_threads(gi_attn_args *a, int nt, int64_t pmax):
     return 1 if a.T * a.H * (pmax + 1) * a.hd < _GRAIN else nt
 
 
+cdef int64_t _plan_bound(gi_attn_args *a, int nt, int64_t pmax, int64_t max_pos, bint fast):
+    """Plan a as a bound op on nt threads for positions up to max_pos (the fast plan may
+    split keys: sized for max_pos, with shared memory); returns the op's shares."""
+    cdef int n = _att_threads(a, nt, pmax)
+    a.split_ok = 1
+    a.max_pos = max_pos
+    if fast:
+        _fast_table().plan(a, n)
+    else:
+        _table().plan(a, n)
+    return n if n < a.n_items else a.n_items
+
+
 def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, softcap=0.0,
                       out=None, *, nthreads=1, max_pos, fast=False, sinks=None):
     """Doubles of scratch per thread a bound attention (fast: attention_fast) over these
@@ -518,10 +531,7 @@ def attention_scratch(q, k_cache, v_cache, block_table, q_pos, scale, window=0, 
     cdef cnp.ndarray worst = np.full(a.T, max_pos, np.int32)
     a.q_pos = <const int32_t *>cnp.PyArray_DATA(worst)
     a.window = 0
-    a.split_ok = 1  # as _bind plans it (the split and the kv-head span follow from it)
-    a.max_pos = max_pos
-    cdef plan_fn plan = _fast_table().plan if fast else _table().plan
-    plan(&a, _att_threads(&a, nt, pmax))
+    _plan_bound(&a, nt, pmax, max_pos, fast)  # as _bind plans it
     return (a.scratch_doubles + 7) & ~(<int64_t>7)
 
 
@@ -547,21 +557,12 @@ cdef object _bind(str name, bint fast, object q, object k_cache, object v_cache,
     cdef cnp.ndarray sa = carray_writeable(scratch, "scratch", cnp.NPY_FLOAT64, "float64", 2)
     if _dim(sa, 0) < nt or _dim(sa, 1) < need_per:
         raise ValueError(f"scratch must be at least ({nt}, {need_per}), got {np.shape(sa)}")
-    cdef int n = _att_threads(&r.a, nt, pmax)
-    r.a.split_ok = 1  # (the fast plan may split keys: sized for max_pos, shared memory below)
-    r.a.max_pos = max_pos
-    r.share = NULL
-    if fast:
-        _fast_table().plan(&r.a, n)
-        r.run = _fast_table().run
-        r.share = _fast_table().share
-    else:
-        _table().plan(&r.a, n)
-        r.run = _table().run
+    r.nshares = _plan_bound(&r.a, nt, pmax, max_pos, fast)
+    r.run = _fast_table().run if fast else _table().run
+    r.share = _fast_table().share if fast else NULL
     _bind_shared(op, &r.a)
     r.scratch = <double *>cnp.PyArray_DATA(sa)
     r.per = _dim(sa, 1)
-    r.nshares = n if n < r.a.n_items else r.a.n_items
     op.op.run = _att_share
     op.op.nshares = r.nshares
     return op
@@ -635,11 +636,7 @@ def _fast_shares(q, k_cache, v_cache, block_table, q_pos, window=0, *, nthreads,
     _prepare(&a, q, k_cache, v_cache, block_table, q_pos, 1.0, window, 0.0, None, &pmax)
     if a.T == 0:
         return 1, 0, []
-    cdef int n = _att_threads(&a, nt, pmax)
-    a.split_ok = 1
-    a.max_pos = max_pos
-    _fast_table().plan(&a, n)
-    cdef int64_t ns = n if n < a.n_items else a.n_items
+    cdef int64_t ns = _plan_bound(&a, nt, pmax, max_pos, True)
     cdef cnp.ndarray items = np.empty(a.n_items, np.int64)
     cdef int64_t *ip = <int64_t *>cnp.PyArray_DATA(items)
     shares = []
