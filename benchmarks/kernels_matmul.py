@@ -24,12 +24,24 @@ Times are medians of 7 samples; on a shared machine 2-thread rows suffer most fr
 --peaks R: first the variant's float32 FMA peak and the f16 attention mix's rate (f16_fma_peak)
 on each --threads, R alternating rounds: medians and the median ratio of the mix to the FMA
 peak (what an f16 decode attention can reach at most); an empty --M times no matmul.
---smoke: one shape, M 1 and 16, one thread, minimal timing, 2 rounds of --peaks (the test suite).
+--prefetch-sweep D1,D2,.. --sweep-rounds R: instead of the table, the decode GEMV's near
+software prefetch distances (groups; "default": the variant's and kind's default) on the cold
+GEMVs (M = 1) of the --set shapes and --kinds, as a decode step runs them: the copies of
+--cold-mb bound into one graph and replayed on the last --threads, GB/s of weight read.  R
+rounds, the settings in a shuffled order each round, the machine's read bandwidth (limits.py,
+the same threads) sampled before and after each round; medians over the rounds, and apart
+over the rounds whose samples all lie in the upper or the lower half of the bandwidths seen
+(a host whose bandwidth switches between phases).
+--smoke: one shape, M 1 and 16, one thread, minimal timing, 2 rounds of --peaks, and a
+2-round sweep of q4_0 at 0 and 16 groups (the test suite).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import random
+import statistics
 import sys
 import time
 
@@ -87,6 +99,16 @@ SETS = {
     "gemv-l2": [
         ("k/v    2048->512", 2048, 512, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
         ("down   8192->128", 8192, 128, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
+    ],
+    # one weight in every integer kind: the Qwen2.5-3B shape's down projection transposed
+    # (--prefetch-sweep)
+    "gemv-kinds": [
+        (
+            "ffn 2048->11008",
+            2048,
+            11008,
+            ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1"),
+        ),
     ],
     "llama-8b": [
         ("qkv    4096->6144", 4096, 6144, ("q4_0", "q4_1", "q8_0")),
@@ -182,6 +204,90 @@ def median_time(fn, min_time=0.15, reps=7, clock=time.perf_counter):
     return float(np.median(samples))
 
 
+def prefetch_sweep(shapes, kinds, distances, rounds, threads, cold_mb, bw_bytes=None) -> dict:
+    """GB/s of graph-replayed cold GEMVs at each near prefetch distance (see the module doc)."""
+    import limits
+
+    graph_mod = sys.modules["goinfer._kernels.graph"]
+    rng = np.random.default_rng(0)
+    cases = []  # (label, kind, graph, bytes per replay)
+    for name, n_in, n_out, shape_kinds in shapes:
+        W = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        xq = K.quantize_act(rng.standard_normal((1, n_in)).astype(np.float32))
+        for kind in (k for k in shape_kinds if k in kinds):
+            w0 = quantize_weight(W, kind)
+            ws = [w0] + [copy.deepcopy(w0) for _ in range(int(cold_mb * 2**20 / w0.nbytes))]
+            ops = [
+                K.bind_matmul(xq, w, np.empty((1, n_out), np.float32), nthreads=threads) for w in ws
+            ]
+            g = graph_mod.Graph(ops, threads)
+            g.run()
+            cases.append((f"{name.strip()} {kind}", kind, g, sum(w.nbytes for w in ws)))
+    settings = [None if d == "default" else int(d) for d in distances]
+    old = _config.set_gemv_prefetch(None)
+    out_rounds = []
+    try:
+        for r in range(rounds):
+            bw = [limits.read_bandwidth(threads, n_bytes=bw_bytes, reps=3)["GBs"]]
+            row = {}
+            order = [(c, s) for c in cases for s in settings]
+            random.Random(r).shuffle(order)
+            for (label, kind, g, nbytes), dist in order:
+                _config.set_gemv_prefetch(dist)
+                groups = _config.gemv_prefetch(kind)
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    g.run()
+                gbs = 3 * nbytes / (time.perf_counter() - t0) / 1e9
+                row[f"{label} @ {'default' if dist is None else dist}"] = {
+                    "groups": groups,
+                    "GBs": gbs,
+                }
+            bw.append(limits.read_bandwidth(threads, n_bytes=bw_bytes, reps=3)["GBs"])
+            out_rounds.append({"bandwidth_GBs": bw, "gemv": row})
+            print(
+                f"round {r + 1}: bandwidth {bw[0]:.1f}, {bw[1]:.1f} GB/s; "
+                + ", ".join(f"{k} {v['GBs']:.1f}" for k, v in sorted(row.items())),
+                flush=True,
+            )
+    finally:
+        _config.set_gemv_prefetch(old)
+    samples = [b for r in out_rounds for b in r["bandwidth_GBs"]]
+    mid = (min(samples) + max(samples)) / 2
+    phases = {
+        "all": out_rounds,
+        "upper": [r for r in out_rounds if min(r["bandwidth_GBs"]) >= mid],
+        "lower": [r for r in out_rounds if max(r["bandwidth_GBs"]) < mid],
+    }
+    medians = {
+        ph: {
+            "rounds": len(rs),
+            "bandwidth_GBs": statistics.median(b for r in rs for b in r["bandwidth_GBs"])
+            if rs
+            else None,
+            "GBs": {
+                k: statistics.median(r["gemv"][k]["GBs"] for r in rs) if rs else None
+                for k in out_rounds[0]["gemv"]
+            },
+        }
+        for ph, rs in phases.items()
+    }
+    for ph, m in medians.items():
+        if m["rounds"]:
+            print(
+                f"medians, {ph} ({m['rounds']} rounds, bandwidth {m['bandwidth_GBs']:.1f} GB/s): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(m["GBs"].items()))
+            )
+    return {
+        "threads": threads,
+        "distances": list(distances),
+        "cold_mb": cold_mb,
+        "bandwidth_mid_GBs": mid,
+        "rounds": out_rounds,
+        "medians": medians,
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,6 +317,13 @@ def main(argv=None):
         "--peaks", type=int, default=0, metavar="ROUNDS", help="FMA and f16 mix peaks first"
     )
     ap.add_argument(
+        "--prefetch-sweep",
+        default=None,
+        metavar="D1,D2",
+        help="near prefetch distances (groups, or 'default') on replayed cold GEMVs",
+    )
+    ap.add_argument("--sweep-rounds", type=int, default=10)
+    ap.add_argument(
         "--smoke", action="store_true", help="one shape, minimal timing (the test suite)"
     )
     regime.add_json_arg(ap)
@@ -220,6 +333,22 @@ def main(argv=None):
         args.cold_mb, args.min_time, args.peaks = 1.0, 0.001, 2
     if args.variant:
         _config.set_variant(args.variant)
+    if args.prefetch_sweep and not args.smoke:
+        res = {
+            "benchmark": "kernels_matmul",
+            "regime": regime.header(None, argv=argv),
+            "set": args.set,
+            "rows": [],
+            "prefetch_sweep": prefetch_sweep(
+                SETS[args.set],
+                args.kinds,
+                args.prefetch_sweep.split(","),
+                args.sweep_rounds,
+                args.threads[-1],
+                args.cold_mb,
+            ),
+        }
+        return regime.finish(res, args.json)
     peaks = {t: int8_peak(t) for t in range(1, max(args.threads) + 1)}  # GOP/s, measured
     res = {
         "benchmark": "kernels_matmul",
@@ -340,6 +469,10 @@ def main(argv=None):
             print(
                 f"quantize_act {M}x{n_in}, {nt} thr: {t * 1e6:.1f} us ({x.nbytes / t / 1e9:.1f} GB/s of float32 in)"
             )
+    if args.smoke:
+        res["prefetch_sweep"] = prefetch_sweep(
+            [SHAPES[1]], ["q4_0"], ["0", "16"], 2, 1, 1.0, bw_bytes=16 << 20
+        )
     return regime.finish(res, args.json)
 
 

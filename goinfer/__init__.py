@@ -70,6 +70,19 @@ def _avxvnni_supported() -> bool:
     return _config.avxvnni_supported()
 
 
+def _prefetch_text(by_kind: dict) -> str:
+    """'16 groups for q4_0, q6_k, none for q4_k': the kinds of one distance together, the most
+    common distance first (one distance for every kind: no kinds named)."""
+    groups: dict[int, list[str]] = {}
+    for kind, d in by_kind.items():
+        groups.setdefault(d, []).append(kind)
+    order = sorted(groups, key=lambda d: -len(groups[d]))
+    parts = [f"{d} groups" if d else "none" for d in order]
+    if len(order) == 1:
+        return parts[0]
+    return ", ".join(f"{p} for {', '.join(groups[d])}" for p, d in zip(parts, order))
+
+
 def show_config(file=None) -> dict:
     """Print (and return) the version, the kernel variant in use, OpenMP on/off, threads."""
     c = config()
@@ -88,10 +101,10 @@ def show_config(file=None) -> dict:
             else ("off" if _avxvnni_supported() else "off (not supported here)")
         )
         print(f"  AVX-VNNI       : {vnni} (int matmuls; GOINFER_AVXVNNI=0 turns it off)", file=out)
-    near, far = c["gemv_prefetch"], c["gemv_prefetch_far"]
-    pf_text = ", ".join(
-        f"{d} groups ahead ({hint})" if d else f"none ({hint})"
-        for d, hint in ((near, "prefetcht0"), (far, "prefetcht2"))
+    far = c["gemv_prefetch_far"]
+    pf_text = (
+        f"near (prefetcht0) {_prefetch_text(c['gemv_prefetch'])}; "
+        f"far (prefetcht2) {f'{far} groups' if far else 'none'}"
     )
     print(
         f"  GEMV prefetch  : {pf_text} (decode matmuls; GOINFER_PREFETCH=<groups> and "

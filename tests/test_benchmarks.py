@@ -255,6 +255,19 @@ def check_kernels_matmul(res):
         assert 0.0 < fp["mix_over_fma"] < 1.5
     else:
         assert fp["fma_GFLOPs"] == fp["f16_mix_GFLOPs"] == 0.0 and fp["mix_over_fma"] is None
+    # the prefetch sweep (2 rounds of q4_0 at 0 and 16 groups): every setting timed each round
+    # beside two bandwidth samples, at the distance the kernels read (the portable GEMV: none)
+    sw = res["prefetch_sweep"]
+    assert sw["threads"] == 1 and len(sw["rounds"]) == 2
+    for r in sw["rounds"]:
+        assert len(r["bandwidth_GBs"]) == 2 and all(_pos(b) for b in r["bandwidth_GBs"])
+        got = {k: v["groups"] for k, v in r["gemv"].items()}
+        n = 16 if simd else 0
+        assert got == {"attn k/v 576->192 q4_0 @ 0": 0, "attn k/v 576->192 q4_0 @ 16": n}
+        assert all(_pos(v["GBs"]) for v in r["gemv"].values())
+    m = sw["medians"]
+    assert m["all"]["rounds"] == 2 and m["upper"]["rounds"] + m["lower"]["rounds"] <= 2
+    assert all(_pos(v) for v in m["all"]["GBs"].values())
 
 
 def check_kernels_ssm(res):

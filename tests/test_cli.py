@@ -26,6 +26,22 @@ def test_show_config_reports_variant_openmp_threads():
     assert f"wait policy    : {c['wait_policy']}" in out
 
 
+def test_prefetch_text_groups_kinds_by_distance():
+    """`goinfer config`'s GEMV prefetch line: one distance for every kind names no kind; else
+    the kinds of each distance, the most common first."""
+    from goinfer import _prefetch_text
+
+    assert _prefetch_text({"q4_0": 8, "q4_k": 8}) == "8 groups"
+    assert _prefetch_text({"q4_0": 0, "q8_0": 0}) == "none"
+    mixed = {"q4_0": 16, "q8_0": 0, "q6_k": 16, "q4_k": 0, "q5_k": 16}
+    assert _prefetch_text(mixed) == "16 groups for q4_0, q6_k, q5_k, none for q8_0, q4_k"
+    buf = io.StringIO()
+    c = goinfer.show_config(file=buf)
+    assert f"GEMV prefetch  : near (prefetcht0) {_prefetch_text(c['gemv_prefetch'])}; far" in (
+        buf.getvalue()
+    )
+
+
 def test_python_m_goinfer_is_the_command():
     """``python -m goinfer`` runs the same CLI as the ``goinfer`` script: its help, its exit
     status on a bad command."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -636,22 +637,37 @@ def test_gemv_prefetch_distance_keeps_bits(kind, pf, far):
     ],
 )
 def test_gemv_prefetch_setting(get, set_, key, top):
+    """A distance set applies to every kind (the near one reads per kind: {kind: groups});
+    None gives each kind its default back."""
     if _config.variant() == "portable":
         pytest.skip("the portable GEMV issues no prefetches")
     get, set_ = getattr(_config, get), getattr(_config, set_)
+    every = (lambda d: dict.fromkeys(INT_KINDS, d)) if key == "gemv_prefetch" else (lambda d: d)
     old = get()
     assert set_(5) is None  # the default was in use
     try:
-        assert get() == 5
-        assert goinfer.config()[key] == 5
+        assert get() == every(5)
+        assert goinfer.config()[key] == every(5)
         for bad in (-1, top + 1):
             with pytest.raises(ValueError, match=f"0..{top}"):
                 set_(bad)
-        assert get() == 5
+        assert get() == every(5)
         assert set_(top) == 5
     finally:
         assert set_(None) == top
     assert get() == old
+
+
+def test_gemv_prefetch_kinds():
+    """The near distance reads per integer kind, in matmul.h's order of kinds; a float kind
+    or an unknown name is a ValueError."""
+    assert _config._INT_KINDS == INT_KINDS
+    by_kind = _config.gemv_prefetch()
+    assert list(by_kind) == list(INT_KINDS)
+    assert all(_config.gemv_prefetch(k) == d for k, d in by_kind.items())
+    for bad in ("f32", "q3_k"):
+        with pytest.raises(ValueError, match="integer kinds"):
+            _config.gemv_prefetch(bad)
 
 
 def _cpu_vendor_family() -> tuple[str, int]:
@@ -670,16 +686,20 @@ def _prefetch_from_env(var, getter, env):
     if env is not None:
         e[var] = env
     code = (
+        "import json\n"
         "from goinfer._kernels import _config\n"
+        "got = {}\n"
         "for v in _config.supported_variants():\n"
         "    _config.set_variant(v)\n"
-        f"    print(v, _config.{getter}())"
+        f"    got[v] = _config.{getter}()\n"
+        "print(json.dumps(got))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
     )
-    got = {v: int(n) for v, n in (line.split() for line in out.stdout.splitlines())}
-    assert got.pop("portable") == 0  # plain C, no prefetches to set
+    got = json.loads(out.stdout)
+    portable = got.pop("portable")  # plain C, no prefetches to set
+    assert portable == (dict.fromkeys(INT_KINDS, 0) if isinstance(portable, dict) else 0)
     return got
 
 
@@ -689,20 +709,22 @@ def _prefetch_from_env(var, getter, env):
     [(None, None), ("0", 0), ("12", 12), ("64", 64), ("65", None), ("x", None), ("", None)],
 )
 def test_gemv_prefetch_from_env(env, expect):
-    """GOINFER_PREFETCH=<groups> (0..64) sets the distance at start; anything else leaves each
-    variant's default on the CPU: none for avx512-vnni on AMD family 19h (Zen 3, Zen 4), 16
-    (avx512-vnni) and 32 (avx2) groups on AMD family 1Ah (Zen 5), 8 otherwise; the portable
-    variant issues none."""
+    """GOINFER_PREFETCH=<groups> (0..64) sets the distance of every kind at start; anything else
+    leaves each variant's and kind's default on the CPU: 16 groups on AMD family 19h (Zen 3,
+    Zen 4) but none for q4_k, and for q8_0 and mxfp4 on avx512-vnni; 16 (avx512-vnni) and 32
+    (avx2) groups on AMD family 1Ah (Zen 5); 8 otherwise; the portable variant issues none."""
     vendor, family = _cpu_vendor_family()
     amd = vendor == "AuthenticAMD"
     for v, got in _prefetch_from_env("GOINFER_PREFETCH", "gemv_prefetch", env).items():
-        if amd and family == 0x19:
-            default = 0 if v == "avx512-vnni" else 8
-        elif amd and family == 0x1A:
-            default = 16 if v == "avx512-vnni" else 32
-        else:
-            default = 8
-        assert got == (default if expect is None else expect), v
+        for kind in INT_KINDS:
+            if amd and family == 0x19:
+                avx512_none = v == "avx512-vnni" and kind in ("q8_0", "mxfp4")
+                default = 0 if kind == "q4_k" or avx512_none else 16
+            elif amd and family == 0x1A:
+                default = 16 if v == "avx512-vnni" else 32
+            else:
+                default = 8
+            assert got[kind] == (default if expect is None else expect), (v, kind)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")

@@ -74,17 +74,27 @@ def _set_prefetch(int which, groups, str name):
     return None if old < 0 else old
 
 
-def gemv_prefetch():
+# the integer weight kinds in the order of matmul.h's GI_Q4_0 .. (goinfer.quant.INT_KINDS)
+_INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1")
+
+
+def gemv_prefetch(kind=None):
     """The decode GEMV's near software prefetch distance (prefetcht0, into L1) in groups of 32
-    weights (0: none) for the variant in use: the one set_gemv_prefetch set, else
-    GOINFER_PREFETCH, else the variant's default on this CPU (src/dispatch_common.c)."""
-    return int(gi_gemv_prefetch(GI_PF_NEAR))
+    weights (0: none) for the variant in use and a weight kind ("q4_k"): the one
+    set_gemv_prefetch set, else GOINFER_PREFETCH, else the default of the variant and kind on
+    this CPU (src/dispatch_common.c).  kind None: {kind: distance} for every integer kind."""
+    if kind is None:
+        return {k: int(gi_gemv_prefetch(GI_PF_NEAR, i)) for i, k in enumerate(_INT_KINDS)}
+    if kind not in _INT_KINDS:
+        raise ValueError(f"no GEMV prefetch for kind {kind!r}; integer kinds: "
+                         f"{', '.join(_INT_KINDS)}")
+    return int(gi_gemv_prefetch(GI_PF_NEAR, _INT_KINDS.index(kind)))
 
 
 def set_gemv_prefetch(groups):
-    """Set the GEMV's near prefetch distance (0..64 groups, 0 turns it off; None: back to the
-    default); returns the old setting (None if it was the default).  The results are the same
-    bits at every distance: only when the weights load changes."""
+    """Set the GEMV's near prefetch distance for every kind (0..64 groups, 0 turns it off; None:
+    back to each kind's default); returns the old setting (None if it was the default).  The
+    results are the same bits at every distance: only when the weights load changes."""
     return _set_prefetch(GI_PF_NEAR, groups, "GEMV prefetch")
 
 
@@ -92,7 +102,7 @@ def gemv_prefetch_far():
     """The decode GEMV's far software prefetch distance (prefetcht2: the outer caches, not L1)
     in groups of 32 weights (0: none) for the variant in use: the one set_gemv_prefetch_far
     set, else GOINFER_PREFETCH_FAR, else the default on this CPU (src/dispatch_common.c)."""
-    return int(gi_gemv_prefetch(GI_PF_FAR))
+    return int(gi_gemv_prefetch(GI_PF_FAR, 0))  # alike for every kind
 
 
 def set_gemv_prefetch_far(groups):

@@ -15,7 +15,7 @@ cdef extern from "dispatch.h" nogil:
     enum:
         GI_PF_NEAR
         GI_PF_FAR
-    int gi_gemv_prefetch(int which)
+    int gi_gemv_prefetch(int which, int kind)
     int gi_set_gemv_prefetch(int which, int groups)
     int gi_gemv_prefetch_setting(int which)
     int gi_avxvnni_supported()

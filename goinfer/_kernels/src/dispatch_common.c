@@ -1,5 +1,6 @@
 /* Runtime ISA dispatch (see dispatch.h).  Compiled once, without ISA flags. */
 #include "dispatch.h"
+#include "matmul.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -85,22 +86,31 @@ static int cpu_amd_family(void) {
     return fam;
 }
 
-/* The near default.  The avx512 variant on AMD family 19h (Zen 3, Zen 4): none.  There the
-   hardware prefetchers keep up with the AVX-512 GEMV and the software prefetches only cost load
-   slots: when each GEMV call read four row blocks at once, a Zen 4 decoded a Llama-3.2-1B-shape
-   Q4_K_M file ~13% faster without them, while its avx2 variant (two row blocks per call then)
-   decoded it ~10% faster with them; since the calls read one row block each (one sequential
-   stream), 0, 8 and 16 groups decode alike there on both variants.  AMD family 1Ah (Zen 5):
-   16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
+/* The near default.  AMD family 19h (Zen 3, Zen 4): 16 groups, except none for q4_k (both
+   variants) and for q8_0 and mxfp4 on avx512.  There the hardware prefetchers alone keep those
+   GEMVs (q4_k's unrolls the 8 groups of a super-block) near the bandwidth and the software
+   prefetches only cost load slots, while the others' streams pause while they compute.
+   Graph-replayed cold GEMVs of a 2048 x 11008 weight, 2 threads, on a Zen 4 whose read
+   bandwidth switched between about 35 and 56 GB/s (benchmarks/kernels_matmul.py --set
+   gemv-kinds --prefetch-sweep; medians over the rounds in the fast phase), avx512 none -> 16
+   groups: q4_0 39.8 -> 43.7 GB/s, q4_1 35.2 -> 46.6, q5_0 40.4 -> 48.1, q5_1 32.4 -> 47.8, q5_k
+   43.9 -> 44.9, q6_k 39.3 -> 46.5, against q4_k 51.5 -> 48.1, q8_0 48.6 -> 47.6 and mxfp4 45.8
+   -> 45.8; avx2 8 -> 16 groups: 2-16% faster for every kind but q4_k, which read 50.1 GB/s
+   with none, 45.5 with 8 and 47.8 with 16; in the slower phase the settings read alike within
+   a few percent (docs/benchmarks.md, "Decode GEMV of the 4-bit kinds").  AMD family 1Ah (Zen
+   5): 16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
    shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 86-90 and
    93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 92-101 with 32 (48 and 64
    alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8:
    an Intel Xeon of the Emerald Rapids class (family 6 model 207, avx512) decoded the 1B shape
    Q4_K_M after 64 tokens alike with 8, 16 and 24 (medians of 5 alternating runs 26.5, 25.9 and
    26.2 tok/s) and at 21.6-23.4 with none. */
-static int default_prefetch(int variant) {
+static int default_prefetch(int variant, int kind) {
     const int fam = cpu_amd_family();
-    if (fam == 0x19 && variant == GI_AVX512) return 0;
+    if (fam == 0x19) {
+        if (kind == GI_Q4_K || (variant == GI_AVX512 && (kind == GI_Q8_0 || kind == GI_MXFP4))) return 0;
+        return 16;
+    }
     if (fam == 0x1A) return variant == GI_AVX512 ? 16 : 32;
     return 8;
 }
@@ -117,7 +127,7 @@ static int default_prefetch(int variant) {
    kinds". */
 static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 
-int gi_gemv_prefetch_for(int which, int variant) {
+int gi_gemv_prefetch_for(int which, int variant, int kind) {
     if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
         return 0;  /* the portable variant's plain-C GEMV issues no prefetches */
     const int set = __atomic_load_n(&g_prefetch_set[which], __ATOMIC_ACQUIRE);
@@ -131,10 +141,10 @@ int gi_gemv_prefetch_for(int which, int variant) {
         __atomic_store_n(&g_prefetch_env[which], env, __ATOMIC_RELEASE);
     }
     if (env >= 0) return env;
-    return which == GI_PF_NEAR ? default_prefetch(variant) : default_far();
+    return which == GI_PF_NEAR ? default_prefetch(variant, kind) : default_far();
 }
 
-int gi_gemv_prefetch(int which) { return gi_gemv_prefetch_for(which, gi_variant()); }
+int gi_gemv_prefetch(int which, int kind) { return gi_gemv_prefetch_for(which, gi_variant(), kind); }
 
 int gi_set_gemv_prefetch(int which, int groups) {
     if ((which != GI_PF_NEAR && which != GI_PF_FAR) || groups < -1 || groups > PREFETCH_MAX[which])

@@ -305,8 +305,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                     /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G; /* (MR, G) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;     /* GEMV prefetch distances, groups */
-    const int64_t ff = MR == 1 ? gemv_prefetch_far() : 0;
+    const int64_t pf = MR == 1 ? gemv_prefetch(KIND) : 0;     /* GEMV prefetch distances, groups */
+    const int64_t ff = MR == 1 ? gemv_prefetch_far(KIND) : 0;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), b4 = _mm256_set1_epi8(0x10);
     /* mxfp4: code -> KV + 12 (unsigned), corrected by -12*asum */
     const __m256i lutu = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
@@ -576,7 +576,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();   /* groups: near, far */
+    const int64_t pf = gemv_prefetch(KIND), ff = gemv_prefetch_far(KIND);   /* groups: near, far */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();   /* rows 0..7, 8..15 */
     if (KIND != GI_Q4_K) {
         const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
@@ -684,7 +684,7 @@ GI_INLINE void qv_q6(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb
     const uint16_t *wd = w->d + rb * (G / 8) * 16;                   /* (G/8, 16) */
     const int8_t *qa = a->qa + m * K;                                /* (K,) */
     const float *da = a->da + m * G;                                 /* (G,) */
-    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();    /* groups: near, far */
+    const int64_t pf = gemv_prefetch(GI_Q6_K), ff = gemv_prefetch_far(GI_Q6_K);    /* groups: near, far */
     const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8((char)0xC0);
     const __m256i nlo = _mm256_set1_epi8(0x0F), nhi = _mm256_set1_epi8((char)0xF0);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  /* rows 0..7, 8..15 */

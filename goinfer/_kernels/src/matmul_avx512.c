@@ -127,8 +127,8 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
     const int8_t *qa = a->qa + m * K;                             /* (MR, K) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;         /* (MR, G) */
     const int32_t *as = a->asum + m * G;                          /* (MR, G) */
-    const int64_t pf = MR == 1 ? gemv_prefetch() : 0;          /* GEMV prefetch distances, groups */
-    const int64_t ff = MR == 1 ? gemv_prefetch_far() : 0;
+    const int64_t pf = MR == 1 ? gemv_prefetch(KIND) : 0;          /* GEMV prefetch distances, groups */
+    const int64_t ff = MR == 1 ? gemv_prefetch_far(KIND) : 0;
     const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     const __m512i b4 = _mm512_set1_epi8(0x10), m3f = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
     const __m512 fbias = _mm512_set1_ps(FOLD_BIAS_F);
@@ -361,7 +361,7 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
-    const int64_t pf = gemv_prefetch(), ff = gemv_prefetch_far();   /* groups: near, far */
+    const int64_t pf = gemv_prefetch(KIND), ff = gemv_prefetch_far(KIND);   /* groups: near, far */
     __m512 acc = _mm512_setzero_ps();
     if (KIND != GI_Q4_K) {
         const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */

@@ -82,15 +82,15 @@ GI_INLINE float e8m0_half(uint8_t e) {
     return f;
 }
 
-/* The GEMV's software prefetch distances in groups (dispatch.h), read once per microkernel
-   call: near (prefetcht0) and far (prefetcht2) */
+/* The GEMV's software prefetch distances in groups (dispatch.h) for a weight kind, read once
+   per microkernel call: near (prefetcht0) and far (prefetcht2) */
 #if defined(GI_VARIANT_AVX512)
 #define GI_THIS_VARIANT GI_AVX512
 #else
 #define GI_THIS_VARIANT GI_AVX2
 #endif
-GI_INLINE int64_t gemv_prefetch(void) { return gi_gemv_prefetch_for(GI_PF_NEAR, GI_THIS_VARIANT); }
-GI_INLINE int64_t gemv_prefetch_far(void) { return gi_gemv_prefetch_for(GI_PF_FAR, GI_THIS_VARIANT); }
+GI_INLINE int64_t gemv_prefetch(int kind) { return gi_gemv_prefetch_for(GI_PF_NEAR, GI_THIS_VARIANT, kind); }
+GI_INLINE int64_t gemv_prefetch_far(int kind) { return gi_gemv_prefetch_for(GI_PF_FAR, GI_THIS_VARIANT, kind); }
 #if !defined(GI_VARIANT_PORTABLE)
 #include <xmmintrin.h>
 /* One software prefetch of the line at p: far (a constant where it is inlined): prefetcht2
