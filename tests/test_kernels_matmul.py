@@ -134,15 +134,16 @@ def test_peak_probes(v, probe):
     """The benchmarks' measured int8, float32 FMA and f16 attention mix peaks
     (kernels_matmul.int8_peak, fma_peak, f16_fma_peak): a finite rate above 1 G operations/s
     for the SIMD variants on one and two threads, none (0.0) for the portable build.  No speed
-    is asserted beyond that."""
+    is asserted beyond that: the best of 3 probes of 5 ms each, so that one stall of a shared
+    host's thread inside a probe cannot fail it."""
     peak = getattr(K, probe)
     with variant(v):
-        one = peak(1, min_time=0.005)
+        one = max(peak(1, min_time=0.005) for _ in range(3))
         if v == "portable":
             assert one == 0.0
             return
         assert np.isfinite(one) and one > 1e9  # above 1 G/s: any SIMD core since 2013
-        two = peak(2, min_time=0.005)
+        two = max(peak(2, min_time=0.005) for _ in range(3))
         assert np.isfinite(two) and two > 1e9
 
 
