@@ -100,7 +100,7 @@ SETS = {
         ("k/v    2048->512", 2048, 512, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
         ("down   8192->128", 8192, 128, ("q4_0", "q4_1", "q4_k", "q6_k", "q8_0")),
     ],
-    # one weight in every integer kind: the Qwen2.5-3B shape's down projection transposed
+    # one weight in every integer kind: the Qwen2.5-3B shape's gate (or up) projection
     # (--prefetch-sweep)
     "gemv-kinds": [
         (
