@@ -189,6 +189,30 @@ def check_decode_fixed_cost(res):
     assert r["python_path_has_graph"] is False
 
 
+def check_decode_prefetch(res):
+    """each setting decoded its own bursts, under the distances it names, timed per kernel"""
+    rows = res["rows"]
+    assert [r["setting"] for r in rows] == ["default", "0", "q4_0=8"]
+    from goinfer._kernels import _config
+    from goinfer.quant import INT_KINDS
+
+    assert all(set(r["distances"]) == set(INT_KINDS) for r in rows)
+    if res["variant"] == "portable":  # its plain-C GEMV issues no prefetches
+        assert all(set(r["distances"].values()) == {0} for r in rows)
+    else:
+        assert rows[0]["distances"] == _config.gemv_prefetch()
+        assert set(rows[1]["distances"].values()) == {0}
+        assert rows[2]["distances"] == {**rows[0]["distances"], "q4_0": 8}
+    assert res["decoded_tokens"] == res["rounds"] * res["steps"] * len(rows)
+    assert rows[0]["speed_vs_first"] == 1.0 and rows[0]["rounds_faster_than_first"] == 0
+    for r in rows:
+        assert len(r["round_ms"]) == res["rounds"] and all(_pos(t) for t in r["round_ms"])
+        assert _pos(r["ms_per_token"]) and _pos(r["tok_s"]) and _pos(r["speed_vs_first"])
+        # the same steps per setting: the same kernel calls, matmuls among them
+        assert r["kernel_calls"] == rows[0]["kernel_calls"] and r["kernel_calls"]["matmul"] > 0
+        assert _pos(r["family_ms_per_token"]["matmul"])
+
+
 def check_float_copy(res):
     assert [c["values"] for c in res["copies"]] == ["original", "native"]
     for c in res["copies"]:

@@ -671,6 +671,41 @@ def test_gemv_prefetch_kinds():
             _config.gemv_prefetch(bad)
 
 
+def test_gemv_prefetch_per_kind():
+    """A distance set for one kind (kind=, or a dict of kinds) moves that kind alone; the
+    others keep theirs.  Each form returns the old setting in a form the setter takes back,
+    and a later setting of every kind replaces the per-kind ones."""
+    if _config.variant() == "portable":
+        pytest.skip("the portable GEMV issues no prefetches")
+    base = _config.gemv_prefetch()
+    other = {k: d for k, d in base.items() if k != "q4_0"}
+    try:
+        assert _config.set_gemv_prefetch(3, kind="q4_0") is None
+        assert _config.gemv_prefetch("q4_0") == 3
+        assert {k: d for k, d in _config.gemv_prefetch().items() if k != "q4_0"} == other
+        old = _config.set_gemv_prefetch({"q6_k": 7, "q4_0": None})
+        assert old == {"q6_k": None, "q4_0": 3}
+        assert _config.gemv_prefetch() == {**base, "q6_k": 7}
+        # every kind: the old setting comes back as a dict when the kinds differ
+        mixed = _config.set_gemv_prefetch(4)
+        assert mixed == {**dict.fromkeys(INT_KINDS, None), "q6_k": 7}
+        assert _config.gemv_prefetch() == dict.fromkeys(INT_KINDS, 4)
+        assert _config.set_gemv_prefetch(mixed) == dict.fromkeys(INT_KINDS, 4)
+        assert _config.gemv_prefetch() == {**base, "q6_k": 7}
+        # a bad kind or distance changes nothing
+        for bad in ({"q4_0": 65}, {"f32": 1}, {"q4_0": 2, "q3_k": 1}):
+            with pytest.raises(ValueError):
+                _config.set_gemv_prefetch(bad)
+        with pytest.raises(ValueError, match="integer kinds"):
+            _config.set_gemv_prefetch(2, kind="bf16")
+        with pytest.raises(ValueError, match="no kind="):
+            _config.set_gemv_prefetch({"q4_0": 2}, kind="q4_0")
+        assert _config.gemv_prefetch() == {**base, "q6_k": 7}
+    finally:
+        _config.set_gemv_prefetch(None)
+    assert _config.gemv_prefetch() == base
+
+
 def _cpu_vendor_family() -> tuple[str, int]:
     with open("/proc/cpuinfo") as f:
         first_cpu = f.read().split("\n\n")[0]
@@ -712,7 +747,8 @@ def _prefetch_from_env(var, getter, env):
 def test_gemv_prefetch_from_env(env, expect):
     """GOINFER_PREFETCH=<groups> (0..64) sets the distance of every kind at start; anything else
     leaves each variant's and kind's default on the CPU: 16 groups on AMD family 19h (Zen 3,
-    Zen 4) but none for q4_k, and for q8_0 and mxfp4 on avx512-vnni; 16 (avx512-vnni) and 32
+    Zen 4) but none for q4_k, none for q8_0 and mxfp4 on avx512-vnni and 12 for q4_0 on avx2;
+    16 (avx512-vnni) and 32
     (avx2) groups on AMD family 1Ah (Zen 5); 8 otherwise; the portable variant issues none."""
     vendor, family = _cpu_vendor_family()
     amd = vendor == "AuthenticAMD"
@@ -720,7 +756,8 @@ def test_gemv_prefetch_from_env(env, expect):
         for kind in INT_KINDS:
             if amd and family == 0x19:
                 avx512_none = v == "avx512-vnni" and kind in ("q8_0", "mxfp4")
-                default = 0 if kind == "q4_k" or avx512_none else 16
+                avx2_q4_0 = v == "avx2" and kind == "q4_0"
+                default = 0 if kind == "q4_k" or avx512_none else 12 if avx2_q4_0 else 16
             elif amd and family == 0x1A:
                 default = 16 if v == "avx512-vnni" else 32
             else:

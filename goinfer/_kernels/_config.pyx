@@ -1,5 +1,7 @@
 # cython: language_level=3
 """Build and runtime facts of the compiled kernels: ISA variant and OpenMP."""
+import operator
+
 from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, gi_variant,
                                         gi_set_variant, gi_variant_name, GI_N_VARIANTS,
                                         gi_gemv_prefetch, gi_set_gemv_prefetch,
@@ -62,40 +64,79 @@ def set_variant(name):
 
 # ---------------------------------------------------------------- GEMV software prefetch
 _PF_MAX = {GI_PF_NEAR: 64, GI_PF_FAR: 1024}
+# the integer weight kinds in the order of matmul.h's GI_Q4_0 .. (goinfer.quant.INT_KINDS)
+_INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1")
 
 
-def _set_prefetch(int which, groups, str name):
-    old = int(gi_gemv_prefetch_setting(which))
-    g = -1 if groups is None else int(groups)
-    if (groups is not None and g < 0) or gi_set_gemv_prefetch(which, g) != 0:
-        raise ValueError(
-            f"{name} distance must be 0..{_PF_MAX[which]} groups or None, got {groups!r}"
-        )
+def _kind_index(kind):
+    if kind not in _INT_KINDS:
+        raise ValueError(f"no GEMV prefetch for kind {kind!r}; integer kinds: "
+                         f"{', '.join(_INT_KINDS)}")
+    return _INT_KINDS.index(kind)
+
+
+def _setting(int which, int k):
+    cdef int old = gi_gemv_prefetch_setting(which, k)
     return None if old < 0 else old
 
 
-# the integer weight kinds in the order of matmul.h's GI_Q4_0 .. (goinfer.quant.INT_KINDS)
-_INT_KINDS = ("q4_0", "q4_1", "q8_0", "mxfp4", "q6_k", "q4_k", "q5_k", "q5_0", "q5_1")
+def _check_distance(int which, groups, str name):
+    if groups is None:
+        return
+    try:
+        ok = 0 <= operator.index(groups) <= _PF_MAX[which]
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} distance must be 0..{_PF_MAX[which]} groups or None, got {groups!r}"
+        )
+
+
+def _set_prefetch(int which, groups, str name, kind=None):
+    """set one kind's distance (kind), every kind's (kind None), or each named kind's (groups a
+    dict); returns the old setting in a form this takes back"""
+    if isinstance(groups, dict):
+        if kind is not None:
+            raise ValueError(f"{name}: a dict of distances names its kinds; no kind= beside it")
+        idx = {k: _kind_index(k) for k in groups}
+        for k, g in groups.items():
+            _check_distance(which, g, name)
+        old = {k: _setting(which, i) for k, i in idx.items()}
+        for k, g in groups.items():
+            gi_set_gemv_prefetch(which, idx[k], -1 if g is None else operator.index(g))
+        return old
+    _check_distance(which, groups, name)
+    g = -1 if groups is None else operator.index(groups)
+    if kind is not None:
+        i = _kind_index(kind)
+        old = _setting(which, i)
+        gi_set_gemv_prefetch(which, i, g)
+        return old
+    olds = {k: _setting(which, i) for i, k in enumerate(_INT_KINDS)}
+    gi_set_gemv_prefetch(which, -1, g)
+    return olds[_INT_KINDS[0]] if len(set(olds.values())) == 1 else olds
 
 
 def gemv_prefetch(kind=None):
     """The decode GEMV's near software prefetch distance (prefetcht0, into L1) in groups of 32
     weights (0: none) for the variant in use and a weight kind ("q4_k"): the one
-    set_gemv_prefetch set, else GOINFER_PREFETCH, else the default of the variant and kind on
-    this CPU (src/dispatch_common.c).  kind None: {kind: distance} for every integer kind."""
+    set_gemv_prefetch set for it, else GOINFER_PREFETCH, else the default of the variant and
+    kind on this CPU (src/dispatch_common.c).  kind None: {kind: distance} for every integer
+    kind."""
     if kind is None:
         return {k: int(gi_gemv_prefetch(GI_PF_NEAR, i)) for i, k in enumerate(_INT_KINDS)}
-    if kind not in _INT_KINDS:
-        raise ValueError(f"no GEMV prefetch for kind {kind!r}; integer kinds: "
-                         f"{', '.join(_INT_KINDS)}")
-    return int(gi_gemv_prefetch(GI_PF_NEAR, _INT_KINDS.index(kind)))
+    return int(gi_gemv_prefetch(GI_PF_NEAR, _kind_index(kind)))
 
 
-def set_gemv_prefetch(groups):
-    """Set the GEMV's near prefetch distance for every kind (0..64 groups, 0 turns it off; None:
-    back to each kind's default); returns the old setting (None if it was the default).  The
-    results are the same bits at every distance: only when the weights load changes."""
-    return _set_prefetch(GI_PF_NEAR, groups, "GEMV prefetch")
+def set_gemv_prefetch(groups, kind=None):
+    """Set the GEMV's near prefetch distance (0..64 groups, 0 turns it off; None: back to the
+    default): of every kind, of one kind (kind="q4_0"), or of each kind a dict names
+    ({"q4_0": 8, "q6_k": None}).  Returns the old setting in a form this takes back: one kind's
+    (None if it was the default); every kind's as one value when they were alike, else as a
+    dict.  The results are the same bits at every distance: only when the weights load
+    changes."""
+    return _set_prefetch(GI_PF_NEAR, groups, "GEMV prefetch", kind)
 
 
 def gemv_prefetch_far():

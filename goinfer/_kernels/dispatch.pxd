@@ -16,8 +16,8 @@ cdef extern from "dispatch.h" nogil:
         GI_PF_NEAR
         GI_PF_FAR
     int gi_gemv_prefetch(int which, int kind)
-    int gi_set_gemv_prefetch(int which, int groups)
-    int gi_gemv_prefetch_setting(int which)
+    int gi_set_gemv_prefetch(int which, int kind, int groups)
+    int gi_gemv_prefetch_setting(int which, int kind)
     int gi_avxvnni_supported()
     int gi_avxvnni_enabled()
     int gi_avxvnni_set(int on)

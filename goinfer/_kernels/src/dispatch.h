@@ -13,14 +13,15 @@ const char *gi_variant_name(int v);
 /* GEMV software prefetch distances, in groups of 32 k (0: none), read by the SIMD GEMV
    microkernels at each call.  GI_PF_NEAR: prefetcht0 (into L1), GOINFER_PREFETCH, 0..64;
    GI_PF_FAR: prefetcht2 (the outer caches, not L1), GOINFER_PREFETCH_FAR, 0..1024.  Each is
-   the distance set (gi_set_gemv_prefetch, every kind), else its environment variable (read
-   once, every kind), else the default of the variant and weight kind (GI_Q4_0 .. of matmul.h)
-   on this CPU (dispatch_common.c). */
+   the distance set for the kind (gi_set_gemv_prefetch, one kind or every kind), else its
+   environment variable (read once, every kind), else the default of the variant and weight
+   kind (GI_Q4_0 .. of matmul.h) on this CPU (dispatch_common.c). */
 enum { GI_PF_NEAR = 0, GI_PF_FAR = 1 };
 int gi_gemv_prefetch_for(int which, int v, int kind); /* the distance variant v's GEMV of kind uses */
 int gi_gemv_prefetch(int which, int kind);    /* ... the variant in use's */
-int gi_set_gemv_prefetch(int which, int groups); /* -1: back to the default; 0 on success, -1 if outside */
-int gi_gemv_prefetch_setting(int which);      /* the distance set, -1 if none */
+/* kind -1: every kind; groups -1: back to the default; 0 on success, -1 if outside */
+int gi_set_gemv_prefetch(int which, int kind, int groups);
+int gi_gemv_prefetch_setting(int which, int kind); /* the distance set for kind, -1 if none */
 
 /* The switch of an optional kernel path (AVX-VNNI, AMX): *state is -1 until first read, then
    on where supported() unless the environment variable env is "0" (read once).  Setting it on

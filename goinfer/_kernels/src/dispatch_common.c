@@ -58,7 +58,7 @@ const char *gi_variant_name(int v) {
 
 /* ============================================================================ GEMV prefetch distances */
 
-static int g_prefetch_set[2] = {-1, -1};  /* -1: the variant's default; else the distance set */
+static int g_prefetch_set[2][GI_N_KINDS];  /* per kind: 0 none set (the default), else the distance set + 1 */
 static int g_prefetch_env[2] = {-2, -2};  /* -2: the variable not read yet; -1: absent or invalid */
 static const char *const PREFETCH_ENV[2] = {"GOINFER_PREFETCH", "GOINFER_PREFETCH_FAR"};
 static const int PREFETCH_MAX[2] = {64, 1024};
@@ -86,30 +86,36 @@ static int cpu_amd_family(void) {
     return fam;
 }
 
-/* The near default.  AMD family 19h (Zen 3, Zen 4): 16 groups, except none for q4_k (both
-   variants) and for q8_0 and mxfp4 on avx512.  There the hardware prefetchers alone keep those
-   GEMVs (q4_k's unrolls the 8 groups of a super-block) near the bandwidth and the software
-   prefetches only cost load slots, while the others' streams pause while they compute.
-   Graph-replayed cold GEMVs of a 2048 x 11008 weight, 2 threads, on a Zen 4 whose read
-   bandwidth switched between about 35 and 56 GB/s (benchmarks/kernels_matmul.py --set
-   gemv-kinds --prefetch-sweep; medians over the rounds in the fast phase), avx512 none -> 16
-   groups: q4_0 39.8 -> 43.7 GB/s, q4_1 35.2 -> 46.6, q5_0 40.4 -> 48.1, q5_1 32.4 -> 47.8, q5_k
-   43.9 -> 44.9, q6_k 39.3 -> 46.5, against q4_k 51.5 -> 48.1, q8_0 48.6 -> 47.6 and mxfp4 45.8
-   -> 45.8; avx2 8 -> 16 groups: 2-16% faster for every kind but q4_k, which read 50.1 GB/s
-   with none, 45.5 with 8 and 47.8 with 16; in the slower phase the settings read alike within
-   a few percent (docs/benchmarks.md, "Decode GEMV of the 4-bit kinds").  AMD family 1Ah (Zen
-   5): 16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B
-   shape after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 86-90 and
-   93-100 with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 92-101 with 32 (48 and 64
-   alike); its 8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none.  Elsewhere 8:
-   an Intel Xeon of the Emerald Rapids class (family 6 model 207, avx512) decoded the 1B shape
-   Q4_K_M after 64 tokens alike with 8, 16 and 24 (medians of 5 alternating runs 26.5, 25.9 and
-   26.2 tok/s) and at 21.6-23.4 with none. */
+/* The near default. AMD family 19h (Zen 3, Zen 4): 16 groups, except none for q4_k (both
+   variants) and for q8_0 and mxfp4 on avx512, and 12 for q4_0 on avx2. Where the default is none,
+   the hardware prefetchers alone keep the GEMV (q4_k's unrolls the 8 groups of a super-block)
+   near the bandwidth and the software prefetches only cost load slots, while the others' streams
+   pause while they compute. Graph-replayed cold GEMVs of a 2048 x 11008 weight, 2 threads, on a
+   Zen 4 whose read bandwidth switched between about 35 and 56 GB/s (benchmarks/kernels_matmul.py
+   --set gemv-kinds --prefetch-sweep; medians over the rounds in the fast phase), avx512 none ->
+   16 groups: q4_0 39.8 -> 43.7 GB/s, q4_1 35.2 -> 46.6, q5_0 40.4 -> 48.1, q5_1 32.4 -> 47.8,
+   q5_k 43.9 -> 44.9, q6_k 39.3 -> 46.5, against q4_k 51.5 -> 48.1, q8_0 48.6 -> 47.6 and mxfp4
+   45.8 -> 45.8; avx2 8 -> 16 groups: 2-16% faster for every kind but q4_k, which read 50.1 GB/s
+   with none, 45.5 with 8 and 47.8 with 16; in the slower phase the settings read alike within a
+   few percent (docs/benchmarks.md, "Decode GEMV of the 4-bit kinds"). A whole model tells more
+   for q4_0 on avx2: decoding after 4,096 tokens, a step's attention took longer after GEMVs 16
+   groups ahead (the 3B shape's 16.0 ms per token after 8 groups, 20.2 after 16, every kernel
+   timed), so that the Q4_0 shape files of 1B, 3B and 8B decoded there 1.02-1.10x as fast with 8
+   groups and 1.03-1.07x with 12, while after 64 tokens 8 was 0.97-0.98x of 16 and 12 1.02x (the
+   settings interleaved in one process, 40 rounds; benchmarks/decode_prefetch.py); on avx512 16
+   stayed the fastest for q4_0 after 4,096 tokens (8: 0.97x, 12: 0.98x). AMD family 1Ah (Zen 5):
+   16 groups (avx512) and 32 (avx2), 4 and 8 KB of q4 ahead: with 8 a Zen 5 decoded the 1B shape
+   after 64 tokens at 81-85 (Q4_K_M) and 89-94 tok/s (Q4_0) on avx512 against 86-90 and 93-100
+   with 16, and at 76-80 and 88-91 on avx2 against 83-90 and 92-101 with 32 (48 and 64 alike); its
+   8 had taken the AVX2 GEMV from 19-31 to 26-40 GB/s against none. Elsewhere 8: an Intel Xeon of
+   the Emerald Rapids class (family 6 model 207, avx512) decoded the 1B shape Q4_K_M after 64
+   tokens alike with 8, 16 and 24 (medians of 5 alternating runs 26.5, 25.9 and 26.2 tok/s) and at
+   21.6-23.4 with none. */
 static int default_prefetch(int variant, int kind) {
     const int fam = cpu_amd_family();
     if (fam == 0x19) {
         if (kind == GI_Q4_K || (variant == GI_AVX512 && (kind == GI_Q8_0 || kind == GI_MXFP4))) return 0;
-        return 16;
+        return variant == GI_AVX2 && kind == GI_Q4_0 ? 12 : 16;
     }
     if (fam == 0x1A) return variant == GI_AVX512 ? 16 : 32;
     return 8;
@@ -130,8 +136,8 @@ static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 int gi_gemv_prefetch_for(int which, int variant, int kind) {
     if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
         return 0;  /* the portable variant's plain-C GEMV issues no prefetches */
-    const int set = __atomic_load_n(&g_prefetch_set[which], __ATOMIC_ACQUIRE);
-    if (set >= 0) return set;
+    const int set = kind >= 0 && kind < GI_N_KINDS ? __atomic_load_n(&g_prefetch_set[which][kind], __ATOMIC_ACQUIRE) : 0;
+    if (set > 0) return set - 1;
     int env = __atomic_load_n(&g_prefetch_env[which], __ATOMIC_ACQUIRE);
     if (env == -2) {
         const char *e = getenv(PREFETCH_ENV[which]);
@@ -146,15 +152,18 @@ int gi_gemv_prefetch_for(int which, int variant, int kind) {
 
 int gi_gemv_prefetch(int which, int kind) { return gi_gemv_prefetch_for(which, gi_variant(), kind); }
 
-int gi_set_gemv_prefetch(int which, int groups) {
-    if ((which != GI_PF_NEAR && which != GI_PF_FAR) || groups < -1 || groups > PREFETCH_MAX[which])
+int gi_set_gemv_prefetch(int which, int kind, int groups) {
+    if ((which != GI_PF_NEAR && which != GI_PF_FAR) || kind < -1 || kind >= GI_N_KINDS ||
+        groups < -1 || groups > PREFETCH_MAX[which])
         return -1;
-    __atomic_store_n(&g_prefetch_set[which], groups, __ATOMIC_RELEASE);
+    for (int k = kind < 0 ? 0 : kind; k < (kind < 0 ? GI_N_KINDS : kind + 1); k++)
+        __atomic_store_n(&g_prefetch_set[which][k], groups + 1, __ATOMIC_RELEASE);
     return 0;
 }
 
-int gi_gemv_prefetch_setting(int which) {
-    return which == GI_PF_NEAR || which == GI_PF_FAR ? __atomic_load_n(&g_prefetch_set[which], __ATOMIC_ACQUIRE) : -1;
+int gi_gemv_prefetch_setting(int which, int kind) {
+    if ((which != GI_PF_NEAR && which != GI_PF_FAR) || kind < 0 || kind >= GI_N_KINDS) return -1;
+    return __atomic_load_n(&g_prefetch_set[which][kind], __ATOMIC_ACQUIRE) - 1;
 }
 
 
