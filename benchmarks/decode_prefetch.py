@@ -6,17 +6,17 @@
 One session prefills --prompt tokens, then decodes in bursts of --steps greedy tokens, each
 burst under one setting of the decode GEMV's near prefetch distance (goinfer._kernels._config.
 set_gemv_prefetch: `default` is each weight kind's default on this CPU, `N` is N groups of 32
-weights ahead for every kind, 0 none, `q4_0=8/q6_k=16` sets those kinds and leaves the others at
-their defaults); a round runs every setting once, in the given order on
-even rounds and reversed on odd ones.  So the settings meet the same host: on a shared host
-whose read bandwidth moves between phases over seconds to minutes, runs in separate processes
-minutes apart compare phases, not settings, while bursts a fraction of a second apart meet the
-same phase.  The context grows by rounds x settings x steps tokens over the run, alike for
-every setting.  Reported per setting: the median ms per token over the rounds, tok/s, and the
-rounds it beat the first setting.  --kernels: time each kernel family too (goinfer.profile's
-proxy: every kernel call from Python, not the replayed graph, so slower overall) to see where a
-setting's time goes.  The bits are the same under every setting (tests/test_kernels_matmul.py),
-so every burst decodes the tokens it would under any other.  --smoke: the tiny shape
+weights ahead for every kind, 0 none, `q4_0=8/q6_k=16` sets those kinds and leaves the others
+at their defaults); a round runs every setting once, in the given order on even rounds and
+reversed on odd ones. So the settings meet the same host: on a shared host whose read bandwidth
+moves between phases over seconds to minutes, runs in separate processes minutes apart compare
+phases, not settings, while bursts a fraction of a second apart meet the same phase. The
+context grows by rounds x settings x steps tokens over the run, alike for every setting.
+Reported per setting: the median ms per token over the rounds, tok/s, and the rounds it beat
+the first setting. --kernels: time each kernel family too (goinfer.profile's proxy: every
+kernel call from Python, not the replayed graph, so slower overall) to see where a setting's
+time goes. The bits are the same under every setting (tests/test_kernels_matmul.py), so every
+burst decodes the tokens it would under any other. --smoke: the tiny shape
 (benchmarks/shapes.py), 2 rounds (the test suite).
 """
 

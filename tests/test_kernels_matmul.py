@@ -748,8 +748,8 @@ def test_gemv_prefetch_from_env(env, expect):
     """GOINFER_PREFETCH=<groups> (0..64) sets the distance of every kind at start; anything else
     leaves each variant's and kind's default on the CPU: 16 groups on AMD family 19h (Zen 3,
     Zen 4) but none for q4_k, none for q8_0 and mxfp4 on avx512-vnni and 12 for q4_0 on avx2;
-    16 (avx512-vnni) and 32
-    (avx2) groups on AMD family 1Ah (Zen 5); 8 otherwise; the portable variant issues none."""
+    16 (avx512-vnni) and 32 (avx2) groups on AMD family 1Ah (Zen 5); 8 otherwise; the portable
+    variant issues none."""
     vendor, family = _cpu_vendor_family()
     amd = vendor == "AuthenticAMD"
     for v, got in _prefetch_from_env("GOINFER_PREFETCH", "gemv_prefetch", env).items():

@@ -58,7 +58,8 @@ const char *gi_variant_name(int v) {
 
 /* ============================================================================ GEMV prefetch distances */
 
-static int g_prefetch_set[2][GI_N_KINDS];  /* per kind: 0 none set (the default), else the distance set + 1 */
+/* per distance and kind: 0 when none is set (the default applies), else the distance set + 1 */
+static int g_prefetch_set[2][GI_N_KINDS];
 static int g_prefetch_env[2] = {-2, -2};  /* -2: the variable not read yet; -1: absent or invalid */
 static const char *const PREFETCH_ENV[2] = {"GOINFER_PREFETCH", "GOINFER_PREFETCH_FAR"};
 static const int PREFETCH_MAX[2] = {64, 1024};
@@ -136,7 +137,9 @@ static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 int gi_gemv_prefetch_for(int which, int variant, int kind) {
     if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
         return 0;  /* the portable variant's plain-C GEMV issues no prefetches */
-    const int set = kind >= 0 && kind < GI_N_KINDS ? __atomic_load_n(&g_prefetch_set[which][kind], __ATOMIC_ACQUIRE) : 0;
+    const int set = kind >= 0 && kind < GI_N_KINDS
+                        ? __atomic_load_n(&g_prefetch_set[which][kind], __ATOMIC_ACQUIRE)
+                        : 0;
     if (set > 0) return set - 1;
     int env = __atomic_load_n(&g_prefetch_env[which], __ATOMIC_ACQUIRE);
     if (env == -2) {
