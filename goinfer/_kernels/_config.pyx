@@ -100,7 +100,7 @@ def _set_prefetch(int which, groups, str name, kind=None):
         if kind is not None:
             raise ValueError(f"{name}: a dict of distances names its kinds; no kind= beside it")
         idx = {k: _kind_index(k) for k in groups}
-        for k, g in groups.items():
+        for g in groups.values():
             _check_distance(which, g, name)
         old = {k: _setting(which, i) for k, i in idx.items()}
         for k, g in groups.items():
