@@ -8,7 +8,8 @@ every later load.
 Converting a GGUF's tensors to the kernels' layout (goinfer/quant.py, goinfer/gguf.py) reads and
 rewrites every weight: seconds per GB.  The first load of a model writes the result to
 ``$GOINFER_HOME/layouts/<fingerprint>-<variant>.layout`` (``GOINFER_LAYOUT_DIR`` overrides the
-directory, ``GOINFER_LAYOUT_CACHE=0`` turns the cache off); later loads map that file read-only
+directory, ``GOINFER_LAYOUT_CACHE=0`` turns the cache off), 2 MB at a time, so that a file system
+that caches files in large folios holds it in 2 MB ones; later loads map that file read-only
 and shared, asking for 2 MB pages, and fault it all in, so a load costs about what mapping the
 file costs, and every process that loads the model shares the same physical pages.  The
 exception is a table that steps read a row at a time (an embedding not tied to the LM head:
@@ -79,6 +80,7 @@ _FOOTER_SIZE = 72  # _FOOTER (68 bytes) padded to 8
 _DATA0 = 4096
 _ALIGN = 64
 _CHUNK = 1 << 24  # bytes per crc32 / write step
+_WINDOW = memory.HUGE_PAGE  # the writer's unit (see _Writer._write)
 _COPY_MIN = 32 << 20  # place_weights: smaller layouts stay mapped in "auto" mode
 _DTYPES = {"|u1", "|i1", "<f2", "<f4", "<u2", "<i4", "<i8", "<f8"}
 
@@ -179,20 +181,45 @@ class _Writer:
             umask = os.umask(0)
             os.umask(umask)
             os.fchmod(fd, 0o644 & ~umask)  # readable like any cache file (mkstemp makes 0600)
-            self.f = os.fdopen(fd, "wb")
-            self.f.write(MAGIC + struct.pack("<I", FORMAT))
-            self.f.write(b"\0" * (_DATA0 - self.f.tell()))
-            self.pos = _DATA0
+            self.f = os.fdopen(fd, "wb", buffering=0)
         except OSError as e:
             self.discard()
             raise _WriteFailed(e) from e
+        self.pos = 0  # bytes written so far, staged ones included
+        self.stage = bytearray()  # the bytes after the last whole window written
+        head = MAGIC + struct.pack("<I", FORMAT)
+        self._write(head + b"\0" * (_DATA0 - len(head)))
 
+    # Writes go out in whole 2 MB windows of the file (offsets k * 2 MB): a file system that
+    # caches files in large folios (ext4 from Linux 6.16, XFS) then holds every window in one
+    # 2 MB folio, which the mapping of a later load maps with one 2 MB page.  A write that
+    # covers part of a window fills it with smaller folios: writing each array as it came cut
+    # one window per array boundary, a third of a 3B model's layout on 4 KB pages.
     def _write(self, b) -> None:
+        H = _WINDOW
+        b = memoryview(b).cast("B")
+        self.pos += len(b)
         try:
-            self.f.write(b)
+            if self.stage:
+                take = min(len(b), H - len(self.stage))
+                self.stage += b[:take]
+                b = b[take:]
+                if len(self.stage) == H:
+                    self._out(self.stage)
+                    self.stage = bytearray()
+            whole = len(b) // H * H
+            if whole:  # the stage is empty here: b starts at a window boundary
+                self._out(b[:whole])
+            self.stage += b[whole:]
         except OSError as e:
             raise _WriteFailed(e) from e
-        self.pos += len(b)
+
+    def _out(self, b) -> None:
+        """Write all of b at the file's position (a regular file may take it in parts)."""
+        b = memoryview(b)
+        while b:
+            n = self.f.write(b)
+            b = b[n:]
 
     def put(self, a: np.ndarray) -> int:
         """Write one array (C order, little-endian) -> its index in the table."""
@@ -281,7 +308,8 @@ class _Writer:
         if self.pos != header["file_size"]:
             raise AssertionError("layout cache: header size did not converge")
         try:
-            self.f.flush()
+            self._out(self.stage)  # the last, partial window
+            self.stage = bytearray()
             os.fsync(self.f.fileno())
             self.f.close()
         except OSError as e:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from fixtures import compare, tinymodels
 from goinfer import layout, memory
@@ -206,6 +209,58 @@ def test_layout_holds_exactly_the_native_bytes(q4_path, layouts):
     header = layout.verify(m.load_info.path)
     assert sum(a[1] for a in header["arrays"]) == GGUFFile(q4_path).native_bytes()
     assert sum(a.nbytes for a in _arrays(m)) <= GGUFFile(q4_path).native_bytes()
+
+
+class _Recorder:
+    """Wraps the writer's file: records (offset, length) of every write that reaches it."""
+
+    def __init__(self, f):
+        self.f, self.calls, self.at = f, [], 0
+
+    def write(self, b):
+        n = self.f.write(b)
+        self.calls.append((self.at, n))
+        self.at += n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 5 << 20), min_size=0, max_size=6),
+    seed=st.integers(0, 2**32 - 1),
+)
+@example(sizes=[], seed=0)
+@example(sizes=[(2 << 20) - 4096], seed=1)  # the first window exactly full after the preamble
+@example(sizes=[(2 << 20) - 4096, 2 << 20, 1], seed=2)  # arrays ending on window boundaries
+@example(sizes=[3, 5 << 20, 64, 7], seed=3)  # pads between arrays
+def test_writer_writes_whole_2mb_windows(sizes, seed):
+    """Every write reaches the file at a multiple of 2 MB with a multiple of 2 MB bytes (the
+    last one excepted), and the file holds each array at its table offset: 64-byte aligned,
+    after the 4096-byte preamble, the bytes it was given."""
+    H = memory.HUGE_PAGE
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    with tempfile.TemporaryDirectory() as d:
+        w = layout._Writer(Path(d) / "w.layout", {})
+        rec = w.f = _Recorder(w.f)
+        for a in arrays:
+            w.put(a)
+        w.finish({"t": "x"})
+        w.commit()
+        data = (Path(d) / "w.layout").read_bytes()
+    assert sum(n for _, n in rec.calls) == len(data) == w.pos
+    for off, n in rec.calls[:-1]:
+        assert off % H == 0 and n % H == 0 and n > 0
+    assert rec.calls[-1][0] % H == 0
+    end = 4096
+    for a, (off, nbytes, *_rest) in zip(arrays, w.table):
+        assert off == end + (-end % 64)
+        assert nbytes == a.size and data[off : off + nbytes] == a.tobytes()
+        end = off + nbytes
+    assert data[:16] == layout.MAGIC
 
 
 def test_pages_are_shared_between_processes(q4_path, layouts):
