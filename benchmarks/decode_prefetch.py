@@ -1,4 +1,4 @@
-"""Whole-model decode under several GEMV prefetch settings, interleaved within one process.
+"""Whole-model decode under several GEMV settings (prefetch, streams) interleaved in one process.
 
     python benchmarks/decode_prefetch.py MODEL [--settings default,8] [--prompt 4096] \
         [--rounds 40] [--steps 4] [--threads 2] [--kernels] [--json out.json]
@@ -7,7 +7,10 @@ One session prefills --prompt tokens, then decodes in bursts of --steps greedy t
 burst under one setting of the decode GEMV's near prefetch distance (goinfer._kernels._config.
 set_gemv_prefetch: `default` is each weight kind's default on this CPU, `N` is N groups of 32
 weights ahead for every kind, 0 none, `q4_0=8/q6_k=16` sets those kinds and leaves the others
-at their defaults); a round runs every setting once, in the given order on even rounds and
+at their defaults), of its far prefetch distance (`far=N`: set_gemv_prefetch_far) and of the
+row blocks it reads per call (`streams=N`, 1..4: set_gemv_streams); the parts of a setting
+join with `/` (`streams=1/far=0`), what a setting does not name keeps its default; a round
+runs every setting once, in the given order on even rounds and
 reversed on odd ones. So the settings meet the same host: on a shared host whose read bandwidth
 moves between phases over seconds to minutes, runs in separate processes minutes apart compare
 phases, not settings, while bursts a fraction of a second apart meet the same phase. The
@@ -23,6 +26,7 @@ burst decodes the tokens it would under any other. --smoke: the tiny shape
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -37,24 +41,47 @@ from goinfer.model import Model
 from goinfer.profile import FAMILY, _TimedKernels
 
 
-def parse_setting(s: str):
-    """`default` -> None (each kind's default); `N` -> N groups for every kind; `KIND=N[/KIND=N
-    ...]` -> {kind: N} (the kinds not named keep their default): set_gemv_prefetch's forms"""
+def parse_setting(s: str) -> dict:
+    """`default` -> {} (every default); `N` -> {"near": N} (every kind); `KIND=N[/KIND=N...]` ->
+    {"near": {kind: N}} (the kinds not named keep their default), with `far=N` and `streams=N`
+    among the parts -> {"far": N}, {"streams": N}: the setters' forms, checked by them"""
     if s == "default":
-        return None
+        return {}
+    out: dict = {}
     try:
         if "=" in s:
-            pairs = (p.split("=") for p in s.split("/"))
-            out = {k: int(v) for k, v in pairs}
+            near = {}
+            for part in s.split("/"):
+                k, v = part.split("=")
+                if k in ("far", "streams"):
+                    out[k] = int(v)
+                else:
+                    near[k] = int(v)
+            if near:
+                out["near"] = near
         else:
-            out = int(s)
-        old = _config.set_gemv_prefetch(out)  # checks the kinds and distances
+            out["near"] = int(s)
+        with applied(out):  # the setters check the kinds, distances and counts
+            pass
     except ValueError as e:
         raise SystemExit(
-            f"a prefetch setting is `default`, N or KIND=N[/KIND=N...], got {s!r}: {e}"
+            f"a setting is `default`, N or KIND=N, far=N, streams=N joined by /, got {s!r}: {e}"
         ) from None
-    _config.set_gemv_prefetch(old)
     return out
+
+
+@contextlib.contextmanager
+def applied(setting: dict):
+    """the GEMV under a parsed setting for the block, every default again after it"""
+    try:
+        _config.set_gemv_prefetch(setting.get("near"))
+        _config.set_gemv_prefetch_far(setting.get("far"))
+        _config.set_gemv_streams(setting.get("streams"))
+        yield
+    finally:
+        _config.set_gemv_prefetch(None)
+        _config.set_gemv_prefetch_far(None)
+        _config.set_gemv_streams(None)
 
 
 def run(model, settings: list[str], prompt: int, rounds: int, steps: int, kernels: bool) -> dict:
@@ -69,29 +96,26 @@ def run(model, settings: list[str], prompt: int, rounds: int, steps: int, kernel
     per = {x: [] for x in settings}
     proxies = {x: _TimedKernels(model.kernels) for x in settings} if kernels else {}
     ops = model.impl.ops
-    old = _config.set_gemv_prefetch(None)
     try:
         for r in range(rounds):
             for x in settings if r % 2 == 0 else settings[::-1]:
-                _config.set_gemv_prefetch(None)
-                _config.set_gemv_prefetch(parsed[x])
-                if kernels:
-                    model.impl.ops = proxies[x]
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    tok = int(np.argmax(s.decode(tok)))
-                per[x].append((time.perf_counter() - t0) / steps)
-                model.impl.ops = ops
+                with applied(parsed[x]):
+                    if kernels:
+                        model.impl.ops = proxies[x]
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        tok = int(np.argmax(s.decode(tok)))
+                    per[x].append((time.perf_counter() - t0) / steps)
+                    model.impl.ops = ops
     finally:
         model.impl.ops = ops
-        _config.set_gemv_prefetch(old)
     first = settings[0]
     rows = []
     for x in settings:
         med = statistics.median(per[x])
         row = {
             "setting": x,
-            "distances": _distances(parsed[x]),
+            **_gemv(parsed[x]),
             "ms_per_token": med * 1e3,
             "tok_s": 1 / med,
             "speed_vs_first": statistics.median(per[first]) / med,
@@ -112,14 +136,14 @@ def run(model, settings: list[str], prompt: int, rounds: int, steps: int, kernel
     return {"rows": rows, "decoded_tokens": rounds * len(settings) * steps}
 
 
-def _distances(setting) -> dict:
-    """{kind: groups} a parsed setting gives"""
-    old = _config.set_gemv_prefetch(None)
-    _config.set_gemv_prefetch(setting)
-    try:
-        return _config.gemv_prefetch()
-    finally:
-        _config.set_gemv_prefetch(old)
+def _gemv(setting: dict) -> dict:
+    """what a parsed setting gives: {"distances": {kind: groups}, "far": groups, "streams": n}"""
+    with applied(setting):
+        return {
+            "distances": _config.gemv_prefetch(),
+            "far": _config.gemv_prefetch_far(),
+            "streams": _config.gemv_streams(),
+        }
 
 
 def main(argv=None):
@@ -139,7 +163,7 @@ def main(argv=None):
         from shapes import smoke_model
 
         a.model, a.prompt, a.rounds, a.steps = str(smoke_model(tmp.name)), 32, 2, 2
-        a.settings, a.kernels = "default,0,q4_0=8", True
+        a.settings, a.kernels = "default,0,q4_0=8/streams=2/far=0", True
     settings = a.settings.split(",")
     for x in settings:
         parse_setting(x)

@@ -50,6 +50,7 @@ def config() -> dict:
         "avxvnni": _config.avxvnni_in_use(),
         "gemv_prefetch": _config.gemv_prefetch(),
         "gemv_prefetch_far": _config.gemv_prefetch_far(),
+        "gemv_streams": _config.gemv_streams(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
@@ -109,6 +110,11 @@ def show_config(file=None) -> dict:
     print(
         f"  GEMV prefetch  : {pf_text} (decode matmuls; GOINFER_PREFETCH=<groups> and "
         "GOINFER_PREFETCH_FAR=<groups> set them)",
+        file=out,
+    )
+    print(
+        f"  GEMV streams   : {c['gemv_streams']} row block{'s' if c['gemv_streams'] > 1 else ''}"
+        " per call (decode matmuls; GOINFER_GEMV_STREAMS=<1..4> sets it)",
         file=out,
     )
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"

@@ -192,7 +192,7 @@ def check_decode_fixed_cost(res):
 def check_decode_prefetch(res):
     """each setting decoded its own bursts, under the distances it names, timed per kernel"""
     rows = res["rows"]
-    assert [r["setting"] for r in rows] == ["default", "0", "q4_0=8"]
+    assert [r["setting"] for r in rows] == ["default", "0", "q4_0=8/streams=2/far=0"]
     from goinfer._kernels import _config
     from goinfer.quant import INT_KINDS
 
@@ -203,6 +203,12 @@ def check_decode_prefetch(res):
         assert rows[0]["distances"] == _config.gemv_prefetch()
         assert set(rows[1]["distances"].values()) == {0}
         assert rows[2]["distances"] == {**rows[0]["distances"], "q4_0": 8}
+        assert (
+            rows[0]["streams"] == _config.gemv_streams()
+            and rows[1]["streams"] == rows[0]["streams"]
+        )
+        assert rows[0]["far"] == _config.gemv_prefetch_far() and rows[1]["far"] == rows[0]["far"]
+        assert (rows[2]["streams"], rows[2]["far"]) == (2, 0)
     assert res["decoded_tokens"] == res["rounds"] * res["steps"] * len(rows)
     assert rows[0]["speed_vs_first"] == 1.0 and rows[0]["rounds_faster_than_first"] == 0
     for r in rows:

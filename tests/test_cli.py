@@ -40,6 +40,7 @@ def test_prefetch_text_groups_kinds_by_distance():
     assert f"GEMV prefetch  : near (prefetcht0) {_prefetch_text(c['gemv_prefetch'])}; far" in (
         buf.getvalue()
     )
+    assert f"GEMV streams   : {c['gemv_streams']} row block" in buf.getvalue()
 
 
 def test_python_m_goinfer_is_the_command():

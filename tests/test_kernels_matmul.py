@@ -630,6 +630,80 @@ def test_gemv_prefetch_distance_keeps_bits(kind, pf, far):
         check_matmul(make_x(rng, 1, Kd), w, check_rows=False)
 
 
+def gemv_streams(n):
+    return swapped(_config.set_gemv_streams, n)
+
+
+@pytest.mark.parametrize("kind", INT_KINDS)
+@pytest.mark.parametrize("streams", [1, 2, 3, 4])
+def test_gemv_streams_keep_bits(kind, streams):
+    """The decode GEMV reads 1..4 row blocks per call, each its own stream (the default depends
+    on the CPU, so the suite's other GEMV tests may run one count only).  Every count, with the
+    last call of a thread's share taking fewer row blocks (83 rows: 6 row blocks, the last 3
+    rows wide; 1813 rows: 114 row blocks in tail shares), on every variant and thread count
+    (q6_k at K = 768: the avx2 file's own q6_k GEMV; at 33,024 > 32 x 1,024: qtile's): the
+    contract's bits."""
+    rng = np.random.default_rng(53 + streams)
+    shapes = [(83, kdim(kind, 768)), (1813, kdim(kind, 256))]
+    if kind == "q6_k":
+        shapes.append((35, 33024))
+    with gemv_streams(streams):
+        for n_out, Kd in shapes:
+            w = make_weight(rng, kind, n_out, Kd, raw=True)
+            check_matmul(make_x(rng, 1, Kd), w, check_rows=False)
+
+
+def test_gemv_streams_setting():
+    """set_gemv_streams: 1..4, None back to the default (returned as the old setting: None
+    when the default was in use); anything else is a ValueError that changes nothing."""
+    if _config.variant() == "portable":
+        pytest.skip("the portable GEMV reads one row block per call")
+    old = _config.gemv_streams()
+    assert 1 <= old <= 4
+    assert _config.set_gemv_streams(3) is None
+    try:
+        assert _config.gemv_streams() == 3
+        assert goinfer.config()["gemv_streams"] == 3
+        for bad in (0, 5, -1, 2.0, "2"):
+            with pytest.raises(ValueError, match="1..4"):
+                _config.set_gemv_streams(bad)
+        assert _config.gemv_streams() == 3
+        assert _config.set_gemv_streams(4) == 3
+    finally:
+        assert _config.set_gemv_streams(None) == 4
+    assert _config.gemv_streams() == old
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
+@pytest.mark.parametrize(
+    "env,expect",
+    [(None, None), ("1", 1), ("3", 3), ("4", 4), ("0", None), ("5", None), ("x", None)],
+)
+def test_gemv_streams_from_env(env, expect):
+    """GOINFER_GEMV_STREAMS=<n> (1..4) sets the row blocks per GEMV call at start; anything else
+    leaves the default: 1 on AMD, 4 elsewhere (1 on the portable variant, which reads one)."""
+    default = 1 if _cpu_vendor_family()[0] == "AuthenticAMD" else 4
+    e = {k: v for k, v in os.environ.items() if k != "GOINFER_GEMV_STREAMS"}
+    if env is not None:
+        e["GOINFER_GEMV_STREAMS"] = env
+    code = (
+        "import json\n"
+        "from goinfer._kernels import _config\n"
+        "got = {}\n"
+        "for v in _config.supported_variants():\n"
+        "    _config.set_variant(v)\n"
+        "    got[v] = _config.gemv_streams()\n"
+        "print(json.dumps(got))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout)
+    assert got.pop("portable") == 1
+    for v, n in got.items():
+        assert n == (default if expect is None else expect), v
+
+
 @pytest.mark.parametrize(
     "get,set_,key,top",
     [

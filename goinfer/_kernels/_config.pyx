@@ -6,6 +6,8 @@ from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, g
                                         gi_set_variant, gi_variant_name, GI_N_VARIANTS,
                                         gi_gemv_prefetch, gi_set_gemv_prefetch,
                                         gi_gemv_prefetch_setting, GI_PF_NEAR, GI_PF_FAR,
+                                        gi_gemv_streams, gi_set_gemv_streams,
+                                        gi_gemv_streams_setting, GI_GEMV_STREAMS_MAX,
                                         gi_avxvnni_supported,
                                         gi_avxvnni_enabled, gi_avxvnni_set)
 
@@ -151,6 +153,30 @@ def set_gemv_prefetch_far(groups):
     default); returns the old setting (None if it was the default).  The same bits at every
     distance."""
     return _set_prefetch(GI_PF_FAR, groups, "GEMV far prefetch")
+
+
+# ---------------------------------------------------------------- GEMV streams
+def gemv_streams():
+    """The row blocks (16 output rows each) the decode GEMV reads per call for the variant in
+    use, each front to back as its own stream: the count set_gemv_streams set, else
+    GOINFER_GEMV_STREAMS, else the default on this CPU (1 on AMD, 4 elsewhere:
+    src/dispatch_common.c)."""
+    return int(gi_gemv_streams())
+
+
+def set_gemv_streams(n):
+    """Set the GEMV's row blocks per call (1..4; None: back to the default); returns the old
+    setting (None if it was the default).  The same bits at every count."""
+    if n is not None:
+        try:
+            ok = 1 <= operator.index(n) <= GI_GEMV_STREAMS_MAX
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"GEMV streams must be 1..{GI_GEMV_STREAMS_MAX} or None, got {n!r}")
+    cdef int old = gi_gemv_streams_setting()
+    gi_set_gemv_streams(-1 if n is None else operator.index(n))
+    return None if old < 0 else old
 
 
 # ---------------------------------------------------------------- AMX int8 GEMM (matmul_amx.c)

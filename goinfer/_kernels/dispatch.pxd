@@ -18,6 +18,11 @@ cdef extern from "dispatch.h" nogil:
     int gi_gemv_prefetch(int which, int kind)
     int gi_set_gemv_prefetch(int which, int kind, int groups)
     int gi_gemv_prefetch_setting(int which, int kind)
+    enum:
+        GI_GEMV_STREAMS_MAX
+    int gi_gemv_streams()
+    int gi_set_gemv_streams(int n)
+    int gi_gemv_streams_setting()
     int gi_avxvnni_supported()
     int gi_avxvnni_enabled()
     int gi_avxvnni_set(int on)

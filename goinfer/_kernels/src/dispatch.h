@@ -23,6 +23,16 @@ int gi_gemv_prefetch(int which, int kind);    /* ... the variant in use's */
 int gi_set_gemv_prefetch(int which, int kind, int groups);
 int gi_gemv_prefetch_setting(int which, int kind); /* the distance set for kind, -1 if none */
 
+/* GEMV streams: the row blocks (16 output rows each, one after the other in the weight) a
+   decode GEMV call reads at once, each front to back as its own stream, 1..GI_GEMV_STREAMS_MAX.
+   The count set (gi_set_gemv_streams), else GOINFER_GEMV_STREAMS (read once), else the default
+   of the variant on this CPU (dispatch_common.c).  The bits do not depend on it. */
+enum { GI_GEMV_STREAMS_MAX = 4 };
+int gi_gemv_streams_for(int v);
+int gi_gemv_streams(void);              /* ... the variant in use's */
+int gi_set_gemv_streams(int n);         /* n -1: back to the default; 0 on success, -1 if outside */
+int gi_gemv_streams_setting(void);      /* the count set, -1 if none */
+
 /* The switch of an optional kernel path (AVX-VNNI, AMX): *state is -1 until first read, then
    on where supported() unless the environment variable env is "0" (read once).  Setting it on
    where unsupported returns -1 (else 0). */

@@ -30,10 +30,8 @@
 /* ============================================================================ tile sizes */
 
 #define UNIT 8           /* output rows per unit: half a row block */
-#ifndef QV_RB
-#define QV_RB 2          /* GEMV: units per microkernel (MR = 1): one row block, so that the
-                            calls read the weight as one sequential stream (see matmul_q) */
-#endif
+#define QV_RB 4          /* GEMV: at most units per microkernel (MR = 1): 2 row blocks, as many
+                            streams (matmul_q reads gemv_streams() row blocks per call) */
 #define QG_RB 1
 #ifndef QG_MR
 #define QG_MR 4
@@ -569,96 +567,122 @@ GI_INLINE void q4_dot16(const uint8_t *lg, const int8_t *ag, __m256i *s0, __m256
 /* q4_dot16's sums of a row half as int32 */
 GI_INLINE __m256i q4_widen(__m256i s) { return VNNI ? s : _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 
-GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                     float *out, int64_t ldo) {
+GI_INLINE void qv_q4(const int KIND, const int RB, const gi_weight *w, const gi_qact *a, int64_t m,
+                     int64_t rb, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP, NS = G / 8;
-    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* (G, 4, 16, 4) */
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* RB x (G, 4, 16, 4) */
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
     const int64_t pf = gemv_prefetch(KIND), ff = gemv_prefetch_far(KIND);   /* groups: near, far */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();   /* rows 0..7, 8..15 */
+    __m256 acc0[MAXRB], acc1[MAXRB];                                  /* rows 0..7, 8..15 */
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     if (KIND != GI_Q4_K) {
-        const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
+        const uint16_t *wd = w->d + rb * G * 16;                      /* RB x (G, 16) */
         const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         for (int64_t g = 0; g < G; g++) {
-            const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
-            qv_q4_prefetch(KIND, lg, wd, wm, g, pf, ff);
-            __m256i s0, s1;
-            q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
-            __m256i i0 = q4_widen(s0), i1 = q4_widen(s1);
-            if (KIND == GI_Q4_0) {
-                const __m256i corr = _mm256_set1_epi32(8 * as[g]);
-                i0 = _mm256_sub_epi32(i0, corr);
-                i1 = _mm256_sub_epi32(i1, corr);
-            }
-            /* the contract's fold, as qtile's */
             const __m256 dag = _mm256_set1_ps(da[g]);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16))), dag), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + g * 16 + 8))), dag), acc1);
-            if (KIND == GI_Q4_1) {
-                const __m256 sag = _mm256_set1_ps(sa[g]);
-                acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16))), sag, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + g * 16 + 8))), sag, acc1);
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) {  /* row block rb + r: its own stream */
+                const uint8_t *lg = wq + (r * G + g) * 256;           /* (4, 16, 4) */
+                const uint16_t *wdr = wd + r * G * 16, *wmr = KIND == GI_Q4_1 ? wm + r * G * 16 : 0;
+                qv_q4_prefetch(KIND, lg, wdr, wmr, g, pf, ff);
+                __m256i s0, s1;
+                q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
+                __m256i i0 = q4_widen(s0), i1 = q4_widen(s1);
+                if (KIND == GI_Q4_0) {
+                    const __m256i corr = _mm256_set1_epi32(8 * as[g]);
+                    i0 = _mm256_sub_epi32(i0, corr);
+                    i1 = _mm256_sub_epi32(i1, corr);
+                }
+                /* the contract's fold, as qtile's */
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wdr + g * 16))), dag), acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wdr + g * 16 + 8))), dag), acc1[r]);
+                if (KIND == GI_Q4_1) {
+                    const __m256 sag = _mm256_set1_ps(sa[g]);
+                    acc0[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wmr + g * 16))), sag, acc0[r]);
+                    acc1[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wmr + g * 16 + 8))), sag, acc1[r]);
+                }
             }
         }
     } else {
-        const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
-        const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
+        const uint16_t *wd = w->d + rb * NS * 32;                     /* RB x (NS, 2, 16): d, dmin */
+        const uint8_t *wk = w->ks + rb * NS * 192;                    /* RB x (NS, 12, 16) */
         const int64_t pfs = (pf + 7) / 8, ffs = (ff + 7) / 8;         /* super-blocks */
         const __m256i nib = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
         const __m256 neg = _mm256_set1_ps(-0.0f);
-        uint8_t scm[2][8][16] __attribute__((aligned(32)));           /* [scale, min][sub-block][row] */
+        uint8_t scm[MAXRB][2][8][16] __attribute__((aligned(32)));    /* [rb][scale, min][sub-block][row] */
+        float dn[MAXRB][4][8] __attribute__((aligned(32)));           /* [rb][d rows 0..7, 8..15, -dmin ...] */
         for (int64_t sb = 0; sb < NS; sb++) {
-            const uint8_t *kp = wk + sb * 192;
-            const uint16_t *kd = wd + sb * 32;
-            qv_q4k_prefetch(kp, kd, pfs, ffs);
-            /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
-               sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
-               4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3 (4..7) are the top
-               2 bits of sub-blocks 4..7's scales (mins).  Each ymm holds two lines. */
-            const __m256i l01 = _mm256_loadu_si256((const __m256i *)kp), l23 = _mm256_loadu_si256((const __m256i *)(kp + 32));
-            const __m256i l45 = _mm256_loadu_si256((const __m256i *)(kp + 64)), l67 = _mm256_loadu_si256((const __m256i *)(kp + 96));
-            const __m256i l89 = _mm256_loadu_si256((const __m256i *)(kp + 128)), lab = _mm256_loadu_si256((const __m256i *)(kp + 160));
-            _mm256_store_si256((__m256i *)scm[0][0], _mm256_and_si256(l01, m6));
-            _mm256_store_si256((__m256i *)scm[0][2], _mm256_and_si256(l23, m6));
-            _mm256_store_si256((__m256i *)scm[1][0], _mm256_and_si256(l45, m6));
-            _mm256_store_si256((__m256i *)scm[1][2], _mm256_and_si256(l67, m6));
-            _mm256_store_si256((__m256i *)scm[0][4], _mm256_or_si256(_mm256_and_si256(l89, nib),
-                                                                     _mm256_and_si256(_mm256_srli_epi16(l01, 2), m30)));
-            _mm256_store_si256((__m256i *)scm[0][6], _mm256_or_si256(_mm256_and_si256(lab, nib),
-                                                                     _mm256_and_si256(_mm256_srli_epi16(l23, 2), m30)));
-            _mm256_store_si256((__m256i *)scm[1][4], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l89, 4), nib),
-                                                                     _mm256_and_si256(_mm256_srli_epi16(l45, 2), m30)));
-            _mm256_store_si256((__m256i *)scm[1][6], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lab, 4), nib),
-                                                                     _mm256_and_si256(_mm256_srli_epi16(l67, 2), m30)));
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) {
+                const uint8_t *kp = wk + (r * NS + sb) * 192;
+                const uint16_t *kd = wd + (r * NS + sb) * 32;
+                qv_q4k_prefetch(kp, kd, pfs, ffs);
+                /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales
+                   of sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of
+                   sub-blocks 4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3
+                   (4..7) are the top 2 bits of sub-blocks 4..7's scales (mins).  Each ymm holds
+                   two lines. */
+                const __m256i l01 = _mm256_loadu_si256((const __m256i *)kp), l23 = _mm256_loadu_si256((const __m256i *)(kp + 32));
+                const __m256i l45 = _mm256_loadu_si256((const __m256i *)(kp + 64)), l67 = _mm256_loadu_si256((const __m256i *)(kp + 96));
+                const __m256i l89 = _mm256_loadu_si256((const __m256i *)(kp + 128)), lab = _mm256_loadu_si256((const __m256i *)(kp + 160));
+                _mm256_store_si256((__m256i *)scm[r][0][0], _mm256_and_si256(l01, m6));
+                _mm256_store_si256((__m256i *)scm[r][0][2], _mm256_and_si256(l23, m6));
+                _mm256_store_si256((__m256i *)scm[r][1][0], _mm256_and_si256(l45, m6));
+                _mm256_store_si256((__m256i *)scm[r][1][2], _mm256_and_si256(l67, m6));
+                _mm256_store_si256((__m256i *)scm[r][0][4], _mm256_or_si256(_mm256_and_si256(l89, nib),
+                                                                            _mm256_and_si256(_mm256_srli_epi16(l01, 2), m30)));
+                _mm256_store_si256((__m256i *)scm[r][0][6], _mm256_or_si256(_mm256_and_si256(lab, nib),
+                                                                            _mm256_and_si256(_mm256_srli_epi16(l23, 2), m30)));
+                _mm256_store_si256((__m256i *)scm[r][1][4], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l89, 4), nib),
+                                                                            _mm256_and_si256(_mm256_srli_epi16(l45, 2), m30)));
+                _mm256_store_si256((__m256i *)scm[r][1][6], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lab, 4), nib),
+                                                                            _mm256_and_si256(_mm256_srli_epi16(l67, 2), m30)));
+                if (RB > 1) {  /* d, -dmin in memory too: more than one row block's spill */
+                    _mm256_store_ps(dn[r][0], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kd)));
+                    _mm256_store_ps(dn[r][1], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 8))));
+                    _mm256_store_ps(dn[r][2], _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16))), neg));
+                    _mm256_store_ps(dn[r][3], _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 24))), neg));
+                }
+            }
             __asm__("" ::: "memory");  /* the groups load scm back (held in registers, it spills) */
-            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kd));
-            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 8)));
-            const __m256 n0 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 16))), neg);
-            const __m256 n1 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + 24))), neg);
+            const uint16_t *kd0 = wd + sb * 32;
+            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kd0));
+            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd0 + 8)));
+            const __m256 n0 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd0 + 16))), neg);
+            const __m256 n1 = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd0 + 24))), neg);
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 const int64_t g = sb * 8 + j;
-                const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
-                qv_q4_prefetch(GI_Q4_K, lg, 0, 0, g, pf, ff);
-                __m256i s0, s1;
-                q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
-#define SCM(t, h) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm[t][j] + 8 * (h)))))
-                const __m256 ds0 = _mm256_mul_ps(d0, SCM(0, 0)), ds1 = _mm256_mul_ps(d1, SCM(0, 1));
-                const __m256 dm0 = _mm256_mul_ps(n0, SCM(1, 0)), dm1 = _mm256_mul_ps(n1, SCM(1, 1));
-#undef SCM
                 const __m256 dag = _mm256_set1_ps(da[g]), sag = _mm256_set1_ps(sa[g]);
-                /* the contract's fold, as qtile's */
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s0)), _mm256_mul_ps(ds0, dag), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s1)), _mm256_mul_ps(ds1, dag), acc1);
-                acc0 = _mm256_fmadd_ps(dm0, sag, acc0);
-                acc1 = _mm256_fmadd_ps(dm1, sag, acc1);
+#pragma GCC unroll 4
+                for (int r = 0; r < RB; r++) {
+                    const uint8_t *lg = wq + (r * G + g) * 256;       /* (4, 16, 4) */
+                    qv_q4_prefetch(GI_Q4_K, lg, 0, 0, g, pf, ff);
+                    __m256i s0, s1;
+                    q4_dot16(lg, qa + g * GI_GROUP, &s0, &s1);
+#define SCM(t, h) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm[r][t][j] + 8 * (h)))))
+                    const __m256 rd0 = RB > 1 ? _mm256_load_ps(dn[r][0]) : d0, rd1 = RB > 1 ? _mm256_load_ps(dn[r][1]) : d1;
+                    const __m256 rn0 = RB > 1 ? _mm256_load_ps(dn[r][2]) : n0, rn1 = RB > 1 ? _mm256_load_ps(dn[r][3]) : n1;
+                    const __m256 ds0 = _mm256_mul_ps(rd0, SCM(0, 0)), ds1 = _mm256_mul_ps(rd1, SCM(0, 1));
+                    const __m256 dm0 = _mm256_mul_ps(rn0, SCM(1, 0)), dm1 = _mm256_mul_ps(rn1, SCM(1, 1));
+#undef SCM
+                    /* the contract's fold, as qtile's */
+                    acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s0)), _mm256_mul_ps(ds0, dag), acc0[r]);
+                    acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_widen(s1)), _mm256_mul_ps(ds1, dag), acc1[r]);
+                    acc0[r] = _mm256_fmadd_ps(dm0, sag, acc0[r]);
+                    acc1[r] = _mm256_fmadd_ps(dm1, sag, acc1[r]);
+                }
             }
         }
     }
-    store_unit(w, out, ldo, m, rb * 16, acc0);
-    store_unit(w, out, ldo, m, rb * 16 + 8, acc1);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) {
+        store_unit(w, out, ldo, m, (rb + r) * 16, acc0[r]);
+        store_unit(w, out, ldo, m, (rb + r) * 16 + 8, acc1[r]);
+    }
 }
 
 #define QV_Q4 1   /* matmul_impl.c runs qv_q4 as the GEMV of q4_0, q4_1 and q4_k */
@@ -676,59 +700,68 @@ GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64
    H start at the -32 offset's -32*sum(qa) of their half of the group (ns: once per call, for
    every row block).  isum = fma(H, sc1, L*sc0) in float32, exact (|L*sc0|, |H*sc1| < 2^23,
    integers), as the GEMM forms it; then the contract's fold.  The same bits as qtile's. */
-GI_INLINE void qv_q6(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, const int32_t *ns,
-                     float *out, int64_t ldo) {
+GI_INLINE void qv_q6(const int RB, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
+                     const int32_t *ns, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP;
-    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 384;      /* (G, 6, 16, 4) */
-    const int8_t *ws = w->sc + rb * G * 32;                          /* (G, 16 rows x 2) */
-    const uint16_t *wd = w->d + rb * (G / 8) * 16;                   /* (G/8, 16) */
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 384;      /* RB x (G, 6, 16, 4) */
+    const int8_t *ws = w->sc + rb * G * 32;                          /* RB x (G, 16 rows x 2) */
+    const uint16_t *wd = w->d + rb * (G / 8) * 16;                   /* RB x (G/8, 16) */
     const int8_t *qa = a->qa + m * K;                                /* (K,) */
     const float *da = a->da + m * G;                                 /* (G,) */
     const int64_t pf = gemv_prefetch(GI_Q6_K), ff = gemv_prefetch_far(GI_Q6_K);    /* groups: near, far */
     const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8((char)0xC0);
     const __m256i nlo = _mm256_set1_epi8(0x0F), nhi = _mm256_set1_epi8((char)0xF0);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  /* rows 0..7, 8..15 */
-    for (int64_t g = 0; g < G; g++) {
-        const uint8_t *lg = wq + g * 384;                            /* (6, 16, 4) */
-        const int8_t *ag = qa + g * GI_GROUP;
-#pragma GCC unroll 2
-        for (int far = 0; far < 2; far++) {
-            const int64_t d = far ? ff : pf;
-            if (d <= 0) continue;
-#pragma GCC unroll 6
-            for (int c = 0; c < 6; c++) prefetch_line(lg + d * 384 + c * 64, far);
-            prefetch_line(ws + (g + d) * 32, far);
-            if ((g & 7) == 0) prefetch_line(wd + ((g + d) >> 3) * 16, far);
-        }
-        const __m256 dag = _mm256_set1_ps(da[g]);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m256i L = _mm256_set1_epi32(ns[2 * g]), H = _mm256_set1_epi32(ns[2 * g + 1]);
-            __m256i N = _mm256_setzero_si256(), T = _mm256_setzero_si256();
+    __m256 acc[MAXRB][2];                                            /* rows 0..7, 8..15 */
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
-                const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
-                const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
-                const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
-                L = DPBUSD(L, _mm256_and_si256(x, m3f), bl);
-                T = DPBUSD(T, _mm256_and_si256(x, mc0), bh);
-                if (c & 1) N = DPBUSD(N, _mm256_and_si256(y, nhi), bh);
-                else H = DPBUSD(H, _mm256_and_si256(y, nlo), bh);
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int8_t *ag = qa + g * GI_GROUP;
+        const __m256 dag = _mm256_set1_ps(da[g]);
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) {  /* row block rb + r: its own stream */
+            const uint8_t *lg = wq + (r * G + g) * 384;              /* (6, 16, 4) */
+            const int8_t *wsr = ws + r * G * 32;
+            const uint16_t *wdr = wd + r * (G / 8) * 16;
+#pragma GCC unroll 2
+            for (int far = 0; far < 2; far++) {
+                const int64_t d = far ? ff : pf;
+                if (d <= 0) continue;
+#pragma GCC unroll 6
+                for (int c = 0; c < 6; c++) prefetch_line(lg + d * 384 + c * 64, far);
+                prefetch_line(wsr + (g + d) * 32, far);
+                if ((g & 7) == 0) prefetch_line(wdr + ((g + d) >> 3) * 16, far);
             }
-            H = _mm256_add_epi32(H, _mm256_add_epi32(_mm256_srai_epi32(N, 4), _mm256_srai_epi32(T, 2)));
-            const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ws + g * 32 + h * 16)));
-            const __m256 s0 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16));
-            const __m256 s1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 16));
-            const __m256 isf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(H), s1, _mm256_mul_ps(_mm256_cvtepi32_ps(L), s0));
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + (g >> 3) * 16 + h * 8)));
-            /* the contract's fold, as qtile's */
-            if (h == 0) acc0 = _mm256_fmadd_ps(isf, _mm256_mul_ps(dv, dag), acc0);
-            else acc1 = _mm256_fmadd_ps(isf, _mm256_mul_ps(dv, dag), acc1);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i L = _mm256_set1_epi32(ns[2 * g]), H = _mm256_set1_epi32(ns[2 * g + 1]);
+                __m256i N = _mm256_setzero_si256(), T = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(lg + c * 64 + h * 32));
+                    const __m256i y = _mm256_loadu_si256((const __m256i *)(lg + (4 + (c >> 1)) * 64 + h * 32));
+                    const __m256i bl = _mm256_set1_epi32(load_i32(ag + c * 4));
+                    const __m256i bh = _mm256_set1_epi32(load_i32(ag + 16 + c * 4));
+                    L = DPBUSD(L, _mm256_and_si256(x, m3f), bl);
+                    T = DPBUSD(T, _mm256_and_si256(x, mc0), bh);
+                    if (c & 1) N = DPBUSD(N, _mm256_and_si256(y, nhi), bh);
+                    else H = DPBUSD(H, _mm256_and_si256(y, nlo), bh);
+                }
+                H = _mm256_add_epi32(H, _mm256_add_epi32(_mm256_srai_epi32(N, 4), _mm256_srai_epi32(T, 2)));
+                const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wsr + g * 32 + h * 16)));
+                const __m256 s0 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16));
+                const __m256 s1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 16));
+                const __m256 isf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(H), s1, _mm256_mul_ps(_mm256_cvtepi32_ps(L), s0));
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wdr + (g >> 3) * 16 + h * 8)));
+                /* the contract's fold, as qtile's */
+                acc[r][h] = _mm256_fmadd_ps(isf, _mm256_mul_ps(dv, dag), acc[r][h]);
+            }
         }
     }
-    store_unit(w, out, ldo, m, rb * 16, acc0);
-    store_unit(w, out, ldo, m, rb * 16 + 8, acc1);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) {
+        store_unit(w, out, ldo, m, (rb + r) * 16, acc[r][0]);
+        store_unit(w, out, ldo, m, (rb + r) * 16 + 8, acc[r][1]);
+    }
 }
 
 /* ns (2G,): -32 x the sums of qa[0..15] and qa[16..31] of each group of activation row m */

@@ -11,10 +11,8 @@
 /* ============================================================================ tile sizes */
 
 #define UNIT 16          /* output rows per unit */
-#ifndef QV_RB
-#define QV_RB 1          /* GEMV: units per microkernel (MR = 1): one row block, so that the
-                            calls read the weight as one sequential stream (see matmul_q) */
-#endif
+#define QV_RB 4          /* GEMV: at most units per microkernel (MR = 1): 4 row blocks, as many
+                            streams (matmul_q reads gemv_streams() row blocks per call) */
 /* GEMM tile: 2 units x 6 activation rows, so each broadcast activation word feeds two
    vpdpbusd (12 int32 + 12 float accumulators: 24 of the 32 zmm).  Against 1 x 12 (one
    broadcast per vpdpbusd) it took the 1B / 8B prefill GEMM from ~35-68% to ~65-85% of the
@@ -354,70 +352,86 @@ GI_INLINE __m512i q4_dot16(const uint8_t *lg, const int8_t *ag) {
     return _mm512_add_epi32(il, ih);
 }
 
-GI_INLINE void qv_q4(const int KIND, const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb,
-                     float *out, int64_t ldo) {
+GI_INLINE void qv_q4(const int KIND, const int RB, const gi_weight *w, const gi_qact *a, int64_t m,
+                     int64_t rb, float *out, int64_t ldo) {
     const int64_t K = w->n_in, G = K / GI_GROUP, NS = G / 8;
-    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* (G, 4, 16, 4) */
+    const uint8_t *wq = (const uint8_t *)w->qs + rb * G * 256;       /* RB x (G, 4, 16, 4) */
     const int8_t *qa = a->qa + m * K;                                 /* (K,) */
     const float *da = a->da + m * G, *sa = a->sa + m * G;             /* (G,) */
     const int32_t *as = a->asum + m * G;
     const int64_t pf = gemv_prefetch(KIND), ff = gemv_prefetch_far(KIND);   /* groups: near, far */
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[MAXRB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
     if (KIND != GI_Q4_K) {
-        const uint16_t *wd = w->d + rb * G * 16;                      /* (G, 16) */
+        const uint16_t *wd = w->d + rb * G * 16;                      /* RB x (G, 16) */
         const uint16_t *wm = KIND == GI_Q4_1 ? w->m + rb * G * 16 : 0;
         for (int64_t g = 0; g < G; g++) {
-            const uint8_t *lg = wq + g * 256;                         /* (4, 16, 4) */
-            qv_q4_prefetch(KIND, lg, wd, wm, g, pf, ff);
-            __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
-            if (KIND == GI_Q4_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * as[g]));
-            /* the contract's fold, as qtile's */
-            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wd + g * 16)));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(da[g])), acc);
-            if (KIND == GI_Q4_1)
-                acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + g * 16))),
-                                      _mm512_set1_ps(sa[g]), acc);
+            const __m512 dag = _mm512_set1_ps(da[g]);
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) {  /* row block rb + r: its own stream */
+                const uint8_t *lg = wq + (r * G + g) * 256;           /* (4, 16, 4) */
+                const uint16_t *wdr = wd + r * G * 16, *wmr = KIND == GI_Q4_1 ? wm + r * G * 16 : 0;
+                qv_q4_prefetch(KIND, lg, wdr, wmr, g, pf, ff);
+                __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
+                if (KIND == GI_Q4_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * as[g]));
+                /* the contract's fold, as qtile's */
+                const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wdr + g * 16)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, dag), acc[r]);
+                if (KIND == GI_Q4_1)
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wmr + g * 16))),
+                                             _mm512_set1_ps(sa[g]), acc[r]);
+            }
         }
     } else {
-        const uint16_t *wd = w->d + rb * NS * 32;                     /* (NS, 2, 16): d, dmin */
-        const uint8_t *wk = w->ks + rb * NS * 192;                    /* (NS, 12, 16) */
+        const uint16_t *wd = w->d + rb * NS * 32;                     /* RB x (NS, 2, 16): d, dmin */
+        const uint8_t *wk = w->ks + rb * NS * 192;                    /* RB x (NS, 12, 16) */
         const int64_t pfs = (pf + 7) / 8, ffs = (ff + 7) / 8;         /* super-blocks */
         const __m512i nib = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
-        uint8_t scm[2][8][16] __attribute__((aligned(64)));           /* [scale, min][sub-block][row] */
+        uint8_t scm[MAXRB][2][8][16] __attribute__((aligned(64)));    /* [rb][scale, min][sub-block][row] */
         for (int64_t sb = 0; sb < NS; sb++) {
-            const uint8_t *kp = wk + sb * 192;
-            const uint16_t *kd = wd + sb * 32;
-            qv_q4k_prefetch(kp, kd, pfs, ffs);
-            /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales of
-               sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of sub-blocks
-               4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3 (4..7) are the top
-               2 bits of sub-blocks 4..7's scales (mins).  Each zmm holds four lines.
-               (ternary logic 0xF8: A | (B & C)) */
-            const __m512i l0 = _mm512_loadu_si512(kp), l4 = _mm512_loadu_si512(kp + 64), l8 = _mm512_loadu_si512(kp + 128);
-            _mm512_store_si512(scm[0][0], _mm512_and_si512(l0, m6));
-            _mm512_store_si512(scm[1][0], _mm512_and_si512(l4, m6));
-            _mm512_store_si512(scm[0][4], _mm512_ternarylogic_epi32(_mm512_and_si512(l8, nib), _mm512_srli_epi16(l0, 2), m30, 0xF8));
-            _mm512_store_si512(scm[1][4], _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l8, 4), nib),
-                                                                    _mm512_srli_epi16(l4, 2), m30, 0xF8));
+            __m512 d[MAXRB], nd[MAXRB];
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) {
+                const uint8_t *kp = wk + (r * NS + sb) * 192;
+                const uint16_t *kd = wd + (r * NS + sb) * 32;
+                qv_q4k_prefetch(kp, kd, pfs, ffs);
+                /* GGUF's get_scale_min_k4 for 16 rows x 8 sub-blocks: lines 0..3 hold the scales
+                   of sub-blocks 0..3 (bits 0..5), 4..7 their mins, 8..11 the low 4 bits of
+                   sub-blocks 4..7's scale (low nibble) and min (high); bits 6..7 of lines 0..3
+                   (4..7) are the top 2 bits of sub-blocks 4..7's scales (mins).  Each zmm holds
+                   four lines.  (ternary logic 0xF8: A | (B & C)) */
+                const __m512i l0 = _mm512_loadu_si512(kp), l4 = _mm512_loadu_si512(kp + 64), l8 = _mm512_loadu_si512(kp + 128);
+                _mm512_store_si512(scm[r][0][0], _mm512_and_si512(l0, m6));
+                _mm512_store_si512(scm[r][1][0], _mm512_and_si512(l4, m6));
+                _mm512_store_si512(scm[r][0][4], _mm512_ternarylogic_epi32(_mm512_and_si512(l8, nib), _mm512_srli_epi16(l0, 2), m30, 0xF8));
+                _mm512_store_si512(scm[r][1][4], _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l8, 4), nib),
+                                                                           _mm512_srli_epi16(l4, 2), m30, 0xF8));
+                d[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd));
+                nd[r] = _mm512_castsi512_ps(_mm512_xor_si512(   /* -dmin */
+                    _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + 16)))), _mm512_set1_epi32((int)0x80000000u)));
+            }
             __asm__("" ::: "memory");  /* the groups load scm back rather than hold it in registers */
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd));
-            const __m512 nd = _mm512_castsi512_ps(_mm512_xor_si512(   /* -dmin */
-                _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + 16)))), _mm512_set1_epi32((int)0x80000000u)));
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 const int64_t g = sb * 8 + j;
-                const uint8_t *lg = wq + g * 256;                     /* (4, 16, 4) */
-                qv_q4_prefetch(GI_Q4_K, lg, 0, 0, g, pf, ff);
-                const __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
-                const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[0][j]))));
-                const __m512 dm = _mm512_mul_ps(nd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[1][j]))));
-                /* the contract's fold, as qtile's */
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(ds, _mm512_set1_ps(da[g])), acc);
-                acc = _mm512_fmadd_ps(dm, _mm512_set1_ps(sa[g]), acc);
+                const __m512 dag = _mm512_set1_ps(da[g]), sag = _mm512_set1_ps(sa[g]);
+#pragma GCC unroll 4
+                for (int r = 0; r < RB; r++) {
+                    const uint8_t *lg = wq + (r * G + g) * 256;       /* (4, 16, 4) */
+                    qv_q4_prefetch(GI_Q4_K, lg, 0, 0, g, pf, ff);
+                    const __m512i is = q4_dot16(lg, qa + g * GI_GROUP);
+                    const __m512 ds = _mm512_mul_ps(d[r], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[r][0][j]))));
+                    const __m512 dm = _mm512_mul_ps(nd[r], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)scm[r][1][j]))));
+                    /* the contract's fold, as qtile's */
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(ds, dag), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(dm, sag, acc[r]);
+                }
             }
         }
     }
-    store_unit(w, out, ldo, m, rb * 16, acc);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) store_unit(w, out, ldo, m, (rb + r) * 16, acc[r]);
 }
 
 #define QV_Q4 1   /* matmul_impl.c runs qv_q4 as the GEMV of q4_0, q4_1 and q4_k */

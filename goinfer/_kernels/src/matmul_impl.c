@@ -34,17 +34,24 @@ const int gi_avxvnni_built = GI_AVXVNNI_TABLE;
 
 #if !defined(GI_VARIANT_PORTABLE)
 
+/* The GEMV reads gemv_streams() row blocks per call (dispatch.h), each its own stream:
+   GI_GEMV_STREAMS_MAX instantiations per kind, the last call of a range taking what is left. */
 #if defined(QV_Q4)
-/* The ISA file's GEMV of the 4-bit kinds (qv_q4, one row block per call), instantiated per kind;
+/* The ISA file's GEMV of the 4-bit kinds (qv_q4, RB row blocks per call), instantiated per kind;
    qtile serves the GEMV of the other kinds (qv_tab) */
 typedef void (*qv_rb_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
-#define QV4_DEF(K) static void qv4_##K(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
-    float *o, int64_t ldo) { qv_q4(K, w, a, m, rb, o, ldo); }
-QV4_DEF(GI_Q4_0) QV4_DEF(GI_Q4_1) QV4_DEF(GI_Q4_K)
+#define QV4_DEF(K, RB) static void qv4_##K##_##RB(const gi_weight *w, const gi_qact *a, int64_t m, \
+    int64_t rb, float *o, int64_t ldo) { qv_q4(K, RB, w, a, m, rb, o, ldo); }
+#define QV4_KIND(K) QV4_DEF(K, 1) QV4_DEF(K, 2) QV4_DEF(K, 3) QV4_DEF(K, 4)
+#define QV4_ROW(K) {qv4_##K##_1, qv4_##K##_2, qv4_##K##_3, qv4_##K##_4},
+QV4_KIND(GI_Q4_0) QV4_KIND(GI_Q4_1) QV4_KIND(GI_Q4_K)
+_Static_assert(GI_GEMV_STREAMS_MAX == 4, "qv4_tab instantiates 1..4 row blocks");
+static const qv_rb_fn qv4_tab[3][GI_GEMV_STREAMS_MAX] = {QV4_ROW(GI_Q4_0) QV4_ROW(GI_Q4_1) QV4_ROW(GI_Q4_K)};
 static void qv_q4_rows(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb0, int64_t rb1,
                        float *out, int64_t ldo) {
-    const qv_rb_fn f = w->kind == GI_Q4_0 ? qv4_GI_Q4_0 : w->kind == GI_Q4_1 ? qv4_GI_Q4_1 : qv4_GI_Q4_K;
-    for (int64_t rb = rb0; rb < rb1; rb++) f(w, a, m, rb, out, ldo);
+    const qv_rb_fn *f = qv4_tab[w->kind == GI_Q4_0 ? 0 : w->kind == GI_Q4_1 ? 1 : 2];
+    const int64_t s = gemv_streams();
+    for (int64_t rb = rb0; rb < rb1; rb += s) f[min64(s, rb1 - rb) - 1](w, a, m, rb, out, ldo);
 }
 #endif
 
@@ -52,8 +59,11 @@ static void qv_q4_rows(const gi_weight *w, const gi_qact *a, int64_t m, int64_t 
 /* q6_k's GEMV (qv_q6) for K up to 32 * QV_Q6_MAXG (its per-call offsets live on the stack);
    qtile's beyond */
 #define QV_Q6_MAXG 1024
-static void qv_q6_rb(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, const int32_t *ns,
-                     float *out, int64_t ldo) { qv_q6(w, a, m, rb, ns, out, ldo); }
+typedef void (*qv6_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, const int32_t *, float *, int64_t);
+#define QV6_DEF(RB) static void qv6_##RB(const gi_weight *w, const gi_qact *a, int64_t m, int64_t rb, \
+    const int32_t *ns, float *out, int64_t ldo) { qv_q6(RB, w, a, m, rb, ns, out, ldo); }
+QV6_DEF(1) QV6_DEF(2) QV6_DEF(3) QV6_DEF(4)
+static const qv6_fn qv6_tab[GI_GEMV_STREAMS_MAX] = {qv6_1, qv6_2, qv6_3, qv6_4};
 #endif
 
 typedef void (*qtile_fn)(const gi_weight *, const gi_qact *, int64_t, int64_t, float *, int64_t);
@@ -175,16 +185,15 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
     const int64_t u0 = rb0 * UPB, u1 = rb1 * UPB;
     if (m1 - m0 <= 0 || u1 <= u0) return;
     if (m1 - m0 == 1) {
-        /* GEMV (decode): stream the weights once, QV_RB units (one row block) at a time.  Row
-           blocks lie one after the other, so the calls read the weight front to back as one
-           stream, which the hardware prefetchers follow best: on a Zen 4 this decoded 15-30%
-           faster than two (avx2) or four (avx512) row blocks per call, as many streams 16 KB
-           or more apart (the 1B Q4_0 shape alike on avx512). */
+        /* GEMV (decode): stream the weights once, gemv_streams() row blocks per call, each
+           read front to back as its own stream (dispatch_common.c says which count suits
+           which CPU) */
 #if defined(QV_Q6)
         if (kind == GI_Q6_K && w->n_in / GI_GROUP <= QV_Q6_MAXG) {  /* the ISA file's own GEMV */
             int32_t ns[2 * QV_Q6_MAXG];
             q6_offsets(a, w->n_in, m0, ns);
-            for (int64_t rb = rb0; rb < rb1; rb++) qv_q6_rb(w, a, m0, rb, ns, out, ldo);
+            const int64_t st = gemv_streams();
+            for (int64_t rb = rb0; rb < rb1; rb += st) qv6_tab[min64(st, rb1 - rb) - 1](w, a, m0, rb, ns, out, ldo);
             return;
         }
 #endif
@@ -194,8 +203,9 @@ static void GI(matmul_q)(const gi_weight *w, const gi_qact *a, int64_t m0, int64
             return;
         }
 #endif
-        for (int64_t u = u0; u < u1; u += QV_RB)
-            qv_tab[kind][min64(QV_RB, u1 - u) - 1](w, a, m0, u, out, ldo);
+        const int64_t n = min64(gemv_streams() * UPB, QV_RB);   /* units per call */
+        for (int64_t u = u0; u < u1; u += n)
+            qv_tab[kind][min64(n, u1 - u) - 1](w, a, m0, u, out, ldo);
         return;
     }
 #if defined(GI_VARIANT_AVX512)

@@ -91,6 +91,8 @@ GI_INLINE float e8m0_half(uint8_t e) {
 #endif
 GI_INLINE int64_t gemv_prefetch(int kind) { return gi_gemv_prefetch_for(GI_PF_NEAR, GI_THIS_VARIANT, kind); }
 GI_INLINE int64_t gemv_prefetch_far(int kind) { return gi_gemv_prefetch_for(GI_PF_FAR, GI_THIS_VARIANT, kind); }
+/* ... and the row blocks it reads per call (each its own stream) */
+GI_INLINE int64_t gemv_streams(void) { return gi_gemv_streams_for(GI_THIS_VARIANT); }
 #if !defined(GI_VARIANT_PORTABLE)
 #include <xmmintrin.h>
 /* One software prefetch of the line at p: far (a constant where it is inlined): prefetcht2
@@ -262,8 +264,9 @@ GI_INLINE void q6_scales16(const int8_t *p, __m512 *s0, __m512 *s1) {
  * and their sizes: UNIT (output rows per unit), QV_RB / FV_RB (units per GEMV call), QG_RB x
  * QG_MR / FG_RB x FG_MR (units x activation rows per GEMM call), optionally QG_MR_Q6K (q6_k's
  * GEMM rows, <= QG_MR).  Every SIMD file has microkernels for every int kind.  It may also
- * define QV_Q4 and qv_q4(KIND, w, a, m, rb, out, ldo): its own GEMV of q4_0, q4_1 and q4_k
- * (one row block, one activation row, the same bits), which matmul_q runs instead of qtile's.
+ * define QV_Q4 and qv_q4(KIND, RB, w, a, m, rb, out, ldo): its own GEMV of q4_0, q4_1 and q4_k
+ * (RB row blocks from rb, one activation row, the same bits), which matmul_q runs instead of
+ * qtile's, and QV_Q6 with qv_q6(RB, ...) for q6_k.
  *
  * A microkernel computes the full K reduction for RB "units" of output rows x MR activation
  * rows and stores the results.  A unit is 16 rows (one row block, one zmm) on AVX-512 and 8
