@@ -40,6 +40,7 @@ SECTIONS = [
     "AVX2 prefill GEMM",
     "AVX-VNNI in the avx2 variant",
     "Decode GEMV of the 4-bit kinds",
+    "GEMV streams",
     "Weight pages",
     "Prefill tiles per thread",
     "Attention kernels",
