@@ -513,11 +513,11 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 
 /* ============================================================================ q4 GEMV (q4_0, q4_1, q4_k) */
 
-/* The decode GEMV of the 4-bit kinds: qtile's work for one row block and one activation row,
-   with the same bits, written for the stream (one pointer per operand, no spills: q4_k reads
-   1.1-1.3x the bytes per second of qtile's GEMV when the weight is in cache on a Zen 4, q4_0
-   and q4_1 alike).  q4_k unpacks a super-block's 16 rows x 8 sub-blocks of 6-bit scales and
-   mins from their 12 lines at once (a few 256-bit byte operations) into a small buffer and
+/* The decode GEMV of the 4-bit kinds: qtile's work for RB row blocks (each read as its own
+   stream) and one activation row, with the same bits, written for the stream (one pointer per
+   operand and row block, no spills at RB = 1: q4_k reads 1.1-1.3x the bytes per second of
+   qtile's GEMV when the weight is in cache on a Zen 4, q4_0 and q4_1 alike).  q4_k unpacks a
+   super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines at once (a few 256-bit byte operations) into a small buffer and
    unrolls its 8 groups, so each group only converts its scales and mins; -(dmin*mn) is
    (-dmin)*mn (the product is exact).  q4_k needs G % 8 == 0 (K a multiple of 256, as every
    q4_k weight). */
@@ -691,8 +691,9 @@ GI_INLINE void qv_q4(const int KIND, const int RB, const gi_weight *w, const gi_
 /* ============================================================================ q6_k GEMV with AVX-VNNI (qv_q6) */
 
 #if VNNI
-/* The decode GEMV of q6_k where the CPU has AVX-VNNI: qtile's q6_group sums (vpmaddubsw pairs
-   scaled by vpmaddwd) cost ~30% more operations per byte.  Per group and row half, four exact
+/* The decode GEMV of q6_k where the CPU has AVX-VNNI (RB row blocks per call, each read as its
+   own stream): qtile's q6_group sums (vpmaddubsw pairs scaled by vpmaddwd) cost ~30% more
+   operations per byte.  Per group and row half, four exact
    int32 vpdpbusd sums of the codes' bit fields against the activations: L (the low sub-block:
    bits 0..5 of lines 0..3), and the high sub-block's codes in three parts, H (the low nibbles of
    line 4 + c/2 for even c), N (its high nibbles for odd c, masked in place: 16x) and T (bits
