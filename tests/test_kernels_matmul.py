@@ -683,22 +683,7 @@ def test_gemv_streams_from_env(env, expect):
     """GOINFER_GEMV_STREAMS=<n> (1..4) sets the row blocks per GEMV call at start; anything else
     leaves the default: 1 on AMD, 4 elsewhere (1 on the portable variant, which reads one)."""
     default = 1 if _cpu_vendor_family()[0] == "AuthenticAMD" else 4
-    e = {k: v for k, v in os.environ.items() if k != "GOINFER_GEMV_STREAMS"}
-    if env is not None:
-        e["GOINFER_GEMV_STREAMS"] = env
-    code = (
-        "import json\n"
-        "from goinfer._kernels import _config\n"
-        "got = {}\n"
-        "for v in _config.supported_variants():\n"
-        "    _config.set_variant(v)\n"
-        "    got[v] = _config.gemv_streams()\n"
-        "print(json.dumps(got))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
-    )
-    got = json.loads(out.stdout)
+    got = _from_env("GOINFER_GEMV_STREAMS", "gemv_streams", env)
     assert got.pop("portable") == 1
     for v, n in got.items():
         assert n == (default if expect is None else expect), v
@@ -789,9 +774,9 @@ def _cpu_vendor_family() -> tuple[str, int]:
     return info["vendor_id"], int(info["cpu family"])
 
 
-def _prefetch_from_env(var, getter, env):
-    """{variant: getter()} in a fresh process with the environment variable var set to env
-    (None: unset); the distances are read once, at first use."""
+def _from_env(var, getter, env):
+    """{variant: _config.<getter>()} in a fresh process with the environment variable var set to
+    env (None: unset); the settings are read once, at first use."""
     e = {k: v for k, v in os.environ.items() if k != var}
     if env is not None:
         e[var] = env
@@ -807,7 +792,12 @@ def _prefetch_from_env(var, getter, env):
     out = subprocess.run(
         [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
     )
-    got = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def _prefetch_from_env(var, getter, env):
+    """_from_env without the portable variant, which issues no prefetches (checked)"""
+    got = _from_env(var, getter, env)
     portable = got.pop("portable")  # plain C, no prefetches to set
     assert portable == (dict.fromkeys(INT_KINDS, 0) if isinstance(portable, dict) else 0)
     return got
