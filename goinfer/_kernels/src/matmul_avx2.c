@@ -515,12 +515,12 @@ GI_INLINE void qtile(const int KIND, const int RB, const int MR, const gi_weight
 
 /* The decode GEMV of the 4-bit kinds: qtile's work for RB row blocks (each read as its own
    stream) and one activation row, with the same bits, written for the stream (one pointer per
-   operand and row block, no spills at RB = 1: q4_k reads 1.1-1.3x the bytes per second of
-   qtile's GEMV when the weight is in cache on a Zen 4, q4_0 and q4_1 alike).  q4_k unpacks a
-   super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines at once (a few 256-bit byte operations) into a small buffer and
-   unrolls its 8 groups, so each group only converts its scales and mins; -(dmin*mn) is
-   (-dmin)*mn (the product is exact).  q4_k needs G % 8 == 0 (K a multiple of 256, as every
-   q4_k weight). */
+   operand and row block, no spills at RB = 1: q4_k reads 1.1-1.3x the bytes per second of qtile's
+   GEMV when the weight is in cache on a Zen 4, q4_0 and q4_1 alike).  q4_k unpacks a
+   super-block's 16 rows x 8 sub-blocks of 6-bit scales and mins from their 12 lines at once (a
+   few 256-bit byte operations) into a small buffer and unrolls its 8 groups, so each group only
+   converts its scales and mins; -(dmin*mn) is (-dmin)*mn (the product is exact).  q4_k needs
+   G % 8 == 0 (K a multiple of 256, as every q4_k weight). */
 
 /* Group lg (4 lines x 64 bytes) x qa of the group (ag): int16 pair sums of rows 0..7 (*s0) and
    8..15 (*s1), each lane <= 8 pairs of 2*15*127 (no wrap); with VNNI the rows' int32 sums.
