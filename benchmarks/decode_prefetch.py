@@ -1,4 +1,4 @@
-"""Whole-model decode under several GEMV settings (prefetch, streams) interleaved in one process.
+"""Whole-model decode under several GEMV settings (prefetch, streams, warm) interleaved in one process.
 
     python benchmarks/decode_prefetch.py MODEL [--settings default,8] [--prompt 4096] \
         [--rounds 40] [--steps 4] [--threads 2] [--kernels] [--json out.json]
@@ -8,8 +8,10 @@ burst under one setting of the decode GEMV's near prefetch distance (goinfer._ke
 set_gemv_prefetch: `default` is each weight kind's default on this CPU, `N` is N groups of 32
 weights ahead for every kind, 0 none, `q4_0=8/q6_k=16` sets those kinds and leaves the others
 at their defaults), of its far prefetch distance (`far=N`: set_gemv_prefetch_far) and of the
-row blocks it reads per call (`streams=N`, 1..4: set_gemv_streams); the parts of a setting
-join with `/` (`streams=1/far=0`), what a setting does not name keeps its default; a round
+row blocks it reads per call (`streams=N`, 1..4: set_gemv_streams) and of the KB of each
+matmul's weight that threads waiting in a replayed step prefetch (`warm=N`, 0 none:
+set_gemv_warm); the parts of a setting join with `/` (`streams=1/far=0`), what a setting does
+not name keeps its default; a round
 runs every setting once, in the given order on even rounds and
 reversed on odd ones. So the settings meet the same host: on a shared host whose read bandwidth
 moves between phases over seconds to minutes, runs in separate processes minutes apart compare
@@ -43,8 +45,8 @@ from goinfer.profile import FAMILY, _TimedKernels
 
 def parse_setting(s: str) -> dict:
     """`default` -> {} (every default); `N` -> {"near": N} (every kind); `KIND=N[/KIND=N...]` ->
-    {"near": {kind: N}} (the kinds not named keep their default), with `far=N` and `streams=N`
-    among the parts -> {"far": N}, {"streams": N}: the setters' forms, checked by them"""
+    {"near": {kind: N}} (the kinds not named keep their default), with `far=N`, `streams=N` and
+    `warm=N` among the parts -> {"far": N}, ...: the setters' forms, checked by them"""
     if s == "default":
         return {}
     out: dict = {}
@@ -53,7 +55,7 @@ def parse_setting(s: str) -> dict:
             near = {}
             for part in s.split("/"):
                 k, v = part.split("=")
-                if k in ("far", "streams"):
+                if k in ("far", "streams", "warm"):
                     out[k] = int(v)
                 else:
                     near[k] = int(v)
@@ -65,7 +67,8 @@ def parse_setting(s: str) -> dict:
             pass
     except ValueError as e:
         raise SystemExit(
-            f"a setting is `default`, N or KIND=N, far=N, streams=N joined by /, got {s!r}: {e}"
+            "a setting is `default`, N or KIND=N, far=N, streams=N, warm=N joined by /, "
+            f"got {s!r}: {e}"
         ) from None
     return out
 
@@ -77,11 +80,13 @@ def applied(setting: dict):
         _config.set_gemv_prefetch(setting.get("near"))
         _config.set_gemv_prefetch_far(setting.get("far"))
         _config.set_gemv_streams(setting.get("streams"))
+        _config.set_gemv_warm(setting.get("warm"))
         yield
     finally:
         _config.set_gemv_prefetch(None)
         _config.set_gemv_prefetch_far(None)
         _config.set_gemv_streams(None)
+        _config.set_gemv_warm(None)
 
 
 def run(model, settings: list[str], prompt: int, rounds: int, steps: int, kernels: bool) -> dict:
@@ -137,12 +142,14 @@ def run(model, settings: list[str], prompt: int, rounds: int, steps: int, kernel
 
 
 def _gemv(setting: dict) -> dict:
-    """what a parsed setting gives: {"distances": {kind: groups}, "far": groups, "streams": n}"""
+    """what a parsed setting gives: {"distances": {kind: groups}, "far": groups, "streams": n,
+    "warm_kb": kb}"""
     with applied(setting):
         return {
             "distances": _config.gemv_prefetch(),
             "far": _config.gemv_prefetch_far(),
             "streams": _config.gemv_streams(),
+            "warm_kb": _config.gemv_warm(),
         }
 
 
@@ -163,7 +170,7 @@ def main(argv=None):
         from shapes import smoke_model
 
         a.model, a.prompt, a.rounds, a.steps = str(smoke_model(tmp.name)), 32, 2, 2
-        a.settings, a.kernels = "default,0,q4_0=8/streams=2/far=0", True
+        a.settings, a.kernels = "default,0,q4_0=8/streams=2/far=0/warm=0", True
     settings = a.settings.split(",")
     for x in settings:
         parse_setting(x)

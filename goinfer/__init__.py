@@ -51,6 +51,7 @@ def config() -> dict:
         "gemv_prefetch": _config.gemv_prefetch(),
         "gemv_prefetch_far": _config.gemv_prefetch_far(),
         "gemv_streams": _config.gemv_streams(),
+        "gemv_warm_kb": _config.gemv_warm(),
         "openmp": _config.openmp_enabled(),
         "openmp_version": _config.openmp_version(),
         "threads": default_threads(),
@@ -115,6 +116,12 @@ def show_config(file=None) -> dict:
     print(
         f"  GEMV streams   : {c['gemv_streams']} row block{'s' if c['gemv_streams'] > 1 else ''}"
         " per call (decode matmuls; GOINFER_GEMV_STREAMS=<1..4> sets it)",
+        file=out,
+    )
+    warm = f"{c['gemv_warm_kb']} KB per matmul" if c["gemv_warm_kb"] else "off"
+    print(
+        f"  GEMV warm      : {warm} (prefetched by threads waiting in a decode step;"
+        " GOINFER_GEMV_WARM=<KB> sets it)",
         file=out,
     )
     omp = f"on (OpenMP {c['openmp_version']})" if c["openmp"] else "OFF: kernels run on one thread"

@@ -192,7 +192,7 @@ def check_decode_fixed_cost(res):
 def check_decode_prefetch(res):
     """each setting decoded its own bursts, under the distances it names, timed per kernel"""
     rows = res["rows"]
-    assert [r["setting"] for r in rows] == ["default", "0", "q4_0=8/streams=2/far=0"]
+    assert [r["setting"] for r in rows] == ["default", "0", "q4_0=8/streams=2/far=0/warm=0"]
     from goinfer._kernels import _config
     from goinfer.quant import INT_KINDS
 
@@ -209,6 +209,8 @@ def check_decode_prefetch(res):
         )
         assert rows[0]["far"] == _config.gemv_prefetch_far() and rows[1]["far"] == rows[0]["far"]
         assert (rows[2]["streams"], rows[2]["far"]) == (2, 0)
+    assert rows[0]["warm_kb"] == rows[1]["warm_kb"] == _config.gemv_warm() > 0
+    assert rows[2]["warm_kb"] == 0
     assert res["decoded_tokens"] == res["rounds"] * res["steps"] * len(rows)
     assert rows[0]["speed_vs_first"] == 1.0 and rows[0]["rounds_faster_than_first"] == 0
     for r in rows:

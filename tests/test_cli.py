@@ -41,6 +41,7 @@ def test_prefetch_text_groups_kinds_by_distance():
         buf.getvalue()
     )
     assert f"GEMV streams   : {c['gemv_streams']} row block" in buf.getvalue()
+    assert f"GEMV warm      : {c['gemv_warm_kb']} KB per matmul" in buf.getvalue()
 
 
 def test_python_m_goinfer_is_the_command():

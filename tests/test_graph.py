@@ -9,20 +9,25 @@ events that must rebuild a plan.  Counters prove that the graph ran (replays / c
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from functools import partial
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from fixtures import compare, tinygemma, tinymodels
+from fixtures.kernels import many_shares as all_shares
 from goinfer import _kernels, _reference
 from goinfer._kernels import _config
 from goinfer.batch import decode_batch
 from goinfer.gguf import GGUFFile
 from goinfer.kv_cache import DEFAULT_KV_DTYPE, KVCache
 from goinfer.model import Model
+from goinfer.quant import pack_float, quantize_weight
 
 MM = importlib.import_module("goinfer._kernels.matmul")
 OPS = importlib.import_module("goinfer._kernels.ops")
@@ -491,8 +496,6 @@ def test_bound_ops_equal_the_kernels(many_shares):
     r1 = _kernels.swiglu(x, y)
     assert np.array_equal(outs[0], r0) and np.array_equal(outs[1], r1)
     assert np.array_equal(outs[3], (r0 + r1) + w)
-    from goinfer.quant import pack_float
-
     emb = pack_float("f32", rng.standard_normal((10, 32)).astype(np.float32))
     ids = np.array([3, 7, 0], np.int64)
     out = np.empty((3, 32), np.float32)
@@ -526,3 +529,116 @@ def test_bind_without_out_is_refused():
     ]:
         with pytest.raises(ValueError, match=f"bound {name} needs out"):
             bind()
+
+
+# ============================================================================ warming
+
+
+@contextlib.contextmanager
+def warming(kb):
+    """set_gemv_warm(kb) inside (the default back after it)."""
+    old = _config.gemv_warm()
+    assert _config.set_gemv_warm(kb) is None
+    try:
+        yield
+    finally:
+        assert _config.set_gemv_warm(None) == kb
+    assert _config.gemv_warm() == old
+
+
+def _bound_matmul(kind, n_rb, M, threads, rng):
+    """A bound matmul of a (16 n_rb - 3 or 16, 256) weight of kind and M activation rows."""
+    n_out = 16 * n_rb - (3 if n_rb > 1 else 0)
+    w = rng.standard_normal((n_out, 256)).astype(np.float32)
+    x = rng.standard_normal((M, 256)).astype(np.float32)
+    qw = quantize_weight(w, kind)
+    a = x if kind in ("f32", "f16") else _kernels.quantize_act(x)
+    out = np.empty((M, n_out), np.float32)
+    return MM.bind_matmul(a, qw, out, nthreads=threads), qw, a, out
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    kind=st.sampled_from(["q4_0", "q4_1", "q8_0", "q6_k", "q4_k", "q5_k", "f16"]),
+    n_rb=st.integers(1, 80),
+    kb=st.sampled_from([0, 4, 12, 64, 512, 16384]),
+    M=st.sampled_from([1, 3]),
+    threads=st.integers(1, 4),
+)
+@example(kind="q4_k", n_rb=64, kb=512, M=1, threads=2)  # the GEMV's tail shares left out
+@example(kind="q4_k", n_rb=64, kb=16384, M=1, threads=1)  # one share: the whole weight
+@example(kind="q6_k", n_rb=1, kb=4, M=1, threads=4)  # fewer row blocks than threads
+@example(kind="q4_1", n_rb=80, kb=16384, M=3, threads=3)  # a GEMM's shares: every byte
+def test_warm_ranges_are_share_heads(kind, n_rb, kb, M, threads):
+    """A bound matmul's warm prefetches the head of each row share: its chunks' byte ranges
+    of qs, merged, are runs that start at row-block boundaries, the first at 0, at most one per
+    share, kb in all at most, all within the array; each scale
+    array's range of a chunk spans the same row blocks as its qs range.  With a limit past
+    the weight's size the runs cover qs from 0 without a gap: to its end when every share is
+    a head (no GEMV tail shares, which are claimed last); kb 0 warms nothing."""
+    with all_shares():
+        op, qw, _, _ = _bound_matmul(kind, n_rb, M, threads, np.random.default_rng(n_rb))
+    arrays = [a for a in (qw.qs, qw.d, qw.m) if a is not None and a.nbytes]
+    sz = [a.nbytes // qw.n_rb for a in arrays]
+    with warming(kb):
+        got = MM._warm_ranges(op)
+    if kb == 0:
+        assert got == []
+        return
+    by_chunk = {}
+    for c, i, lo, hi in got:
+        by_chunk.setdefault(c, {})[i] = (lo, hi)
+    assert sorted(by_chunk) == list(range(len(by_chunk)))  # chunks 0, 1, .. in order
+    assert all(len(r) == len(arrays) for r in by_chunk.values())
+    # a chunk of a share shorter than the others warms nothing (every range empty)
+    full = [r for r in by_chunk.values() if r[0][0] < r[0][1]]
+    assert all(lo == hi for r in by_chunk.values() if r not in full for lo, hi in r.values())
+    assert full
+    qs = sorted(r[0] for r in full)
+    for r in full:
+        for i, (lo, hi) in r.items():
+            assert 0 <= lo < hi <= arrays[i].nbytes
+    for rng_ in full:
+        (lo0, hi0) = rng_[0]
+        for i, (lo, hi) in rng_.items():
+            assert lo // sz[i] == lo0 // sz[0] and -(-hi // sz[i]) == -(-hi0 // sz[0])
+    runs = []
+    for lo, hi in qs:  # merge touching ranges
+        assert not runs or lo >= runs[-1][1], "chunks overlap"
+        if runs and lo == runs[-1][1]:
+            runs[-1][1] = hi
+        else:
+            runs.append([lo, hi])
+    assert runs[0][0] == 0 and all(lo % sz[0] == 0 for lo, _ in runs)
+    assert len(runs) <= op.nshares
+    assert sum(hi - lo for lo, hi in runs) <= kb * 1024
+    if kb * 1024 // op.nshares >= qw.qs.nbytes:
+        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:])), "a gap between shares"
+        tail = M == 1 and threads > 1 and n_rb >= 16 * threads
+        assert (runs[-1][1] == qw.qs.nbytes) != tail
+
+
+@pytest.mark.parametrize("kb", [0, 4, 512])
+def test_warm_keeps_bits(tiny, kb, many_shares):
+    """Decode with the graph warming 0, 4 or 512 KB per matmul: the Python path's bits."""
+    with warming(kb):
+        assert_replayed_same(tiny("llama")[1], 2)
+
+
+def test_warm_runs_while_threads_wait(tiny, many_shares):
+    """On 2 threads the replayed steps' waiting threads claim warm chunks (every barrier after
+    a one-share op makes the other thread wait); on 1 thread nothing waits or warms."""
+    for threads in (1, 2):
+        m = load(tiny("llama")[1], threads)
+        cache = KVCache(m, max_tokens=200, block_size=4)
+        s = m.session(cache)
+        lg = s.prefill(prompts_for(1)[0])
+        chunks = []
+        for _ in range(12):
+            lg = s.decode(int(np.argmax(lg)))
+            (plan,) = [p for d in m.graph._plans.values() for p in d.values()]
+            chunks.append(plan._graph.warm_chunks)
+        if threads == 1:
+            assert chunks == [0] * 12
+        else:
+            assert max(chunks) > 0, chunks

@@ -689,6 +689,44 @@ def test_gemv_streams_from_env(env, expect):
         assert n == (default if expect is None else expect), v
 
 
+def test_gemv_warm_setting():
+    """set_gemv_warm: 0..16384 KB, None back to the default (returned as the old setting:
+    None when the default was in use); anything else is a ValueError that changes nothing."""
+    old = _config.gemv_warm()
+    assert _config.set_gemv_warm(64) is None
+    try:
+        assert _config.gemv_warm() == 64
+        assert goinfer.config()["gemv_warm_kb"] == 64
+        for bad in (-1, 16385, 2.0, "2"):
+            with pytest.raises(ValueError, match="0..16384"):
+                _config.set_gemv_warm(bad)
+        assert _config.gemv_warm() == 64
+        assert _config.set_gemv_warm(0) == 64
+        assert _config.gemv_warm() == 0
+    finally:
+        assert _config.set_gemv_warm(None) == 0
+    assert _config.gemv_warm() == old
+
+
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        (None, None),
+        ("0", 0),
+        ("64", 64),
+        ("16384", 16384),
+        ("16385", None),
+        ("x", None),
+        ("", None),
+    ],
+)
+def test_gemv_warm_from_env(env, expect):
+    """GOINFER_GEMV_WARM=<KB> (0..16384) sets the KB warmed per matmul at start, on every variant
+    alike; anything else leaves the default, 512."""
+    got = _from_env("GOINFER_GEMV_WARM", "gemv_warm", env)
+    assert set(got.values()) == {512 if expect is None else expect}
+
+
 @pytest.mark.parametrize(
     "get,set_,key,top",
     [

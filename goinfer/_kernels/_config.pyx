@@ -8,6 +8,8 @@ from goinfer._kernels.dispatch cimport (gi_variant_supported, gi_best_variant, g
                                         gi_gemv_prefetch_setting, GI_PF_NEAR, GI_PF_FAR,
                                         gi_gemv_streams, gi_set_gemv_streams,
                                         gi_gemv_streams_setting, GI_GEMV_STREAMS_MAX,
+                                        gi_gemv_warm_kb, gi_set_gemv_warm_kb,
+                                        gi_gemv_warm_kb_setting, GI_GEMV_WARM_MAX_KB,
                                         gi_avxvnni_supported,
                                         gi_avxvnni_enabled, gi_avxvnni_set)
 
@@ -176,6 +178,31 @@ def set_gemv_streams(n):
             raise ValueError(f"GEMV streams must be 1..{GI_GEMV_STREAMS_MAX} or None, got {n!r}")
     cdef int old = gi_gemv_streams_setting()
     gi_set_gemv_streams(-1 if n is None else operator.index(n))
+    return None if old < 0 else old
+
+
+# ---------------------------------------------------------------- GEMV warm
+def gemv_warm():
+    """The KB of each decode matmul's weight that graph replay's threads prefetch while they
+    wait at a barrier before it (the heads of its shares' rows; 0: none): the KB
+    set_gemv_warm set, else GOINFER_GEMV_WARM, else the default (512: src/dispatch_common.c).
+    The same for every variant."""
+    return int(gi_gemv_warm_kb())
+
+
+def set_gemv_warm(kb):
+    """Set the KB of a decode matmul's weight warmed while threads wait (0..16384, 0 turns it
+    off; None: back to the default); returns the old setting (None if it was the default).
+    The same bits at every setting."""
+    if kb is not None:
+        try:
+            ok = 0 <= operator.index(kb) <= GI_GEMV_WARM_MAX_KB
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"GEMV warm must be 0..{GI_GEMV_WARM_MAX_KB} KB or None, got {kb!r}")
+    cdef int old = gi_gemv_warm_kb_setting()
+    gi_set_gemv_warm_kb(-1 if kb is None else operator.index(kb))
     return None if old < 0 else old
 
 

@@ -23,6 +23,11 @@ cdef extern from "dispatch.h" nogil:
     int gi_gemv_streams()
     int gi_set_gemv_streams(int n)
     int gi_gemv_streams_setting()
+    enum:
+        GI_GEMV_WARM_MAX_KB
+    int gi_gemv_warm_kb()
+    int gi_set_gemv_warm_kb(int kb)
+    int gi_gemv_warm_kb_setting()
     int gi_avxvnni_supported()
     int gi_avxvnni_enabled()
     int gi_avxvnni_set(int on)

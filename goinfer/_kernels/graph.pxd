@@ -5,12 +5,16 @@ from libc.stdint cimport int64_t
 
 cdef extern from "graph.h" nogil:
     ctypedef void (*gi_share_fn)(const void *args, int64_t share, int tid) noexcept nogil
+    ctypedef int (*gi_warm_fn)(const void *args, int64_t chunk) noexcept nogil
     ctypedef struct gi_op:
         gi_share_fn run
         const void *args
         int64_t nshares
         int barrier
-    void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *claim)
+        gi_warm_fn warm
+    int64_t GI_GRAPH_WORK(int64_t n)
+    void gi_warm_bytes(const void *p, int64_t n)
+    void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work)
 
 
 cdef class Op:

@@ -6,10 +6,12 @@ kernels do (the same code) and return an ``Op``: a C argument record plus the fu
 computes one share of the work (one of the tiles / row ranges / work items the Python kernel
 would hand to one OpenMP thread).  ``Graph(ops, nthreads).run()`` runs the ops in order in one
 parallel region: running threads claim the shares, and an op whose ``barrier`` flag is set
-starts once every earlier op is complete (goinfer/graph.py sets the flags; src/graph.h).  An Op holds references to every array its record points into.
+starts once every earlier op is complete (goinfer/graph.py sets the flags; src/graph.h); a
+thread waiting at a barrier prefetches the head of the next op that can be warmed (a matmul's
+weight rows: matmul.pyx).  An Op holds references to every array its record points into.
 """
 cimport numpy as cnp
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from goinfer._kernels.checks cimport check_threads
@@ -69,7 +71,7 @@ cdef class Graph:
     """A list of bound ops run by gi_graph_run on nthreads threads (GIL released)."""
 
     cdef gi_op *ops
-    cdef int64_t *claim
+    cdef int64_t *work
     cdef int64_t n
     cdef int nthreads
     cdef readonly list op_list
@@ -79,8 +81,8 @@ cdef class Graph:
         self.op_list = list(ops)
         self.n = len(self.op_list)
         self.ops = <gi_op *>malloc(sizeof(gi_op) * (self.n if self.n else 1))
-        self.claim = <int64_t *>malloc(sizeof(int64_t) * (self.n if self.n else 1))
-        if self.ops == NULL or self.claim == NULL:
+        self.work = <int64_t *>calloc(GI_GRAPH_WORK(self.n if self.n else 1), sizeof(int64_t))
+        if self.ops == NULL or self.work == NULL:
             raise MemoryError("graph op array")
         cdef int64_t i
         cdef Op o
@@ -92,14 +94,23 @@ cdef class Graph:
 
     def __dealloc__(self):
         free(self.ops)
-        free(self.claim)
+        free(self.work)
         self.ops = NULL
-        self.claim = NULL
+        self.work = NULL
 
     def run(self):
         """Run every op once."""
         with nogil:
-            gi_graph_run(self.ops, self.n, self.nthreads, self.claim)
+            gi_graph_run(self.ops, self.n, self.nthreads, self.work)
+
+    @property
+    def warm_chunks(self):
+        """Warm chunks claimed in the last run, over every op (each waiting thread's claim
+        that found an op's limit included; 0 before the first run and with one thread)."""
+        cdef int64_t i, total = 0
+        for i in range(self.n):
+            total += self.work[self.n + i]
+        return total
 
     @property
     def n_barriers(self):

@@ -15,7 +15,8 @@ from goinfer._kernels.checks cimport (carray, carray_writeable, check_threads, c
                                       f32_rows, rows_view, swap_grain)
 from goinfer._kernels.dispatch cimport (GI_AVX2, gi_avxvnni_enabled, gi_variant, table_variant,
                                         variant_table)
-from goinfer._kernels.graph cimport Op, run_shares, run_shares_dynamic, share_fn
+from goinfer._kernels.dispatch cimport gi_gemv_warm_kb
+from goinfer._kernels.graph cimport Op, gi_warm_bytes, run_shares, run_shares_dynamic, share_fn
 from goinfer._kernels.ops cimport (gi_ops_ops, gi_ops_ops_avx2, gi_ops_ops_avx512,
                                    gi_ops_ops_portable)
 
@@ -436,6 +437,11 @@ cdef struct mm_args:
     float *out
     plan p
     bint is_int
+    # the weight's arrays, each (n_rb, ...): qs, then d, m where present (warming, _warm_chunk)
+    const char *wa[3]
+    int64_t wsz[3]    # bytes per row block of each
+    int nwa
+    int64_t warm_len  # qs bytes of the longest share warmed
 
 
 cdef struct gr_args:
@@ -482,6 +488,65 @@ cdef void _mm_share(const void *args, int64_t t, int tid) noexcept nogil:
         _run_q(a.ops, &a.p, t, &a.w, &a.a, a.out, a.w.n_out)
     else:
         _run_f(a.ops, &a.p, t, &a.w, a.x, a.out, a.w.n_out)
+
+
+# Warming (graph replay, src/graph.h): while a thread waits at a barrier before a bound matmul
+# it prefetches the heads of the matmul's row shares (each share's first bytes, what the thread
+# that claims it reads first), gemv_warm() KB of qs split evenly between the shares (the GEMV's
+# tail shares, short and claimed last, are left out), with the same share of each scale array.
+# Chunk c is WARM_CHUNK bytes of qs: share c % n, the (c // n)-th chunk of its head.
+cdef int64_t WARM_CHUNK = 4096
+
+
+cdef int _warm_chunk(const mm_args *a, int64_t c, int64_t *lo, int64_t *hi) noexcept nogil:
+    """The byte ranges [lo[i], hi[i]) of a.wa[i] that chunk c warms (empty where c's share is
+    shorter than the others); 0 (no ranges) once c is past the limit of every share."""
+    cdef int64_t n = a.p.n_rt - a.p.tail, head, s, rb0, rb1, m0, m1, o0, o1
+    cdef int i
+    if n <= 0 or a.nwa == 0 or c < 0:
+        return 0
+    head = _min(<int64_t>gi_gemv_warm_kb() * 1024 // n, a.warm_len)
+    o0 = (c // n) * WARM_CHUNK  # offsets in share c % n's qs
+    if o0 >= head:
+        return 0
+    s = c % n
+    _tile(&a.p, s * a.p.n_mt, &m0, &m1, &rb0, &rb1)
+    o1 = _min(o0 + WARM_CHUNK, _min(head, (rb1 - rb0) * a.wsz[0]))
+    for i in range(a.nwa):
+        lo[i] = rb0 * a.wsz[i] + o0 * a.wsz[i] // a.wsz[0]
+        hi[i] = rb0 * a.wsz[i] + (o1 * a.wsz[i] + a.wsz[0] - 1) // a.wsz[0] if o1 > o0 else lo[i]
+    return 1
+
+
+cdef int _mm_warm(const void *args, int64_t c) noexcept nogil:
+    cdef const mm_args *a = <const mm_args *>args
+    cdef int64_t lo[3]
+    cdef int64_t hi[3]
+    cdef int i
+    if not _warm_chunk(a, c, lo, hi):
+        return 0
+    for i in range(a.nwa):
+        if hi[i] > lo[i]:
+            gi_warm_bytes(a.wa[i] + lo[i], hi[i] - lo[i])
+    return 1
+
+
+cdef void _warm_arrays(mm_args *r, object w):
+    """r.wa / wsz / nwa: the arrays of w (checked by _weight) a warm chunk prefetches;
+    r.warm_len: the qs bytes of the longest share warmed."""
+    cdef int64_t s, m0, m1, rb0, rb1
+    r.nwa = 0
+    r.warm_len = 0
+    if r.w.n_rb == 0:
+        return
+    for arr in (w.qs, w.d, w.m):
+        if arr is not None and arr.nbytes > 0:
+            r.wa[r.nwa] = <const char *>_data(arr)
+            r.wsz[r.nwa] = arr.nbytes // r.w.n_rb
+            r.nwa += 1
+    for s in range(r.p.n_rt - r.p.tail):
+        _tile(&r.p, s * r.p.n_mt, &m0, &m1, &rb0, &rb1)
+        r.warm_len = max(r.warm_len, (rb1 - rb0) * r.wsz[0])
 
 
 cdef void _gr_share(const void *args, int64_t t, int tid) noexcept nogil:
@@ -859,7 +924,26 @@ def bind_matmul(x_or_qact, w, out, *, nthreads=1):
     _mm_prepare(r, x_or_qact, w, out, nt)
     op.op.run = _mm_share
     op.op.nshares = r.p.n_rt * r.p.n_mt if r.p.M > 0 and r.p.n_rb > 0 else 0
+    _warm_arrays(r, w)
+    if op.op.nshares > 0 and r.nwa > 0:
+        op.op.warm = _mm_warm
     return op
+
+
+def _warm_ranges(Op op):
+    """Test hook: the chunks a bound matmul's warm prefetches at the current gemv_warm(), in
+    order, as (chunk, array, lo, hi) byte ranges of its weight's arrays (0: qs, then d, m)."""
+    if op.name != "matmul" or op.op.warm == NULL:
+        return []
+    cdef const mm_args *a = <const mm_args *>op.mem
+    cdef int64_t lo[3]
+    cdef int64_t hi[3]
+    cdef int64_t c = 0
+    out = []
+    while _warm_chunk(a, c, lo, hi):
+        out.extend((c, i, lo[i], hi[i]) for i in range(a.nwa))
+        c += 1
+    return out
 
 
 def bind_get_rows(w, ids, out, *, nthreads=1):

@@ -33,6 +33,16 @@ int gi_gemv_streams(void);              /* ... the variant in use's */
 int gi_set_gemv_streams(int n);         /* n -1: back to the default; 0 on success, -1 if outside */
 int gi_gemv_streams_setting(void);      /* the count set, -1 if none */
 
+/* GEMV warm: the KB of a decode matmul's weight (the heads of its shares' rows, split evenly
+   between them) that graph replay's threads prefetch while they wait at a barrier before it
+   (src/graph.h), 0..GI_GEMV_WARM_MAX_KB, 0: none.  The KB set (gi_set_gemv_warm_kb), else
+   GOINFER_GEMV_WARM (read once), else the default (dispatch_common.c); every variant alike.
+   The bits do not depend on it. */
+enum { GI_GEMV_WARM_MAX_KB = 16384 };
+int gi_gemv_warm_kb(void);
+int gi_set_gemv_warm_kb(int kb);        /* kb -1: back to the default; 0 on success, -1 if outside */
+int gi_gemv_warm_kb_setting(void);      /* the KB set, -1 if none */
+
 /* The switch of an optional kernel path (AVX-VNNI, AMX): *state is -1 until first read, then
    on where supported() unless the environment variable env is "0" (read once).  Setting it on
    where unsupported returns -1 (else 0). */

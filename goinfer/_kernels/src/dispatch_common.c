@@ -211,6 +211,39 @@ int gi_set_gemv_streams(int n) {
 int gi_gemv_streams_setting(void) { return __atomic_load_n(&g_streams_set, __ATOMIC_ACQUIRE) - 1; }
 
 
+/* ============================================================================ GEMV warm */
+
+static int g_warm_set;                  /* 0: none set (the default applies), else the KB + 1 */
+static int g_warm_env = -2;             /* -2: the variable not read yet; -1: absent or invalid */
+
+/* The default: 512 KB, split between the matmul's shares (a quarter of a 2 MB L2, half of a
+   1 MB one).  On a Sapphire Rapids class Xeon (family 6 model 167, 2 threads) 1B and 3B decode
+   steps ran 1-3% faster with it (docs/benchmarks.md, "GEMV warm"). */
+enum { DEFAULT_WARM_KB = 512 };
+
+int gi_gemv_warm_kb(void) {
+    const int set = __atomic_load_n(&g_warm_set, __ATOMIC_ACQUIRE);
+    if (set > 0) return set - 1;
+    int env = __atomic_load_n(&g_warm_env, __ATOMIC_ACQUIRE);
+    if (env == -2) {
+        const char *e = getenv("GOINFER_GEMV_WARM");
+        char *end = 0;
+        const long v = e && *e ? strtol(e, &end, 10) : -1;
+        env = (v >= 0 && v <= GI_GEMV_WARM_MAX_KB && end && *end == 0) ? (int)v : -1;
+        __atomic_store_n(&g_warm_env, env, __ATOMIC_RELEASE);
+    }
+    return env >= 0 ? env : DEFAULT_WARM_KB;
+}
+
+int gi_set_gemv_warm_kb(int kb) {
+    if (kb != -1 && (kb < 0 || kb > GI_GEMV_WARM_MAX_KB)) return -1;
+    __atomic_store_n(&g_warm_set, kb + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int gi_gemv_warm_kb_setting(void) { return __atomic_load_n(&g_warm_set, __ATOMIC_ACQUIRE) - 1; }
+
+
 /* ============================================================================ AVX-VNNI (avx2 variant) */
 
 extern const int gi_avxvnni_built;  /* matmul_impl.c's avx2vnni object: 1 if built with -mavxvnni */
