@@ -41,6 +41,7 @@ SECTIONS = [
     "AVX-VNNI in the avx2 variant",
     "Decode GEMV of the 4-bit kinds",
     "GEMV streams",
+    "GEMV warm",
     "Weight pages",
     "Prefill tiles per thread",
     "Attention kernels",
