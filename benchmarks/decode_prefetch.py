@@ -1,4 +1,4 @@
-"""Whole-model decode under several GEMV settings (prefetch, streams, warm) interleaved in one process.
+"""Whole-model decode under GEMV settings (prefetch, streams, warm) interleaved in one process.
 
     python benchmarks/decode_prefetch.py MODEL [--settings default,8] [--prompt 4096] \
         [--rounds 40] [--steps 4] [--threads 2] [--kernels] [--json out.json]

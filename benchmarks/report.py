@@ -42,6 +42,7 @@ SECTIONS = [
     "Decode GEMV of the 4-bit kinds",
     "GEMV streams",
     "GEMV warm",
+    "Decode step profile",
     "Weight pages",
     "Prefill tiles per thread",
     "Attention kernels",

@@ -404,6 +404,27 @@ class DecodePlan:
         return len(self._graph)
 
     @property
+    def graph(self):
+        """The bound ops (goinfer._kernels.graph.Graph): its profile() times them."""
+        return self._graph
+
+    def op_table(self) -> list[dict]:
+        """Per op of the step, in order: {"name": the kernel, "weight": "q4_k 2048x8192" for
+        a matmul (its kind and shape, n_out x n_in), else None, "weight_bytes": the bytes a
+        matmul streams (qs and scales), else 0}."""
+        out = []
+        for op in self._graph.op_list:
+            w = op.refs[1] if op.name == "matmul" else None
+            out.append(
+                {
+                    "name": op.name,
+                    "weight": None if w is None else f"{w.kind} {w.n_out}x{w.n_in}",
+                    "weight_bytes": 0 if w is None else int(w.nbytes),
+                }
+            )
+        return out
+
+    @property
     def n_barriers(self) -> int:
         return self._graph.n_barriers
 
@@ -437,6 +458,10 @@ class GraphRunner:
         self.replays = 0  # steps run by a plan
         self.disabled = False  # a capture failed: this model stays on the Python path
         self.spec = model.config.state_spec  # hybrid models: the recurrent state's shapes
+
+    def plans(self, cache) -> list[DecodePlan]:
+        """The plans held for a KV cache, least recently used first."""
+        return list(self._plans.get(cache, {}).values())
 
     @staticmethod
     def replayable(batch: Batch) -> bool:

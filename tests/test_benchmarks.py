@@ -686,6 +686,26 @@ def check_tools(res):
     assert res["format"] == "generic" and _pos(res["setup_ms_first"])
 
 
+def check_decode_profile(res):
+    """every op of the replayed steps timed: the matmul rows stream the model's matrices once
+    a step, and the graph's time lies within the wall time of the steps"""
+    assert res["steps"] == 8 and res["threads"] in (1, 2)
+    rows = {r["kernel"]: r for r in res["rows"]}
+    mm = [r for k, r in rows.items() if k.startswith("matmul ")]
+    assert mm and {"rmsnorm", "attention"} <= set(rows)
+    assert all(_pos(r["weight_bytes_per_step"]) and _pos(r["read_GBs"]) for r in mm)
+    assert sum(r["weight_bytes_per_step"] for r in mm) == res["matmul_bytes_per_step"]
+    assert res["matmul_bytes_per_step"] == res["model_matrix_bytes"]
+    assert all(
+        r["run_ms"] >= 0 and r["wait_ms"] >= 0 and r["ops_per_step"] > 0 for r in rows.values()
+    )
+    assert math.isclose(sum(r["run_ms"] for r in rows.values()), res["run_ms"], rel_tol=1e-9)
+    assert math.isclose(res["graph_ms"], res["run_ms"] + res["wait_ms"], rel_tol=1e-9)
+    assert _pos(res["run_ms"]) and res["graph_ms"] <= res["wall_ms"]
+    assert res["outside_ms"] == pytest.approx(res["wall_ms"] - res["graph_ms"])
+    assert len(res["read_bandwidth_GBs"]) == 2 and all(map(_pos, res["read_bandwidth_GBs"]))
+
+
 def check_wait_policy(res):
     (r,) = res["rows"]
     assert r["setting"] == "goinfer" and _pos(r["prefill_ms"]) and _pos(r["decode_ms"])

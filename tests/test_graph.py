@@ -642,3 +642,57 @@ def test_warm_runs_while_threads_wait(tiny, many_shares):
             assert chunks == [0] * 12
         else:
             assert max(chunks) > 0, chunks
+
+
+# ============================================================================ profiling
+
+
+def test_profile_times_every_op(many_shares):
+    """Graph.profile: per op the time its shares ran and threads waited, summed over the runs
+    since start_profile; the outputs are the same bits timed or not; stop_profile ends it."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    outs = [np.empty((4, 64), np.float32) for _ in range(3)]
+    ops = [
+        OPS.bind_rmsnorm(x, w, 1e-5, outs[0], nthreads=2),
+        OPS.bind_add(outs[0], x, outs[1], nthreads=2),
+        OPS.bind_add(outs[1], x, outs[2], nthreads=2),
+    ]
+    for threads in (1, 2):
+        g = GRAPH.Graph(ops, threads)
+        assert g.threads == threads and g.profile() is None
+        g.run()
+        ref = [o.copy() for o in outs]
+        g.start_profile()
+        for _ in range(3):
+            g.run()
+        p = g.profile()
+        assert p["runs"] == 3 and all(np.array_equal(o, r) for o, r in zip(outs, ref))
+        assert p["run_ns"].shape == p["wait_ns"].shape == (3,)
+        assert (p["run_ns"] > 0).all() and (p["wait_ns"] >= 0).all()
+        if threads == 1:  # the calling thread runs every share in order: nobody waits
+            assert (p["wait_ns"] == 0).all()
+        g.start_profile()  # from zero again
+        assert g.profile()["runs"] == 0 and not g.profile()["run_ns"].any()
+        g.stop_profile()
+        assert g.profile() is None
+
+
+def test_plan_op_table_names_the_matmul_weights(tiny):
+    """DecodePlan.op_table: an entry per bound op; a matmul's weight kind, shape and bytes."""
+    m = load(tiny("llama")[1], 2)
+    cache = KVCache(m, max_tokens=100, block_size=4)
+    s = m.session(cache)
+    s.decode(int(np.argmax(s.prefill(prompts_for(1)[0]))))
+    (plan,) = m.graph.plans(cache)
+    table = plan.op_table()
+    assert len(table) == plan.n_ops
+    mms = [(op, t) for op, t in zip(plan.graph.op_list, table) if op.name == "matmul"]
+    assert mms and all(t["name"] == "matmul" for _, t in mms)
+    for op, t in mms:
+        w = op.refs[1]
+        assert t["weight"] == f"{w.kind} {w.n_out}x{w.n_in}" and t["weight_bytes"] == w.nbytes
+    assert all(
+        t["weight"] is None and t["weight_bytes"] == 0 for t in table if t["name"] != "matmul"
+    )

@@ -13,8 +13,9 @@ cdef extern from "graph.h" nogil:
         int barrier
         gi_warm_fn warm
     int64_t GI_GRAPH_WORK(int64_t n)
+    int64_t GI_GRAPH_PROF(int64_t n)
     void gi_warm_bytes(const void *p, int64_t n)
-    void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work)
+    void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work, int64_t *prof)
 
 
 cdef class Op:

@@ -11,6 +11,7 @@ thread waiting at a barrier prefetches the head of the next op that can be warme
 weight rows: matmul.pyx).  An Op holds references to every array its record points into.
 """
 cimport numpy as cnp
+import numpy as np
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
@@ -72,6 +73,8 @@ cdef class Graph:
 
     cdef gi_op *ops
     cdef int64_t *work
+    cdef int64_t *prof  # NULL unless profiling (start_profile)
+    cdef int64_t runs   # runs since start_profile
     cdef int64_t n
     cdef int nthreads
     cdef readonly list op_list
@@ -82,6 +85,8 @@ cdef class Graph:
         self.n = len(self.op_list)
         self.ops = <gi_op *>malloc(sizeof(gi_op) * (self.n if self.n else 1))
         self.work = <int64_t *>calloc(GI_GRAPH_WORK(self.n if self.n else 1), sizeof(int64_t))
+        self.prof = NULL
+        self.runs = 0
         if self.ops == NULL or self.work == NULL:
             raise MemoryError("graph op array")
         cdef int64_t i
@@ -95,13 +100,53 @@ cdef class Graph:
     def __dealloc__(self):
         free(self.ops)
         free(self.work)
+        free(self.prof)
         self.ops = NULL
         self.work = NULL
+        self.prof = NULL
 
     def run(self):
         """Run every op once."""
         with nogil:
-            gi_graph_run(self.ops, self.n, self.nthreads, self.work)
+            gi_graph_run(self.ops, self.n, self.nthreads, self.work, self.prof)
+        self.runs += 1
+
+    # ------------------------------------------------------------------ profiling
+
+    def start_profile(self):
+        """Time every op from the next run on (two clock readings per share and per barrier),
+        from zero; profile() reads the sums."""
+        if self.prof == NULL:
+            self.prof = <int64_t *>calloc(GI_GRAPH_PROF(self.n if self.n else 1), sizeof(int64_t))
+            if self.prof == NULL:
+                raise MemoryError("graph profile")
+        else:
+            memset(self.prof, 0, GI_GRAPH_PROF(self.n if self.n else 1) * sizeof(int64_t))
+        self.runs = 0
+
+    def stop_profile(self):
+        """Stop timing (the sums are dropped)."""
+        free(self.prof)
+        self.prof = NULL
+
+    def profile(self):
+        """Since start_profile: {"runs": runs, "run_ns": (n,) int64, "wait_ns": (n,) int64}, per
+        op the nanoseconds its shares ran and threads waited at its barrier (warming
+        included), each summed over the threads; None when not profiling."""
+        if self.prof == NULL:
+            return None
+        cdef int64_t i
+        run = np.empty(self.n, np.int64)
+        wait = np.empty(self.n, np.int64)
+        for i in range(self.n):
+            run[i] = self.prof[i]
+            wait[i] = self.prof[self.n + i]
+        return {"runs": self.runs, "run_ns": run, "wait_ns": wait}
+
+    @property
+    def threads(self):
+        """The threads the graph runs on (1: the calling thread, no parallel region)."""
+        return self.nthreads
 
     @property
     def warm_chunks(self):

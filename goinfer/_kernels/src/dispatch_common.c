@@ -217,8 +217,10 @@ static int g_warm_set;                  /* 0: none set (the default applies), el
 static int g_warm_env = -2;             /* -2: the variable not read yet; -1: absent or invalid */
 
 /* The default: 512 KB, split between the matmul's shares (a quarter of a 2 MB L2, half of a
-   1 MB one).  On a Sapphire Rapids class Xeon (family 6 model 167, 2 threads) 1B and 3B decode
-   steps ran 1-3% faster with it (docs/benchmarks.md, "GEMV warm"). */
+   1 MB one).  On a Sapphire Rapids class Xeon (family 6 model 167, 2 threads) it decoded the 1B
+   and 3B shapes 1.007-1.037x and SmolLM2-135M and Gemma 3 270M 1.02-1.09x as fast as none, the
+   8B shape alike (docs/benchmarks.md, "GEMV warm"); 256 KB and 1 MB read alike in a first
+   sweep. */
 enum { DEFAULT_WARM_KB = 512 };
 
 int gi_gemv_warm_kb(void) {

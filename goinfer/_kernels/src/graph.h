@@ -46,8 +46,12 @@ static inline void gi_warm_bytes(const void *p, int64_t n) {
 /* Run ops[0..n) on up to nthreads threads.  work: GI_GRAPH_WORK(n) int64 of work space (set
  * here; after the run work[n .. 2n) holds each op's warm chunks claimed, the last one of each
  * thread that found the limit included).  Without OpenMP (or nthreads <= 1) the shares run in
- * order on the calling thread (nothing waits, nothing is warmed). */
+ * order on the calling thread (nothing waits, nothing is warmed).  prof: NULL, or
+ * GI_GRAPH_PROF(n) int64 the run adds nanoseconds to (CLOCK_MONOTONIC, two readings per share
+ * and per barrier): prof[i] the time op i's shares ran, summed over the threads, prof[n + i]
+ * the time threads waited at op i's barrier (warming included), summed over the threads. */
 #define GI_GRAPH_WORK(n) (3 * (n))
-void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work);
+#define GI_GRAPH_PROF(n) (2 * (n))
+void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work, int64_t *prof);
 
 #endif

@@ -2,14 +2,32 @@
  * claimed dynamically, ordering by a count of finished shares. */
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 #include "graph.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static void run_serial(const gi_op *ops, int64_t n) {
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Share s of op on thread tid; with a profile, its time added to *ran (may be shared). */
+static inline void run_share(const gi_op *op, int64_t s, int tid, int64_t *ran) {
+    if (!ran) {
+        op->run(op->args, s, tid);
+        return;
+    }
+    const int64_t t0 = now_ns();
+    op->run(op->args, s, tid);
+    __atomic_fetch_add(ran, now_ns() - t0, __ATOMIC_RELAXED);
+}
+
+static void run_serial(const gi_op *ops, int64_t n, int64_t *prof) {
     for (int64_t i = 0; i < n; i++)
-        for (int64_t s = 0; s < ops[i].nshares; s++) ops[i].run(ops[i].args, s, 0);
+        for (int64_t s = 0; s < ops[i].nshares; s++) run_share(&ops[i], s, 0, prof ? &prof[i] : 0);
 }
 
 static inline void cpu_relax(void) {
@@ -39,7 +57,7 @@ static void wait_done(const int64_t *done, int64_t need, const gi_op *ops, int64
     }
 }
 
-void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work) {
+void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work, int64_t *prof) {
     int64_t *claim = work, *warmed = work + n, *next_warm = work + 2 * n;
     memset(work, 0, 2 * (size_t)n * sizeof(int64_t));
 #ifdef _OPENMP
@@ -54,11 +72,15 @@ void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work) {
             for (int64_t i = 0; i < n; i++) {
                 const int64_t ns = ops[i].nshares;
                 if (ns <= 0) continue;
-                if (ops[i].barrier) wait_done(&done, before, ops, n, next_warm[i], warmed);
+                if (ops[i].barrier) {
+                    const int64_t t0 = prof ? now_ns() : 0;
+                    wait_done(&done, before, ops, n, next_warm[i], warmed);
+                    if (prof) __atomic_fetch_add(&prof[n + i], now_ns() - t0, __ATOMIC_RELAXED);
+                }
                 for (;;) {
                     const int64_t s = __atomic_fetch_add(&claim[i], 1, __ATOMIC_RELAXED);
                     if (s >= ns) break;
-                    ops[i].run(ops[i].args, s, tid);
+                    run_share(&ops[i], s, tid, prof ? &prof[i] : 0);
                     __atomic_fetch_add(&done, 1, __ATOMIC_RELEASE);
                 }
                 before += ns;
@@ -71,5 +93,5 @@ void gi_graph_run(const gi_op *ops, int64_t n, int nthreads, int64_t *work) {
     (void)claim;
     (void)warmed;
     (void)next_warm;
-    run_serial(ops, n);
+    run_serial(ops, n, prof);
 }
