@@ -157,6 +157,18 @@ def set_gemv_prefetch_far(groups):
     return _set_prefetch(GI_PF_FAR, groups, "GEMV far prefetch")
 
 
+def _check_count(n, lo, hi, what):
+    """n an integer in lo..hi, or None (back to the default); else a ValueError."""
+    if n is None:
+        return
+    try:
+        ok = lo <= operator.index(n) <= hi
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{what} must be {lo}..{hi} or None, got {n!r}")
+
+
 # ---------------------------------------------------------------- GEMV streams
 def gemv_streams():
     """The row blocks (16 output rows each) the decode GEMV reads per call for the variant in
@@ -169,13 +181,7 @@ def gemv_streams():
 def set_gemv_streams(n):
     """Set the GEMV's row blocks per call (1..4; None: back to the default); returns the old
     setting (None if it was the default).  The same bits at every count."""
-    if n is not None:
-        try:
-            ok = 1 <= operator.index(n) <= GI_GEMV_STREAMS_MAX
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"GEMV streams must be 1..{GI_GEMV_STREAMS_MAX} or None, got {n!r}")
+    _check_count(n, 1, GI_GEMV_STREAMS_MAX, "GEMV streams")
     cdef int old = gi_gemv_streams_setting()
     gi_set_gemv_streams(-1 if n is None else operator.index(n))
     return None if old < 0 else old
@@ -194,13 +200,7 @@ def set_gemv_warm(kb):
     """Set the KB of a decode matmul's weight warmed while threads wait (0..16384, 0 turns it
     off; None: back to the default); returns the old setting (None if it was the default).
     The same bits at every setting."""
-    if kb is not None:
-        try:
-            ok = 0 <= operator.index(kb) <= GI_GEMV_WARM_MAX_KB
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"GEMV warm must be 0..{GI_GEMV_WARM_MAX_KB} KB or None, got {kb!r}")
+    _check_count(kb, 0, GI_GEMV_WARM_MAX_KB, "GEMV warm")
     cdef int old = gi_gemv_warm_kb_setting()
     gi_set_gemv_warm_kb(-1 if kb is None else operator.index(kb))
     return None if old < 0 else old

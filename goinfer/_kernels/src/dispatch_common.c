@@ -134,6 +134,14 @@ static int default_prefetch(int variant, int kind) {
    kinds". */
 static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 
+/* The environment variable name as a decimal integer in lo..hi (nothing else in it), else -1. */
+static int env_int(const char *name, int lo, int hi) {
+    const char *e = getenv(name);
+    char *end = 0;
+    const long v = e && *e ? strtol(e, &end, 10) : -1;
+    return (v >= lo && v <= hi && end && *end == 0) ? (int)v : -1;
+}
+
 int gi_gemv_prefetch_for(int which, int variant, int kind) {
     if (variant == GI_PORTABLE || (which != GI_PF_NEAR && which != GI_PF_FAR))
         return 0;  /* the portable variant's plain-C GEMV issues no prefetches */
@@ -143,10 +151,7 @@ int gi_gemv_prefetch_for(int which, int variant, int kind) {
     if (set > 0) return set - 1;
     int env = __atomic_load_n(&g_prefetch_env[which], __ATOMIC_ACQUIRE);
     if (env == -2) {
-        const char *e = getenv(PREFETCH_ENV[which]);
-        char *end = 0;
-        const long v = e && *e ? strtol(e, &end, 10) : -1;
-        env = (v >= 0 && v <= PREFETCH_MAX[which] && end && *end == 0) ? (int)v : -1;
+        env = env_int(PREFETCH_ENV[which], 0, PREFETCH_MAX[which]);
         __atomic_store_n(&g_prefetch_env[which], env, __ATOMIC_RELEASE);
     }
     if (env >= 0) return env;
@@ -191,10 +196,7 @@ int gi_gemv_streams_for(int variant) {
     if (set > 0) return set - 1;
     int env = __atomic_load_n(&g_streams_env, __ATOMIC_ACQUIRE);
     if (env == -2) {
-        const char *e = getenv("GOINFER_GEMV_STREAMS");
-        char *end = 0;
-        const long v = e && *e ? strtol(e, &end, 10) : -1;
-        env = (v >= 1 && v <= GI_GEMV_STREAMS_MAX && end && *end == 0) ? (int)v : -1;
+        env = env_int("GOINFER_GEMV_STREAMS", 1, GI_GEMV_STREAMS_MAX);
         __atomic_store_n(&g_streams_env, env, __ATOMIC_RELEASE);
     }
     return env >= 1 ? env : default_streams(variant);
@@ -228,10 +230,7 @@ int gi_gemv_warm_kb(void) {
     if (set > 0) return set - 1;
     int env = __atomic_load_n(&g_warm_env, __ATOMIC_ACQUIRE);
     if (env == -2) {
-        const char *e = getenv("GOINFER_GEMV_WARM");
-        char *end = 0;
-        const long v = e && *e ? strtol(e, &end, 10) : -1;
-        env = (v >= 0 && v <= GI_GEMV_WARM_MAX_KB && end && *end == 0) ? (int)v : -1;
+        env = env_int("GOINFER_GEMV_WARM", 0, GI_GEMV_WARM_MAX_KB);
         __atomic_store_n(&g_warm_env, env, __ATOMIC_RELEASE);
     }
     return env >= 0 ? env : DEFAULT_WARM_KB;
