@@ -134,12 +134,18 @@ static int default_prefetch(int variant, int kind) {
    kinds". */
 static int default_far(void) { return cpu_amd_family() ? 0 : 128; }
 
-/* The environment variable name as a decimal integer in lo..hi (nothing else in it), else -1. */
-static int env_int(const char *name, int lo, int hi) {
-    const char *e = getenv(name);
-    char *end = 0;
-    const long v = e && *e ? strtol(e, &end, 10) : -1;
-    return (v >= lo && v <= hi && end && *end == 0) ? (int)v : -1;
+/* The environment variable name as a decimal integer in lo..hi (nothing else in it), else -1;
+   read once: *cache holds -2 until then, the result after. */
+static int env_once(int *cache, const char *name, int lo, int hi) {
+    int v = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (v == -2) {
+        const char *e = getenv(name);
+        char *end = 0;
+        const long x = e && *e ? strtol(e, &end, 10) : -1;
+        v = (x >= lo && x <= hi && end && *end == 0) ? (int)x : -1;
+        __atomic_store_n(cache, v, __ATOMIC_RELEASE);
+    }
+    return v;
 }
 
 int gi_gemv_prefetch_for(int which, int variant, int kind) {
@@ -149,11 +155,8 @@ int gi_gemv_prefetch_for(int which, int variant, int kind) {
                         ? __atomic_load_n(&g_prefetch_set[which][kind], __ATOMIC_ACQUIRE)
                         : 0;
     if (set > 0) return set - 1;
-    int env = __atomic_load_n(&g_prefetch_env[which], __ATOMIC_ACQUIRE);
-    if (env == -2) {
-        env = env_int(PREFETCH_ENV[which], 0, PREFETCH_MAX[which]);
-        __atomic_store_n(&g_prefetch_env[which], env, __ATOMIC_RELEASE);
-    }
+    const int env =
+        env_once(&g_prefetch_env[which], PREFETCH_ENV[which], 0, PREFETCH_MAX[which]);
     if (env >= 0) return env;
     return which == GI_PF_NEAR ? default_prefetch(variant, kind) : default_far();
 }
@@ -194,11 +197,7 @@ int gi_gemv_streams_for(int variant) {
     if (variant == GI_PORTABLE) return 1;
     const int set = __atomic_load_n(&g_streams_set, __ATOMIC_ACQUIRE);
     if (set > 0) return set - 1;
-    int env = __atomic_load_n(&g_streams_env, __ATOMIC_ACQUIRE);
-    if (env == -2) {
-        env = env_int("GOINFER_GEMV_STREAMS", 1, GI_GEMV_STREAMS_MAX);
-        __atomic_store_n(&g_streams_env, env, __ATOMIC_RELEASE);
-    }
+    const int env = env_once(&g_streams_env, "GOINFER_GEMV_STREAMS", 1, GI_GEMV_STREAMS_MAX);
     return env >= 1 ? env : default_streams(variant);
 }
 
@@ -228,11 +227,7 @@ enum { DEFAULT_WARM_KB = 512 };
 int gi_gemv_warm_kb(void) {
     const int set = __atomic_load_n(&g_warm_set, __ATOMIC_ACQUIRE);
     if (set > 0) return set - 1;
-    int env = __atomic_load_n(&g_warm_env, __ATOMIC_ACQUIRE);
-    if (env == -2) {
-        env = env_int("GOINFER_GEMV_WARM", 0, GI_GEMV_WARM_MAX_KB);
-        __atomic_store_n(&g_warm_env, env, __ATOMIC_RELEASE);
-    }
+    const int env = env_once(&g_warm_env, "GOINFER_GEMV_WARM", 0, GI_GEMV_WARM_MAX_KB);
     return env >= 0 ? env : DEFAULT_WARM_KB;
 }
 
